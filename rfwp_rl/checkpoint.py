@@ -1,0 +1,191 @@
+"""Atomic checkpoints shared by every trainer (IMPALA, A2C meta-RL, sequence tasks).
+
+A run directory holds ``ckpt_<step>.pt`` files (the newest ``keep`` are kept) and
+``snapshot_<step>.pt`` files (extra copies at chosen step counts, never pruned). Every file
+is written to a temporary file in the same directory, flushed, fsync'ed and renamed, so a
+kill at any moment leaves either the old or the new file, never a partial one; the previous
+checkpoint is deleted only after the new one is complete.
+
+Each file stores ``{"format", "meta", "step", "state"}``. ``meta`` describes what the
+checkpoint is compatible with (trainer, core, action count, model config); loading into a
+run whose ``meta`` differs raises a one-line :class:`UserError` naming the difference.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import random
+import re
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rfwp_rl.errors import UserError
+
+FORMAT = 1
+_CKPT_RE = re.compile(r"^ckpt_(\d+)\.pt$")
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (temp file in the same dir, fsync, rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".tmp-{path.name}-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    try:  # make the rename itself durable
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except OSError:
+        pass
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Atomic text write (JSON/CSV results, configs)."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
+    """``torch.save`` that never leaves a partial file behind."""
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def rng_state() -> dict:
+    """Python, NumPy and torch RNG states, to store in a checkpoint."""
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+
+
+def meta_differences(saved: dict, expected: dict, prefix: str = "") -> list[str]:
+    """Human-readable differences between two (nested) meta dicts, e.g. ``core: 'lstm' != 'rdn'``."""
+    diffs = []
+    for key in sorted(set(saved) | set(expected)):
+        name = f"{prefix}{key}"
+        a, b = saved.get(key, "<missing>"), expected.get(key, "<missing>")
+        if isinstance(a, dict) and isinstance(b, dict):
+            diffs.extend(meta_differences(a, b, prefix=f"{name}."))
+        elif a != b:
+            diffs.append(f"{name}: checkpoint has {a!r}, this run has {b!r}")
+    return diffs
+
+
+def read_checkpoint(path: str | os.PathLike) -> dict:
+    """Load one checkpoint file (on CPU). Raises ``ValueError`` if it is unreadable or not ours."""
+    path = Path(path)
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # truncated zip, garbage bytes, unpickling errors
+        raise ValueError(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+    if not isinstance(obj, dict) or obj.get("format") != FORMAT or "state" not in obj:
+        raise ValueError("not an rfwp_rl checkpoint")
+    return obj
+
+
+def find_checkpoint_file(path: str | os.PathLike) -> Path:
+    """A checkpoint file, or the newest readable ``ckpt_*.pt`` inside a run directory."""
+    path = Path(path)
+    if path.is_file():
+        return path
+    if path.is_dir():
+        files = list_checkpoints(path)
+        if files:
+            return files[0]
+        raise UserError(f"no checkpoint (ckpt_*.pt) in {path}")
+    raise UserError(f"checkpoint or run directory {str(path)!r} does not exist")
+
+
+def list_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
+    """``ckpt_<step>.pt`` files of a run directory, newest step first."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in run_dir.iterdir() if (m := _CKPT_RE.match(p.name))]
+    return [p for _, p in sorted(found, reverse=True)]
+
+
+class Checkpointer:
+    """Saves and restores a run's checkpoints.
+
+    Args:
+        run_dir: the run directory.
+        meta: what a checkpoint must match to be loaded into this run (trainer, core,
+            number of actions, model config...). Plain, comparable Python values.
+        keep: how many periodic checkpoints to keep (>= 2, so that a broken newest one
+            still leaves a good previous one).
+    """
+
+    def __init__(self, run_dir: str | os.PathLike, meta: dict, keep: int = 2):
+        self.run_dir = Path(run_dir)
+        self.meta = meta
+        self.keep = max(2, keep)
+
+    def save(self, state: dict, step: int) -> Path:
+        """Write ``ckpt_<step>.pt`` atomically, then prune older ones beyond ``keep``."""
+        path = self.run_dir / f"ckpt_{step:012d}.pt"
+        atomic_torch_save({"format": FORMAT, "meta": self.meta, "step": step, "state": state}, path)
+        for old in list_checkpoints(self.run_dir)[self.keep:]:
+            old.unlink(missing_ok=True)
+        for tmp in self.run_dir.glob(".tmp-ckpt_*"):  # leftovers of a killed writer
+            tmp.unlink(missing_ok=True)
+        return path
+
+    def snapshot(self, state: dict, step: int) -> Path:
+        """An extra checkpoint at a chosen step count (e.g. 50M, 200M), never pruned."""
+        path = self.run_dir / f"snapshot_{step:012d}.pt"
+        atomic_torch_save({"format": FORMAT, "meta": self.meta, "step": step, "state": state}, path)
+        return path
+
+    def load_latest(self) -> dict | None:
+        """The newest usable checkpoint as ``{"step", "state", "meta", "path"}``, or None if the
+        run has none. An unreadable newest file is reported in one line and the previous one
+        is used; a readable one with different ``meta`` raises :class:`UserError`."""
+        files = list_checkpoints(self.run_dir)
+        if not files:
+            return None
+        for path in files:
+            try:
+                obj = read_checkpoint(path)
+            except ValueError as e:
+                print(f"warning: checkpoint {path} is unreadable ({e}); trying the previous one",
+                      file=sys.stderr)
+                continue
+            check_meta(obj["meta"], self.meta, path)
+            return {"step": int(obj["step"]), "state": obj["state"], "meta": obj["meta"], "path": path}
+        raise UserError(
+            "no usable checkpoint in " f"{self.run_dir}: {', '.join(p.name for p in files)} are all "
+            "unreadable; move them away to start the run from scratch")
+
+
+def check_meta(saved: dict, expected: dict, path: str | os.PathLike) -> None:
+    """Raise a one-line :class:`UserError` if a checkpoint's meta differs from this run's."""
+    diffs = meta_differences(saved, expected)
+    if diffs:
+        more = f" (and {len(diffs) - 1} more)" if len(diffs) > 1 else ""
+        raise UserError(f"checkpoint {path} does not match this run: {diffs[0]}{more}")

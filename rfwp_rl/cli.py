@@ -1,0 +1,56 @@
+"""The ``rfwp-rl`` command line.
+
+Each subcommand lives in its own module, which defines ``add_arguments(parser)`` and
+``run(args) -> int | None``. Modules are imported lazily so that ``rfwp-rl info`` does not
+pay for gymnasium or moolib. A :class:`rfwp_rl.errors.UserError` is printed as one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from rfwp_rl.errors import UserError
+
+# subcommand -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "info": ("rfwp_rl.info", "list cores, their options, Atari preset sizes and the kernel backend"),
+    "train": ("rfwp_rl.impala.train", "train an agent with IMPALA/V-trace (Atari or any gymnasium env)"),
+    "eval": ("rfwp_rl.impala.evaluate", "evaluate a saved agent (30 episodes x 5 repeats)"),
+    "actor": ("rfwp_rl.impala.remote", "run remote actors that feed a learner over moolib RPC"),
+    "compare": ("rfwp_rl.compare", "compare cores per game: tables and relative-improvement charts"),
+    "meta-rl": ("rfwp_rl.meta_rl.train", "A2C meta-RL on random POMDP graphs (FWM paper, Sec. 4.2)"),
+    "seq": ("rfwp_rl.seq.train", "language modelling and algorithmic sequence tasks"),
+    "bench": ("rfwp_rl.bench", "benchmarks: kernels, impala, seq (tables + results/bench/*.csv)"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(prog="rfwp-rl", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    chosen = argv[0] if argv else None
+    for name, (module_name, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name == chosen:
+            module = importlib.import_module(module_name)
+            module.add_arguments(p)
+            p.set_defaults(_module=module)
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        code = args._module.run(args)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return int(code or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

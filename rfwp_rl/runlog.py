@@ -1,0 +1,101 @@
+"""TensorBoard logging and the console progress line, shared by every trainer.
+
+One run directory per run; TensorBoard events go to ``<run_dir>/tb``. On resume the writer
+is opened with ``purge_step`` so that curves continue without duplicated or rewound points.
+The run's config goes to the hparams tab (so runs of different cores compare side by side)
+and to ``<run_dir>/config.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Mapping
+
+from rfwp_rl.checkpoint import atomic_write_text
+
+
+def run_name(*parts: object) -> str:
+    """A filesystem-safe run directory name, e.g. ``run_name('ALE/Pong-v5', 'rdn', 's1')``
+    -> ``'ALE-Pong-v5_rdn_s1'``."""
+    return "_".join(re.sub(r"[^A-Za-z0-9.+-]+", "-", str(p)).strip("-") for p in parts)
+
+
+def format_duration(seconds: float) -> str:
+    if not math.isfinite(seconds) or seconds < 0:
+        return "?"
+    seconds = int(seconds)
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
+
+
+def _hparam_value(v: object) -> int | float | str | bool:
+    return v if isinstance(v, (int, float, str, bool)) else json.dumps(v)
+
+
+class RunLogger:
+    """Scalars to TensorBoard plus a throttled progress line with rate and ETA.
+
+    Args:
+        run_dir: the run directory (created).
+        config: the run's full config; written to ``config.json`` and the hparams tab.
+        total: the step target (for percentages and ETA).
+        start: the step a resumed run starts from (TensorBoard events after it are purged).
+        unit: what a step counts, for the progress line ("env steps", "episodes", "tokens").
+        metrics: scalar tags shown as metrics in the hparams tab.
+        print_every: seconds between progress lines.
+    """
+
+    def __init__(self, run_dir: str | Path, config: Mapping, total: int, start: int = 0,
+                 unit: str = "steps", metrics: tuple[str, ...] = (), print_every: float = 5.0,
+                 stream=sys.stdout):
+        from torch.utils.tensorboard import SummaryWriter
+        from torch.utils.tensorboard.summary import hparams
+
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(self.run_dir / "config.json", json.dumps(dict(config), indent=2, default=str) + "\n")
+        self.writer = SummaryWriter(log_dir=str(self.run_dir / "tb"), purge_step=start if start > 0 else None)
+        if start == 0:
+            flat = {k: _hparam_value(v) for k, v in config.items()}
+            exp, ssi, sei = hparams(flat, {m: float("nan") for m in metrics})
+            for summary in (exp, ssi, sei):
+                self.writer.file_writer.add_summary(summary)
+        self.total, self.unit, self.stream = total, unit, stream
+        self.print_every = print_every
+        self._t0, self._s0 = time.monotonic(), start
+        self._last_print = 0.0
+        self._rate_t, self._rate_s, self.rate = time.monotonic(), start, 0.0
+
+    def log(self, step: int, scalars: Mapping[str, float]) -> None:
+        """Write ``{tag: value}`` at ``step`` (non-finite values are written as they are)."""
+        for tag, value in scalars.items():
+            self.writer.add_scalar(tag, float(value), step)
+
+    def progress(self, step: int, force: bool = False, **extra: object) -> None:
+        """Print ``step/total (pct) | rate | ETA | extra...`` at most every ``print_every`` s."""
+        now = time.monotonic()
+        if now - self._rate_t >= 1.0:
+            self.rate = (step - self._rate_s) / (now - self._rate_t)
+            self._rate_t, self._rate_s = now, step
+        if not force and now - self._last_print < self.print_every:
+            return
+        self._last_print = now
+        avg = (step - self._s0) / max(now - self._t0, 1e-9)
+        eta = (self.total - step) / avg if avg > 0 else float("inf")
+        pct = 100.0 * step / max(self.total, 1)
+        parts = [f"{step:,}/{self.total:,} {self.unit} ({pct:.1f}%)", f"{self.rate:,.0f}/s",
+                 f"ETA {format_duration(eta)}"]
+        parts += [f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in extra.items()]
+        print(" | ".join(parts), file=self.stream, flush=True)
+
+    def flush(self) -> None:
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
