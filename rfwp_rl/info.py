@@ -1,0 +1,34 @@
+"""``rfwp-rl info``: cores and their options, Atari preset sizes, active kernel backend."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--num-actions", type=int, default=6,
+                        help="action count for the Atari preset parameter counts (default: 6, Pong)")
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from rfwp_rl import __version__, cores, kernels
+    from rfwp_rl.agent import atari_param_counts
+
+    print(f"rfwp_rl {__version__} | torch {torch.__version__} | "
+          f"cuda {'available' if torch.cuda.is_available() else 'not available'}")
+    backend, why = kernels.status()
+    print(f"\nkernel backend: {backend} ({why})")
+
+    print("\ncores (rfwp-rl train --core NAME --set core_config.OPTION=VALUE):")
+    for name, spec in sorted(cores.available().items()):
+        print(f"  {name:<12} {spec.description}" + (f"  [{spec.equations}]" if spec.equations else ""))
+        if spec.defaults:
+            opts = ", ".join(f"{k}={v!r}" for k, v in spec.defaults.items())
+            print(f"  {'':<12} options: {opts}")
+
+    print(f"\nAtari preset parameter counts ({args.num_actions} actions):")
+    for name, count in atari_param_counts(args.num_actions).items():
+        print(f"  {name:<12} {count:>12,}")
+    return 0

@@ -1,0 +1,135 @@
+"""Checkpoints: atomic writes, keep-previous, broken and mismatched files (issue 8)."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from rfwp_rl.checkpoint import (Checkpointer, atomic_torch_save, list_checkpoints, read_checkpoint,
+                                rng_state, set_rng_state)
+from rfwp_rl.errors import UserError
+
+META = {"trainer": "test", "core": "rdn", "num_actions": 6, "core_config": {"hidden_size": 16}}
+
+
+def _state(value: float) -> dict:
+    return {"model": {"w": torch.full((3,), value)}, "counter": int(value)}
+
+
+def test_save_keeps_newest_two_and_loads_newest(tmp_path):
+    ck = Checkpointer(tmp_path, META)
+    for step in (10, 20, 30):
+        ck.save(_state(step), step)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["ckpt_000000000030.pt", "ckpt_000000000020.pt"]
+    got = ck.load_latest()
+    assert got["step"] == 30 and got["state"]["counter"] == 30
+    assert torch.equal(got["state"]["model"]["w"], torch.full((3,), 30.0))
+
+
+def test_no_checkpoint_gives_none(tmp_path):
+    assert Checkpointer(tmp_path / "new", META).load_latest() is None
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "empty", "foreign_pickle"])
+def test_broken_newest_falls_back_to_previous(tmp_path, damage, capsys):
+    ck = Checkpointer(tmp_path, META)
+    ck.save(_state(1), 1)
+    newest = ck.save(_state(2), 2)
+    data = newest.read_bytes()
+    if damage == "truncate":
+        newest.write_bytes(data[: len(data) // 2])
+    elif damage == "garbage":
+        newest.write_bytes(os.urandom(len(data)))
+    elif damage == "empty":
+        newest.write_bytes(b"")
+    else:
+        torch.save({"something": "else"}, newest)
+    got = ck.load_latest()
+    assert got["step"] == 1 and got["state"]["counter"] == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "ckpt_000000000002.pt" in err[0] and "unreadable" in err[0]
+
+
+def test_all_broken_names_the_files(tmp_path):
+    ck = Checkpointer(tmp_path, META)
+    for step in (1, 2):
+        ck.save(_state(step), step).write_bytes(b"not a checkpoint")
+    with pytest.raises(UserError) as e:
+        ck.load_latest()
+    msg = str(e.value)
+    assert "\n" not in msg and "ckpt_000000000001.pt" in msg and "ckpt_000000000002.pt" in msg
+
+
+def test_mismatched_meta_is_refused_naming_the_difference(tmp_path):
+    Checkpointer(tmp_path, META).save(_state(1), 1)
+    other = dict(META, core="lstm")
+    with pytest.raises(UserError) as e:
+        Checkpointer(tmp_path, other).load_latest()
+    msg = str(e.value)
+    assert "\n" not in msg and "core" in msg and "'rdn'" in msg and "'lstm'" in msg
+    nested = dict(META, core_config={"hidden_size": 32})
+    with pytest.raises(UserError, match=r"core_config\.hidden_size: checkpoint has 16, this run has 32"):
+        Checkpointer(tmp_path, nested).load_latest()
+
+
+def test_snapshots_are_not_pruned(tmp_path):
+    ck = Checkpointer(tmp_path, META)
+    snap = ck.snapshot(_state(5), 5)
+    for step in (10, 20, 30):
+        ck.save(_state(step), step)
+    assert snap.exists() and read_checkpoint(snap)["step"] == 5
+
+
+def test_failed_write_leaves_old_file_and_no_temp(tmp_path):
+    path = tmp_path / "x.pt"
+    atomic_torch_save({"a": 1}, path)
+
+    class Unpicklable:
+        def __reduce__(self):
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError):
+        atomic_torch_save({"a": Unpicklable()}, path)
+    assert torch.load(path) == {"a": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["x.pt"]
+
+
+def test_kill_during_writes_never_leaves_a_partial_checkpoint(tmp_path):
+    """A writer killed with SIGKILL mid-stream leaves only complete, loadable checkpoints."""
+    script = textwrap.dedent(f"""
+        import torch
+        from rfwp_rl.checkpoint import Checkpointer
+        ck = Checkpointer({str(tmp_path)!r}, {META!r})
+        step = 0
+        while True:
+            step += 1
+            ck.save({{"model": {{"w": torch.full((200_000,), float(step))}}}}, step)
+            print(step, flush=True)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    for _ in range(5):  # let it write a few
+        proc.stdout.readline()
+    proc.kill()
+    proc.wait()
+    files = list_checkpoints(tmp_path)
+    assert files, "at least one checkpoint was written"
+    for path in files:
+        obj = read_checkpoint(path)
+        step = obj["step"]
+        assert torch.equal(obj["state"]["model"]["w"], torch.full((200_000,), float(step)))
+    got = Checkpointer(tmp_path, META).load_latest()
+    assert got["step"] == read_checkpoint(files[0])["step"]
+
+
+def test_rng_state_round_trip():
+    import random
+
+    import numpy as np
+
+    s = rng_state()
+    a = (random.random(), np.random.rand(), torch.rand(1).item())
+    set_rng_state(s)
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) == a
