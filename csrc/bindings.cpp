@@ -1,0 +1,391 @@
+// Torch binding of the fused recurrences: shape/dtype checks, output allocation, and the call
+// into the CPU implementation (cpu/) or, when built with RFWP_WITH_CUDA, the CUDA launchers
+// (cuda/torch_cuda.cpp). Python wraps these in autograd Functions (rfwp_rl/kernels/functions.py).
+//
+// Every function returns NEW tensors; inputs (including the initial states) are never written.
+// `chunk` is the checkpoint interval of the backward pass; `threads` the CUDA block size
+// (0: default; ignored on CPU).
+#include <torch/extension.h>
+
+#include <string>
+#include <vector>
+
+#include "cpu/fastweight_cpu.h"
+#include "fastweight_params.h"
+#ifdef RFWP_WITH_CUDA
+#include "cuda/torch_cuda.h"
+#endif
+
+namespace {
+
+using at::Tensor;
+using c10::optional;
+using rfwp::Dims;
+
+// ------------------------------------------------------------------------------ checks
+
+void check_tensor(const Tensor& x, const char* name, const Tensor& like,
+                  std::vector<int64_t> shape) {
+  TORCH_CHECK(x.defined(), name, " is missing");
+  TORCH_CHECK(x.scalar_type() == like.scalar_type(), name, " has dtype ", x.scalar_type(),
+              ", expected ", like.scalar_type());
+  TORCH_CHECK(x.device() == like.device(), name, " is on ", x.device(), ", expected ",
+              like.device());
+  TORCH_CHECK(x.is_contiguous(), name, " must be contiguous");
+  TORCH_CHECK(x.sizes() == at::IntArrayRef(shape), name, " has shape ", x.sizes(), ", expected ",
+              at::IntArrayRef(shape));
+}
+
+void check_optional(const optional<Tensor>& x, const char* name, const Tensor& like,
+                    std::vector<int64_t> shape) {
+  if (x.has_value() && x->defined()) check_tensor(*x, name, like, std::move(shape));
+}
+
+Dims make_dims(const Tensor& q, int64_t dv, int64_t chunk) {
+  TORCH_CHECK(q.dim() == 4, "expected [T, B, H, d] inputs, got shape ", q.sizes());
+  TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble,
+              "fused kernels support float32 and float64, got ", q.scalar_type());
+  TORCH_CHECK(chunk >= 1, "checkpoint interval must be >= 1, got ", chunk);
+  TORCH_CHECK(q.size(0) >= 1, "the sequence is empty (T = 0)");
+  Dims n;
+  n.T = static_cast<int>(q.size(0));
+  n.B = static_cast<int>(q.size(1));
+  n.H = static_cast<int>(q.size(2));
+  n.dk = static_cast<int>(q.size(3));
+  n.dv = static_cast<int>(dv);
+  n.chunk = static_cast<int>(chunk);
+  return n;
+}
+
+const uint8_t* reset_ptr(const optional<Tensor>& reset, const Dims& n, const Tensor& like) {
+  if (!reset.has_value() || !reset->defined()) return nullptr;
+  const Tensor& r = *reset;
+  TORCH_CHECK(r.scalar_type() == at::kBool || r.scalar_type() == at::kByte,
+              "reset must be bool or uint8, got ", r.scalar_type());
+  TORCH_CHECK(r.device() == like.device(), "reset is on ", r.device(), ", expected ",
+              like.device());
+  TORCH_CHECK(r.is_contiguous() && r.sizes() == at::IntArrayRef({n.T, n.B}),
+              "reset must be a contiguous [T, B] = [", n.T, ", ", n.B, "] tensor, got ",
+              r.sizes());
+  return reinterpret_cast<const uint8_t*>(r.data_ptr());
+}
+
+template <typename S>
+const S* ptr(const Tensor& x) {
+  return x.data_ptr<S>();
+}
+template <typename S>
+const S* ptr_or_null(const optional<Tensor>& x) {
+  return (x.has_value() && x->defined()) ? x->data_ptr<S>() : nullptr;
+}
+template <typename S>
+S* out(Tensor& x) {
+  return x.data_ptr<S>();
+}
+
+Tensor empty_like_shape(const Tensor& like, std::vector<int64_t> shape) {
+  return at::empty(shape, like.options());
+}
+
+int64_t nck(const Dims& n) { return rfwp::num_chunks(n.T, n.chunk); }
+
+#ifdef RFWP_WITH_CUDA
+#define RFWP_RUN(op, args, like, threads)                \
+  do {                                                   \
+    if ((like).is_cuda()) {                              \
+      rfwp::cuda_torch::op(args, like, threads);         \
+    } else {                                             \
+      rfwp::cpu::op(args);                               \
+    }                                                    \
+  } while (0)
+#else
+#define RFWP_RUN(op, args, like, threads)                                            \
+  do {                                                                               \
+    TORCH_CHECK(!(like).is_cuda(), "this build of the fused kernels has no CUDA"); \
+    rfwp::cpu::op(args);                                                             \
+  } while (0)
+#endif
+
+// ---------------------------------------------------------------------------- lt / delta
+
+std::vector<Tensor> delta_forward_impl(bool is_delta, const Tensor& q, const Tensor& k,
+                                       const Tensor& v, const optional<Tensor>& beta,
+                                       const Tensor& W0, const optional<Tensor>& reset,
+                                       int64_t chunk, int64_t threads) {
+  TORCH_CHECK(v.dim() == 4, "v must be [T, B, H, dv], got ", v.sizes());
+  const Dims n = make_dims(q, v.size(3), chunk);
+  check_tensor(q, "q", q, {n.T, n.B, n.H, n.dk});
+  check_tensor(k, "k", q, {n.T, n.B, n.H, n.dk});
+  check_tensor(v, "v", q, {n.T, n.B, n.H, n.dv});
+  if (is_delta) {
+    TORCH_CHECK(beta.has_value() && beta->defined(), "beta is missing");
+    check_tensor(*beta, "beta", q, {n.T, n.B, n.H});
+  }
+  check_tensor(W0, "W0", q, {n.B, n.H, n.dv, n.dk});
+  const uint8_t* rst = reset_ptr(reset, n, q);
+  Tensor y = empty_like_shape(q, {n.T, n.B, n.H, n.dv});
+  Tensor W = empty_like_shape(q, {n.B, n.H, n.dv, n.dk});
+  Tensor ckpt = empty_like_shape(q, {nck(n), n.B, n.H, n.dv, n.dk});
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "delta_forward", [&] {
+    rfwp::DeltaFwdArgs<scalar_t> a{ptr<scalar_t>(q), ptr<scalar_t>(k), ptr<scalar_t>(v),
+                                   is_delta ? ptr_or_null<scalar_t>(beta) : nullptr,
+                                   ptr<scalar_t>(W0), rst, out<scalar_t>(y), out<scalar_t>(W),
+                                   out<scalar_t>(ckpt), n};
+    if (is_delta) RFWP_RUN(delta_forward, a, q, threads);
+    else RFWP_RUN(lt_forward, a, q, threads);
+  });
+  return {y, W, ckpt};
+}
+
+std::vector<Tensor> delta_backward_impl(bool is_delta, const Tensor& q, const Tensor& k,
+                                        const Tensor& v, const optional<Tensor>& beta,
+                                        const optional<Tensor>& reset, const Tensor& ckpt,
+                                        const Tensor& gy, const optional<Tensor>& gW,
+                                        int64_t chunk, int64_t threads) {
+  TORCH_CHECK(v.dim() == 4, "v must be [T, B, H, dv], got ", v.sizes());
+  const Dims n = make_dims(q, v.size(3), chunk);
+  check_tensor(k, "k", q, {n.T, n.B, n.H, n.dk});
+  check_tensor(v, "v", q, {n.T, n.B, n.H, n.dv});
+  if (is_delta) {
+    TORCH_CHECK(beta.has_value() && beta->defined(), "beta is missing");
+    check_tensor(*beta, "beta", q, {n.T, n.B, n.H});
+  }
+  check_tensor(ckpt, "ckpt", q, {nck(n), n.B, n.H, n.dv, n.dk});
+  check_tensor(gy, "grad y", q, {n.T, n.B, n.H, n.dv});
+  check_optional(gW, "grad W", q, {n.B, n.H, n.dv, n.dk});
+  const uint8_t* rst = reset_ptr(reset, n, q);
+  Tensor gq = at::empty_like(q), gk = at::empty_like(k), gv = at::empty_like(v);
+  Tensor gbeta = is_delta ? at::empty_like(*beta) : at::empty({0}, q.options());
+  Tensor gW0 = empty_like_shape(q, {n.B, n.H, n.dv, n.dk});
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "delta_backward", [&] {
+    rfwp::DeltaBwdArgs<scalar_t> a{ptr<scalar_t>(q), ptr<scalar_t>(k), ptr<scalar_t>(v),
+                                   is_delta ? ptr_or_null<scalar_t>(beta) : nullptr, rst,
+                                   ptr<scalar_t>(ckpt), ptr<scalar_t>(gy),
+                                   ptr_or_null<scalar_t>(gW), out<scalar_t>(gq),
+                                   out<scalar_t>(gk), out<scalar_t>(gv),
+                                   is_delta ? out<scalar_t>(gbeta) : nullptr,
+                                   out<scalar_t>(gW0), n};
+    if (is_delta) RFWP_RUN(delta_backward, a, q, threads);
+    else RFWP_RUN(lt_backward, a, q, threads);
+  });
+  if (is_delta) return {gq, gk, gv, gbeta, gW0};
+  return {gq, gk, gv, gW0};
+}
+
+std::vector<Tensor> lt_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                               const Tensor& W0, const optional<Tensor>& reset, int64_t chunk,
+                               int64_t threads) {
+  return delta_forward_impl(false, q, k, v, c10::nullopt, W0, reset, chunk, threads);
+}
+std::vector<Tensor> delta_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                  const Tensor& beta, const Tensor& W0,
+                                  const optional<Tensor>& reset, int64_t chunk, int64_t threads) {
+  return delta_forward_impl(true, q, k, v, beta, W0, reset, chunk, threads);
+}
+std::vector<Tensor> lt_backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                const optional<Tensor>& reset, const Tensor& ckpt,
+                                const Tensor& gy, const optional<Tensor>& gW, int64_t chunk,
+                                int64_t threads) {
+  return delta_backward_impl(false, q, k, v, c10::nullopt, reset, ckpt, gy, gW, chunk, threads);
+}
+std::vector<Tensor> delta_backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                   const Tensor& beta, const optional<Tensor>& reset,
+                                   const Tensor& ckpt, const Tensor& gy,
+                                   const optional<Tensor>& gW, int64_t chunk, int64_t threads) {
+  return delta_backward_impl(true, q, k, v, beta, reset, ckpt, gy, gW, chunk, threads);
+}
+
+// ------------------------------------------------------------------------------- delta_rnn
+
+void check_delta_rnn_inputs(const Dims& n, const Tensor& q, const Tensor& k, const Tensor& v,
+                            const Tensor& beta, const Tensor& kr, const Tensor& vr,
+                            const Tensor& beta_r) {
+  check_tensor(q, "q", q, {n.T, n.B, n.H, n.dk});
+  check_tensor(k, "k", q, {n.T, n.B, n.H, n.dk});
+  check_tensor(v, "v", q, {n.T, n.B, n.H, n.dv});
+  check_tensor(beta, "beta", q, {n.T, n.B, n.H});
+  check_tensor(kr, "kr", q, {n.T, n.B, n.H, n.dv});
+  check_tensor(vr, "vr", q, {n.T, n.B, n.H, n.dv});
+  check_tensor(beta_r, "beta_r", q, {n.T, n.B, n.H});
+}
+
+std::vector<Tensor> delta_rnn_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                      const Tensor& beta, const Tensor& kr, const Tensor& vr,
+                                      const Tensor& beta_r, const Tensor& W0, const Tensor& R0,
+                                      const Tensor& y0, const optional<Tensor>& reset,
+                                      int64_t chunk, int64_t threads) {
+  TORCH_CHECK(v.dim() == 4, "v must be [T, B, H, d], got ", v.sizes());
+  const Dims n = make_dims(q, v.size(3), chunk);
+  check_delta_rnn_inputs(n, q, k, v, beta, kr, vr, beta_r);
+  check_tensor(W0, "W0", q, {n.B, n.H, n.dv, n.dk});
+  check_tensor(R0, "R0", q, {n.B, n.H, n.dv, n.dv});
+  check_tensor(y0, "y0", q, {n.B, n.H, n.dv});
+  const uint8_t* rst = reset_ptr(reset, n, q);
+  Tensor y = empty_like_shape(q, {n.T, n.B, n.H, n.dv});
+  Tensor W = at::empty_like(W0), R = at::empty_like(R0);
+  Tensor ckW = empty_like_shape(q, {nck(n), n.B, n.H, n.dv, n.dk});
+  Tensor ckR = empty_like_shape(q, {nck(n), n.B, n.H, n.dv, n.dv});
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "delta_rnn_forward", [&] {
+    using S = scalar_t;
+    rfwp::DeltaRnnFwdArgs<S> a{ptr<S>(q), ptr<S>(k), ptr<S>(v), ptr<S>(beta), ptr<S>(kr),
+                               ptr<S>(vr), ptr<S>(beta_r), ptr<S>(W0), ptr<S>(R0), ptr<S>(y0),
+                               rst, out<S>(y), out<S>(W), out<S>(R), out<S>(ckW), out<S>(ckR), n};
+    RFWP_RUN(delta_rnn_forward, a, q, threads);
+  });
+  return {y, W, R, ckW, ckR};
+}
+
+std::vector<Tensor> delta_rnn_backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                       const Tensor& beta, const Tensor& kr, const Tensor& vr,
+                                       const Tensor& beta_r, const Tensor& y0, const Tensor& y,
+                                       const optional<Tensor>& reset, const Tensor& ckW,
+                                       const Tensor& ckR, const Tensor& gy,
+                                       const optional<Tensor>& gW, const optional<Tensor>& gR,
+                                       int64_t chunk, int64_t threads) {
+  TORCH_CHECK(v.dim() == 4, "v must be [T, B, H, d], got ", v.sizes());
+  const Dims n = make_dims(q, v.size(3), chunk);
+  check_delta_rnn_inputs(n, q, k, v, beta, kr, vr, beta_r);
+  check_tensor(y0, "y0", q, {n.B, n.H, n.dv});
+  check_tensor(y, "y", q, {n.T, n.B, n.H, n.dv});
+  check_tensor(ckW, "ckptW", q, {nck(n), n.B, n.H, n.dv, n.dk});
+  check_tensor(ckR, "ckptR", q, {nck(n), n.B, n.H, n.dv, n.dv});
+  check_tensor(gy, "grad y", q, {n.T, n.B, n.H, n.dv});
+  check_optional(gW, "grad W", q, {n.B, n.H, n.dv, n.dk});
+  check_optional(gR, "grad R", q, {n.B, n.H, n.dv, n.dv});
+  const uint8_t* rst = reset_ptr(reset, n, q);
+  Tensor gq = at::empty_like(q), gk = at::empty_like(k), gv = at::empty_like(v);
+  Tensor gbeta = at::empty_like(beta), gkr = at::empty_like(kr), gvr = at::empty_like(vr);
+  Tensor gbeta_r = at::empty_like(beta_r);
+  Tensor gW0 = empty_like_shape(q, {n.B, n.H, n.dv, n.dk});
+  Tensor gR0 = empty_like_shape(q, {n.B, n.H, n.dv, n.dv});
+  Tensor gy0 = at::empty_like(y0);
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "delta_rnn_backward", [&] {
+    using S = scalar_t;
+    rfwp::DeltaRnnBwdArgs<S> a{ptr<S>(q), ptr<S>(k), ptr<S>(v), ptr<S>(beta), ptr<S>(kr),
+                               ptr<S>(vr), ptr<S>(beta_r), ptr<S>(y0), ptr<S>(y), rst,
+                               ptr<S>(ckW), ptr<S>(ckR), ptr<S>(gy), ptr_or_null<S>(gW),
+                               ptr_or_null<S>(gR), out<S>(gq), out<S>(gk), out<S>(gv),
+                               out<S>(gbeta), out<S>(gkr), out<S>(gvr), out<S>(gbeta_r),
+                               out<S>(gW0), out<S>(gR0), out<S>(gy0), n};
+    RFWP_RUN(delta_rnn_backward, a, q, threads);
+  });
+  return {gq, gk, gv, gbeta, gkr, gvr, gbeta_r, gW0, gR0, gy0};
+}
+
+// ------------------------------------------------------------------------------------- rdn
+
+std::vector<Tensor> rdn_forward(const Tensor& xq, const Tensor& xk, const Tensor& xv,
+                                const Tensor& xb, const Tensor& Rq, const Tensor& Rk,
+                                const Tensor& Rv, const Tensor& rb, const Tensor& W0,
+                                const Tensor& y0, const optional<Tensor>& reset, int64_t chunk,
+                                int64_t threads) {
+  const Dims n = make_dims(xq, xq.size(3), chunk);
+  const int64_t d = n.dk;
+  check_tensor(xq, "xq", xq, {n.T, n.B, n.H, d});
+  check_tensor(xk, "xk", xq, {n.T, n.B, n.H, d});
+  check_tensor(xv, "xv", xq, {n.T, n.B, n.H, d});
+  check_tensor(xb, "xb", xq, {n.T, n.B, n.H});
+  check_tensor(Rq, "Rq", xq, {n.H, d, d});
+  check_tensor(Rk, "Rk", xq, {n.H, d, d});
+  check_tensor(Rv, "Rv", xq, {n.H, d, d});
+  check_tensor(rb, "rb", xq, {n.H, d});
+  check_tensor(W0, "W0", xq, {n.B, n.H, d, d});
+  check_tensor(y0, "y0", xq, {n.B, n.H, d});
+  const uint8_t* rst = reset_ptr(reset, n, xq);
+  Tensor y = at::empty_like(xq), W = at::empty_like(W0);
+  Tensor ckpt = empty_like_shape(xq, {nck(n), n.B, n.H, d, d});
+  Tensor q = at::empty_like(xq), k = at::empty_like(xq), v = at::empty_like(xq);
+  Tensor beta = at::empty_like(xb);
+  AT_DISPATCH_FLOATING_TYPES(xq.scalar_type(), "rdn_forward", [&] {
+    using S = scalar_t;
+    rfwp::RdnFwdArgs<S> a{ptr<S>(xq), ptr<S>(xk), ptr<S>(xv), ptr<S>(xb), ptr<S>(Rq),
+                          ptr<S>(Rk), ptr<S>(Rv), ptr<S>(rb), ptr<S>(W0), ptr<S>(y0), rst,
+                          out<S>(y), out<S>(W), out<S>(ckpt), out<S>(q), out<S>(k), out<S>(v),
+                          out<S>(beta), n};
+    RFWP_RUN(rdn_forward, a, xq, threads);
+  });
+  return {y, W, ckpt, q, k, v, beta};
+}
+
+std::vector<Tensor> rdn_backward(const Tensor& Rq, const Tensor& Rk, const Tensor& Rv,
+                                 const Tensor& rb, const Tensor& y0, const Tensor& y,
+                                 const Tensor& q, const Tensor& k, const Tensor& v,
+                                 const Tensor& beta, const optional<Tensor>& reset,
+                                 const Tensor& ckpt, const Tensor& gy,
+                                 const optional<Tensor>& gW, int64_t chunk, int64_t threads) {
+  const Dims n = make_dims(q, q.size(3), chunk);
+  const int64_t d = n.dk;
+  check_tensor(Rq, "Rq", q, {n.H, d, d});
+  check_tensor(Rk, "Rk", q, {n.H, d, d});
+  check_tensor(Rv, "Rv", q, {n.H, d, d});
+  check_tensor(rb, "rb", q, {n.H, d});
+  check_tensor(y0, "y0", q, {n.B, n.H, d});
+  check_tensor(y, "y", q, {n.T, n.B, n.H, d});
+  check_tensor(k, "k", q, {n.T, n.B, n.H, d});
+  check_tensor(v, "v", q, {n.T, n.B, n.H, d});
+  check_tensor(beta, "beta", q, {n.T, n.B, n.H});
+  check_tensor(ckpt, "ckpt", q, {nck(n), n.B, n.H, d, d});
+  check_tensor(gy, "grad y", q, {n.T, n.B, n.H, d});
+  check_optional(gW, "grad W", q, {n.B, n.H, d, d});
+  const uint8_t* rst = reset_ptr(reset, n, q);
+  Tensor gxq = at::empty_like(q), gxk = at::empty_like(q), gxv = at::empty_like(q);
+  Tensor gxb = at::empty_like(beta);
+  Tensor part = empty_like_shape(q, {3, n.B, n.H, d, d});
+  Tensor part_b = empty_like_shape(q, {n.B, n.H, d});
+  Tensor gRq = at::empty_like(Rq), gRk = at::empty_like(Rk), gRv = at::empty_like(Rv);
+  Tensor grb = at::empty_like(rb);
+  Tensor gW0 = empty_like_shape(q, {n.B, n.H, d, d}), gy0 = at::empty_like(y0);
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "rdn_backward", [&] {
+    using S = scalar_t;
+    S* p = out<S>(part);
+    const std::size_t pm = static_cast<std::size_t>(n.B) * n.H * d * d;
+    rfwp::RdnBwdArgs<S> a{ptr<S>(Rq), ptr<S>(Rk), ptr<S>(Rv), ptr<S>(rb), ptr<S>(y0),
+                          ptr<S>(y), ptr<S>(q), ptr<S>(k), ptr<S>(v), ptr<S>(beta), rst,
+                          ptr<S>(ckpt), ptr<S>(gy), ptr_or_null<S>(gW), out<S>(gxq),
+                          out<S>(gxk), out<S>(gxv), out<S>(gxb), p, p + pm, p + 2 * pm,
+                          out<S>(part_b), out<S>(gRq), out<S>(gRk), out<S>(gRv), out<S>(grb),
+                          out<S>(gW0), out<S>(gy0), n};
+    RFWP_RUN(rdn_backward, a, q, threads);
+  });
+  return {gxq, gxk, gxv, gxb, gRq, gRk, gRv, grb, gW0, gy0};
+}
+
+bool has_cuda() {
+#ifdef RFWP_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  namespace py = pybind11;
+  m.doc() = "rfwp_rl fused fast-weight recurrences (lt, delta, delta_rnn, rdn), forward and backward";
+  m.def("has_cuda", &has_cuda, "whether this build includes the CUDA kernels");
+  m.def("lt_forward", &lt_forward, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("W0"),
+        py::arg("reset"), py::arg("chunk"), py::arg("threads") = 0);
+  m.def("lt_backward", &lt_backward, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("reset"),
+        py::arg("ckpt"), py::arg("gy"), py::arg("gW"), py::arg("chunk"), py::arg("threads") = 0);
+  m.def("delta_forward", &delta_forward, py::arg("q"), py::arg("k"), py::arg("v"),
+        py::arg("beta"), py::arg("W0"), py::arg("reset"), py::arg("chunk"),
+        py::arg("threads") = 0);
+  m.def("delta_backward", &delta_backward, py::arg("q"), py::arg("k"), py::arg("v"),
+        py::arg("beta"), py::arg("reset"), py::arg("ckpt"), py::arg("gy"), py::arg("gW"),
+        py::arg("chunk"), py::arg("threads") = 0);
+  m.def("delta_rnn_forward", &delta_rnn_forward, py::arg("q"), py::arg("k"), py::arg("v"),
+        py::arg("beta"), py::arg("kr"), py::arg("vr"), py::arg("beta_r"), py::arg("W0"),
+        py::arg("R0"), py::arg("y0"), py::arg("reset"), py::arg("chunk"), py::arg("threads") = 0);
+  m.def("delta_rnn_backward", &delta_rnn_backward, py::arg("q"), py::arg("k"), py::arg("v"),
+        py::arg("beta"), py::arg("kr"), py::arg("vr"), py::arg("beta_r"), py::arg("y0"),
+        py::arg("y"), py::arg("reset"), py::arg("ckptW"), py::arg("ckptR"), py::arg("gy"),
+        py::arg("gW"), py::arg("gR"), py::arg("chunk"), py::arg("threads") = 0);
+  m.def("rdn_forward", &rdn_forward, py::arg("xq"), py::arg("xk"), py::arg("xv"), py::arg("xb"),
+        py::arg("Rq"), py::arg("Rk"), py::arg("Rv"), py::arg("rb"), py::arg("W0"), py::arg("y0"),
+        py::arg("reset"), py::arg("chunk"), py::arg("threads") = 0);
+  m.def("rdn_backward", &rdn_backward, py::arg("Rq"), py::arg("Rk"), py::arg("Rv"),
+        py::arg("rb"), py::arg("y0"), py::arg("y"), py::arg("q"), py::arg("k"), py::arg("v"),
+        py::arg("beta"), py::arg("reset"), py::arg("ckpt"), py::arg("gy"), py::arg("gW"),
+        py::arg("chunk"), py::arg("threads") = 0);
+}

@@ -1,0 +1,20 @@
+// CPU entry points of the fused recurrences (defined in fastweight_cpu.cpp; float and double).
+// Each runs its (batch, head) tasks in parallel with at::parallel_for.
+#pragma once
+
+#include "../fastweight_params.h"
+
+namespace rfwp {
+namespace cpu {
+
+template <typename S> void lt_forward(const DeltaFwdArgs<S>& a);
+template <typename S> void lt_backward(const DeltaBwdArgs<S>& a);
+template <typename S> void delta_forward(const DeltaFwdArgs<S>& a);
+template <typename S> void delta_backward(const DeltaBwdArgs<S>& a);
+template <typename S> void delta_rnn_forward(const DeltaRnnFwdArgs<S>& a);
+template <typename S> void delta_rnn_backward(const DeltaRnnBwdArgs<S>& a);
+template <typename S> void rdn_forward(const RdnFwdArgs<S>& a);
+template <typename S> void rdn_backward(const RdnBwdArgs<S>& a);
+
+}  // namespace cpu
+}  // namespace rfwp

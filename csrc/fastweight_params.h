@@ -1,0 +1,95 @@
+// Argument blocks of the fused fast-weight recurrences, shared by the CPU (fastweight_cpu.cpp)
+// and CUDA (cuda/*.cu) implementations. Plain C++: no torch and no CUDA headers.
+//
+// Memory layout (all contiguous, row-major):
+//   per-step vectors  [T, B, H, n]      (n = dk for keys/queries, dv for values/outputs)
+//   per-step scalars  [T, B, H]         (beta, beta_r, xb)
+//   states            [B, H, rows, cols] (a fast weight matrix maps keys to values:
+//                                        W [dv, dk], y = W q, a write is v (x) k)
+//   carried outputs   [B, H, dv]
+//   reset             [T, B] uint8 (1: zero entry b's state before step t)
+//   checkpoints       [ceil(T / chunk), B, H, rows, cols]: the state before step c * chunk
+//                     (before that step's reset), written by the forward, read by the backward
+//                     which recomputes the states inside each chunk from its checkpoint.
+// Gradient pointers of final states (gW, gR) may be null (no gradient flows into them).
+#pragma once
+
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define RFWP_HOST_DEVICE __host__ __device__
+#else
+#define RFWP_HOST_DEVICE
+#endif
+
+namespace rfwp {
+
+struct Dims {
+  int T, B, H;     // steps, batch, heads
+  int dk, dv;      // key size, value size (the fast weight matrix is dv x dk)
+  int chunk;       // checkpoint every `chunk` steps
+};
+
+RFWP_HOST_DEVICE inline int num_chunks(int T, int chunk) { return (T + chunk - 1) / chunk; }
+
+// lt (beta == nullptr) and delta.
+template <typename S>
+struct DeltaFwdArgs {
+  const S *q, *k, *v, *beta, *W0;
+  const uint8_t* reset;
+  S *y, *W, *ckpt;
+  Dims n;
+};
+
+template <typename S>
+struct DeltaBwdArgs {
+  const S *q, *k, *v, *beta;
+  const uint8_t* reset;
+  const S *ckpt, *gy, *gW;
+  S *gq, *gk, *gv, *gbeta, *gW0;   // gbeta unused for lt
+  Dims n;
+};
+
+// delta_rnn: W [dv, dk] from (k, v, beta); R [dv, dv] from (kr, vr, beta_r); y0 [B, H, dv].
+template <typename S>
+struct DeltaRnnFwdArgs {
+  const S *q, *k, *v, *beta, *kr, *vr, *beta_r, *W0, *R0, *y0;
+  const uint8_t* reset;
+  S *y, *W, *R, *ckptW, *ckptR;
+  Dims n;
+};
+
+template <typename S>
+struct DeltaRnnBwdArgs {
+  const S *q, *k, *v, *beta, *kr, *vr, *beta_r, *y0, *y;
+  const uint8_t* reset;
+  const S *ckptW, *ckptR, *gy, *gW, *gR;
+  S *gq, *gk, *gv, *gbeta, *gkr, *gvr, *gbeta_r, *gW0, *gR0, *gy0;
+  Dims n;
+};
+
+// rdn (softmax feature map), dk == dv == d. The forward also writes the activated
+// q, k, v [T, B, H, d] and beta [T, B, H] used by the backward.
+template <typename S>
+struct RdnFwdArgs {
+  const S *xq, *xk, *xv, *xb, *Rq, *Rk, *Rv, *rb, *W0, *y0;
+  const uint8_t* reset;
+  S *y, *W, *ckpt, *q, *k, *v, *beta;
+  Dims n;
+};
+
+// gRq_part, gRk_part, gRv_part [B, H, d, d] and grb_part [B, H, d] receive per-(b, h)
+// partial gradients; gRq, gRk, gRv [H, d, d] and grb [H, d] their sum over b, taken in
+// order b = 0, 1, ..., B-1 (deterministic).
+template <typename S>
+struct RdnBwdArgs {
+  const S *Rq, *Rk, *Rv, *rb, *y0, *y, *q, *k, *v, *beta;
+  const uint8_t* reset;
+  const S *ckpt, *gy, *gW;
+  S *gxq, *gxk, *gxv, *gxb;
+  S *gRq_part, *gRk_part, *gRv_part, *grb_part;
+  S *gRq, *gRk, *gRv, *grb, *gW0, *gy0;
+  Dims n;
+};
+
+}  // namespace rfwp

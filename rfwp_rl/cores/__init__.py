@@ -1,0 +1,112 @@
+"""The shared recurrent cores: one contract for every trainer.
+
+    core = rfwp_rl.cores.make(name, input_size, **config)     # an nn.Module
+    core.output_size                                           # int
+    state = core.initial_state(batch_size, device=None, dtype=None)   # tuple, batch is dim 0
+    y, state = core(x, state, reset)    # x [T, B, input_size], reset [T, B] bool or None
+
+``reset[t, b]`` True sets entry b's state to zeros before step t. One call on T steps equals
+T calls of one step carrying the state; gradients flow through the whole call unless
+``detach_state_every_step=True`` (every recurrent core accepts it).
+
+``available()`` lists every core with its equations and default config. Other modules add
+cores with ``register(spec, cls)`` where ``cls(input_size, **config)`` builds the core;
+``rfwp_rl.cores.lm_cores`` (the language-modelling variants), when present, is imported on
+first use of ``make``/``available``.
+
+Built-in cores: ``ff`` (identity), ``lstm``, ``lt``, ``delta``, ``delta_rnn``, ``rdn``
+(fast-weight block stacks, :mod:`rfwp_rl.cores.fast_weight`), ``fwm``
+(:mod:`rfwp_rl.cores.fwm`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from typing import Any, Callable
+
+from torch import nn
+
+from rfwp_rl.cores.base import Core, CoreSpec, State
+from rfwp_rl.cores.fast_weight import CORES as _FW_CORES, SPECS as _FW_SPECS
+from rfwp_rl.cores.ff import SPEC as _FF_SPEC, FFCore
+from rfwp_rl.cores.fwm import SPEC as _FWM_SPEC, FWMCore
+from rfwp_rl.cores.lstm import SPEC as _LSTM_SPEC, LSTMCore
+from rfwp_rl.errors import UserError, check_choice, choices_hint
+
+__all__ = ["Core", "CoreSpec", "State", "available", "make", "register"]
+
+_REGISTRY: dict[str, tuple[CoreSpec, Callable[..., nn.Module]]] = {}
+_PLUGINS = ("rfwp_rl.cores.lm_cores",)
+_plugins_loaded = False
+
+
+def register(spec: CoreSpec, cls: Callable[..., nn.Module]) -> None:
+    """Add core ``spec.name``, built by ``cls(input_size, **config)``.
+
+    ``spec.defaults`` must list every config key the core accepts. Registering the same
+    name again replaces the entry only if it is the same class (module reloads).
+    """
+    old = _REGISTRY.get(spec.name)
+    if old is not None and (getattr(old[1], "__module__", None), getattr(old[1], "__qualname__", None)) \
+            != (getattr(cls, "__module__", None), getattr(cls, "__qualname__", None)):
+        raise ValueError(f"core {spec.name!r} is already registered by {old[1]!r}")
+    _REGISTRY[spec.name] = (spec, cls)
+
+
+def _load_plugins() -> None:
+    global _plugins_loaded
+    if _plugins_loaded:
+        return
+    _plugins_loaded = True
+    for module in _PLUGINS:
+        if importlib.util.find_spec(module) is not None:
+            importlib.import_module(module)
+
+
+def available() -> dict[str, CoreSpec]:
+    """``{name: CoreSpec(name, description, equations, defaults)}`` for every core."""
+    _load_plugins()
+    return {name: spec for name, (spec, _) in _REGISTRY.items()}
+
+
+def _check_type(core: str, key: str, value: Any, default: Any) -> None:
+    """Config values must have the type of their default (ints may stand in for floats)."""
+    if isinstance(default, bool):
+        ok = isinstance(value, bool)
+    elif isinstance(default, int):
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif isinstance(default, float):
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    elif isinstance(default, str):
+        ok = isinstance(value, str)
+    else:
+        ok = True
+    if not ok:
+        raise UserError(f"core {core!r}: {key}={value!r} has type {type(value).__name__}; "
+                        f"allowed: {type(default).__name__} (default {default!r})")
+
+
+def make(name: str, input_size: int, **config: Any) -> nn.Module:
+    """Build core ``name`` for inputs of size ``input_size`` with ``config`` over its defaults.
+
+    Unknown names, unknown config keys and badly typed values raise a one-line UserError.
+    """
+    _load_plugins()
+    check_choice("core", name, _REGISTRY)
+    spec, cls = _REGISTRY[name]
+    for key, value in config.items():
+        if key not in spec.defaults:
+            raise UserError(f"unknown config key {key!r} for core {name!r}; "
+                            f"{choices_hint(key, spec.defaults) if spec.defaults else 'allowed: none'}")
+        _check_type(name, key, value, spec.defaults[key])
+    if isinstance(input_size, bool) or not isinstance(input_size, int) or input_size < 1:
+        raise UserError(f"input_size {input_size!r} is invalid; allowed: an integer >= 1")
+    return cls(input_size, **{**spec.defaults, **config})
+
+
+register(_FF_SPEC, FFCore)
+register(_LSTM_SPEC, LSTMCore)
+for _kind, _spec in _FW_SPECS.items():
+    register(_spec, _FW_CORES[_kind])
+register(_FWM_SPEC, FWMCore)

@@ -1,0 +1,179 @@
+"""What every core shares: the call contract, input checks, resets, 1-step-BPTT mode.
+
+Contract (used by every trainer)::
+
+    state = core.initial_state(batch_size, device=None, dtype=None)  # tuple, batch is dim 0
+    y, state = core(x, state, reset)   # x [T, B, input_size], reset [T, B] bool or None
+                                        # y [T, B, core.output_size]
+
+``reset[t, b]`` True sets entry ``b``'s state to its initial value (zeros) *before* step
+``t``. One call on T steps equals T calls of one step carrying the state. Gradients flow
+through the state over the whole call unless ``detach_state_every_step`` is set, which
+detaches the state before every step (the 1-step BPTT of the reference Atari code).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from rfwp_rl.errors import UserError, check_choice
+
+State = tuple[Tensor, ...]
+
+
+@dataclass(frozen=True)
+class CoreSpec:
+    """What ``rfwp_rl.cores.available()`` reports about a core.
+
+    name: the name passed to ``make``; description: one line; equations: paper and equation
+    numbers implemented; defaults: every accepted config key with its default value.
+    """
+
+    name: str
+    description: str
+    equations: str
+    defaults: dict[str, Any] = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------------- config checks
+
+def check_positive_int(what: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UserError(f"{what} {value!r} is invalid; allowed: an integer >= 1")
+    return value
+
+
+def check_dropout(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+        raise UserError(f"dropout {value!r} is invalid; allowed: a number in [0, 1)")
+    return float(value)
+
+
+def check_bool(what: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise UserError(f"{what} {value!r} is invalid; allowed: true or false")
+    return value
+
+
+def check_heads(hidden_size: int, num_heads: int) -> int:
+    """Head size ``hidden_size // num_heads``; one-line error if it does not divide."""
+    if hidden_size % num_heads:
+        raise UserError(f"hidden_size {hidden_size} is not divisible by num_heads {num_heads}; "
+                        f"allowed: hidden_size a multiple of num_heads")
+    return hidden_size // num_heads
+
+
+# ------------------------------------------------------------------------- state helpers
+
+def zero_entries(x: Tensor, mask: Tensor, dim: int = 0) -> Tensor:
+    """``x`` with the batch entries where ``mask`` ([B] bool) is True set to zero.
+
+    ``dim`` is the batch dimension of ``x``. Uses ``torch.where`` so that no gradient
+    crosses the reset.
+    """
+    shape = [1] * x.dim()
+    shape[dim] = -1
+    return torch.where(mask.view(shape), torch.zeros((), dtype=x.dtype, device=x.device), x)
+
+
+def reset_steps(reset: Tensor | None, T: int) -> list[bool]:
+    """Per step t: does any batch entry reset before step t? (one host sync)."""
+    if reset is None:
+        return [False] * T
+    return reset.any(dim=1).tolist()
+
+
+# ------------------------------------------------------------------------- the base class
+
+class Core(nn.Module):
+    """Base of every core. Subclasses set ``input_size``, ``output_size``,
+    ``detach_state_every_step`` and implement ``state_shapes`` and ``_forward``.
+
+    ``config`` holds the full configuration the core was made with (for checkpoint meta).
+    """
+
+    name: str = "core"
+    input_size: int
+    output_size: int
+    detach_state_every_step: bool = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.config: dict[str, Any] = {}
+
+    # -- to implement -----------------------------------------------------------------
+    def state_shapes(self, batch_size: int) -> list[tuple[int, ...]]:
+        """Shapes of the state tensors for ``batch_size`` (batch is dim 0 of each)."""
+        raise NotImplementedError
+
+    def _forward(self, x: Tensor, state: State, reset: Tensor | None) -> tuple[Tensor, State]:
+        """The computation on checked inputs: x ``[T,B,input_size]``, reset ``[T,B]`` bool."""
+        raise NotImplementedError
+
+    # -- shared -------------------------------------------------------------------------
+    def initial_state(self, batch_size: int, device: torch.device | str | None = None,
+                      dtype: torch.dtype | None = None) -> State:
+        """Zeros of ``state_shapes(batch_size)``; device/dtype default to the parameters'."""
+        p = next(self.parameters(), None)
+        device = device if device is not None else (p.device if p is not None else None)
+        dtype = dtype if dtype is not None else (p.dtype if p is not None else None)
+        return tuple(torch.zeros(s, device=device, dtype=dtype)
+                     for s in self.state_shapes(batch_size))
+
+    def forward(self, x: Tensor, state: Sequence[Tensor] | None = None,
+                reset: Tensor | None = None) -> tuple[Tensor, State]:
+        """y ``[T, B, output_size]`` and the state after the last step.
+
+        x: ``[T, B, input_size]``; state: from ``initial_state`` or a previous call (None =
+        zeros); reset: ``[T, B]`` (bool; other dtypes: nonzero means reset) or None.
+        """
+        state, reset = self._check_call(x, state, reset)
+        if not self.detach_state_every_step:
+            return self._forward(x, state, reset)
+        # 1-step BPTT: the state entering each step carries no gradient.
+        ys = []
+        for t in range(x.shape[0]):
+            state = tuple(s.detach() for s in state)
+            y, state = self._forward(x[t:t + 1], state, None if reset is None else reset[t:t + 1])
+            ys.append(y)
+        return torch.cat(ys), state
+
+    def _check_call(self, x: Tensor, state: Sequence[Tensor] | None,
+                    reset: Tensor | None) -> tuple[State, Tensor | None]:
+        if not isinstance(x, Tensor) or x.dim() != 3 or x.shape[-1] != self.input_size:
+            got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+            raise UserError(f"core {self.name!r}: input x has shape {got}; allowed: "
+                            f"[T, B, {self.input_size}] (time, batch, input_size)")
+        T, B = x.shape[0], x.shape[1]
+        if reset is not None:
+            if not isinstance(reset, Tensor) or tuple(reset.shape) != (T, B):
+                got = tuple(reset.shape) if isinstance(reset, Tensor) else type(reset).__name__
+                raise UserError(f"core {self.name!r}: reset has shape {got}; allowed: "
+                                f"[T, B] = [{T}, {B}] or None")
+            reset = reset.to(device=x.device, dtype=torch.bool)
+            if not bool(reset.any()):
+                reset = None
+        if state is None:
+            return self.initial_state(B, x.device, x.dtype), reset
+        state = tuple(state)
+        shapes = self.state_shapes(B)
+        if len(state) != len(shapes):
+            raise UserError(f"core {self.name!r}: state has {len(state)} tensors; allowed: "
+                            f"{len(shapes)} (use core.initial_state(batch_size))")
+        for i, (s, shape) in enumerate(zip(state, shapes)):
+            if tuple(s.shape) != shape:
+                raise UserError(f"core {self.name!r}: state[{i}] has shape {tuple(s.shape)}; "
+                                f"allowed: {shape} for batch {B} "
+                                "(use core.initial_state(batch_size))")
+        return state, reset
+
+    def extra_repr(self) -> str:
+        return ", ".join(f"{k}={v!r}" for k, v in self.config.items())
+
+
+def check_backend(backend: Any) -> str:
+    return check_choice("backend", backend, ("auto", "kernel", "reference"))

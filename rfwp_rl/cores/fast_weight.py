@@ -1,0 +1,302 @@
+"""Fast-weight cores ``lt``, ``delta``, ``delta_rnn``, ``rdn``: Transformer-like block stacks.
+
+Structure (the reference Atari agents' layout; RFWP paper App. C)::
+
+    x [T, B, input_size] -> Linear(input_size -> hidden, bias)
+    num_layers x [ h = h + FastWeightSublayer(LN(h))      # pre-LayerNorm residual
+                   h = h + FeedForward(LN(h)) ]           # Linear+ReLU+drop+Linear+drop
+    -> y [T, B, hidden]                                   # no final LayerNorm
+
+A fast-weight sublayer computes its slow projections for the whole unroll with one matmul
+(``Linear(hidden -> needed, bias=False)``), splits them into H heads of size d = hidden/H,
+runs the sequential recurrence ``rfwp_rl.ops.get(kind, backend)`` and projects back with
+``Linear(hidden -> hidden, bias=False)`` and dropout. Per-head slow projection layout (as in
+the reference code): ``[q, k, v, β]`` for lt/delta/rdn (no β for lt),
+``[q, k, v, k_r, v_r, β, β_r]`` for delta_rnn.
+
+Feature maps (``feature_map``): applied to q and k before the op (lt, delta, delta_rnn);
+inside the op for rdn (the fused rdn kernel implements softmax only). The delta_rnn
+recurrent key k_r always uses softmax, matching its recurrent query softmax(y_{t-1}).
+
+State of each layer (batch dim 0; concatenated over layers into one flat tuple):
+lt/delta ``(W,)``, delta_rnn ``(W, R, y_last)``, rdn ``(W, y_last)`` with
+``W [B, H, d, D]`` (D = d, or 2νd for dpfp), ``R [B, H, d, d]``, ``y_last [B, H, d]``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from rfwp_rl import ops
+from rfwp_rl.cores import feature_maps
+from rfwp_rl.cores.base import (Core, CoreSpec, State, check_backend, check_bool,
+                                check_dropout, check_heads, check_positive_int)
+from rfwp_rl.errors import UserError, check_choice
+
+
+def _defaults(feature_map: str) -> dict:
+    return {"hidden_size": 128, "num_layers": 2, "num_heads": 4, "ff_size": 512,
+            "dropout": 0.0, "feature_map": feature_map, "dpfp_nu": 1, "backend": "auto",
+            "detach_state_every_step": False}
+
+
+SPECS = {
+    "lt": CoreSpec("lt", "Linear Transformer: purely additive fast weights W += v ⊗ k",
+                   "RFWP paper Eq. 5-7; Secretly-FWP Eq. 29-30, 37 (feature maps)",
+                   _defaults("elu_sum")),
+    "delta": CoreSpec("delta", "Delta Net: fast weights written by the delta rule with "
+                      "learned β", "RFWP paper Eq. 8-10; Secretly-FWP Eq. 23-29",
+                      _defaults("elu_sum")),
+    "delta_rnn": CoreSpec("delta_rnn", "Delta RNN: fast recurrent matrix R, "
+                          "y = W q + R softmax(y_prev)", "RFWP paper Eq. 8-10, 12 (version B)",
+                          _defaults("softmax")),
+    "rdn": CoreSpec("rdn", "Recurrent Delta Net: k, v, q, β also see tanh(y_prev)",
+                    "RFWP paper Eq. 15-18 with Eq. 7-10", _defaults("softmax")),
+}
+
+
+# ------------------------------------------------------------------------- sublayers
+
+class FeedForward(nn.Module):
+    """Pre-LayerNorm residual feed-forward sublayer: ``x + drop(W2 drop(relu(W1 LN(x))))``.
+
+    x: ``[T, B, hidden]`` -> ``[T, B, hidden]``.
+    """
+
+    def __init__(self, hidden_size: int, ff_size: int, dropout: float) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(hidden_size)
+        self.net = nn.Sequential(nn.Linear(hidden_size, ff_size), nn.ReLU(), nn.Dropout(dropout),
+                                 nn.Linear(ff_size, hidden_size), nn.Dropout(dropout))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x + self.net(self.norm(x))
+
+
+class FastWeightSublayer(nn.Module):
+    """Pre-LayerNorm residual fast-weight sublayer (base class).
+
+    Subclasses set ``kind`` (the op name), ``slow_per_head`` (slow projection outputs per
+    head) and implement ``state_shapes`` and ``recurrence``.
+    """
+
+    kind: str = ""
+
+    def __init__(self, hidden_size: int, num_heads: int, dropout: float, feature_map: str,
+                 dpfp_nu: int, backend: str) -> None:
+        super().__init__()
+        self.H = num_heads
+        self.d = check_heads(hidden_size, num_heads)
+        self.phi = feature_maps.get(feature_map, self.d, dpfp_nu)
+        self.D = feature_maps.feature_dim(feature_map, self.d, dpfp_nu)   # key/query size
+        self.feature_map = feature_map
+        self.backend = backend
+        self.norm = nn.LayerNorm(hidden_size)
+        self.slow = nn.Linear(hidden_size, num_heads * self.slow_per_head(), bias=False)
+        self.out = nn.Linear(hidden_size, hidden_size, bias=False)
+        self.drop = nn.Dropout(dropout)
+        if self.kind == "rdn" and feature_map != "softmax" and backend == "kernel":
+            raise UserError(f"feature_map {feature_map!r} with backend 'kernel' for core 'rdn'; "
+                            "allowed: feature_map 'softmax' with the fused kernel, or backend "
+                            "'auto'/'reference'")
+        ops.get(self.kind, backend)   # fail now, with a one-line error, if unavailable
+
+    def slow_per_head(self) -> int:
+        raise NotImplementedError
+
+    def state_shapes(self, batch_size: int) -> list[tuple[int, ...]]:
+        raise NotImplementedError
+
+    def recurrence(self, p: Tensor, state: State, reset: Tensor | None) -> tuple[Tensor, State]:
+        """p: slow projections ``[T, B, H, slow_per_head]`` -> y ``[T, B, H, d]``, state."""
+        raise NotImplementedError
+
+    def op(self):
+        return ops.get(self.kind, self.backend)
+
+    def forward(self, x: Tensor, state: State, reset: Tensor | None) -> tuple[Tensor, State]:
+        T, B, _ = x.shape
+        p = self.slow(self.norm(x)).view(T, B, self.H, self.slow_per_head())  # one big matmul
+        y, state = self.recurrence(p, state, reset)
+        return x + self.drop(self.out(y.reshape(T, B, self.H * self.d))), state
+
+
+class LTSublayer(FastWeightSublayer):
+    """Linear Transformer (RFWP paper Eq. 5-7): q, k, v = slow(x); W += v ⊗ φ(k); y = W φ(q)."""
+
+    kind = "lt"
+
+    def slow_per_head(self) -> int:
+        return 3 * self.d
+
+    def state_shapes(self, batch_size: int) -> list[tuple[int, ...]]:
+        return [(batch_size, self.H, self.d, self.D)]
+
+    def recurrence(self, p: Tensor, state: State, reset: Tensor | None) -> tuple[Tensor, State]:
+        q, k, v = p.split(self.d, dim=-1)                         # RFWP Eq. 5
+        y, W = self.op()(self.phi(q), self.phi(k), v, state[0], reset)
+        return y, (W,)
+
+
+class DeltaSublayer(FastWeightSublayer):
+    """Delta Net (RFWP paper Eq. 8-10): β = σ(slow(x)); delta rule on W; y = W φ(q)."""
+
+    kind = "delta"
+
+    def slow_per_head(self) -> int:
+        return 3 * self.d + 1
+
+    def state_shapes(self, batch_size: int) -> list[tuple[int, ...]]:
+        return [(batch_size, self.H, self.d, self.D)]
+
+    def recurrence(self, p: Tensor, state: State, reset: Tensor | None) -> tuple[Tensor, State]:
+        q, k, v, b = p.split([self.d, self.d, self.d, 1], dim=-1)
+        beta = torch.sigmoid(b.squeeze(-1))                        # RFWP Eq. 9
+        y, W = self.op()(self.phi(q), self.phi(k), v, beta, state[0], reset)
+        return y, (W,)
+
+
+class DeltaRNNSublayer(FastWeightSublayer):
+    """Delta RNN version B (RFWP paper Eq. 12): y = W φ(q) + R softmax(y_prev); W and R
+    both written by the delta rule; R's keys are softmax(k_r)."""
+
+    kind = "delta_rnn"
+
+    def slow_per_head(self) -> int:
+        return 5 * self.d + 2
+
+    def state_shapes(self, batch_size: int) -> list[tuple[int, ...]]:
+        B, H, d = batch_size, self.H, self.d
+        return [(B, H, d, self.D), (B, H, d, d), (B, H, d)]
+
+    def recurrence(self, p: Tensor, state: State, reset: Tensor | None) -> tuple[Tensor, State]:
+        d = self.d
+        q, k, v, kr, vr, b, br = p.split([d, d, d, d, d, 1, 1], dim=-1)
+        beta, beta_r = torch.sigmoid(b.squeeze(-1)), torch.sigmoid(br.squeeze(-1))
+        W0, R0, y0 = state
+        y, W, R = self.op()(self.phi(q), self.phi(k), v, beta,
+                            feature_maps.softmax(kr), vr, beta_r, W0, R0, y0, reset)
+        return y, (W, R, y[-1])
+
+
+class RDNSublayer(FastWeightSublayer):
+    """Recurrent Delta Net (RFWP paper Eq. 15-18): the slow net also sees tanh(y_prev)
+    through per-head recurrent weights R_q, R_k, R_v ``[H, d, d]`` and r_β ``[H, d]``,
+    initialised N(0, 1/d). φ is applied inside the op."""
+
+    kind = "rdn"
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        H, d = self.H, self.d
+        self.Rq = nn.Parameter(torch.randn(H, d, d) / math.sqrt(d))
+        self.Rk = nn.Parameter(torch.randn(H, d, d) / math.sqrt(d))
+        self.Rv = nn.Parameter(torch.randn(H, d, d) / math.sqrt(d))
+        self.rb = nn.Parameter(torch.randn(H, d) / math.sqrt(d))
+
+    def slow_per_head(self) -> int:
+        return 3 * self.d + 1
+
+    def state_shapes(self, batch_size: int) -> list[tuple[int, ...]]:
+        return [(batch_size, self.H, self.d, self.D), (batch_size, self.H, self.d)]
+
+    def recurrence(self, p: Tensor, state: State, reset: Tensor | None) -> tuple[Tensor, State]:
+        xq, xk, xv, xb = p.split([self.d, self.d, self.d, 1], dim=-1)
+        W0, y0 = state
+        args = (xq, xk, xv, xb.squeeze(-1), self.Rq, self.Rk, self.Rv, self.rb, W0, y0, reset)
+        if self.feature_map == "softmax":
+            y, W = self.op()(*args)
+        else:   # only the reference implements other feature maps inside the recurrence
+            y, W = ops.get("rdn", "reference")(*args, feature_map=self.phi)
+        return y, (W, y[-1])
+
+
+SUBLAYERS = {"lt": LTSublayer, "delta": DeltaSublayer, "delta_rnn": DeltaRNNSublayer,
+             "rdn": RDNSublayer}
+
+
+# ------------------------------------------------------------------------- the core
+
+class FastWeightCore(Core):
+    """Block stack of fast-weight sublayers of one ``kind`` (set by the subclasses below).
+
+    x ``[T, B, input_size]`` -> y ``[T, B, hidden_size]``. State: the per-layer state
+    tensors of layer 0, then layer 1, ... (see the module docstring).
+    ``feature_map=None`` means the core's default (``SPECS[kind].defaults``).
+    """
+
+    kind: str = ""
+
+    def __init__(self, input_size: int, hidden_size: int = 128, num_layers: int = 2,
+                 num_heads: int = 4, ff_size: int = 512, dropout: float = 0.0,
+                 feature_map: str | None = None, dpfp_nu: int = 1, backend: str = "auto",
+                 detach_state_every_step: bool = False) -> None:
+        super().__init__()
+        self.name = self.kind
+        if feature_map is None:
+            feature_map = SPECS[self.kind].defaults["feature_map"]
+        self.input_size = check_positive_int("input_size", input_size)
+        self.output_size = check_positive_int("hidden_size", hidden_size)
+        check_positive_int("num_layers", num_layers)
+        check_positive_int("num_heads", num_heads)
+        check_positive_int("ff_size", ff_size)
+        check_heads(hidden_size, num_heads)
+        check_positive_int("dpfp_nu", dpfp_nu)
+        dropout = check_dropout(dropout)
+        check_choice("feature_map", feature_map, feature_maps.FEATURE_MAPS)
+        check_backend(backend)
+        self.detach_state_every_step = check_bool("detach_state_every_step",
+                                                  detach_state_every_step)
+        self.config = {"hidden_size": hidden_size, "num_layers": num_layers,
+                       "num_heads": num_heads, "ff_size": ff_size, "dropout": dropout,
+                       "feature_map": feature_map, "dpfp_nu": dpfp_nu, "backend": backend,
+                       "detach_state_every_step": detach_state_every_step}
+
+        sublayer = SUBLAYERS[self.kind]
+        self.input_proj = nn.Linear(input_size, hidden_size)
+        self.fast_layers = nn.ModuleList(
+            sublayer(hidden_size, num_heads, dropout, feature_map, dpfp_nu, backend)
+            for _ in range(num_layers))
+        self.ff_layers = nn.ModuleList(
+            FeedForward(hidden_size, ff_size, dropout) for _ in range(num_layers))
+        self._n_state = [len(layer.state_shapes(1)) for layer in self.fast_layers]
+
+    def state_shapes(self, batch_size: int) -> list[tuple[int, ...]]:
+        return [s for layer in self.fast_layers for s in layer.state_shapes(batch_size)]
+
+    def _forward(self, x: Tensor, state: State, reset: Tensor | None) -> tuple[Tensor, State]:
+        h = self.input_proj(x)
+        new_state: list[Tensor] = []
+        i = 0
+        for fast, ff, n in zip(self.fast_layers, self.ff_layers, self._n_state):
+            h, s = fast(h, state[i:i + n], reset)     # pre-LN residual fast-weight sublayer
+            h = ff(h)                                 # pre-LN residual feed-forward sublayer
+            new_state.extend(s)
+            i += n
+        return h, tuple(new_state)
+
+
+class LTCore(FastWeightCore):
+    """``lt``: Linear Transformer block stack (RFWP paper Eq. 5-7)."""
+    kind = "lt"
+
+
+class DeltaCore(FastWeightCore):
+    """``delta``: Delta Net block stack (RFWP paper Eq. 8-10)."""
+    kind = "delta"
+
+
+class DeltaRNNCore(FastWeightCore):
+    """``delta_rnn``: Delta RNN block stack (RFWP paper Eq. 12, version B)."""
+    kind = "delta_rnn"
+
+
+class RDNCore(FastWeightCore):
+    """``rdn``: Recurrent Delta Net block stack (RFWP paper Eq. 15-18)."""
+    kind = "rdn"
+
+
+CORES = {"lt": LTCore, "delta": DeltaCore, "delta_rnn": DeltaRNNCore, "rdn": RDNCore}

@@ -1,0 +1,68 @@
+"""``lstm``: torch ``nn.LSTM`` (the Atari baseline: 1 layer of 256 units).
+
+Resets are handled by running ``nn.LSTM`` once per segment between reset times (one fused
+call when the unroll has no reset), zeroing the resetting entries' (h, c) in between.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from rfwp_rl.cores.base import (Core, CoreSpec, State, check_bool, check_positive_int,
+                                reset_steps, zero_entries)
+
+SPEC = CoreSpec(
+    name="lstm",
+    description="LSTM (torch nn.LSTM); state (h, c) each [B, num_layers, hidden_size]",
+    equations="Hochreiter & Schmidhuber 1997 (nn.LSTM, two bias vectors per gate block)",
+    defaults={"hidden_size": 256, "num_layers": 1, "detach_state_every_step": False},
+)
+
+
+def run_lstm(lstm: nn.LSTM, x: Tensor, h: Tensor, c: Tensor,
+             reset: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    """Run ``lstm`` over x ``[T, B, I]`` from (h, c) ``[L, B, H]`` with resets ``[T, B]``.
+
+    Returns the outputs ``[T, B, H]`` and the final (h, c) ``[L, B, H]``. One ``nn.LSTM``
+    call per segment between steps where some entry resets.
+    """
+    T = x.shape[0]
+    flags = reset_steps(reset, T)
+    bounds = [0] + [t for t in range(1, T) if flags[t]] + [T]
+    outs = []
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        if flags[a]:
+            h, c = zero_entries(h, reset[a], dim=1), zero_entries(c, reset[a], dim=1)
+        out, (h, c) = lstm(x[a:b], (h, c))
+        outs.append(out)
+    return (outs[0] if len(outs) == 1 else torch.cat(outs)), h, c
+
+
+class LSTMCore(Core):
+    """``nn.LSTM(input_size, hidden_size, num_layers)``; y ``[T, B, hidden_size]``.
+
+    State: ``(h, c)``, each ``[B, num_layers, hidden_size]`` (batch first, unlike nn.LSTM).
+    """
+
+    name = "lstm"
+
+    def __init__(self, input_size: int, hidden_size: int = 256, num_layers: int = 1,
+                 detach_state_every_step: bool = False) -> None:
+        super().__init__()
+        self.input_size = check_positive_int("input_size", input_size)
+        self.output_size = self.hidden_size = check_positive_int("hidden_size", hidden_size)
+        self.num_layers = check_positive_int("num_layers", num_layers)
+        self.detach_state_every_step = check_bool("detach_state_every_step",
+                                                  detach_state_every_step)
+        self.config = {"hidden_size": hidden_size, "num_layers": num_layers,
+                       "detach_state_every_step": detach_state_every_step}
+        self.lstm = nn.LSTM(input_size, hidden_size, num_layers)
+
+    def state_shapes(self, batch_size: int) -> list[tuple[int, ...]]:
+        return [(batch_size, self.num_layers, self.hidden_size)] * 2
+
+    def _forward(self, x: Tensor, state: State, reset: Tensor | None) -> tuple[Tensor, State]:
+        h, c = (s.transpose(0, 1).contiguous() for s in state)     # -> [L, B, H]
+        y, h, c = run_lstm(self.lstm, x, h, c, reset)
+        return y, (h.transpose(0, 1), c.transpose(0, 1))

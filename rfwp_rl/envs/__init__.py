@@ -1,0 +1,190 @@
+"""Environment factories for the trainers.
+
+    env = make_env("Pong", seed=1)              # Atari: uint8 [4, 84, 84], Discrete(6)
+    env = make_env("CartPole-v1")               # any gymnasium id: float32 [4], Discrete(2)
+    env = make_env("mypkg.envs:Maze-v0")        # imports mypkg.envs first (it registers Maze-v0)
+    info = env_spec("ALE/Pong-v5", repeat_action_probability=0.25)   # effective settings
+
+Contract of every env ``make_env`` returns (gymnasium API):
+* observations: Atari ``uint8 [frame_stack, 84, 84]`` (kind ``'atari'``) or a flat
+  ``float32 [D]`` vector (kind ``'vector'``);
+* actions: ``Discrete(n)``, 0..n-1 (anything else is a one-line UserError);
+* ``info["episode"] = {"r": return, "l": length, "t": seconds}`` on the step where a full
+  episode ends (for Atari: the full game, also with ``episodic_life=True``);
+* ``seed`` given to ``make_env`` seeds the first ``reset()`` (later resets continue the RNG).
+
+Ids: see :mod:`rfwp_rl.envs.registry`. Atari settings: :data:`ATARI_DEFAULTS`
+(``envs/atari.toml`` in the repository holds the same values, for editing and ``--env-config``).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gymnasium
+
+from rfwp_rl.envs.atari import ATARI_DEFAULTS, PAPER_GAMES, AtariGame, check_atari_settings, make_atari
+from rfwp_rl.envs.registry import (
+    POMDP_GRAPH_ID,
+    ResolvedId,
+    atari_games,
+    ensure_registered,
+    import_env_module,
+    resolve_env_id,
+)
+from rfwp_rl.envs.spaces import num_actions, to_vector_obs
+from rfwp_rl.errors import UserError
+
+__all__ = [
+    "ATARI_DEFAULTS",
+    "PAPER_GAMES",
+    "POMDP_GRAPH_ID",
+    "AtariGame",
+    "EnvInfo",
+    "ResolvedId",
+    "atari_games",
+    "env_spec",
+    "ensure_registered",
+    "import_env_module",
+    "load_env_config",
+    "make_env",
+    "resolve_env_id",
+]
+
+# gymnasium.make keyword arguments that Atari ids pass through (not preprocessing settings)
+_ATARI_GYM_KWARGS = ("mode", "difficulty")
+
+
+class SeedFirstReset(gymnasium.Wrapper):
+    """Uses ``seed`` for the first ``reset()`` that is called without one."""
+
+    def __init__(self, env: gymnasium.Env, seed: int | None) -> None:
+        super().__init__(env)
+        self._pending_seed = seed
+        if seed is not None:
+            env.action_space.seed(seed)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        if seed is None:
+            seed, self._pending_seed = self._pending_seed, None
+        else:
+            self._pending_seed = None
+        return self.env.reset(seed=seed, options=options)
+
+
+def make_env(
+    env_id: str, seed: int | None = None, *, require_discrete: bool = True, **overrides: Any
+) -> gymnasium.Env:
+    """Create an environment in the form the trainers consume (see the module docstring).
+
+    Args:
+        env_id: gymnasium id, Atari game name, or ``module:EnvId``.
+        seed: seeds the first reset (emulator, no-op starts, action space).
+        require_discrete: raise a UserError unless the action space is ``Discrete(n)``.
+        overrides: Atari ids: keys of :data:`ATARI_DEFAULTS` (plus ``mode``/``difficulty``);
+            other ids: keyword arguments of ``gymnasium.make`` (e.g. ``max_episode_steps``).
+    """
+    r = resolve_env_id(env_id)
+    if r.kind == "atari":
+        gym_kwargs = {k: overrides.pop(k) for k in _ATARI_GYM_KWARGS if k in overrides}
+        env = make_atari(r.gym_id, seed, gym_kwargs=gym_kwargs, **overrides)
+    else:
+        env = _gym_make(env_id, r.gym_id, overrides)
+        env = to_vector_obs(env, env_id)
+        env = gymnasium.wrappers.RecordEpisodeStatistics(env)
+        env = SeedFirstReset(env, seed)
+    if require_discrete:
+        try:
+            num_actions(env.action_space, env_id)
+        except UserError:
+            env.close()
+            raise
+    return env
+
+
+def _gym_make(env_id: str, gym_id: str, kwargs: dict[str, Any]) -> gymnasium.Env:
+    try:
+        return gymnasium.make(gym_id, **kwargs)
+    except ImportError as e:
+        raise UserError(f"environment {env_id!r} is registered but its module cannot be imported: {e}") from e
+    except TypeError as e:
+        raise UserError(f"bad option for environment {env_id!r}: {e}") from e
+    except gymnasium.error.Error as e:
+        raise UserError(f"cannot make environment {env_id!r}: {e}") from e
+
+
+@dataclass(frozen=True)
+class EnvInfo:
+    """Effective description of an environment as ``make_env`` builds it."""
+
+    env_id: str  # as given
+    gym_id: str  # the gymnasium id that is made
+    kind: str  # 'atari' (uint8 image [C, H, W], conv torso) or 'vector' (float32 [D], MLP torso)
+    obs_shape: tuple[int, ...]
+    obs_dtype: str
+    num_actions: int
+    settings: dict[str, Any] = field(default_factory=dict)  # Atari settings / gymnasium kwargs
+    action_meanings: tuple[str, ...] | None = None  # Atari only
+    max_episode_steps: int | None = None  # agent steps (Atari: max_episode_frames / frame_skip)
+
+
+def env_spec(env_id: str, **overrides: Any) -> EnvInfo:
+    """Create the env once and report what it is (kind, shapes, actions, effective settings)."""
+    r = resolve_env_id(env_id)
+    if r.kind == "atari":
+        gym_kwargs = {k: overrides[k] for k in _ATARI_GYM_KWARGS if k in overrides}
+        settings = {**check_atari_settings({k: v for k, v in overrides.items() if k not in gym_kwargs}), **gym_kwargs}
+    else:
+        settings = dict(overrides)
+    env = make_env(env_id, **overrides)
+    try:
+        space = env.observation_space
+        n = num_actions(env.action_space, env_id)
+        meanings = None
+        if r.kind == "atari":
+            meanings = tuple(env.unwrapped.get_action_meanings())
+            frames = settings["max_episode_frames"]
+            max_steps = -(-frames // settings["frame_skip"]) if frames else None
+        else:
+            spec = env.spec
+            max_steps = spec.max_episode_steps if spec is not None else None
+        return EnvInfo(
+            env_id=env_id,
+            gym_id=r.gym_id,
+            kind=r.kind,
+            obs_shape=tuple(int(d) for d in space.shape),
+            obs_dtype=str(space.dtype),
+            num_actions=n,
+            settings=settings,
+            action_meanings=meanings,
+            max_episode_steps=max_steps,
+        )
+    finally:
+        env.close()
+
+
+def load_env_config(path: str | Path, section: str = "atari") -> dict[str, Any]:
+    """Read one table of a TOML env config (e.g. ``envs/atari.toml``) as ``make_env`` overrides.
+
+    Atari tables are validated (unknown keys or bad values: one-line UserError).
+    """
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError as e:
+        raise UserError(f"env config {str(path)!r} does not exist") from e
+    except tomllib.TOMLDecodeError as e:
+        raise UserError(f"env config {str(path)!r} is not valid TOML: {e}") from e
+    if section not in data or not isinstance(data[section], dict):
+        raise UserError(f"env config {str(path)!r} has no [{section}] table; tables: {', '.join(data) or 'none'}")
+    table = dict(data[section])
+    if section == "atari":
+        check_atari_settings({k: v for k, v in table.items() if k not in _ATARI_GYM_KWARGS})
+    return table

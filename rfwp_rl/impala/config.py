@@ -1,0 +1,50 @@
+"""Defaults of ``rfwp-rl train``: the IMPALA settings of the RFWP paper (App. C).
+
+RMSProp (lr 6e-4, alpha 0.99, eps 0.01, no momentum), learning rate decayed linearly to 0
+over ``total_steps``, gradient-norm clipping at 40, entropy cost 0.01, baseline cost 0.5,
+discount 0.99, batch 32 rollouts of unroll 50, rewards clipped to [-1, 1], V-trace with
+rho-bar = c-bar = 1, 48 actors (environments). Only the number of environment worker
+processes is chosen for the machine (one per CPU core by default).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+
+@dataclasses.dataclass
+class ImpalaConfig:
+    # what to train
+    env: str = "ALE/Pong-v5"
+    seed: int = 1
+    total_steps: int = 50_000_000  # environment steps consumed by the learner (T x B per update)
+    # actors
+    num_actors: int = 48  # environments, split into num_env_batches batches stepped alternately
+    num_env_batches: int = 2  # 2 = double buffering: one batch steps while the other is inferred
+    num_env_processes: int = dataclasses.field(default_factory=lambda: max(1, min(os.cpu_count() or 1, 8)))
+    env_backend: str = "moolib"  # moolib (EnvPool worker processes) or local (in this process)
+    # learner
+    batch_size: int = 32
+    unroll_length: int = 50
+    learning_rate: float = 6e-4
+    rmsprop_alpha: float = 0.99
+    rmsprop_eps: float = 0.01
+    rmsprop_momentum: float = 0.0
+    grad_norm_clip: float = 40.0
+    entropy_cost: float = 0.01
+    baseline_cost: float = 0.5
+    discount: float = 0.99
+    reward_clip: float = 1.0
+    clip_rho: float = 1.0
+    clip_c: float = 1.0
+    device: str = "cpu"
+    # bookkeeping
+    checkpoint_every: float = 600.0  # seconds between periodic checkpoints
+    snapshot_steps: tuple[int, ...] = ()
+    log_every: float = 5.0  # seconds between TensorBoard scalar writes / console lines
+    max_nonfinite: int = 20  # consecutive non-finite updates before the run aborts
+
+
+DEFAULTS = ImpalaConfig()
+ENV_BACKENDS = ("moolib", "local")

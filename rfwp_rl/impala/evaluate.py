@@ -1,0 +1,469 @@
+"""``rfwp-rl eval``: evaluate a trained IMPALA agent with the RFWP paper's protocol.
+
+Protocol (RFWP paper Sec. 4.4 and the captions of Tables 9-10): the agent plays 30 test
+episodes, repeated 5 times; the score is the mean of the 5 per-repeat means +- their
+standard deviation (population std, numpy's default; the paper does not say which).
+Episodes are FULL games (a lost life does not end an episode; ``episodic_life`` is forced
+off), actions are the argmax of the policy ("argmax in test", DESIGN.md; ``--sample``
+samples instead). ``--noneg`` is the variant the paper's code used for Battlezone and
+Up'n Down: episodes with a negative final score are dropped and play goes on until every
+repeat has 30 non-negative episodes.
+
+Speed: ``--num-envs`` environments are stepped together, one batched forward pass of the
+agent per step. Each environment plays a fixed quota of episodes decided up front, so
+which episodes count never depends on how long they take (collecting "the first 150
+episodes to finish" from parallel envs would favour short episodes); episodes are assigned
+to repeats in (env, episode) order.
+
+Outputs, next to the run (atomically): ``eval_<step>_<greedy|sample>[_noneg].json`` with
+every episode's score and length, and ``.csv`` with one row in the columns of the paper's
+tables (``results/paper/``), which ``rfwp-rl compare --runs`` reads; scalars and a score
+histogram go to the run's TensorBoard (``<run>/tb``, at the checkpoint's step).
+
+Examples::
+
+    rfwp-rl eval runs/impala/ALE-Pong-v5_rdn_s1
+    rfwp-rl eval runs/impala/ALE-BattleZone-v5_rdn_s1/snapshot_000050000000.pt --noneg
+    rfwp-rl eval RUN --episodes 10 --repeats 1 --video pong.gif
+    rfwp-rl eval RUN --env-option max_episode_frames=0          # no time limit (paper App. C)
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import math
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from rfwp_rl.errors import UserError
+
+DEFAULT_EPISODES = 30  # RFWP paper Sec. 4.4 (after Nair et al.)
+DEFAULT_REPEATS = 5
+
+
+# ---------------------------------------------------------------- aggregation (pure)
+
+
+def split_repeats(scores: Sequence[float], episodes: int, repeats: int,
+                  noneg: bool = False) -> tuple[list[list[float]], int]:
+    """Assign finished episodes, in order, to ``repeats`` groups of ``episodes``.
+
+    With ``noneg``, episodes whose final score is negative are dropped first (paper's code
+    for Battlezone and Up'n Down: play until 30 episodes with a non-negative score).
+    Returns ``(groups [repeats][episodes], number dropped)``; raises ``ValueError`` when
+    fewer than ``episodes * repeats`` episodes remain. Episodes beyond that are ignored.
+    """
+    kept = [float(s) for s in scores if not (noneg and s < 0)]
+    dropped = len(scores) - len(kept)
+    need = episodes * repeats
+    if len(kept) < need:
+        raise ValueError(f"{len(kept)} usable episodes, {need} needed ({dropped} dropped as negative)")
+    return [kept[r * episodes:(r + 1) * episodes] for r in range(repeats)], dropped
+
+
+def summarize(groups: Sequence[Sequence[float]]) -> dict[str, Any]:
+    """``{"mean", "std", "repeat_means"}``: mean and (population) std of the per-repeat means."""
+    means = [float(np.mean(g)) for g in groups]
+    return {"mean": float(np.mean(means)), "std": float(np.std(means)), "repeat_means": means}
+
+
+def quotas(total: int, num_envs: int) -> list[int]:
+    """Split ``total`` episodes over ``num_envs`` envs as evenly as possible (first envs get the extra)."""
+    base, extra = divmod(total, num_envs)
+    return [base + (1 if i < extra else 0) for i in range(num_envs)]
+
+
+# ---------------------------------------------------------------- playing
+
+
+@dataclasses.dataclass
+class Episode:
+    env: int  # index of the env that played it
+    index: int  # its episode number within that env
+    score: float  # full-game return (unclipped)
+    length: int  # agent steps
+    truncated: bool  # ended by a time/frame limit rather than game over
+
+
+class GifRecorder:
+    """Collects RGB frames of one episode and writes an animated GIF (Pillow, no moviepy).
+
+    ``grab()`` returns an ``[H, W, 3]`` uint8 frame. At most ``max_frames`` frames are kept.
+    """
+
+    def __init__(self, path: str | Path, grab: Callable[[], np.ndarray], fps: float = 15.0, max_frames: int = 2700):
+        self.path, self.grab, self.fps, self.max_frames = Path(path), grab, fps, max_frames
+        self.frames: list = []
+        self.cut = False
+
+    def capture(self) -> None:
+        from PIL import Image
+
+        if len(self.frames) >= self.max_frames:
+            self.cut = True
+            return
+        img = Image.fromarray(np.ascontiguousarray(self.grab()))
+        self.frames.append(img.quantize(colors=256))  # palette image: 1 byte/pixel in memory
+
+    def save(self) -> Path | None:
+        import io
+
+        from rfwp_rl.checkpoint import atomic_write_bytes
+
+        if not self.frames:
+            return None
+        buf = io.BytesIO()
+        self.frames[0].save(buf, format="GIF", save_all=True, append_images=self.frames[1:],
+                            duration=max(20, int(round(1000 / self.fps))), loop=0)
+        atomic_write_bytes(self.path, buf.getvalue())
+        return self.path
+
+
+def _frame_grabber(env) -> Callable[[], np.ndarray]:
+    base = env.unwrapped
+    if hasattr(base, "ale"):  # Atari: the emulator's RGB screen, independent of obs_type
+        return base.ale.getScreenRGB
+    if getattr(env, "render_mode", None) == "rgb_array":
+        return env.render
+    raise UserError("--video needs an Atari env or one made with render_mode='rgb_array' "
+                    "(add --env-option render_mode=rgb_array)")
+
+
+@torch.no_grad()
+def play(agent: torch.nn.Module, envs: Sequence[Any], episode_quota: Sequence[int], greedy: bool = True,
+         noneg: bool = False, max_dropped: int | None = None, recorder: GifRecorder | None = None,
+         progress: Callable[[int, int, list[Episode]], None] | None = None) -> list[Episode]:
+    """Play full episodes with ``agent`` on ``envs`` stepped together (batched inference).
+
+    Env ``i`` plays until it has ``episode_quota[i]`` counted episodes (with ``noneg``,
+    episodes with a negative score are not counted; more than ``max_dropped`` of them in total
+    raises :class:`UserError`). Each env must already be seeded through ``make_env``.
+    The agent gets ``obs [1, n, *obs_shape]``, ``reward [1, n]`` (received on arriving at
+    the observation; 0 at an episode's first frame), ``done [1, n]`` (True at an episode's
+    first frame: the core state is reset) and ``prev_action [1, n]``.
+    ``recorder`` captures the first episode of env 0. Returns every finished episode,
+    including dropped ones, sorted by (env, index).
+    """
+    n = len(envs)
+    device = next(agent.parameters()).device
+    state = [s.clone() for s in agent.initial_state(n, device=device)]
+    obs = [None] * n
+    reward = torch.zeros(n)
+    done = torch.ones(n, dtype=torch.bool)
+    prev_action = torch.zeros(n, dtype=torch.long)
+    ret = [0.0] * n
+    length = [0] * n
+    counted = [0] * n
+    played = [0] * n
+    episodes: list[Episode] = []
+    dropped = 0
+    for i, env in enumerate(envs):
+        obs[i], _ = env.reset()
+    recording = recorder is not None
+    if recording:
+        recorder.capture()
+    active = [i for i in range(n) if episode_quota[i] > 0]
+    total_quota = sum(episode_quota)
+    while active:
+        idx = torch.tensor(active)
+        x = torch.from_numpy(np.stack([obs[i] for i in active])).unsqueeze(0).to(device)
+        sub = tuple(s.index_select(0, idx.to(s.device)) for s in state)
+        out, new_sub = agent(x, reward[idx].unsqueeze(0).to(device), done[idx].unsqueeze(0).to(device), sub,
+                             prev_action=prev_action[idx].unsqueeze(0).to(device), greedy=greedy)
+        for s, ns in zip(state, new_sub):
+            s.index_copy_(0, idx.to(s.device), ns)
+        actions = out["action"][0].cpu()
+        still = []
+        for j, i in enumerate(active):
+            a = int(actions[j])
+            obs[i], r, terminated, truncated, info = envs[i].step(a)
+            ret[i] += float(r)
+            length[i] += 1
+            if recording and i == 0:
+                recorder.capture()
+            if not (terminated or truncated):
+                reward[i], done[i], prev_action[i] = float(r), False, a
+                still.append(i)
+                continue
+            ep = info.get("episode")
+            score = float(np.asarray(ep["r"])) if ep is not None else ret[i]
+            steps = int(np.asarray(ep["l"])) if ep is not None else length[i]
+            episodes.append(Episode(i, played[i], score, steps, bool(truncated and not terminated)))
+            played[i] += 1
+            if recording and i == 0:
+                recording = False
+            if noneg and score < 0:
+                dropped += 1
+                if max_dropped is not None and dropped > max_dropped:
+                    raise UserError(f"--noneg: {dropped} episodes ended with a negative score (more than "
+                                    f"--max-dropped {max_dropped}); noneg is meant for games where a negative "
+                                    "final score is an emulator glitch (Battlezone, Up'n Down)")
+            else:
+                counted[i] += 1
+            if progress is not None:
+                progress(sum(counted), total_quota, episodes)
+            if counted[i] < episode_quota[i]:
+                obs[i], _ = envs[i].reset()
+                ret[i], length[i] = 0.0, 0
+                reward[i], done[i], prev_action[i] = 0.0, True, 0
+                still.append(i)
+        active = still
+    episodes.sort(key=lambda e: (e.env, e.index))
+    return episodes
+
+
+# ---------------------------------------------------------------- checkpoint -> agent
+
+
+def load_agent(path: str | Path, core: str | None = None, env: str | None = None,
+               num_actions: int | None = None) -> tuple[torch.nn.Module, dict, int, Path]:
+    """The agent of an IMPALA checkpoint (file or run directory: its newest ``ckpt_*.pt``).
+
+    ``core``, ``env`` and ``num_actions``, when given, must match the checkpoint's meta,
+    else a one-line :class:`UserError` names the difference. Returns
+    ``(agent in eval mode, meta, step, checkpoint file)``.
+    """
+    from rfwp_rl.agent import Agent
+    from rfwp_rl.checkpoint import check_meta, find_checkpoint_file, read_checkpoint
+
+    file = find_checkpoint_file(path)
+    try:
+        obj = read_checkpoint(file)
+    except ValueError as e:
+        raise UserError(f"cannot read checkpoint {file}: {e}") from None
+    meta = obj.get("meta") or {}
+    if meta.get("trainer") != "impala":
+        raise UserError(f"checkpoint {file} was written by trainer {meta.get('trainer')!r}, not 'impala'; "
+                        "rfwp-rl eval evaluates IMPALA agents")
+    for key in ("env", "core", "num_actions", "obs_shape"):
+        if key not in meta:
+            raise UserError(f"checkpoint {file} lacks meta {key!r}; was it written by rfwp-rl train?")
+    wanted: dict[str, Any] = {}
+    if core is not None:
+        wanted["core"] = core
+    if num_actions is not None:
+        wanted["num_actions"] = int(num_actions)
+    if env is not None:
+        from rfwp_rl.envs import resolve_env_id
+
+        want_gym, have_gym = resolve_env_id(env).gym_id, resolve_env_id(str(meta["env"])).gym_id
+        if want_gym != have_gym:
+            check_meta({"env": meta["env"]}, {"env": want_gym}, file)
+    check_meta({k: meta[k] for k in wanted}, wanted, file)
+
+    state = obj["state"]
+    weights = state.get("agent", state.get("model")) if isinstance(state, dict) else None
+    if weights is None:
+        raise UserError(f"checkpoint {file} holds no agent weights (state['agent'])")
+    agent = Agent(tuple(meta["obs_shape"]), int(meta["num_actions"]), meta["core"],
+                  meta.get("core_config"), meta.get("agent"))
+    try:
+        agent.load_state_dict(weights)
+    except RuntimeError as e:
+        raise UserError(f"checkpoint {file}: weights do not fit a {meta['core']!r} agent built from its meta "
+                        f"({str(e).splitlines()[0]})") from None
+    agent.eval()
+    return agent, meta, int(obj.get("step", 0)), file
+
+
+def eval_env_options(meta: dict, overrides: dict, kind: str) -> dict:
+    """The training run's env options with ``overrides``; Atari: ``episodic_life`` forced off
+    (full-game episodes; DESIGN.md: the reference counted one life as one episode)."""
+    options = {**dict(meta.get("env_options") or {}), **overrides}
+    if kind == "atari":
+        if options.get("episodic_life"):
+            print("note: evaluating full games (episodic_life off; it was on in training)", file=sys.stderr)
+        options["episodic_life"] = False
+    return options
+
+
+# ---------------------------------------------------------------- the whole evaluation
+
+
+def evaluate(path: str | Path, episodes: int = DEFAULT_EPISODES, repeats: int = DEFAULT_REPEATS,
+             greedy: bool = True, noneg: bool = False, num_envs: int = 16, seed: int = 12345,
+             env_overrides: dict | None = None, core: str | None = None, env: str | None = None,
+             num_actions: int | None = None, label: str | None = None, video: str | Path | None = None,
+             max_dropped: int | None = None, quiet: bool = False) -> dict:
+    """Load the checkpoint at ``path``, play ``episodes * repeats`` counted full episodes and
+    return the eval record (what ``rfwp-rl eval`` writes as JSON; see the module docstring)."""
+    from rfwp_rl import envs as envs_mod
+    from rfwp_rl.scores import canonical_game
+
+    if episodes < 1 or repeats < 1:
+        raise UserError(f"--episodes {episodes} / --repeats {repeats}: both must be >= 1")
+    if num_envs < 1:
+        raise UserError(f"--num-envs {num_envs} is invalid; allowed: an integer >= 1")
+    agent, meta, step, file = load_agent(path, core=core, env=env, num_actions=num_actions)
+    env_id = str(meta["env"])
+    kind = envs_mod.resolve_env_id(env_id).kind
+    options = eval_env_options(meta, dict(env_overrides or {}), kind)
+    total = episodes * repeats
+    n = min(num_envs, total)
+    if max_dropped is None:
+        max_dropped = total
+    if not quiet:
+        print(f"eval {file} (step {step:,}, core {meta['core']}) on {env_id}: {repeats} x {episodes} full episodes, "
+              f"{'greedy' if greedy else 'sampled'} actions{', noneg' if noneg else ''}, {n} envs", flush=True)
+
+    torch.manual_seed(seed)
+    env_list = []
+    try:
+        for i in range(n):
+            opts = dict(options)
+            if video is not None and i == 0 and kind != "atari":
+                opts.setdefault("render_mode", "rgb_array")
+            e = envs_mod.make_env(env_id, seed=seed + i, **opts)
+            env_list.append(e)
+        have_actions = envs_mod.num_actions(env_list[0].action_space, env_id)
+        have_shape = list(env_list[0].observation_space.shape)
+        from rfwp_rl.checkpoint import check_meta
+
+        check_meta({"num_actions": meta["num_actions"], "obs_shape": list(meta["obs_shape"])},
+                   {"num_actions": have_actions, "obs_shape": have_shape}, file)
+        recorder = GifRecorder(video, _frame_grabber(env_list[0])) if video is not None else None
+
+        t0 = time.monotonic()
+        last = [t0]
+
+        def progress(done_count: int, need: int, eps: list[Episode]) -> None:
+            now = time.monotonic()
+            if quiet or (now - last[0] < 10.0 and done_count < need):
+                return
+            last[0] = now
+            scores = [e.score for e in eps]
+            print(f"  {done_count}/{need} episodes | mean score {np.mean(scores):.1f} | "
+                  f"{sum(e.length for e in eps) / max(now - t0, 1e-9):,.0f} steps/s", flush=True)
+
+        played = play(agent, env_list, quotas(total, n), greedy=greedy, noneg=noneg,
+                      max_dropped=max_dropped, recorder=recorder, progress=progress)
+        wall = time.monotonic() - t0
+    finally:
+        for e in env_list:
+            e.close()
+
+    groups, dropped = split_repeats([e.score for e in played], episodes, repeats, noneg)
+    kept = [e for e in played if not (noneg and e.score < 0)]
+    lengths = [[e.length for e in kept[r * episodes:(r + 1) * episodes]] for r in range(repeats)]
+    video_path = recorder.save() if recorder is not None else None
+    record = {
+        "game": canonical_game(env_id), "env": env_id, "core": meta["core"],
+        "model": label or meta["core"], "steps": step, "checkpoint": str(file),
+        "mode": "greedy" if greedy else "sample", "noneg": bool(noneg),
+        "episodes": episodes, "repeats": repeats,
+        **summarize(groups),
+        "scores": groups, "lengths": lengths,
+        "dropped_negative": dropped, "truncated": sum(e.truncated for e in kept),
+        "env_options": options, "core_config": meta.get("core_config"), "num_actions": meta["num_actions"],
+        "num_envs": n, "seed": seed, "env_steps": sum(e.length for e in played),
+        "wall_time_s": round(wall, 3), "video": str(video_path) if video_path else None,
+        "created": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+    }
+    if recorder is not None and recorder.cut:
+        record["video_note"] = f"cut after {recorder.max_frames} frames"
+    return record
+
+
+def log_tensorboard(run_dir: str | Path, record: dict) -> None:
+    """Eval scalars (and a histogram of the counted scores) into ``<run_dir>/tb`` at the checkpoint's step."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    variant = record["mode"] + ("_noneg" if record["noneg"] else "")
+    writer = SummaryWriter(log_dir=str(Path(run_dir) / "tb"), filename_suffix=".eval")
+    try:
+        step = int(record["steps"])
+        writer.add_scalar(f"eval/{variant}/mean", record["mean"], step)
+        writer.add_scalar(f"eval/{variant}/std", record["std"], step)
+        writer.add_scalar(f"eval/{variant}/mean_length", float(np.mean(record["lengths"])), step)
+        writer.add_histogram(f"eval/{variant}/scores", np.asarray(record["scores"], dtype=np.float64).ravel(), step)
+    finally:
+        writer.close()
+
+
+# ---------------------------------------------------------------- CLI
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = __doc__.split("Examples::", 1)[1]
+    parser.add_argument("checkpoint", metavar="RUN_OR_CHECKPOINT",
+                        help="a run directory (its newest ckpt_*.pt) or a checkpoint / snapshot file")
+    g = parser.add_argument_group("protocol (RFWP paper Sec. 4.4)")
+    g.add_argument("--episodes", type=int, default=DEFAULT_EPISODES, help="episodes per repeat (default 30)")
+    g.add_argument("--repeats", type=int, default=DEFAULT_REPEATS, help="repeats (default 5)")
+    g.add_argument("--sample", action="store_true", help="sample actions from the policy instead of argmax")
+    g.add_argument("--noneg", action="store_true",
+                   help="drop episodes with a negative final score and play on until each repeat has "
+                        "--episodes of them (the paper's Battlezone / Up'n Down evaluation)")
+    g.add_argument("--max-dropped", type=int, default=None,
+                   help="--noneg: give up after this many negative episodes (default: episodes x repeats)")
+    g = parser.add_argument_group("checks (must match the checkpoint)")
+    g.add_argument("--core", default=None, help="expected core; a checkpoint of another core is an error")
+    g.add_argument("--env", default=None, help="expected env; a checkpoint trained on another env is an error")
+    g.add_argument("--num-actions", type=int, default=None, help="expected action count")
+    g = parser.add_argument_group("running")
+    g.add_argument("--env-option", dest="env_options", action="append", default=[], metavar="KEY=VALUE",
+                   help="override an env option of the training run, e.g. max_episode_frames=0 (no limit, "
+                        "as in the paper) or max_episode_steps=500 (non-Atari)")
+    g.add_argument("--num-envs", type=int, default=16, help="environments stepped together (default 16)")
+    g.add_argument("--seed", type=int, default=12345, help="env i is seeded with SEED + i (default 12345)")
+    g.add_argument("--torch-threads", type=int, default=1,
+                   help="torch intra-op threads (default 1: fastest for small batched inference on a busy "
+                        "machine; 0: torch's default)")
+    g = parser.add_argument_group("outputs")
+    g.add_argument("--label", default=None, help="model name in the result files (default: the core name), "
+                                                 "e.g. rdn_large")
+    g.add_argument("--out-dir", default=None, help="where to write eval_*.json/.csv (default: the run directory)")
+    g.add_argument("--video", default=None, metavar="PATH",
+                   help="write env 0's first episode as an animated GIF (Pillow; 15 frames/s, at most 2700 frames)")
+    g.add_argument("--no-tensorboard", action="store_true", help="do not log to the run's TensorBoard")
+
+
+def _env_overrides(items: Sequence[str]) -> dict:
+    from rfwp_rl.presets import parse_value
+
+    out = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise UserError(f"--env-option {item!r}: expected key=value, e.g. max_episode_frames=0")
+        out[key.strip()] = parse_value(text.strip())
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from rfwp_rl.scores import eval_file_stem, format_steps, write_eval
+
+    if args.torch_threads > 0:
+        torch.set_num_threads(args.torch_threads)
+    record = evaluate(args.checkpoint, episodes=args.episodes, repeats=args.repeats, greedy=not args.sample,
+                      noneg=args.noneg, num_envs=args.num_envs, seed=args.seed,
+                      env_overrides=_env_overrides(args.env_options), core=args.core, env=args.env,
+                      num_actions=args.num_actions, label=args.label, video=args.video,
+                      max_dropped=args.max_dropped)
+    record["command"] = "rfwp-rl eval " + " ".join(shlex.quote(a) for a in sys.argv[2:]) \
+        if sys.argv[1:2] == ["eval"] else ""
+    run_dir = Path(record["checkpoint"]).parent
+    out_dir = Path(args.out_dir) if args.out_dir else run_dir
+    stem = eval_file_stem(record["steps"], record["mode"], record["noneg"], args.label or "")
+    json_path, csv_path = write_eval(record, out_dir, stem)
+    if not args.no_tensorboard:
+        log_tensorboard(run_dir, record)
+    means = ", ".join(f"{m:.1f}" for m in record["repeat_means"])
+    extra = f"; {record['dropped_negative']} negative episodes dropped" if record["noneg"] else ""
+    trunc = f"; {record['truncated']} episodes hit the time limit" if record["truncated"] else ""
+    print(f"{record['game']} {record['model']} @ {format_steps(record['steps'])}: "
+          f"{record['mean']:.2f} ± {record['std']:.2f} (repeat means {means}){extra}{trunc}; "
+          f"{record['env_steps']:,} steps in {record['wall_time_s']:.1f}s")
+    if record.get("video"):
+        print(f"wrote {record['video']}")
+    print(f"wrote {json_path} and {csv_path}")
+    return 0

@@ -1,0 +1,123 @@
+"""IMPALA learner: V-trace actor-critic loss and one optimizer update.
+
+A batch holds B rollouts of T+1 time steps (time-major ``[T+1, B, ...]``). Entry t of a
+rollout holds what the actor saw and did at step t:
+
+- ``obs[t]``, ``reward[t]`` (received on arriving at ``obs[t]``), ``done[t]`` (``obs[t]`` is
+  the first frame of a new episode), ``prev_action[t]`` (the action before ``obs[t]``);
+- ``action[t]`` and ``policy_logits[t]``: what the behaviour policy chose at ``obs[t]``.
+
+Entry 0 repeats the last entry of the previous rollout, and ``initial_state`` is the core
+state before entry 0, so the learner re-runs the whole unroll through the core (full BPTT,
+resets at episode starts) and bootstraps from its value of the last entry. Losses are sums
+over time and batch, as in TorchBeast (whose hyperparameters the paper used)::
+
+    pg       = -sum log pi(a_t|x_t) * A_t                   (A_t: V-trace advantage)
+    baseline = baseline_cost * 0.5 * sum (v_t - V(x_t))^2   (v_t: V-trace target)
+    entropy  = entropy_cost * sum_t sum_a pi log pi         (minus the entropy)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from rfwp_rl.impala import vtrace
+from rfwp_rl.safety import NonFiniteGuard
+
+
+@dataclasses.dataclass
+class LossConfig:
+    discount: float = 0.99
+    reward_clip: float = 1.0  # rewards clipped to [-reward_clip, reward_clip]; 0 disables
+    baseline_cost: float = 0.5
+    entropy_cost: float = 0.01
+    clip_rho: float = 1.0  # rho-bar
+    clip_c: float = 1.0  # c-bar
+    clip_pg_rho: float = 1.0
+
+
+def compute_loss(agent: nn.Module, batch: dict[str, torch.Tensor], initial_state: tuple,
+                 cfg: LossConfig) -> tuple[torch.Tensor, dict[str, float]]:
+    """Total loss (a scalar with gradient) and its parts as floats.
+
+    Args:
+        agent: :class:`rfwp_rl.agent.Agent`.
+        batch: ``obs [T+1, B, ...]``, ``reward``, ``done``, ``action``, ``prev_action`` ``[T+1, B]``,
+            ``policy_logits [T+1, B, A]`` (behaviour policy).
+        initial_state: core state before entry 0, tuple of ``[B, ...]`` tensors.
+    """
+    out, _ = agent(batch["obs"], batch["reward"], batch["done"], initial_state, prev_action=batch["prev_action"])
+    bootstrap_value = out["baseline"][-1].detach()
+
+    # Entry t's action led to entry t+1's reward and done.
+    target_logits = out["policy_logits"][:-1]
+    values = out["baseline"][:-1]
+    actions = batch["action"][:-1]
+    behaviour_logits = batch["policy_logits"][:-1]
+    rewards = batch["reward"][1:].float()
+    if cfg.reward_clip > 0:
+        rewards = rewards.clamp(-cfg.reward_clip, cfg.reward_clip)
+    discounts = (~batch["done"][1:].bool()).float() * cfg.discount
+
+    vt = vtrace.from_logits(behaviour_logits, target_logits.detach(), actions, discounts, rewards,
+                            values.detach(), bootstrap_value, cfg.clip_rho, cfg.clip_c, cfg.clip_pg_rho)
+
+    log_probs = F.log_softmax(target_logits, dim=-1)
+    action_log_probs = log_probs.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+    pg_loss = -(action_log_probs * vt.pg_advantages).sum()
+    baseline_loss = cfg.baseline_cost * 0.5 * ((vt.vs - values) ** 2).sum()
+    entropy_loss = cfg.entropy_cost * (log_probs.exp() * log_probs).sum()
+    total = pg_loss + baseline_loss + entropy_loss
+    stats = {
+        "loss/total": float(total.detach()),
+        "loss/policy": float(pg_loss.detach()),
+        "loss/baseline": float(baseline_loss.detach()),
+        "loss/entropy": float(entropy_loss.detach()),
+        "learner/entropy": float(-(log_probs.exp() * log_probs).sum(-1).mean().detach()),
+        "learner/mean_rho": float(vt.log_rhos.exp().mean()),
+        "learner/mean_value": float(values.mean().detach()),
+    }
+    return total, stats
+
+
+def linear_decay(total_steps: int, steps_per_update: int):
+    """LR multiplier for ``LambdaLR``: 1 at the start, 0 after ``total_steps`` env steps."""
+    def factor(update: int) -> float:
+        return max(0.0, 1.0 - min(update * steps_per_update, total_steps) / total_steps)
+    return factor
+
+
+def make_optimizer(agent: nn.Module, lr: float, alpha: float, eps: float, momentum: float = 0.0) -> torch.optim.Optimizer:
+    """RMSProp as in TorchBeast / the paper (lr 6e-4, alpha 0.99, eps 0.01)."""
+    return torch.optim.RMSprop(agent.parameters(), lr=lr, alpha=alpha, eps=eps, momentum=momentum)
+
+
+def update(agent: nn.Module, optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler,
+           batch: dict[str, torch.Tensor], initial_state: tuple, cfg: LossConfig, grad_norm_clip: float,
+           guard: NonFiniteGuard) -> dict[str, float]:
+    """One learner step: loss, backward, non-finite check, grad-norm clip, RMSProp, LR decay.
+
+    Returns the loss parts plus ``learner/grad_norm`` (before clipping), ``learner/lr``
+    (used for this step) and ``learner/skipped`` (1.0 when the non-finite guard skipped it).
+    """
+    agent.train()
+    optimizer.zero_grad(set_to_none=True)
+    loss, stats = compute_loss(agent, batch, initial_state, cfg)
+    loss.backward()
+    lr = optimizer.param_groups[0]["lr"]
+    if guard.ok(loss, agent.parameters()):
+        grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), grad_norm_clip)
+        optimizer.step()
+        stats["learner/grad_norm"] = float(grad_norm)
+        stats["learner/skipped"] = 0.0
+    else:
+        stats["learner/grad_norm"] = float("nan")
+        stats["learner/skipped"] = 1.0
+    optimizer.zero_grad(set_to_none=True)
+    scheduler.step()  # the schedule counts learner steps, skipped ones included
+    stats["learner/lr"] = lr
+    return stats

@@ -1,0 +1,272 @@
+"""``rfwp-rl train``: IMPALA / V-trace on Atari or any gymnasium env with a discrete action space.
+
+One process holds the model, the actors' inference and the learner (as in TorchBeast's
+monobeast and moolib's IMPALA example); the environments run in ``moolib.EnvPool`` worker
+processes, stepped in two alternating batches so that env stepping overlaps inference.
+The loop, top to bottom: step one env batch (collect finished rollouts) -> when ``batch_size``
+rollouts are ready, one V-trace update -> log, checkpoint. Defaults are the paper's
+settings (:mod:`rfwp_rl.impala.config`).
+
+Examples::
+
+    rfwp-rl train --env Pong --core rdn                      # agents/atari_rdn.toml, 50M steps
+    rfwp-rl train --env CartPole-v1 --core lstm --total-steps 200000 --num-actors 8 \\
+        --unroll-length 20 --batch-size 8
+    rfwp-rl train --env Pong --preset my_agent.toml --set core_config.hidden_size=64
+
+Re-running the same command resumes from the newest checkpoint of its run directory
+(``runs/impala/<env>_<core>_s<seed>``). Ctrl-C saves a checkpoint and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import random
+import sys
+import time
+from collections import deque
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from rfwp_rl.errors import UserError, check_choice
+from rfwp_rl.impala.config import DEFAULTS, ENV_BACKENDS, ImpalaConfig
+
+METRICS = ("episode/return", "episode/return_mean100")
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(float(x)) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated step counts, e.g. 50000000,200000000; got {text!r}")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    d = DEFAULTS
+    g = parser.add_argument_group("what to train")
+    g.add_argument("--env", default=d.env, help="gymnasium id, Atari game name or module:EnvId (default %(default)s)")
+    g.add_argument("--core", default=None, help="core name (rfwp-rl info); Atari envs use agents/atari_<core>.toml "
+                   "(default lstm)")
+    g.add_argument("--preset", default=None, help="agent preset: a name in agents/ or a .toml file")
+    g.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a preset value, e.g. core_config.hidden_size=64 or agent.use_prev_action=true")
+    g.add_argument("--detach-state-every-step", action="store_true",
+                   help="1-step BPTT through the core state (the reference code's fast-weight agents), for comparison")
+    g.add_argument("--env-option", dest="env_options", action="append", default=[], metavar="KEY=VALUE",
+                   help="environment option, e.g. repeat_action_probability=0.25 (Atari) or max_episode_steps=200")
+    g.add_argument("--env-config", default=None, help="TOML file whose [atari] (Atari) or [env] table holds env options")
+    g.add_argument("--seed", type=int, default=d.seed)
+    g.add_argument("--total-steps", type=lambda s: int(float(s)), default=d.total_steps,
+                   help="environment steps consumed by the learner (default %(default)s)")
+    g = parser.add_argument_group("actors")
+    g.add_argument("--num-actors", type=int, default=d.num_actors, help="environments (default %(default)s)")
+    g.add_argument("--num-env-batches", type=int, default=d.num_env_batches,
+                   help="env batches stepped alternately (2 = double buffering)")
+    g.add_argument("--num-env-processes", type=int, default=d.num_env_processes,
+                   help="moolib EnvPool worker processes (default: CPU cores, at most 8)")
+    g.add_argument("--env-backend", choices=ENV_BACKENDS, default=d.env_backend,
+                   help="moolib: EnvPool worker processes; local: step envs in this process (debugging)")
+    g = parser.add_argument_group("learner (RFWP paper App. C)")
+    g.add_argument("--batch-size", type=int, default=d.batch_size)
+    g.add_argument("--unroll-length", type=int, default=d.unroll_length)
+    g.add_argument("--learning-rate", "--lr", type=float, default=d.learning_rate)
+    g.add_argument("--rmsprop-alpha", type=float, default=d.rmsprop_alpha)
+    g.add_argument("--rmsprop-eps", type=float, default=d.rmsprop_eps)
+    g.add_argument("--grad-norm-clip", type=float, default=d.grad_norm_clip)
+    g.add_argument("--entropy-cost", type=float, default=d.entropy_cost)
+    g.add_argument("--baseline-cost", type=float, default=d.baseline_cost)
+    g.add_argument("--discount", type=float, default=d.discount)
+    g.add_argument("--reward-clip", type=float, default=d.reward_clip, help="0 disables clipping")
+    g.add_argument("--device", default=d.device, help="cpu, cuda, cuda:1 ...")
+    g.add_argument("--torch-threads", type=int, default=1,
+                   help="torch intra-op threads of this process (default 1: the env workers use the other cores, "
+                        "and small per-step inference is much slower with several threads on a busy machine; "
+                        "0: torch's default)")
+    g = parser.add_argument_group("bookkeeping")
+    g.add_argument("--run-dir", default=None, help="run directory (default runs/impala/<env>_<core>_s<seed>)")
+    g.add_argument("--checkpoint-every", type=float, default=d.checkpoint_every, help="seconds (default %(default)s)")
+    g.add_argument("--snapshot-steps", type=_int_list, default=d.snapshot_steps,
+                   help="extra checkpoints kept at these step counts, e.g. 50000000,200000000")
+    g.add_argument("--log-every", type=float, default=d.log_every, help="seconds between console lines")
+
+
+def config_from_args(args: argparse.Namespace) -> ImpalaConfig:
+    fields = {f.name for f in dataclasses.fields(ImpalaConfig)}
+    cfg = ImpalaConfig(**{k: v for k, v in vars(args).items() if k in fields})
+    for name in ("total_steps", "num_actors", "num_env_batches", "num_env_processes", "batch_size", "unroll_length"):
+        if getattr(cfg, name) < 1:
+            raise UserError(f"--{name.replace('_', '-')} {getattr(cfg, name)} is invalid; allowed: an integer >= 1")
+    check_choice("env backend", cfg.env_backend, ENV_BACKENDS)
+    return cfg
+
+
+def env_options_from_args(args: argparse.Namespace, kind: str) -> dict:
+    from rfwp_rl.envs import load_env_config
+    from rfwp_rl.presets import parse_value
+
+    options = load_env_config(args.env_config, "atari" if kind == "atari" else "env") if args.env_config else {}
+    for item in args.env_options:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise UserError(f"--env-option {item!r}: expected key=value, e.g. repeat_action_probability=0.25")
+        options[key.strip()] = parse_value(text.strip())
+    return options
+
+
+def run(args: argparse.Namespace) -> int:
+    from rfwp_rl import envs
+    from rfwp_rl.presets import resolve_preset
+
+    cfg = config_from_args(args)
+    resolved = envs.resolve_env_id(cfg.env)  # unknown env: one-line error with close matches
+    preset = resolve_preset(args.core, args.preset, args.overrides, atari=resolved.kind == "atari")
+    env_options = env_options_from_args(args, resolved.kind)
+    spec = envs.env_spec(cfg.env, **env_options)
+    if args.detach_state_every_step:
+        preset.core_config["detach_state_every_step"] = True
+    run_dir = Path(args.run_dir) if args.run_dir else Path("runs") / "impala" / _run_name(spec.gym_id, preset.core, cfg.seed)
+    return train(cfg, preset, spec, env_options, run_dir, torch_threads=args.torch_threads)
+
+
+def _run_name(env: str, core: str, seed: int) -> str:
+    from rfwp_rl.runlog import run_name
+
+    return run_name(env, core, f"s{seed}")
+
+
+def train(cfg: ImpalaConfig, preset, spec, env_options: dict, run_dir: Path, torch_threads: int = 1) -> int:
+    """Train until ``cfg.total_steps`` (resuming from ``run_dir``'s newest checkpoint). Returns the exit code."""
+    from rfwp_rl.agent import Agent
+    from rfwp_rl.checkpoint import Checkpointer, rng_state, set_rng_state
+    from rfwp_rl.impala import learner
+    from rfwp_rl.impala.actors import Actors, EnvFactory, RolloutQueue, make_env_pool
+    from rfwp_rl.runlog import RunLogger
+    from rfwp_rl.safety import GracefulStop, NonFiniteGuard, TrainingAborted
+
+    if torch_threads > 0:
+        torch.set_num_threads(torch_threads)
+    random.seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    device = torch.device(cfg.device)
+
+    # ---- model, optimizer, LR schedule (linear decay to 0 over total_steps)
+    agent = Agent(spec.obs_shape, spec.num_actions, preset.core, preset.core_config, preset.agent).to(device)
+    optimizer = learner.make_optimizer(agent, cfg.learning_rate, cfg.rmsprop_alpha, cfg.rmsprop_eps, cfg.rmsprop_momentum)
+    steps_per_update = cfg.batch_size * cfg.unroll_length
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, learner.linear_decay(cfg.total_steps, steps_per_update))
+    loss_cfg = learner.LossConfig(discount=cfg.discount, reward_clip=cfg.reward_clip, baseline_cost=cfg.baseline_cost,
+                                  entropy_cost=cfg.entropy_cost, clip_rho=cfg.clip_rho, clip_c=cfg.clip_c)
+    guard = NonFiniteGuard(cfg.max_nonfinite)
+
+    # ---- resume
+    meta = {"trainer": "impala", "env": spec.gym_id, "env_options": dict(env_options), "core": preset.core,
+            "core_config": dict(agent.core.config), "num_actions": spec.num_actions,
+            "obs_shape": list(spec.obs_shape), "agent": agent.config.to_dict()}
+    checkpointer = Checkpointer(run_dir, meta)
+    counters = {"step": 0, "updates": 0, "actor_steps": 0, "episodes": 0, "train_seconds": 0.0}
+    loaded = checkpointer.load_latest()
+    if loaded is not None:
+        state = loaded["state"]
+        agent.load_state_dict(state["agent"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        counters.update(state["counters"])
+        set_rng_state(state["rng"])
+        print(f"resuming {run_dir} from step {counters['step']:,} ({loaded['path'].name})", flush=True)
+    if counters["step"] >= cfg.total_steps:
+        print(f"{run_dir} already reached {counters['step']:,} >= --total-steps {cfg.total_steps:,} steps; nothing to do")
+        return 0
+
+    def checkpoint_state() -> dict:
+        return {"agent": agent.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                "counters": dict(counters), "rng": rng_state(), "config": dataclasses.asdict(cfg)}
+
+    num_params = sum(p.numel() for p in agent.parameters())
+    hparams = {**{k: v for k, v in dataclasses.asdict(cfg).items()}, "core": preset.core,
+               **{f"core_config.{k}": v for k, v in agent.core.config.items()},
+               **{f"agent.{k}": v for k, v in agent.config.to_dict().items()},
+               "env_options": env_options, "num_actions": spec.num_actions, "num_params": num_params}
+    logger = RunLogger(run_dir, hparams, total=cfg.total_steps, start=counters["step"], unit="env steps",
+                       metrics=METRICS, print_every=cfg.log_every)
+    print(f"IMPALA {spec.gym_id} ({spec.num_actions} actions), core {preset.core} ({num_params:,} parameters), "
+          f"{cfg.num_actors} envs [{cfg.env_backend}], batch {cfg.batch_size} x unroll {cfg.unroll_length}; "
+          f"run dir {run_dir}", flush=True)
+
+    # ---- actors
+    factory = EnvFactory(spec.env_id, cfg.seed + 1000 * counters["updates"], env_options)  # new seeds on resume
+    pool = make_env_pool(cfg.env_backend, factory, cfg.num_actors, cfg.num_env_batches, cfg.num_env_processes)
+    actors = Actors(pool, agent, cfg.num_actors, cfg.num_env_batches, cfg.unroll_length, device)
+    queue = RolloutQueue(cfg.batch_size)
+
+    returns: deque[float] = deque(maxlen=100)
+    last_stats: dict[str, float] = {}
+    last_ckpt = time.monotonic()
+    rate_t, rate_actor, rate_updates = time.monotonic(), actors.env_steps, counters["updates"]
+    snapshots_due = sorted(s for s in cfg.snapshot_steps if s > counters["step"])
+    start_time = time.monotonic() - counters["train_seconds"]
+    code = 0
+    try:
+        with GracefulStop() as stop:
+            while counters["step"] < cfg.total_steps and not stop.requested:
+                # -- act: one env batch, one step
+                rollouts, episodes = actors.step()
+                for ret, length in episodes:
+                    counters["episodes"] += 1
+                    returns.append(ret)
+                    logger.log(counters["step"], {"episode/return": ret, "episode/length": length})
+                for r in rollouts:
+                    queue.put(r)
+
+                # -- learn: one V-trace update per full batch of rollouts
+                while queue.ready() and counters["step"] < cfg.total_steps:
+                    batch = queue.get()
+                    last_stats = learner.update(agent, optimizer, scheduler, batch.data, batch.state, loss_cfg,
+                                                cfg.grad_norm_clip, guard)
+                    counters["step"] += steps_per_update
+                    counters["updates"] += 1
+                    logger.log(counters["step"], {k: v for k, v in last_stats.items() if math.isfinite(v)})
+                    while snapshots_due and counters["step"] >= snapshots_due[0]:
+                        checkpointer.snapshot(checkpoint_state(), snapshots_due.pop(0))
+
+                # -- bookkeeping
+                now = time.monotonic()
+                if now - rate_t >= cfg.log_every:
+                    env_sps = (actors.env_steps - rate_actor) / (now - rate_t)
+                    ups = (counters["updates"] - rate_updates) / (now - rate_t)
+                    logger.log(counters["step"], {"perf/env_sps": env_sps, "perf/learner_steps_per_s": ups,
+                                                  "perf/train_sps": ups * steps_per_update,
+                                                  "learner/skipped_total": guard.skipped})
+                    if returns:
+                        logger.log(counters["step"], {"episode/return_mean100": float(np.mean(returns))})
+                    rate_t, rate_actor, rate_updates = now, actors.env_steps, counters["updates"]
+                    extra = {"env_sps": round(env_sps), "episodes": counters["episodes"]}
+                    if returns:
+                        extra["return(100)"] = float(np.mean(returns))
+                    if "loss/total" in last_stats:
+                        extra["loss"] = last_stats["loss/total"]
+                    logger.progress(counters["step"], **extra)
+                if now - last_ckpt >= cfg.checkpoint_every:
+                    counters["train_seconds"] = now - start_time
+                    checkpointer.save(checkpoint_state(), counters["step"])
+                    last_ckpt = now
+    except TrainingAborted as e:
+        print(f"error: training aborted: {e}; the last good model is saved", file=sys.stderr)
+        code = 1
+    finally:
+        counters["actor_steps"] += actors.env_steps
+        counters["train_seconds"] = time.monotonic() - start_time
+        path = checkpointer.save(checkpoint_state(), counters["step"])
+        logger.progress(counters["step"], force=True, episodes=counters["episodes"],
+                        **({"return(100)": float(np.mean(returns))} if returns else {}))
+        logger.close()
+        if hasattr(pool, "close"):
+            pool.close()
+        del pool
+    status = "stopped" if counters["step"] < cfg.total_steps else "finished"
+    print(f"{status} at step {counters['step']:,}; checkpoint {path}", flush=True)
+    return code

@@ -1,0 +1,88 @@
+"""V-trace off-policy targets (Espeholt et al. 2018, "IMPALA", Sec. 4.1, Eq. 1).
+
+Time-major tensors, T steps of B trajectories. Step t of trajectory b is
+``(x_t, a_t, r_t, gamma_t)``: the agent in state x_t took action a_t (drawn from the
+behaviour policy mu), got reward r_t and discount gamma_t (0 where the episode ended after
+a_t), and arrived in x_{t+1}. ``values[t] = V(x_t)`` from the learner and
+``bootstrap_value = V(x_T)``.
+
+The targets are (IMPALA Eq. 1, written recursively as in its Remark 1)::
+
+    rho_t   = min(rho_bar, pi(a_t|x_t) / mu(a_t|x_t))
+    c_t     = min(c_bar,   pi(a_t|x_t) / mu(a_t|x_t))
+    delta_t = rho_t * (r_t + gamma_t V(x_{t+1}) - V(x_t))
+    v_t - V(x_t) = delta_t + gamma_t c_t (v_{t+1} - V(x_{t+1})),   v_T = V(x_T)
+
+and the policy-gradient advantage (IMPALA Sec. 4.2) is
+``rho^pg_t * (r_t + gamma_t v_{t+1} - V(x_t))`` with ``rho^pg_t = min(rho_pg_bar, ratio)``.
+Everything here is computed without gradient (the targets are constants for the loss).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+
+class VTraceReturns(NamedTuple):
+    vs: torch.Tensor  # [T, B] value targets v_t
+    pg_advantages: torch.Tensor  # [T, B] policy-gradient advantages
+    log_rhos: torch.Tensor  # [T, B] log pi(a_t|x_t) - log mu(a_t|x_t)
+
+
+def action_log_probs(logits: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+    """log softmax(logits)[a]: logits ``[T, B, A]``, actions ``[T, B]`` int -> ``[T, B]``."""
+    return F.log_softmax(logits, dim=-1).gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+
+
+@torch.no_grad()
+def from_importance_weights(log_rhos: torch.Tensor, discounts: torch.Tensor, rewards: torch.Tensor,
+                            values: torch.Tensor, bootstrap_value: torch.Tensor,
+                            clip_rho_threshold: float | None = 1.0, clip_c_threshold: float | None = 1.0,
+                            clip_pg_rho_threshold: float | None = 1.0) -> VTraceReturns:
+    """V-trace targets from log importance ratios.
+
+    Args:
+        log_rhos, discounts, rewards, values: ``[T, B]``.
+        bootstrap_value: ``[B]``, V(x_T).
+        clip_rho_threshold: rho_bar (None: no clipping); clip_c_threshold: c_bar;
+        clip_pg_rho_threshold: clipping of the ratio in the policy-gradient advantage.
+    Returns:
+        :class:`VTraceReturns` with ``vs`` and ``pg_advantages`` of shape ``[T, B]``.
+    """
+    rhos = torch.exp(log_rhos)
+    clipped_rhos = rhos if clip_rho_threshold is None else rhos.clamp(max=clip_rho_threshold)
+    cs = rhos if clip_c_threshold is None else rhos.clamp(max=clip_c_threshold)
+
+    values_next = torch.cat([values[1:], bootstrap_value.unsqueeze(0)], dim=0)
+    deltas = clipped_rhos * (rewards + discounts * values_next - values)  # IMPALA Eq. 1, delta_t V
+
+    # v_t - V(x_t) = delta_t + gamma_t c_t (v_{t+1} - V(x_{t+1})), backwards from v_T - V(x_T) = 0.
+    acc = torch.zeros_like(bootstrap_value)
+    vs_minus_v = torch.empty_like(values)
+    for t in reversed(range(values.shape[0])):
+        acc = deltas[t] + discounts[t] * cs[t] * acc
+        vs_minus_v[t] = acc
+    vs = vs_minus_v + values
+
+    vs_next = torch.cat([vs[1:], bootstrap_value.unsqueeze(0)], dim=0)
+    pg_rhos = rhos if clip_pg_rho_threshold is None else rhos.clamp(max=clip_pg_rho_threshold)
+    pg_advantages = pg_rhos * (rewards + discounts * vs_next - values)  # IMPALA Sec. 4.2
+    return VTraceReturns(vs=vs, pg_advantages=pg_advantages, log_rhos=log_rhos)
+
+
+@torch.no_grad()
+def from_logits(behavior_policy_logits: torch.Tensor, target_policy_logits: torch.Tensor,
+                actions: torch.Tensor, discounts: torch.Tensor, rewards: torch.Tensor,
+                values: torch.Tensor, bootstrap_value: torch.Tensor,
+                clip_rho_threshold: float | None = 1.0, clip_c_threshold: float | None = 1.0,
+                clip_pg_rho_threshold: float | None = 1.0) -> VTraceReturns:
+    """V-trace targets from the behaviour (actor) and target (learner) policy logits.
+
+    Logits ``[T, B, A]``, actions ``[T, B]`` int64, the rest as in :func:`from_importance_weights`.
+    """
+    log_rhos = action_log_probs(target_policy_logits, actions) - action_log_probs(behavior_policy_logits, actions)
+    return from_importance_weights(log_rhos, discounts, rewards, values, bootstrap_value,
+                                   clip_rho_threshold, clip_c_threshold, clip_pg_rho_threshold)

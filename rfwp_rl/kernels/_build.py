@@ -1,0 +1,198 @@
+"""Building the fused kernels of ``csrc/``: a torch C++ extension (CPU, plus CUDA when torch has
+it) and, for tests, the CUDA sources compiled by the host compiler against the emulation
+header (``csrc/cuda_emu``) into a plain shared library.
+
+Builds are cached under ``$RFWP_RL_KERNEL_CACHE`` (default ``~/.cache/rfwp_rl/kernels``) in a
+directory named after a hash of the sources, the compiler flags, torch/Python versions and
+the CPU's instruction set (the CPU build uses ``-march=native``): each configuration is built
+once; later processes import the built module directly (no compiler needed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import importlib.machinery
+import importlib.util
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+CSRC = Path(__file__).resolve().parents[2] / "csrc"
+
+CPU_SOURCES = ("bindings.cpp", "cpu/fastweight_cpu.cpp")
+CUDA_SOURCES = ("cuda/torch_cuda.cpp", "cuda/lt_delta.cu", "cuda/delta_rnn.cu", "cuda/rdn.cu")
+CU_FILES = ("cuda/lt_delta.cu", "cuda/delta_rnn.cu", "cuda/rdn.cu")
+CFLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-ffp-contract=fast", "-DNDEBUG")
+NVCC_FLAGS = ("-O3", "-DNDEBUG", "--use_fast_math=false")
+EMU_FLAGS = ("-std=c++20", "-O1", "-g0", "-fPIC", "-shared", "-pthread")
+NVCC_ARCH_FLAGS = ("-gencode", "arch=compute_80,code=sm_80", "-gencode", "arch=compute_90,code=sm_90")
+
+
+class BuildError(RuntimeError):
+    """A build failed; ``log`` is the path of the full compiler output."""
+
+    def __init__(self, message: str, log: Path | None = None) -> None:
+        super().__init__(message)
+        self.log = log
+
+
+def cache_root() -> Path:
+    env = os.environ.get("RFWP_RL_KERNEL_CACHE")
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "rfwp_rl" / "kernels"
+
+
+def _cpu_signature() -> str:
+    """What ``-march=native`` depends on: the CPU model and its feature flags."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            lines = [ln for ln in f if ln.startswith(("flags", "model name"))]
+        return "".join(sorted(set(lines)))
+    except OSError:
+        return platform.processor() or platform.machine()
+
+
+def source_files() -> list[Path]:
+    """Every file under csrc/ that a build may read (C++, CUDA, headers)."""
+    if not CSRC.is_dir():
+        return []
+    return sorted(p for p in CSRC.rglob("*") if p.suffix in {".h", ".cuh", ".cpp", ".cu"})
+
+
+def _hash(*parts: str) -> str:
+    h = hashlib.sha256()
+    for p in source_files():
+        h.update(str(p.relative_to(CSRC)).encode())
+        h.update(p.read_bytes())
+    for part in parts:
+        h.update(part.encode())
+    return h.hexdigest()[:16]
+
+
+def torch_has_cuda() -> bool:
+    """torch was built with CUDA and a CUDA toolkit is available to compile the kernels."""
+    if torch.version.cuda is None:
+        return False
+    from torch.utils import cpp_extension
+
+    return cpp_extension.CUDA_HOME is not None
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _import_extension(name: str, path: Path) -> ModuleType:
+    if name in sys.modules:
+        return sys.modules[name]
+    loader = importlib.machinery.ExtensionFileLoader(name, str(path))
+    spec = importlib.util.spec_from_file_location(name, path, loader=loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    sys.modules[name] = module
+    return module
+
+
+def extension_name(with_cuda: bool) -> str:
+    key = _hash("ext", torch.__version__, sys.version, " ".join(CFLAGS), " ".join(NVCC_FLAGS),
+                str(with_cuda), _cpu_signature())
+    return f"rfwp_fastweight_{'cuda' if with_cuda else 'cpu'}_{key}"
+
+
+def load_extension(with_cuda: bool) -> tuple[ModuleType, float]:
+    """Import the torch extension, building it first if it is not cached.
+
+    Returns (module, seconds spent building; 0.0 when it was cached). Raises BuildError with
+    the path of the full log on failure. Compiler output never reaches the console.
+    """
+    if not source_files():
+        raise BuildError(f"the C++ sources are not installed (no {CSRC})")
+    name = extension_name(with_cuda)
+    build_dir = cache_root() / name
+    built = build_dir / f"{name}.so"   # what torch.utils.cpp_extension.load writes
+    if built.exists():
+        return _import_extension(name, built), 0.0
+    if shutil.which("ninja") is None:
+        raise BuildError("ninja is not installed (pip install ninja)")
+    build_dir.mkdir(parents=True, exist_ok=True)
+    log = build_dir / "build.log"
+    start = time.perf_counter()
+    with _file_lock(cache_root() / f".{name}.lock"):
+        if not built.exists():   # another process may have built it while we waited
+            from torch.utils import cpp_extension
+
+            sources = [str(CSRC / s) for s in CPU_SOURCES]
+            cflags = list(CFLAGS)
+            if with_cuda:
+                sources += [str(CSRC / s) for s in CUDA_SOURCES]
+                cflags.append("-DRFWP_WITH_CUDA")
+            try:
+                module = cpp_extension.load(
+                    name=name, sources=sources, extra_cflags=cflags,
+                    extra_cuda_cflags=list(NVCC_FLAGS), extra_include_paths=[str(CSRC)],
+                    build_directory=str(build_dir), with_cuda=with_cuda, verbose=False)
+            except Exception as e:   # compiler errors, missing toolchain, ...
+                log.write_text(f"{type(e).__name__}: {e}\n", encoding="utf-8")
+                first = next((ln.strip() for ln in str(e).splitlines() if "error" in ln.lower()),
+                             str(e).splitlines()[0] if str(e) else type(e).__name__)
+                raise BuildError(f"build failed ({first[:160]})", log) from None
+            sys.modules[name] = module
+    seconds = time.perf_counter() - start
+    return _import_extension(name, built), seconds
+
+
+# ------------------------------------------------------------------ emulated CUDA (tests)
+
+def emulated_cuda_library() -> Path:
+    """Compile csrc/cuda/*.cu with g++ against csrc/cuda_emu/cuda_emulation.h into a shared
+    library with a C interface (csrc/cuda_emu/emu_capi.cpp); cached by source hash."""
+    cxx = os.environ.get("CXX", "g++")
+    if shutil.which(cxx) is None:
+        raise BuildError(f"no host C++ compiler ({cxx}) on PATH")
+    key = _hash("emu", cxx, " ".join(EMU_FLAGS))
+    out_dir = cache_root() / f"cuda_emu_{key}"
+    lib = out_dir / "librfwp_cuda_emu.so"
+    if lib.exists():
+        return lib
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with _file_lock(cache_root() / f".cuda_emu_{key}.lock"):
+        if lib.exists():
+            return lib
+        tmp = out_dir / f".tmp-{os.getpid()}.so"
+        cmd = [cxx, *EMU_FLAGS, f"-I{CSRC}", "-include", str(CSRC / "cuda_emu" / "cuda_emulation.h"),
+               "-x", "c++", *[str(CSRC / f) for f in CU_FILES],
+               "-x", "none", str(CSRC / "cuda_emu" / "emu_capi.cpp"), "-o", str(tmp)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            log = out_dir / "build.log"
+            log.write_text(" ".join(cmd) + "\n" + proc.stdout + proc.stderr, encoding="utf-8")
+            first = next((ln for ln in proc.stderr.splitlines() if "error" in ln), "")
+            raise BuildError(f"emulated CUDA build failed: {first[:200]}", log)
+        os.replace(tmp, lib)
+    return lib
+
+
+def nvcc_compile(cu_file: str, out_dir: Path) -> subprocess.CompletedProcess:
+    """Compile one csrc/cuda/*.cu file with nvcc for sm_80 and sm_90 (object only)."""
+    obj = out_dir / (Path(cu_file).stem + ".o")
+    cmd = ["nvcc", "-c", str(CSRC / cu_file), "-o", str(obj), "-std=c++17", f"-I{CSRC}",
+           *NVCC_ARCH_FLAGS, *NVCC_FLAGS]
+    return subprocess.run(cmd, capture_output=True, text=True)

@@ -1,0 +1,75 @@
+"""Advantage actor-critic (A2C) loss for whole episodes (FWM paper Sec. 4.2, App. I).
+
+For one batch of episodes of T steps (no bootstrap after the last step: the episode ends)::
+
+    R_t = r_t + gamma * R_{t+1},  R_T = 0            (discounted return)
+    A_t = R_t - V(h_t)                                (advantage)
+    loss = mean_{t,b} [ -log pi(a_t | h_t) * stop_grad(A_t)
+                        + value_coef * A_t^2
+                        - entropy_coef * H(pi(. | h_t)) ]
+
+The mean over steps and batch is App. I's "average step loss". Defaults are App. I's:
+gamma 0.9, value_coef 0.1, entropy_coef 0.03. As in the paper's published code the value
+term is the plain squared error (no factor 1/2).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+GAMMA = 0.9
+VALUE_COEF = 0.1
+ENTROPY_COEF = 0.03
+
+
+def discounted_returns(rewards: torch.Tensor, gamma: float,
+                       bootstrap: torch.Tensor | None = None) -> torch.Tensor:
+    """``R_t = r_t + gamma R_{t+1}`` backwards in time.
+
+    Args:
+        rewards: ``[T, B]``.
+        bootstrap: ``[B]`` value of the state after the last step (None: 0, episode over).
+    Returns:
+        ``[T, B]`` returns, same dtype as ``rewards``.
+    """
+    running = torch.zeros_like(rewards[0]) if bootstrap is None else bootstrap.to(rewards.dtype)
+    out = torch.empty_like(rewards)
+    for t in range(rewards.shape[0] - 1, -1, -1):
+        running = rewards[t] + gamma * running
+        out[t] = running
+    return out
+
+
+def a2c_loss(logits: torch.Tensor, values: torch.Tensor, actions: torch.Tensor,
+             rewards: torch.Tensor, gamma: float = GAMMA, value_coef: float = VALUE_COEF,
+             entropy_coef: float = ENTROPY_COEF,
+             bootstrap: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """The A2C loss of a batch of episodes (formula in the module docstring).
+
+    Args:
+        logits: ``[T, B, A]`` policy logits (with grad).
+        values: ``[T, B]`` value estimates (with grad).
+        actions: ``[T, B]`` int64 actions taken.
+        rewards: ``[T, B]`` rewards received after each action.
+        bootstrap: ``[B]`` value after the last step, or None (episode over).
+    Returns:
+        dict of scalars: ``loss`` (to backpropagate), ``policy_loss``, ``value_loss`` (mean
+        squared advantage), ``entropy`` (mean policy entropy), ``advantage`` (mean).
+    """
+    if logits.dim() != 3 or values.shape != logits.shape[:2] or actions.shape != logits.shape[:2] \
+            or rewards.shape != logits.shape[:2]:
+        raise ValueError(f"shape mismatch: logits {tuple(logits.shape)} (want [T,B,A]), values "
+                         f"{tuple(values.shape)}, actions {tuple(actions.shape)}, rewards "
+                         f"{tuple(rewards.shape)} (want [T,B])")
+    returns = discounted_returns(rewards.to(values.dtype), gamma, bootstrap)
+    advantage = returns - values
+    log_probs = F.log_softmax(logits, dim=-1)
+    log_prob_taken = log_probs.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+    entropy = -(log_probs.exp() * log_probs).sum(-1)
+    policy_loss = -(log_prob_taken * advantage.detach()).mean()
+    value_loss = advantage.pow(2).mean()
+    entropy_mean = entropy.mean()
+    loss = policy_loss + value_coef * value_loss - entropy_coef * entropy_mean
+    return {"loss": loss, "policy_loss": policy_loss.detach(), "value_loss": value_loss.detach(),
+            "entropy": entropy_mean.detach(), "advantage": advantage.detach().mean()}

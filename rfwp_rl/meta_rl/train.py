@@ -1,0 +1,398 @@
+"""``rfwp-rl meta-rl``: A2C meta-RL on random POMDP graphs (FWM paper Sec. 4.2, App. I).
+
+One *episode* is one update: every agent of the batch (by default one per training graph,
+600 agents, agent b always on training graph b as in the paper's code) plays one 30-step
+episode, the A2C loss of the whole batch is backpropagated through all 30 steps (full BPTT,
+the core state starts at zero every episode) and Adam takes one step.
+
+Every ``--eval-every`` episodes (and at episode 0 and at the end) the agent plays one episode
+on each of the test graphs, which it is never trained on. By default the test actions are
+*sampled* from the policy, as in the paper's code (``--eval-policy greedy`` takes the argmax,
+``both`` logs both). "Total reward" is the sum of the 30 rewards of an episode averaged over
+agents; the training value logged at an evaluation is the mean over the episodes since the
+previous evaluation.
+
+Output in the run directory (default ``runs/meta_rl/<name>_s<seed>``): ``metrics.csv``
+(one row per evaluation, rewritten atomically), TensorBoard events in ``tb/``,
+``config.json`` and checkpoints ``ckpt_*.pt`` (model, optimizer, counters, every RNG; written
+every ``--checkpoint-minutes``, at the end and on Ctrl-C). Re-running the same command
+resumes from the newest checkpoint and continues to ``--episodes``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import math
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from rfwp_rl import cores
+from rfwp_rl.checkpoint import Checkpointer, atomic_write_text, rng_state, set_rng_state
+from rfwp_rl.errors import UserError, check_choice
+from rfwp_rl.meta_rl import a2c, graph_env
+from rfwp_rl.meta_rl.graph_env import GraphBatchEnv
+from rfwp_rl.meta_rl.model import MetaRLAgent, count_parameters
+from rfwp_rl.runlog import RunLogger, format_duration, run_name
+from rfwp_rl.safety import GracefulStop, NonFiniteGuard, TrainingAborted
+
+# Core configs used by ``--core NAME`` without a preset, where the paper fixes one
+# (FWM paper Sec. 4.2: LSTM of 32 units + 16x16x16 fast tensor, 3 reads). Same as
+# agents/meta_rl_fwm.toml. Other cores use their defaults from rfwp_rl.cores.
+META_RL_CORE_DEFAULTS: dict[str, dict[str, Any]] = {
+    "fwm": {"hidden_size": 32, "memory_size": 16, "num_reads": 3},
+}
+
+CSV_COLUMNS = ("episode", "wall_minutes", "train_reward", "test_reward_sampled",
+               "test_reward_greedy", "test_goals", "train_goals", "train_invalid", "loss",
+               "policy_loss", "value_loss", "entropy", "episodes_per_s", "skipped_updates")
+EVAL_POLICIES = ("sample", "greedy", "both")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("agent")
+    g.add_argument("--core", default=None,
+                   help="core name (rfwp-rl info lists them); default fwm with the paper's sizes")
+    g.add_argument("--preset", default=None,
+                   help="agent preset TOML (core = \"...\" and a [core_config] table), e.g. "
+                        "agents/meta_rl_lstm512.toml")
+    g.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a core option, e.g. --set hidden_size=64 (or "
+                        "core_config.hidden_size=64); TOML values; repeatable")
+    g = parser.add_argument_group("training (defaults: FWM paper App. I)")
+    g.add_argument("--episodes", type=int, default=50_000,
+                   help="total episodes = updates of the whole batch (default 50000)")
+    g.add_argument("--seed", type=int, default=1, help="model, sampling and placement seed")
+    g.add_argument("--batch-size", type=int, default=None,
+                   help="agents per update; default = number of training graphs (one agent per "
+                        "graph, as the paper); otherwise graphs are drawn at random per update")
+    g.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate")
+    g.add_argument("--adam-eps", type=float, default=1e-4, help="Adam epsilon (paper's code: 1e-4)")
+    g.add_argument("--gamma", type=float, default=a2c.GAMMA)
+    g.add_argument("--value-coef", type=float, default=a2c.VALUE_COEF)
+    g.add_argument("--entropy-coef", type=float, default=a2c.ENTROPY_COEF)
+    g.add_argument("--max-grad-norm", type=float, default=0.0,
+                   help="clip the gradient norm (0 = off, as the paper)")
+    g = parser.add_argument_group("environment")
+    g.add_argument("--data-seed", type=int, default=graph_env.DATA_SEED,
+                   help="seed of the fixed train/test graph sets")
+    g.add_argument("--train-graphs", type=int, default=graph_env.NUM_TRAIN_GRAPHS)
+    g.add_argument("--test-graphs", type=int, default=graph_env.NUM_TEST_GRAPHS)
+    g.add_argument("--episode-steps", type=int, default=graph_env.EPISODE_STEPS)
+    g.add_argument("--goal-reward", type=float, default=graph_env.GOAL_REWARD)
+    g.add_argument("--invalid-penalty", type=float, default=graph_env.INVALID_PENALTY)
+    g.add_argument("--timeout-steps", type=int, default=graph_env.TIMEOUT_STEPS)
+    g.add_argument("--reward-sum-scale", type=float, default=graph_env.REWARD_SUM_SCALE,
+                   help="scale of the reward-so-far input (0 = the paper's code, which fed 0)")
+    g = parser.add_argument_group("evaluation, logging, run")
+    g.add_argument("--eval-every", type=int, default=100, help="episodes between test evaluations")
+    g.add_argument("--eval-policy", default="sample", choices=EVAL_POLICIES,
+                   help="test actions: sampled from the policy (paper), greedy argmax, or both")
+    g.add_argument("--log-every", type=int, default=10, help="episodes between TensorBoard points")
+    g.add_argument("--checkpoint-minutes", type=float, default=5.0,
+                   help="minutes between checkpoints (also saved at the end and on Ctrl-C)")
+    g.add_argument("--run-dir", default=None, help="default runs/meta_rl/<name>_s<seed>")
+    g.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch default)")
+    g.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
+    g.add_argument("--print-every", type=float, default=10.0, help="seconds between progress lines")
+
+
+# ---------------------------------------------------------------------------------------------
+# agent selection
+
+
+def resolve_agent(core: str | None, preset: str | None, overrides: list[str]) -> tuple[str, dict, str]:
+    """``(core name, core config, label)`` from ``--core``/``--preset``/``--set``.
+
+    The label names the run directory: the preset file's name without ``meta_rl_``
+    (``lstm512``), else the core name. Bare ``--set`` keys are core options.
+    """
+    from rfwp_rl.presets import Preset, apply_overrides, load_preset
+
+    if preset is not None:
+        p = load_preset(preset)
+        if core is not None and core != p.core:
+            raise UserError(f"--core {core!r} contradicts preset {p.source} (core = {p.core!r}); "
+                            "pass only one")
+        label = Path(p.source).stem.removeprefix("meta_rl_")
+    else:
+        name = core or "fwm"
+        p = Preset(core=name, core_config=dict(META_RL_CORE_DEFAULTS.get(name, {})))
+        label = name
+    items = [o if o.partition("=")[0].strip().startswith(("core_config.", "agent.")) or
+             o.partition("=")[0].strip() == "core" else f"core_config.{o}" for o in overrides]
+    p = apply_overrides(p, items)
+    if p.agent:
+        raise UserError(f"the meta-RL agent has no [agent] options (got {sorted(p.agent)}); "
+                        "use [core_config]")
+    specs = cores.available()
+    check_choice("core", p.core, sorted(specs))
+    for key in p.core_config:
+        check_choice(f"option of core {p.core!r}:", key, sorted(specs[p.core].defaults))
+    return p.core, dict(p.core_config), label
+
+
+# ---------------------------------------------------------------------------------------------
+# rollouts
+
+
+def rollout(agent: MetaRLAgent, env: GraphBatchEnv, device: torch.device,
+            generator: torch.Generator, greedy: bool = False) -> dict[str, Any]:
+    """Play one episode with every agent of ``env`` (grad enabled unless the caller disables it).
+
+    Returns ``logits [T, B, A]``, ``values [T, B]``, ``actions [T, B]`` int64, ``rewards
+    [T, B]`` float32 and the per-agent totals ``total_reward``, ``goals``, ``invalid`` [B]
+    (numpy). The core runs one step at a time (the next observation depends on the action)
+    and the state is carried with its graph, so the backward pass is full BPTT.
+    """
+    obs = env.reset()
+    state = agent.initial_state(env.num_envs, device=device)
+    logits_t, values_t, actions_t, rewards_t = [], [], [], []
+    done = False
+    while not done:
+        x = torch.from_numpy(obs).to(device).unsqueeze(0)
+        logits, value, state = agent(x, state)
+        logits, value = logits[0], value[0]
+        if greedy:
+            action = logits.detach().argmax(-1).cpu()
+        else:
+            probs = F.softmax(logits.detach().float(), dim=-1).cpu()
+            action = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+        obs, reward, done = env.step(action.numpy())
+        logits_t.append(logits)
+        values_t.append(value)
+        actions_t.append(action)
+        rewards_t.append(torch.from_numpy(reward))
+    rewards = torch.stack(rewards_t)
+    return {"logits": torch.stack(logits_t), "values": torch.stack(values_t),
+            "actions": torch.stack(actions_t).to(device), "rewards": rewards.to(device),
+            "total_reward": rewards.sum(0).numpy(), "goals": env.goals.copy(),
+            "invalid": env.invalid.copy()}
+
+
+@torch.no_grad()
+def evaluate(agent: MetaRLAgent, env: GraphBatchEnv, device: torch.device,
+             generator: torch.Generator, greedy: bool) -> dict[str, float]:
+    """Mean total reward, goals and invalid actions per episode on ``env``'s graphs."""
+    was_training = agent.training
+    agent.eval()
+    out = rollout(agent, env, device, generator, greedy=greedy)
+    agent.train(was_training)
+    return {"total_reward": float(out["total_reward"].mean()), "goals": float(out["goals"].mean()),
+            "invalid": float(out["invalid"].mean())}
+
+
+# ---------------------------------------------------------------------------------------------
+# the run
+
+
+def _fmt(v: Any) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return ""
+    return f"{v:.6g}" if isinstance(v, float) else str(v)
+
+
+def write_csv(path: Path, rows: list[dict]) -> None:
+    """All evaluation rows to ``path`` (atomic rewrite)."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(CSV_COLUMNS)
+    for row in rows:
+        w.writerow([_fmt(row.get(c)) for c in CSV_COLUMNS])
+    atomic_write_text(path, buf.getvalue())
+
+
+def _interval_means(acc: dict[str, list[float]]) -> dict[str, float]:
+    return {k: (float(np.mean(v)) if v else float("nan")) for k, v in acc.items()}
+
+
+def run(args: argparse.Namespace) -> int:
+    for name in ("episodes", "eval_every", "log_every", "train_graphs", "test_graphs", "episode_steps",
+                 "timeout_steps"):
+        if getattr(args, name) < 1:
+            raise UserError(f"--{name.replace('_', '-')} {getattr(args, name)} is invalid; allowed: >= 1")
+    if args.batch_size is not None and args.batch_size < 1:
+        raise UserError(f"--batch-size {args.batch_size} is invalid; allowed: >= 1")
+    check_choice("eval policy", args.eval_policy, EVAL_POLICIES)
+    core_name, core_config, label = resolve_agent(args.core, args.preset, args.overrides)
+    run_dir = Path(args.run_dir) if args.run_dir else Path("runs/meta_rl") / run_name(label, f"s{args.seed}")
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        raise UserError(f"--device {args.device!r} is not a torch device; allowed: cpu, cuda, cuda:N") from None
+
+    # seeds first, so that the model initialisation depends on --seed only
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+
+    train_tables, test_tables = graph_env.graph_sets(args.data_seed, args.train_graphs, args.test_graphs)
+    batch = args.batch_size or len(train_tables)
+    env_kw = dict(episode_steps=args.episode_steps, goal_reward=args.goal_reward,
+                  invalid_penalty=args.invalid_penalty, timeout_steps=args.timeout_steps,
+                  reward_sum_scale=args.reward_sum_scale)
+    graph_rng = np.random.default_rng([args.seed, 1])
+    fixed_graphs = batch == len(train_tables)  # the paper: agent b on training graph b
+    train_env = GraphBatchEnv(train_tables if fixed_graphs else train_tables[:1].repeat(batch, 0),
+                              rng=np.random.default_rng([args.seed, 2]), **env_kw)
+    test_env = GraphBatchEnv(test_tables, rng=np.random.default_rng([args.seed, 3]), **env_kw)
+    obs_size, num_actions = train_env.obs_size, train_env.num_actions
+
+    agent = MetaRLAgent(core_name, core_config, obs_size, num_actions).to(device)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.lr, eps=args.adam_eps)
+    sample_gen = torch.Generator().manual_seed(args.seed)            # training actions
+    eval_gen = torch.Generator().manual_seed(args.seed + 7919)       # test actions
+    guard = NonFiniteGuard()
+    n_params = count_parameters(agent)
+    full_core_config = dict(getattr(agent.core, "config", core_config) or core_config)
+
+    meta = {"trainer": "meta_rl", "core": core_name, "core_config": full_core_config,
+            "obs_size": obs_size, "num_actions": num_actions, "batch_size": batch,
+            "env": {"data_seed": args.data_seed, "train_graphs": args.train_graphs,
+                    "test_graphs": args.test_graphs, **env_kw}}
+    ckpt = Checkpointer(run_dir, meta)
+    episode, history, wall = 0, [], 0.0
+    acc: dict[str, list[float]] = {k: [] for k in ("train_reward", "train_goals", "train_invalid", "loss",
+                                                   "policy_loss", "value_loss", "entropy")}
+    loaded = ckpt.load_latest()
+    if loaded is not None:
+        s = loaded["state"]
+        agent.load_state_dict(s["model"])
+        optimizer.load_state_dict(s["optimizer"])
+        episode, history, wall, acc = s["episode"], s["history"], s["wall_seconds"], s["interval"]
+        set_rng_state(s["rng"])
+        sample_gen.set_state(s["sample_gen"])
+        eval_gen.set_state(s["eval_gen"])
+        graph_rng.bit_generator.state = s["graph_rng"]
+        train_env.set_rng_state(s["train_env_rng"])
+        test_env.set_rng_state(s["test_env_rng"])
+        guard.skipped = s["skipped"]
+        print(f"resuming {run_dir} at episode {episode:,} ({loaded['path'].name})", flush=True)
+    else:
+        print(f"new run {run_dir}", flush=True)
+    print(f"core {core_name} {full_core_config} | {n_params:,} trainable weights | batch {batch} | "
+          f"{len(train_tables)} train / {len(test_tables)} test graphs | test policy {args.eval_policy}",
+          flush=True)
+
+    config = {**{k: v for k, v in vars(args).items() if not k.startswith("_")}, "core": core_name,
+              "core_config": full_core_config, "label": label, "batch_size": batch,
+              "num_parameters": n_params, "run_dir": str(run_dir)}
+    logger = RunLogger(run_dir, config, total=args.episodes, start=episode, unit="episodes",
+                       metrics=("test/total_reward_sampled", "test/total_reward_greedy",
+                                "train/total_reward"), print_every=args.print_every)
+    csv_path = run_dir / "metrics.csv"
+
+    def state_dict() -> dict:
+        return {"model": agent.state_dict(), "optimizer": optimizer.state_dict(), "episode": episode,
+                "history": history, "wall_seconds": wall + (time.monotonic() - t_start),
+                "interval": acc, "rng": rng_state(), "sample_gen": sample_gen.get_state(),
+                "eval_gen": eval_gen.get_state(), "graph_rng": graph_rng.bit_generator.state,
+                "train_env_rng": train_env.rng_state(), "test_env_rng": test_env.rng_state(),
+                "skipped": guard.skipped}
+
+    def do_eval() -> None:
+        row: dict[str, Any] = {"episode": episode}
+        results = {}
+        for mode in (("sample", "greedy") if args.eval_policy == "both" else (args.eval_policy,)):
+            results[mode] = evaluate(agent, test_env, device, eval_gen, greedy=(mode == "greedy"))
+        means = _interval_means(acc)
+        elapsed = wall + (time.monotonic() - t_start)
+        prev = history[-1] if history else None
+        rate = float("nan")
+        if prev is not None and elapsed > prev["wall_minutes"] * 60:
+            rate = (episode - prev["episode"]) / (elapsed - prev["wall_minutes"] * 60)
+        first = next(iter(results.values()))
+        row.update(wall_minutes=elapsed / 60, train_reward=means["train_reward"],
+                   test_reward_sampled=results.get("sample", {}).get("total_reward"),
+                   test_reward_greedy=results.get("greedy", {}).get("total_reward"),
+                   test_goals=first["goals"], train_goals=means["train_goals"],
+                   train_invalid=means["train_invalid"], loss=means["loss"],
+                   policy_loss=means["policy_loss"], value_loss=means["value_loss"],
+                   entropy=means["entropy"], episodes_per_s=rate, skipped_updates=guard.skipped)
+        history.append(row)
+        for v in acc.values():
+            v.clear()
+        write_csv(csv_path, history)
+        scalars = {f"test/total_reward_{'sampled' if m == 'sample' else 'greedy'}": r["total_reward"]
+                   for m, r in results.items()}
+        scalars["test/goals"] = first["goals"]
+        if math.isfinite(rate):
+            scalars["perf/episodes_per_s"] = rate
+        logger.log(episode, scalars)
+
+    t_start = time.monotonic()
+    last_save = time.monotonic()
+    recent: dict[str, float] = {}
+    try:
+        with GracefulStop() as stop:
+            while True:
+                if (episode % args.eval_every == 0 or episode >= args.episodes) and \
+                        (not history or history[-1]["episode"] != episode):
+                    do_eval()
+                    r = history[-1]
+                    test_r = r["test_reward_sampled"] if r["test_reward_sampled"] is not None \
+                        else r["test_reward_greedy"]
+                    recent["test_R"] = test_r
+                    logger.progress(episode, force=True, **recent)
+                if episode >= args.episodes or stop.requested:
+                    break
+
+                # ---- one training episode = one A2C update on the whole batch ----------
+                if not fixed_graphs:
+                    train_env.tables = train_tables[graph_rng.integers(0, len(train_tables), batch)].astype(np.int64)
+                out = rollout(agent, train_env, device, sample_gen)
+                losses = a2c.a2c_loss(out["logits"], out["values"], out["actions"], out["rewards"],
+                                      gamma=args.gamma, value_coef=args.value_coef,
+                                      entropy_coef=args.entropy_coef)
+                optimizer.zero_grad(set_to_none=True)
+                losses["loss"].backward()
+                if args.max_grad_norm > 0:
+                    torch.nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                if guard.ok(losses["loss"], agent.parameters()):
+                    optimizer.step()
+                episode += 1
+
+                train_reward = float(out["total_reward"].mean())
+                acc["train_reward"].append(train_reward)
+                acc["train_goals"].append(float(out["goals"].mean()))
+                acc["train_invalid"].append(float(out["invalid"].mean()))
+                for k in ("loss", "policy_loss", "value_loss", "entropy"):
+                    acc[k].append(float(losses[k]))
+                if episode % args.log_every == 0:
+                    logger.log(episode, {"train/total_reward": train_reward,
+                                         "train/goals": float(out["goals"].mean()),
+                                         "train/invalid_actions": float(out["invalid"].mean()),
+                                         "loss/total": float(losses["loss"]),
+                                         "loss/policy": float(losses["policy_loss"]),
+                                         "loss/value": float(losses["value_loss"]),
+                                         "loss/entropy": float(losses["entropy"]),
+                                         "perf/skipped_updates": guard.skipped})
+                recent["train_R"] = train_reward
+                logger.progress(episode, **recent)
+                if time.monotonic() - last_save > args.checkpoint_minutes * 60:
+                    ckpt.save(state_dict(), episode)
+                    last_save = time.monotonic()
+            ckpt.save(state_dict(), episode)
+            if stop.requested:
+                print(f"stopped at episode {episode:,}; re-run the same command to resume", flush=True)
+    except TrainingAborted as e:
+        print(f"error: training aborted at episode {episode:,}: {e}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        logger.close()
+    if history:
+        r = history[-1]
+        print(f"episode {episode:,}: test total reward {_fmt(r['test_reward_sampled']) or '-'} (sampled), "
+              f"{_fmt(r['test_reward_greedy']) or '-'} (greedy); wall {format_duration(r['wall_minutes'] * 60)}; "
+              f"metrics in {csv_path}", flush=True)
+    return 0

@@ -1,0 +1,157 @@
+"""Agent presets: small TOML files naming a core, its options and agent options.
+
+A preset file (see ``agents/README.md``)::
+
+    description = "RFWP paper's Atari RDN"     # optional
+    core = "rdn"
+    [core_config]                               # keyword options of rfwp_rl.cores.make
+    hidden_size = 128
+    num_layers = 2
+    [agent]                                     # optional, fields of rfwp_rl.agent.AgentConfig
+    use_prev_action = false
+
+``load_preset("atari_rdn")`` reads ``agents/atari_rdn.toml`` of the repository;
+``load_preset("my.toml")`` reads a file. ``apply_overrides(preset, ["core_config.hidden_size=64"])``
+applies ``--set`` overrides; values use TOML syntax (``64``, ``true``, ``'softmax'``,
+``[32, 32]``), and a bare word is taken as a string.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from pathlib import Path
+from typing import Any, Iterable
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
+from rfwp_rl.errors import UserError, check_choice
+
+AGENTS_DIR = Path(__file__).resolve().parent.parent / "agents"
+TOP_LEVEL_KEYS = ("description", "core", "core_config", "agent")
+
+
+@dataclasses.dataclass
+class Preset:
+    """A loaded preset: ``core`` name, ``core_config`` and ``agent`` option dicts."""
+
+    core: str
+    core_config: dict[str, Any] = dataclasses.field(default_factory=dict)
+    agent: dict[str, Any] = dataclasses.field(default_factory=dict)
+    description: str = ""
+    source: str = "<defaults>"  # file the preset came from
+
+    def to_dict(self) -> dict:
+        return {"core": self.core, "core_config": dict(self.core_config), "agent": dict(self.agent)}
+
+
+def available_presets() -> list[str]:
+    """Names of the presets shipped in the repository's ``agents/`` folder."""
+    if not AGENTS_DIR.is_dir():
+        return []
+    return sorted(p.stem for p in AGENTS_DIR.glob("*.toml"))
+
+
+def preset_path(name_or_path: str | Path) -> Path:
+    """The file of a preset given by name (``atari_rdn``) or path (``my/agent.toml``)."""
+    p = Path(name_or_path)
+    if p.suffix == ".toml" or p.parent != Path("."):
+        if not p.is_file():
+            raise UserError(f"preset file {str(p)!r} does not exist")
+        return p
+    candidate = AGENTS_DIR / f"{p.name}.toml"
+    if candidate.is_file():
+        return candidate
+    if not AGENTS_DIR.is_dir():
+        raise UserError(f"preset {str(name_or_path)!r}: the presets folder {AGENTS_DIR} is missing "
+                        "(pass a file path to --preset)")
+    check_choice("preset", str(name_or_path), available_presets())
+    raise AssertionError("unreachable")
+
+
+def parse_preset(data: dict, source: str) -> Preset:
+    """Validate the structure of a preset dict (as read from TOML)."""
+    for key in data:
+        if key not in TOP_LEVEL_KEYS:
+            check_choice(f"key in preset {source}:", key, TOP_LEVEL_KEYS)
+    if "core" not in data or not isinstance(data["core"], str):
+        raise UserError(f"preset {source} needs a line core = \"<name>\" (e.g. core = \"rdn\")")
+    for table in ("core_config", "agent"):
+        if not isinstance(data.get(table, {}), dict):
+            raise UserError(f"preset {source}: {table} must be a table ([{table}])")
+    return Preset(core=data["core"], core_config=dict(data.get("core_config", {})),
+                  agent=dict(data.get("agent", {})), description=str(data.get("description", "")),
+                  source=source)
+
+
+def load_preset(name_or_path: str | Path) -> Preset:
+    """Read a preset by name (from ``agents/``) or by file path; one-line errors."""
+    path = preset_path(name_or_path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as e:
+        raise UserError(f"preset {path} is not valid TOML: {e}") from None
+    return parse_preset(data, str(path))
+
+
+def parse_value(text: str) -> Any:
+    """A ``--set`` value in TOML syntax; a bare word that is not TOML is a string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def apply_overrides(preset: Preset, overrides: Iterable[str]) -> Preset:
+    """Return a copy of ``preset`` with ``--set key=value`` overrides applied.
+
+    Keys: ``core``, ``core_config.<option>``, ``agent.<option>``. Option names are checked
+    later, by the core (``rfwp_rl.cores.make``) and the agent config.
+    """
+    preset = copy.deepcopy(preset)
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise UserError(f"--set {item!r}: expected key=value, e.g. core_config.hidden_size=64")
+        value = parse_value(text.strip())
+        section, dot, option = key.partition(".")
+        if not dot:
+            if key != "core":
+                raise UserError(f"--set {item!r}: unknown key {key!r}; allowed: core, core_config.<option>, "
+                                "agent.<option>")
+            preset.core = str(value)
+        elif section == "core_config" and option:
+            preset.core_config[option] = value
+        elif section == "agent" and option:
+            preset.agent[option] = value
+        else:
+            raise UserError(f"--set {item!r}: unknown key {key!r}; allowed: core, core_config.<option>, "
+                            "agent.<option>")
+    return preset
+
+
+def resolve_preset(core: str | None, preset: str | None, overrides: Iterable[str] = (),
+                   atari: bool = False, default_core: str = "lstm") -> Preset:
+    """The preset a training run uses.
+
+    ``preset`` (name or path) wins; otherwise ``--core NAME`` picks ``agents/atari_NAME.toml``
+    for Atari environments when it exists and the core's own defaults elsewhere. A ``core``
+    that contradicts the preset's is an error. ``overrides`` are ``--set`` items.
+    """
+    if preset is not None:
+        p = load_preset(preset)
+        if core is not None and core != p.core:
+            raise UserError(f"--core {core!r} contradicts preset {p.source} (core = {p.core!r}); "
+                            "pass only one, or --set core=...")
+    else:
+        from rfwp_rl import cores
+
+        name = core or default_core
+        check_choice("core", name, sorted(cores.available()))
+        atari_file = AGENTS_DIR / f"atari_{name}.toml"
+        p = load_preset(atari_file) if atari and atari_file.is_file() else Preset(core=name)
+    return apply_overrides(p, overrides)

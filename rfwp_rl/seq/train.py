@@ -1,0 +1,339 @@
+"""``rfwp-rl seq``: train and evaluate a sequence model on language modelling or an
+algorithmic task (RFWP paper Sec. 4.1-4.3; Secretly-FWP Sec. 6.1), with any core.
+
+    rfwp-rl seq --task lm                                  # built-in corpus, Delta Net
+    rfwp-rl seq --task lm --data ~/wikitext-103 --context carried --core delta_rnn
+    rfwp-rl seq --task code_exec --num-vars 3 --core rdn --steps 20000
+    rfwp-rl seq --task listops --depth 10 --core lstm --lr 3e-3 --clip 0.1
+    rfwp-rl seq --task assoc --setting 1 --num-keys 64 --core lt --num-layers 1
+
+A run directory (``--run-dir``, default ``runs/seq/<task>_<core>_s<seed>``) holds TensorBoard
+events (``tb/``), ``config.json``, checkpoints (the run resumes from the newest one when
+started again with the same settings), ``best.pt`` (the weights with the best validation
+score) and, at the end, ``results.json``: the settings, the final validation and test
+scores of the best weights, the step counts and the wall-clock time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import copy
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from rfwp_rl.checkpoint import Checkpointer, atomic_torch_save, atomic_write_text, rng_state, set_rng_state
+from rfwp_rl.errors import UserError, check_choice
+from rfwp_rl.runlog import RunLogger, format_duration, run_name
+from rfwp_rl.safety import GracefulStop, NonFiniteGuard, TrainingAborted
+from rfwp_rl.seq import tasks as T
+from rfwp_rl.seq.model import SeqModel, core_defaults, core_names
+
+# core config keys settable with their own flag (others: --core-option KEY=VALUE)
+CORE_FLAGS = ("hidden_size", "num_layers", "num_heads", "ff_size", "dropout", "feature_map")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.ArgumentDefaultsHelpFormatter
+    parser.add_argument("--task", default="lm", help=f"one of: {', '.join(T.TASKS)}")
+    g = parser.add_argument_group("model")
+    g.add_argument("--core", default="delta", help="core name (rfwp-rl info lists them; "
+                   "plus 'transformer', the softmax-attention baseline)")
+    g.add_argument("--emb-size", type=int, default=128, help="token embedding size")
+    g.add_argument("--hidden-size", type=int, help="core hidden size (default: the core's)")
+    g.add_argument("--num-layers", type=int, help="core layers/blocks (default: the core's)")
+    g.add_argument("--num-heads", type=int, help="heads (default: the core's)")
+    g.add_argument("--ff-size", type=int, help="feed-forward inner size (default: the core's)")
+    g.add_argument("--dropout", type=float, default=0.0,
+                   help="dropout on embeddings and, if the core has it, inside the core")
+    g.add_argument("--feature-map", help="elu_sum, softmax or dpfp (default: the core's)")
+    g.add_argument("--core-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="any other core config key, e.g. fast_layers=3, backend=reference")
+    g.add_argument("--positions", choices=("auto", "on", "off"), default="auto",
+                   help="sinusoidal positions (auto: only for the transformer)")
+    g = parser.add_argument_group("training")
+    g.add_argument("--steps", type=int, default=2000, help="optimizer steps")
+    g.add_argument("--batch-size", type=int, default=32)
+    g.add_argument("--lr", type=float, default=3e-4, help="Adam learning rate")
+    g.add_argument("--warmup", type=int, default=0, help="linear learning-rate warm-up steps")
+    g.add_argument("--clip", type=float, default=1.0, help="gradient-norm clip (0: off)")
+    g.add_argument("--seed", type=int, default=1, help="model and data seed")
+    g.add_argument("--eval-every", type=int, default=500, help="steps between validations")
+    g.add_argument("--eval-batch-size", type=int, default=64)
+    g.add_argument("--checkpoint-every", type=int, default=500, help="steps between checkpoints")
+    g.add_argument("--run-dir", help="run directory (default: runs/seq/<task>_<core>_s<seed>)")
+    g.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
+    g.add_argument("--device", default="cpu")
+    g = parser.add_argument_group("lm task")
+    g.add_argument("--data", default="builtin", help="corpus directory with train/valid/test "
+                   "files (wiki.*.tokens or *.txt), or 'builtin' (Python stdlib docstrings)")
+    g.add_argument("--level", default="word", help="word or char")
+    g.add_argument("--min-count", type=int, default=1, help="rarer training tokens -> <unk>")
+    g.add_argument("--seg-len", type=int, default=128, help="training segment length and "
+                   "evaluation window")
+    g.add_argument("--context", default="independent", help="independent segments, or "
+                   "carried state from segment to segment (full context)")
+    g.add_argument("--eval-mode", default="auto", help="carried, sliding, or auto (carried if "
+                   "training carried context, else sliding window)")
+    g.add_argument("--eval-max-tokens", type=int, default=5000,
+                   help="tokens of the validation text scored during training (the final "
+                   "evaluation uses all)")
+    g = parser.add_argument_group("algorithmic tasks")
+    g.add_argument("--num-vars", type=int, default=3, help="code_exec: variables (3 or 5 in the paper)")
+    g.add_argument("--num-statements", type=int, default=100, help="code_exec: statements per program")
+    g.add_argument("--depth", type=int, default=10, help="listops: exact depth")
+    g.add_argument("--max-args", type=int, default=5, help="listops: max arguments per list")
+    g.add_argument("--num-keys", type=int, default=32, help="assoc: keys/values S")
+    g.add_argument("--setting", type=int, default=1, help="assoc: 1 (capacity) or 2 (updates)")
+    g.add_argument("--data-sizes", default="10000,1000,1000",
+                   help="code_exec/listops: train,valid,test sequences")
+
+
+# ------------------------------------------------------------------------- setup helpers
+
+def parse_value(text: str) -> Any:
+    """``3`` -> 3, ``0.1`` -> 0.1, ``true`` -> True, anything else -> the string."""
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def core_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The core config from the flags, checked against the core's keys."""
+    defaults = core_defaults(args.core)
+    config: dict[str, Any] = {}
+    for key in CORE_FLAGS:
+        value = getattr(args, key)
+        if key == "dropout":
+            if "dropout" in defaults:
+                config["dropout"] = value
+            continue
+        if value is not None:
+            if key not in defaults:
+                raise UserError(f"--{key.replace('_', '-')} does not apply to core {args.core!r}; "
+                                f"its options: {', '.join(defaults) or 'none'}")
+            config[key] = value
+    for item in args.core_option:
+        if "=" not in item:
+            raise UserError(f"--core-option {item!r} is invalid; allowed: KEY=VALUE")
+        key, value = item.split("=", 1)
+        config[key.strip()] = parse_value(value.strip())
+    return config
+
+
+def make_task(args: argparse.Namespace):
+    """The task object for ``args.task``."""
+    check_choice("task", args.task, T.TASKS)
+    if args.task == "lm":
+        from rfwp_rl.seq.data import builtin_corpus_dir
+        from rfwp_rl.seq.tasks.lm import LMTask, load_corpus
+
+        data = builtin_corpus_dir() if args.data == "builtin" else args.data
+        return LMTask(load_corpus(data, args.level, args.min_count), args.seg_len, args.context)
+    try:
+        sizes = tuple(int(s) for s in args.data_sizes.split(","))
+        assert len(sizes) == 3 and min(sizes) >= 1
+    except (ValueError, AssertionError):
+        raise UserError(f"--data-sizes {args.data_sizes!r} is invalid; allowed: three positive "
+                        "integers TRAIN,VALID,TEST") from None
+    if args.task == "code_exec":
+        return T.CodeExecTask(args.seed, args.num_vars, args.num_statements, sizes)
+    if args.task == "listops":
+        return T.ListOpsTask(args.seed, args.depth, args.max_args, sizes)
+    return T.AssocTask(args.seed, args.num_keys, args.setting)
+
+
+def check_args(args: argparse.Namespace) -> None:
+    for name in ("steps", "batch_size", "eval_every", "eval_batch_size", "checkpoint_every", "emb_size"):
+        if getattr(args, name) < 1:
+            raise UserError(f"--{name.replace('_', '-')} {getattr(args, name)} is invalid; "
+                            "allowed: an integer >= 1")
+    if not args.lr > 0:
+        raise UserError(f"--lr {args.lr} is invalid; allowed: a positive number")
+    if args.warmup < 0 or args.clip < 0:
+        raise UserError("--warmup and --clip must be >= 0")
+    check_choice("core", args.core, core_names())
+
+
+def lr_factor(step: int, warmup: int) -> float:
+    """Linear warm-up to the full learning rate over ``warmup`` steps, then constant."""
+    return min(1.0, (step + 1) / warmup) if warmup > 0 else 1.0
+
+
+def evaluate(model: SeqModel, task, split: str, args: argparse.Namespace,
+             max_tokens: int | None = None) -> dict[str, float]:
+    """Validation/test scores of ``model`` (eval mode, no gradients)."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            if task.name == "lm":
+                return task.evaluate(model, lambda b: model.initial_state(b, args.device), split,
+                                     args.eval_mode, max_tokens)
+            score = T.TaggingScore()
+            for x, y in task.eval_batches(split, args.eval_batch_size):
+                logits, _ = model(x.to(args.device))
+                score.add(logits.cpu(), y, task.no_output)
+            return score.metrics(with_print=task.no_output is not None)
+    finally:
+        model.train(was_training)
+
+
+def better(task, new: float, old: float | None) -> bool:
+    if old is None:
+        return True
+    return new < old if task.name == "lm" else new > old
+
+
+# ------------------------------------------------------------------------- the run
+
+def run(args: argparse.Namespace) -> int:
+    check_args(args)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    task = make_task(args)
+    config = core_config(args)
+    positions = {"auto": None, "on": True, "off": False}[args.positions]
+    model = SeqModel(args.core, task.field_sizes, task.num_classes, args.emb_size, config,
+                     dropout=args.dropout, positions=positions).to(args.device)
+    if task.name == "lm" and not model.carries_state:
+        if args.context == "carried":
+            raise UserError(f"--context carried needs a model that carries its state from "
+                            f"segment to segment; core {args.core!r}"
+                            f"{' with sinusoidal positions' if model.positions else ''} does not. "
+                            "allowed: --context independent (evaluated with the sliding window)")
+        if args.eval_mode == "carried":
+            raise UserError(f"--eval-mode carried is not possible with core {args.core!r}; "
+                            "allowed: sliding or auto")
+    n_params = sum(p.numel() for p in model.parameters())
+    settings = {**task.settings(), "core": args.core, "core_config": model.core.config,
+                "emb_size": args.emb_size, "positions": model.positions, "dropout": args.dropout,
+                "params": n_params}
+    hparams = {**settings, "steps": args.steps, "batch_size": args.batch_size, "lr": args.lr,
+               "warmup": args.warmup, "clip": args.clip, "seed": args.seed}
+    run_dir = Path(args.run_dir or Path("runs") / "seq" / run_name(task.name, args.core, f"s{args.seed}"))
+
+    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+    meta = {"trainer": "seq", **{k: v for k, v in hparams.items() if k != "steps"}}
+    ckpt = Checkpointer(run_dir, meta)
+    start, carried, best, best_step, elapsed = 0, None, None, None, 0.0
+    loaded = ckpt.load_latest()
+    if loaded is not None:
+        s = loaded["state"]
+        model.load_state_dict(s["model"])
+        optimizer.load_state_dict(s["optimizer"])
+        set_rng_state(s["rng"])
+        start, carried = loaded["step"], s["carried"]
+        best, best_step, elapsed = s["best"], s["best_step"], s["elapsed"]
+        print(f"resuming {run_dir} from step {start:,}", flush=True)
+    main = task.main_metric
+    print(f"seq | task {task.name} | core {args.core} | {n_params:,} parameters | run dir {run_dir}",
+          flush=True)
+    logger = RunLogger(run_dir, hparams, total=args.steps, start=start, unit="steps",
+                       metrics=(f"valid/{main}",))
+    guard = NonFiniteGuard()
+
+    def checkpoint_state() -> dict:
+        return {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                "rng": rng_state(), "carried": carried, "best": best, "best_step": best_step,
+                "elapsed": elapsed + time.monotonic() - t0}
+
+    t0 = time.monotonic()
+    step = start
+    stopped = False
+    model.train()
+    try:
+        with GracefulStop() as stop:
+            while step < args.steps:
+                # ---- one training batch
+                if task.name == "lm":
+                    x, y, epoch_start = task.train_segment(step, args.batch_size)
+                    state = None if (task.context == "independent" or epoch_start) else carried
+                else:
+                    x, y = task.train_batch(step, args.batch_size)
+                    state = None
+                x, y = x.to(args.device), y.to(args.device)
+                for group in optimizer.param_groups:
+                    group["lr"] = args.lr * lr_factor(step, args.warmup)
+                logits, new_state = model(x, state)
+                loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1),
+                                       ignore_index=T.IGNORE)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                grad_norm = (torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
+                             if args.clip > 0 else None)
+                if guard.ok(loss, model.parameters()):
+                    optimizer.step()
+                if task.name == "lm" and task.context == "carried":
+                    carried = tuple(s.detach() for s in new_state)   # truncated BPTT
+                step += 1
+
+                # ---- logging, validation, checkpoints
+                scalars = {"train/loss": float(loss.detach()), "train/lr": optimizer.param_groups[0]["lr"],
+                           "train/skipped_updates": guard.skipped}
+                if grad_norm is not None:
+                    scalars["train/grad_norm"] = float(grad_norm)
+                logger.log(step, scalars)
+                extra = ({"epoch": f"{task.epochs(step, args.batch_size):.2f}"}
+                         if hasattr(task, "epochs") else {})
+                logger.progress(step, loss=float(loss.detach()), **extra)
+                if step % args.eval_every == 0 or step == args.steps:
+                    limit = args.eval_max_tokens if task.name == "lm" else None
+                    metrics = evaluate(model, task, "valid", args, limit)
+                    logger.log(step, {f"valid/{k}": v for k, v in metrics.items()})
+                    if better(task, metrics[main], best):
+                        best, best_step = metrics[main], step
+                        atomic_torch_save({"model": model.state_dict(), "step": step,
+                                           "settings": settings}, run_dir / "best.pt")
+                    print(f"step {step:,} | valid " + " | ".join(
+                        f"{k} {v:.4g}" for k, v in metrics.items()) +
+                        f" | best {main} {best:.4g} (step {best_step:,})", flush=True)
+                if step % args.checkpoint_every == 0 or step == args.steps:
+                    ckpt.save(checkpoint_state(), step)
+                if stop.requested:
+                    ckpt.save(checkpoint_state(), step)
+                    stopped = True
+                    break
+    except TrainingAborted as e:
+        print(f"error: training aborted: {e}; the last checkpoint is kept", file=sys.stderr)
+        logger.close()
+        return 1
+    train_time = elapsed + time.monotonic() - t0
+    logger.close()
+    if stopped:
+        print(f"stopped at step {step:,}; run the same command again to resume", flush=True)
+        return 0
+
+    # ---- final evaluation of the best weights on the full valid and test sets
+    t1 = time.monotonic()
+    best_weights = torch.load(run_dir / "best.pt", map_location=args.device, weights_only=False)
+    final = copy.deepcopy(model)
+    final.load_state_dict(best_weights["model"])
+    results = {"settings": settings, "training": {k: hparams[k] for k in
+                                                  ("steps", "batch_size", "lr", "warmup", "clip", "seed")},
+               "best_step": best_step,
+               "valid": evaluate(final, task, "valid", args),
+               "test": evaluate(final, task, "test", args),
+               "train_seconds": round(train_time, 1),
+               "eval_seconds": round(time.monotonic() - t1, 1),
+               "skipped_updates": guard.skipped,
+               "torch_threads": torch.get_num_threads()}
+    if task.name == "lm":
+        results["eval_mode"] = args.eval_mode
+    atomic_write_text(run_dir / "results.json", json.dumps(results, indent=2) + "\n")
+    print(f"done in {format_duration(train_time)} | best valid {main} {best:.4g} at step "
+          f"{best_step:,} | test " + " | ".join(f"{k} {v:.4g}" for k, v in results["test"].items())
+          + f" | {run_dir / 'results.json'}", flush=True)
+    return 0

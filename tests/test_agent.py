@@ -1,0 +1,142 @@
+"""Agent networks and presets: parameter counts of the paper's Atari agents, shapes, resets."""
+
+import pytest
+import torch
+
+from rfwp_rl.agent import Agent, AgentConfig, ResNetTorso, atari_param_counts
+from rfwp_rl.errors import UserError
+from rfwp_rl.presets import apply_overrides, available_presets, load_preset, resolve_preset
+
+# RFWP paper App. C (reference implementation): base + per-action parameters.
+PAPER_COUNTS = {"ff": (1_089_490, 258), "lstm": (1_616_849, 257), "lt": (1_517_905, 129),
+                "delta": (1_518_929, 129), "rdn": (1_543_761, 129), "delta_rnn": (1_585_489, 129)}
+CORES = ["ff", "lstm", "lt", "delta", "delta_rnn", "rdn", "fwm"]
+SMALL = {"lstm": {"hidden_size": 16}, "fwm": {"hidden_size": 16, "memory_size": 4, "num_reads": 2},
+         "ff": {}}
+FAST = {"hidden_size": 16, "num_layers": 1, "num_heads": 2, "ff_size": 32}
+
+
+@pytest.mark.parametrize("num_actions", [6, 18])
+def test_atari_param_counts_match_paper(num_actions):
+    counts = atari_param_counts(num_actions)
+    for core, (base, per_action) in PAPER_COUNTS.items():
+        assert counts[core] == base + per_action * num_actions, core
+
+
+def test_resnet_torso_shapes():
+    torso = ResNetTorso((4, 84, 84))
+    assert torso.flat_size == 3872
+    out = torso(torch.randint(0, 256, (3, 4, 84, 84), dtype=torch.uint8))
+    assert out.shape == (3, 256) and (out >= 0).all()
+
+
+def small_agent(core, obs_shape=(4,), num_actions=3, **agent):
+    torch.manual_seed(0)
+    return Agent(obs_shape, num_actions, core, SMALL.get(core, FAST), agent)
+
+
+@pytest.mark.parametrize("core", CORES)
+def test_forward_shapes_and_reset_semantics(core):
+    """One call over T steps == T single-step calls; done[t] restarts the core from zeros."""
+    agent = small_agent(core).eval()
+    T, B = 6, 3
+    g = torch.Generator().manual_seed(1)
+    obs, reward = torch.randn(T, B, 4, generator=g), torch.randn(T, B, generator=g) * 3
+    done = torch.zeros(T, B, dtype=torch.bool)
+    done[3, 1] = True
+    state = agent.initial_state(B)
+    assert all(s.shape[0] == B for s in state)
+    out, new_state = agent(obs, reward, done, state)
+    assert out["policy_logits"].shape == (T, B, 3)
+    assert out["baseline"].shape == (T, B) and out["action"].shape == (T, B)
+    assert out["action"].dtype == torch.int64 and ((out["action"] >= 0) & (out["action"] < 3)).all()
+
+    s = state
+    for t in range(T):
+        step, s = agent(obs[t:t + 1], reward[t:t + 1], done[t:t + 1], s)
+        torch.testing.assert_close(step["policy_logits"][0], out["policy_logits"][t], rtol=1e-5, atol=1e-5)
+    for a, b in zip(s, new_state):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+    # After the reset at t=3, entry 1 behaves as a fresh episode starting at t=3.
+    fresh, _ = agent(obs[3:, 1:2], reward[3:, 1:2], torch.zeros(T - 3, 1, dtype=torch.bool), agent.initial_state(1))
+    torch.testing.assert_close(fresh["policy_logits"][:, 0], out["policy_logits"][3:, 1], rtol=1e-5, atol=1e-5)
+
+
+def test_reward_is_clipped_and_greedy_is_argmax():
+    agent = small_agent("lstm").eval()
+    obs, done = torch.randn(2, 2, 4), torch.zeros(2, 2, dtype=torch.bool)
+    a, _ = agent(obs, torch.full((2, 2), 1.0), done, agent.initial_state(2), greedy=True)
+    b, _ = agent(obs, torch.full((2, 2), 7.5), done, agent.initial_state(2), greedy=True)
+    torch.testing.assert_close(a["policy_logits"], b["policy_logits"])
+    assert torch.equal(a["action"], a["policy_logits"].argmax(-1))
+
+
+def test_prev_action_input():
+    agent = small_agent("lstm", use_prev_action=True)
+    assert agent.core.input_size == 64 + 1 + 3
+    obs, reward = torch.randn(4, 2, 4), torch.zeros(4, 2)
+    done = torch.zeros(4, 2, dtype=torch.bool)
+    prev = torch.tensor([[0, 1], [2, 2], [1, 0], [0, 0]])
+    out, _ = agent(obs, reward, done, agent.initial_state(2), prev_action=prev)
+    other, _ = agent(obs, reward, done, agent.initial_state(2), prev_action=(prev + 1) % 3)
+    assert not torch.allclose(out["policy_logits"], other["policy_logits"])
+    # At an episode start the previous action is ignored.
+    done[0] = True
+    x, _ = agent(obs[:1], reward[:1], done[:1], agent.initial_state(2), prev_action=prev[:1])
+    y, _ = agent(obs[:1], reward[:1], done[:1], agent.initial_state(2), prev_action=(prev[:1] + 1) % 3)
+    torch.testing.assert_close(x["policy_logits"], y["policy_logits"])
+    with pytest.raises(ValueError, match="prev_action"):
+        agent(obs, reward, done, agent.initial_state(2))
+
+
+def test_mlp_torso_and_errors():
+    agent = Agent((4,), 2, "ff")
+    assert sum(p.numel() for p in agent.torso.parameters()) == 4 * 64 + 64 + 64 * 64 + 64
+    assert agent.core.output_size == 65
+    with pytest.raises(UserError, match="resnet"):
+        Agent((4,), 2, "ff", agent_config={"torso": "resnet"})
+    with pytest.raises(UserError, match="unknown agent option 'use_prev_actions'.*use_prev_action"):
+        AgentConfig.from_dict({"use_prev_actions": True})
+    with pytest.raises(UserError, match="unknown core 'rdnn'.*'rdn'"):
+        Agent((4,), 2, "rdnn")
+
+
+def test_presets_load_override_and_errors(tmp_path):
+    names = available_presets()
+    for core in ["ff", "lstm", "lt", "delta", "rdn", "delta_rnn", "fwm"]:
+        assert f"atari_{core}" in names
+    rdn = load_preset("atari_rdn")
+    assert rdn.core == "rdn" and rdn.core_config["hidden_size"] == 128
+    assert rdn.core_config["feature_map"] == "softmax"
+    p = apply_overrides(rdn, ["core_config.hidden_size=64", "agent.use_prev_action=true",
+                              "core_config.feature_map=dpfp"])
+    assert p.core_config["hidden_size"] == 64 and p.agent["use_prev_action"] is True
+    assert p.core_config["feature_map"] == "dpfp" and rdn.core_config["hidden_size"] == 128
+
+    # --core picks the Atari preset for Atari envs and the core defaults elsewhere.
+    assert resolve_preset("lstm", None, atari=True).core_config == {"hidden_size": 256, "num_layers": 1}
+    assert resolve_preset("lstm", None, atari=False).core_config == {}
+    with pytest.raises(UserError, match="unknown core 'lstn'.*'lstm'"):
+        resolve_preset("lstn", None)
+    with pytest.raises(UserError, match="contradicts"):
+        resolve_preset("lstm", "atari_rdn")
+
+    f = tmp_path / "mine.toml"
+    f.write_text('core = "delta"\n[core_config]\nhidden_size = 32\nnum_heads = 2\n')
+    assert resolve_preset(None, str(f), ["core_config.num_layers=1"]).core_config == \
+        {"hidden_size": 32, "num_heads": 2, "num_layers": 1}
+    f.write_text('core = "delta"\n[core_config\n')
+    with pytest.raises(UserError, match="not valid TOML"):
+        load_preset(str(f))
+    f.write_text('core = "delta"\ncore_confg = {}\n')
+    with pytest.raises(UserError, match="core_confg.*core_config"):
+        load_preset(str(f))
+    with pytest.raises(UserError, match="unknown preset 'atari_rdm'.*'atari_rdn'"):
+        load_preset("atari_rdm")
+    with pytest.raises(UserError, match="does not exist"):
+        load_preset(str(tmp_path / "missing.toml"))
+    with pytest.raises(UserError, match="expected key=value"):
+        apply_overrides(rdn, ["hidden_size"])
+    with pytest.raises(UserError, match="unknown key 'hidden_size'"):
+        apply_overrides(rdn, ["hidden_size=3"])

@@ -1,0 +1,206 @@
+"""IMPALA actor-learner: rollout invariants, tiny end-to-end runs for every core, resume, errors."""
+
+import importlib.util
+import sys
+
+import pytest
+import torch
+
+from rfwp_rl import cli
+from rfwp_rl.agent import Agent
+from rfwp_rl.checkpoint import list_checkpoints, read_checkpoint
+from rfwp_rl.errors import UserError
+from rfwp_rl.impala import learner
+from rfwp_rl.impala.actors import Actors, EnvFactory, LocalEnvPool, Rollout, RolloutQueue, import_moolib
+
+CORES = ["ff", "lstm", "lt", "delta", "delta_rnn", "rdn", "fwm"]
+# Tiny cores so that every end-to-end run takes about a second.
+TINY = {"lstm": ["core_config.hidden_size=16"],
+        "fwm": ["core_config.hidden_size=16", "core_config.memory_size=4", "core_config.num_reads=2"],
+        "ff": []}
+FW_TINY = ["core_config.hidden_size=16", "core_config.num_layers=1", "core_config.num_heads=2",
+           "core_config.ff_size=32"]
+HAS_MOOLIB = importlib.util.find_spec("moolib") is not None
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """The trainer runs with one torch thread (its --torch-threads default); so do these tests,
+    which keeps them fast on a busy 2-core machine."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+def train(tmp_path, env, core, steps, *extra, name="run"):
+    overrides = []
+    for item in TINY.get(core, FW_TINY):
+        overrides += ["--set", item]
+    argv = ["train", "--env", env, "--core", core, "--env-backend", "local", "--num-actors", "4",
+            "--unroll-length", "5", "--batch-size", "2", "--total-steps", str(steps),
+            "--run-dir", str(tmp_path / name), "--log-every", "0.5", *overrides, *extra]
+    return cli.main(argv)
+
+
+@pytest.mark.parametrize("core", ["lstm", "rdn", "delta_rnn"])
+def test_rollouts_chain_and_replay_on_policy(core):
+    """Rollout k+1 starts with rollout k's last entry and the state before it; re-running the
+    agent over a rollout from its state reproduces the behaviour logits (so V-trace sees
+    ratio 1 before any update), with episode resets inside the rollouts."""
+    torch.manual_seed(0)
+    overrides = dict(item.split("=") for item in (TINY.get(core) or FW_TINY))
+    config = {k.split(".")[1]: int(v) for k, v in overrides.items()}
+    agent = Agent((4,), 2, core, config)
+    factory = EnvFactory("CartPole-v1", seed=3)
+    pool = LocalEnvPool(factory, batch_size=3, num_batches=2)
+    actors = Actors(pool, agent, num_envs=6, num_batches=2, unroll_length=8)
+    by_batch: dict[int, list[Rollout]] = {0: [], 1: []}
+    episodes = []
+    for i in range(2 * 8 * 6):  # 6 rollouts per batch
+        batch_index = actors.next_batch
+        rollouts, ended = actors.step()
+        episodes += ended
+        by_batch[batch_index] += rollouts
+    pool.close()
+    assert actors.env_steps == 2 * 8 * 6 * 3
+    assert len(by_batch[0]) == len(by_batch[1]) == 5  # 1 + 8k steps make k rollouts
+    assert episodes and all(length > 0 and ret == length for ret, length in episodes)  # CartPole: +1 per step
+    saw_reset = False
+    for rollouts in by_batch.values():
+        for prev, cur in zip(rollouts, rollouts[1:]):
+            for key in prev.data:
+                assert torch.equal(prev.data[key][-1], cur.data[key][0]), key
+        for r in rollouts:
+            assert r.data["obs"].shape == (9, 3, 4) and r.data["policy_logits"].shape == (9, 3, 2)
+            saw_reset |= bool(r.data["done"][1:].any())
+            with torch.no_grad():
+                out, _ = agent(r.data["obs"], r.data["reward"], r.data["done"], r.state,
+                               prev_action=r.data["prev_action"])
+            torch.testing.assert_close(out["policy_logits"], r.data["policy_logits"], rtol=1e-5, atol=1e-5)
+            # prev_action[t] is action[t-1] inside a rollout
+            assert torch.equal(r.data["prev_action"][1:], r.data["action"][:-1])
+    assert saw_reset
+
+
+def test_rollout_queue_makes_exact_batches():
+    q = RolloutQueue(batch_size=4)
+
+    def rollout(b, start):
+        data = {k: torch.arange(start, start + b).repeat(3, 1) for k in
+                ("obs", "reward", "done", "prev_action", "action", "policy_logits")}
+        return Rollout(data, (torch.arange(start, start + b),))
+
+    q.put(rollout(3, 0))
+    assert not q.ready()
+    q.put(rollout(3, 10))
+    batch = q.get()
+    assert batch.data["obs"].shape == (3, 4)
+    assert batch.data["obs"][0].tolist() == [0, 1, 2, 10] and batch.state[0].tolist() == [0, 1, 2, 10]
+    assert q.size == 2 and not q.ready()
+    q.put(rollout(2, 20))
+    assert q.get().state[0].tolist() == [11, 12, 20, 21]
+
+
+def test_loss_is_on_policy_actor_critic_when_ratios_are_one():
+    """With behaviour == target policy the policy loss is -sum log pi(a) * (r + gamma v' - V)."""
+    torch.manual_seed(1)
+    agent = Agent((3,), 2, "ff")
+    T, B = 4, 2
+    batch = {"obs": torch.randn(T + 1, B, 3), "reward": torch.randn(T + 1, B),
+             "done": torch.zeros(T + 1, B, dtype=torch.bool), "prev_action": torch.zeros(T + 1, B, dtype=torch.long),
+             "action": torch.randint(2, (T + 1, B))}
+    with torch.no_grad():
+        out, _ = agent(batch["obs"], batch["reward"], batch["done"], ())
+    batch["policy_logits"] = out["policy_logits"]
+    cfg = learner.LossConfig(reward_clip=0.0)
+    loss, stats = learner.compute_loss(agent, batch, (), cfg)
+    v = out["baseline"]
+    vs = torch.zeros(T, B)
+    acc = v[-1]
+    for t in reversed(range(T)):
+        acc = batch["reward"][t + 1] + cfg.discount * acc
+        vs[t] = acc
+    vs_next = torch.cat([vs[1:], v[-1:]])
+    adv = batch["reward"][1:] + cfg.discount * vs_next - v[:-1]
+    logp = torch.log_softmax(out["policy_logits"][:-1], -1).gather(-1, batch["action"][:-1, :, None])[..., 0]
+    assert stats["loss/policy"] == pytest.approx(float(-(logp * adv).sum()), rel=1e-5)
+    assert stats["loss/baseline"] == pytest.approx(float(0.25 * ((vs - v[:-1]) ** 2).sum()), rel=1e-5)
+    assert stats["learner/mean_rho"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("core", CORES)
+def test_tiny_cartpole_run_every_core(tmp_path, core):
+    assert train(tmp_path, "CartPole-v1", core, 60) == 0
+    ckpt = read_checkpoint(list_checkpoints(tmp_path / "run")[0])
+    assert ckpt["step"] == 60 and ckpt["meta"]["core"] == core and ckpt["meta"]["num_actions"] == 2
+    assert ckpt["state"]["counters"]["updates"] == 6
+    assert list((tmp_path / "run" / "tb").glob("events.out.tfevents.*"))
+
+
+@pytest.mark.parametrize("core", CORES)
+def test_tiny_pong_run_every_core(tmp_path, core):
+    assert train(tmp_path, "Pong", core, 20) == 0
+    ckpt = read_checkpoint(list_checkpoints(tmp_path / "run")[0])
+    assert ckpt["step"] == 20 and ckpt["meta"]["obs_shape"] == [4, 84, 84] and ckpt["meta"]["num_actions"] == 6
+    assert ckpt["meta"]["env"] == "ALE/Pong-v5"
+    agent = Agent(ckpt["meta"]["obs_shape"], 6, core, ckpt["meta"]["core_config"], ckpt["meta"]["agent"])
+    agent.load_state_dict(ckpt["state"]["agent"])  # the checkpoint rebuilds the agent from its meta
+    assert list((tmp_path / "run" / "tb").glob("events.out.tfevents.*"))
+
+
+def test_resume_continues_and_mismatches_are_one_line_errors(tmp_path, capsys):
+    assert train(tmp_path, "CartPole-v1", "lstm", 40) == 0
+    first = read_checkpoint(list_checkpoints(tmp_path / "run")[0])
+    assert train(tmp_path, "CartPole-v1", "lstm", 80) == 0
+    out = capsys.readouterr().out
+    assert "from step 40" in out
+    ckpts = list_checkpoints(tmp_path / "run")
+    last = read_checkpoint(ckpts[0])
+    assert last["step"] == 80 and last["state"]["counters"]["updates"] == 8
+    assert [p.name for p in ckpts] == ["ckpt_000000000080.pt", "ckpt_000000000040.pt"]
+    assert last["state"]["scheduler"]["last_epoch"] == 8  # LR schedule continued
+    assert not torch.equal(first["state"]["agent"]["policy.weight"], last["state"]["agent"]["policy.weight"])
+    # the same command again: nothing to do
+    assert train(tmp_path, "CartPole-v1", "lstm", 80) == 0
+    assert "nothing to do" in capsys.readouterr().out
+
+    assert train(tmp_path, "CartPole-v1", "rdn", 120) == 2  # another core in the same run dir
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: checkpoint") and "core: checkpoint has 'lstm', this run has 'rdn'" in err
+    assert "\n" not in err
+
+    assert train(tmp_path, "Pong", "lstm", 20, name="pong") == 0
+    assert train(tmp_path, "Pong", "lstm", 40, "--env-option", "full_action_space=true", name="pong") == 2
+    err = capsys.readouterr().err.strip()
+    assert "does not match this run" in err and "full_action_space" in err and "\n" not in err
+
+
+def test_cli_errors(tmp_path, capsys):
+    assert train(tmp_path, "Pongg", "lstm", 10) == 2
+    err = capsys.readouterr().err
+    assert "unknown environment 'Pongg'" in err and "'Pong'" in err
+    assert train(tmp_path, "CartPole-v1", "rdnn", 10) == 2
+    assert "unknown core 'rdnn'" in capsys.readouterr().err
+    assert train(tmp_path, "CartPole-v1", "rdn", 10, "--set", "core_config.hiden_size=8") == 2
+    assert "unknown config key 'hiden_size'" in capsys.readouterr().err
+    assert cli.main(["train", "--env", "CartPole-v1", "--num-actors", "5", "--env-backend", "local",
+                     "--run-dir", str(tmp_path / "x")]) == 2
+    assert "multiple of --num-env-batches" in capsys.readouterr().err
+
+
+def test_missing_moolib_is_a_one_line_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "moolib", None)
+    with pytest.raises(UserError, match="moolib is not installed.*scripts/setup.sh.*--env-backend local"):
+        import_moolib()
+
+
+@pytest.mark.skipif(not HAS_MOOLIB, reason="moolib is not built (bash scripts/setup.sh)")
+@pytest.mark.parametrize("env", ["CartPole-v1", "Pong"])
+def test_tiny_run_with_moolib_envpool(tmp_path, env):
+    argv = ["train", "--env", env, "--core", "lstm", "--set", "core_config.hidden_size=16", "--num-actors", "4",
+            "--num-env-processes", "2", "--unroll-length", "5", "--batch-size", "2", "--total-steps", "60",
+            "--run-dir", str(tmp_path / "m")]
+    assert cli.main(argv) == 0
+    ckpt = read_checkpoint(list_checkpoints(tmp_path / "m")[0])
+    assert ckpt["step"] == 60

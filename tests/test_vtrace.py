@@ -1,0 +1,93 @@
+"""V-trace against an independent implementation of IMPALA Eq. 1 in its sum form."""
+
+import math
+
+import pytest
+import torch
+
+from rfwp_rl.impala import vtrace
+
+
+def vtrace_eq1(log_rhos, discounts, rewards, values, bootstrap, rho_bar, c_bar, pg_rho_bar):
+    """Direct double loop over IMPALA Eq. 1 (plain Python floats):
+    v_s = V(x_s) + sum_{t=s}^{T-1} (prod_{i=s}^{t-1} gamma_i c_i) delta_t V,
+    delta_t V = rho_t (r_t + gamma_t V(x_{t+1}) - V(x_t)); with per-step discounts gamma_i the
+    factor gamma^{t-s} of the paper becomes prod_{i=s}^{t-1} gamma_i."""
+    T, B = len(rewards), len(rewards[0])
+    clip = lambda x, m: x if m is None else min(x, m)  # noqa: E731
+    vs = [[0.0] * B for _ in range(T)]
+    adv = [[0.0] * B for _ in range(T)]
+    for b in range(B):
+        V = [values[t][b] for t in range(T)] + [bootstrap[b]]
+        ratio = [math.exp(log_rhos[t][b]) for t in range(T)]
+        for s in range(T):
+            total = V[s]
+            for t in range(s, T):
+                coef = 1.0
+                for i in range(s, t):
+                    coef *= discounts[i][b] * clip(ratio[i], c_bar)
+                delta = clip(ratio[t], rho_bar) * (rewards[t][b] + discounts[t][b] * V[t + 1] - V[t])
+                total += coef * delta
+            vs[s][b] = total
+        for s in range(T):
+            v_next = vs[s + 1][b] if s + 1 < T else bootstrap[b]
+            adv[s][b] = clip(ratio[s], pg_rho_bar) * (rewards[s][b] + discounts[s][b] * v_next - V[s])
+    return torch.tensor(vs, dtype=torch.float64), torch.tensor(adv, dtype=torch.float64)
+
+
+def random_batch(T=7, B=5, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    log_rhos = torch.randn(T, B, generator=g, dtype=torch.float64) * 0.8  # ratios both < 1 and > 1
+    done = torch.rand(T, B, generator=g) < 0.2  # episode ends inside the unroll
+    done[2, 0] = True
+    discounts = (~done).double() * 0.99
+    rewards = torch.randn(T, B, generator=g, dtype=torch.float64)
+    values = torch.randn(T, B, generator=g, dtype=torch.float64)
+    bootstrap = torch.randn(B, generator=g, dtype=torch.float64)
+    return log_rhos, discounts, rewards, values, bootstrap
+
+
+@pytest.mark.parametrize("rho_bar,c_bar,pg_rho_bar", [(1.0, 1.0, 1.0), (2.0, 0.5, 1.5), (None, None, None),
+                                                     (0.7, 1.3, 0.9)])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_vtrace_matches_eq1(rho_bar, c_bar, pg_rho_bar, seed):
+    log_rhos, discounts, rewards, values, bootstrap = random_batch(seed=seed)
+    out = vtrace.from_importance_weights(log_rhos, discounts, rewards, values, bootstrap,
+                                         clip_rho_threshold=rho_bar, clip_c_threshold=c_bar,
+                                         clip_pg_rho_threshold=pg_rho_bar)
+    ref_vs, ref_adv = vtrace_eq1(log_rhos.tolist(), discounts.tolist(), rewards.tolist(), values.tolist(),
+                                 bootstrap.tolist(), rho_bar, c_bar, pg_rho_bar)
+    assert out.vs.shape == (7, 5) and out.pg_advantages.shape == (7, 5)
+    torch.testing.assert_close(out.vs, ref_vs, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(out.pg_advantages, ref_adv, rtol=1e-10, atol=1e-10)
+
+
+def test_on_policy_no_discount_end_is_n_step_return():
+    # On-policy (ratio 1) v_s is the discounted return bootstrapped with V(x_T), cut at episode ends.
+    T, B = 4, 1
+    rewards = torch.tensor([[1.0], [2.0], [3.0], [4.0]])
+    discounts = torch.tensor([[0.5], [0.0], [0.5], [0.5]])
+    values = torch.tensor([[10.0], [20.0], [30.0], [40.0]])
+    bootstrap = torch.tensor([8.0])
+    out = vtrace.from_importance_weights(torch.zeros(T, B), discounts, rewards, values, bootstrap)
+    expected = torch.tensor([[1 + 0.5 * 2], [2.0], [3 + 0.5 * (4 + 0.5 * 8)], [4 + 0.5 * 8]])
+    torch.testing.assert_close(out.vs, expected)
+
+
+def test_from_logits_uses_action_log_ratio():
+    g = torch.Generator().manual_seed(3)
+    T, B, A = 6, 3, 4
+    behaviour = torch.randn(T, B, A, generator=g)
+    target = torch.randn(T, B, A, generator=g, requires_grad=True)
+    actions = torch.randint(A, (T, B), generator=g)
+    discounts = torch.full((T, B), 0.99)
+    rewards, values, bootstrap = torch.randn(T, B, generator=g), torch.randn(T, B, generator=g), torch.randn(B, generator=g)
+    out = vtrace.from_logits(behaviour, target, actions, discounts, rewards, values, bootstrap)
+    log_pi = torch.log_softmax(target.detach(), -1)
+    log_mu = torch.log_softmax(behaviour, -1)
+    expected = torch.stack([torch.stack([log_pi[t, b, actions[t, b]] - log_mu[t, b, actions[t, b]]
+                                         for b in range(B)]) for t in range(T)])
+    torch.testing.assert_close(out.log_rhos, expected)
+    assert not out.vs.requires_grad and not out.pg_advantages.requires_grad
+    ref = vtrace.from_importance_weights(expected, discounts, rewards, values, bootstrap)
+    torch.testing.assert_close(out.vs, ref.vs)
