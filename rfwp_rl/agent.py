@@ -230,3 +230,10 @@ def atari_param_counts(num_actions: int) -> dict[str, int]:
             agent = build_agent(preset, ATARI_OBS_SHAPE, num_actions)
         counts[core] = count_parameters(agent)
     return counts
+
+
+def agent_from_meta(meta: dict) -> Agent:
+    """Rebuild the (untrained) agent described by an IMPALA checkpoint's ``meta``
+    (``obs_shape``, ``num_actions``, ``core``, ``core_config``, ``agent``); then load
+    ``checkpoint["state"]["agent"]`` into it."""
+    return Agent(meta["obs_shape"], meta["num_actions"], meta["core"], meta["core_config"], meta["agent"])

@@ -10,8 +10,9 @@ or directories of runs, as written by ``rfwp-rl eval``). Output:
 - with ``--model`` and ``--baseline``, a bar chart of the relative improvement per game,
   like the paper's Figures 1-4 (PNG, matplotlib Agg).
 
-Relative improvement = 100 (score_M − score_B) / |score_B| (RFWP paper Figs. 1-4; see
-:func:`rfwp_rl.scores.relative_improvement` for why this definition).
+Relative improvement = 100 (score_M − score_B) / |score_B| (RFWP paper Figs. 1-4; the paper
+does not print the formula: see :func:`rfwp_rl.scores.relative_improvement` for the evidence,
+and ``--metric gap`` for the bounded alternative 100 (M − B) / max(|M|, |B|)).
 
 Examples::
 
@@ -37,7 +38,7 @@ from typing import Sequence
 
 from rfwp_rl.checkpoint import atomic_write_bytes, atomic_write_text
 from rfwp_rl.errors import UserError, choices_hint
-from rfwp_rl.scores import (MODEL_LABELS, PAPER_GAMES, PAPER_TABLES, Score, canonical_game,
+from rfwp_rl.scores import (METRICS, MODEL_LABELS, PAPER_GAMES, PAPER_TABLES, Score, canonical_game,
                             canonical_model, format_steps, game_label, load_paper, load_runs,
                             model_label, parse_steps, relative_improvement)
 
@@ -60,6 +61,7 @@ class Comparison:
     model: str | None = None
     baseline: str | None = None
     similar: float = 5.0
+    metric: str = "relative"
     rel: dict[str, float] = dataclasses.field(default_factory=dict)
     verdict: dict[str, str] = dataclasses.field(default_factory=dict)
 
@@ -173,7 +175,7 @@ def compare(paper: str | Sequence[str] | None = None, runs: Sequence[str | Path]
             model: str | None = None, baseline: str | None = None, steps: int | str | None = None,
             models: Sequence[str] = (), games: Sequence[str] = (), similar: float = 5.0,
             paper_dir: str | Path | None = None, steps_tolerance: float = 0.1,
-            mode: str = "greedy") -> Comparison:
+            mode: str = "greedy", metric: str = "relative") -> Comparison:
     """Build the per-game comparison (no printing, no files). See the module docstring."""
     if not paper and not runs:
         raise UserError("nothing to compare: give --paper TABLE and/or --runs PATH...")
@@ -210,7 +212,7 @@ def compare(paper: str | Sequence[str] | None = None, runs: Sequence[str | Path]
     else:
         game_list = _order_games(cells)
     result = Comparison(games=game_list, columns=columns, cells=dict(cells), steps=steps,
-                        similar=similar)
+                        similar=similar, metric=metric)
     if model is not None:
         all_columns = _order_models({c for row in cells.values() for c in row})
         m = _resolve(model, all_columns, "--model", sources)
@@ -225,7 +227,7 @@ def compare(paper: str | Sequence[str] | None = None, runs: Sequence[str | Path]
             raise UserError(f"no game has scores for both {m!r} and {b!r}")
         result.games = paired
         for g in paired:
-            r = relative_improvement(cells[g][m].mean, cells[g][b].mean)
+            r = relative_improvement(cells[g][m].mean, cells[g][b].mean, metric)
             result.rel[g] = r
             result.verdict[g] = ("n/a" if math.isnan(r) else "better" if r > similar
                                  else "worse" if r < -similar else "similar")
@@ -282,7 +284,8 @@ def summary(c: Comparison) -> str:
     worse = f" ({', '.join(game_label(g) for g in n['worse'])})" if n["worse"] else ""
     strictly = sum(1 for g in c.games if c.rel[g] < 0)
     na = f", n/a (zero baseline) on {len(n['n/a'])}" if n["n/a"] else ""
-    return (f"{_column_label(c.model)} vs {_column_label(c.baseline)}{at} on {len(c.games)} games: "
+    metric = "" if c.metric == "relative" else f" (metric {c.metric})"
+    return (f"{_column_label(c.model)} vs {_column_label(c.baseline)}{at}{metric} on {len(c.games)} games: "
             f"better on {len(n['better'])}, similar (within ±{c.similar:g}%) on {len(n['similar'])}, "
             f"worse on {len(n['worse'])}{worse}{na}; strictly lower score on {strictly}")
 
@@ -295,7 +298,7 @@ def to_csv(c: Comparison) -> str:
     for col in c.columns:
         header += [f"{col}_mean", f"{col}_std"]
     if c.model:
-        header += ["model", "baseline", "relative_improvement_pct", "verdict"]
+        header += ["model", "baseline", "metric", "relative_improvement_pct", "verdict"]
     w.writerow(header)
     for g in c.games:
         row: list = [g, game_label(g), c.steps if c.steps is not None else ""]
@@ -304,7 +307,7 @@ def to_csv(c: Comparison) -> str:
             row += ["", ""] if s is None else [f"{s.mean:.6g}", f"{s.std:.6g}"]
         if c.model:
             r = c.rel[g]
-            row += [c.model, c.baseline, "" if math.isnan(r) else f"{r:.4f}", c.verdict[g]]
+            row += [c.model, c.baseline, c.metric, "" if math.isnan(r) else f"{r:.4f}", c.verdict[g]]
         w.writerow(row)
     return buf.getvalue()
 
@@ -343,7 +346,8 @@ def plot(c: Comparison, path: str | Path, clip: float = 200.0, footer: str = "")
     at = f" after {format_steps(c.steps)} env. steps" if c.steps else ""
     ax.set_title(f"Relative improvement of {_column_label(c.model)} over {_column_label(c.baseline)}{at}",
                  fontsize=10)
-    ax.set_xlabel("100 × (model − baseline) / |baseline|  (%)" + (f"; axis cut at ±{clip:g}%" if clip > 0 and shown != values else ""),
+    formula = "|baseline|" if c.metric == "relative" else "max(|model|, |baseline|)"
+    ax.set_xlabel(f"100 × (model − baseline) / {formula}  (%)" + (f"; axis cut at ±{clip:g}%" if clip > 0 and shown != values else ""),
                   fontsize=8)
     if footer:
         fig.text(0.01, 0.005, footer, fontsize=6, color="#555555", va="bottom")
@@ -361,7 +365,7 @@ def plot(c: Comparison, path: str | Path, clip: float = 200.0, footer: str = "")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.epilog = __doc__.split("Examples::", 1)[1]
+    parser.epilog = "examples:" + __doc__.split("Examples::", 1)[1]
     src = parser.add_argument_group("inputs")
     src.add_argument("--paper", nargs="?", const="all", choices=PAPER_TABLES + ("all",), default=None,
                      help="the RFWP paper's table(s): table9 = 50M steps, table10 = 200M, table3 = larger "
@@ -381,6 +385,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sel.add_argument("--games", nargs="+", default=[], help="games to show (default: all)")
     sel.add_argument("--mode", choices=("greedy", "sample", "any"), default="greedy",
                      help="which evals of runs to use (default: greedy, the paper's test protocol)")
+    sel.add_argument("--metric", choices=METRICS, default="relative",
+                     help="relative: 100 (M - B) / |B| (default); gap: 100 (M - B) / max(|M|, |B|), bounded "
+                          "by ±100 (the paper does not print its formula; see rfwp_rl.scores.relative_improvement)")
     sel.add_argument("--similar", type=float, default=5.0,
                      help="|relative improvement| (%%) counted as 'similar' (default: 5)")
     out = parser.add_argument_group("outputs")
@@ -405,7 +412,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--similar must be >= 0, got {args.similar}")
     c = compare(paper=args.paper, runs=args.runs, model=args.model, baseline=args.baseline,
                 steps=args.steps, models=args.models, games=args.games, similar=args.similar,
-                paper_dir=args.paper_dir, steps_tolerance=args.steps_tolerance, mode=args.mode)
+                paper_dir=args.paper_dir, steps_tolerance=args.steps_tolerance, mode=args.mode,
+                metric=args.metric)
     print(format_table(c))
     print(summary(c))
     prefix = args.out or _default_prefix(c)

@@ -304,6 +304,7 @@ def test_call_errors(name):
     core = small(name)
     _err(r"input x has shape \(3, 2, 4\); allowed: \[T, B, 5\]", core, torch.zeros(3, 2, 4, dtype=D))
     _err(r"input x has shape \(2, 5\)", core, torch.zeros(2, 5, dtype=D))
+    _err(r"input x has shape \(0, 2, 5\)", core, torch.zeros(0, 2, IN, dtype=D))
     _err(r"reset has shape \(3, 1\); allowed: \[T, B\] = \[3, 2\]", core,
          torch.zeros(3, 2, IN, dtype=D), None, torch.zeros(3, 1, dtype=torch.bool))
     if name != "ff":

@@ -160,7 +160,7 @@ def test_full_game_episode_does_not_end_at_life_loss():
 def test_episodic_life_is_opt_in_and_reports_full_game_return():
     env = make_env("Breakout", seed=0, episodic_life=True)
     env.reset()
-    total, life_ends, frames = 0.0, 0, []
+    total, life_ends = 0.0, 0
     while True:
         obs, reward, terminated, truncated, info = env.step(env.action_space.sample())
         total += reward

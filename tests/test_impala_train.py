@@ -11,7 +11,7 @@ from rfwp_rl.agent import Agent
 from rfwp_rl.checkpoint import list_checkpoints, read_checkpoint
 from rfwp_rl.errors import UserError
 from rfwp_rl.impala import learner
-from rfwp_rl.impala.actors import Actors, EnvFactory, LocalEnvPool, Rollout, RolloutQueue, import_moolib
+from rfwp_rl.impala.actors import Actors, LocalEnvPool, Rollout, RolloutQueue, import_moolib
 
 CORES = ["ff", "lstm", "lt", "delta", "delta_rnn", "rdn", "fwm"]
 # Tiny cores so that every end-to-end run takes about a second.
@@ -52,8 +52,7 @@ def test_rollouts_chain_and_replay_on_policy(core):
     overrides = dict(item.split("=") for item in (TINY.get(core) or FW_TINY))
     config = {k.split(".")[1]: int(v) for k, v in overrides.items()}
     agent = Agent((4,), 2, core, config)
-    factory = EnvFactory("CartPole-v1", seed=3)
-    pool = LocalEnvPool(factory, batch_size=3, num_batches=2)
+    pool = LocalEnvPool("CartPole-v1", {}, seed=3, batch_size=3, num_batches=2)
     actors = Actors(pool, agent, num_envs=6, num_batches=2, unroll_length=8)
     by_batch: dict[int, list[Rollout]] = {0: [], 1: []}
     episodes = []
@@ -204,3 +203,57 @@ def test_tiny_run_with_moolib_envpool(tmp_path, env):
     assert cli.main(argv) == 0
     ckpt = read_checkpoint(list_checkpoints(tmp_path / "m")[0])
     assert ckpt["step"] == 60
+
+
+def test_learner_thread_run_and_resume(tmp_path, capsys):
+    assert train(tmp_path, "CartPole-v1", "rdn", 60, "--learner-thread") == 0
+    ckpt = read_checkpoint(list_checkpoints(tmp_path / "run")[0])
+    assert ckpt["step"] == 60 and ckpt["state"]["counters"]["updates"] == 6
+    assert train(tmp_path, "CartPole-v1", "rdn", 100, "--learner-thread") == 0
+    assert "from step 60" in capsys.readouterr().out
+    assert read_checkpoint(list_checkpoints(tmp_path / "run")[0])["step"] == 100
+
+
+def test_non_finite_update_is_skipped():
+    from rfwp_rl.safety import NonFiniteGuard
+
+    torch.manual_seed(0)
+    agent = Agent((3,), 2, "ff")
+    T1, B = 4, 2
+    batch = {"obs": torch.randn(T1, B, 3), "reward": torch.randn(T1, B), "done": torch.zeros(T1, B, dtype=torch.bool),
+             "prev_action": torch.zeros(T1, B, dtype=torch.long), "action": torch.randint(2, (T1, B)),
+             "policy_logits": torch.randn(T1, B, 2)}
+    batch["obs"][2, 1, 0] = float("nan")
+    opt = learner.make_optimizer(agent, 6e-4, 0.99, 0.01)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, learner.linear_decay(1000, 10))
+    before = [p.detach().clone() for p in agent.parameters()]
+    guard = NonFiniteGuard(max_consecutive=5)
+    stats = learner.update(agent, opt, sched, batch, (), learner.LossConfig(), 40.0, guard)
+    assert stats["learner/skipped"] == 1.0 and guard.skipped == 1
+    assert all(torch.equal(a, b) for a, b in zip(before, agent.parameters()))
+    assert sched.get_last_lr()[0] == pytest.approx(6e-4 * 0.99)  # the schedule still advanced
+
+
+def test_ctrl_c_saves_and_exits_zero(tmp_path):
+    import signal
+    import subprocess
+    import time
+
+    cmd = [sys.executable, "-m", "rfwp_rl.cli", "train", "--env", "CartPole-v1", "--core", "lstm",
+           "--set", "core_config.hidden_size=16", "--env-backend", "local", "--num-actors", "2",
+           "--unroll-length", "5", "--batch-size", "2", "--total-steps", "10000000",
+           "--run-dir", str(tmp_path / "run"), "--log-every", "0.2"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stdout:  # wait until it trains
+            if "env steps" in line and not line.startswith("0/"):
+                break
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert "SIGINT received" in err and "stopped at step" in out
+    ckpt = read_checkpoint(list_checkpoints(tmp_path / "run")[0])
+    assert 0 < ckpt["step"] < 10_000_000

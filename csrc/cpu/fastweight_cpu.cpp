@@ -1,15 +1,32 @@
 // Parallel drivers of the CPU recurrences (fastweight_cpu_impl.h): one task per (b, h),
 // split over the intra-op threads with at::parallel_for; scratch buffers are allocated once
-// per thread range and reused across its tasks.
+// per thread range and reused across its tasks. Head sizes 16/32/64 (dk == dv) run the
+// register-blocked instantiation, every other size the plain-loop one.
 #include "fastweight_cpu.h"
 
 #include <ATen/Parallel.h>
+
+#include <type_traits>
+#include <vector>
 
 #include "fastweight_cpu_impl.h"
 
 namespace rfwp {
 namespace cpu {
 namespace {
+
+template <typename Fn>
+void with_head_size(const Dims& n, Fn fn) {
+  if (n.dk == n.dv) {
+    switch (n.dk) {
+      case 16: fn(std::integral_constant<int, 16>{}); return;
+      case 32: fn(std::integral_constant<int, 32>{}); return;
+      case 64: fn(std::integral_constant<int, 64>{}); return;
+      default: break;
+    }
+  }
+  fn(std::integral_constant<int, 0>{});
+}
 
 template <typename Scratch, typename Fn>
 void for_each_task(const Dims& n, Fn fn) {
@@ -22,51 +39,75 @@ void for_each_task(const Dims& n, Fn fn) {
 }  // namespace
 
 template <typename S> void lt_forward(const DeltaFwdArgs<S>& a) {
-  for_each_task<std::vector<S>>(a.n, [&](int bh, std::vector<S>& s) {
-    delta_forward_task<S, false>(a, bh, s);
+  with_head_size(a.n, [&](auto D) {
+    for_each_task<ForwardScratch<S>>(a.n, [&](int bh, ForwardScratch<S>& s) {
+      delta_forward_task<S, false, decltype(D)::value>(a, bh, s);
+    });
   });
 }
 template <typename S> void delta_forward(const DeltaFwdArgs<S>& a) {
-  for_each_task<std::vector<S>>(a.n, [&](int bh, std::vector<S>& s) {
-    delta_forward_task<S, true>(a, bh, s);
+  with_head_size(a.n, [&](auto D) {
+    for_each_task<ForwardScratch<S>>(a.n, [&](int bh, ForwardScratch<S>& s) {
+      delta_forward_task<S, true, decltype(D)::value>(a, bh, s);
+    });
   });
 }
 template <typename S> void lt_backward(const DeltaBwdArgs<S>& a) {
-  for_each_task<DeltaScratch<S>>(a.n, [&](int bh, DeltaScratch<S>& s) {
-    delta_backward_task<S, false>(a, bh, s);
+  with_head_size(a.n, [&](auto D) {
+    for_each_task<DeltaScratch<S>>(a.n, [&](int bh, DeltaScratch<S>& s) {
+      delta_backward_task<S, false, decltype(D)::value>(a, bh, s);
+    });
   });
 }
 template <typename S> void delta_backward(const DeltaBwdArgs<S>& a) {
-  for_each_task<DeltaScratch<S>>(a.n, [&](int bh, DeltaScratch<S>& s) {
-    delta_backward_task<S, true>(a, bh, s);
+  with_head_size(a.n, [&](auto D) {
+    for_each_task<DeltaScratch<S>>(a.n, [&](int bh, DeltaScratch<S>& s) {
+      delta_backward_task<S, true, decltype(D)::value>(a, bh, s);
+    });
   });
 }
 template <typename S> void delta_rnn_forward(const DeltaRnnFwdArgs<S>& a) {
-  for_each_task<std::vector<S>>(a.n, [&](int bh, std::vector<S>& s) {
-    delta_rnn_forward_task<S>(a, bh, s);
+  with_head_size(a.n, [&](auto D) {
+    for_each_task<ForwardScratch<S>>(a.n, [&](int bh, ForwardScratch<S>& s) {
+      delta_rnn_forward_task<S, decltype(D)::value>(a, bh, s);
+    });
   });
 }
 template <typename S> void delta_rnn_backward(const DeltaRnnBwdArgs<S>& a) {
-  for_each_task<DeltaRnnScratch<S>>(a.n, [&](int bh, DeltaRnnScratch<S>& s) {
-    delta_rnn_backward_task<S>(a, bh, s);
+  with_head_size(a.n, [&](auto D) {
+    for_each_task<DeltaRnnScratch<S>>(a.n, [&](int bh, DeltaRnnScratch<S>& s) {
+      delta_rnn_backward_task<S, decltype(D)::value>(a, bh, s);
+    });
   });
 }
 template <typename S> void rdn_forward(const RdnFwdArgs<S>& a) {
-  for_each_task<std::vector<S>>(a.n, [&](int bh, std::vector<S>& s) {
-    rdn_forward_task<S>(a, bh, s);
+  const int H = a.n.H, d = a.n.dv;
+  const size_t mat = static_cast<size_t>(d) * d;
+  std::vector<S> RT(static_cast<size_t>(H) * 3 * mat);   // transposed Rq, Rk, Rv per head
+  for (int h = 0; h < H; ++h) {
+    transpose(a.Rq + h * mat, d, d, RT.data() + (3 * h + 0) * mat);
+    transpose(a.Rk + h * mat, d, d, RT.data() + (3 * h + 1) * mat);
+    transpose(a.Rv + h * mat, d, d, RT.data() + (3 * h + 2) * mat);
+  }
+  with_head_size(a.n, [&](auto D) {
+    for_each_task<ForwardScratch<S>>(a.n, [&](int bh, ForwardScratch<S>& s) {
+      rdn_forward_task<S, decltype(D)::value>(a, RT.data(), bh, s);
+    });
   });
 }
 template <typename S> void rdn_backward(const RdnBwdArgs<S>& a) {
-  for_each_task<RdnScratch<S>>(a.n, [&](int bh, RdnScratch<S>& s) {
-    rdn_backward_task<S>(a, bh, s);
+  with_head_size(a.n, [&](auto D) {
+    for_each_task<RdnScratch<S>>(a.n, [&](int bh, RdnScratch<S>& s) {
+      rdn_backward_task<S, decltype(D)::value>(a, bh, s);
+    });
   });
   // slow-weight gradients: sum the per-(b, h) partials over b in a fixed order
   const int B = a.n.B, H = a.n.H, d = a.n.dv;
-  const std::size_t mat = static_cast<std::size_t>(d) * d;
-  at::parallel_for(0, static_cast<int64_t>(H) * mat, 256, [&](int64_t begin, int64_t end) {
+  const size_t mat = static_cast<size_t>(d) * d;
+  at::parallel_for(0, static_cast<int64_t>(H * mat), 256, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
-      const int h = static_cast<int>(i / mat);
-      const std::size_t e = static_cast<std::size_t>(i % mat);
+      const int h = static_cast<int>(i / static_cast<int64_t>(mat));
+      const size_t e = static_cast<size_t>(i) % mat;
       sum_over_batch(a.gRq_part, a.gRq, B, H, mat, h, e);
       sum_over_batch(a.gRk_part, a.gRk, B, H, mat, h, e);
       sum_over_batch(a.gRv_part, a.gRv, B, H, mat, h, e);

@@ -1,19 +1,23 @@
 // CPU implementation of the fused fast-weight recurrences: one (batch, head) pair per task.
 //
 // Plain C++ (no torch): fastweight_cpu.cpp runs the tasks in parallel with at::parallel_for.
-// Every task owns its (b, h) slice of every output, so the results do not depend on how the
-// tasks are scheduled (deterministic for any thread count).
+// Every task owns its (b, h) slice of every output, so results do not depend on how tasks are
+// scheduled (bitwise deterministic for any thread count).
 //
-// Fast weight matrices are row-major [dv][dk] (value rows, key columns). Each time step is
-// ONE pass over the rows: per row i a fused dot product (W_i . k, W_i . q) and an axpy
-// (W_i += u_i k), all contiguous loops over the key dimension that the compiler vectorises
-// (`#pragma omp simd`; build with -fopenmp-simd). The backward pass is one pass over the rows
-// of the gradient G = dL/dW_t and of the recomputed W_{t-1} per step, with a single dot
-// product per row.
+// Layouts. The FORWARD keeps the fast weights column-major, WT [dk][dv] (column j of W is
+// contiguous): every read W c = Σ_j c_j W[:, j] and every write W += u ⊗ k (column j += k_j u)
+// is then a sequence of vector multiply-adds without horizontal reductions, and the write of
+// step t-1 is applied in the same pass as the reads of step t. The BACKWARD uses row-major
+// matrices [dv][dk]: one pass over the rows of G = dL/dW_t and of the recomputed W_{t-1} per
+// step, with a single dot product per row. Checkpoints are stored row-major.
+//
+// Head sizes 16, 32 and 64 (dk == dv) are compiled with the size as a constant and rows held
+// in vector registers (simd_row.h, template parameter D > 0); any other size runs the same
+// algorithm with plain loops (D == 0). Both paths are tested against the reference.
 //
 // Backward memory: the forward stores the state every `chunk` steps; the backward recomputes
-// the states inside one chunk at a time (scratch of chunk x dv x dk per task) and walks it
-// backwards. Exact: the recomputation repeats the forward's arithmetic operation for operation.
+// the states inside one chunk at a time (chunk x dv x dk scratch per task) and walks it
+// backwards. The recomputation repeats the forward's writes exactly.
 //
 // Equations: RFWP paper ("Going Beyond Linear Transformers with Recurrent Fast Weight
 // Programmers") Eq. 6-7 (lt), Eq. 8-10 (delta rule), Eq. 12 (delta_rnn), Eq. 15-18 (rdn).
@@ -26,39 +30,37 @@
 #include <vector>
 
 #include "../fastweight_params.h"
+#include "simd_row.h"
 
 namespace rfwp {
 namespace cpu {
 
-// ---------------------------------------------------------------------------- vector helpers
+using std::size_t;
+
+// ------------------------------------------------------------------------ scalar helpers
 
 template <typename S>
-inline S dot(const S* __restrict__ a, const S* __restrict__ b, int n) {
+RFWP_INLINE S dot(const S* __restrict__ a, const S* __restrict__ b, int n) {
   S s = 0;
 #pragma omp simd reduction(+ : s)
   for (int j = 0; j < n; ++j) s += a[j] * b[j];
   return s;
 }
 
-// (w . x1, w . x2) in one pass over w.
-template <typename S>
-inline void dot2(const S* __restrict__ w, const S* __restrict__ x1, const S* __restrict__ x2,
-                 int n, S& o1, S& o2) {
-  S s1 = 0, s2 = 0;
-#pragma omp simd reduction(+ : s1, s2)
-  for (int j = 0; j < n; ++j) {
-    s1 += w[j] * x1[j];
-    s2 += w[j] * x2[j];
-  }
-  o1 = s1;
-  o2 = s2;
-}
-
 // y += a x
 template <typename S>
-inline void axpy(S a, const S* __restrict__ x, S* __restrict__ y, int n) {
+RFWP_INLINE void axpy(S a, const S* __restrict__ x, S* __restrict__ y, int n) {
 #pragma omp simd
   for (int j = 0; j < n; ++j) y[j] += a * x[j];
+}
+
+template <typename S>
+inline void copy_n(const S* src, size_t n, S* dst) {
+  std::copy(src, src + n, dst);
+}
+template <typename S>
+inline void zero_n(S* dst, size_t n) {
+  std::fill(dst, dst + n, S(0));
 }
 
 // out = softmax(x) over n entries (max-subtracted).
@@ -87,182 +89,305 @@ inline S sigmoid(S x) {
   return S(1) / (S(1) + std::exp(-x));
 }
 
-// Index helpers for one (b, h) task.
+// Offsets of one (b, h) task.
 struct Task {
-  int bh, b, BH, B;
-  Task(const Dims& n, int bh_) : bh(bh_), b(bh_ / n.H), BH(n.B * n.H), B(n.B) {}
-  std::size_t vec(int t, int len) const { return (static_cast<std::size_t>(t) * BH + bh) * len; }
-  std::size_t scal(int t) const { return static_cast<std::size_t>(t) * BH + bh; }
-  std::size_t mat(std::size_t size) const { return static_cast<std::size_t>(bh) * size; }
-  std::size_t ckpt(int c, std::size_t size) const {
-    return (static_cast<std::size_t>(c) * BH + bh) * size;
-  }
+  int bh, b, h, BH, B;
+  Task(const Dims& n, int bh_) : bh(bh_), b(bh_ / n.H), h(bh_ % n.H), BH(n.B * n.H), B(n.B) {}
+  size_t vec(int t, int len) const { return (static_cast<size_t>(t) * BH + bh) * len; }
+  size_t scal(int t) const { return static_cast<size_t>(t) * BH + bh; }
+  size_t mat(size_t size) const { return static_cast<size_t>(bh) * size; }
+  size_t ckpt(int c, size_t size) const { return (static_cast<size_t>(c) * BH + bh) * size; }
   bool reset(const uint8_t* r, int t) const {
-    return r != nullptr && r[static_cast<std::size_t>(t) * B + b] != 0;
+    return r != nullptr && r[static_cast<size_t>(t) * B + b] != 0;
   }
 };
 
-template <typename S>
-inline void copy_n(const S* src, std::size_t n, S* dst) {
-  std::copy(src, src + n, dst);
-}
-template <typename S>
-inline void zero_n(S* dst, std::size_t n) {
-  std::fill(dst, dst + n, S(0));
-}
+// ------------------------------------------------------- forward: column-major fast weights
 
-// ----------------------------------------------------------------- one delta-rule step (rows)
-
-// Forward of one write + read on W' (post-reset state, updated in place to W_t):
-//   v̄ = W' k;  u = β (v - v̄) (delta) or u = v (lt);  W_t = W' + u ⊗ k;  y = W_t q.
-// y_i is computed as W'_i . q + u_i (k . q) (same pass). Optionally stores u and v - v̄.
-template <typename S, bool DELTA>
-inline void delta_step_forward(S* W, const S* k, const S* q, const S* v, S beta, int dk, int dv,
-                               S* y, S* u_out, S* diff_out) {
-  const S kq = q != nullptr ? dot(k, q, dk) : S(0);
-  for (int i = 0; i < dv; ++i) {
-    S* Wi = W + static_cast<std::size_t>(i) * dk;
-    S vb = 0, wq = 0;
-    if (q != nullptr) {
-      dot2(Wi, k, q, dk, vb, wq);          // RFWP Eq. 10 (v̄ = W k) and W' q
-    } else if (DELTA) {
-      vb = dot(Wi, k, dk);
+// r1 = W c1 and (TWO) r2 = W c2 in one pass over the columns of WT [dk][dv], first applying
+// the pending write W += up ⊗ kp when PENDING (RFWP Eq. 6 / 8 of the previous step).
+template <typename S, int D, bool PENDING, bool TWO>
+RFWP_INLINE void read_columns(S* __restrict__ WT, const S* kp, const S* up, const S* c1,
+                              const S* c2, int dk, int dv, S* r1, S* r2) {
+  if constexpr (D > 0) {
+    using R = Row<S, D>;
+    R u = R::zero();
+    if constexpr (PENDING) u = R::load(up);
+    R a = R::zero(), b = R::zero();
+    for (int j = 0; j < D; ++j) {
+      R w = R::load(WT + j * D);
+      if constexpr (PENDING) {
+        w.fma(kp[j], u);
+        w.store(WT + j * D);
+      }
+      a.fma(c1[j], w);
+      if constexpr (TWO) b.fma(c2[j], w);
     }
-    const S diff = v[i] - vb;
-    const S u = DELTA ? beta * diff : v[i];  // RFWP Eq. 8 (delta) / Eq. 6 (lt)
-    axpy(u, k, Wi, dk);
-    if (y != nullptr) y[i] = wq + u * kq;    // RFWP Eq. 7: y = W_t q
-    if (u_out != nullptr) u_out[i] = u;
-    if (diff_out != nullptr) diff_out[i] = diff;
+    a.store(r1);
+    if constexpr (TWO) b.store(r2);
+  } else {
+    zero_n(r1, dv);
+    if (TWO) zero_n(r2, dv);
+    for (int j = 0; j < dk; ++j) {
+      S* w = WT + static_cast<size_t>(j) * dv;
+      if (PENDING) axpy(kp[j], up, w, dv);
+      axpy(c1[j], w, r1, dv);
+      if (TWO) axpy(c2[j], w, r2, dv);
+    }
   }
 }
 
-// Backward of one step given G = dL/dW_t (updated in place to dL/dW'), the recomputed
-// W' = Wp, u, v - v̄ and gy = dL/dy_t (q may be null: no read at this step).
-//   gq = W_t^T gy = W'^T gy + k (u . gy)
-//   gu = G k;  gv = β gu (delta) | gu (lt);  gβ = gu . (v - v̄);  gv̄ = -β gu
-//   gk = G^T u + W'^T gv̄ (+ the read's contribution, none here)
-//   dL/dW' = G + gv̄ ⊗ k
-// gq_acc, gk_acc are dk-long scratch vectors. Returns gβ.
-template <typename S, bool DELTA>
-inline S delta_step_backward(S* G, const S* Wp, const S* k, const S* q, const S* u,
-                             const S* diff, S beta, const S* gy, int dk, int dv, S* gq_out,
-                             S* gk_out, S* gv_out, S* gq_acc, S* gk_acc) {
-  zero_n(gq_acc, dk);
-  zero_n(gk_acc, dk);
-  S ugy = 0, gbeta = 0;
-  for (int i = 0; i < dv; ++i) {
-    S* __restrict__ Gi = G + static_cast<std::size_t>(i) * dk;
-    const S* __restrict__ Wpi = Wp + static_cast<std::size_t>(i) * dk;
-    const S g = gy[i];
-    S gu = 0;
-#pragma omp simd reduction(+ : gu)
-    for (int j = 0; j < dk; ++j) {
-      Gi[j] += g * q[j];                    // from y = W_t q
-      gu += Gi[j] * k[j];
+// A fast weight matrix in column layout whose latest write (u ⊗ k) is applied lazily, fused
+// into the next pass over the matrix.
+template <typename S, int D>
+struct ColumnState {
+  S* WT;          // [dk][dv]
+  S* u;           // [dv]: the pending write's value vector (the caller fills it)
+  const S* k = nullptr;
+  bool pending = false;
+  int dk, dv;
+
+  ColumnState(S* WT_, S* u_, int dk_, int dv_) : WT(WT_), u(u_), dk(dk_), dv(dv_) {}
+  void flush() {
+    if (!pending) return;
+    for (int j = 0; j < dk; ++j) axpy(k[j], u, WT + static_cast<size_t>(j) * dv, dv);
+    pending = false;
+  }
+  void load_rows(const S* W) { transpose(W, dv, dk, WT); pending = false; }
+  void store_rows(S* W) {
+    flush();
+    transpose(WT, dk, dv, W);
+  }
+  void zero() {
+    zero_n(WT, static_cast<size_t>(dk) * dv);
+    pending = false;
+  }
+  // r1 = W c1 (and r2 = W c2) with the pending write applied first.
+  template <bool TWO>
+  void read(const S* c1, const S* c2, S* r1, S* r2) {
+    if (pending)
+      read_columns<S, D, true, TWO>(WT, k, u, c1, c2, dk, dv, r1, r2);
+    else
+      read_columns<S, D, false, TWO>(WT, k, u, c1, c2, dk, dv, r1, r2);
+    pending = false;
+  }
+  // Schedule W += u ⊗ k_ (u already written by the caller; k_ must stay valid until the next read).
+  void write_later(const S* k_) {
+    k = k_;
+    pending = true;
+  }
+};
+
+// ----------------------------------------------------------- backward: row-major matrices
+
+// One step of the recomputation: W' = Wrun (post-reset) is copied to Wp; v̄ = W' k,
+// u = β (v - v̄) (delta) or v (lt); Wrun += u ⊗ k when `update`.
+template <typename S, bool DELTA, int D>
+RFWP_INLINE void recompute_step(S* __restrict__ Wrun, S* __restrict__ Wp, const S* k, const S* v,
+                                S beta, int dk, int dv, S* u, S* diff, bool update) {
+  if constexpr (D > 0) {
+    using R = Row<S, D>;
+    const R kr = R::load(k);
+    for (int i = 0; i < D; ++i) {
+      R w = R::load(Wrun + i * D);
+      w.store(Wp + i * D);
+      const S vb = DELTA ? w.dot(kr) : S(0);        // RFWP Eq. 10
+      diff[i] = v[i] - vb;
+      u[i] = DELTA ? beta * diff[i] : v[i];          // RFWP Eq. 8 / Eq. 6
+      if (update) {
+        w.fma(u[i], kr);
+        w.store(Wrun + i * D);
+      }
     }
-    const S ui = u[i];
-    gv_out[i] = DELTA ? beta * gu : gu;
-    ugy += ui * g;
-    if (DELTA) {
-      gbeta += gu * diff[i];
-      const S gvb = -beta * gu;
+  } else {
+    copy_n(Wrun, static_cast<size_t>(dv) * dk, Wp);
+    for (int i = 0; i < dv; ++i) {
+      S* Wi = Wrun + static_cast<size_t>(i) * dk;
+      const S vb = DELTA ? dot(Wi, k, dk) : S(0);
+      diff[i] = v[i] - vb;
+      u[i] = DELTA ? beta * diff[i] : v[i];
+      if (update) axpy(u[i], k, Wi, dk);
+    }
+  }
+}
+
+// Backward of one step, given G = dL/dW_t (updated in place to dL/dW'_t), W' = Wp, the
+// step's u and v - v̄, and gy = dL/dy_t for the read y = W_t q:
+//   G += gy ⊗ q;  gu = G k;  gv = β gu (lt: gu);  gβ = gu . (v - v̄);  gv̄ = -β gu
+//   gk = G^T u + W'^T gv̄;   gq = W_t^T gy = W'^T gy + k (u . gy);   G += gv̄ ⊗ k.
+// One pass over the rows. Returns gβ. `acc` is 2*dk scratch (plain-loop path only).
+template <typename S, bool DELTA, int D>
+RFWP_INLINE S backward_step(S* __restrict__ G, const S* __restrict__ Wp, const S* k, const S* q,
+                            const S* u, const S* diff, S beta, const S* gy, int dk, int dv,
+                            S* gq_out, S* gk_out, S* gv_out, S* acc) {
+  S ugy = 0, gbeta = 0;
+  if constexpr (D > 0) {
+    using R = Row<S, D>;
+    const R kr = R::load(k), qr = R::load(q);
+    R gq = R::zero(), gk = R::zero(), gk2 = R::zero();   // two gk chains: more parallelism
+    for (int i = 0; i < D; ++i) {
+      const S g = gy[i];
+      R x = R::load(G + i * D);
+      x.fma(g, qr);                                      // from y = W_t q
+      const S gu = x.dot(kr);
+      const S ui = u[i];
+      gv_out[i] = DELTA ? beta * gu : gu;
+      ugy += ui * g;
+      const R w = R::load(Wp + i * D);
+      gk.fma(ui, x);
+      gq.fma(g, w);
+      if constexpr (DELTA) {
+        gbeta += gu * diff[i];
+        const S gvb = -beta * gu;
+        gk2.fma(gvb, w);
+        x.fma(gvb, kr);
+      }
+      x.store(G + i * D);
+    }
+    gq.fma(ugy, kr);
+    gq.store(gq_out);
+    (gk + gk2).store(gk_out);
+  } else {
+    S* gq_acc = acc;
+    S* gk_acc = acc + dk;
+    zero_n(gq_acc, dk);
+    zero_n(gk_acc, dk);
+    for (int i = 0; i < dv; ++i) {
+      S* __restrict__ Gi = G + static_cast<size_t>(i) * dk;
+      const S* __restrict__ Wpi = Wp + static_cast<size_t>(i) * dk;
+      const S g = gy[i];
+      S gu = 0;
+#pragma omp simd reduction(+ : gu)
+      for (int j = 0; j < dk; ++j) {
+        Gi[j] += g * q[j];
+        gu += Gi[j] * k[j];
+      }
+      const S ui = u[i];
+      gv_out[i] = DELTA ? beta * gu : gu;
+      ugy += ui * g;
+      const S gvb = DELTA ? -beta * gu : S(0);
+      if (DELTA) gbeta += gu * diff[i];
 #pragma omp simd
       for (int j = 0; j < dk; ++j) {
         gk_acc[j] += ui * Gi[j] + gvb * Wpi[j];
         gq_acc[j] += g * Wpi[j];
         Gi[j] += gvb * k[j];
       }
-    } else {
-#pragma omp simd
-      for (int j = 0; j < dk; ++j) {
-        gk_acc[j] += ui * Gi[j];
-        gq_acc[j] += g * Wpi[j];
-      }
     }
-  }
-  for (int j = 0; j < dk; ++j) {
-    gq_out[j] = gq_acc[j] + k[j] * ugy;
-    gk_out[j] = gk_acc[j];
+    for (int j = 0; j < dk; ++j) {
+      gq_out[j] = gq_acc[j] + k[j] * ugy;
+      gk_out[j] = gk_acc[j];
+    }
   }
   return gbeta;
 }
 
+// Per-task scratch of the delta-rule backward over one matrix [dv][dk].
+template <typename S>
+struct MatrixScratch {
+  std::vector<S> G, Wrun, Wbuf, ubuf, dbuf;
+  void resize(size_t mat, int chunk, int dv) {
+    G.resize(mat);
+    Wrun.resize(mat);
+    Wbuf.resize(mat * chunk);
+    ubuf.resize(static_cast<size_t>(chunk) * dv);
+    dbuf.resize(static_cast<size_t>(chunk) * dv);
+  }
+  S* Wp(int j, size_t mat) { return Wbuf.data() + j * mat; }
+  S* u(int j, int dv) { return ubuf.data() + static_cast<size_t>(j) * dv; }
+  S* diff(int j, int dv) { return dbuf.data() + static_cast<size_t>(j) * dv; }
+};
+
+// Recompute W'_t, u_t, v_t - v̄_t for t in [t0, t1) from the checkpoint at t0.
+template <typename S, bool DELTA, int D>
+inline void recompute_chunk(const S* ckpt, const S* k, const S* v, const S* beta,
+                            const uint8_t* reset, const Task& tk, int dk, int dv, int t0, int t1,
+                            MatrixScratch<S>& m) {
+  const size_t mat = static_cast<size_t>(dv) * dk;
+  copy_n(ckpt, mat, m.Wrun.data());
+  for (int t = t0; t < t1; ++t) {
+    const int j = t - t0;
+    if (tk.reset(reset, t)) zero_n(m.Wrun.data(), mat);
+    recompute_step<S, DELTA, D>(m.Wrun.data(), m.Wp(j, mat), k + tk.vec(t, dk), v + tk.vec(t, dv),
+                                DELTA ? beta[tk.scal(t)] : S(1), dk, dv, m.u(j, dv),
+                                m.diff(j, dv), t + 1 < t1);
+  }
+}
+
 // ------------------------------------------------------------------------------ lt / delta
 
-template <typename S, bool DELTA>
-void delta_forward_task(const DeltaFwdArgs<S>& a, int bh, std::vector<S>& W) {
+template <typename S>
+struct ForwardScratch {
+  std::vector<S> buf;
+  S* take(size_t n, size_t& off) {
+    S* p = buf.data() + off;
+    off += n;
+    return p;
+  }
+};
+
+template <typename S, bool DELTA, int D>
+void delta_forward_task(const DeltaFwdArgs<S>& a, int bh, ForwardScratch<S>& s) {
   const Dims& n = a.n;
   const Task tk(n, bh);
-  const std::size_t mat = static_cast<std::size_t>(n.dv) * n.dk;
-  W.resize(mat);
-  copy_n(a.W0 + tk.mat(mat), mat, W.data());
+  const int dk = D > 0 ? D : n.dk, dv = D > 0 ? D : n.dv;
+  const size_t mat = static_cast<size_t>(dv) * dk;
+  s.buf.resize(mat + 3 * static_cast<size_t>(dv));
+  size_t off = 0;
+  S* WT = s.take(mat, off);
+  S* u = s.take(dv, off);
+  S* vb = s.take(dv, off);
+  S* yq = s.take(dv, off);
+  ColumnState<S, D> W(WT, u, dk, dv);
+  W.load_rows(a.W0 + tk.mat(mat));
   for (int t = 0; t < n.T; ++t) {
-    if (t % n.chunk == 0) copy_n(W.data(), mat, a.ckpt + tk.ckpt(t / n.chunk, mat));
-    if (tk.reset(a.reset, t)) zero_n(W.data(), mat);
-    const S beta = DELTA ? a.beta[tk.scal(t)] : S(1);
-    delta_step_forward<S, DELTA>(W.data(), a.k + tk.vec(t, n.dk), a.q + tk.vec(t, n.dk),
-                                 a.v + tk.vec(t, n.dv), beta, n.dk, n.dv,
-                                 a.y + tk.vec(t, n.dv), nullptr, nullptr);
+    if (t % n.chunk == 0) W.store_rows(a.ckpt + tk.ckpt(t / n.chunk, mat));
+    if (tk.reset(a.reset, t)) W.zero();
+    const S* k = a.k + tk.vec(t, dk);
+    const S* q = a.q + tk.vec(t, dk);
+    const S* v = a.v + tk.vec(t, dv);
+    S* y = a.y + tk.vec(t, dv);
+    const S kq = dot(k, q, dk);
+    if (DELTA) {
+      W.template read<true>(k, q, vb, yq);           // RFWP Eq. 10: v̄ = W_{t-1} k; and W_{t-1} q
+      const S beta = a.beta[tk.scal(t)];
+      for (int i = 0; i < dv; ++i) u[i] = beta * (v[i] - vb[i]);   // RFWP Eq. 8
+    } else {
+      W.template read<false>(q, nullptr, yq, nullptr);
+      for (int i = 0; i < dv; ++i) u[i] = v[i];                     // RFWP Eq. 6
+    }
+    for (int i = 0; i < dv; ++i) y[i] = yq[i] + u[i] * kq;  // RFWP Eq. 7: (W_{t-1} + u ⊗ k) q
+    W.write_later(k);
   }
-  copy_n(W.data(), mat, a.W + tk.mat(mat));
+  W.store_rows(a.W + tk.mat(mat));
 }
 
 template <typename S>
 struct DeltaScratch {
-  std::vector<S> G, Wrun, Wbuf, ubuf, dbuf, gq_acc, gk_acc;
-  void resize(std::size_t mat, int chunk, int dk, int dv) {
-    G.resize(mat);
-    Wrun.resize(mat);
-    Wbuf.resize(mat * chunk);
-    ubuf.resize(static_cast<std::size_t>(chunk) * dv);
-    dbuf.resize(static_cast<std::size_t>(chunk) * dv);
-    gq_acc.resize(dk);
-    gk_acc.resize(dk);
-  }
+  MatrixScratch<S> m;
+  std::vector<S> acc;
 };
 
-// Recompute W'_t (post-reset, before the write of step t) for t in [t0, t1) from the
-// checkpoint at t0, with u_t and v_t - v̄_t, into Wbuf / ubuf / dbuf.
-template <typename S, bool DELTA>
-inline void delta_recompute_chunk(const S* ckpt, const S* k, const S* v, const S* beta,
-                                  const uint8_t* reset, const Task& tk, const Dims& n, int t0,
-                                  int t1, S* Wrun, S* Wbuf, S* ubuf, S* dbuf) {
-  const std::size_t mat = static_cast<std::size_t>(n.dv) * n.dk;
-  copy_n(ckpt, mat, Wrun);
-  for (int t = t0; t < t1; ++t) {
-    const int j = t - t0;
-    if (tk.reset(reset, t)) zero_n(Wrun, mat);
-    copy_n(Wrun, mat, Wbuf + j * mat);
-    const S b = DELTA ? beta[tk.scal(t)] : S(1);
-    delta_step_forward<S, DELTA>(Wrun, k + tk.vec(t, n.dk), nullptr, v + tk.vec(t, n.dv), b,
-                                 n.dk, n.dv, nullptr, ubuf + static_cast<std::size_t>(j) * n.dv,
-                                 dbuf + static_cast<std::size_t>(j) * n.dv);
-  }
-}
-
-template <typename S, bool DELTA>
+template <typename S, bool DELTA, int D>
 void delta_backward_task(const DeltaBwdArgs<S>& a, int bh, DeltaScratch<S>& s) {
   const Dims& n = a.n;
   const Task tk(n, bh);
-  const std::size_t mat = static_cast<std::size_t>(n.dv) * n.dk;
-  s.resize(mat, n.chunk, n.dk, n.dv);
-  S* G = s.G.data();
+  const int dk = D > 0 ? D : n.dk, dv = D > 0 ? D : n.dv;
+  const size_t mat = static_cast<size_t>(dv) * dk;
+  s.m.resize(mat, n.chunk, dv);
+  s.acc.resize(2 * static_cast<size_t>(dk));
+  S* G = s.m.G.data();
   if (a.gW != nullptr) copy_n(a.gW + tk.mat(mat), mat, G); else zero_n(G, mat);
   for (int c = num_chunks(n.T, n.chunk) - 1; c >= 0; --c) {
     const int t0 = c * n.chunk, t1 = std::min(n.T, t0 + n.chunk);
-    delta_recompute_chunk<S, DELTA>(a.ckpt + tk.ckpt(c, mat), a.k, a.v, a.beta, a.reset, tk, n,
-                                    t0, t1, s.Wrun.data(), s.Wbuf.data(), s.ubuf.data(),
-                                    s.dbuf.data());
+    recompute_chunk<S, DELTA, D>(a.ckpt + tk.ckpt(c, mat), a.k, a.v, a.beta, a.reset, tk, dk, dv,
+                                 t0, t1, s.m);
     for (int t = t1 - 1; t >= t0; --t) {
       const int j = t - t0;
-      const S beta = DELTA ? a.beta[tk.scal(t)] : S(1);
-      const S gb = delta_step_backward<S, DELTA>(
-          G, s.Wbuf.data() + j * mat, a.k + tk.vec(t, n.dk), a.q + tk.vec(t, n.dk),
-          s.ubuf.data() + static_cast<std::size_t>(j) * n.dv,
-          s.dbuf.data() + static_cast<std::size_t>(j) * n.dv, beta, a.gy + tk.vec(t, n.dv),
-          n.dk, n.dv, a.gq + tk.vec(t, n.dk), a.gk + tk.vec(t, n.dk), a.gv + tk.vec(t, n.dv),
-          s.gq_acc.data(), s.gk_acc.data());
+      const S gb = backward_step<S, DELTA, D>(
+          G, s.m.Wp(j, mat), a.k + tk.vec(t, dk), a.q + tk.vec(t, dk), s.m.u(j, dv),
+          s.m.diff(j, dv), DELTA ? a.beta[tk.scal(t)] : S(1), a.gy + tk.vec(t, dv), dk, dv,
+          a.gq + tk.vec(t, dk), a.gk + tk.vec(t, dk), a.gv + tk.vec(t, dv), s.acc.data());
       if (DELTA) a.gbeta[tk.scal(t)] = gb;
       if (tk.reset(a.reset, t)) zero_n(G, mat);   // no gradient crosses a reset
     }
@@ -272,144 +397,113 @@ void delta_backward_task(const DeltaBwdArgs<S>& a, int bh, DeltaScratch<S>& s) {
 
 // ------------------------------------------------------------------------------- delta_rnn
 
-// One step: W and R written by the delta rule, y = W_t q + R_t s with s = softmax(y_{t-1}).
-// Computes y = (W' q + u (k.q)) + (R' s + ur (kr.s)).
-template <typename S>
-inline void delta_rnn_step_forward(S* W, S* R, const S* q, const S* k, const S* v, S beta,
-                                   const S* kr, const S* vr, S beta_r, const S* s, int dk, int dv,
-                                   S* y, S* u, S* diff, S* ur, S* diffr) {
-  const S kq = dot(k, q, dk), krs = dot(kr, s, dv);
-  for (int i = 0; i < dv; ++i) {
-    S* Wi = W + static_cast<std::size_t>(i) * dk;
-    S* Ri = R + static_cast<std::size_t>(i) * dv;
-    S vb, wq, vrb, rs;
-    dot2(Wi, k, q, dk, vb, wq);             // RFWP Eq. 10 for W
-    dot2(Ri, kr, s, dv, vrb, rs);           // RFWP Eq. 10 for R
-    const S d1 = v[i] - vb, d2 = vr[i] - vrb;
-    const S u1 = beta * d1, u2 = beta_r * d2;   // RFWP Eq. 8
-    axpy(u1, k, Wi, dk);
-    axpy(u2, kr, Ri, dv);
-    if (y != nullptr) y[i] = (wq + u1 * kq) + (rs + u2 * krs);   // RFWP Eq. 12
-    if (u != nullptr) {
-      u[i] = u1;
-      diff[i] = d1;
-      ur[i] = u2;
-      diffr[i] = d2;
-    }
-  }
-}
-
-template <typename S>
-void delta_rnn_forward_task(const DeltaRnnFwdArgs<S>& a, int bh, std::vector<S>& buf) {
+template <typename S, int D>
+void delta_rnn_forward_task(const DeltaRnnFwdArgs<S>& a, int bh, ForwardScratch<S>& s) {
   const Dims& n = a.n;
   const Task tk(n, bh);
-  const int dk = n.dk, dv = n.dv;
-  const std::size_t matW = static_cast<std::size_t>(dv) * dk, matR = static_cast<std::size_t>(dv) * dv;
-  buf.resize(matW + matR + 2 * dv);
-  S* W = buf.data();
-  S* R = W + matW;
-  S* yprev = R + matR;
-  S* s = yprev + dv;
-  copy_n(a.W0 + tk.mat(matW), matW, W);
-  copy_n(a.R0 + tk.mat(matR), matR, R);
+  const int dk = D > 0 ? D : n.dk, dv = D > 0 ? D : n.dv;
+  const size_t matW = static_cast<size_t>(dv) * dk, matR = static_cast<size_t>(dv) * dv;
+  s.buf.resize(matW + matR + 8 * static_cast<size_t>(dv));
+  size_t off = 0;
+  S* WT = s.take(matW, off);
+  S* RT = s.take(matR, off);
+  S* u = s.take(dv, off);
+  S* ur = s.take(dv, off);
+  S* vb = s.take(dv, off);
+  S* wq = s.take(dv, off);
+  S* vrb = s.take(dv, off);
+  S* rs = s.take(dv, off);
+  S* yprev = s.take(dv, off);
+  S* sq = s.take(dv, off);     // softmax(y_{t-1})
+  ColumnState<S, D> W(WT, u, dk, dv), R(RT, ur, dv, dv);
+  W.load_rows(a.W0 + tk.mat(matW));
+  R.load_rows(a.R0 + tk.mat(matR));
   copy_n(a.y0 + tk.mat(dv), dv, yprev);
   for (int t = 0; t < n.T; ++t) {
     if (t % n.chunk == 0) {
-      copy_n(W, matW, a.ckptW + tk.ckpt(t / n.chunk, matW));
-      copy_n(R, matR, a.ckptR + tk.ckpt(t / n.chunk, matR));
+      W.store_rows(a.ckptW + tk.ckpt(t / n.chunk, matW));
+      R.store_rows(a.ckptR + tk.ckpt(t / n.chunk, matR));
     }
     if (tk.reset(a.reset, t)) {
-      zero_n(W, matW);
-      zero_n(R, matR);
+      W.zero();
+      R.zero();
       zero_n(yprev, dv);
     }
-    softmax(yprev, s, dv);                 // recurrent query softmax(y_{t-1}) (RFWP Eq. 12)
+    softmax(yprev, sq, dv);                  // recurrent query f(y_{t-1}) (RFWP Eq. 12)
+    const S* k = a.k + tk.vec(t, dk);
+    const S* q = a.q + tk.vec(t, dk);
+    const S* v = a.v + tk.vec(t, dv);
+    const S* kr = a.kr + tk.vec(t, dv);
+    const S* vr = a.vr + tk.vec(t, dv);
+    const S beta = a.beta[tk.scal(t)], beta_r = a.beta_r[tk.scal(t)];
+    W.template read<true>(k, q, vb, wq);     // RFWP Eq. 10 for W
+    R.template read<true>(kr, sq, vrb, rs);  // RFWP Eq. 10 for R
+    const S kq = dot(k, q, dk), krs = dot(kr, sq, dv);
     S* y = a.y + tk.vec(t, dv);
-    delta_rnn_step_forward(W, R, a.q + tk.vec(t, dk), a.k + tk.vec(t, dk), a.v + tk.vec(t, dv),
-                           a.beta[tk.scal(t)], a.kr + tk.vec(t, dv), a.vr + tk.vec(t, dv),
-                           a.beta_r[tk.scal(t)], s, dk, dv, y, (S*)nullptr, (S*)nullptr,
-                           (S*)nullptr, (S*)nullptr);
+    for (int i = 0; i < dv; ++i) {
+      u[i] = beta * (v[i] - vb[i]);          // RFWP Eq. 8
+      ur[i] = beta_r * (vr[i] - vrb[i]);
+      y[i] = (wq[i] + u[i] * kq) + (rs[i] + ur[i] * krs);   // RFWP Eq. 12: W_t q + R_t f(y_{t-1})
+    }
+    W.write_later(k);
+    R.write_later(kr);
     copy_n(y, dv, yprev);
   }
-  copy_n(W, matW, a.W + tk.mat(matW));
-  copy_n(R, matR, a.R + tk.mat(matR));
+  W.store_rows(a.W + tk.mat(matW));
+  R.store_rows(a.R + tk.mat(matR));
 }
 
 template <typename S>
 struct DeltaRnnScratch {
-  std::vector<S> G, GR, Wrun, Rrun, Wbuf, Rbuf, vecs, acc;
+  MatrixScratch<S> w, r;
+  std::vector<S> vecs;
 };
 
-template <typename S>
+template <typename S, int D>
 void delta_rnn_backward_task(const DeltaRnnBwdArgs<S>& a, int bh, DeltaRnnScratch<S>& sc) {
   const Dims& n = a.n;
   const Task tk(n, bh);
-  const int dk = n.dk, dv = n.dv, C = n.chunk;
-  const std::size_t matW = static_cast<std::size_t>(dv) * dk, matR = static_cast<std::size_t>(dv) * dv;
-  sc.G.resize(matW);
-  sc.GR.resize(matR);
-  sc.Wrun.resize(matW);
-  sc.Rrun.resize(matR);
-  sc.Wbuf.resize(matW * C);
-  sc.Rbuf.resize(matR * C);
-  sc.vecs.resize(static_cast<std::size_t>(C) * 4 * dv);   // u, v - v̄, ur, vr - v̄r per step
-  sc.acc.resize(2 * static_cast<std::size_t>(dk) + 6 * static_cast<std::size_t>(dv));
-  S* G = sc.G.data();
-  S* GR = sc.GR.data();
-  S* gq_acc = sc.acc.data();
-  S* gk_acc = gq_acc + dk;
-  S* gs_acc = gk_acc + dk;     // dv
-  S* gkr_acc = gs_acc + dv;    // dv
-  S* s = gkr_acc + dv;         // dv: softmax(y_{t-1})
-  S* gs = s + dv;              // dv
-  S* carry = gs + dv;          // dv: dL/dy_{t-1} through the recurrent query
-  S* gyt = carry + dv;         // dv
+  const int dk = D > 0 ? D : n.dk, dv = D > 0 ? D : n.dv, C = n.chunk;
+  const size_t matW = static_cast<size_t>(dv) * dk, matR = static_cast<size_t>(dv) * dv;
+  sc.w.resize(matW, C, dv);
+  sc.r.resize(matR, C, dv);
+  sc.vecs.resize(2 * static_cast<size_t>(dk) + 6 * static_cast<size_t>(dv));
+  S* acc = sc.vecs.data();          // 2 dk (plain-loop accumulators; reused for R: dv <= ... )
+  S* s = acc + 2 * dk;              // softmax(y_{t-1})
+  S* gs = s + dv;                   // dL/ds
+  S* carry = gs + dv;               // dL/dy_{t-1} through the recurrent query
+  S* gyt = carry + dv;
+  S* accr = gyt + dv;               // 2 dv
+  S* G = sc.w.G.data();
+  S* GR = sc.r.G.data();
   if (a.gW != nullptr) copy_n(a.gW + tk.mat(matW), matW, G); else zero_n(G, matW);
   if (a.gR != nullptr) copy_n(a.gR + tk.mat(matR), matR, GR); else zero_n(GR, matR);
   zero_n(carry, dv);
   for (int c = num_chunks(n.T, C) - 1; c >= 0; --c) {
     const int t0 = c * C, t1 = std::min(n.T, t0 + C);
-    // recompute W'_t, R'_t and the write vectors inside the chunk
-    copy_n(a.ckptW + tk.ckpt(c, matW), matW, sc.Wrun.data());
-    copy_n(a.ckptR + tk.ckpt(c, matR), matR, sc.Rrun.data());
-    for (int t = t0; t < t1; ++t) {
-      const int j = t - t0;
-      if (tk.reset(a.reset, t)) {
-        zero_n(sc.Wrun.data(), matW);
-        zero_n(sc.Rrun.data(), matR);
-      }
-      copy_n(sc.Wrun.data(), matW, sc.Wbuf.data() + j * matW);
-      copy_n(sc.Rrun.data(), matR, sc.Rbuf.data() + j * matR);
-      S* vj = sc.vecs.data() + static_cast<std::size_t>(j) * 4 * dv;
-      // no read needed here: pass q = k and s = kr with y = null (the dots are discarded)
-      delta_rnn_step_forward(sc.Wrun.data(), sc.Rrun.data(), a.k + tk.vec(t, dk),
-                             a.k + tk.vec(t, dk), a.v + tk.vec(t, dv), a.beta[tk.scal(t)],
-                             a.kr + tk.vec(t, dv), a.vr + tk.vec(t, dv), a.beta_r[tk.scal(t)],
-                             a.kr + tk.vec(t, dv), dk, dv, (S*)nullptr, vj, vj + dv,
-                             vj + 2 * dv, vj + 3 * dv);
-    }
+    recompute_chunk<S, true, D>(a.ckptW + tk.ckpt(c, matW), a.k, a.v, a.beta, a.reset, tk, dk, dv,
+                                t0, t1, sc.w);
+    recompute_chunk<S, true, D>(a.ckptR + tk.ckpt(c, matR), a.kr, a.vr, a.beta_r, a.reset, tk, dv,
+                                dv, t0, t1, sc.r);
     for (int t = t1 - 1; t >= t0; --t) {
       const int j = t - t0;
       const bool rst = tk.reset(a.reset, t);
-      const S* vj = sc.vecs.data() + static_cast<std::size_t>(j) * 4 * dv;
       const S* gy = a.gy + tk.vec(t, dv);
       for (int i = 0; i < dv; ++i) gyt[i] = gy[i] + carry[i];
       if (rst) {
-        zero_n(gs, dv);
-        softmax(gs, s, dv);                 // softmax(0): uniform
+        for (int i = 0; i < dv; ++i) s[i] = S(1) / S(dv);   // softmax(0)
       } else {
         softmax(t > 0 ? a.y + tk.vec(t - 1, dv) : a.y0 + tk.mat(dv), s, dv);
       }
-      const S beta = a.beta[tk.scal(t)], beta_r = a.beta_r[tk.scal(t)];
-      a.gbeta[tk.scal(t)] = delta_step_backward<S, true>(
-          G, sc.Wbuf.data() + j * matW, a.k + tk.vec(t, dk), a.q + tk.vec(t, dk), vj, vj + dv,
-          beta, gyt, dk, dv, a.gq + tk.vec(t, dk), a.gk + tk.vec(t, dk), a.gv + tk.vec(t, dv),
-          gq_acc, gk_acc);
-      // R part: the "query" of R is s, its gradient gs = R_t^T gy
-      a.gbeta_r[tk.scal(t)] = delta_step_backward<S, true>(
-          GR, sc.Rbuf.data() + j * matR, a.kr + tk.vec(t, dv), s, vj + 2 * dv, vj + 3 * dv,
-          beta_r, gyt, dv, dv, gs, a.gkr + tk.vec(t, dv), a.gvr + tk.vec(t, dv), gs_acc,
-          gkr_acc);
+      a.gbeta[tk.scal(t)] = backward_step<S, true, D>(
+          G, sc.w.Wp(j, matW), a.k + tk.vec(t, dk), a.q + tk.vec(t, dk), sc.w.u(j, dv),
+          sc.w.diff(j, dv), a.beta[tk.scal(t)], gyt, dk, dv, a.gq + tk.vec(t, dk),
+          a.gk + tk.vec(t, dk), a.gv + tk.vec(t, dv), acc);
+      // R: its "query" is s, so its query gradient is gs = R_t^T gy
+      a.gbeta_r[tk.scal(t)] = backward_step<S, true, D>(
+          GR, sc.r.Wp(j, matR), a.kr + tk.vec(t, dv), s, sc.r.u(j, dv), sc.r.diff(j, dv),
+          a.beta_r[tk.scal(t)], gyt, dv, dv, gs, a.gkr + tk.vec(t, dv), a.gvr + tk.vec(t, dv),
+          accr);
       if (rst) {
         zero_n(carry, dv);
         zero_n(G, matW);
@@ -426,88 +520,150 @@ void delta_rnn_backward_task(const DeltaRnnBwdArgs<S>& a, int bh, DeltaRnnScratc
 
 // ------------------------------------------------------------------------------------- rdn
 
-// Slow recurrent part of one rdn step (RFWP Eq. 15-18) from h = tanh(y_{t-1}):
-// q = softmax(xq + Rq h), k = softmax(xk + Rk h), v = xv + Rv h, β = σ(xb + rb . h).
-template <typename S>
-inline S rdn_inputs(const S* xq, const S* xk, const S* xv, S xb, const S* Rq, const S* Rk,
-                    const S* Rv, const S* rb, const S* h, int d, S* aq, S* ak, S* q, S* k,
-                    S* v) {
-  for (int i = 0; i < d; ++i) {
-    const std::size_t o = static_cast<std::size_t>(i) * d;
-    aq[i] = xq[i] + dot(Rq + o, h, d);    // RFWP Eq. 17
-    ak[i] = xk[i] + dot(Rk + o, h, d);    // RFWP Eq. 15
-    v[i] = xv[i] + dot(Rv + o, h, d);     // RFWP Eq. 16
+// a = x + M h for the three recurrent matrices, from their transposes MT [d][d]
+// (RFWP Eq. 15-17 before the feature maps).
+template <typename S, int D>
+RFWP_INLINE void rdn_slow_inputs(const S* RqT, const S* RkT, const S* RvT, const S* h,
+                                 const S* xq, const S* xk, const S* xv, int d, S* aq, S* ak,
+                                 S* av) {
+  if constexpr (D > 0) {
+    using R = Row<S, D>;
+    R a = R::load(xq), b = R::load(xk), c = R::load(xv);
+    for (int j = 0; j < D; ++j) {
+      a.fma(h[j], R::load(RqT + j * D));
+      b.fma(h[j], R::load(RkT + j * D));
+      c.fma(h[j], R::load(RvT + j * D));
+    }
+    a.store(aq);
+    b.store(ak);
+    c.store(av);
+  } else {
+    copy_n(xq, d, aq);
+    copy_n(xk, d, ak);
+    copy_n(xv, d, av);
+    for (int j = 0; j < d; ++j) {
+      const size_t o = static_cast<size_t>(j) * d;
+      axpy(h[j], RqT + o, aq, d);
+      axpy(h[j], RkT + o, ak, d);
+      axpy(h[j], RvT + o, av, d);
+    }
   }
-  softmax(aq, q, d);
-  softmax(ak, k, d);
-  return sigmoid(xb + dot(rb, h, d));     // RFWP Eq. 18
 }
 
-template <typename S>
-void rdn_forward_task(const RdnFwdArgs<S>& a, int bh, std::vector<S>& buf) {
+// gh = Rq^T gaq + Rk^T gak + Rv^T gv and the slow-weight gradients gRq += gaq ⊗ h, ...
+template <typename S, int D>
+RFWP_INLINE void rdn_recurrent_backward(const S* Rq, const S* Rk, const S* Rv, const S* gaq,
+                                        const S* gak, const S* gv, const S* h, int d, S* gh,
+                                        S* gRq, S* gRk, S* gRv) {
+  if constexpr (D > 0) {
+    using R = Row<S, D>;
+    const R hr = R::load(h);
+    R a = R::zero(), b = R::zero(), c = R::zero();
+    for (int i = 0; i < D; ++i) {
+      const int o = i * D;
+      a.fma(gaq[i], R::load(Rq + o));
+      b.fma(gak[i], R::load(Rk + o));
+      c.fma(gv[i], R::load(Rv + o));
+      R::load(gRq + o).fma(gaq[i], hr).store(gRq + o);
+      R::load(gRk + o).fma(gak[i], hr).store(gRk + o);
+      R::load(gRv + o).fma(gv[i], hr).store(gRv + o);
+    }
+    (a + b + c).store(gh);
+  } else {
+    zero_n(gh, d);
+    for (int i = 0; i < d; ++i) {
+      const size_t o = static_cast<size_t>(i) * d;
+      const S x = gaq[i], y = gak[i], z = gv[i];
+#pragma omp simd
+      for (int j = 0; j < d; ++j) {
+        gh[j] += x * Rq[o + j] + y * Rk[o + j] + z * Rv[o + j];
+        gRq[o + j] += x * h[j];
+        gRk[o + j] += y * h[j];
+        gRv[o + j] += z * h[j];
+      }
+    }
+  }
+}
+
+// RT: the transposed recurrent matrices of every head, [H][3][d][d] (q, k, v), computed once
+// per call by the driver.
+template <typename S, int D>
+void rdn_forward_task(const RdnFwdArgs<S>& a, const S* RT, int bh, ForwardScratch<S>& s) {
   const Dims& n = a.n;
   const Task tk(n, bh);
-  const int d = n.dv, h_ = bh % n.H;
-  const std::size_t mat = static_cast<std::size_t>(d) * d;
-  buf.resize(mat + 4 * static_cast<std::size_t>(d));
-  S* W = buf.data();
-  S* yprev = W + mat;
-  S* h = yprev + d;
-  S* aq = h + d;
-  S* ak = aq + d;
-  const S *Rq = a.Rq + h_ * mat, *Rk = a.Rk + h_ * mat, *Rv = a.Rv + h_ * mat,
-          *rb = a.rb + static_cast<std::size_t>(h_) * d;
-  copy_n(a.W0 + tk.mat(mat), mat, W);
+  const int d = D > 0 ? D : n.dv;
+  const size_t mat = static_cast<size_t>(d) * d;
+  s.buf.resize(mat + 8 * static_cast<size_t>(d));
+  size_t off = 0;
+  S* WT = s.take(mat, off);
+  S* u = s.take(d, off);
+  S* vb = s.take(d, off);
+  S* yq = s.take(d, off);
+  S* yprev = s.take(d, off);
+  S* h = s.take(d, off);
+  S* aq = s.take(d, off);
+  S* ak = s.take(d, off);
+  const S* RqT = RT + static_cast<size_t>(tk.h) * 3 * mat;
+  const S* RkT = RqT + mat;
+  const S* RvT = RkT + mat;
+  const S* rb = a.rb + static_cast<size_t>(tk.h) * d;
+  ColumnState<S, D> W(WT, u, d, d);
+  W.load_rows(a.W0 + tk.mat(mat));
   copy_n(a.y0 + tk.mat(d), d, yprev);
   for (int t = 0; t < n.T; ++t) {
-    if (t % n.chunk == 0) copy_n(W, mat, a.ckpt + tk.ckpt(t / n.chunk, mat));
+    if (t % n.chunk == 0) W.store_rows(a.ckpt + tk.ckpt(t / n.chunk, mat));
     if (tk.reset(a.reset, t)) {
-      zero_n(W, mat);
+      W.zero();
       zero_n(yprev, d);
     }
     for (int j = 0; j < d; ++j) h[j] = std::tanh(yprev[j]);
     S* q = a.q + tk.vec(t, d);
     S* k = a.k + tk.vec(t, d);
     S* v = a.v + tk.vec(t, d);
-    const S beta = rdn_inputs(a.xq + tk.vec(t, d), a.xk + tk.vec(t, d), a.xv + tk.vec(t, d),
-                              a.xb[tk.scal(t)], Rq, Rk, Rv, rb, h, d, aq, ak, q, k, v);
+    rdn_slow_inputs<S, D>(RqT, RkT, RvT, h, a.xq + tk.vec(t, d), a.xk + tk.vec(t, d),
+                          a.xv + tk.vec(t, d), d, aq, ak, v);   // RFWP Eq. 15-17
+    softmax(aq, q, d);
+    softmax(ak, k, d);
+    const S beta = sigmoid(a.xb[tk.scal(t)] + dot(rb, h, d));   // RFWP Eq. 18
     a.beta[tk.scal(t)] = beta;
+    W.template read<true>(k, q, vb, yq);
+    const S kq = dot(k, q, d);
     S* y = a.y + tk.vec(t, d);
-    delta_step_forward<S, true>(W, k, q, v, beta, d, d, y, nullptr, nullptr);
+    for (int i = 0; i < d; ++i) {
+      u[i] = beta * (v[i] - vb[i]);          // RFWP Eq. 8
+      y[i] = yq[i] + u[i] * kq;              // RFWP Eq. 7
+    }
+    W.write_later(k);
     copy_n(y, d, yprev);
   }
-  copy_n(W, mat, a.W + tk.mat(mat));
+  W.store_rows(a.W + tk.mat(mat));
 }
 
 template <typename S>
 struct RdnScratch {
-  std::vector<S> G, Wrun, Wbuf, ubuf, dbuf, acc;
+  MatrixScratch<S> m;
+  std::vector<S> vecs;
 };
 
-template <typename S>
+template <typename S, int D>
 void rdn_backward_task(const RdnBwdArgs<S>& a, int bh, RdnScratch<S>& sc) {
   const Dims& n = a.n;
   const Task tk(n, bh);
-  const int d = n.dv, C = n.chunk, h_ = bh % n.H;
-  const std::size_t mat = static_cast<std::size_t>(d) * d;
-  sc.G.resize(mat);
-  sc.Wrun.resize(mat);
-  sc.Wbuf.resize(mat * C);
-  sc.ubuf.resize(static_cast<std::size_t>(C) * d);
-  sc.dbuf.resize(static_cast<std::size_t>(C) * d);
-  sc.acc.resize(9 * static_cast<std::size_t>(d));
-  S* G = sc.G.data();
-  S* gq_acc = sc.acc.data();
-  S* gk_acc = gq_acc + d;
-  S* gq = gk_acc + d;
+  const int d = D > 0 ? D : n.dv, C = n.chunk;
+  const size_t mat = static_cast<size_t>(d) * d;
+  sc.m.resize(mat, C, d);
+  sc.vecs.resize(8 * static_cast<size_t>(d));
+  S* acc = sc.vecs.data();     // 2 d
+  S* gq = acc + 2 * d;
   S* gk = gq + d;
-  S* gv = gk + d;
-  S* h = gv + d;
+  S* h = gk + d;
   S* gh = h + d;
   S* carry = gh + d;
   S* gyt = carry + d;
-  const S *Rq = a.Rq + h_ * mat, *Rk = a.Rk + h_ * mat, *Rv = a.Rv + h_ * mat,
-          *rb = a.rb + static_cast<std::size_t>(h_) * d;
+  S* G = sc.m.G.data();
+  const size_t ho = static_cast<size_t>(tk.h) * mat;
+  const S *Rq = a.Rq + ho, *Rk = a.Rk + ho, *Rv = a.Rv + ho;
+  const S* rb = a.rb + static_cast<size_t>(tk.h) * d;
   S *gRq = a.gRq_part + tk.mat(mat), *gRk = a.gRk_part + tk.mat(mat),
     *gRv = a.gRv_part + tk.mat(mat), *grb = a.grb_part + tk.mat(d);
   zero_n(gRq, mat);
@@ -518,9 +674,8 @@ void rdn_backward_task(const RdnBwdArgs<S>& a, int bh, RdnScratch<S>& sc) {
   zero_n(carry, d);
   for (int c = num_chunks(n.T, C) - 1; c >= 0; --c) {
     const int t0 = c * C, t1 = std::min(n.T, t0 + C);
-    delta_recompute_chunk<S, true>(a.ckpt + tk.ckpt(c, mat), a.k, a.v, a.beta, a.reset, tk, n,
-                                   t0, t1, sc.Wrun.data(), sc.Wbuf.data(), sc.ubuf.data(),
-                                   sc.dbuf.data());
+    recompute_chunk<S, true, D>(a.ckpt + tk.ckpt(c, mat), a.k, a.v, a.beta, a.reset, tk, d, d, t0,
+                                t1, sc.m);
     for (int t = t1 - 1; t >= t0; --t) {
       const int j = t - t0;
       const bool rst = tk.reset(a.reset, t);
@@ -529,44 +684,27 @@ void rdn_backward_task(const RdnBwdArgs<S>& a, int bh, RdnScratch<S>& sc) {
       const S beta = a.beta[tk.scal(t)];
       const S* gy = a.gy + tk.vec(t, d);
       for (int i = 0; i < d; ++i) gyt[i] = gy[i] + carry[i];
-      if (rst) {
-        zero_n(h, d);
-      } else {
-        const S* yp = t > 0 ? a.y + tk.vec(t - 1, d) : a.y0 + tk.mat(d);
-        for (int i = 0; i < d; ++i) h[i] = std::tanh(yp[i]);
-      }
       S* gxv = a.gxv + tk.vec(t, d);
-      const S gbeta = delta_step_backward<S, true>(
-          G, sc.Wbuf.data() + j * mat, k, q, sc.ubuf.data() + static_cast<std::size_t>(j) * d,
-          sc.dbuf.data() + static_cast<std::size_t>(j) * d, beta, gyt, d, d, gq, gk, gxv, gq_acc,
-          gk_acc);
-      // back through the softmax feature maps and the sigmoid
+      const S gbeta = backward_step<S, true, D>(G, sc.m.Wp(j, mat), k, q, sc.m.u(j, d),
+                                                sc.m.diff(j, d), beta, gyt, d, d, gq, gk, gxv,
+                                                acc);
+      // back through the feature maps (softmax) and the sigmoid of RFWP Eq. 15, 17, 18
       S* gaq = a.gxq + tk.vec(t, d);
       S* gak = a.gxk + tk.vec(t, d);
       softmax_backward(q, gq, gaq, d);
       softmax_backward(k, gk, gak, d);
       const S gab = gbeta * beta * (S(1) - beta);
       a.gxb[tk.scal(t)] = gab;
-      // into h = tanh(y_{t-1}) and the recurrent slow weights (RFWP Eq. 15-18)
-      for (int i = 0; i < d; ++i) gh[i] = gab * rb[i];
-      axpy(gab, h, grb, d);
-      for (int i = 0; i < d; ++i) {
-        const std::size_t o = static_cast<std::size_t>(i) * d;
-        const S aq = gaq[i], ak = gak[i], av = gxv[i];
-#pragma omp simd
-        for (int jj = 0; jj < d; ++jj) {
-          gh[jj] += aq * Rq[o + jj] + ak * Rk[o + jj] + av * Rv[o + jj];
-          gRq[o + jj] += aq * h[jj];
-          gRk[o + jj] += ak * h[jj];
-          gRv[o + jj] += av * h[jj];
-        }
-      }
-      if (rst) {
+      if (rst) {   // h = 0 after a reset: nothing reaches the slow weights or y_{t-1}
         zero_n(carry, d);
         zero_n(G, mat);
-      } else {
-        for (int i = 0; i < d; ++i) carry[i] = gh[i] * (S(1) - h[i] * h[i]);
+        continue;
       }
+      const S* yp = t > 0 ? a.y + tk.vec(t - 1, d) : a.y0 + tk.mat(d);
+      for (int i = 0; i < d; ++i) h[i] = std::tanh(yp[i]);
+      rdn_recurrent_backward<S, D>(Rq, Rk, Rv, gaq, gak, gxv, h, d, gh, gRq, gRk, gRv);
+      axpy(gab, h, grb, d);
+      for (int i = 0; i < d; ++i) carry[i] = (gh[i] + gab * rb[i]) * (S(1) - h[i] * h[i]);
     }
   }
   copy_n(G, mat, a.gW0 + tk.mat(mat));
@@ -576,11 +714,10 @@ void rdn_backward_task(const RdnBwdArgs<S>& a, int bh, RdnScratch<S>& sc) {
 // Sum the per-(b, h) partials over b in a fixed order: element e of head h of a [H, len]
 // result. Deterministic for any parallel split over (h, e).
 template <typename S>
-inline void sum_over_batch(const S* part, S* out, int B, int H, std::size_t len, int h,
-                           std::size_t e) {
+inline void sum_over_batch(const S* part, S* out, int B, int H, size_t len, int h, size_t e) {
   S s = 0;
-  for (int b = 0; b < B; ++b) s += part[(static_cast<std::size_t>(b) * H + h) * len + e];
-  out[static_cast<std::size_t>(h) * len + e] = s;
+  for (int b = 0; b < B; ++b) s += part[(static_cast<size_t>(b) * H + h) * len + e];
+  out[static_cast<size_t>(h) * len + e] = s;
 }
 
 }  // namespace cpu

@@ -144,10 +144,11 @@ class Core(nn.Module):
 
     def _check_call(self, x: Tensor, state: Sequence[Tensor] | None,
                     reset: Tensor | None) -> tuple[State, Tensor | None]:
-        if not isinstance(x, Tensor) or x.dim() != 3 or x.shape[-1] != self.input_size:
+        if (not isinstance(x, Tensor) or x.dim() != 3 or x.shape[-1] != self.input_size
+                or x.shape[0] == 0 or x.shape[1] == 0):
             got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
             raise UserError(f"core {self.name!r}: input x has shape {got}; allowed: "
-                            f"[T, B, {self.input_size}] (time, batch, input_size)")
+                            f"[T, B, {self.input_size}] (time, batch, input_size; T, B >= 1)")
         T, B = x.shape[0], x.shape[1]
         if reset is not None:
             if not isinstance(reset, Tensor) or tuple(reset.shape) != (T, B):

@@ -64,10 +64,8 @@ def fwm_write(Fm: Tensor, k1: Tensor, k2: Tensor, v: Tensor, beta: Tensor) -> Te
     v_old = torch.bmm(key, Fmat)                                        # [B, 1, m]
     dv = beta[:, None, None] * (v[:, None, :] - v_old)                  # β (v - v_old)
     Fp = torch.baddbmm(Fmat, key.transpose(1, 2), dv)                   # Eq. 3
-    # Eq. 4: F' / max(1, ||F'||). sqrt(max(1, ||F'||²)) has the same value and a finite
-    # gradient when F' = 0.
-    scale = Fp.pow(2).sum(dim=(1, 2)).clamp(min=1.0).sqrt()
-    return (Fp / scale[:, None, None]).view(B, m, m, m)
+    scale = torch.linalg.vector_norm(Fp, dim=(1, 2)).clamp(min=1.0)    # max(1, ||F'||)
+    return (Fp * scale.reciprocal()[:, None, None]).view(B, m, m, m)    # Eq. 4
 
 
 def fwm_read(Fm: Tensor, n: Tensor, es: Tensor) -> Tensor:

@@ -51,11 +51,12 @@ __all__ = [
     "import_env_module",
     "load_env_config",
     "make_env",
+    "num_actions",
     "resolve_env_id",
 ]
 
 # gymnasium.make keyword arguments that Atari ids pass through (not preprocessing settings)
-_ATARI_GYM_KWARGS = ("mode", "difficulty")
+_ATARI_GYM_KWARGS = ("mode", "difficulty", "render_mode")
 
 
 class SeedFirstReset(gymnasium.Wrapper):
@@ -84,7 +85,8 @@ def make_env(
         env_id: gymnasium id, Atari game name, or ``module:EnvId``.
         seed: seeds the first reset (emulator, no-op starts, action space).
         require_discrete: raise a UserError unless the action space is ``Discrete(n)``.
-        overrides: Atari ids: keys of :data:`ATARI_DEFAULTS` (plus ``mode``/``difficulty``);
+        overrides: Atari ids: keys of :data:`ATARI_DEFAULTS` (plus ``mode``, ``difficulty``,
+            ``render_mode`` for ``gymnasium.make``);
             other ids: keyword arguments of ``gymnasium.make`` (e.g. ``max_episode_steps``).
     """
     r = resolve_env_id(env_id)

@@ -8,11 +8,11 @@ The N environments are split into ``num_batches`` batches (2 by default) that ar
 alternately: while the workers step batch 0, this process runs the model on batch 1's
 observations, and vice versa (double buffering, as in moolib's IMPALA example).
 
-Per step, every environment reports ``state`` (the observation), ``reward`` (received on
-arriving at it), ``done`` (it is the first observation of a new episode; the pool reset the
-env after the episode ended) and ``episode_end``/``episode_return``/``episode_length`` (the
-statistics of the episode that has just ended, from gymnasium's ``info["episode"]``: for
-Atari the full game, even with ``episodic_life``).
+Per step, every environment reports (:class:`rfwp_rl.envs.pool.PoolEnv`) ``obs``, ``reward``
+(received on arriving at it), ``done`` (it is the first observation of a new episode; the
+pool reset the env after the episode ended) and ``episode_end``/``episode_return``/
+``episode_step`` (on ``episode_end``: the statistics of the full episode that has just ended;
+for Atari the full game, even with ``episodic_life``).
 
 A rollout is T+1 consecutive steps of one batch; its first entry repeats the last entry of
 the previous rollout, and it carries the core state from before its first entry. See
@@ -22,8 +22,7 @@ the previous rollout, and it carries the core state from before its first entry.
 from __future__ import annotations
 
 import dataclasses
-import os
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -43,62 +42,6 @@ def import_moolib():
     return moolib
 
 
-class PoolEnv:
-    """A :func:`rfwp_rl.envs.make_env` env in the protocol ``moolib.EnvPool`` workers call.
-
-    ``reset() -> obs`` and ``step(action) -> (obs, reward, done, info)``, where ``obs`` is a dict of
-    fixed-shape arrays: ``state`` (the observation) and ``episode_end``/``episode_return``/
-    ``episode_length``, set on the first observation after a full episode ended. The pool
-    calls ``reset()`` itself after ``done`` (terminated or truncated).
-    """
-
-    def __init__(self, env: Any):
-        self.env = env
-        self._ended: dict | None = None
-
-    def _obs(self, state: np.ndarray, ended: dict | None = None) -> dict[str, np.ndarray]:
-        return {"state": state,
-                "episode_end": np.array(ended is not None),
-                "episode_return": np.array(ended["r"] if ended else 0.0, dtype=np.float32),
-                "episode_length": np.array(ended["l"] if ended else 0, dtype=np.int32)}
-
-    def reset(self) -> dict[str, np.ndarray]:
-        state, _ = self.env.reset()
-        ended, self._ended = self._ended, None
-        return self._obs(state, ended)
-
-    def step(self, action: int) -> tuple[dict[str, np.ndarray], float, bool, dict]:
-        state, reward, terminated, truncated, info = self.env.step(int(action))
-        if "episode" in info:
-            self._ended = {"r": float(np.asarray(info["episode"]["r"])), "l": int(np.asarray(info["episode"]["l"]))}
-        return self._obs(state), float(reward), bool(terminated or truncated), info
-
-
-@dataclasses.dataclass
-class EnvFactory:
-    """Picklable ``create_env()`` for the pool: :func:`rfwp_rl.envs.make_env` wrapped in :class:`PoolEnv`.
-
-    Env seeds: ``seed * 100_003 + index`` for the local backend (reproducible); in moolib
-    worker processes, which call ``create_env()`` without an index, the process id and a
-    per-process counter make the seeds distinct (runs with moolib are not bit-reproducible
-    anyway: the timing of the workers decides which model version acts).
-    """
-
-    env_id: str
-    seed: int
-    env_options: dict = dataclasses.field(default_factory=dict)
-    _count: int = 0
-
-    def __call__(self, index: int | None = None) -> PoolEnv:
-        from rfwp_rl.envs import make_env
-
-        if index is None:
-            index = (os.getpid() % 10_000) * 1_000 + self._count
-            self._count += 1
-        seed = (self.seed * 100_003 + index) % (2 ** 31)
-        return PoolEnv(make_env(self.env_id, seed=seed, **self.env_options))
-
-
 class _Ready:
     """An already-computed result with the ``.result()`` of a moolib future."""
 
@@ -112,10 +55,18 @@ class _Ready:
 class LocalEnvPool:
     """In-process stand-in for ``moolib.EnvPool`` with the same ``step(batch_index, action)``:
     the first call on a batch resets its envs (the action is ignored), an env whose episode
-    ended is reset and reports ``done``. Steps synchronously (no overlap with inference)."""
+    ended is reset and reports ``done`` with the new episode's first observation. Steps
+    synchronously (no overlap with inference). Env ``i`` is seeded with ``seed * 100_003 + i``,
+    so runs with this backend are reproducible."""
 
-    def __init__(self, create_env: Callable[[int], PoolEnv], batch_size: int, num_batches: int):
-        self.envs = [[create_env(b * batch_size + i) for i in range(batch_size)] for b in range(num_batches)]
+    def __init__(self, env_id: str, env_options: dict, seed: int, batch_size: int, num_batches: int):
+        from rfwp_rl.envs import make_env
+        from rfwp_rl.envs.pool import PoolEnv
+
+        def create(i: int) -> PoolEnv:
+            return PoolEnv(make_env(env_id, seed=(seed * 100_003 + i) % 2 ** 31, **env_options))
+
+        self.envs = [[create(b * batch_size + i) for i in range(batch_size)] for b in range(num_batches)]
         self.started = [False] * num_batches
 
     def step(self, batch_index: int, action: torch.Tensor) -> _Ready:
@@ -140,18 +91,27 @@ class LocalEnvPool:
     def close(self) -> None:
         for batch in self.envs:
             for env in batch:
-                env.env.close()
+                env.close()
 
 
-def make_env_pool(backend: str, create_env: EnvFactory, num_envs: int, num_batches: int, num_processes: int):
-    """An env pool of ``num_batches`` batches of ``num_envs // num_batches`` envs."""
+def make_env_pool(backend: str, env_id: str, env_options: dict, seed: int, num_envs: int, num_batches: int,
+                  num_processes: int):
+    """An env pool of ``num_batches`` batches of ``num_envs // num_batches`` envs
+    (``moolib.EnvPool`` or :class:`LocalEnvPool`). Create it before any moolib Rpc/Group and
+    before other threads: moolib forks its worker processes here. moolib workers seed their
+    envs from OS entropy (runs with moolib are not bit-reproducible anyway: worker timing
+    decides which model version acts)."""
     if num_envs % num_batches:
         raise UserError(f"--num-actors {num_envs} must be a multiple of --num-env-batches {num_batches}")
+    if not 1 <= num_batches <= 4:
+        raise UserError(f"--num-env-batches {num_batches} is invalid; allowed: 1 to 4")
     batch_size = num_envs // num_batches
     if backend == "local":
-        return LocalEnvPool(create_env, batch_size, num_batches)
+        return LocalEnvPool(env_id, env_options, seed, batch_size, num_batches)
     moolib = import_moolib()
-    return moolib.EnvPool(create_env, num_processes=min(num_processes, num_envs),
+    from rfwp_rl.envs.pool import PoolEnvFactory
+
+    return moolib.EnvPool(PoolEnvFactory(env_id, **env_options), num_processes=min(num_processes, num_envs),
                           batch_size=batch_size, num_batches=num_batches)
 
 
@@ -202,13 +162,13 @@ class Actors:
             batch.future = self.pool.step(batch.index, batch.action)
         env_out = batch.future.result()
         # The pool reuses its buffers once the batch is stepped again: copy what we keep.
-        obs = env_out["state"].to(self.device, copy=True)
+        obs = env_out["obs"].to(self.device, copy=True)
         reward = env_out["reward"].to(self.device, torch.float32, copy=True)
         done = env_out["done"].to(self.device, torch.bool, copy=True)
         episodes = []
         if bool(env_out["episode_end"].any()):
             for i in torch.nonzero(env_out["episode_end"]).flatten().tolist():
-                episodes.append((float(env_out["episode_return"][i]), int(env_out["episode_length"][i])))
+                episodes.append((float(env_out["episode_return"][i]), int(env_out["episode_step"][i])))
 
         prev_action = batch.action
         state_before = batch.core_state

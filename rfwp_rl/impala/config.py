@@ -39,6 +39,7 @@ class ImpalaConfig:
     clip_rho: float = 1.0
     clip_c: float = 1.0
     device: str = "cpu"
+    learner_thread: bool = False  # updates in a thread; actors act with a copy of the model meanwhile
     # bookkeeping
     checkpoint_every: float = 600.0  # seconds between periodic checkpoints
     snapshot_steps: tuple[int, ...] = ()

@@ -25,7 +25,7 @@ Examples::
     rfwp-rl eval runs/impala/ALE-Pong-v5_rdn_s1
     rfwp-rl eval runs/impala/ALE-BattleZone-v5_rdn_s1/snapshot_000050000000.pt --noneg
     rfwp-rl eval RUN --episodes 10 --repeats 1 --video pong.gif
-    rfwp-rl eval RUN --env-option max_episode_frames=0          # no time limit (paper App. C)
+    rfwp-rl eval RUN --env-option max_episode_frames=108000     # Machado et al.'s 30-minute cap
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
-import math
 import shlex
 import sys
 import time
@@ -47,6 +46,11 @@ from rfwp_rl.errors import UserError
 
 DEFAULT_EPISODES = 30  # RFWP paper Sec. 4.4 (after Nair et al.)
 DEFAULT_REPEATS = 5
+# RFWP paper App. C: "No time limit is set for evaluation". The reference code ran gym's
+# <Game>NoFrameskip-v4 ids, whose registration then capped an episode at 100,000 x 4 emulator
+# frames; that cap is the default here (a greedy agent can stall a game forever, e.g. never
+# pressing FIRE, so some cap is needed). --env-option max_episode_frames=0 removes it.
+EVAL_MAX_EPISODE_FRAMES = 400_000
 
 
 # ---------------------------------------------------------------- aggregation (pure)
@@ -97,12 +101,15 @@ class GifRecorder:
     """Collects RGB frames of one episode and writes an animated GIF (Pillow, no moviepy).
 
     ``grab()`` returns an ``[H, W, 3]`` uint8 frame. At most ``max_frames`` frames are kept.
+    Frames are stored as 256-colour palette images (about 34 kB each for Atari).
     """
 
     def __init__(self, path: str | Path, grab: Callable[[], np.ndarray], fps: float = 15.0, max_frames: int = 2700):
         self.path, self.grab, self.fps, self.max_frames = Path(path), grab, fps, max_frames
         self.frames: list = []
         self.cut = False
+        # GIF delays are in 1/100 s: 15 frames/s (Atari at frame skip 4) -> 70 ms per frame
+        self.frame_ms = max(20, 10 * int(round(100 / fps)))
 
     def capture(self) -> None:
         from PIL import Image
@@ -122,7 +129,7 @@ class GifRecorder:
             return None
         buf = io.BytesIO()
         self.frames[0].save(buf, format="GIF", save_all=True, append_images=self.frames[1:],
-                            duration=max(20, int(round(1000 / self.fps))), loop=0)
+                            duration=self.frame_ms, loop=0)
         atomic_write_bytes(self.path, buf.getvalue())
         return self.path
 
@@ -146,9 +153,11 @@ def play(agent: torch.nn.Module, envs: Sequence[Any], episode_quota: Sequence[in
     Env ``i`` plays until it has ``episode_quota[i]`` counted episodes (with ``noneg``,
     episodes with a negative score are not counted; more than ``max_dropped`` of them in total
     raises :class:`UserError`). Each env must already be seeded through ``make_env``.
-    The agent gets ``obs [1, n, *obs_shape]``, ``reward [1, n]`` (received on arriving at
-    the observation; 0 at an episode's first frame), ``done [1, n]`` (True at an episode's
-    first frame: the core state is reset) and ``prev_action [1, n]``.
+    The agent gets ``obs [1, n, *obs_shape]``, ``reward [1, n]`` and ``done [1, n]`` exactly
+    as the trainer's env pool delivers them: ``reward`` is the reward received on arriving at
+    the observation (at an episode's first frame: that of the previous episode's last step,
+    0 for an env's first episode) and ``done`` is True at an episode's first frame (the core
+    state is reset); plus ``prev_action [1, n]``.
     ``recorder`` captures the first episode of env 0. Returns every finished episode,
     including dropped ones, sorted by (env, index).
     """
@@ -213,7 +222,9 @@ def play(agent: torch.nn.Module, envs: Sequence[Any], episode_quota: Sequence[in
             if counted[i] < episode_quota[i]:
                 obs[i], _ = envs[i].reset()
                 ret[i], length[i] = 0.0, 0
-                reward[i], done[i], prev_action[i] = 0.0, True, 0
+                # as in training (moolib EnvPool / TorchBeast): the new episode's first frame comes
+                # with the reward of the step that ended the previous one, and done=True
+                reward[i], done[i], prev_action[i] = float(r), True, 0
                 still.append(i)
         active = still
     episodes.sort(key=lambda e: (e.env, e.index))
@@ -275,13 +286,18 @@ def load_agent(path: str | Path, core: str | None = None, env: str | None = None
 
 
 def eval_env_options(meta: dict, overrides: dict, kind: str) -> dict:
-    """The training run's env options with ``overrides``; Atari: ``episodic_life`` forced off
-    (full-game episodes; DESIGN.md: the reference counted one life as one episode)."""
+    """The env options of the evaluation: the training run's, then ``overrides``.
+
+    Atari: ``episodic_life`` is forced off (full-game episodes; DESIGN.md: the reference
+    counted one life as one episode), and the frame limit is :data:`EVAL_MAX_EPISODE_FRAMES`
+    (not the training run's) unless ``overrides`` sets ``max_episode_frames``.
+    """
     options = {**dict(meta.get("env_options") or {}), **overrides}
     if kind == "atari":
         if options.get("episodic_life"):
             print("note: evaluating full games (episodic_life off; it was on in training)", file=sys.stderr)
         options["episodic_life"] = False
+        options["max_episode_frames"] = overrides.get("max_episode_frames", EVAL_MAX_EPISODE_FRAMES)
     return options
 
 
@@ -292,7 +308,7 @@ def evaluate(path: str | Path, episodes: int = DEFAULT_EPISODES, repeats: int = 
              greedy: bool = True, noneg: bool = False, num_envs: int = 16, seed: int = 12345,
              env_overrides: dict | None = None, core: str | None = None, env: str | None = None,
              num_actions: int | None = None, label: str | None = None, video: str | Path | None = None,
-             max_dropped: int | None = None, quiet: bool = False) -> dict:
+             max_dropped: int | None = None, device: str = "cpu", quiet: bool = False) -> dict:
     """Load the checkpoint at ``path``, play ``episodes * repeats`` counted full episodes and
     return the eval record (what ``rfwp-rl eval`` writes as JSON; see the module docstring)."""
     from rfwp_rl import envs as envs_mod
@@ -303,6 +319,7 @@ def evaluate(path: str | Path, episodes: int = DEFAULT_EPISODES, repeats: int = 
     if num_envs < 1:
         raise UserError(f"--num-envs {num_envs} is invalid; allowed: an integer >= 1")
     agent, meta, step, file = load_agent(path, core=core, env=env, num_actions=num_actions)
+    agent.to(torch.device(device))
     env_id = str(meta["env"])
     kind = envs_mod.resolve_env_id(env_id).kind
     options = eval_env_options(meta, dict(env_overrides or {}), kind)
@@ -393,7 +410,7 @@ def log_tensorboard(run_dir: str | Path, record: dict) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.epilog = __doc__.split("Examples::", 1)[1]
+    parser.epilog = "examples:" + __doc__.split("Examples::", 1)[1]
     parser.add_argument("checkpoint", metavar="RUN_OR_CHECKPOINT",
                         help="a run directory (its newest ckpt_*.pt) or a checkpoint / snapshot file")
     g = parser.add_argument_group("protocol (RFWP paper Sec. 4.4)")
@@ -411,10 +428,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--num-actions", type=int, default=None, help="expected action count")
     g = parser.add_argument_group("running")
     g.add_argument("--env-option", dest="env_options", action="append", default=[], metavar="KEY=VALUE",
-                   help="override an env option of the training run, e.g. max_episode_frames=0 (no limit, "
-                        "as in the paper) or max_episode_steps=500 (non-Atari)")
+                   help="override an env option of the training run, e.g. max_episode_frames=108000 (Atari; "
+                        "default for eval: 400000, see EVAL_MAX_EPISODE_FRAMES; 0 = no limit) or "
+                        "max_episode_steps=500 (other gymnasium envs)")
     g.add_argument("--num-envs", type=int, default=16, help="environments stepped together (default 16)")
     g.add_argument("--seed", type=int, default=12345, help="env i is seeded with SEED + i (default 12345)")
+    g.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 ... (default cpu)")
     g.add_argument("--torch-threads", type=int, default=1,
                    help="torch intra-op threads (default 1: fastest for small batched inference on a busy "
                         "machine; 0: torch's default)")
@@ -448,7 +467,7 @@ def run(args: argparse.Namespace) -> int:
                       noneg=args.noneg, num_envs=args.num_envs, seed=args.seed,
                       env_overrides=_env_overrides(args.env_options), core=args.core, env=args.env,
                       num_actions=args.num_actions, label=args.label, video=args.video,
-                      max_dropped=args.max_dropped)
+                      max_dropped=args.max_dropped, device=args.device)
     record["command"] = "rfwp-rl eval " + " ".join(shlex.quote(a) for a in sys.argv[2:]) \
         if sys.argv[1:2] == ["eval"] else ""
     run_dir = Path(record["checkpoint"]).parent

@@ -20,6 +20,10 @@ over time and batch, as in TorchBeast (whose hyperparameters the paper used)::
 from __future__ import annotations
 
 import dataclasses
+import queue
+import threading
+import warnings
+from typing import Any, Callable
 
 import torch
 import torch.nn as nn
@@ -50,7 +54,9 @@ def compute_loss(agent: nn.Module, batch: dict[str, torch.Tensor], initial_state
             ``policy_logits [T+1, B, A]`` (behaviour policy).
         initial_state: core state before entry 0, tuple of ``[B, ...]`` tensors.
     """
-    out, _ = agent(batch["obs"], batch["reward"], batch["done"], initial_state, prev_action=batch["prev_action"])
+    # greedy: the learner needs no sampled actions (argmax uses no RNG and tolerates NaN logits)
+    out, _ = agent(batch["obs"], batch["reward"], batch["done"], initial_state, prev_action=batch["prev_action"],
+                   greedy=True)
     bootstrap_value = out["baseline"][-1].detach()
 
     # Entry t's action led to entry t+1's reward and done.
@@ -118,6 +124,64 @@ def update(agent: nn.Module, optimizer: torch.optim.Optimizer, scheduler: torch.
         stats["learner/grad_norm"] = float("nan")
         stats["learner/skipped"] = 1.0
     optimizer.zero_grad(set_to_none=True)
-    scheduler.step()  # the schedule counts learner steps, skipped ones included
+    with warnings.catch_warnings():  # torch warns when the very first update was skipped
+        warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
+        scheduler.step()  # the schedule counts learner steps, skipped ones included
     stats["learner/lr"] = lr
     return stats
+
+
+class LearnerThread:
+    """Runs ``learn(batch)`` for each submitted batch in a background thread.
+
+    ``submit`` waits while an update is still running (one batch in flight, so the policy
+    lag stays at most one update); an exception in the thread (e.g.
+    :class:`rfwp_rl.safety.TrainingAborted`) is raised again by the next ``submit``,
+    ``wait_idle`` or ``close``.
+    """
+
+    def __init__(self, learn: Callable[[Any], None]):
+        self._learn = learn
+        self._queue: queue.Queue = queue.Queue(maxsize=1)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="learner", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            batch = self._queue.get()
+            try:
+                if batch is None:
+                    return
+                if self._error is None:
+                    self._learn(batch)
+            except BaseException as e:  # handed to the main thread
+                self._error = e
+            finally:
+                self._queue.task_done()
+
+    def _check(self) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    def submit(self, batch: Any) -> None:
+        while True:
+            self._check()
+            try:
+                self._queue.put(batch, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    def wait_idle(self) -> None:
+        """Wait until every submitted batch is learned."""
+        self._queue.join()
+        self._check()
+
+    def close(self) -> None:
+        """Finish the submitted batches and stop the thread (re-raises its error, if any)."""
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+        self._check()

@@ -21,10 +21,13 @@ Re-running the same command resumes from the newest checkpoint of its run direct
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import math
+import queue as stdlib_queue
 import random
 import sys
+import threading
 import time
 from collections import deque
 from pathlib import Path
@@ -82,6 +85,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--discount", type=float, default=d.discount)
     g.add_argument("--reward-clip", type=float, default=d.reward_clip, help="0 disables clipping")
     g.add_argument("--device", default=d.device, help="cpu, cuda, cuda:1 ...")
+    g.add_argument("--learner-thread", action="store_true",
+                   help="run updates in a learner thread while the actors go on with a copy of the model "
+                        "(refreshed after each update); default: act and learn in turn in one thread")
     g.add_argument("--torch-threads", type=int, default=1,
                    help="torch intra-op threads of this process (default 1: the env workers use the other cores, "
                         "and small per-step inference is much slower with several threads on a busy machine; "
@@ -143,7 +149,7 @@ def train(cfg: ImpalaConfig, preset, spec, env_options: dict, run_dir: Path, tor
     from rfwp_rl.agent import Agent
     from rfwp_rl.checkpoint import Checkpointer, rng_state, set_rng_state
     from rfwp_rl.impala import learner
-    from rfwp_rl.impala.actors import Actors, EnvFactory, RolloutQueue, make_env_pool
+    from rfwp_rl.impala.actors import Actors, RolloutQueue, make_env_pool
     from rfwp_rl.runlog import RunLogger
     from rfwp_rl.safety import GracefulStop, NonFiniteGuard, TrainingAborted
 
@@ -182,9 +188,10 @@ def train(cfg: ImpalaConfig, preset, spec, env_options: dict, run_dir: Path, tor
         print(f"{run_dir} already reached {counters['step']:,} >= --total-steps {cfg.total_steps:,} steps; nothing to do")
         return 0
 
-    def checkpoint_state() -> dict:
-        return {"agent": agent.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                "counters": dict(counters), "rng": rng_state(), "config": dataclasses.asdict(cfg)}
+    # ---- env pool first: moolib forks its workers here, before the logger starts threads
+    env_seed = cfg.seed + 1000 * counters["updates"]  # fresh episodes (local backend: new seeds) on resume
+    pool = make_env_pool(cfg.env_backend, spec.env_id, env_options, env_seed, cfg.num_actors, cfg.num_env_batches,
+                         cfg.num_env_processes)
 
     num_params = sum(p.numel() for p in agent.parameters())
     hparams = {**{k: v for k, v in dataclasses.asdict(cfg).items()}, "core": preset.core,
@@ -197,24 +204,53 @@ def train(cfg: ImpalaConfig, preset, spec, env_options: dict, run_dir: Path, tor
           f"{cfg.num_actors} envs [{cfg.env_backend}], batch {cfg.batch_size} x unroll {cfg.unroll_length}; "
           f"run dir {run_dir}", flush=True)
 
-    # ---- actors
-    factory = EnvFactory(spec.env_id, cfg.seed + 1000 * counters["updates"], env_options)  # new seeds on resume
-    pool = make_env_pool(cfg.env_backend, factory, cfg.num_actors, cfg.num_env_batches, cfg.num_env_processes)
-    actors = Actors(pool, agent, cfg.num_actors, cfg.num_env_batches, cfg.unroll_length, device)
+    # ---- actors (with a learner thread they act with a copy of the model, refreshed after each update)
+    acting_agent = copy.deepcopy(agent) if cfg.learner_thread else agent
+    actors = Actors(pool, acting_agent, cfg.num_actors, cfg.num_env_batches, cfg.unroll_length, device)
     queue = RolloutQueue(cfg.batch_size)
+    model_lock = threading.Lock()  # agent, optimizer, schedule, counters: updates vs checkpoints
+    acting_lock = threading.Lock()  # the acting copy: inference vs refresh after an update
+    learned: stdlib_queue.SimpleQueue = stdlib_queue.SimpleQueue()  # (step, stats) of updates not logged yet
 
+    def learn(batch) -> None:
+        """One V-trace update (runs in the learner thread with --learner-thread)."""
+        with model_lock:
+            stats = learner.update(agent, optimizer, scheduler, batch.data, batch.state, loss_cfg,
+                                   cfg.grad_norm_clip, guard)
+            counters["step"] += steps_per_update
+            counters["updates"] += 1
+            learned.put((counters["step"], stats))
+            if acting_agent is not agent:
+                with acting_lock:
+                    acting_agent.load_state_dict(agent.state_dict())
+
+    def save(snapshot_step: int | None = None) -> Path:
+        with model_lock:
+            counters["actor_steps"] = actor_steps0 + actors.env_steps
+            counters["train_seconds"] = time.monotonic() - start_time
+            state = {"agent": agent.state_dict(), "optimizer": optimizer.state_dict(),
+                     "scheduler": scheduler.state_dict(), "counters": dict(counters), "rng": rng_state(),
+                     "config": dataclasses.asdict(cfg)}
+            if snapshot_step is not None:
+                return checkpointer.snapshot(state, snapshot_step)
+            return checkpointer.save(state, counters["step"])
+
+    thread = learner.LearnerThread(learn) if cfg.learner_thread else None
     returns: deque[float] = deque(maxlen=100)
     last_stats: dict[str, float] = {}
-    last_ckpt = time.monotonic()
-    rate_t, rate_actor, rate_updates = time.monotonic(), actors.env_steps, counters["updates"]
-    snapshots_due = sorted(s for s in cfg.snapshot_steps if s > counters["step"])
+    actor_steps0 = counters["actor_steps"]
     start_time = time.monotonic() - counters["train_seconds"]
+    last_ckpt = time.monotonic()
+    rate_t, rate_actor, rate_updates = time.monotonic(), 0, counters["updates"]
+    snapshots_due = sorted(s for s in cfg.snapshot_steps if s > counters["step"])
+    submitted = counters["step"]  # env steps of the batches handed to the learner
     code = 0
     try:
         with GracefulStop() as stop:
             while counters["step"] < cfg.total_steps and not stop.requested:
                 # -- act: one env batch, one step
-                rollouts, episodes = actors.step()
+                with acting_lock:
+                    rollouts, episodes = actors.step()
                 for ret, length in episodes:
                     counters["episodes"] += 1
                     returns.append(ret)
@@ -223,17 +259,23 @@ def train(cfg: ImpalaConfig, preset, spec, env_options: dict, run_dir: Path, tor
                     queue.put(r)
 
                 # -- learn: one V-trace update per full batch of rollouts
-                while queue.ready() and counters["step"] < cfg.total_steps:
-                    batch = queue.get()
-                    last_stats = learner.update(agent, optimizer, scheduler, batch.data, batch.state, loss_cfg,
-                                                cfg.grad_norm_clip, guard)
-                    counters["step"] += steps_per_update
-                    counters["updates"] += 1
-                    logger.log(counters["step"], {k: v for k, v in last_stats.items() if math.isfinite(v)})
-                    while snapshots_due and counters["step"] >= snapshots_due[0]:
-                        checkpointer.snapshot(checkpoint_state(), snapshots_due.pop(0))
+                while queue.ready() and submitted < cfg.total_steps:
+                    submitted += steps_per_update
+                    if thread:
+                        thread.submit(queue.get())  # waits while the previous update still runs
+                    else:
+                        learn(queue.get())
+                if thread and submitted >= cfg.total_steps:
+                    thread.wait_idle()
 
-                # -- bookkeeping
+                # -- bookkeeping: TensorBoard, console, snapshots, periodic checkpoints
+                while not learned.empty():
+                    step, stats = learned.get()
+                    logger.log(step, {k: v for k, v in stats.items() if math.isfinite(v)})
+                    last_stats = stats
+                while snapshots_due and counters["step"] >= snapshots_due[0]:
+                    snapshots_due.pop(0)
+                    save(snapshot_step=counters["step"])
                 now = time.monotonic()
                 if now - rate_t >= cfg.log_every:
                     env_sps = (actors.env_steps - rate_actor) / (now - rate_t)
@@ -251,16 +293,15 @@ def train(cfg: ImpalaConfig, preset, spec, env_options: dict, run_dir: Path, tor
                         extra["loss"] = last_stats["loss/total"]
                     logger.progress(counters["step"], **extra)
                 if now - last_ckpt >= cfg.checkpoint_every:
-                    counters["train_seconds"] = now - start_time
-                    checkpointer.save(checkpoint_state(), counters["step"])
+                    save()
                     last_ckpt = now
     except TrainingAborted as e:
         print(f"error: training aborted: {e}; the last good model is saved", file=sys.stderr)
         code = 1
     finally:
-        counters["actor_steps"] += actors.env_steps
-        counters["train_seconds"] = time.monotonic() - start_time
-        path = checkpointer.save(checkpoint_state(), counters["step"])
+        if thread:
+            thread.close()
+        path = save()
         logger.progress(counters["step"], force=True, episodes=counters["episodes"],
                         **({"return(100)": float(np.mean(returns))} if returns else {}))
         logger.close()

@@ -3,6 +3,12 @@
 As in the FWM paper's published agents, the 17-dim observation goes straight into the core
 (no torso) and two linear heads read the core's output: ``Linear(out, 3)`` for the policy
 logits and ``Linear(out, 1)`` for the value.
+
+Acting needs one core step at a time (the next observation depends on the action);
+:meth:`MetaRLAgent.stepper` returns an object with ``step(obs [B, obs_size]) -> (logits
+[B, A], value [B])`` that carries the state from a zero start. For the ``fwm`` core it uses
+the exact low-rank form of :mod:`rfwp_rl.meta_rl.fwm_factored` (same weights, much cheaper);
+every other core is called through the shared contract ``core(x[None], state)``.
 """
 
 from __future__ import annotations
@@ -13,6 +19,8 @@ import torch
 import torch.nn as nn
 
 from rfwp_rl import cores
+from rfwp_rl.meta_rl import fwm_factored
+from rfwp_rl.meta_rl.fwm_factored import FactoredFWMStepper
 
 
 class MetaRLAgent(nn.Module):
@@ -41,6 +49,42 @@ class MetaRLAgent(nn.Module):
         """``obs [T, B, obs_size]`` -> ``(logits [T, B, A], values [T, B], new state)``."""
         y, state = self.core(obs, state, reset)
         return self.policy(y), self.value(y).squeeze(-1), state
+
+    def heads(self, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Core output ``[..., out]`` -> ``(logits [..., A], value [...])``."""
+        return self.policy(y), self.value(y).squeeze(-1)
+
+    def stepper(self, batch_size: int, device: torch.device | str | None = None,
+                factored_fwm: bool = True) -> "CoreStepper | FactoredFWMAgentStepper":
+        """A fresh one-step-at-a-time runner from the zero state (see module docstring).
+        ``factored_fwm=False`` forces the dense core path for the ``fwm`` core."""
+        if factored_fwm and fwm_factored.supports(self.core):
+            return FactoredFWMAgentStepper(self, batch_size, device)
+        return CoreStepper(self, batch_size, device)
+
+
+class CoreStepper:
+    """Generic stepping through the cores contract: ``y, state = core(x[None], state)``."""
+
+    def __init__(self, agent: "MetaRLAgent", batch_size: int, device: torch.device | str | None) -> None:
+        self.agent = agent
+        self.state = agent.initial_state(batch_size, device=device)
+
+    def step(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``obs [B, obs_size]`` -> ``(logits [B, A], value [B])``; advances the state."""
+        y, self.state = self.agent.core(obs.unsqueeze(0), self.state)
+        return self.agent.heads(y[0])
+
+
+class FactoredFWMAgentStepper:
+    """Stepping of an ``fwm`` agent in the low-rank form (:mod:`rfwp_rl.meta_rl.fwm_factored`)."""
+
+    def __init__(self, agent: "MetaRLAgent", batch_size: int, device: torch.device | str | None) -> None:
+        self.agent = agent
+        self.fwm = FactoredFWMStepper(agent.core, batch_size, device)
+
+    def step(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.agent.heads(self.fwm.step(obs))
 
 
 def count_parameters(module: nn.Module) -> int:

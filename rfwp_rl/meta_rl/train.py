@@ -102,6 +102,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--run-dir", default=None, help="default runs/meta_rl/<name>_s<seed>")
     g.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch default)")
     g.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
+    g.add_argument("--fwm-impl", default="factored", choices=("factored", "dense"),
+                   help="fwm core only: exact low-rank stepping (fast, default) or the core's dense "
+                        "[B, m, m, m] tensor; same results up to float rounding")
     g.add_argument("--print-every", type=float, default=10.0, help="seconds between progress lines")
 
 
@@ -145,7 +148,7 @@ def resolve_agent(core: str | None, preset: str | None, overrides: list[str]) ->
 
 
 def rollout(agent: MetaRLAgent, env: GraphBatchEnv, device: torch.device,
-            generator: torch.Generator, greedy: bool = False) -> dict[str, Any]:
+            generator: torch.Generator, greedy: bool = False, factored_fwm: bool = True) -> dict[str, Any]:
     """Play one episode with every agent of ``env`` (grad enabled unless the caller disables it).
 
     Returns ``logits [T, B, A]``, ``values [T, B]``, ``actions [T, B]`` int64, ``rewards
@@ -154,13 +157,11 @@ def rollout(agent: MetaRLAgent, env: GraphBatchEnv, device: torch.device,
     and the state is carried with its graph, so the backward pass is full BPTT.
     """
     obs = env.reset()
-    state = agent.initial_state(env.num_envs, device=device)
+    stepper = agent.stepper(env.num_envs, device=device, factored_fwm=factored_fwm)
     logits_t, values_t, actions_t, rewards_t = [], [], [], []
     done = False
     while not done:
-        x = torch.from_numpy(obs).to(device).unsqueeze(0)
-        logits, value, state = agent(x, state)
-        logits, value = logits[0], value[0]
+        logits, value = stepper.step(torch.from_numpy(obs).to(device))
         if greedy:
             action = logits.detach().argmax(-1).cpu()
         else:
@@ -180,11 +181,11 @@ def rollout(agent: MetaRLAgent, env: GraphBatchEnv, device: torch.device,
 
 @torch.no_grad()
 def evaluate(agent: MetaRLAgent, env: GraphBatchEnv, device: torch.device,
-             generator: torch.Generator, greedy: bool) -> dict[str, float]:
+             generator: torch.Generator, greedy: bool, factored_fwm: bool = True) -> dict[str, float]:
     """Mean total reward, goals and invalid actions per episode on ``env``'s graphs."""
     was_training = agent.training
     agent.eval()
-    out = rollout(agent, env, device, generator, greedy=greedy)
+    out = rollout(agent, env, device, generator, greedy=greedy, factored_fwm=factored_fwm)
     agent.train(was_training)
     return {"total_reward": float(out["total_reward"].mean()), "goals": float(out["goals"].mean()),
             "invalid": float(out["invalid"].mean())}
@@ -222,6 +223,7 @@ def run(args: argparse.Namespace) -> int:
     if args.batch_size is not None and args.batch_size < 1:
         raise UserError(f"--batch-size {args.batch_size} is invalid; allowed: >= 1")
     check_choice("eval policy", args.eval_policy, EVAL_POLICIES)
+    factored = check_choice("fwm implementation", args.fwm_impl, ("factored", "dense")) == "factored"
     core_name, core_config, label = resolve_agent(args.core, args.preset, args.overrides)
     run_dir = Path(args.run_dir) if args.run_dir else Path("runs/meta_rl") / run_name(label, f"s{args.seed}")
     if args.threads > 0:
@@ -304,7 +306,8 @@ def run(args: argparse.Namespace) -> int:
         row: dict[str, Any] = {"episode": episode}
         results = {}
         for mode in (("sample", "greedy") if args.eval_policy == "both" else (args.eval_policy,)):
-            results[mode] = evaluate(agent, test_env, device, eval_gen, greedy=(mode == "greedy"))
+            results[mode] = evaluate(agent, test_env, device, eval_gen, greedy=(mode == "greedy"),
+                                     factored_fwm=factored)
         means = _interval_means(acc)
         elapsed = wall + (time.monotonic() - t_start)
         prev = history[-1] if history else None
@@ -350,7 +353,7 @@ def run(args: argparse.Namespace) -> int:
                 # ---- one training episode = one A2C update on the whole batch ----------
                 if not fixed_graphs:
                     train_env.tables = train_tables[graph_rng.integers(0, len(train_tables), batch)].astype(np.int64)
-                out = rollout(agent, train_env, device, sample_gen)
+                out = rollout(agent, train_env, device, sample_gen, factored_fwm=factored)
                 losses = a2c.a2c_loss(out["logits"], out["values"], out["actions"], out["rewards"],
                                       gamma=args.gamma, value_coef=args.value_coef,
                                       entropy_coef=args.entropy_coef)
@@ -366,16 +369,17 @@ def run(args: argparse.Namespace) -> int:
                 acc["train_reward"].append(train_reward)
                 acc["train_goals"].append(float(out["goals"].mean()))
                 acc["train_invalid"].append(float(out["invalid"].mean()))
-                for k in ("loss", "policy_loss", "value_loss", "entropy"):
-                    acc[k].append(float(losses[k]))
+                scal = {k: float(losses[k].detach()) for k in ("loss", "policy_loss", "value_loss", "entropy")}
+                for k, v in scal.items():
+                    acc[k].append(v)
                 if episode % args.log_every == 0:
                     logger.log(episode, {"train/total_reward": train_reward,
                                          "train/goals": float(out["goals"].mean()),
                                          "train/invalid_actions": float(out["invalid"].mean()),
-                                         "loss/total": float(losses["loss"]),
-                                         "loss/policy": float(losses["policy_loss"]),
-                                         "loss/value": float(losses["value_loss"]),
-                                         "loss/entropy": float(losses["entropy"]),
+                                         "loss/total": scal["loss"],
+                                         "loss/policy": scal["policy_loss"],
+                                         "loss/value": scal["value_loss"],
+                                         "loss/entropy": scal["entropy"],
                                          "perf/skipped_updates": guard.skipped})
                 recent["train_R"] = train_reward
                 logger.progress(episode, **recent)
@@ -386,6 +390,7 @@ def run(args: argparse.Namespace) -> int:
             if stop.requested:
                 print(f"stopped at episode {episode:,}; re-run the same command to resume", flush=True)
     except TrainingAborted as e:
+        ckpt.save(state_dict(), episode)  # the parameters are still the last finite ones
         print(f"error: training aborted at episode {episode:,}: {e}", file=sys.stderr, flush=True)
         return 1
     finally:

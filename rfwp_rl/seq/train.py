@@ -67,6 +67,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=1, help="model and data seed")
     g.add_argument("--eval-every", type=int, default=500, help="steps between validations")
     g.add_argument("--eval-batch-size", type=int, default=64)
+    g.add_argument("--target", type=float, help="stop once the validation score reaches this "
+                   "(seq_acc for the algorithmic tasks, perplexity for lm)")
+    g.add_argument("--patience", type=int, default=0, help="stop after this many validations "
+                   "without improvement (0: never)")
     g.add_argument("--checkpoint-every", type=int, default=500, help="steps between checkpoints")
     g.add_argument("--run-dir", help="run directory (default: runs/seq/<task>_<core>_s<seed>)")
     g.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
@@ -196,6 +200,16 @@ def better(task, new: float, old: float | None) -> bool:
     return new < old if task.name == "lm" else new > old
 
 
+def early_stop_reason(task, args: argparse.Namespace, step: int, value: float, best: float,
+                      best_step: int) -> str | None:
+    """Why training stops before ``--steps`` (``--target`` reached, ``--patience`` out)."""
+    if args.target is not None and (value <= args.target if task.name == "lm" else value >= args.target):
+        return f"target {task.main_metric} {args.target} reached"
+    if args.patience and step - best_step >= args.patience * args.eval_every:
+        return f"no improvement in {args.patience} validations"
+    return None
+
+
 # ------------------------------------------------------------------------- the run
 
 def run(args: argparse.Namespace) -> int:
@@ -228,7 +242,7 @@ def run(args: argparse.Namespace) -> int:
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     meta = {"trainer": "seq", **{k: v for k, v in hparams.items() if k != "steps"}}
     ckpt = Checkpointer(run_dir, meta)
-    start, carried, best, best_step, elapsed = 0, None, None, None, 0.0
+    start, carried, best, best_step, elapsed, early = 0, None, None, None, 0.0, None
     loaded = ckpt.load_latest()
     if loaded is not None:
         s = loaded["state"]
@@ -236,7 +250,7 @@ def run(args: argparse.Namespace) -> int:
         optimizer.load_state_dict(s["optimizer"])
         set_rng_state(s["rng"])
         start, carried = loaded["step"], s["carried"]
-        best, best_step, elapsed = s["best"], s["best_step"], s["elapsed"]
+        best, best_step, elapsed, early = s["best"], s["best_step"], s["elapsed"], s["early"]
         print(f"resuming {run_dir} from step {start:,}", flush=True)
     main = task.main_metric
     print(f"seq | task {task.name} | core {args.core} | {n_params:,} parameters | run dir {run_dir}",
@@ -248,7 +262,7 @@ def run(args: argparse.Namespace) -> int:
     def checkpoint_state() -> dict:
         return {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                 "rng": rng_state(), "carried": carried, "best": best, "best_step": best_step,
-                "elapsed": elapsed + time.monotonic() - t0}
+                "early": early, "elapsed": elapsed + time.monotonic() - t0}
 
     t0 = time.monotonic()
     step = start
@@ -256,7 +270,7 @@ def run(args: argparse.Namespace) -> int:
     model.train()
     try:
         with GracefulStop() as stop:
-            while step < args.steps:
+            while step < args.steps and not early:
                 # ---- one training batch
                 if task.name == "lm":
                     x, y, epoch_start = task.train_segment(step, args.batch_size)
@@ -300,8 +314,12 @@ def run(args: argparse.Namespace) -> int:
                     print(f"step {step:,} | valid " + " | ".join(
                         f"{k} {v:.4g}" for k, v in metrics.items()) +
                         f" | best {main} {best:.4g} (step {best_step:,})", flush=True)
-                if step % args.checkpoint_every == 0 or step == args.steps:
+                    early = early_stop_reason(task, args, step, metrics[main], best, best_step)
+                if step % args.checkpoint_every == 0 or step == args.steps or early:
                     ckpt.save(checkpoint_state(), step)
+                if early:
+                    print(f"stopping early at step {step:,}: {early}", flush=True)
+                    break
                 if stop.requested:
                     ckpt.save(checkpoint_state(), step)
                     stopped = True
@@ -323,7 +341,7 @@ def run(args: argparse.Namespace) -> int:
     final.load_state_dict(best_weights["model"])
     results = {"settings": settings, "training": {k: hparams[k] for k in
                                                   ("steps", "batch_size", "lr", "warmup", "clip", "seed")},
-               "best_step": best_step,
+               "best_step": best_step, "steps_done": step, "early_stop": early,
                "valid": evaluate(final, task, "valid", args),
                "test": evaluate(final, task, "test", args),
                "train_seconds": round(train_time, 1),

@@ -1,0 +1,124 @@
+"""``rfwp-rl bench seq``: training tokens/s of the sequence model, per core.
+
+One small language-model configuration for every core (default: vocabulary 1,000, embedding
+and hidden size 128, 2 layers, 4 heads, FF 512, batch 8 x 64 tokens): a training step is the
+forward pass, cross-entropy, backward pass (full BPTT over the segment) and an Adam update,
+on random tokens. Cores are measured one after the other in one run, so their ratios are
+comparable on a shared machine; the median of ``--repeats`` timings of ``--steps`` steps is
+reported. Prints a table and writes ``results/bench/seq.csv`` (atomic).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import platform
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from rfwp_rl.checkpoint import atomic_write_text
+from rfwp_rl.errors import UserError, check_choice
+
+COLUMNS = ("core", "backend", "params", "tokens_per_s", "ms_per_step", "batch_size", "seq_len",
+           "vocab", "hidden_size", "num_layers", "num_heads", "torch_threads", "torch", "machine")
+
+
+def default_cores() -> list[str]:
+    from rfwp_rl.seq.model import core_names
+
+    return [c for c in core_names() if c != "ff"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cores", help="comma-separated cores (default: every core but ff)")
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--seq-len", type=int, default=64)
+    parser.add_argument("--vocab", type=int, default=1000)
+    parser.add_argument("--hidden-size", type=int, default=128)
+    parser.add_argument("--num-layers", type=int, default=2)
+    parser.add_argument("--num-heads", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=3, help="timed steps per repeat")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--torch-threads", type=int, default=1)
+    parser.add_argument("--out", default="results/bench/seq.csv")
+
+
+def core_config(core: str, hidden: int, layers: int, heads: int) -> dict:
+    from rfwp_rl.seq.model import core_defaults
+
+    defaults = core_defaults(core)
+    config = {"hidden_size": hidden, "num_layers": layers}
+    if "num_heads" in defaults:
+        config.update(num_heads=heads, ff_size=4 * hidden)
+    return config
+
+
+def bench_core(core: str, args: argparse.Namespace) -> dict:
+    from rfwp_rl.seq.model import SeqModel
+
+    torch.manual_seed(0)
+    config = core_config(core, args.hidden_size, args.num_layers, args.num_heads)
+    model = SeqModel(core, (args.vocab,), args.vocab, args.hidden_size, config)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, args.vocab, (args.seq_len + 1, args.batch_size), generator=g)
+
+    def step() -> None:
+        logits, _ = model(x[:-1])
+        loss = F.cross_entropy(logits.reshape(-1, args.vocab), x[1:].reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    step()  # warm-up
+    times = []
+    for _ in range(args.repeats):
+        t0 = time.perf_counter()
+        for _ in range(args.steps):
+            step()
+        times.append((time.perf_counter() - t0) / args.steps)
+    sec = statistics.median(times)
+    backend = model.core.config.get("backend", "-")
+    if backend == "auto":
+        from rfwp_rl import kernels
+
+        backend = kernels.status()[0]
+    return {"core": core, "backend": backend,
+            "params": sum(p.numel() for p in model.parameters()),
+            "tokens_per_s": round(args.batch_size * args.seq_len / sec),
+            "ms_per_step": round(1000 * sec, 1), "batch_size": args.batch_size,
+            "seq_len": args.seq_len, "vocab": args.vocab, "hidden_size": args.hidden_size,
+            "num_layers": args.num_layers, "num_heads": args.num_heads if "num_heads" in config else "-",
+            "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+            "machine": platform.machine()}
+
+
+def run(args: argparse.Namespace) -> int:
+    for name in ("batch_size", "seq_len", "vocab", "hidden_size", "num_layers", "num_heads",
+                 "steps", "repeats", "torch_threads"):
+        if getattr(args, name) < 1:
+            raise UserError(f"--{name.replace('_', '-')} {getattr(args, name)} is invalid; allowed: >= 1")
+    cores = args.cores.split(",") if args.cores else default_cores()
+    for c in cores:
+        check_choice("core", c, default_cores() + ["ff"])
+    torch.set_num_threads(args.torch_threads)
+    print(f"seq training throughput: batch {args.batch_size} x {args.seq_len} tokens, vocab "
+          f"{args.vocab}, hidden {args.hidden_size}, {args.num_layers} layers, "
+          f"{args.torch_threads} thread(s)", flush=True)
+    print(f"{'core':<12} {'params':>10} {'tokens/s':>10} {'ms/step':>9}", flush=True)
+    rows = []
+    for core in cores:
+        row = bench_core(core, args)
+        rows.append(row)
+        print(f"{core:<12} {row['params']:>10,} {row['tokens_per_s']:>10,} {row['ms_per_step']:>9.1f}",
+              flush=True)
+    buf = io.StringIO()
+    buf.write(",".join(COLUMNS) + "\n")
+    for row in rows:
+        buf.write(",".join(str(row[c]) for c in COLUMNS) + "\n")
+    atomic_write_text(args.out, buf.getvalue())
+    print(f"wrote {args.out}")
+    return 0

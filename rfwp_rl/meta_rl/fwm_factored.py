@@ -1,0 +1,101 @@
+"""Exact low-rank stepping of the ``fwm`` core for episodes that start from a zero state.
+
+The FWM core (:mod:`rfwp_rl.cores.fwm`) keeps the fast tensor ``F`` as a dense ``[B, m, m, m]``
+array (4096 floats per agent for m = 16). In the meta-RL task every episode starts from
+``F = 0`` and lasts T = 30 steps, so ``F_t`` is a sum of at most t rank-one terms, and every
+operation of FWM paper Eq. 3, 4 and 7 can be done on the factors instead of the dense tensor
+(the same duality as between fast weights and linear attention, Secretly-FWP Sec. 2):
+
+    F_{t-1} = sum_{j<t} vec(k1_j ⊗ k2_j) ⊗ z_j,      S = ||F_{t-1}||²
+    c_j     = <k1_j, k1_t> <k2_j, k2_t>
+    v_old   = F_{t-1} vec(k1_t ⊗ k2_t) = sum_j c_j z_j
+    F'_t    = F_{t-1} + vec(k1_t ⊗ k2_t) ⊗ z_t,   z_t = β (v - v_old)        (FWM Eq. 3)
+    ||F'_t||² = S + 2 sum_j c_j <z_j, z_t> + |k1_t|² |k2_t|² |z_t|²
+    F_t     = F'_t / max(1, ||F'_t||): divide every z_j (j <= t) by that factor  (FWM Eq. 4)
+    F_t vec(n ⊗ e) = sum_{j<=t} <k1_j, n> <k2_j, e> z_j                        (FWM Eq. 7)
+
+A step costs O(t m) per agent instead of O(m³), and the backward pass never stores dense
+tensors: on the 2-core CPU this makes an update of 600 agents x 30 steps about two orders of
+magnitude cheaper. The slow parts (the LSTM, W_write, W_β, the read projections, W_o) are
+the core's own modules, so there is one set of FWM weights; tests check that outputs and
+gradients equal the core's dense forward.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from rfwp_rl.cores.fwm import FWMCore
+
+
+# Batched tiny matrix-vector products as multiply + sum: on CPU this is several times faster
+# than bmm/einsum for [600, t <= 30, 16] operands.
+def _dots(keys: Tensor, q: Tensor) -> Tensor:
+    """``keys [B, t, m]``, ``q [B, m]`` -> ``<keys_j, q>`` ``[B, t]``."""
+    return (keys * q.unsqueeze(1)).sum(-1)
+
+
+def _combine(coef: Tensor, values: Tensor) -> Tensor:
+    """``coef [B, t]``, ``values [B, t, m]`` -> ``sum_j coef_j values_j`` ``[B, m]``."""
+    return (coef.unsqueeze(-1) * values).sum(1)
+
+
+def supports(core: torch.nn.Module) -> bool:
+    """True if ``core`` is an FWM core this stepper can run (not in 1-step-BPTT mode)."""
+    return isinstance(core, FWMCore) and not core.detach_state_every_step
+
+
+class FactoredFWMStepper:
+    """Runs an :class:`~rfwp_rl.cores.fwm.FWMCore` one step at a time from a zero state.
+
+    ``step(x [B, input_size]) -> y [B, hidden_size]``, equal to the core's output for the
+    same inputs from ``core.initial_state(B)``. Gradients flow through all steps.
+    """
+
+    def __init__(self, core: FWMCore, batch_size: int, device: torch.device | str | None = None) -> None:
+        if not supports(core):
+            raise ValueError("FactoredFWMStepper needs an FWMCore without detach_state_every_step")
+        self.core = core
+        p = next(core.parameters())
+        device = device if device is not None else p.device
+        B, H = batch_size, core.hidden_size
+        self.h = torch.zeros(1, B, H, device=device, dtype=p.dtype)
+        self.c = torch.zeros(1, B, H, device=device, dtype=p.dtype)
+        empty = torch.zeros(B, 0, core.m, device=device, dtype=p.dtype)
+        self.k1, self.k2, self.z = empty, empty, empty         # factors of F, [B, t, m]
+        self.sq = torch.zeros(B, device=device, dtype=p.dtype)  # ||F||²
+
+    def step(self, x: Tensor) -> Tensor:
+        core, m = self.core, self.core.m
+        hs, (self.h, self.c) = core.lstm(x.unsqueeze(0), (self.h, self.c))
+        h = hs[0]                                                   # [B, H]
+        w = core.write(h)
+        k1, k2, v = torch.tanh(w[:, :3 * m]).split(m, dim=-1)       # FWM Eq. 1
+        beta = torch.sigmoid(w[:, 3 * m])                           # FWM Eq. 2
+        r = torch.tanh(core.read(h)).view(h.shape[0], 1 + core.num_reads, m)  # FWM Eq. 5-6
+
+        # write (FWM Eq. 3-4) on the factors
+        if self.k1.shape[1]:
+            cj = _dots(self.k1, k1) * _dots(self.k2, k2)
+            v_old = _combine(cj, self.z)
+        else:
+            cj, v_old = None, torch.zeros_like(v)
+        z = beta[:, None] * (v - v_old)
+        sq = self.sq + (k1 * k1).sum(-1) * (k2 * k2).sum(-1) * (z * z).sum(-1)
+        if cj is not None:
+            sq = sq + 2.0 * (cj * _dots(self.z, z)).sum(-1)
+        scale = sq.clamp(min=1.0).sqrt()                            # as the core: sqrt(max(1, ||F'||²))
+        self.sq = sq / (scale * scale)
+        self.k1 = torch.cat([self.k1, k1[:, None]], 1)
+        self.k2 = torch.cat([self.k2, k2[:, None]], 1)
+        self.z = torch.cat([self.z, z[:, None]], 1) / scale[:, None, None]
+
+        # chained reads (FWM Eq. 7)
+        n = r[:, 0]
+        for i in range(core.num_reads):
+            coef = _dots(self.k1, n) * _dots(self.k2, r[:, 1 + i])
+            n = _combine(coef, self.z)
+            n = F.layer_norm(n, n.shape[-1:])                       # LN without affine
+        return h + core.out(n)                                      # FWM Eq. 8 + residual

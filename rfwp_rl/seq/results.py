@@ -1,0 +1,115 @@
+"""Collect the ``results.json`` of sequence runs into a CSV table and draw figures.
+
+    python -m rfwp_rl.seq.results RUNS_ROOT OUT.csv [--plot OUT.png --x KEY --y KEY --group KEY]
+
+Every ``results.json`` under ``RUNS_ROOT`` becomes one row with its settings (task, core,
+task options), the best step, the validation and test scores (prefixed ``valid_`` /
+``test_``) and the wall-clock seconds. With ``--plot``, the test (or validation) metric
+``--y`` is drawn against the setting ``--x`` with one line per ``--group`` value (e.g. the
+associative-retrieval capacity curve: x = num_keys, y = test_seq_acc, group = core).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import sys
+from pathlib import Path
+
+from rfwp_rl.checkpoint import atomic_write_bytes, atomic_write_text
+from rfwp_rl.errors import UserError
+
+SETTING_KEYS = ("task", "core", "num_keys", "setting", "num_vars", "num_statements", "depth",
+                "level", "context", "seg_len", "emb_size", "params")
+CORE_KEYS = ("hidden_size", "num_layers", "num_heads", "ff_size", "feature_map")
+
+
+def flatten(res: dict, run_dir: str) -> dict:
+    """One results.json as a flat row."""
+    s, cc = res["settings"], res["settings"].get("core_config", {})
+    row = {k: s.get(k, "") for k in SETTING_KEYS}
+    row.update({k: cc.get(k, "") for k in CORE_KEYS})
+    row.update({k: v for k, v in res.get("training", {}).items()})
+    row["best_step"] = res.get("best_step")
+    row["steps_done"] = res.get("steps_done", "")
+    row["early_stop"] = res.get("early_stop") or ""
+    for split in ("valid", "test"):
+        for k, v in res.get(split, {}).items():
+            row[f"{split}_{k}"] = round(v, 6) if isinstance(v, float) else v
+    row["train_seconds"] = res.get("train_seconds")
+    row["eval_seconds"] = res.get("eval_seconds")
+    row["run_dir"] = run_dir
+    return row
+
+
+def collect(root: str | Path) -> list[dict]:
+    root = Path(root)
+    files = sorted(root.rglob("results.json"))
+    if not files:
+        raise UserError(f"no results.json under {root}")
+    return [flatten(json.loads(f.read_text()), str(f.parent)) for f in files]
+
+
+def write_csv(rows: list[dict], path: str | Path) -> None:
+    columns: list[str] = []
+    for row in rows:
+        columns += [k for k in row if k not in columns]
+    buf = io.StringIO()
+    buf.write(",".join(columns) + "\n")
+    for row in rows:
+        buf.write(",".join(str(row.get(c, "")).replace(",", ";") for c in columns) + "\n")
+    atomic_write_text(path, buf.getvalue())
+
+
+def plot(rows: list[dict], path: str | Path, x: str, y: str, group: str, title: str = "",
+         xline: float | None = None) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    for g in sorted({r[group] for r in rows}):
+        pts = sorted((float(r[x]), float(r[y])) for r in rows if r[group] == g)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=str(g))
+    if xline is not None:
+        ax.axvline(xline, color="grey", linestyle=":", label=f"{x} = {xline:g}")
+    ax.set_xlabel(x)
+    ax.set_ylabel(y)
+    if title:
+        ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120)
+    plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m rfwp_rl.seq.results", description=__doc__.splitlines()[0])
+    p.add_argument("root")
+    p.add_argument("csv")
+    p.add_argument("--plot")
+    p.add_argument("--x", default="num_keys")
+    p.add_argument("--y", default="test_seq_acc")
+    p.add_argument("--group", default="core")
+    p.add_argument("--title", default="")
+    p.add_argument("--xline", type=float)
+    args = p.parse_args(argv)
+    try:
+        rows = collect(args.root)
+        write_csv(rows, args.csv)
+        if args.plot:
+            plot(rows, args.plot, args.x, args.y, args.group, args.title, args.xline)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"{len(rows)} runs -> {args.csv}" + (f", {args.plot}" if args.plot else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,205 @@
+"""rfwp-rl eval: the paper's protocol (repeats x episodes of full games), noneg, outputs,
+checkpoint checks. Checkpoints are built here in the trainer's format (rfwp_rl.impala.train)."""
+
+from __future__ import annotations
+
+import json
+
+import gymnasium
+import numpy as np
+import pytest
+import torch
+
+from rfwp_rl import cli, envs
+from rfwp_rl.agent import Agent
+from rfwp_rl.checkpoint import Checkpointer
+from rfwp_rl.errors import UserError
+from rfwp_rl.impala.evaluate import eval_env_options, evaluate, quotas, split_repeats, summarize
+from rfwp_rl.scores import load_runs
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Small batched inference is fastest on one thread on a shared machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def make_checkpoint(run_dir, env_id, core="lstm", core_config=None, env_options=None, step=1000,
+                    trainer="impala", meta_num_actions=None):
+    """Save an untrained agent exactly as ``rfwp-rl train`` does (meta + state['agent'])."""
+    spec = envs.env_spec(env_id, **(env_options or {}))
+    n = meta_num_actions or spec.num_actions
+    torch.manual_seed(0)
+    agent = Agent(spec.obs_shape, n, core, core_config or {}, {})
+    meta = {"trainer": trainer, "env": spec.gym_id, "env_options": dict(env_options or {}), "core": core,
+            "core_config": dict(agent.core.config), "num_actions": n,
+            "obs_shape": list(spec.obs_shape), "agent": agent.config.to_dict()}
+    return Checkpointer(run_dir, meta).save({"agent": agent.state_dict()}, step)
+
+
+class SignEnv(gymnasium.Env):
+    """Deterministic scores: every episode lasts 2 steps; episode k of an env scores -1 when
+    k % 3 == 1, else +2 (the reward is half of that at each step)."""
+
+    observation_space = gymnasium.spaces.Box(-1.0, 1.0, (3,), np.float32)
+    action_space = gymnasium.spaces.Discrete(2)
+
+    def __init__(self):
+        self.k, self.t = -1, 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.k, self.t = self.k + 1, 0
+        return np.zeros(3, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        score = -1.0 if self.k % 3 == 1 else 2.0
+        return np.full(3, self.t / 2, np.float32), score / 2, self.t == 2, False, {}
+
+
+SIGN_ID = "RfwpTestSign-v0"
+if SIGN_ID not in gymnasium.registry:
+    gymnasium.register(id=SIGN_ID, entry_point=SignEnv)
+
+
+# ---------------------------------------------------------------- aggregation
+
+
+def test_split_repeats_and_summary_on_a_fixed_score_list():
+    scores = [3, -2, 5, 0, -1, 4, 7, -3, 1, 2]
+    groups, dropped = split_repeats(scores, episodes=2, repeats=3)
+    assert groups == [[3, -2], [5, 0], [-1, 4]] and dropped == 0
+    groups, dropped = split_repeats(scores, episodes=2, repeats=3, noneg=True)
+    assert groups == [[3, 5], [0, 4], [7, 1]] and dropped == 3  # a score of 0 is kept
+    s = summarize(groups)
+    assert s["repeat_means"] == [4.0, 2.0, 4.0]
+    assert s["mean"] == pytest.approx(10 / 3) and s["std"] == pytest.approx(np.sqrt(8 / 9))
+    with pytest.raises(ValueError, match="7 usable episodes, 8 needed"):
+        split_repeats(scores, episodes=4, repeats=2, noneg=True)
+    assert quotas(150, 16) == [10] * 6 + [9] * 10 and sum(quotas(7, 3)) == 7
+
+
+def test_noneg_end_to_end_on_deterministic_scores(tmp_path):
+    make_checkpoint(tmp_path / "run", SIGN_ID, core_config={"hidden_size": 8})
+    # 12 episodes on 5 envs: quotas 3, 3, 2, 2, 2; each env plays +2, -1, +2, +2, -1, ...
+    rec = evaluate(tmp_path / "run", episodes=4, repeats=3, num_envs=5, quiet=True)
+    # (env, episode) order: [2,-1,2 | 2,-1,2 | 2,-1 | 2,-1 | 2,-1] in groups of 4
+    assert rec["scores"] == [[2, -1, 2, 2], [-1, 2, 2, -1], [2, -1, 2, -1]]
+    assert rec["mean"] == pytest.approx(0.75) and rec["std"] == pytest.approx(np.std([1.25, 0.5, 0.5]))
+    assert rec["dropped_negative"] == 0 and rec["lengths"] == [[2] * 4] * 3
+    rec = evaluate(tmp_path / "run", episodes=4, repeats=3, num_envs=5, noneg=True, quiet=True)
+    assert rec["scores"] == [[2.0] * 4] * 3 and (rec["mean"], rec["std"]) == (2.0, 0.0)
+    assert rec["dropped_negative"] == 5  # one negative episode per env before its quota is full
+    assert rec["env_steps"] == 2 * (12 + 5)
+    with pytest.raises(UserError, match="--noneg: 3 episodes ended with a negative score"):
+        evaluate(tmp_path / "run", episodes=4, repeats=3, num_envs=5, noneg=True, max_dropped=2, quiet=True)
+
+
+# ---------------------------------------------------------------- full protocol
+
+
+def test_cartpole_cli_5_by_30_outputs_and_tensorboard(tmp_path, capsys):
+    run = tmp_path / "cartpole_lstm"
+    make_checkpoint(run, "CartPole-v1", core_config={"hidden_size": 16}, step=4321)
+    assert cli.main(["eval", str(run), "--num-envs", "10"]) == 0
+    out = capsys.readouterr().out
+    assert "CartPole lstm @ 4.321k:" in out
+    rec = json.loads((run / "eval_000000004321_greedy.json").read_text())
+    assert (rec["episodes"], rec["repeats"], rec["mode"], rec["noneg"]) == (30, 5, "greedy", False)
+    scores = np.array(rec["scores"])
+    assert scores.shape == (5, 30) and np.array(rec["lengths"]).shape == (5, 30)
+    assert (scores >= 8).all()  # CartPole: +1 per step, at least ~8 steps before falling
+    assert np.array_equal(scores, np.array(rec["lengths"]))  # CartPole: score == length
+    assert rec["repeat_means"] == pytest.approx(scores.mean(1).tolist())
+    assert rec["mean"] == pytest.approx(scores.mean(1).mean()) and rec["std"] == pytest.approx(scores.mean(1).std())
+    assert rec["env_steps"] == scores.sum() and rec["steps"] == 4321
+    # the CSV row is read back by `rfwp-rl compare --runs`
+    (score,) = load_runs([run])
+    assert (score.game, score.model, score.steps) == ("CartPole", "lstm", 4321)
+    assert score.mean == pytest.approx(rec["mean"])
+    assert (run / "eval_000000004321_greedy.csv").read_text().startswith("game,game_label,model,model_label,steps,mean,std")
+    # TensorBoard scalars at the checkpoint's step
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    acc = EventAccumulator(str(run / "tb"))
+    acc.Reload()
+    (ev,) = acc.Scalars("eval/greedy/mean")
+    assert ev.step == 4321 and ev.value == pytest.approx(rec["mean"], rel=1e-6)
+    # --sample and --episodes/--repeats overrides write separate files
+    assert cli.main(["eval", str(run), "--sample", "--episodes", "3", "--repeats", "2", "--no-tensorboard"]) == 0
+    rec = json.loads((run / "eval_000000004321_sample.json").read_text())
+    assert np.array(rec["scores"]).shape == (2, 3) and rec["mode"] == "sample"
+
+
+def test_atari_full_games_tiny_limit_and_gif(tmp_path):
+    from PIL import Image
+
+    run = tmp_path / "pong"
+    # trained with episodic_life on: eval must still play full games
+    make_checkpoint(run, "Pong", core_config={"hidden_size": 32},
+                    env_options={"episodic_life": True, "max_episode_frames": 120})
+    rec = evaluate(run, episodes=2, repeats=5, num_envs=10, video=tmp_path / "pong.gif", quiet=True,
+                   env_overrides={"max_episode_frames": 120})
+    assert np.array(rec["scores"]).shape == (5, 2)
+    assert rec["env_options"] == {"episodic_life": False, "max_episode_frames": 120} and rec["env"] == "ALE/Pong-v5"
+    assert rec["truncated"] == 10  # every game hit the 120-frame limit (<= 30 agent steps)
+    assert all(0 < n <= 30 for row in rec["lengths"] for n in row)
+    gif = Image.open(tmp_path / "pong.gif")
+    assert gif.size == (160, 210) and gif.n_frames > 5
+    total_ms = 0  # Pillow merges identical consecutive frames and adds up their durations
+    for i in range(gif.n_frames):
+        gif.seek(i)
+        total_ms += gif.info["duration"]
+    assert total_ms == 70 * (rec["lengths"][0][0] + 1)  # first frame + one per step of env 0's episode
+
+
+def test_eval_env_options_full_games_and_paper_frame_cap():
+    meta = {"env_options": {"episodic_life": True, "max_episode_frames": 108000, "repeat_action_probability": 0.25}}
+    assert eval_env_options(meta, {}, "atari") == {"episodic_life": False, "max_episode_frames": 400_000,
+                                                    "repeat_action_probability": 0.25}
+    assert eval_env_options(meta, {"max_episode_frames": 0}, "atari")["max_episode_frames"] == 0
+    assert eval_env_options({"env_options": {"max_episode_steps": 50}}, {}, "vector") == {"max_episode_steps": 50}
+
+
+# ---------------------------------------------------------------- checkpoint checks
+
+
+def test_mismatched_core_env_or_actions_give_one_line_errors(tmp_path, capsys):
+    run = tmp_path / "run"
+    make_checkpoint(run, "CartPole-v1", core_config={"hidden_size": 8})
+    for flags, message in [
+        (["--core", "rdn"], "core: checkpoint has 'lstm', this run has 'rdn'"),
+        (["--num-actions", "3"], "num_actions: checkpoint has 2, this run has 3"),
+        (["--env", "Acrobot-v1"], "env: checkpoint has 'CartPole-v1', this run has 'Acrobot-v1'"),
+    ]:
+        assert cli.main(["eval", str(run), *flags]) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err
+    # a checkpoint whose action count differs from its env's (e.g. trained with a reduced action set)
+    make_checkpoint(tmp_path / "a3", "CartPole-v1", core_config={"hidden_size": 8}, meta_num_actions=3)
+    with pytest.raises(UserError, match="num_actions: checkpoint has 3, this run has 2"):
+        evaluate(tmp_path / "a3", episodes=1, repeats=1, quiet=True)
+    make_checkpoint(tmp_path / "a2c", "CartPole-v1", trainer="meta_rl")
+    with pytest.raises(UserError, match="trainer 'meta_rl', not 'impala'"):
+        evaluate(tmp_path / "a2c", quiet=True)
+    with pytest.raises(UserError, match="does not exist"):
+        evaluate(tmp_path / "nowhere", quiet=True)
+
+
+@pytest.mark.slow
+def test_evaluates_a_checkpoint_written_by_the_trainer(tmp_path, capsys):
+    """Guards the trainer <-> eval contract (meta keys, state['agent']) with a real tiny run."""
+    run = tmp_path / "tiny"
+    assert cli.main(["train", "--env", "CartPole-v1", "--core", "lstm", "--set", "core_config.hidden_size=8",
+                     "--total-steps", "160", "--num-actors", "2", "--unroll-length", "10", "--batch-size", "2",
+                     "--env-backend", "local", "--run-dir", str(run)]) == 0
+    capsys.readouterr()
+    assert cli.main(["eval", str(run), "--episodes", "3", "--repeats", "2", "--core", "lstm",
+                     "--env", "CartPole-v1", "--num-actions", "2", "--no-tensorboard"]) == 0
+    (score,) = load_runs([run])
+    assert (score.game, score.model, score.steps) == ("CartPole", "lstm", 160)
+    rec = json.loads(next(run.glob("eval_*_greedy.json")).read_text())
+    assert np.array(rec["scores"]).shape == (2, 3) and rec["core_config"]["hidden_size"] == 8

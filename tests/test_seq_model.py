@@ -1,0 +1,206 @@
+"""The sequence model and trainer: carried context equals one pass, the sliding window equals
+windows computed one by one, the Transformer baseline is causal and respects resets, and
+the CLI trains, writes results, resumes exactly, and refuses impossible settings."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rfwp_rl.errors import UserError
+from rfwp_rl.seq import train
+from rfwp_rl.seq.model import SeqModel, positions_since_reset
+from rfwp_rl.seq.tasks import lm
+
+D = torch.float64
+V = 11
+FW_SMALL = {"hidden_size": 8, "num_layers": 2, "num_heads": 2, "ff_size": 12}
+SMALL = {"lstm": {"hidden_size": 8, "num_layers": 2}, "transformer": FW_SMALL,
+         **{c: FW_SMALL for c in ("lt", "delta", "delta_rnn", "rdn", "delta_lstm", "delta_mlp",
+                                   "delta_delta")}}
+STATEFUL = ("lstm", "delta", "delta_rnn", "rdn", "delta_lstm")
+
+
+def model_for(core: str, fields=(V,), classes=V, seed=0) -> SeqModel:
+    torch.manual_seed(seed)
+    return SeqModel(core, fields, classes, emb_size=6, core_config=SMALL[core]).to(D).eval()
+
+
+def tokens(n: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, V, size=n).astype(np.int64)
+
+
+@torch.no_grad()
+def one_pass_nll(model: SeqModel, data: np.ndarray) -> torch.Tensor:
+    logits, _ = model(torch.from_numpy(data[:-1]).view(-1, 1))
+    return F.cross_entropy(logits[:, 0], torch.from_numpy(data[1:]), reduction="none")
+
+
+# ------------------------------------------------------------------------- carried context
+
+@pytest.mark.parametrize("core", STATEFUL)
+def test_carried_evaluation_equals_one_pass(core):
+    model = model_for(core)
+    data = tokens(41)
+    score = lm.evaluate_carried(model, model.initial_state, data, seg_len=7)
+    assert score.tokens == 40
+    assert score.nll == pytest.approx(float(one_pass_nll(model, data).sum()), rel=1e-10)
+
+
+@pytest.mark.parametrize("core", ("delta", "delta_lstm", "lstm"))
+def test_carried_training_segments_equal_one_pass_per_stream(core, tmp_path):
+    (tmp_path / "train.txt").write_text(" ".join(str(t) for t in tokens(200, 1)) + "\n")
+    (tmp_path / "valid.txt").write_text("1 2\n")
+    (tmp_path / "test.txt").write_text("1 2\n")
+    task = lm.LMTask(lm.load_corpus(tmp_path), seg_len=9, context="carried")
+    model = SeqModel(core, task.field_sizes, task.num_classes, 6, SMALL[core]).to(D)
+    B = 3
+    n_seg = task.segments_per_epoch(B)
+    # exactly the trainer's rule: fresh state at an epoch start, else the detached carried one
+    carried, outs, ys = None, [], []
+    for step in range(n_seg):
+        x, y, epoch_start = task.train_segment(step, B)
+        logits, state = model(x, None if epoch_start else carried)
+        carried = tuple(s.detach() for s in state)
+        outs.append(logits)
+        ys.append(y)
+    streams = torch.from_numpy(task.streams(B))
+    whole, _ = model(streams[:-1])
+    torch.testing.assert_close(torch.cat(outs), whole)
+    assert torch.equal(torch.cat(ys), streams[1:])
+    assert task.train_segment(n_seg, B)[2]                      # the next epoch starts fresh
+
+
+@pytest.mark.parametrize("core", ("delta", "transformer"))
+def test_sliding_window_equals_windows_one_by_one(core):
+    model = model_for(core)
+    data, L = tokens(30, 2), 6
+    score = lm.evaluate_sliding(model, model.initial_state, data, L, windows_per_batch=4)
+    nll = float(one_pass_nll(model, data[:L + 1]).sum())            # first window: all positions
+    for e in range(L, len(data) - 1):                               # then only the last one
+        logits, _ = model(torch.from_numpy(data[e - L + 1:e + 1]).view(-1, 1))
+        nll += float(F.cross_entropy(logits[-1], torch.from_numpy(data[e + 1:e + 2])))
+    assert score.tokens == len(data) - 1
+    assert score.nll == pytest.approx(nll, rel=1e-10)
+
+
+# ------------------------------------------------------------------------- the model
+
+def test_fields_are_summed_embeddings_and_shapes():
+    model = model_for("delta", fields=(5, 7), classes=4)
+    x = torch.stack([torch.randint(0, 5, (3, 2)), torch.randint(0, 7, (3, 2))], -1)
+    logits, state = model(x)
+    assert logits.shape == (3, 2, 4) and len(state) == 2
+    e = model.embed(x)
+    torch.testing.assert_close(e, model.embeddings[0](x[..., 0]) + model.embeddings[1](x[..., 1]))
+    with pytest.raises(UserError, match=r"\[T, B, 2\]"):
+        model(torch.zeros(3, 2, 3, dtype=torch.long))
+
+
+@pytest.mark.parametrize("core", sorted(SMALL))
+def test_every_core_runs_in_the_model(core):
+    logits, _ = model_for(core)(torch.randint(0, V, (5, 2)))
+    assert logits.shape == (5, 2, V) and torch.isfinite(logits).all()
+
+
+def test_transformer_is_causal_and_resets_start_a_new_span():
+    model = model_for("transformer")
+    assert model.positions and not model.carries_state
+    x = torch.randint(0, V, (8, 2))
+    y, state = model(x)
+    assert state == ()
+    x2 = x.clone()
+    x2[5:] = (x2[5:] + 1) % V
+    torch.testing.assert_close(model(x2)[0][:5], y[:5])             # the future is not seen
+    reset = torch.zeros(8, 2, dtype=torch.bool)
+    reset[4, 1] = True
+    yr, _ = model(x, None, reset)
+    torch.testing.assert_close(yr[4:, 1], model(x[4:, 1:])[0][:, 0])   # as a fresh sequence
+    torch.testing.assert_close(yr[:, 0], y[:, 0])
+
+
+def test_positions_restart_at_resets():
+    reset = torch.tensor([[False, False], [False, True], [True, False], [False, False]])
+    assert positions_since_reset(reset, 4, 2, torch.device("cpu")).tolist() == \
+        [[0, 0], [1, 0], [0, 1], [1, 2]]
+
+
+# ------------------------------------------------------------------------- the CLI
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    train.add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+ASSOC = ["--task", "assoc", "--num-keys", "4", "--core", "lt", "--num-layers", "1",
+         "--num-heads", "1", "--hidden-size", "16", "--ff-size", "32", "--emb-size", "16",
+         "--lr", "3e-3", "--batch-size", "16", "--threads", "1"]
+
+
+def test_cli_learns_assoc_and_writes_results(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    assert train.run(parse(ASSOC + ["--steps", "300", "--eval-every", "100", "--run-dir", str(run_dir)])) == 0
+    res = json.loads((run_dir / "results.json").read_text())
+    assert res["settings"]["task"] == "assoc" and res["settings"]["num_keys"] == 4
+    assert res["training"]["steps"] == 300 and res["train_seconds"] > 0
+    assert res["valid"]["seq_acc"] > 0.9 and res["test"]["seq_acc"] > 0.9     # chance: 0.25
+    assert (run_dir / "tb").is_dir() and (run_dir / "best.pt").is_file()
+
+
+def test_cli_resume_equals_an_uninterrupted_run(tmp_path, capsys):
+    common = ASSOC + ["--eval-every", "3", "--checkpoint-every", "3"]
+    train.run(parse(common + ["--steps", "6", "--run-dir", str(tmp_path / "a")]))
+    train.run(parse(common + ["--steps", "3", "--run-dir", str(tmp_path / "b")]))
+    train.run(parse(common + ["--steps", "6", "--run-dir", str(tmp_path / "b")]))
+    assert "resuming" in capsys.readouterr().out
+    a = torch.load(tmp_path / "a" / "ckpt_000000000006.pt", weights_only=False)["state"]["model"]
+    b = torch.load(tmp_path / "b" / "ckpt_000000000006.pt", weights_only=False)["state"]["model"]
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=0)
+    with pytest.raises(UserError, match="does not match this run"):
+        train.run(parse(common + ["--steps", "6", "--lr", "1e-3", "--run-dir", str(tmp_path / "b")]))
+
+
+def test_cli_language_model_with_carried_context(tmp_path):
+    data = tmp_path / "corpus"
+    data.mkdir()
+    rng = np.random.default_rng(0)
+    words = ["the", "cat", "sat", "on", "a", "mat", "."]
+    for split, n in (("train", 300), ("valid", 20), ("test", 20)):
+        lines = [" ".join(rng.choice(words, 6)) for _ in range(n)]
+        (data / f"wiki.{split}.tokens").write_text("\n".join(lines) + "\n")
+    argv = ["--task", "lm", "--data", str(data), "--core", "delta_rnn", "--hidden-size", "16",
+            "--num-heads", "2", "--ff-size", "32", "--emb-size", "16", "--seg-len", "16",
+            "--batch-size", "4", "--steps", "20", "--eval-every", "10", "--context", "carried",
+            "--threads", "1", "--run-dir", str(tmp_path / "run")]
+    assert train.run(parse(argv)) == 0
+    res = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert res["settings"]["context"] == "carried" and res["eval_mode"] == "auto"
+    assert res["valid"]["tokens"] == 20 * 7 - 1
+    assert 1.0 < res["test"]["ppl"] < 40
+
+
+def test_cli_refuses_carried_context_for_the_transformer(tmp_path):
+    argv = ["--task", "lm", "--data", str(tmp_path), "--core", "transformer", "--context", "carried"]
+    for split in ("train", "valid", "test"):
+        (tmp_path / f"{split}.txt").write_text("a b c\n" * 20)
+    with pytest.raises(UserError, match="--context carried needs a model that carries its state"):
+        train.run(parse(argv + ["--run-dir", str(tmp_path / "r")]))
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["--task", "nope"], "unknown task 'nope'"),
+    (["--task", "assoc", "--core", "lstm", "--num-heads", "2"], "--num-heads does not apply to core 'lstm'"),
+    (["--task", "assoc", "--core", "delta", "--core-option", "fast_layers=2"], "unknown config key 'fast_layers'"),
+    (["--task", "assoc", "--core", "dleta"], "did you mean 'delta'"),
+    (["--task", "code_exec", "--data-sizes", "10,1"], "--data-sizes"),
+])
+def test_cli_bad_input_is_one_line_user_error(argv, match, tmp_path):
+    with pytest.raises(UserError, match=match):
+        train.run(parse(argv + ["--run-dir", str(tmp_path / "r"), "--steps", "1"]))
