@@ -173,7 +173,7 @@ EOF
   # LDFLAGS=-s strips the debug info of the RelWithDebInfo build (wheel ~10x smaller).
   if ! env PATH="$(dirname "$PYEXE"):$PATH" USE_CUDA="$USE_CUDA" MAX_JOBS="$JOBS" \
        CMAKE_BUILD_PARALLEL_LEVEL="$JOBS" LDFLAGS="${LDFLAGS:-} -s" \
-       "$PYEXE" -m pip wheel --no-deps --no-build-isolation --no-cache-dir \
+       "$PYEXE" -m pip wheel -v --no-deps --no-build-isolation --no-cache-dir \
        --wheel-dir "$BUILD/dist" "$SRC" >"$LOG" 2>&1; then
     echo "---- last 40 lines of $LOG ----" >&2; tail -n 40 "$LOG" >&2
     die "moolib build failed (full log: $LOG)"

@@ -14,7 +14,7 @@ from rfwp_rl import cli, envs
 from rfwp_rl.agent import Agent
 from rfwp_rl.checkpoint import Checkpointer
 from rfwp_rl.errors import UserError
-from rfwp_rl.impala.evaluate import eval_env_options, evaluate, quotas, split_repeats, summarize
+from rfwp_rl.impala.evaluate import eval_env_options, evaluate, play, quotas, split_repeats, summarize
 from rfwp_rl.scores import load_runs
 
 
@@ -97,6 +97,37 @@ def test_noneg_end_to_end_on_deterministic_scores(tmp_path):
     assert rec["env_steps"] == 2 * (12 + 5)
     with pytest.raises(UserError, match="--noneg: 3 episodes ended with a negative score"):
         evaluate(tmp_path / "run", episodes=4, repeats=3, num_envs=5, noneg=True, max_dropped=2, quiet=True)
+
+
+class SpyAgent(Agent):
+    """Records what the agent is fed at each batched call, and the policy logits it returns."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.calls = []
+
+    def forward(self, obs, reward, done, state, prev_action=None, greedy=False):
+        out, state = super().forward(obs, reward, done, state, prev_action=prev_action, greedy=greedy)
+        self.calls.append((reward[0].tolist(), done[0].tolist(), out["policy_logits"][0].clone()))
+        return out, state
+
+
+def test_play_feeds_rewards_and_resets_like_training_and_keeps_states_apart():
+    torch.manual_seed(0)
+    spy = SpyAgent((3,), 2, "lstm", {"hidden_size": 8})
+    eps = play(spy, [envs.make_env(SIGN_ID, seed=i) for i in range(2)], [2, 1])
+    assert [(e.env, e.index, e.score, e.length) for e in eps] == [(0, 0, 2.0, 2), (0, 1, -1.0, 2), (1, 0, 2.0, 2)]
+    # env 0's second episode starts with the previous episode's last reward (1.0) and done=True
+    assert [c[:2] for c in spy.calls] == [([0.0, 0.0], [True, True]), ([1.0, 1.0], [False, False]),
+                                          ([1.0], [True]), ([-0.5], [False])]
+    # env 0 played alone gives the same outputs: batching and dropping finished envs keep states apart
+    alone = SpyAgent((3,), 2, "lstm", {"hidden_size": 8})
+    alone.load_state_dict(spy.state_dict())
+    play(alone, [envs.make_env(SIGN_ID, seed=0)], [2])
+    batched_env0 = [spy.calls[0][2][0], spy.calls[1][2][0], spy.calls[2][2][0], spy.calls[3][2][0]]
+    for a, b in zip(batched_env0, [c[2][0] for c in alone.calls], strict=True):
+        torch.testing.assert_close(a, b)
+    assert not torch.allclose(spy.calls[1][2][0], spy.calls[3][2][0])  # inputs differ -> outputs differ
 
 
 # ---------------------------------------------------------------- full protocol

@@ -86,7 +86,7 @@ def test_envpool_steps_envs_in_worker_processes():
                 return obs, float(action), self.t == 3, {}
 
         pool = moolib.EnvPool(CountEnv, num_processes=2, batch_size=4, num_batches=2)
-        seen, ts, rewards, dones = set(), [], [], []
+        seen, ts, rewards, dones, xs = set(), [], [], [], []
         futures = [pool.step(k, torch.zeros(4, dtype=torch.int64)) for k in range(2)]
         for it in range(8):
             k = it % 2
@@ -98,7 +98,7 @@ def test_envpool_steps_envs_in_worker_processes():
             if k == 0:
                 ts.append(out["t"].tolist()); rewards.append(out["reward"].tolist())
                 dones.append(out["done"].tolist())
-                xs = out["x"][:, 0].tolist()
+                xs.append(out["x"][:, 0].tolist())
             action = torch.arange(4, dtype=torch.int64) + it
             futures[k] = pool.step(k, action)
         for f in futures:
@@ -111,11 +111,13 @@ def test_envpool_steps_envs_in_worker_processes():
     assert out["shapes"] == {"done": [4], "pid": [4], "reward": [4], "t": [4], "x": [4, 3]}
     assert out["dtypes"]["reward"] == "torch.float32" and out["dtypes"]["done"] == "torch.bool"
     assert len(out["pids"]) == 2 and out["me"] not in out["pids"]  # 2 worker processes
-    # batch 0 got actions it = 0, 2, 4, 6 (+ env index); first result is the reset
-    assert out["t"] == [[0] * 4, [1] * 4, [2] * 4, [0] * 4]  # done at t == 3 -> reset obs stored
-    assert out["reward"][1] == [0.0, 1.0, 2.0, 3.0]
+    # Batch 0 results: the first is the reset (its action is ignored); then the actions
+    # posted at it = 0, 2, 4 were index + it. The step that ends the episode (t == 3) reports
+    # its own reward with done=True but the NEXT episode's first observation (t == 0, x == 0).
+    assert out["t"] == [[0] * 4, [1] * 4, [2] * 4, [0] * 4]
+    assert out["x"] == [[0.0] * 4, [0.0, 1.0, 2.0, 3.0], [2.0, 3.0, 4.0, 5.0], [0.0] * 4]
+    assert out["reward"] == [[0.0] * 4, [0.0, 1.0, 2.0, 3.0], [2.0, 3.0, 4.0, 5.0], [4.0, 5.0, 6.0, 7.0]]
     assert out["done"] == [[False] * 4, [False] * 4, [False] * 4, [True] * 4]
-    assert out["x"] == [4.0, 5.0, 6.0, 7.0]  # last result of batch 0 saw actions 4 + index
 
 
 def test_envpool_with_rfwp_pool_env_factory():
