@@ -175,20 +175,28 @@ def compare(paper: str | Sequence[str] | None = None, runs: Sequence[str | Path]
             model: str | None = None, baseline: str | None = None, steps: int | str | None = None,
             models: Sequence[str] = (), games: Sequence[str] = (), similar: float = 5.0,
             paper_dir: str | Path | None = None, steps_tolerance: float = 0.1,
-            mode: str = "greedy", metric: str = "relative") -> Comparison:
-    """Build the per-game comparison (no printing, no files). See the module docstring."""
+            mode: str = "greedy", metric: str = "relative", run_steps: int | str | None = None) -> Comparison:
+    """Build the per-game comparison (no printing, no files). See the module docstring.
+
+    ``steps`` selects the paper's table rows and the runs' evals (closest within
+    ``steps_tolerance``); ``run_steps`` selects the runs' evals on its own (e.g. to put a short
+    run next to the paper's 50M scores). Without either, each run contributes its latest eval.
+    """
     if not paper and not runs:
         raise UserError("nothing to compare: give --paper TABLE and/or --runs PATH...")
     if (model is None) != (baseline is None):
         raise UserError("give both --model and --baseline (or neither, for the score table only)")
     steps = parse_steps(steps) if steps is not None else None
+    run_steps = parse_steps(run_steps) if run_steps is not None else steps
     paper_scores: list[Score] = []
     if paper:
         paper_scores, paper_steps = _select_paper(load_paper(paper, paper_dir), steps)
         steps = steps if steps is not None else paper_steps
-    run_scores = _select_runs(load_runs(runs), steps, steps_tolerance, mode) if runs else []
+    elif steps is None and run_steps is not None:
+        steps = run_steps
+    run_scores = _select_runs(load_runs(runs), run_steps, steps_tolerance, mode) if runs else []
     if runs and not run_scores:
-        at = f" near {format_steps(steps)} steps" if steps is not None else ""
+        at = f" near {format_steps(run_steps)} steps" if run_steps is not None else ""
         raise UserError(f"no eval results{at} (mode {mode}) in {', '.join(str(r) for r in runs)}")
 
     paper_models = {s.model for s in paper_scores}
@@ -250,9 +258,22 @@ def _fmt_score(s: Score | None) -> str:
     return "-" if s is None else f"{_fmt(s.mean)} ± {_fmt(s.std)}"
 
 
+def column_steps(c: Comparison, col: str) -> set[int]:
+    """Step counts of the scores in one column."""
+    return {c.cells[g][col].steps for g in c.games if col in c.cells[g]}
+
+
+def _header(c: Comparison, col: str) -> str:
+    """Column label, with ``@steps`` when its scores are not at the comparison's step count."""
+    have = column_steps(c, col)
+    if not have or have == {c.steps}:
+        return _column_label(col)
+    return f"{_column_label(col)}@{format_steps(have.pop()) if len(have) == 1 else 'mixed'}"
+
+
 def table_rows(c: Comparison) -> tuple[list[str], list[list[str]]]:
     """Header and rows of the printed table."""
-    header = ["game"] + [_column_label(col) for col in c.columns]
+    header = ["game"] + [_header(c, col) for col in c.columns]
     if c.model:
         header += ["rel. impr. %", "verdict"]
     rows = []
@@ -285,26 +306,27 @@ def summary(c: Comparison) -> str:
     strictly = sum(1 for g in c.games if c.rel[g] < 0)
     na = f", n/a (zero baseline) on {len(n['n/a'])}" if n["n/a"] else ""
     metric = "" if c.metric == "relative" else f" (metric {c.metric})"
-    return (f"{_column_label(c.model)} vs {_column_label(c.baseline)}{at}{metric} on {len(c.games)} games: "
+    return (f"{_header(c, c.model)} vs {_header(c, c.baseline)}{at}{metric} on {len(c.games)} game{'s' if len(c.games) != 1 else ''}: "
             f"better on {len(n['better'])}, similar (within ±{c.similar:g}%) on {len(n['similar'])}, "
             f"worse on {len(n['worse'])}{worse}{na}; strictly lower score on {strictly}")
 
 
 def to_csv(c: Comparison) -> str:
-    """The table as CSV: game, game_label, <column>_mean, <column>_std..., [relative_improvement_pct, verdict]."""
+    """The table as CSV: game, game_label, then <column>_mean, <column>_std, <column>_steps per
+    column, then (with a model and a baseline) model, baseline, metric, relative_improvement_pct, verdict."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    header = ["game", "game_label", "steps"]
+    header = ["game", "game_label"]
     for col in c.columns:
-        header += [f"{col}_mean", f"{col}_std"]
+        header += [f"{col}_mean", f"{col}_std", f"{col}_steps"]
     if c.model:
         header += ["model", "baseline", "metric", "relative_improvement_pct", "verdict"]
     w.writerow(header)
     for g in c.games:
-        row: list = [g, game_label(g), c.steps if c.steps is not None else ""]
+        row: list = [g, game_label(g)]
         for col in c.columns:
             s = c.cells[g].get(col)
-            row += ["", ""] if s is None else [f"{s.mean:.6g}", f"{s.std:.6g}"]
+            row += ["", "", ""] if s is None else [f"{s.mean:.6g}", f"{s.std:.6g}", s.steps]
         if c.model:
             r = c.rel[g]
             row += [c.model, c.baseline, c.metric, "" if math.isnan(r) else f"{r:.4f}", c.verdict[g]]
@@ -344,7 +366,7 @@ def plot(c: Comparison, path: str | Path, clip: float = 200.0, footer: str = "")
                 fontweight="bold" if s != v else "normal")
     ax.set_xlim(lo - (0.18 if lo < 0 else 0.03) * span, hi + (0.18 if hi > 0 else 0.03) * span)
     at = f" after {format_steps(c.steps)} env. steps" if c.steps else ""
-    ax.set_title(f"Relative improvement of {_column_label(c.model)} over {_column_label(c.baseline)}{at}",
+    ax.set_title(f"Relative improvement of {_header(c, c.model)} over {_header(c, c.baseline)}{at}",
                  fontsize=10)
     formula = "|baseline|" if c.metric == "relative" else "max(|model|, |baseline|)"
     ax.set_xlabel(f"100 × (model − baseline) / {formula}  (%)" + (f"; axis cut at ±{clip:g}%" if clip > 0 and shown != values else ""),
@@ -379,8 +401,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sel.add_argument("--baseline", default=None, help="model to rate it against, e.g. LT, lstm")
     sel.add_argument("--steps", default=None,
                      help="env steps, e.g. 50M or 200M (runs: the eval closest to it within --steps-tolerance)")
+    sel.add_argument("--run-steps", default=None,
+                     help="env steps of the runs' evals when they differ from --steps (default: --steps, "
+                          "else each run's latest eval)")
     sel.add_argument("--steps-tolerance", type=float, default=0.1,
-                     help="relative distance from --steps accepted for runs (default: 0.1)")
+                     help="relative distance from --steps / --run-steps accepted for runs (default: 0.1)")
     sel.add_argument("--models", nargs="+", default=[], help="columns to show (default: every model found)")
     sel.add_argument("--games", nargs="+", default=[], help="games to show (default: all)")
     sel.add_argument("--mode", choices=("greedy", "sample", "any"), default="greedy",
@@ -413,7 +438,7 @@ def run(args: argparse.Namespace) -> int:
     c = compare(paper=args.paper, runs=args.runs, model=args.model, baseline=args.baseline,
                 steps=args.steps, models=args.models, games=args.games, similar=args.similar,
                 paper_dir=args.paper_dir, steps_tolerance=args.steps_tolerance, mode=args.mode,
-                metric=args.metric)
+                metric=args.metric, run_steps=args.run_steps)
     print(format_table(c))
     print(summary(c))
     prefix = args.out or _default_prefix(c)

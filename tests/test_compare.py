@@ -9,7 +9,7 @@ import math
 import pytest
 
 from rfwp_rl import cli
-from rfwp_rl.compare import compare
+from rfwp_rl.compare import compare, summary, to_csv
 from rfwp_rl.errors import UserError
 from rfwp_rl.scores import METRICS, load_runs, relative_improvement, write_eval
 
@@ -143,6 +143,12 @@ def test_runs_compare_against_each_other_and_the_paper(tmp_path):
         compare(paper="table9", runs=[tmp_path], model="rdn", baseline="lstm")
     c = compare(paper="table9", runs=[tmp_path], model="run:rdn", baseline="paper:rdn")
     assert c.games == ["Pong"] and c.rel["Pong"] == pytest.approx(100 * (11 - 21) / 21)
+    # a run's earlier eval next to the paper's 50M scores
+    c = compare(paper="table9", runs=[tmp_path], model="run:rdn", baseline="paper:rdn", run_steps="20M")
+    assert c.steps == 50_000_000 and c.cells["Pong"]["run:rdn"].mean == -21.0
+    assert c.rel["Pong"] == pytest.approx(-200.0)
+    assert "run:RDN@20M vs paper:RDN after 50M env steps on 1 game:" in summary(c)
+    assert to_csv(c).splitlines()[1].startswith("Pong,Pong,-21,0,20000000,21,0,50000000,")
 
 
 def test_one_line_errors(tmp_path):

@@ -138,7 +138,8 @@ def test_envpool_with_rfwp_pool_env_factory():
                 assert bool(out["episode_end"][i])
                 returns.append(float(out["episode_return"][i])); lengths.append(int(out["episode_step"][i]))
                 assert lengths[-1] == int(steps[i]); steps[i] = 0
-            assert torch.equal(out["episode_step"], steps.int())
+            live = ~out["done"]  # done rows report the ended episode (checked above)
+            assert torch.equal(out["episode_step"][live], steps[live].int())
         print(json.dumps({"returns": returns, "lengths": lengths}))
         """
     )
@@ -157,8 +158,6 @@ def test_rpc_call_between_two_peers_on_loopback():
         host.set_name("host")
         host.define("add", lambda a, b: a + b)
         host.define("info", lambda x: {{"sum": float(x.sum()), "shape": list(x.shape)}})
-        def fail(): raise ValueError("bad input 42")
-        host.define("fail", fail)
         host.listen("127.0.0.1:{port}")
 
         client = moolib.Rpc()
@@ -169,16 +168,40 @@ def test_rpc_call_between_two_peers_on_loopback():
         added = fut.result().tolist()
         info = client.sync("host", "info", torch.ones(2, 3))
         try:
-            client.sync("host", "fail")
+            client.sync("host", "no_such_function")
             error = None
-        except Exception as e:
+        except RuntimeError as e:  # moolib.RpcError is not an exception class
             error = str(e)
         print(json.dumps({{"added": added, "info": info, "error": error}}))
         """
     )
     assert out["added"] == [10, 11, 12, 13]
     assert out["info"] == {"sum": 6.0, "shape": [2, 3]}
-    assert out["error"] is not None and "bad input 42" in out["error"]
+    assert out["error"] is not None and "no_such_function" in out["error"]
+
+
+def test_exception_in_rpc_handler_aborts_the_host(tmp_path):
+    """moolib 0.0.9b0 aborts the process when a defined function raises (its default
+    exception mode; not settable from Python): handlers must catch their own errors."""
+    import resource
+
+    port = _free_port()
+    script = f"""
+import moolib
+host = moolib.Rpc(); host.set_name("host")
+def fail(): raise ValueError("bad input 42")
+host.define("fail", fail)
+host.listen("127.0.0.1:{port}")
+client = moolib.Rpc(); client.set_timeout(20); client.connect("127.0.0.1:{port}")
+client.sync("host", "fail")
+print("survived")
+"""
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=90, cwd=tmp_path,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, 0)),
+    )
+    assert proc.returncode < 0 and "survived" not in proc.stdout
+    assert "Unhandled exception in RPC function: ValueError: bad input 42" in proc.stderr
 
 
 def test_broker_forms_a_group_of_two_peers():
@@ -208,7 +231,7 @@ def test_broker_forms_a_group_of_two_peers():
                 break
             time.sleep(0.05)
         members = [sorted(g.members()) for g in groups]
-        futures = [g.all_reduce("x", torch.full((3,), float(i + 1))) for i, g in enumerate(groups)]
+        futures = [g.all_reduce("x", torch.full((3,), float(i + 1)), None) for i, g in enumerate(groups)]
         while time.time() < deadline and not all(f.done() for f in futures):
             broker.update()
             for g in groups:
