@@ -14,7 +14,8 @@
 #
 # The wheel is keyed by: moolib version, sdist/pybind11 pins, patch hash, Python tag, torch
 # version (moolib links against libtorch), USE_CUDA and the machine architecture. A second run
-# with the same key reuses the cached wheel (seconds); a cold build takes ~4-5 min on 2 cores.
+# with the same key reuses the cached wheel (seconds); a cold build takes ~4-5 min on 2 idle
+# cores (longer on a busy machine: run it under nice).
 set -euo pipefail
 
 say() { echo "build_moolib: $*"; }
@@ -65,7 +66,7 @@ JOBS="${MAX_JOBS:-2}"
 CUDA_TAG=$([ "$USE_CUDA" = 1 ] && echo cuda || echo cpu)
 PATCH_HASH="$(sha256sum "$PATCH_FILE" | cut -c1-12)"
 KEY="$( { cat "$PINDIR/source.env" "$PATCH_FILE"; echo "$PYTAG $TORCH_VERSION $USE_CUDA $MACHINE"; } | sha256sum | cut -c1-16)"
-CACHE="${RFWP_CACHE:-$HOME/.cache/rfwp_rl}"
+CACHE="${RFWP_CACHE:-${HOME:-/tmp}/.cache/rfwp_rl}"
 WHEEL_DIR="$CACHE/wheels/moolib/$MOOLIB_VERSION-$PYTAG-torch$TORCH_VERSION-$CUDA_TAG-patch$PATCH_HASH-$KEY"
 SRC_CACHE="$CACHE/sources"
 

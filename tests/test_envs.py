@@ -56,6 +56,14 @@ def test_atari_observation_shape_dtype_and_stack():
     env.close()
 
 
+def test_out_of_range_action_is_refused():
+    env = make_env("Pong", seed=0)
+    env.reset()
+    for bad in (-1, 6):
+        with pytest.raises(IndexError, match="out of range"):
+            env.step(bad)
+
+
 def test_frame_skip_counts_emulator_frames():
     for skip in (4, 3):
         env = make_env("Pong", seed=0, frame_skip=skip, noop_max=0)
@@ -320,6 +328,13 @@ def test_pomdp_graph_id_is_registered_lazily():
     except ImportError:
         with pytest.raises(UserError, match="cannot be imported"):
             make_env(POMDP_GRAPH_ID)
+    else:
+        assert env_spec(POMDP_GRAPH_ID).kind == "vector"
+    # the same lazy mechanism with a module that does not exist: a one-line UserError
+    if "rfwp_tests/Missing-v0" not in gymnasium.registry:
+        gymnasium.register(id="rfwp_tests/Missing-v0", entry_point="rfwp_no_such_module.env:Env")
+    with pytest.raises(UserError, match="'rfwp_tests/Missing-v0' is registered but its module cannot be imported"):
+        make_env("rfwp_tests/Missing-v0")
 
 
 def test_missing_env_module_file():

@@ -243,3 +243,50 @@ def test_broker_forms_a_group_of_two_peers():
     )
     assert out["members"] == [["peer0", "peer1"]] * 2
     assert out["reduced"] == [[3.0, 3.0, 3.0]] * 2  # default op: sum
+
+
+def test_accumulator_averages_gradients_of_two_peers():
+    port = _free_port()
+    out = _run(
+        f"""
+        import json, time, torch, moolib
+
+        broker_rpc = moolib.Rpc(); broker_rpc.set_name("broker")
+        broker = moolib.Broker(broker_rpc); broker_rpc.listen("127.0.0.1:{port}")
+        peers = []
+        for i in range(2):
+            torch.manual_seed(i)  # different initial weights: the leader's must win
+            model = torch.nn.Linear(2, 1)
+            rpc = moolib.Rpc(); rpc.set_name(f"p{{i}}"); rpc.connect("127.0.0.1:{port}")
+            group = moolib.Group(rpc, "test/acc")
+            acc = moolib.Accumulator("model", model.parameters(), model.buffers(), group=group)
+            acc.set_virtual_batch_size(2)
+            peers.append(dict(model=model, rpc=rpc, group=group, acc=acc, sent=False, grad=None))
+        deadline = time.time() + 40
+        while time.time() < deadline and any(p["grad"] is None for p in peers):
+            broker.update()
+            for i, p in enumerate(peers):
+                p["group"].update(); acc = p["acc"]; acc.update()
+                if not acc.connected():
+                    continue
+                if acc.wants_state():
+                    acc.set_state({{"step": 0}})
+                if acc.has_new_state():
+                    acc.state()
+                if acc.has_gradients():
+                    p["grad"] = p["model"].weight.grad.tolist()
+                    acc.zero_gradients()
+                elif acc.wants_gradients() and not p["sent"]:
+                    p["model"].weight.grad = torch.full((1, 2), float(i + 1))
+                    p["model"].bias.grad = torch.zeros(1)
+                    acc.reduce_gradients(1)
+                    p["sent"] = True
+            time.sleep(0.01)
+        print(json.dumps({{"grads": [p["grad"] for p in peers],
+                           "leaders": sorted(p["acc"].is_leader() for p in peers),
+                           "same_weights": torch.equal(peers[0]["model"].weight, peers[1]["model"].weight)}}))
+        """
+    )
+    assert out["grads"] == [[[1.5, 1.5]], [[1.5, 1.5]]]  # mean of 1 and 2 (batch 1 each)
+    assert out["leaders"] == [False, True]
+    assert out["same_weights"]  # the leader's parameters were broadcast to the other peer

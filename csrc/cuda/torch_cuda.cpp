@@ -1,7 +1,7 @@
 // Torch binding of the CUDA launchers (see torch_cuda.h). Compiled only when torch has CUDA.
 #include "torch_cuda.h"
 
-#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_runtime.h>
 
@@ -29,7 +29,7 @@ at::Tensor workspace(std::size_t elems, const at::Tensor& like) {
   template <typename S>                                                                     \
   void op(const Args<S>& a, const at::Tensor& like, int64_t threads) {                      \
     const c10::cuda::CUDAGuard guard(like.device());                                        \
-    check(rfwp::cuda::op(a, static_cast<int>(threads), at::cuda::getCurrentCUDAStream()),   \
+    check(rfwp::cuda::op(a, static_cast<int>(threads), c10::cuda::getCurrentCUDAStream().stream()),   \
           #op, rfwp::cuda::smem_fn(a.n, sizeof(S), false));                                 \
   }
 #define RFWP_BACKWARD(op, Args, smem_fn, ws_fn)                                             \
@@ -38,7 +38,7 @@ at::Tensor workspace(std::size_t elems, const at::Tensor& like) {
     const c10::cuda::CUDAGuard guard(like.device());                                        \
     at::Tensor work = workspace(rfwp::cuda::ws_fn(a.n), like);                              \
     check(rfwp::cuda::op(a, work.data_ptr<S>(), static_cast<int>(threads),                  \
-                         at::cuda::getCurrentCUDAStream()),                                 \
+                         c10::cuda::getCurrentCUDAStream().stream()),                                 \
           #op, rfwp::cuda::smem_fn(a.n, sizeof(S), true));                                  \
   }
 

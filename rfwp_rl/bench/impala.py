@@ -6,8 +6,9 @@ For each core (the Atari presets ``agents/atari_<core>.toml``):
   random batch of ``batch_size`` x ``unroll_length`` frames; reported as env steps/s
   consumed (T x B x updates/s);
 - **end to end**: the training loop of ``rfwp-rl train`` (env pool, double-buffered batched
-  inference, rollouts, updates; no logging or checkpoints) for ``--seconds`` after a
-  warm-up; reported as env steps/s stepped by the actors and consumed by the learner.
+  inference, rollouts, updates in turn; no logging or checkpoints), timed over
+  ``--e2e-updates`` updates after a warm-up; reported as env steps/s stepped by the actors
+  (``e2e_env_sps``) and consumed by the learner (``e2e_train_sps``).
 
 Cores are measured one after the other in one run, so ratios (RDN vs LSTM) are comparable
 even on a shared machine. Writes a table and ``results/bench/impala.csv`` (atomic).
@@ -39,8 +40,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=32, help="paper: 32")
     parser.add_argument("--unroll-length", type=int, default=50, help="paper: 50")
     parser.add_argument("--learner-updates", type=int, default=3, help="timed learner updates per core (after 1 warm-up)")
-    parser.add_argument("--seconds", type=float, default=40.0, help="timed end-to-end seconds per core (0 skips)")
-    parser.add_argument("--warmup", type=float, default=10.0, help="end-to-end warm-up seconds per core")
+    parser.add_argument("--e2e-updates", type=int, default=3,
+                        help="timed updates of the end-to-end loop per core, after the warm-up (0 skips it)")
+    parser.add_argument("--warmup", type=float, default=10.0,
+                        help="end-to-end warm-up per core: at least this many seconds and one update")
     parser.add_argument("--torch-threads", type=int, default=1)
     parser.add_argument("--out", default="results/bench/impala.csv")
 
@@ -80,28 +83,23 @@ def bench_learner(agent, spec, batch_size: int, unroll: int, updates: int) -> fl
     return updates / (time.perf_counter() - t0)
 
 
-def bench_end_to_end(agent, spec, args) -> tuple[float, float, int]:
-    """(actor env steps/s, learner env steps/s, timed updates) of the training loop."""
+def bench_end_to_end(agent, spec, pool, args) -> tuple[float, float, int]:
+    """(actor env steps/s, learner env steps/s, timed updates) of the training loop: warm-up
+    for ``args.warmup`` seconds and at least one update, then time ``args.e2e_updates`` updates."""
     from rfwp_rl.impala import learner
-    from rfwp_rl.impala.actors import Actors, RolloutQueue, make_env_pool
+    from rfwp_rl.impala.actors import Actors, RolloutQueue
     from rfwp_rl.safety import NonFiniteGuard
 
-    pool = make_env_pool(args.env_backend, spec.env_id, {}, 0, args.num_actors, 2, args.num_env_processes)
+    actors = Actors(pool, agent, args.num_actors, 2, args.unroll_length)
+    queue = RolloutQueue(args.batch_size)
+    opt = learner.make_optimizer(agent, 6e-4, 0.99, 0.01)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
+    cfg, guard = learner.LossConfig(), NonFiniteGuard()
+    updates = 0
+    t_start = time.perf_counter()
+    t0 = steps0 = updates0 = None
     try:
-        actors = Actors(pool, agent, args.num_actors, 2, args.unroll_length)
-        queue = RolloutQueue(args.batch_size)
-        opt = learner.make_optimizer(agent, 6e-4, 0.99, 0.01)
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
-        cfg, guard = learner.LossConfig(), NonFiniteGuard()
-        updates = 0
-        t_start = time.perf_counter()
-        t0 = None
         while True:
-            now = time.perf_counter()
-            if t0 is None and now - t_start >= args.warmup:
-                t0, steps0, updates0 = now, actors.env_steps, updates
-            if t0 is not None and now - t0 >= args.seconds:
-                break
             rollouts, _ = actors.step()
             for r in rollouts:
                 queue.put(r)
@@ -109,13 +107,15 @@ def bench_end_to_end(agent, spec, args) -> tuple[float, float, int]:
                 b = queue.get()
                 learner.update(agent, opt, sched, b.data, b.state, cfg, 40.0, guard)
                 updates += 1
-        dt = now - t0
-        n_updates = updates - updates0
-        return (actors.env_steps - steps0) / dt, n_updates * args.batch_size * args.unroll_length / dt, n_updates
+                now = time.perf_counter()
+                if t0 is None and now - t_start >= args.warmup:
+                    t0, steps0, updates0 = now, actors.env_steps, updates
+                elif t0 is not None and updates - updates0 >= args.e2e_updates:
+                    dt = now - t0
+                    n = updates - updates0
+                    return (actors.env_steps - steps0) / dt, n * args.batch_size * args.unroll_length / dt, n
     finally:
-        if hasattr(pool, "close"):
-            pool.close()
-        del pool
+        actors.drain()  # the next core's actors use the same pool
 
 
 def format_table(rows: list[dict]) -> str:
@@ -146,6 +146,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"IMPALA benchmark: {spec.gym_id}, batch {args.batch_size} x unroll {args.unroll_length}, "
           f"{args.num_actors} envs [{args.env_backend}, {args.num_env_processes} processes], "
           f"{args.torch_threads} torch thread(s), {platform.processor() or platform.machine()}", flush=True)
+    pool = None
+    if args.e2e_updates > 0:  # one pool for every core (moolib allows one EnvPool per process)
+        from rfwp_rl.impala.actors import make_env_pool
+        pool = make_env_pool(args.env_backend, spec.env_id, {}, 0, args.num_actors, 2, args.num_env_processes)
     rows = []
     for core in cores:
         torch.manual_seed(0)
@@ -154,13 +158,15 @@ def run(args: argparse.Namespace) -> int:
         row = {"core": core, "params": sum(p.numel() for p in agent.parameters()),
                "learner_sps": ups * args.batch_size * args.unroll_length, "learner_updates_per_s": ups,
                "e2e_env_sps": float("nan"), "e2e_train_sps": float("nan"), "e2e_updates": 0}
-        if args.seconds > 0:
-            row["e2e_env_sps"], row["e2e_train_sps"], row["e2e_updates"] = bench_end_to_end(agent, spec, args)
+        if pool is not None:
+            row["e2e_env_sps"], row["e2e_train_sps"], row["e2e_updates"] = bench_end_to_end(agent, spec, pool, args)
         row.update(env=spec.gym_id, num_actors=args.num_actors, batch_size=args.batch_size,
                    unroll_length=args.unroll_length, env_backend=args.env_backend, torch_threads=args.torch_threads)
         rows.append(row)
         print(f"  {core}: learner {row['learner_sps']:,.0f} SPS, end to end {row['e2e_env_sps']:,.0f} env SPS "
               f"({row['e2e_updates']} updates)", flush=True)
+    if pool is not None and hasattr(pool, "close"):
+        pool.close()
     print(format_table(rows))
     buf = io.StringIO()
     buf.write(",".join(COLUMNS) + "\n")

@@ -262,7 +262,10 @@ class AtariPreprocessing(gymnasium.Wrapper):
 
     def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         ale = self._ale
-        a = self._action_set[int(action)]
+        index = int(action)
+        if not 0 <= index < len(self._action_set):
+            raise IndexError(f"action {index} out of range for {self.action_space}")
+        a = self._action_set[index]
         k = self.frame_skip
         reward = 0.0
         i = 0

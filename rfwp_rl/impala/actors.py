@@ -29,6 +29,7 @@ import torch
 
 from rfwp_rl.errors import UserError
 
+_moolib_pool_made = False  # moolib aborts the process if a second EnvPool forks
 STEP_KEYS = ("obs", "reward", "done", "prev_action", "action", "policy_logits")
 
 
@@ -108,9 +109,14 @@ def make_env_pool(backend: str, env_id: str, env_options: dict, seed: int, num_e
     batch_size = num_envs // num_batches
     if backend == "local":
         return LocalEnvPool(env_id, env_options, seed, batch_size, num_batches)
+    global _moolib_pool_made
+    if _moolib_pool_made:
+        raise UserError("moolib allows one EnvPool per process (it forks its workers once and aborts a second "
+                        "fork); run each training in its own process, reuse the pool, or use --env-backend local")
     moolib = import_moolib()
     from rfwp_rl.envs.pool import PoolEnvFactory
 
+    _moolib_pool_made = True
     return moolib.EnvPool(PoolEnvFactory(env_id, **env_options), num_processes=min(num_processes, num_envs),
                           batch_size=batch_size, num_batches=num_batches)
 
@@ -191,6 +197,14 @@ class Actors:
             batch.steps = [batch.steps[-1]]
             batch.rollout_state = state_before
         return rollouts, episodes
+
+
+    def drain(self) -> None:
+        """Wait for the pending env steps (so that another :class:`Actors` can use the pool)."""
+        for batch in self.batches:
+            if batch.future is not None:
+                batch.future.result()
+                batch.future = None
 
 
 class RolloutQueue:

@@ -30,18 +30,6 @@ from torch import Tensor
 from rfwp_rl.cores.fwm import FWMCore
 
 
-# Batched tiny matrix-vector products as multiply + sum: on CPU this is several times faster
-# than bmm/einsum for [600, t <= 30, 16] operands.
-def _dots(keys: Tensor, q: Tensor) -> Tensor:
-    """``keys [B, t, m]``, ``q [B, m]`` -> ``<keys_j, q>`` ``[B, t]``."""
-    return (keys * q.unsqueeze(1)).sum(-1)
-
-
-def _combine(coef: Tensor, values: Tensor) -> Tensor:
-    """``coef [B, t]``, ``values [B, t, m]`` -> ``sum_j coef_j values_j`` ``[B, m]``."""
-    return (coef.unsqueeze(-1) * values).sum(1)
-
-
 def supports(core: torch.nn.Module) -> bool:
     """True if ``core`` is an FWM core this stepper can run (not in 1-step-BPTT mode)."""
     return isinstance(core, FWMCore) and not core.detach_state_every_step
@@ -63,8 +51,8 @@ class FactoredFWMStepper:
         B, H = batch_size, core.hidden_size
         self.h = torch.zeros(1, B, H, device=device, dtype=p.dtype)
         self.c = torch.zeros(1, B, H, device=device, dtype=p.dtype)
-        empty = torch.zeros(B, 0, core.m, device=device, dtype=p.dtype)
-        self.k1, self.k2, self.z = empty, empty, empty         # factors of F, [B, t, m]
+        empty = torch.zeros(0, B, core.m, device=device, dtype=p.dtype)
+        self.k1, self.k2, self.z = empty, empty, empty         # factors of F, time-major [t, B, m]
         self.sq = torch.zeros(B, device=device, dtype=p.dtype)  # ||F||²
 
     def step(self, x: Tensor) -> Tensor:
@@ -76,26 +64,33 @@ class FactoredFWMStepper:
         beta = torch.sigmoid(w[:, 3 * m])                           # FWM Eq. 2
         r = torch.tanh(core.read(h)).view(h.shape[0], 1 + core.num_reads, m)  # FWM Eq. 5-6
 
+        # (Time-major factors and multiply-sum products: on CPU several times faster than
+        # bmm for [t <= 30, 600, 16] operands; appending a step is a contiguous copy.)
+        first = self.k1.shape[0] == 0
+        K1 = torch.cat([self.k1, k1.unsqueeze(0)])                 # [t+1, B, m]
+        K2 = torch.cat([self.k2, k2.unsqueeze(0)])
+        # <k2_j, q> for the write key and the N_r read keys at once: [t+1, B, 1 + N_r]
+        d2 = torch.einsum("tbm,bqm->tbq", K2, torch.cat([k2.unsqueeze(1), r[:, 1:]], 1))
+
         # write (FWM Eq. 3-4) on the factors
-        if self.k1.shape[1]:
-            cj = _dots(self.k1, k1) * _dots(self.k2, k2)
-            v_old = _combine(cj, self.z)
-        else:
+        if first:
             cj, v_old = None, torch.zeros_like(v)
+        else:
+            cj = (self.k1 * k1).sum(-1) * d2[:-1, :, 0]               # [t, B]
+            v_old = (cj.unsqueeze(-1) * self.z).sum(0)              # F_{t-1} vec(k1 ⊗ k2)
         z = beta[:, None] * (v - v_old)
         sq = self.sq + (k1 * k1).sum(-1) * (k2 * k2).sum(-1) * (z * z).sum(-1)
         if cj is not None:
-            sq = sq + 2.0 * (cj * _dots(self.z, z)).sum(-1)
+            sq = sq + 2.0 * (cj * (self.z * z).sum(-1)).sum(0)
         scale = sq.clamp(min=1.0).sqrt()                            # as the core: sqrt(max(1, ||F'||²))
         self.sq = sq / (scale * scale)
-        self.k1 = torch.cat([self.k1, k1[:, None]], 1)
-        self.k2 = torch.cat([self.k2, k2[:, None]], 1)
-        self.z = torch.cat([self.z, z[:, None]], 1) / scale[:, None, None]
+        self.k1, self.k2 = K1, K2
+        self.z = torch.cat([self.z, z.unsqueeze(0)]) / scale[:, None]
 
         # chained reads (FWM Eq. 7)
         n = r[:, 0]
         for i in range(core.num_reads):
-            coef = _dots(self.k1, n) * _dots(self.k2, r[:, 1 + i])
-            n = _combine(coef, self.z)
+            coef = (K1 * n).sum(-1) * d2[:, :, 1 + i]               # [t+1, B]
+            n = (coef.unsqueeze(-1) * self.z).sum(0)
             n = F.layer_norm(n, n.shape[-1:])                       # LN without affine
         return h + core.out(n)                                      # FWM Eq. 8 + residual

@@ -23,6 +23,7 @@ import math
 from typing import Any, Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from rfwp_rl import cores
@@ -114,6 +115,18 @@ class SeqModel(nn.Module):
 
     def initial_state(self, batch_size: int, device: torch.device | str | None = None) -> tuple:
         return self.core.initial_state(batch_size, device)
+
+    def describe(self) -> dict[str, Any]:
+        """The model settings recorded with results and checkpoints."""
+        return {"model": "seq", "core": self.core_name, "core_config": dict(self.core.config),
+                "emb_size": self.emb_size, "positions": self.positions,
+                "dropout": self.drop.p}
+
+    @staticmethod
+    def loss(logits: Tensor, y: Tensor, reduction: str = "mean") -> Tensor:
+        """Cross-entropy over the scored positions (targets ``IGNORE`` = -100 are skipped)."""
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1),
+                               ignore_index=-100, reduction=reduction)
 
     def embed(self, x: Tensor) -> Tensor:
         """x ``[T, B]`` or ``[T, B, F]`` (long) -> ``[T, B, emb_size]``."""

@@ -20,14 +20,12 @@ import argparse
 import ast
 import copy
 import json
-import math
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from rfwp_rl.checkpoint import Checkpointer, atomic_torch_save, atomic_write_text, rng_state, set_rng_state
 from rfwp_rl.errors import UserError, check_choice
@@ -44,6 +42,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.ArgumentDefaultsHelpFormatter
     parser.add_argument("--task", default="lm", help=f"one of: {', '.join(T.TASKS)}")
     g = parser.add_argument_group("model")
+    g.add_argument("--model", default="seq", choices=("seq", "memory"),
+                   help="seq: embedding + core + output layer; memory: the single-layer fast-weight "
+                   "memory of Secretly-FWP Sec. 6.1 (assoc only; --core lt or delta, "
+                   "--hidden-size = d_key)")
     g.add_argument("--core", default="delta", help="core name (rfwp-rl info lists them; "
                    "plus 'transformer', the softmax-attention baseline)")
     g.add_argument("--emb-size", type=int, default=128, help="token embedding size")
@@ -158,6 +160,21 @@ def make_task(args: argparse.Namespace):
     return T.AssocTask(args.seed, args.num_keys, args.setting)
 
 
+def make_memory(args: argparse.Namespace, task):
+    """The Secretly-FWP Sec. 6.1 memory for ``--model memory``."""
+    from rfwp_rl.seq.memory import AssocMemory
+
+    if args.task != "assoc":
+        raise UserError(f"--model memory is for --task assoc, not {args.task!r}; allowed: --model seq")
+    options = {"dpfp_nu": 1, "backend": "auto"}
+    for item in args.core_option:
+        key, _, value = item.partition("=")
+        check_choice("memory option (--core-option)", key.strip(), options)
+        options[key.strip()] = parse_value(value.strip())
+    return AssocMemory(task.num_classes, args.core, args.hidden_size or 64, args.emb_size,
+                       args.feature_map or "elu_sum", **options)
+
+
 def check_args(args: argparse.Namespace) -> None:
     for name in ("steps", "batch_size", "eval_every", "eval_batch_size", "checkpoint_every", "emb_size"):
         if getattr(args, name) < 1:
@@ -167,7 +184,8 @@ def check_args(args: argparse.Namespace) -> None:
         raise UserError(f"--lr {args.lr} is invalid; allowed: a positive number")
     if args.warmup < 0 or args.clip < 0:
         raise UserError("--warmup and --clip must be >= 0")
-    check_choice("core", args.core, core_names())
+    if args.model == "seq":
+        check_choice("core", args.core, core_names())
 
 
 def lr_factor(step: int, warmup: int) -> float:
@@ -188,23 +206,34 @@ def evaluate(model: SeqModel, task, split: str, args: argparse.Namespace,
             score = T.TaggingScore()
             for x, y in task.eval_batches(split, args.eval_batch_size):
                 logits, _ = model(x.to(args.device))
-                score.add(logits.cpu(), y, task.no_output)
+                score.add(logits.cpu(), y, task.no_output, model.loss)
             return score.metrics(with_print=task.no_output is not None)
     finally:
         model.train(was_training)
 
 
-def better(task, new: float, old: float | None) -> bool:
+def main_metric(task, args: argparse.Namespace) -> tuple[str, bool]:
+    """(validation metric that selects the best weights, whether lower is better): perplexity
+    for lm, the squared-error loss for the memory model (the paper's criterion), else
+    sequence accuracy."""
+    if task.name == "lm":
+        return "ppl", True
+    if args.model == "memory":
+        return "loss", True
+    return task.main_metric, False
+
+
+def better(lower: bool, new: float, old: float | None) -> bool:
     if old is None:
         return True
-    return new < old if task.name == "lm" else new > old
+    return new < old if lower else new > old
 
 
-def early_stop_reason(task, args: argparse.Namespace, step: int, value: float, best: float,
+def early_stop_reason(args: argparse.Namespace, main: str, lower: bool, step: int, value: float,
                       best_step: int) -> str | None:
     """Why training stops before ``--steps`` (``--target`` reached, ``--patience`` out)."""
-    if args.target is not None and (value <= args.target if task.name == "lm" else value >= args.target):
-        return f"target {task.main_metric} {args.target} reached"
+    if args.target is not None and (value <= args.target if lower else value >= args.target):
+        return f"target {main} {args.target} reached"
     if args.patience and step - best_step >= args.patience * args.eval_every:
         return f"no improvement in {args.patience} validations"
     return None
@@ -218,10 +247,13 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     task = make_task(args)
-    config = core_config(args)
-    positions = {"auto": None, "on": True, "off": False}[args.positions]
-    model = SeqModel(args.core, task.field_sizes, task.num_classes, args.emb_size, config,
-                     dropout=args.dropout, positions=positions).to(args.device)
+    if args.model == "memory":
+        model = make_memory(args, task)
+    else:
+        positions = {"auto": None, "on": True, "off": False}[args.positions]
+        model = SeqModel(args.core, task.field_sizes, task.num_classes, args.emb_size,
+                         core_config(args), dropout=args.dropout, positions=positions)
+    model = model.to(args.device)
     if task.name == "lm" and not model.carries_state:
         if args.context == "carried":
             raise UserError(f"--context carried needs a model that carries its state from "
@@ -232,9 +264,7 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"--eval-mode carried is not possible with core {args.core!r}; "
                             "allowed: sliding or auto")
     n_params = sum(p.numel() for p in model.parameters())
-    settings = {**task.settings(), "core": args.core, "core_config": model.core.config,
-                "emb_size": args.emb_size, "positions": model.positions, "dropout": args.dropout,
-                "params": n_params}
+    settings = {**task.settings(), **model.describe(), "params": n_params}
     hparams = {**settings, "steps": args.steps, "batch_size": args.batch_size, "lr": args.lr,
                "warmup": args.warmup, "clip": args.clip, "seed": args.seed}
     run_dir = Path(args.run_dir or Path("runs") / "seq" / run_name(task.name, args.core, f"s{args.seed}"))
@@ -252,7 +282,7 @@ def run(args: argparse.Namespace) -> int:
         start, carried = loaded["step"], s["carried"]
         best, best_step, elapsed, early = s["best"], s["best_step"], s["elapsed"], s["early"]
         print(f"resuming {run_dir} from step {start:,}", flush=True)
-    main = task.main_metric
+    main, lower = main_metric(task, args)
     print(f"seq | task {task.name} | core {args.core} | {n_params:,} parameters | run dir {run_dir}",
           flush=True)
     logger = RunLogger(run_dir, hparams, total=args.steps, start=start, unit="steps",
@@ -282,8 +312,7 @@ def run(args: argparse.Namespace) -> int:
                 for group in optimizer.param_groups:
                     group["lr"] = args.lr * lr_factor(step, args.warmup)
                 logits, new_state = model(x, state)
-                loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1),
-                                       ignore_index=T.IGNORE)
+                loss = model.loss(logits, y)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 grad_norm = (torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
@@ -307,14 +336,14 @@ def run(args: argparse.Namespace) -> int:
                     limit = args.eval_max_tokens if task.name == "lm" else None
                     metrics = evaluate(model, task, "valid", args, limit)
                     logger.log(step, {f"valid/{k}": v for k, v in metrics.items()})
-                    if better(task, metrics[main], best):
+                    if better(lower, metrics[main], best):
                         best, best_step = metrics[main], step
                         atomic_torch_save({"model": model.state_dict(), "step": step,
                                            "settings": settings}, run_dir / "best.pt")
                     print(f"step {step:,} | valid " + " | ".join(
                         f"{k} {v:.4g}" for k, v in metrics.items()) +
                         f" | best {main} {best:.4g} (step {best_step:,})", flush=True)
-                    early = early_stop_reason(task, args, step, metrics[main], best, best_step)
+                    early = early_stop_reason(args, main, lower, step, metrics[main], best_step)
                 if step % args.checkpoint_every == 0 or step == args.steps or early:
                     ckpt.save(checkpoint_state(), step)
                 if early:

@@ -11,7 +11,7 @@ resumed run sees exactly the batches an uninterrupted one would.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -193,11 +193,16 @@ class TaggingScore:
     printed: int = 0
     correct_printed: int = 0
 
-    def add(self, logits: Tensor, y: Tensor, no_output: int | None = None) -> None:
-        """logits ``[T, B, C]``, y ``[T, B]`` (IGNORE where not scored)."""
+    def add(self, logits: Tensor, y: Tensor, no_output: int | None = None,
+            loss_fn: Callable[..., Tensor] | None = None) -> None:
+        """logits ``[T, B, C]``, y ``[T, B]`` (IGNORE where not scored); ``loss_fn(logits, y,
+        reduction="sum")`` (default: cross-entropy) gives the summed loss."""
         scored = y != IGNORE
-        self.nll += float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1),
-                                          ignore_index=IGNORE, reduction="sum"))
+        if loss_fn is None:
+            self.nll += float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1),
+                                              ignore_index=IGNORE, reduction="sum"))
+        else:
+            self.nll += float(loss_fn(logits, y, reduction="sum"))
         right = (logits.argmax(-1) == y) & scored
         self.tokens += int(scored.sum())
         self.correct_tokens += int(right.sum())

@@ -1,0 +1,75 @@
+// C interface of the emulated CUDA kernels (built with cuda_emulation.h force-included, see
+// rfwp_rl/kernels/_build.py) for ctypes: each op takes the pointers of its argument block in
+// field order (fastweight_params.h), the dims {T, B, H, dk, dv, chunk} and the block size.
+// Returns the launcher's CUDA error code (0: success).
+#include <cstddef>
+#include <cstring>
+#include <type_traits>
+
+#include "../cuda/fastweight_cuda.h"
+
+namespace {
+
+template <typename Args>
+constexpr std::size_t num_pointers() {
+  static_assert(std::is_standard_layout_v<Args>, "argument blocks must be standard layout");
+  return offsetof(Args, n) / sizeof(void*);
+}
+
+template <typename Args>
+Args make(void* const* ptrs, const int* dims) {
+  Args a{};
+  std::memcpy(static_cast<void*>(&a), ptrs, num_pointers<Args>() * sizeof(void*));
+  a.n = rfwp::Dims{dims[0], dims[1], dims[2], dims[3], dims[4], dims[5]};
+  return a;
+}
+
+rfwp::Dims dims_of(const int* d) { return rfwp::Dims{d[0], d[1], d[2], d[3], d[4], d[5]}; }
+
+}  // namespace
+
+#define RFWP_EMU_FWD(op, Args, S, suffix)                                           \
+  extern "C" int rfwp_emu_##op##_##suffix(void* const* p, const int* dims, int threads) { \
+    return rfwp::cuda::op(make<rfwp::Args<S>>(p, dims), threads, nullptr);          \
+  }
+#define RFWP_EMU_BWD(op, Args, S, suffix)                                                \
+  extern "C" int rfwp_emu_##op##_##suffix(void* const* p, const int* dims, void* work,  \
+                                          int threads) {                                 \
+    return rfwp::cuda::op(make<rfwp::Args<S>>(p, dims), static_cast<S*>(work), threads, nullptr); \
+  }
+#define RFWP_EMU_ALL(S, suffix)                                \
+  RFWP_EMU_FWD(lt_forward, DeltaFwdArgs, S, suffix)            \
+  RFWP_EMU_FWD(delta_forward, DeltaFwdArgs, S, suffix)         \
+  RFWP_EMU_FWD(delta_rnn_forward, DeltaRnnFwdArgs, S, suffix)  \
+  RFWP_EMU_FWD(rdn_forward, RdnFwdArgs, S, suffix)             \
+  RFWP_EMU_BWD(lt_backward, DeltaBwdArgs, S, suffix)           \
+  RFWP_EMU_BWD(delta_backward, DeltaBwdArgs, S, suffix)        \
+  RFWP_EMU_BWD(delta_rnn_backward, DeltaRnnBwdArgs, S, suffix) \
+  RFWP_EMU_BWD(rdn_backward, RdnBwdArgs, S, suffix)
+RFWP_EMU_ALL(float, f32)
+RFWP_EMU_ALL(double, f64)
+
+// Number of pointer fields of an argument block, to check the caller's field lists.
+extern "C" int rfwp_emu_num_pointers(const char* block) {
+  const char* names[] = {"DeltaFwdArgs", "DeltaBwdArgs", "DeltaRnnFwdArgs", "DeltaRnnBwdArgs",
+                         "RdnFwdArgs", "RdnBwdArgs"};
+  const std::size_t counts[] = {num_pointers<rfwp::DeltaFwdArgs<float>>(),
+                                num_pointers<rfwp::DeltaBwdArgs<float>>(),
+                                num_pointers<rfwp::DeltaRnnFwdArgs<float>>(),
+                                num_pointers<rfwp::DeltaRnnBwdArgs<float>>(),
+                                num_pointers<rfwp::RdnFwdArgs<float>>(),
+                                num_pointers<rfwp::RdnBwdArgs<float>>()};
+  for (int i = 0; i < 6; ++i)
+    if (std::strcmp(block, names[i]) == 0) return static_cast<int>(counts[i]);
+  return -1;
+}
+
+extern "C" std::size_t rfwp_emu_workspace_elems(const char* op, const int* dims) {
+  const rfwp::Dims n = dims_of(dims);
+  if (std::strcmp(op, "lt") == 0 || std::strcmp(op, "delta") == 0) return rfwp::cuda::lt_delta_workspace_elems(n);
+  if (std::strcmp(op, "delta_rnn") == 0) return rfwp::cuda::delta_rnn_workspace_elems(n);
+  if (std::strcmp(op, "rdn") == 0) return rfwp::cuda::rdn_workspace_elems(n);
+  return 0;
+}
+
+extern "C" int rfwp_emu_default_threads(int dk, int dv) { return rfwp::cuda::default_threads(dk, dv); }

@@ -1,0 +1,187 @@
+"""The CUDA kernels of ``csrc/cuda`` run on the CPU through the emulation header
+(``csrc/cuda_emu/cuda_emulation.h``): a kernel backend with the same functions as the torch
+extension, for checking the CUDA sources on machines without a GPU.
+
+Every thread of a block is a real ``std::thread`` and blocks run one after another, so keep
+the sizes tiny (a handful of blocks of at most a few dozen threads). ``threads`` sets the
+block size (default 32, which does not divide head sizes such as 5 or 33).
+
+    be = EmulatedCuda(threads=32)
+    y, W = rfwp_rl.kernels.functions.delta(be, chunk, q, k, v, beta, W0, reset)
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from rfwp_rl.kernels import _build
+
+# Pointer fields of each argument block, in the order of csrc/fastweight_params.h.
+FIELDS = {
+    "DeltaFwdArgs": ("q", "k", "v", "beta", "W0", "reset", "y", "W", "ckpt"),
+    "DeltaBwdArgs": ("q", "k", "v", "beta", "reset", "ckpt", "gy", "gW", "gq", "gk", "gv",
+                     "gbeta", "gW0"),
+    "DeltaRnnFwdArgs": ("q", "k", "v", "beta", "kr", "vr", "beta_r", "W0", "R0", "y0", "reset",
+                        "y", "W", "R", "ckptW", "ckptR"),
+    "DeltaRnnBwdArgs": ("q", "k", "v", "beta", "kr", "vr", "beta_r", "y0", "y", "reset", "ckptW",
+                        "ckptR", "gy", "gW", "gR", "gq", "gk", "gv", "gbeta", "gkr", "gvr",
+                        "gbeta_r", "gW0", "gR0", "gy0"),
+    "RdnFwdArgs": ("xq", "xk", "xv", "xb", "Rq", "Rk", "Rv", "rb", "W0", "y0", "reset", "y", "W",
+                   "ckpt", "q", "k", "v", "beta"),
+    "RdnBwdArgs": ("Rq", "Rk", "Rv", "rb", "y0", "y", "q", "k", "v", "beta", "reset", "ckpt", "gy",
+                   "gW", "gxq", "gxk", "gxv", "gxb", "gRq_part", "gRk_part", "gRv_part",
+                   "grb_part", "gRq", "gRk", "gRv", "grb", "gW0", "gy0"),
+}
+
+
+class EmulationError(RuntimeError):
+    pass
+
+
+def _nck(T: int, chunk: int) -> int:
+    return (T + chunk - 1) // chunk
+
+
+class EmulatedCuda:
+    """Kernel backend running csrc/cuda/*.cu on the host (CPU tensors in, CPU tensors out)."""
+
+    def __init__(self, threads: int = 32, library: Path | None = None) -> None:
+        self.threads = threads
+        self.lib = ctypes.CDLL(str(library or _build.emulated_cuda_library()))
+        self.lib.rfwp_emu_workspace_elems.restype = ctypes.c_size_t
+        for block, fields in FIELDS.items():
+            n = self.lib.rfwp_emu_num_pointers(block.encode())
+            if n != len(fields):
+                raise EmulationError(f"{block}: the library has {n} pointer fields, "
+                                     f"this wrapper lists {len(fields)}")
+
+    def has_cuda(self) -> bool:
+        return False
+
+    # ---------------------------------------------------------------------- plumbing
+
+    def _call(self, op: str, dtype: torch.dtype, block: str, tensors: dict, dims: tuple,
+              workspace: Tensor | None = None) -> None:
+        ptrs = (ctypes.c_void_p * len(FIELDS[block]))()
+        for i, name in enumerate(FIELDS[block]):
+            t = tensors.get(name)
+            if t is not None:
+                assert t.is_contiguous() and t.device.type == "cpu", name
+                ptrs[i] = t.data_ptr()
+        cdims = (ctypes.c_int * 6)(*dims)
+        suffix = {torch.float32: "f32", torch.float64: "f64"}[dtype]
+        fn = getattr(self.lib, f"rfwp_emu_{op}_{suffix}")
+        if workspace is None:
+            err = fn(ptrs, cdims, self.threads)
+        else:
+            err = fn(ptrs, cdims, ctypes.c_void_p(workspace.data_ptr()), self.threads)
+        if err != 0:
+            raise EmulationError(f"emulated CUDA kernel {op} failed with CUDA error {err}")
+
+    def _workspace(self, op: str, dims: tuple, like: Tensor) -> Tensor:
+        n = self.lib.rfwp_emu_workspace_elems(op.encode(), (ctypes.c_int * 6)(*dims))
+        return torch.full((max(int(n), 1),), float("nan"), dtype=like.dtype)
+
+    @staticmethod
+    def _reset(reset: Tensor | None) -> Tensor | None:
+        return None if reset is None else reset.to(torch.uint8).contiguous()
+
+    # ----------------------------------------------------------------------- lt / delta
+
+    def _delta_forward(self, op: str, q, k, v, beta, W0, reset, chunk):
+        T, B, H, dk = q.shape
+        dv = v.shape[-1]
+        dims = (T, B, H, dk, dv, chunk)
+        out = {"y": q.new_empty(T, B, H, dv), "W": q.new_empty(B, H, dv, dk),
+               "ckpt": q.new_empty(_nck(T, chunk), B, H, dv, dk)}
+        self._call(op, q.dtype, "DeltaFwdArgs",
+                   dict(q=q, k=k, v=v, beta=beta, W0=W0, reset=self._reset(reset), **out), dims)
+        return [out["y"], out["W"], out["ckpt"]]
+
+    def _delta_backward(self, op: str, q, k, v, beta, reset, ckpt, gy, gW, chunk):
+        T, B, H, dk = q.shape
+        dv = v.shape[-1]
+        dims = (T, B, H, dk, dv, chunk)
+        out = {"gq": torch.empty_like(q), "gk": torch.empty_like(k), "gv": torch.empty_like(v),
+               "gbeta": torch.empty_like(beta) if beta is not None else None,
+               "gW0": q.new_empty(B, H, dv, dk)}
+        self._call(op, q.dtype, "DeltaBwdArgs",
+                   dict(q=q, k=k, v=v, beta=beta, reset=self._reset(reset), ckpt=ckpt, gy=gy,
+                        gW=gW, **out), dims, self._workspace("delta", dims, q))
+        grads = [out["gq"], out["gk"], out["gv"]]
+        if beta is not None:
+            grads.append(out["gbeta"])
+        return grads + [out["gW0"]]
+
+    def lt_forward(self, q, k, v, W0, reset, chunk, threads=0):
+        return self._delta_forward("lt_forward", q, k, v, None, W0, reset, chunk)
+
+    def delta_forward(self, q, k, v, beta, W0, reset, chunk, threads=0):
+        return self._delta_forward("delta_forward", q, k, v, beta, W0, reset, chunk)
+
+    def lt_backward(self, q, k, v, reset, ckpt, gy, gW, chunk, threads=0):
+        return self._delta_backward("lt_backward", q, k, v, None, reset, ckpt, gy, gW, chunk)
+
+    def delta_backward(self, q, k, v, beta, reset, ckpt, gy, gW, chunk, threads=0):
+        return self._delta_backward("delta_backward", q, k, v, beta, reset, ckpt, gy, gW, chunk)
+
+    # ------------------------------------------------------------------------ delta_rnn
+
+    def delta_rnn_forward(self, q, k, v, beta, kr, vr, beta_r, W0, R0, y0, reset, chunk, threads=0):
+        T, B, H, dk = q.shape
+        dv = v.shape[-1]
+        dims = (T, B, H, dk, dv, chunk)
+        n = _nck(T, chunk)
+        out = {"y": q.new_empty(T, B, H, dv), "W": torch.empty_like(W0), "R": torch.empty_like(R0),
+               "ckptW": q.new_empty(n, B, H, dv, dk), "ckptR": q.new_empty(n, B, H, dv, dv)}
+        self._call("delta_rnn_forward", q.dtype, "DeltaRnnFwdArgs",
+                   dict(q=q, k=k, v=v, beta=beta, kr=kr, vr=vr, beta_r=beta_r, W0=W0, R0=R0,
+                        y0=y0, reset=self._reset(reset), **out), dims)
+        return [out[x] for x in ("y", "W", "R", "ckptW", "ckptR")]
+
+    def delta_rnn_backward(self, q, k, v, beta, kr, vr, beta_r, y0, y, reset, ckptW, ckptR, gy,
+                           gW, gR, chunk, threads=0):
+        T, B, H, dk = q.shape
+        dv = v.shape[-1]
+        dims = (T, B, H, dk, dv, chunk)
+        names = ("gq", "gk", "gv", "gbeta", "gkr", "gvr", "gbeta_r", "gW0", "gR0", "gy0")
+        likes = (q, k, v, beta, kr, vr, beta_r, q.new_empty(B, H, dv, dk), q.new_empty(B, H, dv, dv), y0)
+        out = {name: torch.empty_like(like) for name, like in zip(names, likes)}
+        self._call("delta_rnn_backward", q.dtype, "DeltaRnnBwdArgs",
+                   dict(q=q, k=k, v=v, beta=beta, kr=kr, vr=vr, beta_r=beta_r, y0=y0, y=y,
+                        reset=self._reset(reset), ckptW=ckptW, ckptR=ckptR, gy=gy, gW=gW, gR=gR,
+                        **out), dims, self._workspace("delta_rnn", dims, q))
+        return [out[x] for x in names]
+
+    # ------------------------------------------------------------------------------ rdn
+
+    def rdn_forward(self, xq, xk, xv, xb, Rq, Rk, Rv, rb, W0, y0, reset, chunk, threads=0):
+        T, B, H, d = xq.shape
+        dims = (T, B, H, d, d, chunk)
+        out = {"y": torch.empty_like(xq), "W": torch.empty_like(W0),
+               "ckpt": xq.new_empty(_nck(T, chunk), B, H, d, d), "q": torch.empty_like(xq),
+               "k": torch.empty_like(xq), "v": torch.empty_like(xq), "beta": torch.empty_like(xb)}
+        self._call("rdn_forward", xq.dtype, "RdnFwdArgs",
+                   dict(xq=xq, xk=xk, xv=xv, xb=xb, Rq=Rq, Rk=Rk, Rv=Rv, rb=rb, W0=W0, y0=y0,
+                        reset=self._reset(reset), **out), dims)
+        return [out[x] for x in ("y", "W", "ckpt", "q", "k", "v", "beta")]
+
+    def rdn_backward(self, Rq, Rk, Rv, rb, y0, y, q, k, v, beta, reset, ckpt, gy, gW, chunk,
+                     threads=0):
+        T, B, H, d = q.shape
+        dims = (T, B, H, d, d, chunk)
+        out = {"gxq": torch.empty_like(q), "gxk": torch.empty_like(q), "gxv": torch.empty_like(q),
+               "gxb": torch.empty_like(beta), "gRq": torch.empty_like(Rq),
+               "gRk": torch.empty_like(Rk), "gRv": torch.empty_like(Rv), "grb": torch.empty_like(rb),
+               "gW0": q.new_empty(B, H, d, d), "gy0": torch.empty_like(y0)}
+        part = {name: q.new_empty(B, H, d, d) for name in ("gRq_part", "gRk_part", "gRv_part")}
+        part["grb_part"] = q.new_empty(B, H, d)
+        self._call("rdn_backward", q.dtype, "RdnBwdArgs",
+                   dict(Rq=Rq, Rk=Rk, Rv=Rv, rb=rb, y0=y0, y=y, q=q, k=k, v=v, beta=beta,
+                        reset=self._reset(reset), ckpt=ckpt, gy=gy, gW=gW, **out, **part), dims,
+                   self._workspace("rdn", dims, q))
+        return [out[x] for x in ("gxq", "gxk", "gxv", "gxb", "gRq", "gRk", "gRv", "grb", "gW0", "gy0")]
