@@ -149,8 +149,11 @@ def test_tiny_pong_run_every_core(tmp_path, core):
 
 
 def test_resume_continues_and_mismatches_are_one_line_errors(tmp_path, capsys):
-    assert train(tmp_path, "CartPole-v1", "lstm", 40) == 0
+    assert train(tmp_path, "CartPole-v1", "lstm", 40, "--snapshot-steps", "20,1000") == 0
     first = read_checkpoint(list_checkpoints(tmp_path / "run")[0])
+    snapshots = sorted(p.name for p in (tmp_path / "run").glob("snapshot_*.pt"))
+    assert snapshots == ["snapshot_000000000020.pt"]
+    assert read_checkpoint(tmp_path / "run" / snapshots[0])["state"]["counters"]["step"] == 20
     assert train(tmp_path, "CartPole-v1", "lstm", 80) == 0
     out = capsys.readouterr().out
     assert "from step 40" in out
@@ -186,6 +189,10 @@ def test_cli_errors(tmp_path, capsys):
     assert cli.main(["train", "--env", "CartPole-v1", "--num-actors", "5", "--env-backend", "local",
                      "--run-dir", str(tmp_path / "x")]) == 2
     assert "multiple of --num-env-batches" in capsys.readouterr().err
+    assert train(tmp_path, "CartPole-v1", "ff", 10, "--detach-state-every-step") == 2
+    assert "core 'ff' has no recurrent state" in capsys.readouterr().err
+    assert train(tmp_path, "CartPole-v1", "lstm", 10, "--device", "gpu") == 2
+    assert "--device 'gpu' is invalid" in capsys.readouterr().err
 
 
 def test_missing_moolib_is_a_one_line_error(monkeypatch):

@@ -77,6 +77,7 @@ def test_carried_training_segments_equal_one_pass_per_stream(core, tmp_path):
 
 
 @pytest.mark.parametrize("core", ("delta", "transformer"))
+@torch.no_grad()
 def test_sliding_window_equals_windows_one_by_one(core):
     model = model_for(core)
     data, L = tokens(30, 2), 6
@@ -204,3 +205,45 @@ def test_cli_refuses_carried_context_for_the_transformer(tmp_path):
 def test_cli_bad_input_is_one_line_user_error(argv, match, tmp_path):
     with pytest.raises(UserError, match=match):
         train.run(parse(argv + ["--run-dir", str(tmp_path / "r"), "--steps", "1"]))
+
+
+# ------------------------------------------------------------------------- the Sec. 6.1 memory
+
+@pytest.mark.parametrize("rule", ["lt", "delta"])
+@torch.no_grad()
+def test_memory_model_computes_the_paper_equations(rule):
+    from rfwp_rl.cores.feature_maps import elu_sum
+    from rfwp_rl.seq.memory import AssocMemory
+
+    torch.manual_seed(0)
+    S, d = 3, 2
+    m = AssocMemory(S, rule, d_key=d, emb_size=4, backend="reference").to(D)
+    x = torch.tensor([[[0, 2]], [[2, 0]], [[1, 1]], [[2, S]]])          # 3 pairs, query key 2
+    scores, state = m(x)
+    W = torch.zeros(S, d, dtype=D)
+    for t in range(3):
+        v = F.one_hot(x[t, 0, 1], S).to(D)
+        inp = torch.cat([m.embed.weight[x[t, 0, 0]], v])
+        k = elu_sum(m.W_K.weight @ inp)
+        if rule == "lt":
+            W = W + torch.outer(v, k)                                     # RFWP Eq. 6
+        else:
+            beta = torch.sigmoid(m.W_beta.weight @ inp + m.W_beta.bias)
+            W = W + beta * torch.outer(v - W @ k, k)                      # RFWP Eq. 8, 10
+    q = elu_sum(m.W_Q.weight @ m.embed.weight[2])
+    torch.testing.assert_close(scores[-1, 0], W @ q)
+    assert state == () and (scores[:-1] == 0).all()
+    y = torch.tensor([[-100], [-100], [-100], [0]])
+    assert float(m.loss(scores, y)) == pytest.approx(float(0.5 * ((W @ q - F.one_hot(torch.tensor(0), S)) ** 2).sum()))
+
+
+def test_cli_memory_model(tmp_path):
+    argv = ["--task", "assoc", "--model", "memory", "--core", "delta", "--num-keys", "4",
+            "--hidden-size", "8", "--emb-size", "8", "--lr", "1e-2", "--steps", "200",
+            "--eval-every", "50", "--target", "0.01", "--threads", "1", "--run-dir", str(tmp_path / "m")]
+    assert train.run(parse(argv)) == 0
+    res = json.loads((tmp_path / "m" / "results.json").read_text())
+    assert res["settings"]["model"] == "memory" and res["settings"]["core_config"]["rule"] == "delta"
+    assert res["valid"]["seq_acc"] == 1.0 and res["valid"]["loss"] < 0.05
+    with pytest.raises(UserError, match="--model memory is for --task assoc"):
+        train.run(parse(["--task", "listops", "--model", "memory", "--run-dir", str(tmp_path / "x")]))

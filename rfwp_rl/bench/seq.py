@@ -50,7 +50,9 @@ def core_config(core: str, hidden: int, layers: int, heads: int) -> dict:
     from rfwp_rl.seq.model import core_defaults
 
     defaults = core_defaults(core)
-    config = {"hidden_size": hidden, "num_layers": layers}
+    config = {"hidden_size": hidden}
+    if "num_layers" in defaults:
+        config["num_layers"] = layers
     if "num_heads" in defaults:
         config.update(num_heads=heads, ff_size=4 * hidden)
     return config
@@ -91,7 +93,8 @@ def bench_core(core: str, args: argparse.Namespace) -> dict:
             "tokens_per_s": round(args.batch_size * args.seq_len / sec),
             "ms_per_step": round(1000 * sec, 1), "batch_size": args.batch_size,
             "seq_len": args.seq_len, "vocab": args.vocab, "hidden_size": args.hidden_size,
-            "num_layers": args.num_layers, "num_heads": args.num_heads if "num_heads" in config else "-",
+            "num_layers": config.get("num_layers", "-"),
+            "num_heads": config.get("num_heads", "-"),
             "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
             "machine": platform.machine()}
 

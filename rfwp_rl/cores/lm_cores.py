@@ -47,9 +47,9 @@ import torch
 from torch import Tensor, nn
 
 from rfwp_rl.cores import feature_maps, register
-from rfwp_rl.cores.base import CoreSpec, State, check_positive_int
+from rfwp_rl.cores.base import CoreSpec, State, check_positive_int, reset_steps, zero_entries
 from rfwp_rl.cores.fast_weight import FastWeightCore, FastWeightSublayer
-from rfwp_rl.ops import reference as ref
+from rfwp_rl.ops import reference as ref   # its delta-rule write and read helpers
 
 
 def _defaults(feature_map: str, **extra: Any) -> dict:
@@ -108,11 +108,11 @@ class DeltaLSTMSublayer(FastWeightSublayer):
         kr, vr = feature_maps.softmax(_heads(kr, 3)), _heads(vr, 3)
         beta_r = torch.sigmoid(_heads(br, 3).squeeze(-1))
         T = p.shape[0]
-        flags = ref._reset_flags(reset, T)
+        flags = reset_steps(reset, T)
         ys = []
         for t in range(T):
             if flags[t]:
-                R, c, y = (ref._zero_where(s, reset[t]) for s in (R, c, y))
+                R, c, y = (zero_entries(s, reset[t]) for s in (R, c, y))
             R = ref._delta_update(R, kr[t], vr[t], beta_r[t])                # RFWP Eq. 8, 10
             r_u, r_f, r_o = _ungroup(ref._read(R, feature_maps.softmax(y).repeat(1, 3, 1)), 3)
             u = z_u[t] + r_u                                                 # RFWP Eq. 36

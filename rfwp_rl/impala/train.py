@@ -39,6 +39,7 @@ from rfwp_rl.errors import UserError, check_choice
 from rfwp_rl.impala.config import DEFAULTS, ENV_BACKENDS, ImpalaConfig
 
 METRICS = ("episode/return", "episode/return_mean100")
+DEFAULT_CORE = "rdn"  # the RFWP paper's main agent
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -53,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("what to train")
     g.add_argument("--env", default=d.env, help="gymnasium id, Atari game name or module:EnvId (default %(default)s)")
     g.add_argument("--core", default=None, help="core name (rfwp-rl info); Atari envs use agents/atari_<core>.toml "
-                   "(default lstm)")
+                   f"(default {DEFAULT_CORE})")
     g.add_argument("--preset", default=None, help="agent preset: a name in agents/ or a .toml file")
     g.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a preset value, e.g. core_config.hidden_size=64 or agent.use_prev_action=true")
@@ -107,6 +108,12 @@ def config_from_args(args: argparse.Namespace) -> ImpalaConfig:
         if getattr(cfg, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} {getattr(cfg, name)} is invalid; allowed: an integer >= 1")
     check_choice("env backend", cfg.env_backend, ENV_BACKENDS)
+    try:
+        device = torch.device(cfg.device)
+    except RuntimeError:
+        raise UserError(f"--device {cfg.device!r} is invalid; allowed: cpu, cuda, cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"--device {cfg.device!r}: this torch build or machine has no CUDA device; use --device cpu")
     return cfg
 
 
@@ -129,10 +136,15 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = config_from_args(args)
     resolved = envs.resolve_env_id(cfg.env)  # unknown env: one-line error with close matches
-    preset = resolve_preset(args.core, args.preset, args.overrides, atari=resolved.kind == "atari")
+    preset = resolve_preset(args.core, args.preset, args.overrides, atari=resolved.kind == "atari",
+                            default_core=DEFAULT_CORE)
     env_options = env_options_from_args(args, resolved.kind)
     spec = envs.env_spec(cfg.env, **env_options)
     if args.detach_state_every_step:
+        from rfwp_rl.cores import available
+
+        if "detach_state_every_step" not in available()[preset.core].defaults:
+            raise UserError(f"--detach-state-every-step: core {preset.core!r} has no recurrent state")
         preset.core_config["detach_state_every_step"] = True
     run_dir = Path(args.run_dir) if args.run_dir else Path("runs") / "impala" / _run_name(spec.gym_id, preset.core, cfg.seed)
     return train(cfg, preset, spec, env_options, run_dir, torch_threads=args.torch_threads)

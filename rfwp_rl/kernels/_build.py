@@ -65,19 +65,35 @@ def _cpu_signature() -> str:
         return platform.processor() or platform.machine()
 
 
-def source_files() -> list[Path]:
-    """Every file under csrc/ that a build may read (C++, CUDA, headers)."""
+def source_files(parts: tuple[str, ...] | None = None) -> list[Path]:
+    """Files under csrc/ that a build may read: all C++/CUDA sources and headers, or those in
+    the given subfolders/files of csrc (``""`` is csrc's top level)."""
     if not CSRC.is_dir():
         return []
-    return sorted(p for p in CSRC.rglob("*") if p.suffix in {".h", ".cuh", ".cpp", ".cu"})
+    files = sorted(p for p in CSRC.rglob("*") if p.suffix in {".h", ".cuh", ".cpp", ".cu"})
+    if parts is None:
+        return files
+
+    def wanted(p: Path) -> bool:
+        rel = p.relative_to(CSRC)
+        return any((part == "" and len(rel.parts) == 1) or rel.parts[0] == part or str(rel) == part
+                   for part in parts)
+
+    return [p for p in files if wanted(p)]
 
 
-def _hash(*parts: str) -> str:
+# what each build reads
+CPU_PARTS = ("", "cpu")
+CUDA_PARTS = ("", "cpu", "cuda")
+EMU_PARTS = ("fastweight_params.h", "cuda", "cuda_emu")
+
+
+def _hash(parts: tuple[str, ...] | None, *extra: str) -> str:
     h = hashlib.sha256()
-    for p in source_files():
+    for p in source_files(parts):
         h.update(str(p.relative_to(CSRC)).encode())
         h.update(p.read_bytes())
-    for part in parts:
+    for part in extra:
         h.update(part.encode())
     return h.hexdigest()[:16]
 
@@ -114,7 +130,7 @@ def _import_extension(name: str, path: Path) -> ModuleType:
 
 
 def extension_name(with_cuda: bool) -> str:
-    key = _hash("ext", torch.__version__, sys.version, " ".join(CFLAGS), " ".join(NVCC_FLAGS),
+    key = _hash(CUDA_PARTS if with_cuda else CPU_PARTS, "ext", torch.__version__, sys.version, " ".join(CFLAGS), " ".join(NVCC_FLAGS),
                 str(with_cuda), _cpu_signature())
     return f"rfwp_fastweight_{'cuda' if with_cuda else 'cpu'}_{key}"
 
@@ -169,7 +185,7 @@ def emulated_cuda_library() -> Path:
     cxx = os.environ.get("CXX", "g++")
     if shutil.which(cxx) is None:
         raise BuildError(f"no host C++ compiler ({cxx}) on PATH")
-    key = _hash("emu", cxx, " ".join(EMU_FLAGS))
+    key = _hash(EMU_PARTS, "emu", cxx, " ".join(EMU_FLAGS))
     out_dir = cache_root() / f"cuda_emu_{key}"
     lib = out_dir / "librfwp_cuda_emu.so"
     if lib.exists():
@@ -198,7 +214,7 @@ def _cached_command(kind: str, cmd: list[str], key_extra: str = "") -> tuple[boo
     Returns (ok, output, directory). The command may write into ``{out}`` (replaced by the
     cache directory).
     """
-    key = _hash(kind, " ".join(cmd), key_extra)
+    key = _hash(None, kind, " ".join(cmd), key_extra)
     out_dir = cache_root() / f"{kind}_{key}"
     ok_marker = out_dir / "ok"
     if ok_marker.exists():
@@ -258,6 +274,10 @@ def cuda_binding_syntax_check(cuda_include: Path) -> tuple[bool, str]:
     incs = [f"-I{p}" for p in cpp_extension.include_paths()] + [f"-I{cuda_include}", f"-I{CSRC}",
                                                                   f"-I{stub}"]
     py_inc = sysconfig.get_paths()["include"]
+    # one translation unit, so torch's headers are parsed once
+    unit = stub / "cuda_binding_check.cpp"
+    unit.write_text(f'#include "{CSRC / "bindings.cpp"}"\n#include "{CSRC / "cuda" / "torch_cuda.cpp"}"\n',
+                    encoding="utf-8")
     cmd = [cxx, "-std=c++20", "-fsyntax-only", "-DRFWP_WITH_CUDA", "-DTORCH_EXTENSION_NAME=rfwp_check",
-           f"-I{py_inc}", *incs, str(CSRC / "bindings.cpp"), str(CSRC / "cuda" / "torch_cuda.cpp")]
+           f"-I{py_inc}", *incs, str(unit)]
     return _cached_command("cudabind", cmd, torch.__version__ + _tool_version(cxx))[:2]

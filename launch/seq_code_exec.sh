@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Code execution (RFWP paper Sec. 4.2, App. B.1) with 3 variables: Linear Transformer vs the
+# delta-rule family (Delta Net, Delta RNN, RDN), sized for a 2-core CPU: programs of
+# STATEMENTS statements (paper: 100), a 2-layer model of width 64 with 4 heads (paper: 4 layers,
+# width 256, 16 heads), STEPS Adam steps (paper: 200 epochs). Metrics: sequence accuracy (every
+# output token of a program right) and print accuracy (the printed values), on 500 test
+# programs, with the weights of the best validation sequence accuracy.
+#
+#   bash launch/seq_code_exec.sh                       # lt delta delta_rnn rdn, one after another
+#   CORES="delta lstm" STATEMENTS=100 STEPS=30000 bash launch/seq_code_exec.sh   # closer to the paper
+#
+# Each run resumes if started again (Ctrl-C saves a checkpoint); results:
+# runs/seq/code_exec_v3_n$STATEMENTS/<core>/results.json, then results/seq/code_exec_v3_n$STATEMENTS.csv.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+CORES=${CORES:-"lt delta delta_rnn rdn"}
+STATEMENTS=${STATEMENTS:-20}
+STEPS=${STEPS:-3000}
+SEED=${SEED:-1}
+ROOT=runs/seq/code_exec_v3_n${STATEMENTS}
+OUT=results/seq/code_exec_v3_n${STATEMENTS}
+
+for CORE in $CORES; do
+  nice -n 10 rfwp-rl seq --task code_exec --num-vars 3 --num-statements "$STATEMENTS" \
+    --data-sizes 5000,500,500 --core "$CORE" --emb-size 64 --hidden-size 64 --num-layers 2 \
+    --num-heads 4 --ff-size 256 --batch-size 32 --lr 1e-3 --steps "$STEPS" --eval-every 250 \
+    --checkpoint-every 250 --target 1.0 --seed "$SEED" --threads 1 \
+    --run-dir "$ROOT/$CORE" "$@"
+done
+
+python -m rfwp_rl.seq.results "$ROOT" "$OUT.csv"

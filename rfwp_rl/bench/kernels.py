@@ -1,0 +1,176 @@
+"""``rfwp-rl bench kernels``: fused CPU kernels against the PyTorch reference.
+
+For each recurrence and size: wall time of the forward pass (no grad) and of forward+backward
+(gradients of every input), median of ``--repeats`` runs after a warm-up, reference and fused
+side by side in the same process and thread setting. Achieved GFLOP/s of the fused kernel use
+an analytic count of the op's arithmetic (below), next to the GFLOP/s of a large float32
+matrix product measured in the same run. Times are PER LAYER (one op call); the paper's Atari
+agent has 2 layers, i.e. calls the op twice per unroll.
+
+Flop count per step and (batch, head), multiply-add = 2 flops, for dk = dv = d:
+  forward   lt 4d² (write v⊗k, read Wq) | delta 6d² (+ v̄ = Wk) | delta_rnn 12d² (W and R)
+            | rdn 12d² (delta 6d² + Rq h, Rk h, Rv h)
+  backward  lt 8d² | delta 12d² | delta_rnn 24d² | rdn 24d² (delta 12d², Rᵀ·3 and ∂R·3)
+The recomputation of the forward inside checkpoint chunks is not counted (it is overhead).
+
+Writes ``results/bench/kernels_cpu.csv`` (atomically) and prints a table. The machine may be
+shared with other processes: ratios are measured back to back, and the load average is
+recorded; run under ``nice`` on shared machines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from rfwp_rl.checkpoint import atomic_write_text
+from rfwp_rl.errors import UserError, check_choice
+from rfwp_rl.kernels import cases
+from rfwp_rl.ops import reference
+
+SIZES = {
+    "atari": dict(T=51, B=32, H=4, d=32),     # IMPALA unroll 50 (+1), batch 32, 4 heads of 32
+    "lm": dict(T=256, B=8, H=8, d=16),        # language modelling span 256, 8 heads of 16
+}
+FWD_FLOPS = {"lt": 4, "delta": 6, "delta_rnn": 12, "rdn": 12}      # × d² per step per (b, h)
+BWD_FLOPS = {"lt": 8, "delta": 12, "delta_rnn": 24, "rdn": 24}
+DEFAULT_OUT = Path("results/bench/kernels_cpu.csv")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--sizes", default="atari,lm", help=f"comma list of {', '.join(SIZES)}")
+    parser.add_argument("--ops", default=",".join(cases.OPS), help="comma list of ops")
+    parser.add_argument("--threads", default="1,2",
+                        help="comma list of torch thread counts to measure (default 1,2)")
+    parser.add_argument("--repeats", type=int, default=7, help="timed runs per measurement (median)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="CSV file to write")
+
+
+def _median_ms(fn: Callable[[], object], repeats: int, warmup: int = 1) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return 1e3 * statistics.median(times)
+
+
+def matmul_gflops(repeats: int, n: int = 1024) -> float:
+    """GFLOP/s of a float32 n x n matrix product (torch.mm, current thread setting)."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    ms = _median_ms(lambda: torch.mm(a, b), max(repeats, 5), warmup=2)
+    return 2 * n ** 3 / (ms * 1e-3) / 1e9
+
+
+def _passes(fn: Callable, args: list[torch.Tensor], reset: torch.Tensor):
+    def forward():
+        with torch.no_grad():
+            fn(*args, reset)
+
+    leaves = [a.detach().clone().requires_grad_() for a in args]
+
+    def forward_backward():
+        for x in leaves:
+            x.grad = None
+        outs = fn(*leaves, reset)
+        sum(o.sum() for o in outs).backward()
+
+    return forward, forward_backward
+
+
+def measure(name: str, size: str, repeats: int, fused: Callable) -> dict:
+    s = SIZES[size]
+    T, B, H, d = s["T"], s["B"], s["H"], s["d"]
+    args, reset = cases.make_inputs(name, T=T, B=B, H=H, d=d, dtype=torch.float32, seed=0,
+                                    reset_at=((T // 2, 0),))
+    ref_f, ref_fb = _passes(getattr(reference, name), args, reset)
+    fus_f, fus_fb = _passes(fused, args, reset)
+    row = {"size": size, "op": name, "T": T, "B": B, "H": H, "d": d, "dtype": "float32"}
+    row["ref_fwd_ms"] = _median_ms(ref_f, repeats)
+    row["fused_fwd_ms"] = _median_ms(fus_f, repeats)
+    row["ref_fwdbwd_ms"] = _median_ms(ref_fb, repeats)
+    row["fused_fwdbwd_ms"] = _median_ms(fus_fb, repeats)
+    work = T * B * H * d * d
+    row["fused_fwd_gflops"] = FWD_FLOPS[name] * work / (row["fused_fwd_ms"] * 1e-3) / 1e9
+    row["fused_fwdbwd_gflops"] = ((FWD_FLOPS[name] + BWD_FLOPS[name]) * work
+                                  / (row["fused_fwdbwd_ms"] * 1e-3) / 1e9)
+    return row
+
+
+def _parse_list(text: str, allowed, what: str) -> list[str]:
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    if not items:
+        raise UserError(f"empty {what} list; allowed: {', '.join(allowed)}")
+    return [check_choice(what, x, allowed) for x in items]
+
+
+def run(args: argparse.Namespace) -> int:
+    from rfwp_rl import kernels
+
+    sizes = _parse_list(args.sizes, SIZES, "size")
+    names = _parse_list(args.ops, cases.OPS, "op")
+    try:
+        threads = [int(x) for x in args.threads.split(",") if x.strip()]
+    except ValueError:
+        raise UserError(f"--threads {args.threads!r} is not a comma list of positive integers") from None
+    if not threads or min(threads) < 1:
+        raise UserError(f"--threads {args.threads!r} is not a comma list of positive integers")
+    if args.repeats < 1:
+        raise UserError(f"--repeats {args.repeats} must be >= 1")
+    backend, why = kernels.status()
+    if backend != "kernel":
+        print(f"error: fused kernels unavailable, nothing to compare: {why}")
+        return 1
+    print(f"rfwp-rl bench kernels: {why}")
+    print(f"per layer (one op call); float32; median of {args.repeats}; "
+          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (shared machine: "
+          "ratios are measured back to back)")
+    rows = []
+    before = torch.get_num_threads()
+    try:
+        for nt in threads:
+            torch.set_num_threads(nt)
+            mm = matmul_gflops(args.repeats)
+            print(f"\nthreads {nt}: matmul 1024x1024 float32 {mm:.1f} GFLOP/s")
+            header = (f"{'size':6s} {'op':10s} | {'fwd ref':>9s} {'fused':>8s} {'x':>6s} | "
+                      f"{'fwd+bwd ref':>11s} {'fused':>8s} {'x':>6s} | {'GFLOP/s':>7s} {'%mm':>5s}")
+            print(header)
+            print("-" * len(header))
+            for size in sizes:
+                for name in names:
+                    row = measure(name, size, args.repeats, kernels.get(name, required=True))
+                    row.update(threads=nt, matmul_gflops=mm,
+                               fwd_speedup=row["ref_fwd_ms"] / row["fused_fwd_ms"],
+                               fwdbwd_speedup=row["ref_fwdbwd_ms"] / row["fused_fwdbwd_ms"],
+                               fwdbwd_fraction_of_matmul=row["fused_fwdbwd_gflops"] / mm,
+                               load_average=os.getloadavg()[0])
+                    rows.append(row)
+                    print(f"{size:6s} {name:10s} | {row['ref_fwd_ms']:7.2f}ms {row['fused_fwd_ms']:6.2f}ms "
+                          f"{row['fwd_speedup']:5.1f}x | {row['ref_fwdbwd_ms']:9.2f}ms "
+                          f"{row['fused_fwdbwd_ms']:6.2f}ms {row['fwdbwd_speedup']:5.1f}x | "
+                          f"{row['fused_fwdbwd_gflops']:7.1f} {100 * row['fwdbwd_fraction_of_matmul']:4.0f}%")
+    finally:
+        torch.set_num_threads(before)
+    fields = ["size", "op", "T", "B", "H", "d", "dtype", "threads", "ref_fwd_ms", "fused_fwd_ms",
+              "fwd_speedup", "ref_fwdbwd_ms", "fused_fwdbwd_ms", "fwdbwd_speedup",
+              "fused_fwd_gflops", "fused_fwdbwd_gflops", "matmul_gflops",
+              "fwdbwd_fraction_of_matmul", "load_average"]
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in row.items()
+                         if k in fields})
+    atomic_write_text(args.out, buf.getvalue())
+    print(f"\nwrote {args.out}")
+    return 0

@@ -1,0 +1,244 @@
+"""A2C meta-RL: the loss against a hand computation, the factored FWM stepping against the
+dense core, every core through the trainer, a short learning run, resume, CLI errors."""
+
+import csv
+import math
+import os
+import signal
+
+import pytest
+import torch
+
+from rfwp_rl import cores
+from rfwp_rl.checkpoint import read_checkpoint, find_checkpoint_file
+from rfwp_rl.cli import main
+from rfwp_rl.meta_rl import a2c, graph_env, train
+from rfwp_rl.meta_rl.fwm_factored import FactoredFWMStepper
+from rfwp_rl.meta_rl.model import MetaRLAgent, count_parameters
+from rfwp_rl.presets import AGENTS_DIR, load_preset
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+# ------------------------------------------------------------------------------- the loss
+
+def test_discounted_returns_by_hand():
+    r = torch.tensor([[1.0, 0.0], [0.0, 2.0], [3.0, 0.0]])
+    out = a2c.discounted_returns(r, 0.5)
+    expected = torch.tensor([[1 + 0.5 * 0 + 0.25 * 3, 0 + 0.5 * 2 + 0], [0 + 0.5 * 3, 2.0], [3.0, 0.0]])
+    torch.testing.assert_close(out, expected)
+    out = a2c.discounted_returns(r, 0.5, bootstrap=torch.tensor([8.0, 4.0]))
+    torch.testing.assert_close(out[2], torch.tensor([3 + 4.0, 0 + 2.0]))
+    torch.testing.assert_close(out[0, 1], torch.tensor(0 + 0.5 * (2 + 0.5 * 2.0)))
+
+
+def test_a2c_loss_equals_hand_computation():
+    L3 = math.log(3.0)
+    logits = torch.tensor([[[0, 0], [L3, 0]],      # t = 0: p = (.5, .5) and (.75, .25)
+                           [[L3, 0], [0, 0]],      # t = 1
+                           [[0, 0], [L3, 0]]])     # t = 2
+    actions = torch.tensor([[1, 0], [1, 1], [0, 1]])
+    rewards = torch.tensor([[0.0, 10.0], [-0.05, 0.0], [10.0, 0.0]])
+    values = torch.tensor([[1.0, 2.0], [3.0, 0.0], [4.0, -1.0]], requires_grad=True)
+    logits.requires_grad_(True)
+    out = a2c.a2c_loss(logits, values, actions, rewards, gamma=0.9, value_coef=0.1, entropy_coef=0.03)
+
+    # returns with gamma 0.9, by hand:
+    #   agent 0: R2 = 10, R1 = -0.05 + 0.9 * 10 = 8.95, R0 = 0 + 0.9 * 8.95 = 8.055
+    #   agent 1: R2 = 0,  R1 = 0,                        R0 = 10
+    # advantages R - V: agent 0: 7.055, 5.95, 6; agent 1: 8, 0, 1
+    adv = [7.055, 8.0, 5.95, 0.0, 6.0, 1.0]              # (t, b) in row-major order
+    logp = [math.log(.5), math.log(.75), math.log(.25), math.log(.5), math.log(.5), math.log(.25)]
+    policy = -sum(lp * a for lp, a in zip(logp, adv)) / 6
+    value = sum(a * a for a in adv) / 6
+    h_half, h_34 = math.log(2), -(0.75 * math.log(0.75) + 0.25 * math.log(0.25))
+    entropy = (3 * h_half + 3 * h_34) / 6
+    assert out["policy_loss"].item() == pytest.approx(policy, rel=1e-6)
+    assert out["value_loss"].item() == pytest.approx(value, rel=1e-6)
+    assert out["entropy"].item() == pytest.approx(entropy, rel=1e-6)
+    assert out["loss"].item() == pytest.approx(policy + 0.1 * value - 0.03 * entropy, rel=1e-6)
+
+    out["loss"].backward()
+    # d loss / d V = value_coef * d mean(A²) / dV = -2 * 0.1 * A / 6 (the policy term's A is detached)
+    expected = torch.tensor([[7.055, 8.0], [5.95, 0.0], [6.0, 1.0]]) * (-2 * 0.1 / 6)
+    torch.testing.assert_close(values.grad, expected)
+    # d loss / d logit of the taken action at a uniform (.5, .5) entry with A = 7.055:
+    # policy part -(1 - .5) A / 6; entropy part of a uniform distribution is stationary (0)
+    assert logits.grad[0, 0, 1].item() == pytest.approx(-(1 - 0.5) * 7.055 / 6, rel=1e-5)
+
+
+def test_a2c_loss_rejects_bad_shapes():
+    with pytest.raises(ValueError, match="shape mismatch"):
+        a2c.a2c_loss(torch.zeros(3, 2, 3), torch.zeros(3, 2), torch.zeros(3, 2, dtype=torch.long),
+                     torch.zeros(2, 3))
+
+
+# ------------------------------------------------------------------------------- agents
+
+def test_factored_fwm_equals_dense_core_outputs_and_gradients():
+    torch.manual_seed(0)
+    core = cores.make("fwm", 17).double()
+    with torch.no_grad():                      # larger weights: saturated keys, the norm clamp acts
+        for p in core.parameters():
+            p.mul_(3)
+    x = torch.randn(30, 5, 17, dtype=torch.float64)
+    y, state = core(x, None)
+    assert state[2].flatten(1).norm(dim=1).max().item() == pytest.approx(1.0)   # Eq. 4 was active
+    stepper = FactoredFWMStepper(core, 5)
+    y2 = torch.stack([stepper.step(x[t]) for t in range(30)])
+    torch.testing.assert_close(y2, y, rtol=1e-9, atol=1e-9)
+    dense_F = torch.einsum("tbi,tbj,tbk->bijk", stepper.k1, stepper.k2, stepper.z)
+    torch.testing.assert_close(dense_F, state[2], rtol=1e-9, atol=1e-12)
+    w = torch.randn_like(y)
+    g1 = torch.autograd.grad((y * w).sum(), list(core.parameters()))
+    stepper = FactoredFWMStepper(core, 5)
+    y2 = torch.stack([stepper.step(x[t]) for t in range(30)])
+    g2 = torch.autograd.grad((y2 * w).sum(), list(core.parameters()))
+    for a, b in zip(g1, g2):
+        torch.testing.assert_close(b, a, rtol=1e-7, atol=1e-9)
+
+
+def test_paper_agents_parameter_counts_and_presets():
+    fwm = load_preset(AGENTS_DIR / "meta_rl_fwm.toml")
+    assert fwm.core == "fwm" and fwm.core_config == train.META_RL_CORE_DEFAULTS["fwm"]
+    agent = MetaRLAgent("fwm", fwm.core_config, 17, 3)
+    # LSTM 17->32 (6,528) + W_write,W_β 32->49 (1,617) + read 32->64 (2,112) + W_o 16->32 (544)
+    # + policy 32->3 (99) + value 32->1 (33)
+    assert count_parameters(agent) == 10_933
+    for h in (512, 1024, 2048, 4096):
+        p = load_preset(AGENTS_DIR / f"meta_rl_lstm{h}.toml")
+        assert p.core == "lstm" and p.core_config == {"hidden_size": h, "num_layers": 1}
+        # nn.LSTM (two bias vectors) + heads
+        formula = 4 * h * (17 + h) + 8 * h + 4 * h + 4
+        assert f"{formula:,}" in (AGENTS_DIR / f"meta_rl_lstm{h}.toml").read_text()
+    assert count_parameters(MetaRLAgent("lstm", {"hidden_size": 512}, 17, 3)) == 4 * 512 * 529 + 12 * 512 + 4
+    assert 4 * 4096 * (17 + 4096) + 12 * 4096 + 4 == 67_436_548   # paper: "67.4M"
+
+
+@pytest.mark.parametrize("name", sorted(cores.available()))
+def test_every_core_trains_one_episode(name):
+    torch.manual_seed(0)
+    train_t, _ = graph_env.graph_sets()
+    env = graph_env.GraphBatchEnv(train_t[:3], rng=0)
+    small = {"hidden_size": 16, "num_heads": 2, "num_layers": 1, "ff_size": 32, "memory_size": 8}
+    config = {k: v for k, v in small.items() if k in cores.available()[name].defaults}
+    agent = MetaRLAgent(name, config, 17, 3)
+    out = train.rollout(agent, env, torch.device("cpu"), torch.Generator().manual_seed(0))
+    assert out["logits"].shape == (30, 3, 3) and out["values"].shape == (30, 3)
+    loss = a2c.a2c_loss(out["logits"], out["values"], out["actions"], out["rewards"])["loss"]
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in agent.parameters())
+    # the value head gets a gradient from the whole episode
+    assert agent.value.weight.grad.abs().sum() > 0
+
+
+# ------------------------------------------------------------------------------- the trainer
+
+def _rows(run_dir):
+    with open(run_dir / "metrics.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def test_short_run_learns_on_unseen_graphs(tmp_path, capsys):
+    """400 updates of 256 agents (LSTM of 32 units, 10-step episodes, invalid actions cost 10):
+    the agent learns to stop repeating invalid actions, which needs memory of the previous
+    location, and the sampled test reward on the 600 unseen graphs rises clearly (about +10;
+    the evaluation noise of a mean over 600 episodes is about 1)."""
+    code = main(["meta-rl", "--core", "lstm", "--set", "hidden_size=32", "--lr", "2e-2",
+                 "--invalid-penalty", "10", "--episode-steps", "10", "--batch-size", "256",
+                 "--episodes", "400", "--eval-every", "200", "--seed", "0",
+                 "--threads", "1", "--run-dir", str(tmp_path), "--print-every", "1000"])
+    assert code == 0
+    rows = _rows(tmp_path)
+    assert [r["episode"] for r in rows] == ["0", "200", "400"]
+    before, after = float(rows[0]["test_reward_sampled"]), float(rows[2]["test_reward_sampled"])
+    assert after > before + 6.0, (before, after)
+    # invalid actions per 10-step episode in updates 201-400 (a random policy makes ~3.8)
+    assert float(rows[2]["train_invalid"]) < 3.2
+    assert "test total reward" in capsys.readouterr().out
+
+
+def _run_args(run_dir, episodes):
+    return ["meta-rl", "--core", "fwm", "--set", "hidden_size=16", "--set", "memory_size=8",
+            "--batch-size", "8", "--test-graphs", "8", "--episodes", str(episodes),
+            "--eval-every", "2", "--eval-policy", "both", "--seed", "3", "--run-dir", str(run_dir),
+            "--print-every", "1000"]
+
+
+def test_resume_after_interruption_continues_at_saved_episode(tmp_path, monkeypatch, capsys):
+    straight = tmp_path / "straight"
+    assert main(_run_args(straight, 6)) == 0
+
+    # interrupted run: a real SIGINT arrives during the 4th update; the trainer finishes that
+    # update, saves a checkpoint at episode 4 and exits 0
+    calls = {"n": 0}
+    real_loss = a2c.a2c_loss
+
+    def loss_then_sigint(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real_loss(*args, **kwargs)
+
+    interrupted = tmp_path / "interrupted"
+    monkeypatch.setattr(a2c, "a2c_loss", loss_then_sigint)
+    assert main(_run_args(interrupted, 6)) == 0
+    monkeypatch.setattr(a2c, "a2c_loss", real_loss)
+    out = capsys.readouterr().out
+    assert "stopped at episode 4" in out
+    assert read_checkpoint(find_checkpoint_file(interrupted))["step"] == 4
+
+    assert main(_run_args(interrupted, 6)) == 0                 # the same command resumes
+    assert "resuming" in capsys.readouterr().out
+    a = read_checkpoint(find_checkpoint_file(straight))
+    b = read_checkpoint(find_checkpoint_file(interrupted))
+    assert a["step"] == b["step"] == 6
+    for k, v in a["state"]["model"].items():                     # identical training trajectory
+        assert torch.equal(v, b["state"]["model"][k]), k
+    keep = [c for c in train.CSV_COLUMNS if c not in ("wall_minutes", "episodes_per_s")]
+    ra, rb = _rows(straight), _rows(interrupted)
+    assert [r["episode"] for r in rb] == ["0", "2", "4", "6"]
+    assert [[r[c] for c in keep] for r in ra] == [[r[c] for c in keep] for r in rb]
+    assert rb[-1]["test_reward_greedy"] != "" and rb[-1]["test_reward_sampled"] != ""
+
+    # a finished run re-run with more episodes continues from 6
+    assert main(_run_args(interrupted, 8)) == 0
+    assert "at episode 6" in capsys.readouterr().out
+    assert _rows(interrupted)[-1]["episode"] == "8"
+
+
+def test_resume_refuses_a_different_agent(tmp_path, capsys):
+    assert main(_run_args(tmp_path, 2)) == 0
+    args = _run_args(tmp_path, 4)
+    args[args.index("memory_size=8")] = "memory_size=4"
+    assert main(args) == 2
+    assert "does not match this run: core_config.memory_size" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--core", "lstn"], "unknown core 'lstn'; did you mean 'lstm'"),
+    (["--core", "fwm", "--set", "hiden_size=4"], "hiden_size"),
+    (["--core", "lstm", "--preset", str(AGENTS_DIR / "meta_rl_fwm.toml")], "contradicts preset"),
+    (["--episodes", "0"], "--episodes 0 is invalid"),
+    (["--preset", "agents/nope.toml"], "does not exist"),
+])
+def test_cli_errors_are_one_line(tmp_path, capsys, args, message):
+    assert main(["meta-rl", *args, "--run-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and message in err and "\n" not in err
+
+
+def test_preset_and_core_flags_pick_the_papers_fwm(tmp_path):
+    core, config, label = train.resolve_agent(None, str(AGENTS_DIR / "meta_rl_lstm512.toml"), [])
+    assert (core, config, label) == ("lstm", {"hidden_size": 512, "num_layers": 1}, "lstm512")
+    assert train.resolve_agent("fwm", None, []) == ("fwm", {"hidden_size": 32, "memory_size": 16,
+                                                            "num_reads": 3}, "fwm")
+    assert train.resolve_agent(None, None, ["num_reads=2"])[1]["num_reads"] == 2
+    assert train.resolve_agent("lstm", None, ["core_config.hidden_size=8"])[1] == {"hidden_size": 8}
