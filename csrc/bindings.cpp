@@ -7,10 +7,12 @@
 // (0: default; ignored on CPU).
 #include <torch/extension.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
 #include "cpu/fastweight_cpu.h"
+#include "cpu/vec_math.h"
 #include "fastweight_params.h"
 #ifdef RFWP_WITH_CUDA
 #include "cuda/torch_cuda.h"
@@ -225,19 +227,21 @@ std::vector<Tensor> delta_rnn_forward(const Tensor& q, const Tensor& k, const Te
   Tensor W = at::empty_like(W0), R = at::empty_like(R0);
   Tensor ckW = empty_like_shape(q, {nck(n), n.B, n.H, n.dv, n.dk});
   Tensor ckR = empty_like_shape(q, {nck(n), n.B, n.H, n.dv, n.dv});
+  Tensor sq = empty_like_shape(q, {n.T, n.B, n.H, n.dv});
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "delta_rnn_forward", [&] {
     using S = scalar_t;
     rfwp::DeltaRnnFwdArgs<S> a{ptr<S>(q), ptr<S>(k), ptr<S>(v), ptr<S>(beta), ptr<S>(kr),
                                ptr<S>(vr), ptr<S>(beta_r), ptr<S>(W0), ptr<S>(R0), ptr<S>(y0),
-                               rst, out<S>(y), out<S>(W), out<S>(R), out<S>(ckW), out<S>(ckR), n};
+                               rst, out<S>(y), out<S>(W), out<S>(R), out<S>(ckW), out<S>(ckR),
+                               out<S>(sq), n};
     RFWP_RUN(delta_rnn_forward, a, q, threads);
   });
-  return {y, W, R, ckW, ckR};
+  return {y, W, R, ckW, ckR, sq};
 }
 
 std::vector<Tensor> delta_rnn_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                                        const Tensor& beta, const Tensor& kr, const Tensor& vr,
-                                       const Tensor& beta_r, const Tensor& y0, const Tensor& y,
+                                       const Tensor& beta_r, const Tensor& sq,
                                        const optional<Tensor>& reset, const Tensor& ckW,
                                        const Tensor& ckR, const Tensor& gy,
                                        const optional<Tensor>& gW, const optional<Tensor>& gR,
@@ -245,8 +249,7 @@ std::vector<Tensor> delta_rnn_backward(const Tensor& q, const Tensor& k, const T
   TORCH_CHECK(v.dim() == 4, "v must be [T, B, H, d], got ", v.sizes());
   const Dims n = make_dims(q, v.size(3), chunk);
   check_delta_rnn_inputs(n, q, k, v, beta, kr, vr, beta_r);
-  check_tensor(y0, "y0", q, {n.B, n.H, n.dv});
-  check_tensor(y, "y", q, {n.T, n.B, n.H, n.dv});
+  check_tensor(sq, "s", q, {n.T, n.B, n.H, n.dv});
   check_tensor(ckW, "ckptW", q, {nck(n), n.B, n.H, n.dv, n.dk});
   check_tensor(ckR, "ckptR", q, {nck(n), n.B, n.H, n.dv, n.dv});
   check_tensor(gy, "grad y", q, {n.T, n.B, n.H, n.dv});
@@ -258,11 +261,11 @@ std::vector<Tensor> delta_rnn_backward(const Tensor& q, const Tensor& k, const T
   Tensor gbeta_r = at::empty_like(beta_r);
   Tensor gW0 = empty_like_shape(q, {n.B, n.H, n.dv, n.dk});
   Tensor gR0 = empty_like_shape(q, {n.B, n.H, n.dv, n.dv});
-  Tensor gy0 = at::empty_like(y0);
+  Tensor gy0 = empty_like_shape(q, {n.B, n.H, n.dv});
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "delta_rnn_backward", [&] {
     using S = scalar_t;
     rfwp::DeltaRnnBwdArgs<S> a{ptr<S>(q), ptr<S>(k), ptr<S>(v), ptr<S>(beta), ptr<S>(kr),
-                               ptr<S>(vr), ptr<S>(beta_r), ptr<S>(y0), ptr<S>(y), rst,
+                               ptr<S>(vr), ptr<S>(beta_r), ptr<S>(sq), rst,
                                ptr<S>(ckW), ptr<S>(ckR), ptr<S>(gy), ptr_or_null<S>(gW),
                                ptr_or_null<S>(gR), out<S>(gq), out<S>(gk), out<S>(gv),
                                out<S>(gbeta), out<S>(gkr), out<S>(gvr), out<S>(gbeta_r),
@@ -295,21 +298,20 @@ std::vector<Tensor> rdn_forward(const Tensor& xq, const Tensor& xk, const Tensor
   Tensor y = at::empty_like(xq), W = at::empty_like(W0);
   Tensor ckpt = empty_like_shape(xq, {nck(n), n.B, n.H, d, d});
   Tensor q = at::empty_like(xq), k = at::empty_like(xq), v = at::empty_like(xq);
-  Tensor beta = at::empty_like(xb);
+  Tensor beta = at::empty_like(xb), h = at::empty_like(xq);
   AT_DISPATCH_FLOATING_TYPES(xq.scalar_type(), "rdn_forward", [&] {
     using S = scalar_t;
     rfwp::RdnFwdArgs<S> a{ptr<S>(xq), ptr<S>(xk), ptr<S>(xv), ptr<S>(xb), ptr<S>(Rq),
                           ptr<S>(Rk), ptr<S>(Rv), ptr<S>(rb), ptr<S>(W0), ptr<S>(y0), rst,
                           out<S>(y), out<S>(W), out<S>(ckpt), out<S>(q), out<S>(k), out<S>(v),
-                          out<S>(beta), n};
+                          out<S>(beta), out<S>(h), n};
     RFWP_RUN(rdn_forward, a, xq, threads);
   });
-  return {y, W, ckpt, q, k, v, beta};
+  return {y, W, ckpt, q, k, v, beta, h};
 }
 
 std::vector<Tensor> rdn_backward(const Tensor& Rq, const Tensor& Rk, const Tensor& Rv,
-                                 const Tensor& rb, const Tensor& y0, const Tensor& y,
-                                 const Tensor& q, const Tensor& k, const Tensor& v,
+                                 const Tensor& rb, const Tensor& h, const Tensor& q, const Tensor& k, const Tensor& v,
                                  const Tensor& beta, const optional<Tensor>& reset,
                                  const Tensor& ckpt, const Tensor& gy,
                                  const optional<Tensor>& gW, int64_t chunk, int64_t threads) {
@@ -319,8 +321,7 @@ std::vector<Tensor> rdn_backward(const Tensor& Rq, const Tensor& Rk, const Tenso
   check_tensor(Rk, "Rk", q, {n.H, d, d});
   check_tensor(Rv, "Rv", q, {n.H, d, d});
   check_tensor(rb, "rb", q, {n.H, d});
-  check_tensor(y0, "y0", q, {n.B, n.H, d});
-  check_tensor(y, "y", q, {n.T, n.B, n.H, d});
+  check_tensor(h, "h", q, {n.T, n.B, n.H, d});
   check_tensor(k, "k", q, {n.T, n.B, n.H, d});
   check_tensor(v, "v", q, {n.T, n.B, n.H, d});
   check_tensor(beta, "beta", q, {n.T, n.B, n.H});
@@ -334,13 +335,13 @@ std::vector<Tensor> rdn_backward(const Tensor& Rq, const Tensor& Rk, const Tenso
   Tensor part_b = empty_like_shape(q, {n.B, n.H, d});
   Tensor gRq = at::empty_like(Rq), gRk = at::empty_like(Rk), gRv = at::empty_like(Rv);
   Tensor grb = at::empty_like(rb);
-  Tensor gW0 = empty_like_shape(q, {n.B, n.H, d, d}), gy0 = at::empty_like(y0);
+  Tensor gW0 = empty_like_shape(q, {n.B, n.H, d, d}), gy0 = empty_like_shape(q, {n.B, n.H, d});
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "rdn_backward", [&] {
     using S = scalar_t;
     S* p = out<S>(part);
     const std::size_t pm = static_cast<std::size_t>(n.B) * n.H * d * d;
-    rfwp::RdnBwdArgs<S> a{ptr<S>(Rq), ptr<S>(Rk), ptr<S>(Rv), ptr<S>(rb), ptr<S>(y0),
-                          ptr<S>(y), ptr<S>(q), ptr<S>(k), ptr<S>(v), ptr<S>(beta), rst,
+    rfwp::RdnBwdArgs<S> a{ptr<S>(Rq), ptr<S>(Rk), ptr<S>(Rv), ptr<S>(rb), ptr<S>(h),
+                          ptr<S>(q), ptr<S>(k), ptr<S>(v), ptr<S>(beta), rst,
                           ptr<S>(ckpt), ptr<S>(gy), ptr_or_null<S>(gW), out<S>(gxq),
                           out<S>(gxk), out<S>(gxv), out<S>(gxb), p, p + pm, p + 2 * pm,
                           out<S>(part_b), out<S>(gRq), out<S>(gRk), out<S>(gRv), out<S>(grb),
@@ -348,6 +349,23 @@ std::vector<Tensor> rdn_backward(const Tensor& Rq, const Tensor& Rk, const Tenso
     RFWP_RUN(rdn_backward, a, q, threads);
   });
   return {gxq, gxk, gxv, gxb, gRq, gRk, gRv, grb, gW0, gy0};
+}
+
+// exp / tanh of the CPU kernels (cpu/vec_math.h) elementwise, for accuracy tests.
+Tensor vec_math(const Tensor& x, const std::string& fn) {
+  TORCH_CHECK(x.device().is_cpu() && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble),
+              "expected a float32/float64 CPU tensor");
+  TORCH_CHECK(fn == "exp" || fn == "tanh", "fn must be 'exp' or 'tanh'");
+  Tensor xc = x.contiguous(), y = at::empty_like(xc);
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "vec_math", [&] {
+    const int64_t n = xc.numel();
+    for (int64_t i = 0; i < n; i += (1 << 20)) {
+      const int len = static_cast<int>(std::min<int64_t>(n - i, 1 << 20));
+      if (fn == "exp") rfwp::cpu::vexp_n(xc.data_ptr<scalar_t>() + i, y.data_ptr<scalar_t>() + i, len);
+      else rfwp::cpu::vtanh_n(xc.data_ptr<scalar_t>() + i, y.data_ptr<scalar_t>() + i, len);
+    }
+  });
+  return y;
 }
 
 bool has_cuda() {
@@ -364,6 +382,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   namespace py = pybind11;
   m.doc() = "rfwp_rl fused fast-weight recurrences (lt, delta, delta_rnn, rdn), forward and backward";
   m.def("has_cuda", &has_cuda, "whether this build includes the CUDA kernels");
+  m.def("_vec_math", &vec_math, "the CPU kernels' exp or tanh, elementwise (for tests)");
   m.def("lt_forward", &lt_forward, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("W0"),
         py::arg("reset"), py::arg("chunk"), py::arg("threads") = 0);
   m.def("lt_backward", &lt_backward, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("reset"),
@@ -378,14 +397,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("beta"), py::arg("kr"), py::arg("vr"), py::arg("beta_r"), py::arg("W0"),
         py::arg("R0"), py::arg("y0"), py::arg("reset"), py::arg("chunk"), py::arg("threads") = 0);
   m.def("delta_rnn_backward", &delta_rnn_backward, py::arg("q"), py::arg("k"), py::arg("v"),
-        py::arg("beta"), py::arg("kr"), py::arg("vr"), py::arg("beta_r"), py::arg("y0"),
-        py::arg("y"), py::arg("reset"), py::arg("ckptW"), py::arg("ckptR"), py::arg("gy"),
+        py::arg("beta"), py::arg("kr"), py::arg("vr"), py::arg("beta_r"), py::arg("s"),
+        py::arg("reset"), py::arg("ckptW"), py::arg("ckptR"), py::arg("gy"),
         py::arg("gW"), py::arg("gR"), py::arg("chunk"), py::arg("threads") = 0);
   m.def("rdn_forward", &rdn_forward, py::arg("xq"), py::arg("xk"), py::arg("xv"), py::arg("xb"),
         py::arg("Rq"), py::arg("Rk"), py::arg("Rv"), py::arg("rb"), py::arg("W0"), py::arg("y0"),
         py::arg("reset"), py::arg("chunk"), py::arg("threads") = 0);
   m.def("rdn_backward", &rdn_backward, py::arg("Rq"), py::arg("Rk"), py::arg("Rv"),
-        py::arg("rb"), py::arg("y0"), py::arg("y"), py::arg("q"), py::arg("k"), py::arg("v"),
+        py::arg("rb"), py::arg("h"), py::arg("q"), py::arg("k"), py::arg("v"),
         py::arg("beta"), py::arg("reset"), py::arg("ckpt"), py::arg("gy"), py::arg("gW"),
         py::arg("chunk"), py::arg("threads") = 0);
 }

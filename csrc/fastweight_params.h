@@ -51,17 +51,19 @@ struct DeltaBwdArgs {
 };
 
 // delta_rnn: W [dv, dk] from (k, v, beta); R [dv, dv] from (kr, vr, beta_r); y0 [B, H, dv].
+// The forward also writes the recurrent queries s_t = softmax(y_{t-1}) [T, B, H, dv] (uniform
+// after a reset) for the backward.
 template <typename S>
 struct DeltaRnnFwdArgs {
   const S *q, *k, *v, *beta, *kr, *vr, *beta_r, *W0, *R0, *y0;
   const uint8_t* reset;
-  S *y, *W, *R, *ckptW, *ckptR;
+  S *y, *W, *R, *ckptW, *ckptR, *s;
   Dims n;
 };
 
 template <typename S>
 struct DeltaRnnBwdArgs {
-  const S *q, *k, *v, *beta, *kr, *vr, *beta_r, *y0, *y;
+  const S *q, *k, *v, *beta, *kr, *vr, *beta_r, *s;
   const uint8_t* reset;
   const S *ckptW, *ckptR, *gy, *gW, *gR;
   S *gq, *gk, *gv, *gbeta, *gkr, *gvr, *gbeta_r, *gW0, *gR0, *gy0;
@@ -69,12 +71,13 @@ struct DeltaRnnBwdArgs {
 };
 
 // rdn (softmax feature map), dk == dv == d. The forward also writes the activated
-// q, k, v [T, B, H, d] and beta [T, B, H] used by the backward.
+// q, k, v [T, B, H, d], beta [T, B, H] and h_t = tanh(y_{t-1}) [T, B, H, d] (zero after a
+// reset) used by the backward.
 template <typename S>
 struct RdnFwdArgs {
   const S *xq, *xk, *xv, *xb, *Rq, *Rk, *Rv, *rb, *W0, *y0;
   const uint8_t* reset;
-  S *y, *W, *ckpt, *q, *k, *v, *beta;
+  S *y, *W, *ckpt, *q, *k, *v, *beta, *h;
   Dims n;
 };
 
@@ -83,7 +86,7 @@ struct RdnFwdArgs {
 // order b = 0, 1, ..., B-1 (deterministic).
 template <typename S>
 struct RdnBwdArgs {
-  const S *Rq, *Rk, *Rv, *rb, *y0, *y, *q, *k, *v, *beta;
+  const S *Rq, *Rk, *Rv, *rb, *h, *q, *k, *v, *beta;
   const uint8_t* reset;
   const S *ckpt, *gy, *gW;
   S *gxq, *gxk, *gxv, *gxb;

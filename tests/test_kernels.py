@@ -269,3 +269,28 @@ def test_prebuild_command(ext, capsys):
 
     assert main(["--build"]) == 0
     assert capsys.readouterr().out.startswith("kernel: fused C++ kernels")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_kernel_exp_and_tanh_accuracy(ext, dtype):
+    # the CPU kernels' vectorisable exp/tanh (csrc/cpu/vec_math.h) against torch's, in ulp
+    g = torch.Generator().manual_seed(0)
+    x = torch.cat([torch.randn(200_000, generator=g, dtype=torch.float64) * 3,
+                   torch.logspace(-12, 3, 20_000, dtype=torch.float64),
+                   -torch.logspace(-12, 3, 20_000, dtype=torch.float64),
+                   torch.linspace(-0.25, 0.25, 10_001, dtype=torch.float64)]).to(dtype)
+    fi = torch.finfo(dtype)
+    for fn, ref_fn, max_ulp in (("exp", torch.exp, 2), ("tanh", torch.tanh, 8)):
+        xs = x[x < 700] if fn == "exp" and dtype == torch.float64 else x
+        if fn == "exp" and dtype == torch.float32:
+            xs = xs[xs < 88]
+        got, want = ext._vec_math(xs, fn), ref_fn(xs.double())
+        ulp = torch.clamp((want.abs() * fi.eps).to(dtype), min=fi.tiny).double()
+        err = ((got.double() - want).abs() / ulp).max().item()
+        assert err <= max_ulp, (fn, err)
+    special = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 1e4, -1e4],
+                           dtype=dtype)
+    e, t = ext._vec_math(special, "exp"), ext._vec_math(special, "tanh")
+    assert e[:4].tolist() == [1.0, 1.0, float("inf"), 0.0] and e[4].isnan() and e[5] == float("inf")
+    assert e[6] == 0 and t[:4].tolist() == [0.0, 0.0, 1.0, -1.0] and t[4].isnan()
+    assert t[5:].tolist() == [1.0, -1.0]

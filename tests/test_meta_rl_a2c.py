@@ -126,7 +126,8 @@ def test_every_core_trains_one_episode(name):
     torch.manual_seed(0)
     train_t, _ = graph_env.graph_sets()
     env = graph_env.GraphBatchEnv(train_t[:3], rng=0)
-    small = {"hidden_size": 16, "num_heads": 2, "num_layers": 1, "ff_size": 32, "memory_size": 8}
+    small = {"hidden_size": 16, "num_heads": 2, "num_layers": 1, "ff_size": 32, "memory_size": 8,
+             "backend": "reference"}  # (the fused kernels have their own tests)
     config = {k: v for k, v in small.items() if k in cores.available()[name].defaults}
     agent = MetaRLAgent(name, config, 17, 3)
     out = train.rollout(agent, env, torch.device("cpu"), torch.Generator().manual_seed(0))
@@ -158,8 +159,8 @@ def test_short_run_learns_on_unseen_graphs(tmp_path, capsys):
     assert code == 0
     rows = _rows(tmp_path)
     assert [r["episode"] for r in rows] == ["0", "200", "400"]
-    before, after = float(rows[0]["test_reward_sampled"]), float(rows[2]["test_reward_sampled"])
-    assert after > before + 6.0, (before, after)
+    before, *after = [float(r["test_reward_sampled"]) for r in rows]
+    assert min(after) > before + 4.0 and sum(after) / 2 > before + 6.0, (before, after)
     # invalid actions per 10-step episode in updates 201-400 (a random policy makes ~3.8)
     assert float(rows[2]["train_invalid"]) < 3.2
     assert "test total reward" in capsys.readouterr().out
@@ -220,6 +221,16 @@ def test_resume_refuses_a_different_agent(tmp_path, capsys):
     args[args.index("memory_size=8")] = "memory_size=4"
     assert main(args) == 2
     assert "does not match this run: core_config.memory_size" in capsys.readouterr().err
+
+
+def test_two_trainers_never_share_a_run_directory(tmp_path, capsys):
+    held = train.lock_run_dir(tmp_path)
+    try:
+        assert main(_run_args(tmp_path, 2)) == 2
+        assert f"is in use by pid {os.getpid()}" in capsys.readouterr().err
+    finally:
+        held.close()
+    assert main(_run_args(tmp_path, 2)) == 0
 
 
 @pytest.mark.parametrize("args, message", [

@@ -201,6 +201,7 @@ def test_cli_refuses_carried_context_for_the_transformer(tmp_path):
     (["--task", "assoc", "--core", "delta", "--core-option", "fast_layers=2"], "unknown config key 'fast_layers'"),
     (["--task", "assoc", "--core", "dleta"], "did you mean 'delta'"),
     (["--task", "code_exec", "--data-sizes", "10,1"], "--data-sizes"),
+    (["--task", "lm", "--eval-mode", "slide"], "unknown --eval-mode 'slide'"),
 ])
 def test_cli_bad_input_is_one_line_user_error(argv, match, tmp_path):
     with pytest.raises(UserError, match=match):

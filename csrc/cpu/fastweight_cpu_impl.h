@@ -31,6 +31,7 @@
 
 #include "../fastweight_params.h"
 #include "simd_row.h"
+#include "vec_math.h"
 
 namespace rfwp {
 namespace cpu {
@@ -63,30 +64,11 @@ inline void zero_n(S* dst, size_t n) {
   std::fill(dst, dst + n, S(0));
 }
 
-// out = softmax(x) over n entries (max-subtracted).
-template <typename S>
-inline void softmax(const S* x, S* out, int n) {
-  S m = x[0];
-  for (int j = 1; j < n; ++j) m = std::max(m, x[j]);
-  S z = 0;
-  for (int j = 0; j < n; ++j) {
-    out[j] = std::exp(x[j] - m);
-    z += out[j];
-  }
-  const S inv = S(1) / z;
-  for (int j = 0; j < n; ++j) out[j] *= inv;
-}
-
 // g_in = s * (g_out - s . g_out): backward of s = softmax(x).
 template <typename S>
 inline void softmax_backward(const S* s, const S* g_out, S* g_in, int n) {
   const S sg = dot(s, g_out, n);
   for (int j = 0; j < n; ++j) g_in[j] = s[j] * (g_out[j] - sg);
-}
-
-template <typename S>
-inline S sigmoid(S x) {
-  return S(1) / (S(1) + std::exp(-x));
 }
 
 // Offsets of one (b, h) task.
@@ -403,7 +385,7 @@ void delta_rnn_forward_task(const DeltaRnnFwdArgs<S>& a, int bh, ForwardScratch<
   const Task tk(n, bh);
   const int dk = D > 0 ? D : n.dk, dv = D > 0 ? D : n.dv;
   const size_t matW = static_cast<size_t>(dv) * dk, matR = static_cast<size_t>(dv) * dv;
-  s.buf.resize(matW + matR + 8 * static_cast<size_t>(dv));
+  s.buf.resize(matW + matR + 7 * static_cast<size_t>(dv));
   size_t off = 0;
   S* WT = s.take(matW, off);
   S* RT = s.take(matR, off);
@@ -414,7 +396,6 @@ void delta_rnn_forward_task(const DeltaRnnFwdArgs<S>& a, int bh, ForwardScratch<
   S* vrb = s.take(dv, off);
   S* rs = s.take(dv, off);
   S* yprev = s.take(dv, off);
-  S* sq = s.take(dv, off);     // softmax(y_{t-1})
   ColumnState<S, D> W(WT, u, dk, dv), R(RT, ur, dv, dv);
   W.load_rows(a.W0 + tk.mat(matW));
   R.load_rows(a.R0 + tk.mat(matR));
@@ -429,7 +410,8 @@ void delta_rnn_forward_task(const DeltaRnnFwdArgs<S>& a, int bh, ForwardScratch<
       R.zero();
       zero_n(yprev, dv);
     }
-    softmax(yprev, sq, dv);                  // recurrent query f(y_{t-1}) (RFWP Eq. 12)
+    S* sq = a.s + tk.vec(t, dv);
+    vsoftmax(yprev, sq, dv);                 // recurrent query f(y_{t-1}) (RFWP Eq. 12), kept
     const S* k = a.k + tk.vec(t, dk);
     const S* q = a.q + tk.vec(t, dk);
     const S* v = a.v + tk.vec(t, dv);
@@ -467,10 +449,9 @@ void delta_rnn_backward_task(const DeltaRnnBwdArgs<S>& a, int bh, DeltaRnnScratc
   const size_t matW = static_cast<size_t>(dv) * dk, matR = static_cast<size_t>(dv) * dv;
   sc.w.resize(matW, C, dv);
   sc.r.resize(matR, C, dv);
-  sc.vecs.resize(2 * static_cast<size_t>(dk) + 6 * static_cast<size_t>(dv));
-  S* acc = sc.vecs.data();          // 2 dk (plain-loop accumulators; reused for R: dv <= ... )
-  S* s = acc + 2 * dk;              // softmax(y_{t-1})
-  S* gs = s + dv;                   // dL/ds
+  sc.vecs.resize(2 * static_cast<size_t>(dk) + 5 * static_cast<size_t>(dv));
+  S* acc = sc.vecs.data();          // 2 dk (plain-loop accumulators of W)
+  S* gs = acc + 2 * dk;             // dL/ds
   S* carry = gs + dv;               // dL/dy_{t-1} through the recurrent query
   S* gyt = carry + dv;
   S* accr = gyt + dv;               // 2 dv
@@ -490,11 +471,7 @@ void delta_rnn_backward_task(const DeltaRnnBwdArgs<S>& a, int bh, DeltaRnnScratc
       const bool rst = tk.reset(a.reset, t);
       const S* gy = a.gy + tk.vec(t, dv);
       for (int i = 0; i < dv; ++i) gyt[i] = gy[i] + carry[i];
-      if (rst) {
-        for (int i = 0; i < dv; ++i) s[i] = S(1) / S(dv);   // softmax(0)
-      } else {
-        softmax(t > 0 ? a.y + tk.vec(t - 1, dv) : a.y0 + tk.mat(dv), s, dv);
-      }
+      const S* s = a.s + tk.vec(t, dv);   // softmax(y_{t-1}) from the forward
       a.gbeta[tk.scal(t)] = backward_step<S, true, D>(
           G, sc.w.Wp(j, matW), a.k + tk.vec(t, dk), a.q + tk.vec(t, dk), sc.w.u(j, dv),
           sc.w.diff(j, dv), a.beta[tk.scal(t)], gyt, dk, dv, a.gq + tk.vec(t, dk),
@@ -593,14 +570,13 @@ void rdn_forward_task(const RdnFwdArgs<S>& a, const S* RT, int bh, ForwardScratc
   const Task tk(n, bh);
   const int d = D > 0 ? D : n.dv;
   const size_t mat = static_cast<size_t>(d) * d;
-  s.buf.resize(mat + 8 * static_cast<size_t>(d));
+  s.buf.resize(mat + 6 * static_cast<size_t>(d));
   size_t off = 0;
   S* WT = s.take(mat, off);
   S* u = s.take(d, off);
   S* vb = s.take(d, off);
   S* yq = s.take(d, off);
   S* yprev = s.take(d, off);
-  S* h = s.take(d, off);
   S* aq = s.take(d, off);
   S* ak = s.take(d, off);
   const S* RqT = RT + static_cast<size_t>(tk.h) * 3 * mat;
@@ -616,15 +592,16 @@ void rdn_forward_task(const RdnFwdArgs<S>& a, const S* RT, int bh, ForwardScratc
       W.zero();
       zero_n(yprev, d);
     }
-    for (int j = 0; j < d; ++j) h[j] = std::tanh(yprev[j]);
+    S* h = a.h + tk.vec(t, d);
+    vtanh_n(yprev, h, d);                    // h = tanh(y_{t-1}), kept for the backward
     S* q = a.q + tk.vec(t, d);
     S* k = a.k + tk.vec(t, d);
     S* v = a.v + tk.vec(t, d);
     rdn_slow_inputs<S, D>(RqT, RkT, RvT, h, a.xq + tk.vec(t, d), a.xk + tk.vec(t, d),
                           a.xv + tk.vec(t, d), d, aq, ak, v);   // RFWP Eq. 15-17
-    softmax(aq, q, d);
-    softmax(ak, k, d);
-    const S beta = sigmoid(a.xb[tk.scal(t)] + dot(rb, h, d));   // RFWP Eq. 18
+    vsoftmax(aq, q, d);
+    vsoftmax(ak, k, d);
+    const S beta = vsigmoid(a.xb[tk.scal(t)] + dot(rb, h, d));   // RFWP Eq. 18
     a.beta[tk.scal(t)] = beta;
     W.template read<true>(k, q, vb, yq);
     const S kq = dot(k, q, d);
@@ -652,12 +629,11 @@ void rdn_backward_task(const RdnBwdArgs<S>& a, int bh, RdnScratch<S>& sc) {
   const int d = D > 0 ? D : n.dv, C = n.chunk;
   const size_t mat = static_cast<size_t>(d) * d;
   sc.m.resize(mat, C, d);
-  sc.vecs.resize(8 * static_cast<size_t>(d));
+  sc.vecs.resize(7 * static_cast<size_t>(d));
   S* acc = sc.vecs.data();     // 2 d
   S* gq = acc + 2 * d;
   S* gk = gq + d;
-  S* h = gk + d;
-  S* gh = h + d;
+  S* gh = gk + d;
   S* carry = gh + d;
   S* gyt = carry + d;
   S* G = sc.m.G.data();
@@ -700,8 +676,7 @@ void rdn_backward_task(const RdnBwdArgs<S>& a, int bh, RdnScratch<S>& sc) {
         zero_n(G, mat);
         continue;
       }
-      const S* yp = t > 0 ? a.y + tk.vec(t - 1, d) : a.y0 + tk.mat(d);
-      for (int i = 0; i < d; ++i) h[i] = std::tanh(yp[i]);
+      const S* h = a.h + tk.vec(t, d);   // tanh(y_{t-1}) from the forward
       rdn_recurrent_backward<S, D>(Rq, Rk, Rv, gaq, gak, gxv, h, d, gh, gRq, gRk, gRv);
       axpy(gab, h, grb, d);
       for (int i = 0; i < d; ++i) carry[i] = (gh[i] + gab * rb[i]) * (S(1) - h[i] * h[i]);

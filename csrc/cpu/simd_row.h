@@ -47,10 +47,12 @@ struct Row {
   }
   static RFWP_INLINE Row load(const S* p) {
     Row r;
-    std::memcpy(r.v, p, sizeof(r.v));
+    for (int c = 0; c < C; ++c) std::memcpy(&r.v[c], p + c * W, sizeof(V));   // one vector load each
     return r;
   }
-  RFWP_INLINE void store(S* p) const { std::memcpy(p, v, sizeof(v)); }
+  RFWP_INLINE void store(S* p) const {
+    for (int c = 0; c < C; ++c) std::memcpy(p + c * W, &v[c], sizeof(V));
+  }
   // this += a * x
   RFWP_INLINE Row& fma(S a, const Row& x) {
     for (int c = 0; c < C; ++c) v[c] += a * x.v[c];

@@ -100,6 +100,7 @@ __global__ void delta_rnn_forward_kernel(DeltaRnnFwdArgs<S> a) {
       const S y = (wq + u * kq) + (rs + ur * krs);   // RFWP Eq. 12
       yprev[i] = y;
       a.y[blk.vec(t, dv) + i] = y;
+      a.s[blk.vec(t, dv) + i] = ss[i];       // kept for the backward
     }
     __syncthreads();
   }
@@ -118,7 +119,7 @@ __global__ void delta_rnn_forward_kernel(DeltaRnnFwdArgs<S> a) {
 // Backward: per checkpoint chunk (last first), recompute W'_t, R'_t, u, v - v̄, u_r, v_r - v̄_r
 // into the workspace, then per step t:
 //   L(t):   finish step t+1 (G += gv̄ ⊗ k, GR += gv̄_r ⊗ kr, zero on its reset); copy W'_t, R'_t;
-//           load vectors; gy = dL/dy_t + carry; thread 0: s = softmax(y_{t-1});
+//           load vectors incl. s = softmax(y_{t-1}) kept by the forward; gy = dL/dy_t + carry;
 //   Row(t): G_i += gy_i q, gu_i = G_i.k;  GR_i += gy_i s, gur_i = GR_i.kr;  (R_t s)_i;
 //   Col(t): gk, gq (columns of W), gkr, gs (columns of R); the carry into y_{t-1}:
 //           s_j (gs_j - s.gs), with s.gs = (R_t s).gy; thread 0: gβ, gβ_r.
@@ -252,14 +253,10 @@ __global__ void delta_rnn_backward_kernel(DeltaRnnBwdArgs<S> a, S* work) {
         urs[i] = vj[2 * dv + i];
         drs[i] = vj[3 * dv + i];
       }
+      for (int i = tid; i < dv; i += nt) ss[i] = a.s[blk.vec(t, dv) + i];   // softmax(y_{t-1})
       if (tid == 0) {
         s_beta = a.beta[blk.scal(t)];
         s_beta_r = a.beta_r[blk.scal(t)];
-        if (rst) {
-          for (int i = 0; i < dv; ++i) ss[i] = S(1) / S(dv);
-        } else {
-          softmax_serial(t > 0 ? a.y + blk.vec(t - 1, dv) : a.y0 + blk.mat(dv), ss, dv);
-        }
       }
       __syncthreads();
       for (int i = tid; i < dv; i += nt) {

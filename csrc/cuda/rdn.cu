@@ -115,6 +115,7 @@ __global__ void rdn_forward_kernel(RdnFwdArgs<S> a) {
       a.q[blk.vec(t, d) + i] = qs[i];
       a.k[blk.vec(t, d) + i] = kc[i];
       a.v[blk.vec(t, d) + i] = vs[i];
+      a.h[blk.vec(t, d) + i] = hs[i];
     }
     if (tid == 0) a.beta[blk.scal(t)] = s_beta;
     __syncthreads();
@@ -127,8 +128,8 @@ __global__ void rdn_forward_kernel(RdnFwdArgs<S> a) {
 }
 
 // Backward: per checkpoint chunk (last first) recompute W'_t, u, v - v̄ from the saved
-// activations (q, k, v, β of the forward), then per step t:
-//   L(t):   copy W'_t; load vectors; gy = dL/dy_t + carry; h = tanh(y_{t-1}) (0 after reset);
+// activations (q, k, v, β, h = tanh(y_{t-1}) of the forward), then per step t:
+//   L(t):   copy W'_t; load vectors; gy = dL/dy_t + carry;
 //   Row(t): G_i += gy_i q, gu_i = G_i.k, gv_i = β gu_i, gv̄_i = -β gu_i;
 //   Col(t): gk, gq as in the Delta Net; thread 0: gβ and gab = gβ β (1 - β);
 //   S(t):   softmax backward: gaq = q (gq - q.gq), gak = k (gk - k.gk);
@@ -222,14 +223,13 @@ __global__ void rdn_backward_kernel(RdnBwdArgs<S> a, S* work) {
       S* kc = kbuf + (t & 1) * d;
       const bool rst = blk.reset(a.reset, t);
       for (std::size_t e = tid; e < mat; e += nt) Wr[(e / d) * ld + e % d] = wbuf[jt * mat + e];
-      const S* yp = t > 0 ? a.y + blk.vec(t - 1, d) : a.y0 + blk.mat(d);
       for (int i = tid; i < d; i += nt) {
         kc[i] = a.k[blk.vec(t, d) + i];
         qs[i] = a.q[blk.vec(t, d) + i];
         us[i] = vbuf[(2 * jt) * d + i];
         ds[i] = vbuf[(2 * jt + 1) * d + i];
         gys[i] = a.gy[blk.vec(t, d) + i] + carry[i];
-        hs[i] = rst ? S(0) : dtanh(yp[i]);
+        hs[i] = a.h[blk.vec(t, d) + i];      // tanh(y_{t-1}) kept by the forward (0 after reset)
       }
       if (tid == 0) s_beta = a.beta[blk.scal(t)];
       __syncthreads();

@@ -52,9 +52,9 @@ int run(int T, int B, int H, int d, int threads) {
   }
   DeltaRnnFwdArgs<S> rf{p.rnd(vec), p.rnd(vec), p.rnd(vec), p.rnd(sc), p.rnd(vec), p.rnd(vec),
                         p.rnd(sc), p.rnd(mat), p.rnd(mat), p.rnd(st), reset.data(), p.out(vec),
-                        p.out(mat), p.out(mat), p.out(ck), p.out(ck), n};
+                        p.out(mat), p.out(mat), p.out(ck), p.out(ck), p.out(vec), n};
   err |= cuda::delta_rnn_forward(rf, threads, nullptr);
-  DeltaRnnBwdArgs<S> rb{rf.q, rf.k, rf.v, rf.beta, rf.kr, rf.vr, rf.beta_r, rf.y0, rf.y,
+  DeltaRnnBwdArgs<S> rb{rf.q, rf.k, rf.v, rf.beta, rf.kr, rf.vr, rf.beta_r, rf.s,
                         reset.data(), rf.ckptW, rf.ckptR, p.rnd(vec), p.rnd(mat), p.rnd(mat),
                         p.out(vec), p.out(vec), p.out(vec), p.out(sc), p.out(vec), p.out(vec),
                         p.out(sc), p.out(mat), p.out(mat), p.out(st), n};
@@ -62,9 +62,9 @@ int run(int T, int B, int H, int d, int threads) {
   RdnFwdArgs<S> df{p.rnd(vec), p.rnd(vec), p.rnd(vec), p.rnd(sc), p.rnd(hm), p.rnd(hm), p.rnd(hm),
                    p.rnd(static_cast<std::size_t>(H) * d), p.rnd(mat), p.rnd(st), reset.data(),
                    p.out(vec), p.out(mat), p.out(ck), p.out(vec), p.out(vec), p.out(vec),
-                   p.out(sc), n};
+                   p.out(sc), p.out(vec), n};
   err |= cuda::rdn_forward(df, threads, nullptr);
-  RdnBwdArgs<S> db{df.Rq, df.Rk, df.Rv, df.rb, df.y0, df.y, df.q, df.k, df.v, df.beta,
+  RdnBwdArgs<S> db{df.Rq, df.Rk, df.Rv, df.rb, df.h, df.q, df.k, df.v, df.beta,
                    reset.data(), df.ckpt, p.rnd(vec), p.rnd(mat), p.out(vec), p.out(vec),
                    p.out(vec), p.out(sc), p.out(mat), p.out(mat), p.out(mat), p.out(st),
                    p.out(hm), p.out(hm), p.out(hm), p.out(static_cast<std::size_t>(H) * d),

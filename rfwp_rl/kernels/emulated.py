@@ -26,13 +26,13 @@ FIELDS = {
     "DeltaBwdArgs": ("q", "k", "v", "beta", "reset", "ckpt", "gy", "gW", "gq", "gk", "gv",
                      "gbeta", "gW0"),
     "DeltaRnnFwdArgs": ("q", "k", "v", "beta", "kr", "vr", "beta_r", "W0", "R0", "y0", "reset",
-                        "y", "W", "R", "ckptW", "ckptR"),
-    "DeltaRnnBwdArgs": ("q", "k", "v", "beta", "kr", "vr", "beta_r", "y0", "y", "reset", "ckptW",
+                        "y", "W", "R", "ckptW", "ckptR", "s"),
+    "DeltaRnnBwdArgs": ("q", "k", "v", "beta", "kr", "vr", "beta_r", "s", "reset", "ckptW",
                         "ckptR", "gy", "gW", "gR", "gq", "gk", "gv", "gbeta", "gkr", "gvr",
                         "gbeta_r", "gW0", "gR0", "gy0"),
     "RdnFwdArgs": ("xq", "xk", "xv", "xb", "Rq", "Rk", "Rv", "rb", "W0", "y0", "reset", "y", "W",
-                   "ckpt", "q", "k", "v", "beta"),
-    "RdnBwdArgs": ("Rq", "Rk", "Rv", "rb", "y0", "y", "q", "k", "v", "beta", "reset", "ckpt", "gy",
+                   "ckpt", "q", "k", "v", "beta", "h"),
+    "RdnBwdArgs": ("Rq", "Rk", "Rv", "rb", "h", "q", "k", "v", "beta", "reset", "ckpt", "gy",
                    "gW", "gxq", "gxk", "gxv", "gxb", "gRq_part", "gRk_part", "gRv_part",
                    "grb_part", "gRq", "gRk", "gRv", "grb", "gW0", "gy0"),
 }
@@ -137,22 +137,24 @@ class EmulatedCuda:
         dims = (T, B, H, dk, dv, chunk)
         n = _nck(T, chunk)
         out = {"y": q.new_empty(T, B, H, dv), "W": torch.empty_like(W0), "R": torch.empty_like(R0),
-               "ckptW": q.new_empty(n, B, H, dv, dk), "ckptR": q.new_empty(n, B, H, dv, dv)}
+               "ckptW": q.new_empty(n, B, H, dv, dk), "ckptR": q.new_empty(n, B, H, dv, dv),
+               "s": q.new_empty(T, B, H, dv)}
         self._call("delta_rnn_forward", q.dtype, "DeltaRnnFwdArgs",
                    dict(q=q, k=k, v=v, beta=beta, kr=kr, vr=vr, beta_r=beta_r, W0=W0, R0=R0,
                         y0=y0, reset=self._reset(reset), **out), dims)
-        return [out[x] for x in ("y", "W", "R", "ckptW", "ckptR")]
+        return [out[x] for x in ("y", "W", "R", "ckptW", "ckptR", "s")]
 
-    def delta_rnn_backward(self, q, k, v, beta, kr, vr, beta_r, y0, y, reset, ckptW, ckptR, gy,
+    def delta_rnn_backward(self, q, k, v, beta, kr, vr, beta_r, s, reset, ckptW, ckptR, gy,
                            gW, gR, chunk, threads=0):
         T, B, H, dk = q.shape
         dv = v.shape[-1]
         dims = (T, B, H, dk, dv, chunk)
         names = ("gq", "gk", "gv", "gbeta", "gkr", "gvr", "gbeta_r", "gW0", "gR0", "gy0")
-        likes = (q, k, v, beta, kr, vr, beta_r, q.new_empty(B, H, dv, dk), q.new_empty(B, H, dv, dv), y0)
+        likes = (q, k, v, beta, kr, vr, beta_r, q.new_empty(B, H, dv, dk), q.new_empty(B, H, dv, dv),
+                 q.new_empty(B, H, dv))
         out = {name: torch.empty_like(like) for name, like in zip(names, likes)}
         self._call("delta_rnn_backward", q.dtype, "DeltaRnnBwdArgs",
-                   dict(q=q, k=k, v=v, beta=beta, kr=kr, vr=vr, beta_r=beta_r, y0=y0, y=y,
+                   dict(q=q, k=k, v=v, beta=beta, kr=kr, vr=vr, beta_r=beta_r, s=s,
                         reset=self._reset(reset), ckptW=ckptW, ckptR=ckptR, gy=gy, gW=gW, gR=gR,
                         **out), dims, self._workspace("delta_rnn", dims, q))
         return [out[x] for x in names]
@@ -164,24 +166,25 @@ class EmulatedCuda:
         dims = (T, B, H, d, d, chunk)
         out = {"y": torch.empty_like(xq), "W": torch.empty_like(W0),
                "ckpt": xq.new_empty(_nck(T, chunk), B, H, d, d), "q": torch.empty_like(xq),
-               "k": torch.empty_like(xq), "v": torch.empty_like(xq), "beta": torch.empty_like(xb)}
+               "k": torch.empty_like(xq), "v": torch.empty_like(xq), "beta": torch.empty_like(xb),
+               "h": torch.empty_like(xq)}
         self._call("rdn_forward", xq.dtype, "RdnFwdArgs",
                    dict(xq=xq, xk=xk, xv=xv, xb=xb, Rq=Rq, Rk=Rk, Rv=Rv, rb=rb, W0=W0, y0=y0,
                         reset=self._reset(reset), **out), dims)
-        return [out[x] for x in ("y", "W", "ckpt", "q", "k", "v", "beta")]
+        return [out[x] for x in ("y", "W", "ckpt", "q", "k", "v", "beta", "h")]
 
-    def rdn_backward(self, Rq, Rk, Rv, rb, y0, y, q, k, v, beta, reset, ckpt, gy, gW, chunk,
+    def rdn_backward(self, Rq, Rk, Rv, rb, h, q, k, v, beta, reset, ckpt, gy, gW, chunk,
                      threads=0):
         T, B, H, d = q.shape
         dims = (T, B, H, d, d, chunk)
         out = {"gxq": torch.empty_like(q), "gxk": torch.empty_like(q), "gxv": torch.empty_like(q),
                "gxb": torch.empty_like(beta), "gRq": torch.empty_like(Rq),
                "gRk": torch.empty_like(Rk), "gRv": torch.empty_like(Rv), "grb": torch.empty_like(rb),
-               "gW0": q.new_empty(B, H, d, d), "gy0": torch.empty_like(y0)}
+               "gW0": q.new_empty(B, H, d, d), "gy0": q.new_empty(B, H, d)}
         part = {name: q.new_empty(B, H, d, d) for name in ("gRq_part", "gRk_part", "gRv_part")}
         part["grb_part"] = q.new_empty(B, H, d)
         self._call("rdn_backward", q.dtype, "RdnBwdArgs",
-                   dict(Rq=Rq, Rk=Rk, Rv=Rv, rb=rb, y0=y0, y=y, q=q, k=k, v=v, beta=beta,
+                   dict(Rq=Rq, Rk=Rk, Rv=Rv, rb=rb, h=h, q=q, k=k, v=v, beta=beta,
                         reset=self._reset(reset), ckpt=ckpt, gy=gy, gW=gW, **out, **part), dims,
                    self._workspace("rdn", dims, q))
         return [out[x] for x in ("gxq", "gxk", "gxv", "gxb", "gRq", "gRk", "gRv", "grb", "gW0", "gy0")]

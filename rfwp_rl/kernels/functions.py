@@ -7,7 +7,9 @@ sources run on the host, for tests) is another.
 
 Each forward keeps the fast weights every ``chunk`` steps (checkpoints); the backward
 recomputes the states inside one chunk at a time, so memory is O(T/chunk + chunk) fast-weight
-matrices per (batch, head) instead of O(T). Backward passes are once-differentiable.
+matrices per (batch, head) instead of O(T). Besides the inputs, the backward keeps O(T d)
+vectors: delta_rnn its recurrent queries softmax(y_{t-1}); rdn the activated q, k, v, β and
+tanh(y_{t-1}). Backward passes are once-differentiable.
 
 Signatures and shapes are those of :mod:`rfwp_rl.ops.reference` (see :mod:`rfwp_rl.ops`),
 with the backend and the checkpoint interval first.
@@ -72,17 +74,17 @@ class _DeltaRnn(torch.autograd.Function):
     def forward(ctx: FunctionCtx, be: Any, chunk: int, q: Tensor, k: Tensor, v: Tensor,
                 beta: Tensor, kr: Tensor, vr: Tensor, beta_r: Tensor, W0: Tensor, R0: Tensor,
                 y0: Tensor, reset: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-        y, W, R, ckW, ckR = be.delta_rnn_forward(q, k, v, beta, kr, vr, beta_r, W0, R0, y0, reset,
-                                                 chunk)
+        y, W, R, ckW, ckR, s = be.delta_rnn_forward(q, k, v, beta, kr, vr, beta_r, W0, R0, y0,
+                                                    reset, chunk)
         ctx.be, ctx.chunk = be, chunk
-        ctx.save_for_backward(q, k, v, beta, kr, vr, beta_r, y0, y, reset, ckW, ckR)
+        ctx.save_for_backward(q, k, v, beta, kr, vr, beta_r, s, reset, ckW, ckR)
         return y, W, R
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, gy: Tensor, gW: Tensor, gR: Tensor) -> tuple:
-        q, k, v, beta, kr, vr, beta_r, y0, y, reset, ckW, ckR = ctx.saved_tensors
-        grads = ctx.be.delta_rnn_backward(q, k, v, beta, kr, vr, beta_r, y0, y, reset, ckW, ckR,
+        q, k, v, beta, kr, vr, beta_r, s, reset, ckW, ckR = ctx.saved_tensors
+        grads = ctx.be.delta_rnn_backward(q, k, v, beta, kr, vr, beta_r, s, reset, ckW, ckR,
                                           _c(gy), _c(gW), _c(gR), ctx.chunk)
         return (None, None, *grads, None)
 
@@ -92,17 +94,17 @@ class _Rdn(torch.autograd.Function):
     def forward(ctx: FunctionCtx, be: Any, chunk: int, xq: Tensor, xk: Tensor, xv: Tensor,
                 xb: Tensor, Rq: Tensor, Rk: Tensor, Rv: Tensor, rb: Tensor, W0: Tensor,
                 y0: Tensor, reset: Tensor | None) -> tuple[Tensor, Tensor]:
-        y, W, ckpt, q, k, v, beta = be.rdn_forward(xq, xk, xv, xb, Rq, Rk, Rv, rb, W0, y0, reset,
-                                                   chunk)
+        y, W, ckpt, q, k, v, beta, h = be.rdn_forward(xq, xk, xv, xb, Rq, Rk, Rv, rb, W0, y0,
+                                                      reset, chunk)
         ctx.be, ctx.chunk = be, chunk
-        ctx.save_for_backward(Rq, Rk, Rv, rb, y0, y, q, k, v, beta, reset, ckpt)
+        ctx.save_for_backward(Rq, Rk, Rv, rb, h, q, k, v, beta, reset, ckpt)
         return y, W
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, gy: Tensor, gW: Tensor) -> tuple:
-        Rq, Rk, Rv, rb, y0, y, q, k, v, beta, reset, ckpt = ctx.saved_tensors
-        grads = ctx.be.rdn_backward(Rq, Rk, Rv, rb, y0, y, q, k, v, beta, reset, ckpt, _c(gy),
+        Rq, Rk, Rv, rb, h, q, k, v, beta, reset, ckpt = ctx.saved_tensors
+        grads = ctx.be.rdn_backward(Rq, Rk, Rv, rb, h, q, k, v, beta, reset, ckpt, _c(gy),
                                     _c(gW), ctx.chunk)
         return (None, None, *grads, None)
 

@@ -25,6 +25,7 @@ import argparse
 import csv
 import io
 import math
+import os
 import random
 import sys
 import time
@@ -58,6 +59,7 @@ EVAL_POLICIES = ("sample", "greedy", "both")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.ArgumentDefaultsHelpFormatter
     g = parser.add_argument_group("agent")
     g.add_argument("--core", default=None,
                    help="core name (rfwp-rl info lists them); default fwm with the paper's sizes")
@@ -68,8 +70,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="override a core option, e.g. --set hidden_size=64 (or "
                         "core_config.hidden_size=64); TOML values; repeatable")
     g = parser.add_argument_group("training (defaults: FWM paper App. I)")
-    g.add_argument("--episodes", type=int, default=50_000,
-                   help="total episodes = updates of the whole batch (default 50000)")
+    g.add_argument("--episodes", type=int, default=60_000,
+                   help="total episodes = updates of the whole batch")
     g.add_argument("--seed", type=int, default=1, help="model, sampling and placement seed")
     g.add_argument("--batch-size", type=int, default=None,
                    help="agents per update; default = number of training graphs (one agent per "
@@ -211,6 +213,34 @@ def write_csv(path: Path, rows: list[dict]) -> None:
     atomic_write_text(path, buf.getvalue())
 
 
+def lock_run_dir(run_dir: Path):
+    """Hold an exclusive lock on ``run_dir/.lock`` for the life of the process, so that two
+    trainers never write the same run (e.g. a launch script re-run while a run is going).
+    Returns the open lock file (keep a reference). One-line UserError if the run is in use."""
+    import fcntl
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    f = open(run_dir / ".lock", "a+")
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.seek(0)
+        holder = f.read().strip() or "another process"
+        f.close()
+        raise UserError(f"run directory {run_dir} is in use by pid {holder}; stop that run first "
+                        "or pass another --run-dir") from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"{os.getpid()}\n")
+    f.flush()
+    return f
+
+
+def _test_reward(row: dict) -> float:
+    """The row's test total reward: sampled if measured, else greedy."""
+    return row["test_reward_sampled"] if row.get("test_reward_sampled") is not None else row["test_reward_greedy"]
+
+
 def _interval_means(acc: dict[str, list[float]]) -> dict[str, float]:
     return {k: (float(np.mean(v)) if v else float("nan")) for k, v in acc.items()}
 
@@ -262,6 +292,7 @@ def run(args: argparse.Namespace) -> int:
             "obs_size": obs_size, "num_actions": num_actions, "batch_size": batch,
             "env": {"data_seed": args.data_seed, "train_graphs": args.train_graphs,
                     "test_graphs": args.test_graphs, **env_kw}}
+    lock = lock_run_dir(run_dir)  # held until the run ends
     ckpt = Checkpointer(run_dir, meta)
     episode, history, wall = 0, [], 0.0
     acc: dict[str, list[float]] = {k: [] for k in ("train_reward", "train_goals", "train_invalid", "loss",
@@ -335,17 +366,14 @@ def run(args: argparse.Namespace) -> int:
 
     t_start = time.monotonic()
     last_save = time.monotonic()
-    recent: dict[str, float] = {}
+    recent: dict[str, float] = {"test_R": _test_reward(history[-1])} if history else {}
     try:
         with GracefulStop() as stop:
             while True:
                 if (episode % args.eval_every == 0 or episode >= args.episodes) and \
                         (not history or history[-1]["episode"] != episode):
                     do_eval()
-                    r = history[-1]
-                    test_r = r["test_reward_sampled"] if r["test_reward_sampled"] is not None \
-                        else r["test_reward_greedy"]
-                    recent["test_R"] = test_r
+                    recent["test_R"] = _test_reward(history[-1])
                     logger.progress(episode, force=True, **recent)
                 if episode >= args.episodes or stop.requested:
                     break
@@ -395,6 +423,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     finally:
         logger.close()
+        lock.close()
     if history:
         r = history[-1]
         print(f"episode {episode:,}: test total reward {_fmt(r['test_reward_sampled']) or '-'} (sampled), "

@@ -186,6 +186,12 @@ def check_args(args: argparse.Namespace) -> None:
         raise UserError("--warmup and --clip must be >= 0")
     if args.model == "seq":
         check_choice("core", args.core, core_names())
+    if args.task == "lm":
+        from rfwp_rl.seq.tasks.lm import CONTEXTS, EVAL_MODES, LEVELS
+
+        check_choice("--level", args.level, LEVELS)
+        check_choice("--context", args.context, CONTEXTS)
+        check_choice("--eval-mode", args.eval_mode, EVAL_MODES)
 
 
 def lr_factor(step: int, warmup: int) -> float:

@@ -1,0 +1,88 @@
+"""Time of one A2C meta-RL update per agent: ``python -m rfwp_rl.meta_rl.bench``.
+
+One update = rollout of ``--batch-size`` agents for 30 steps (one core step at a time) +
+loss + backward + Adam step, on the paper's training graphs. Prints a table and writes
+``results/meta_rl/update_time.csv``. Reports CPU time of this process (``time.process_time``)
+next to wall time, because the machine may be shared: CPU time is what the update costs,
+wall time what it took here. Has ``add_arguments``/``run`` like the ``rfwp-rl bench`` modules.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import time
+
+import torch
+
+from rfwp_rl.checkpoint import atomic_write_text
+from rfwp_rl.meta_rl import a2c, graph_env
+from rfwp_rl.meta_rl.model import MetaRLAgent, count_parameters
+from rfwp_rl.meta_rl.train import rollout
+
+CASES = {  # name -> (core, config, factored fwm)
+    "fwm (factored)": ("fwm", {}, True),
+    "fwm (dense core)": ("fwm", {}, False),
+    "lstm512": ("lstm", {"hidden_size": 512}, True),
+    "lstm1024": ("lstm", {"hidden_size": 1024}, True),
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cases", default="fwm (factored),fwm (dense core),lstm512",
+                        help=f"comma-separated, from: {', '.join(CASES)}")
+    parser.add_argument("--batch-size", type=int, default=600)
+    parser.add_argument("--updates", type=int, default=3, help="timed updates per case (after 1 warm-up)")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", default="results/meta_rl/update_time.csv")
+
+
+def time_updates(core: str, config: dict, factored: bool, batch: int, updates: int) -> dict:
+    train_tables, _ = graph_env.graph_sets()
+    env = graph_env.GraphBatchEnv(train_tables[:batch] if batch <= len(train_tables)
+                                  else train_tables[torch.arange(batch) % len(train_tables)], rng=0)
+    torch.manual_seed(0)
+    agent = MetaRLAgent(core, config, env.obs_size, env.num_actions)
+    opt = torch.optim.Adam(agent.parameters(), lr=1e-3, eps=1e-4)
+    gen = torch.Generator().manual_seed(0)
+    cpu, wall = [], []
+    for i in range(updates + 1):
+        c0, w0 = time.process_time(), time.perf_counter()
+        out = rollout(agent, env, torch.device("cpu"), gen, factored_fwm=factored)
+        loss = a2c.a2c_loss(out["logits"], out["values"], out["actions"], out["rewards"])["loss"]
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if i:  # the first one warms up
+            cpu.append(time.process_time() - c0)
+            wall.append(time.perf_counter() - w0)
+    return {"params": count_parameters(agent), "cpu_s": sum(cpu) / len(cpu), "wall_s": sum(wall) / len(wall)}
+
+
+def run(args: argparse.Namespace) -> int:
+    torch.set_num_threads(args.threads)
+    names = [c.strip() for c in args.cases.split(",") if c.strip()]
+    from rfwp_rl.errors import check_choice
+    for n in names:
+        check_choice("case", n, CASES)
+    rows = []
+    print(f"{'case':<18} {'weights':>11} {'CPU s/update':>13} {'wall s/update':>14}  (batch {args.batch_size}, "
+          f"30 steps, {args.threads} thread(s))")
+    for n in names:
+        core, config, factored = CASES[n]
+        r = time_updates(core, config, factored, args.batch_size, args.updates)
+        rows.append({"case": n, **r})
+        print(f"{n:<18} {r['params']:>11,} {r['cpu_s']:>13.3f} {r['wall_s']:>14.3f}", flush=True)
+    buf = io.StringIO()
+    buf.write("case,weights,batch_size,threads,cpu_seconds_per_update,wall_seconds_per_update\n")
+    for r in rows:
+        buf.write(f"{r['case']},{r['params']},{args.batch_size},{args.threads},{r['cpu_s']:.4f},{r['wall_s']:.4f}\n")
+    atomic_write_text(args.out, buf.getvalue())
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(prog="python -m rfwp_rl.meta_rl.bench", description=__doc__.splitlines()[0])
+    add_arguments(p)
+    raise SystemExit(run(p.parse_args()))
