@@ -37,8 +37,8 @@ for S in $KEYS; do
 done
 
 python -m rfwp_rl.seq.results "$ROOT" "$OUT.csv" --plot "$OUT.png" --x num_keys \
-  --y test_loss --group core --xline "$D_KEY" \
+  --y test_loss --group core --xline "$D_KEY" --xline-label "d_key = $D_KEY" --logy \
   --title "assoc setting $SETTING, d_key $D_KEY ($FEATURE_MAP): test loss vs associations S"
 python -m rfwp_rl.seq.results "$ROOT" "$OUT.csv" --plot "${OUT}_acc.png" --x num_keys \
-  --y test_seq_acc --group core --xline "$D_KEY" \
+  --y test_seq_acc --group core --xline "$D_KEY" --xline-label "d_key = $D_KEY" \
   --title "assoc setting $SETTING, d_key $D_KEY ($FEATURE_MAP): test accuracy vs associations S"

@@ -248,3 +248,22 @@ def test_cli_memory_model(tmp_path):
     assert res["valid"]["seq_acc"] == 1.0 and res["valid"]["loss"] < 0.05
     with pytest.raises(UserError, match="--model memory is for --task assoc"):
         train.run(parse(["--task", "listops", "--model", "memory", "--run-dir", str(tmp_path / "x")]))
+
+
+def test_results_collects_runs_into_csv_and_plot(tmp_path):
+    from rfwp_rl.seq import results
+
+    for core, S, loss in (("lt", 8, 0.001), ("lt", 16, 0.2), ("delta", 8, 0.001)):
+        d = tmp_path / "runs" / f"{core}_{S}"
+        d.mkdir(parents=True)
+        (d / "results.json").write_text(json.dumps({
+            "settings": {"task": "assoc", "core": core, "num_keys": S, "core_config": {"d_key": 8}},
+            "training": {"steps": 10}, "best_step": 10, "valid": {"loss": loss},
+            "test": {"loss": loss, "seq_acc": 1.0}, "train_seconds": 1.5}))
+    out = tmp_path / "out.csv"
+    assert results.main([str(tmp_path / "runs"), str(out), "--plot", str(tmp_path / "p.png"),
+                         "--y", "test_loss", "--xline", "8", "--logy"]) == 0
+    lines = out.read_text().splitlines()
+    assert len(lines) == 4 and "test_loss" in lines[0] and "train_seconds" in lines[0]
+    assert (tmp_path / "p.png").stat().st_size > 1000
+    assert results.main([str(tmp_path / "empty"), str(out)]) == 2

@@ -11,15 +11,16 @@ part whose writes do not depend on the recurrent output runs through the ``delta
 heads. Notation per head: d = hidden/H, D = feature size of φ (d, or 2νd for dpfp).
 
 - ``delta_lstm``, Delta LSTM version D (RFWP App. A.2, Eq. 36-40): six fast matrices
-  W, W_f, W_o ``[d, D]`` (read with φ(q)) and R, R_f, R_o ``[d, d]`` (read with
-  softmax(y_{t-1})), tied input/forget gate::
+  W, W_f, W_o ``[d, D]`` (read with φ of their queries) and R, R_f, R_o ``[d, d]`` (read
+  with softmax(y_{t-1})), tied input/forget gate::
 
       u = W q + R f(y_{t-1});  f = σ(W_f q + R_f f(y_{t-1}));  o = σ(W_o q + R_o f(y_{t-1}))
       c = f ⊙ c_{t-1} + (1 - f) ⊙ u;   y = c ⊙ o                  (f = softmax)
 
   Each of W, W_f, W_o has its own query (the equations write one q; separate queries give
-  the paper's 47.3M parameters, a shared one 46.7M); the recurrent matrices' keys are
-  softmax(k_r) (as in ``delta_rnn``). Slow projection per head: (q, k, v) for W, W_f, W_o,
+  the paper's 47.3M parameters, a shared one 46.7M); φ (``feature_map``, default ELU+1 with
+  sum normalisation) applies to the queries and keys of W, W_f, W_o; the recurrent matrices'
+  keys are softmax(k_r), matching their softmax(y_{t-1}) queries (as in ``delta_rnn``). Slow projection per head: (q, k, v) for W, W_f, W_o,
   (k, v) for R, R_f, R_o and six β: 15d + 6. State per layer:
   ``W3 [B, 3H, d, D]`` (W, W_f, W_o as head groups), ``R3 [B, 3H, d, d]``, ``c [B, H, d]``,
   ``y [B, H, d]``.

@@ -63,7 +63,7 @@ def write_csv(rows: list[dict], path: str | Path) -> None:
 
 
 def plot(rows: list[dict], path: str | Path, x: str, y: str, group: str, title: str = "",
-         xline: float | None = None) -> None:
+         xline: float | None = None, xline_label: str | None = None, logy: bool = False) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -74,7 +74,9 @@ def plot(rows: list[dict], path: str | Path, x: str, y: str, group: str, title: 
         pts = sorted((float(r[x]), float(r[y])) for r in rows if r[group] == g)
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=str(g))
     if xline is not None:
-        ax.axvline(xline, color="grey", linestyle=":", label=f"{x} = {xline:g}")
+        ax.axvline(xline, color="grey", linestyle=":", label=xline_label or f"{x} = {xline:g}")
+    if logy:
+        ax.set_yscale("log")
     ax.set_xlabel(x)
     ax.set_ylabel(y)
     if title:
@@ -97,13 +99,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--y", default="test_seq_acc")
     p.add_argument("--group", default="core")
     p.add_argument("--title", default="")
-    p.add_argument("--xline", type=float)
+    p.add_argument("--xline", type=float, help="draw a vertical line at this x")
+    p.add_argument("--xline-label")
+    p.add_argument("--logy", action="store_true")
     args = p.parse_args(argv)
     try:
         rows = collect(args.root)
         write_csv(rows, args.csv)
         if args.plot:
-            plot(rows, args.plot, args.x, args.y, args.group, args.title, args.xline)
+            plot(rows, args.plot, args.x, args.y, args.group, args.title, args.xline,
+                 args.xline_label, args.logy)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -208,7 +208,7 @@ def evaluate(model: SeqModel, task, split: str, args: argparse.Namespace,
         with torch.no_grad():
             if task.name == "lm":
                 return task.evaluate(model, lambda b: model.initial_state(b, args.device), split,
-                                     args.eval_mode, max_tokens)
+                                     args.eval_mode, max_tokens, device=args.device)
             score = T.TaggingScore()
             for x, y in task.eval_batches(split, args.eval_batch_size):
                 logits, _ = model(x.to(args.device))

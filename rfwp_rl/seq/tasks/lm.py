@@ -168,7 +168,8 @@ class LMScore:
 
 @torch.no_grad()
 def evaluate_carried(model: Model, initial_state: Callable[[int], tuple], data: np.ndarray,
-                     seg_len: int, max_tokens: int | None = None) -> LMScore:
+                     seg_len: int, max_tokens: int | None = None,
+                     device: str | torch.device = "cpu") -> LMScore:
     """Carried context, batch 1: read ``data`` in segments of ``seg_len`` with the state
     carried over; every next-token prediction is scored."""
     data = data if max_tokens is None else data[:max_tokens + 1]
@@ -176,15 +177,16 @@ def evaluate_carried(model: Model, initial_state: Callable[[int], tuple], data: 
     state = initial_state(1)
     nll, count = 0.0, 0
     for _, x, y in segments(stream, seg_len):
-        logits, state = model(x, state, None)
-        nll += float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="sum"))
+        logits, state = model(x.to(device), state, None)
+        nll += float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]).cpu(), y.reshape(-1), reduction="sum"))
         count += y.numel()
     return LMScore(nll, count)
 
 
 @torch.no_grad()
 def evaluate_sliding(model: Model, initial_state: Callable[[int], tuple], data: np.ndarray,
-                     seg_len: int, windows_per_batch: int = 64, max_tokens: int | None = None) -> LMScore:
+                     seg_len: int, windows_per_batch: int = 64, max_tokens: int | None = None,
+                     device: str | torch.device = "cpu") -> LMScore:
     """Sliding window of ``seg_len`` tokens: the first window scores all its positions, each
     later window (ending one token further) scores only its last position (App. A.1)."""
     data = data if max_tokens is None else data[:max_tokens + 1]
@@ -193,18 +195,18 @@ def evaluate_sliding(model: Model, initial_state: Callable[[int], tuple], data: 
         raise UserError("the evaluation text has fewer than 2 tokens")
     L = min(seg_len, n)
     x0 = torch.from_numpy(data[:L]).view(L, 1)
-    logits, _ = model(x0, initial_state(1), None)
+    logits, _ = model(x0.to(device), initial_state(1), None)
     y0 = torch.from_numpy(data[1:L + 1])
-    nll = float(F.cross_entropy(logits[:, 0], y0, reduction="sum"))
+    nll = float(F.cross_entropy(logits[:, 0].cpu(), y0, reduction="sum"))
     count = L
     ends = np.arange(L, n)  # window ends at index e (inputs data[e-L+1 .. e]), target data[e+1]
     offsets = np.arange(-L + 1, 1)
     for i in range(0, len(ends), windows_per_batch):
         e = ends[i:i + windows_per_batch]
         x = torch.from_numpy(data[e[None, :] + offsets[:, None]])          # [L, nwin]
-        logits, _ = model(x, initial_state(len(e)), None)
+        logits, _ = model(x.to(device), initial_state(len(e)), None)
         y = torch.from_numpy(data[e + 1])
-        nll += float(F.cross_entropy(logits[-1], y, reduction="sum"))
+        nll += float(F.cross_entropy(logits[-1].cpu(), y, reduction="sum"))
         count += len(e)
     return LMScore(nll, count)
 
@@ -266,7 +268,7 @@ class LMTask:
 
     def evaluate(self, model: Model, initial_state: Callable[[int], tuple], split: str,
                  mode: str = "auto", max_tokens: int | None = None,
-                 windows_per_batch: int = 64) -> dict[str, float]:
+                 windows_per_batch: int = 64, device: str | torch.device = "cpu") -> dict[str, float]:
         """``{"loss", "ppl", "bpt", "tokens"}`` on ``split`` with protocol ``mode``
         ("auto": carried context if training carried it, else the sliding window)."""
         check_choice("evaluation mode", mode, EVAL_MODES)
@@ -274,9 +276,9 @@ class LMTask:
             mode = "carried" if self.context == "carried" else "sliding"
         data = self.corpus.split(split)
         if mode == "carried":
-            score = evaluate_carried(model, initial_state, data, self.seg_len, max_tokens)
+            score = evaluate_carried(model, initial_state, data, self.seg_len, max_tokens, device)
         else:
             score = evaluate_sliding(model, initial_state, data, self.seg_len, windows_per_batch,
-                                     max_tokens)
+                                     max_tokens, device)
         return {"loss": score.loss, "ppl": score.perplexity, "bpt": score.bits_per_token,
                 "tokens": score.tokens}
