@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from rfwp_rl.errors import UserError
+from rfwp_rl.safety import TrainingAborted
 
 FORMAT = 1
 _CKPT_RE = re.compile(r"^ckpt_(\d+)\.pt$")
@@ -130,6 +131,36 @@ def list_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
     return [p for _, p in sorted(found, reverse=True)]
 
 
+class NonFiniteState(TrainingAborted):
+    """A state to be checkpointed holds NaN/inf values (it is not written)."""
+
+
+def non_finite_entries(state: Any, prefix: str = "") -> list[str]:
+    """Paths (e.g. ``agent.core.w``) of floating-point tensors in a nested dict/list/tuple
+    ``state`` that hold NaN or inf values."""
+    bad = []
+    if isinstance(state, torch.Tensor):
+        if state.is_floating_point() or state.is_complex():
+            if not bool(torch.isfinite(state).all()):
+                bad.append(prefix or "<tensor>")
+    elif isinstance(state, dict):
+        for k, v in state.items():
+            bad += non_finite_entries(v, f"{prefix}.{k}" if prefix else str(k))
+    elif isinstance(state, (list, tuple)):
+        for i, v in enumerate(state):
+            bad += non_finite_entries(v, f"{prefix}[{i}]")
+    return bad
+
+
+def check_finite(state: Any) -> None:
+    """Raise :class:`NonFiniteState` (one line) if any float tensor of ``state`` is not finite."""
+    bad = non_finite_entries(state)
+    if bad:
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise NonFiniteState(f"refusing to write a checkpoint: {bad[0]}{more} holds NaN/inf values; "
+                             "the previous checkpoint is kept")
+
+
 class Checkpointer:
     """Saves and restores a run's checkpoints.
 
@@ -147,7 +178,9 @@ class Checkpointer:
         self.keep = max(2, keep)
 
     def save(self, state: dict, step: int) -> Path:
-        """Write ``ckpt_<step>.pt`` atomically, then prune older ones beyond ``keep``."""
+        """Write ``ckpt_<step>.pt`` atomically, then prune older ones beyond ``keep``.
+        Raises :class:`NonFiniteState` (writing nothing) if a float tensor of ``state`` is not finite."""
+        check_finite(state)
         path = self.run_dir / f"ckpt_{step:012d}.pt"
         atomic_torch_save({"format": FORMAT, "meta": self.meta, "step": step, "state": state}, path)
         for old in list_checkpoints(self.run_dir)[self.keep:]:
@@ -158,6 +191,7 @@ class Checkpointer:
 
     def snapshot(self, state: dict, step: int) -> Path:
         """An extra checkpoint at a chosen step count (e.g. 50M, 200M), never pruned."""
+        check_finite(state)
         path = self.run_dir / f"snapshot_{step:012d}.pt"
         atomic_torch_save({"format": FORMAT, "meta": self.meta, "step": step, "state": state}, path)
         return path
@@ -187,5 +221,5 @@ def check_meta(saved: dict, expected: dict, path: str | os.PathLike) -> None:
     """Raise a one-line :class:`UserError` if a checkpoint's meta differs from this run's."""
     diffs = meta_differences(saved, expected)
     if diffs:
-        more = f" (and {len(diffs) - 1} more)" if len(diffs) > 1 else ""
-        raise UserError(f"checkpoint {path} does not match this run: {diffs[0]}{more}")
+        more = f" (and {len(diffs) - 3} more)" if len(diffs) > 3 else ""
+        raise UserError(f"checkpoint {path} does not match this run: {'; '.join(diffs[:3])}{more}")

@@ -165,7 +165,7 @@ def test_checkpoint_interval_setting(ext):
     for other in results[1:]:
         for x, y in zip(results[0][0] + results[0][1], other[0] + other[1]):
             torch.testing.assert_close(x, y, rtol=1e-13, atol=1e-13)
-    assert kernels.checkpoint_interval(51) == 8 and kernels.checkpoint_interval(256) == 16
+    assert kernels.checkpoint_interval(51) == 16 and kernels.checkpoint_interval(1000) == 32
     for bad in (0, -3, 2.5, True):
         with pytest.raises(UserError, match="checkpoint interval"):
             kernels.set_checkpoint_interval(bad)

@@ -162,33 +162,32 @@ struct ColumnState {
 
 // ----------------------------------------------------------- backward: row-major matrices
 
-// One step of the recomputation: W' = Wrun (post-reset) is copied to Wp; v̄ = W' k,
-// u = β (v - v̄) (delta) or v (lt); Wrun += u ⊗ k when `update`.
+// One step of the recomputation on W' = Wp (the state after the reset, before the write of
+// step t): v̄ = W' k, u = β (v - v̄) (delta) or v (lt); when `next` is not null it receives
+// W' + u ⊗ k (the next step's W' unless that step resets). One read and one write per element.
 template <typename S, bool DELTA, int D>
-RFWP_INLINE void recompute_step(S* __restrict__ Wrun, S* __restrict__ Wp, const S* k, const S* v,
-                                S beta, int dk, int dv, S* u, S* diff, bool update) {
+RFWP_INLINE void recompute_step(const S* __restrict__ Wp, S* __restrict__ next, const S* k,
+                                const S* v, S beta, int dk, int dv, S* u, S* diff) {
   if constexpr (D > 0) {
     using R = Row<S, D>;
     const R kr = R::load(k);
     for (int i = 0; i < D; ++i) {
-      R w = R::load(Wrun + i * D);
-      w.store(Wp + i * D);
+      R w = R::load(Wp + i * D);
       const S vb = DELTA ? w.dot(kr) : S(0);        // RFWP Eq. 10
       diff[i] = v[i] - vb;
       u[i] = DELTA ? beta * diff[i] : v[i];          // RFWP Eq. 8 / Eq. 6
-      if (update) {
-        w.fma(u[i], kr);
-        w.store(Wrun + i * D);
-      }
+      if (next != nullptr) w.fma(u[i], kr).store(next + i * D);
     }
   } else {
-    copy_n(Wrun, static_cast<size_t>(dv) * dk, Wp);
     for (int i = 0; i < dv; ++i) {
-      S* Wi = Wrun + static_cast<size_t>(i) * dk;
+      const S* Wi = Wp + static_cast<size_t>(i) * dk;
       const S vb = DELTA ? dot(Wi, k, dk) : S(0);
       diff[i] = v[i] - vb;
       u[i] = DELTA ? beta * diff[i] : v[i];
-      if (update) axpy(u[i], k, Wi, dk);
+      if (next != nullptr) {
+        S* Ni = next + static_cast<size_t>(i) * dk;
+        for (int j = 0; j < dk; ++j) Ni[j] = Wi[j] + u[i] * k[j];
+      }
     }
   }
 }
@@ -267,10 +266,9 @@ RFWP_INLINE S backward_step(S* __restrict__ G, const S* __restrict__ Wp, const S
 // Per-task scratch of the delta-rule backward over one matrix [dv][dk].
 template <typename S>
 struct MatrixScratch {
-  std::vector<S> G, Wrun, Wbuf, ubuf, dbuf;
+  std::vector<S> G, Wbuf, ubuf, dbuf;
   void resize(size_t mat, int chunk, int dv) {
     G.resize(mat);
-    Wrun.resize(mat);
     Wbuf.resize(mat * chunk);
     ubuf.resize(static_cast<size_t>(chunk) * dv);
     dbuf.resize(static_cast<size_t>(chunk) * dv);
@@ -286,13 +284,14 @@ inline void recompute_chunk(const S* ckpt, const S* k, const S* v, const S* beta
                             const uint8_t* reset, const Task& tk, int dk, int dv, int t0, int t1,
                             MatrixScratch<S>& m) {
   const size_t mat = static_cast<size_t>(dv) * dk;
-  copy_n(ckpt, mat, m.Wrun.data());
+  copy_n(ckpt, mat, m.Wp(0, mat));
   for (int t = t0; t < t1; ++t) {
     const int j = t - t0;
-    if (tk.reset(reset, t)) zero_n(m.Wrun.data(), mat);
-    recompute_step<S, DELTA, D>(m.Wrun.data(), m.Wp(j, mat), k + tk.vec(t, dk), v + tk.vec(t, dv),
+    if (tk.reset(reset, t)) zero_n(m.Wp(j, mat), mat);
+    recompute_step<S, DELTA, D>(m.Wp(j, mat), t + 1 < t1 ? m.Wp(j + 1, mat) : nullptr,
+                                k + tk.vec(t, dk), v + tk.vec(t, dv),
                                 DELTA ? beta[tk.scal(t)] : S(1), dk, dv, m.u(j, dv),
-                                m.diff(j, dv), t + 1 < t1);
+                                m.diff(j, dv));
   }
 }
 

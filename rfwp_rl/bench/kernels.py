@@ -54,21 +54,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="CSV file to write")
 
 
-def _median_ms(fn: Callable[[], object], repeats: int, warmup: int = 1) -> float:
+def _median_ms(fn: Callable[[], object], repeats: int, warmup: int = 1) -> tuple[float, float]:
+    """(median wall ms, median process CPU ms) over ``repeats`` runs after ``warmup`` runs.
+
+    CPU time (all threads of this process) is less sensitive than wall time to other
+    processes taking the cores; with one thread it is the op's own work.
+    """
     for _ in range(warmup):
         fn()
-    times = []
+    wall, cpu = [], []
     for _ in range(repeats):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         fn()
-        times.append(time.perf_counter() - t)
-    return 1e3 * statistics.median(times)
+        wall.append(time.perf_counter() - t)
+        cpu.append(time.process_time() - c)
+    return 1e3 * statistics.median(wall), 1e3 * statistics.median(cpu)
 
 
 def matmul_gflops(repeats: int, n: int = 1024) -> float:
     """GFLOP/s of a float32 n x n matrix product (torch.mm, current thread setting)."""
     a, b = torch.randn(n, n), torch.randn(n, n)
-    ms = _median_ms(lambda: torch.mm(a, b), max(repeats, 5), warmup=2)
+    ms = _median_ms(lambda: torch.mm(a, b), max(repeats, 5), warmup=2)[0]
     return 2 * n ** 3 / (ms * 1e-3) / 1e9
 
 
@@ -78,12 +84,13 @@ def _passes(fn: Callable, args: list[torch.Tensor], reset: torch.Tensor):
             fn(*args, reset)
 
     leaves = [a.detach().clone().requires_grad_() for a in args]
+    with torch.no_grad():
+        cotangents = [torch.randn_like(o) for o in fn(*args, reset)]   # dense, like a real loss
 
     def forward_backward():
         for x in leaves:
             x.grad = None
-        outs = fn(*leaves, reset)
-        sum(o.sum() for o in outs).backward()
+        torch.autograd.backward(fn(*leaves, reset), cotangents)
 
     return forward, forward_backward
 
@@ -96,10 +103,10 @@ def measure(name: str, size: str, repeats: int, fused: Callable) -> dict:
     ref_f, ref_fb = _passes(getattr(reference, name), args, reset)
     fus_f, fus_fb = _passes(fused, args, reset)
     row = {"size": size, "op": name, "T": T, "B": B, "H": H, "d": d, "dtype": "float32"}
-    row["ref_fwd_ms"] = _median_ms(ref_f, repeats)
-    row["fused_fwd_ms"] = _median_ms(fus_f, repeats)
-    row["ref_fwdbwd_ms"] = _median_ms(ref_fb, repeats)
-    row["fused_fwdbwd_ms"] = _median_ms(fus_fb, repeats)
+    row["ref_fwd_ms"], row["ref_fwd_cpu_ms"] = _median_ms(ref_f, repeats)
+    row["fused_fwd_ms"], row["fused_fwd_cpu_ms"] = _median_ms(fus_f, repeats)
+    row["ref_fwdbwd_ms"], row["ref_fwdbwd_cpu_ms"] = _median_ms(ref_fb, repeats)
+    row["fused_fwdbwd_ms"], row["fused_fwdbwd_cpu_ms"] = _median_ms(fus_fb, repeats)
     work = T * B * H * d * d
     row["fused_fwd_gflops"] = FWD_FLOPS[name] * work / (row["fused_fwd_ms"] * 1e-3) / 1e9
     row["fused_fwdbwd_gflops"] = ((FWD_FLOPS[name] + BWD_FLOPS[name]) * work
@@ -143,7 +150,8 @@ def run(args: argparse.Namespace) -> int:
             mm = matmul_gflops(args.repeats)
             print(f"\nthreads {nt}: matmul 1024x1024 float32 {mm:.1f} GFLOP/s")
             header = (f"{'size':6s} {'op':10s} | {'fwd ref':>9s} {'fused':>8s} {'x':>6s} | "
-                      f"{'fwd+bwd ref':>11s} {'fused':>8s} {'x':>6s} | {'GFLOP/s':>7s} {'%mm':>5s}")
+                      f"{'fwd+bwd ref':>11s} {'fused':>8s} {'x':>6s} {'x cpu':>6s} | "
+                      f"{'GFLOP/s':>7s} {'%mm':>5s}")
             print(header)
             print("-" * len(header))
             for size in sizes:
@@ -152,18 +160,21 @@ def run(args: argparse.Namespace) -> int:
                     row.update(threads=nt, matmul_gflops=mm,
                                fwd_speedup=row["ref_fwd_ms"] / row["fused_fwd_ms"],
                                fwdbwd_speedup=row["ref_fwdbwd_ms"] / row["fused_fwdbwd_ms"],
+                               fwdbwd_cpu_speedup=row["ref_fwdbwd_cpu_ms"] / row["fused_fwdbwd_cpu_ms"],
                                fwdbwd_fraction_of_matmul=row["fused_fwdbwd_gflops"] / mm,
                                load_average=os.getloadavg()[0])
                     rows.append(row)
                     print(f"{size:6s} {name:10s} | {row['ref_fwd_ms']:7.2f}ms {row['fused_fwd_ms']:6.2f}ms "
                           f"{row['fwd_speedup']:5.1f}x | {row['ref_fwdbwd_ms']:9.2f}ms "
-                          f"{row['fused_fwdbwd_ms']:6.2f}ms {row['fwdbwd_speedup']:5.1f}x | "
+                          f"{row['fused_fwdbwd_ms']:6.2f}ms {row['fwdbwd_speedup']:5.1f}x "
+                          f"{row['fwdbwd_cpu_speedup']:5.1f}x | "
                           f"{row['fused_fwdbwd_gflops']:7.1f} {100 * row['fwdbwd_fraction_of_matmul']:4.0f}%")
     finally:
         torch.set_num_threads(before)
     fields = ["size", "op", "T", "B", "H", "d", "dtype", "threads", "ref_fwd_ms", "fused_fwd_ms",
               "fwd_speedup", "ref_fwdbwd_ms", "fused_fwdbwd_ms", "fwdbwd_speedup",
-              "fused_fwd_gflops", "fused_fwdbwd_gflops", "matmul_gflops",
+              "ref_fwd_cpu_ms", "fused_fwd_cpu_ms", "ref_fwdbwd_cpu_ms", "fused_fwdbwd_cpu_ms",
+              "fwdbwd_cpu_speedup", "fused_fwd_gflops", "fused_fwdbwd_gflops", "matmul_gflops",
               "fwdbwd_fraction_of_matmul", "load_average"]
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")

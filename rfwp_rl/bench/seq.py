@@ -4,14 +4,16 @@ One small language-model configuration for every core (default: vocabulary 1,000
 and hidden size 128, 2 layers, 4 heads, FF 512, batch 8 x 64 tokens): a training step is the
 forward pass, cross-entropy, backward pass (full BPTT over the segment) and an Adam update,
 on random tokens. Cores are measured one after the other in one run, so their ratios are
-comparable on a shared machine; the median of ``--repeats`` timings of ``--steps`` steps is
-reported. Prints a table and writes ``results/bench/seq.csv`` (atomic).
+comparable on a shared machine (the 1-minute load average is recorded with each row); the
+median of ``--repeats`` timings of ``--steps`` steps is reported. Prints a table and writes
+``results/bench/seq.csv`` (atomic).
 """
 
 from __future__ import annotations
 
 import argparse
 import io
+import os
 import platform
 import statistics
 import time
@@ -23,7 +25,8 @@ from rfwp_rl.checkpoint import atomic_write_text
 from rfwp_rl.errors import UserError, check_choice
 
 COLUMNS = ("core", "backend", "params", "tokens_per_s", "ms_per_step", "batch_size", "seq_len",
-           "vocab", "hidden_size", "num_layers", "num_heads", "torch_threads", "torch", "machine")
+           "vocab", "hidden_size", "num_layers", "num_heads", "torch_threads", "torch", "machine",
+           "cpus", "load_avg_1m")
 
 
 def default_cores() -> list[str]:
@@ -96,7 +99,8 @@ def bench_core(core: str, args: argparse.Namespace) -> dict:
             "num_layers": config.get("num_layers", "-"),
             "num_heads": config.get("num_heads", "-"),
             "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
-            "machine": platform.machine()}
+            "machine": platform.machine(), "cpus": os.cpu_count(),
+            "load_avg_1m": round(os.getloadavg()[0], 2)}
 
 
 def run(args: argparse.Namespace) -> int:

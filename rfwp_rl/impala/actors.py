@@ -17,20 +17,161 @@ for Atari the full game, even with ``episodic_life``).
 A rollout is T+1 consecutive steps of one batch; its first entry repeats the last entry of
 the previous rollout, and it carries the core state from before its first entry. See
 :mod:`rfwp_rl.impala.learner` for the meaning of each field.
+
+Fault tolerance (issue 8):
+
+- An env that raises is replaced inside its worker (:class:`rfwp_rl.envs.pool.PoolEnv`), which
+  flags the step ``env_error``; :class:`Actors` reports it (env index) and counts it in
+  ``env_failures``; more than ``max_env_failures`` raise :class:`TrainingAborted`.
+- A dead moolib worker process (killed, out of memory) makes moolib's ``result()`` block for
+  30 minutes. :class:`Actors` therefore waits for moolib results in a helper thread, polling
+  every 0.25 s for a stop request (SIGINT/SIGTERM, so signals are honoured while waiting on
+  envs), for dead pool processes (a zombie child of the EnvPool server) and for a timeout
+  (``ENV_TIMEOUT``), and raises :class:`EnvPoolBroken`. moolib cannot make a second EnvPool in
+  a process, so the trainer saves a checkpoint, ends the old pool's processes
+  (:func:`shutdown_env_pool`) and re-executes itself (:func:`reexec_argv`), which resumes.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
 from rfwp_rl.errors import UserError
+from rfwp_rl.safety import TrainingAborted
 
 _moolib_pool_made = False  # moolib aborts the process if a second EnvPool forks
 STEP_KEYS = ("obs", "reward", "done", "prev_action", "action", "policy_logits")
+ENV_TIMEOUT = 600.0  # seconds without a result from an env batch before the pool counts as broken
+
+
+class EnvPoolBroken(RuntimeError):
+    """The env pool cannot go on (a worker process died or stopped answering)."""
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(x) for x in f.read().split()]
+    except OSError:
+        return []
+
+
+def _proc_state(pid: int) -> str:
+    """One-letter process state from /proc (``Z`` zombie), or ``"gone"``."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "gone"
+
+
+class PoolProcesses:
+    """The processes of one ``moolib.EnvPool``: its server (a child of this process, forked when
+    the pool is made) and the worker processes forked by the server. Linux ``/proc`` only;
+    elsewhere nothing is ever reported dead (the ``ENV_TIMEOUT`` still applies)."""
+
+    def __init__(self, server_pids: list[int]):
+        self.server_pids = server_pids
+
+    def dead(self) -> str | None:
+        """A description of a dead pool process, or None if all are alive."""
+        for server in self.server_pids:
+            state = _proc_state(server)
+            if state in ("Z", "X", "gone"):
+                return f"env pool server process {server} died"
+            for worker in _children(server):
+                if _proc_state(worker) in ("Z", "X", "gone"):
+                    return f"env worker process {worker} died"
+        return None
+
+    def kill(self) -> None:
+        """SIGKILL the pool's workers and server and reap the server."""
+        for server in self.server_pids:
+            for worker in _children(server):
+                try:
+                    os.kill(worker, signal.SIGKILL)
+                except OSError:
+                    pass
+            try:
+                os.kill(server, signal.SIGKILL)
+                os.waitpid(server, 0)
+            except OSError:
+                pass
+
+
+def shutdown_env_pool(pool: Any) -> None:
+    """Close a local pool, or end a moolib pool's processes (e.g. before re-executing)."""
+    if hasattr(pool, "close"):
+        pool.close()
+    procs = getattr(pool, "_rfwp_processes", None) or _moolib_processes.get(id(pool))
+    if procs is not None:
+        procs.kill()
+
+
+_moolib_processes: dict[int, PoolProcesses] = {}
+
+
+def reexec_argv() -> list[str] | None:
+    """The command line that started this process if it is the ``rfwp-rl``/``python -m rfwp_rl``
+    CLI (so that it can re-execute itself), else None (e.g. called from a test process)."""
+    argv0 = os.path.basename(sys.argv[0]) if sys.argv else ""
+    parent = os.path.basename(os.path.dirname(sys.argv[0])) if sys.argv else ""
+    if argv0 == "rfwp-rl" or (argv0 == "__main__.py" and parent == "rfwp_rl"):
+        return list(sys.orig_argv)
+    return None
+
+
+class _Waiter:
+    """Calls ``future.result()`` in a helper thread so that the caller can wait with a timeout
+    (moolib's ``result()`` releases the GIL but cannot be interrupted)."""
+
+    def __init__(self) -> None:
+        self._in: queue.SimpleQueue = queue.SimpleQueue()
+        self._done = threading.Event()
+        self._out: tuple[bool, Any] = (True, None)
+        self.stuck = False  # a wait was abandoned: the thread may still block on it
+        threading.Thread(target=self._run, name="env-result", daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            future = self._in.get()
+            try:
+                self._out = (True, future.result())
+            except BaseException as e:  # handed to the caller
+                self._out = (False, e)
+            self._done.set()
+
+    def wait(self, future: Any, poll: Callable[[float], bool]) -> Any:
+        """``future.result()``; every 0.25 s ``poll(seconds waited)`` may return True (give up:
+        returns None) or raise."""
+        if self.stuck:
+            raise EnvPoolBroken("an earlier env step never finished")
+        self._done.clear()
+        self._in.put(future)
+        t0 = time.monotonic()
+        while not self._done.wait(0.25):
+            try:
+                give_up = poll(time.monotonic() - t0)
+            except BaseException:
+                self.stuck = True
+                raise
+            if give_up:
+                self.stuck = True
+                return None
+        ok, value = self._out
+        if not ok:
+            raise EnvPoolBroken(f"env pool step failed: {value}") from value
+        return value
 
 
 def import_moolib():
@@ -65,7 +206,9 @@ class LocalEnvPool:
         from rfwp_rl.envs.pool import PoolEnv
 
         def create(i: int) -> PoolEnv:
-            return PoolEnv(make_env(env_id, seed=(seed * 100_003 + i) % 2 ** 31, **env_options))
+            def make(failures: int):  # a replacement after a failure gets a new seed
+                return make_env(env_id, seed=(seed * 100_003 + i + 7919 * failures) % 2 ** 31, **env_options)
+            return PoolEnv(make(0), make=make, name=f"{env_id} #{i}")
 
         self.envs = [[create(b * batch_size + i) for i in range(batch_size)] for b in range(num_batches)]
         self.started = [False] * num_batches
@@ -74,12 +217,15 @@ class LocalEnvPool:
         envs = self.envs[batch_index]
         outs, rewards, dones = [], [], []
         for env, a in zip(envs, action.tolist()):
-            if not self.started[batch_index]:
-                obs, reward, done = env.reset(), 0.0, False
-            else:
-                obs, reward, done, _ = env.step(a)
-                if done:
-                    obs = env.reset()
+            try:  # PoolEnv replaces failing envs; this is raised only if no new one can be made
+                if not self.started[batch_index]:
+                    obs, reward, done = env.reset(), 0.0, False
+                else:
+                    obs, reward, done, _ = env.step(a)
+                    if done:
+                        obs = env.reset()
+            except Exception as e:
+                raise TrainingAborted(str(e).splitlines()[0] if str(e) else type(e).__name__) from e
             outs.append(obs)
             rewards.append(reward)
             dones.append(done)
@@ -117,8 +263,11 @@ def make_env_pool(backend: str, env_id: str, env_options: dict, seed: int, num_e
     from rfwp_rl.envs.pool import PoolEnvFactory
 
     _moolib_pool_made = True
-    return moolib.EnvPool(PoolEnvFactory(env_id, **env_options), num_processes=min(num_processes, num_envs),
+    before = set(_children(os.getpid()))
+    pool = moolib.EnvPool(PoolEnvFactory(env_id, **env_options), num_processes=min(num_processes, num_envs),
                           batch_size=batch_size, num_batches=num_batches)
+    _moolib_processes[id(pool)] = PoolProcesses(sorted(set(_children(os.getpid())) - before))
+    return pool
 
 
 @dataclasses.dataclass
@@ -149,12 +298,23 @@ class Actors:
     """Drives the env batches with the current model and cuts rollouts.
 
     ``step()`` advances one batch by one env step and returns the rollouts completed by it
-    and the statistics ``(return, length)`` of the episodes that ended.
+    and the statistics ``(return, length)`` of the episodes that ended (nothing if
+    ``should_stop()`` became true while waiting for the envs).
+
+    ``env_failures`` counts replaced envs (start value ``env_failures``, e.g. from a checkpoint);
+    more than ``max_env_failures`` raise :class:`TrainingAborted`. A dead moolib worker raises
+    :class:`EnvPoolBroken`.
     """
 
     def __init__(self, pool: Any, agent: torch.nn.Module, num_envs: int, num_batches: int, unroll_length: int,
-                 device: torch.device | str = "cpu"):
+                 device: torch.device | str = "cpu", max_env_failures: int | None = None,
+                 env_failures: int = 0, should_stop: Callable[[], bool] = lambda: False):
         self.pool = pool
+        self.max_env_failures = max_env_failures
+        self.env_failures = env_failures
+        self.should_stop = should_stop
+        self._processes = _moolib_processes.get(id(pool))
+        self._waiter = _Waiter() if self._processes is not None else None
         self.agent = agent
         self.device = torch.device(device)
         self.batches = [ActorBatch(i, num_envs // num_batches, agent, unroll_length, self.device) for i in range(num_batches)]
@@ -166,7 +326,12 @@ class Actors:
         self.next_batch = (self.next_batch + 1) % len(self.batches)
         if batch.future is None:
             batch.future = self.pool.step(batch.index, batch.action)
-        env_out = batch.future.result()
+        env_out = self._result(batch)
+        if env_out is None:  # stop requested while waiting
+            return [], []
+        batch.future = None
+        if "env_error" in env_out and bool(env_out["env_error"].any()):
+            self._env_failed(batch, torch.nonzero(env_out["env_error"]).flatten().tolist())
         # The pool reuses its buffers once the batch is stepped again: copy what we keep.
         obs = env_out["obs"].to(self.device, copy=True)
         reward = env_out["reward"].to(self.device, torch.float32, copy=True)
@@ -198,12 +363,37 @@ class Actors:
             batch.rollout_state = state_before
         return rollouts, episodes
 
+    def _result(self, batch: ActorBatch) -> dict[str, torch.Tensor] | None:
+        """The pending step's result (moolib: waited for in a helper thread, see module doc)."""
+        if self._waiter is None or isinstance(batch.future, _Ready):
+            return batch.future.result()
+
+        def poll(waited: float) -> bool:
+            if self.should_stop():
+                return True
+            dead = self._processes.dead()
+            if dead is not None:
+                raise EnvPoolBroken(dead)
+            if waited > ENV_TIMEOUT:
+                raise EnvPoolBroken(f"no result from env batch {batch.index} for {waited:.0f} s")
+            return False
+
+        return self._waiter.wait(batch.future, poll)
+
+    def _env_failed(self, batch: ActorBatch, rows: list[int]) -> None:
+        self.env_failures += len(rows)
+        envs = ", ".join(str(batch.index * batch.batch_size + i) for i in rows)
+        limit = f" (limit --max-env-failures {self.max_env_failures})" if self.max_env_failures is not None else ""
+        print(f"warning: env {envs} failed and was replaced; {self.env_failures} env failures so far{limit}",
+              file=sys.stderr, flush=True)
+        if self.max_env_failures is not None and self.env_failures > self.max_env_failures:
+            raise TrainingAborted(f"{self.env_failures} environment failures{limit}")
 
     def drain(self) -> None:
         """Wait for the pending env steps (so that another :class:`Actors` can use the pool)."""
         for batch in self.batches:
             if batch.future is not None:
-                batch.future.result()
+                self._result(batch)
                 batch.future = None
 
 

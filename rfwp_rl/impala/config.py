@@ -24,6 +24,7 @@ class ImpalaConfig:
     num_env_batches: int = 2  # 2 = double buffering: one batch steps while the other is inferred
     num_env_processes: int = dataclasses.field(default_factory=lambda: max(1, min(os.cpu_count() or 1, 8)))
     env_backend: str = "moolib"  # moolib (EnvPool worker processes) or local (in this process)
+    listen: str = ""  # HOST:PORT: also take rollouts from remote actors (rfwp-rl actor --connect)
     # learner
     batch_size: int = 32
     unroll_length: int = 50

@@ -24,6 +24,7 @@ import argparse
 import copy
 import dataclasses
 import math
+import os
 import queue as stdlib_queue
 import random
 import sys
@@ -74,6 +75,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="moolib EnvPool worker processes (default: CPU cores, at most 8)")
     g.add_argument("--env-backend", choices=ENV_BACKENDS, default=d.env_backend,
                    help="moolib: EnvPool worker processes; local: step envs in this process (debugging)")
+    g.add_argument("--listen", default=d.listen, metavar="HOST:PORT",
+                   help="also train on rollouts of remote actors (rfwp-rl actor --connect HOST:PORT); "
+                        "with --num-actors 0 only on theirs")
+    g.add_argument("--max-env-failures", type=int, default=100,
+                   help="environment failures (an env raised and was replaced, or a worker process died) "
+                        "tolerated over the whole run; one more saves a checkpoint and stops (exit 1)")
     g = parser.add_argument_group("learner (RFWP paper App. C)")
     g.add_argument("--batch-size", type=int, default=d.batch_size)
     g.add_argument("--unroll-length", type=int, default=d.unroll_length)
@@ -105,8 +112,13 @@ def config_from_args(args: argparse.Namespace) -> ImpalaConfig:
     fields = {f.name for f in dataclasses.fields(ImpalaConfig)}
     cfg = ImpalaConfig(**{k: v for k, v in vars(args).items() if k in fields})
     for name in ("total_steps", "num_actors", "num_env_batches", "num_env_processes", "batch_size", "unroll_length"):
-        if getattr(cfg, name) < 1:
-            raise UserError(f"--{name.replace('_', '-')} {getattr(cfg, name)} is invalid; allowed: an integer >= 1")
+        if getattr(cfg, name) < (0 if name == "num_actors" and cfg.listen else 1):
+            raise UserError(f"--{name.replace('_', '-')} {getattr(cfg, name)} is invalid; allowed: an integer >= 1 "
+                            "(>= 0 with --listen)")
+    if cfg.listen:
+        from rfwp_rl.impala.rollout_server import parse_address
+
+        parse_address(cfg.listen, "--listen")
     check_choice("env backend", cfg.env_backend, ENV_BACKENDS)
     try:
         device = torch.device(cfg.device)
@@ -147,7 +159,8 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"--detach-state-every-step: core {preset.core!r} has no recurrent state")
         preset.core_config["detach_state_every_step"] = True
     run_dir = Path(args.run_dir) if args.run_dir else Path("runs") / "impala" / _run_name(spec.gym_id, preset.core, cfg.seed)
-    return train(cfg, preset, spec, env_options, run_dir, torch_threads=args.torch_threads)
+    return train(cfg, preset, spec, env_options, run_dir, torch_threads=args.torch_threads,
+                 max_env_failures=getattr(args, "max_env_failures", 100))
 
 
 def _run_name(env: str, core: str, seed: int) -> str:
@@ -156,12 +169,18 @@ def _run_name(env: str, core: str, seed: int) -> str:
     return run_name(env, core, f"s{seed}")
 
 
-def train(cfg: ImpalaConfig, preset, spec, env_options: dict, run_dir: Path, torch_threads: int = 1) -> int:
-    """Train until ``cfg.total_steps`` (resuming from ``run_dir``'s newest checkpoint). Returns the exit code."""
+def train(cfg: ImpalaConfig, preset, spec, env_options: dict, run_dir: Path, torch_threads: int = 1,
+          max_env_failures: int = 100) -> int:
+    """Train until ``cfg.total_steps`` (resuming from ``run_dir``'s newest checkpoint). Returns the exit code.
+
+    Faults (issue 8): a failed env is replaced and counted (``max_env_failures``); a dead moolib
+    worker process -> checkpoint, end the pool, re-execute this command (moolib cannot make a
+    second EnvPool in one process), which resumes; non-finite updates are skipped."""
     from rfwp_rl.agent import Agent
-    from rfwp_rl.checkpoint import Checkpointer, rng_state, set_rng_state
+    from rfwp_rl.checkpoint import Checkpointer, NonFiniteState, rng_state, set_rng_state
     from rfwp_rl.impala import learner
-    from rfwp_rl.impala.actors import Actors, RolloutQueue, make_env_pool
+    from rfwp_rl.impala.actors import (Actors, EnvPoolBroken, RolloutQueue, make_env_pool, reexec_argv,
+                                       shutdown_env_pool)
     from rfwp_rl.runlog import RunLogger
     from rfwp_rl.safety import GracefulStop, NonFiniteGuard, TrainingAborted
 
@@ -186,7 +205,8 @@ def train(cfg: ImpalaConfig, preset, spec, env_options: dict, run_dir: Path, tor
             "core_config": dict(agent.core.config), "num_actions": spec.num_actions,
             "obs_shape": list(spec.obs_shape), "agent": agent.config.to_dict()}
     checkpointer = Checkpointer(run_dir, meta)
-    counters = {"step": 0, "updates": 0, "actor_steps": 0, "episodes": 0, "train_seconds": 0.0}
+    counters = {"step": 0, "updates": 0, "actor_steps": 0, "episodes": 0, "train_seconds": 0.0, "env_failures": 0,
+                "skipped_updates": 0}
     loaded = checkpointer.load_latest()
     if loaded is not None:
         state = loaded["state"]
@@ -195,6 +215,7 @@ def train(cfg: ImpalaConfig, preset, spec, env_options: dict, run_dir: Path, tor
         scheduler.load_state_dict(state["scheduler"])
         counters.update(state["counters"])
         set_rng_state(state["rng"])
+        guard.skipped = counters["skipped_updates"]
         print(f"resuming {run_dir} from step {counters['step']:,} ({loaded['path'].name})", flush=True)
     if counters["step"] >= cfg.total_steps:
         print(f"{run_dir} already reached {counters['step']:,} >= --total-steps {cfg.total_steps:,} steps; nothing to do")
@@ -203,7 +224,15 @@ def train(cfg: ImpalaConfig, preset, spec, env_options: dict, run_dir: Path, tor
     # ---- env pool first: moolib forks its workers here, before the logger starts threads
     env_seed = cfg.seed + 1000 * counters["updates"]  # fresh episodes (local backend: new seeds) on resume
     pool = make_env_pool(cfg.env_backend, spec.env_id, env_options, env_seed, cfg.num_actors, cfg.num_env_batches,
-                         cfg.num_env_processes)
+                         cfg.num_env_processes) if cfg.num_actors else None
+    server = None  # remote actors (--listen): an Rpc endpoint, opened after the pool has forked
+    if cfg.listen:
+        from rfwp_rl.impala.rollout_server import RolloutServer, compat_info
+
+        server = RolloutServer(cfg.listen, compat_info(spec, env_options, agent), agent, cfg.unroll_length,
+                               max_pending=2 * cfg.batch_size, device=device)
+        server.publish(agent, counters["updates"])
+        print(f"listening for remote actors on {cfg.listen}", flush=True)
 
     num_params = sum(p.numel() for p in agent.parameters())
     hparams = {**{k: v for k, v in dataclasses.asdict(cfg).items()}, "core": preset.core,
@@ -218,7 +247,13 @@ def train(cfg: ImpalaConfig, preset, spec, env_options: dict, run_dir: Path, tor
 
     # ---- actors (with a learner thread they act with a copy of the model, refreshed after each update)
     acting_agent = copy.deepcopy(agent) if cfg.learner_thread else agent
-    actors = Actors(pool, acting_agent, cfg.num_actors, cfg.num_env_batches, cfg.unroll_length, device)
+    if pool is not None:
+        actors = Actors(pool, acting_agent, cfg.num_actors, cfg.num_env_batches, cfg.unroll_length, device,
+                        max_env_failures=max_env_failures, env_failures=counters["env_failures"])
+    else:
+        from rfwp_rl.impala.rollout_server import NoLocalActors
+
+        actors = NoLocalActors(counters["env_failures"])
     queue = RolloutQueue(cfg.batch_size)
     model_lock = threading.Lock()  # agent, optimizer, schedule, counters: updates vs checkpoints
     acting_lock = threading.Lock()  # the acting copy: inference vs refresh after an update
@@ -232,14 +267,19 @@ def train(cfg: ImpalaConfig, preset, spec, env_options: dict, run_dir: Path, tor
             counters["step"] += steps_per_update
             counters["updates"] += 1
             learned.put((counters["step"], stats))
+            if server is not None:
+                server.publish(agent, counters["updates"])
             if acting_agent is not agent:
                 with acting_lock:
                     acting_agent.load_state_dict(agent.state_dict())
 
     def save(snapshot_step: int | None = None) -> Path:
+        logger.flush()  # TensorBoard is on disk up to the checkpoint (a resume purges what follows)
         with model_lock:
             counters["actor_steps"] = actor_steps0 + actors.env_steps
             counters["train_seconds"] = time.monotonic() - start_time
+            counters["env_failures"] = actors.env_failures
+            counters["skipped_updates"] = guard.skipped
             state = {"agent": agent.state_dict(), "optimizer": optimizer.state_dict(),
                      "scheduler": scheduler.state_dict(), "counters": dict(counters), "rng": rng_state(),
                      "config": dataclasses.asdict(cfg)}
@@ -257,12 +297,17 @@ def train(cfg: ImpalaConfig, preset, spec, env_options: dict, run_dir: Path, tor
     snapshots_due = sorted(s for s in cfg.snapshot_steps if s > counters["step"])
     submitted = counters["step"]  # env steps of the batches handed to the learner
     code = 0
+    restart = False
     try:
         with GracefulStop() as stop:
+            actors.should_stop = lambda: stop.requested  # also while waiting on envs
             while counters["step"] < cfg.total_steps and not stop.requested:
                 # -- act: one env batch, one step
                 with acting_lock:
                     rollouts, episodes = actors.step()
+                if server is not None:  # remote actors' rollouts join the same learner batches
+                    remote_rollouts, remote_episodes = server.take(counters["updates"], wait=0.0 if pool is not None else 0.05)
+                    rollouts, episodes = rollouts + remote_rollouts, episodes + remote_episodes
                 for ret, length in episodes:
                     counters["episodes"] += 1
                     returns.append(ret)
@@ -294,13 +339,20 @@ def train(cfg: ImpalaConfig, preset, spec, env_options: dict, run_dir: Path, tor
                     ups = (counters["updates"] - rate_updates) / (now - rate_t)
                     logger.log(counters["step"], {"perf/env_sps": env_sps, "perf/learner_steps_per_s": ups,
                                                   "perf/train_sps": ups * steps_per_update,
-                                                  "learner/skipped_total": guard.skipped})
+                                                  "learner/skipped_total": guard.skipped,
+                                                  "train/skipped_updates": guard.skipped})
                     if returns:
                         logger.log(counters["step"], {"episode/return_mean100": float(np.mean(returns))})
                     rate_t, rate_actor, rate_updates = now, actors.env_steps, counters["updates"]
                     extra = {"env_sps": round(env_sps), "episodes": counters["episodes"]}
                     if returns:
                         extra["return(100)"] = float(np.mean(returns))
+                    if server is not None:
+                        remote = server.stats(now)
+                        logger.log(counters["step"], remote)
+                        extra.update(remote_actors=int(remote["remote/actors"]),
+                                     remote_sps=round(remote["remote/env_sps"]),
+                                     policy_lag=remote["remote/policy_lag"])
                     if "loss/total" in last_stats:
                         extra["loss"] = last_stats["loss/total"]
                     logger.progress(counters["step"], **extra)
@@ -310,16 +362,45 @@ def train(cfg: ImpalaConfig, preset, spec, env_options: dict, run_dir: Path, tor
     except TrainingAborted as e:
         print(f"error: training aborted: {e}; the last good model is saved", file=sys.stderr)
         code = 1
+    except EnvPoolBroken as e:
+        restart = True
+        print(f"error: environment pool broken ({e}); saving a checkpoint and restarting", file=sys.stderr, flush=True)
     finally:
         if thread:
-            thread.close()
-        path = save()
+            try:
+                thread.close()
+            except TrainingAborted as e:
+                print(f"error: training aborted: {e}; the last good model is saved", file=sys.stderr)
+                code = 1
+        if restart:
+            actors.env_failures += 1  # the dead worker counts as one env failure
+        try:
+            path = save()
+        except NonFiniteState as e:  # never written; the previous checkpoint stays the newest
+            print(f"error: {e}", file=sys.stderr)
+            path, code, restart = "(not written)", 1, False
         logger.progress(counters["step"], force=True, episodes=counters["episodes"],
                         **({"return(100)": float(np.mean(returns))} if returns else {}))
         logger.close()
-        if hasattr(pool, "close"):
+        if server is not None:
+            server.close()
+        if restart:
+            shutdown_env_pool(pool)
+        elif hasattr(pool, "close"):
             pool.close()
         del pool
+    if restart:
+        if counters["env_failures"] > max_env_failures:
+            print(f"error: {counters['env_failures']} environment failures (limit --max-env-failures "
+                  f"{max_env_failures}); stopped at step {counters['step']:,}; checkpoint {path}", file=sys.stderr)
+            return 1
+        argv = reexec_argv()
+        if argv is None:
+            print(f"stopped at step {counters['step']:,}; checkpoint {path}; re-run to resume", file=sys.stderr)
+            return 1
+        print(f"restarting at step {counters['step']:,}: {' '.join(argv)}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os.execv(sys.executable, argv)
     status = "stopped" if counters["step"] < cfg.total_steps else "finished"
     print(f"{status} at step {counters['step']:,}; checkpoint {path}", flush=True)
     return code

@@ -14,8 +14,9 @@ one one-line warning names the reason and the build log. ``RFWP_RL_KERNELS=0`` d
 fused kernels.
 
 Backward memory: fast weights are checkpointed every ``checkpoint_interval(T)`` steps
-(default ``ceil(sqrt(T))``, settable with :func:`set_checkpoint_interval`) and recomputed
-inside each chunk during the backward pass.
+(default ``max(16, ceil(sqrt(T)))``, settable with :func:`set_checkpoint_interval`) and
+recomputed inside each chunk during the backward pass: O(T/C) matrices per (batch, head) are
+kept between forward and backward, plus a C-matrix scratch per thread during the backward.
 """
 
 from __future__ import annotations
@@ -100,11 +101,14 @@ def checkpoint_interval(T: int) -> int:
     """Steps between stored fast-weight checkpoints for a sequence of ``T`` steps."""
     if _checkpoint_interval is not None:
         return _checkpoint_interval
-    return max(1, math.ceil(math.sqrt(T)))
+    # at least 16: every checkpoint is a write of B*H matrices to cold memory in the forward
+    # (costlier than a step); the backward's per-chunk scratch (16 x dv x dk) stays in cache
+    return max(16, math.ceil(math.sqrt(T)))
 
 
 def set_checkpoint_interval(every: int | None) -> None:
-    """Fix the checkpoint interval (``None``: ``ceil(sqrt(T))``). Results do not depend on it."""
+    """Fix the checkpoint interval (``None``: ``max(16, ceil(sqrt(T)))``). Results do not depend
+    on it beyond rounding."""
     global _checkpoint_interval
     if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
         raise UserError(f"checkpoint interval {every!r} is invalid; allowed: a positive integer or None")

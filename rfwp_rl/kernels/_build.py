@@ -147,7 +147,11 @@ def load_extension(with_cuda: bool) -> tuple[ModuleType, float]:
     build_dir = cache_root() / name
     built = build_dir / f"{name}.so"   # what torch.utils.cpp_extension.load writes
     if built.exists():
-        return _import_extension(name, built), 0.0
+        try:
+            return _import_extension(name, built), 0.0
+        except (ImportError, OSError) as e:   # e.g. a copied cache from another machine
+            raise BuildError(f"the cached build {built} does not load ({e}); delete {build_dir} "
+                             "to rebuild") from None
     if shutil.which("ninja") is None:
         raise BuildError("ninja is not installed (pip install ninja)")
     build_dir.mkdir(parents=True, exist_ok=True)
@@ -174,7 +178,10 @@ def load_extension(with_cuda: bool) -> tuple[ModuleType, float]:
                 raise BuildError(f"build failed ({first[:160]})", log) from None
             sys.modules[name] = module
     seconds = time.perf_counter() - start
-    return _import_extension(name, built), seconds
+    try:
+        return _import_extension(name, built), seconds
+    except (ImportError, OSError) as e:
+        raise BuildError(f"the build {built} does not load ({e})") from None
 
 
 # ------------------------------------------------------------------ emulated CUDA (tests)

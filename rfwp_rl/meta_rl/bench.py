@@ -34,6 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=600)
     parser.add_argument("--updates", type=int, default=3, help="timed updates per case (after 1 warm-up)")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--matmul-precision", default="highest",
+                        help="comma-separated torch float32 matmul precisions to time")
     parser.add_argument("--out", default="results/meta_rl/update_time.csv")
 
 
@@ -65,18 +67,25 @@ def run(args: argparse.Namespace) -> int:
     from rfwp_rl.errors import check_choice
     for n in names:
         check_choice("case", n, CASES)
+    precisions = [p.strip() for p in args.matmul_precision.split(",") if p.strip()]
+    for p in precisions:
+        check_choice("matmul precision", p, ("highest", "high", "medium"))
     rows = []
-    print(f"{'case':<18} {'weights':>11} {'CPU s/update':>13} {'wall s/update':>14}  (batch {args.batch_size}, "
-          f"30 steps, {args.threads} thread(s))")
+    print(f"{'case':<18} {'matmul':<8} {'weights':>11} {'CPU s/update':>13} {'wall s/update':>14}  "
+          f"(batch {args.batch_size}, 30 steps, {args.threads} thread(s))")
     for n in names:
-        core, config, factored = CASES[n]
-        r = time_updates(core, config, factored, args.batch_size, args.updates)
-        rows.append({"case": n, **r})
-        print(f"{n:<18} {r['params']:>11,} {r['cpu_s']:>13.3f} {r['wall_s']:>14.3f}", flush=True)
+        for prec in precisions:
+            torch.set_float32_matmul_precision(prec)
+            core, config, factored = CASES[n]
+            r = time_updates(core, config, factored, args.batch_size, args.updates)
+            rows.append({"case": n, "precision": prec, **r})
+            print(f"{n:<18} {prec:<8} {r['params']:>11,} {r['cpu_s']:>13.3f} {r['wall_s']:>14.3f}", flush=True)
+    torch.set_float32_matmul_precision("highest")
     buf = io.StringIO()
-    buf.write("case,weights,batch_size,threads,cpu_seconds_per_update,wall_seconds_per_update\n")
+    buf.write("case,matmul_precision,weights,batch_size,threads,cpu_seconds_per_update,wall_seconds_per_update\n")
     for r in rows:
-        buf.write(f"{r['case']},{r['params']},{args.batch_size},{args.threads},{r['cpu_s']:.4f},{r['wall_s']:.4f}\n")
+        buf.write(f"{r['case']},{r['precision']},{r['params']},{args.batch_size},{args.threads},"
+                  f"{r['cpu_s']:.4f},{r['wall_s']:.4f}\n")
     atomic_write_text(args.out, buf.getvalue())
     print(f"wrote {args.out}")
     return 0

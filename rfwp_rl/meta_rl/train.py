@@ -408,17 +408,22 @@ def run(args: argparse.Namespace) -> int:
                                          "loss/policy": scal["policy_loss"],
                                          "loss/value": scal["value_loss"],
                                          "loss/entropy": scal["entropy"],
-                                         "perf/skipped_updates": guard.skipped})
+                                         "perf/skipped_updates": guard.skipped,
+                                         "train/skipped_updates": guard.skipped})
                 recent["train_R"] = train_reward
                 logger.progress(episode, **recent)
                 if time.monotonic() - last_save > args.checkpoint_minutes * 60:
+                    logger.flush()  # TensorBoard on disk up to the checkpoint
                     ckpt.save(state_dict(), episode)
                     last_save = time.monotonic()
             ckpt.save(state_dict(), episode)
             if stop.requested:
                 print(f"stopped at episode {episode:,}; re-run the same command to resume", flush=True)
     except TrainingAborted as e:
-        ckpt.save(state_dict(), episode)  # the parameters are still the last finite ones
+        try:
+            ckpt.save(state_dict(), episode)  # the parameters are still the last finite ones
+        except TrainingAborted as e2:  # NonFiniteState: nothing written, the previous one is kept
+            print(f"error: {e2}", file=sys.stderr)
         print(f"error: training aborted at episode {episode:,}: {e}", file=sys.stderr, flush=True)
         return 1
     finally:

@@ -278,7 +278,7 @@ def run(args: argparse.Namespace) -> int:
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     meta = {"trainer": "seq", **{k: v for k, v in hparams.items() if k != "steps"}}
     ckpt = Checkpointer(run_dir, meta)
-    start, carried, best, best_step, elapsed, early = 0, None, None, None, 0.0, None
+    start, carried, best, best_step, elapsed, early, skipped = 0, None, None, None, 0.0, None, 0
     loaded = ckpt.load_latest()
     if loaded is not None:
         s = loaded["state"]
@@ -287,6 +287,7 @@ def run(args: argparse.Namespace) -> int:
         set_rng_state(s["rng"])
         start, carried = loaded["step"], s["carried"]
         best, best_step, elapsed, early = s["best"], s["best_step"], s["elapsed"], s["early"]
+        skipped = s.get("skipped", 0)
         print(f"resuming {run_dir} from step {start:,}", flush=True)
     main, lower = main_metric(task, args)
     print(f"seq | task {task.name} | core {args.core} | {n_params:,} parameters | run dir {run_dir}",
@@ -294,11 +295,12 @@ def run(args: argparse.Namespace) -> int:
     logger = RunLogger(run_dir, hparams, total=args.steps, start=start, unit="steps",
                        metrics=(f"valid/{main}",))
     guard = NonFiniteGuard()
+    guard.skipped = skipped
 
     def checkpoint_state() -> dict:
         return {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                 "rng": rng_state(), "carried": carried, "best": best, "best_step": best_step,
-                "early": early, "elapsed": elapsed + time.monotonic() - t0}
+                "early": early, "elapsed": elapsed + time.monotonic() - t0, "skipped": guard.skipped}
 
     t0 = time.monotonic()
     step = start
@@ -323,10 +325,12 @@ def run(args: argparse.Namespace) -> int:
                 loss.backward()
                 grad_norm = (torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
                              if args.clip > 0 else None)
-                if guard.ok(loss, model.parameters()):
+                updated = guard.ok(loss, model.parameters())
+                if updated:
                     optimizer.step()
                 if task.name == "lm" and task.context == "carried":
-                    carried = tuple(s.detach() for s in new_state)   # truncated BPTT
+                    # truncated BPTT; a skipped update restarts the context (its state may be NaN)
+                    carried = tuple(s.detach() for s in new_state) if updated else None
                 step += 1
 
                 # ---- logging, validation, checkpoints
@@ -351,6 +355,7 @@ def run(args: argparse.Namespace) -> int:
                         f" | best {main} {best:.4g} (step {best_step:,})", flush=True)
                     early = early_stop_reason(args, main, lower, step, metrics[main], best_step)
                 if step % args.checkpoint_every == 0 or step == args.steps or early:
+                    logger.flush()  # TensorBoard on disk up to the checkpoint
                     ckpt.save(checkpoint_state(), step)
                 if early:
                     print(f"stopping early at step {step:,}: {early}", flush=True)
@@ -360,7 +365,12 @@ def run(args: argparse.Namespace) -> int:
                     stopped = True
                     break
     except TrainingAborted as e:
-        print(f"error: training aborted: {e}; the last checkpoint is kept", file=sys.stderr)
+        try:  # the parameters are the last finite ones (non-finite updates were skipped)
+            ckpt.save(checkpoint_state(), step)
+            saved = f"checkpoint at step {step:,} saved"
+        except TrainingAborted as e2:  # NonFiniteState: nothing written
+            saved = f"{e2}"
+        print(f"error: training aborted: {e}; {saved}", file=sys.stderr)
         logger.close()
         return 1
     train_time = elapsed + time.monotonic() - t0

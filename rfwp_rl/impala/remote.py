@@ -1,0 +1,346 @@
+"""``rfwp-rl actor``: remote IMPALA actors that feed a learner over moolib RPC.
+
+Runs environments (a moolib ``EnvPool``, or ``--env-backend local``) and batched inference on
+this machine, sends each rollout to the learner started with ``rfwp-rl train ... --listen
+HOST:PORT`` and pulls the learner's weights whenever their version changed. The rollouts
+have exactly the layout of the learner's own actors (T+1 entries, the first repeating the
+previous rollout's last, the core state before entry 0, the behaviour logits); T comes from
+the learner. Server side: :mod:`rfwp_rl.impala.rollout_server`.
+
+Examples::
+
+    rfwp-rl train --env Pong --core rdn --listen 0.0.0.0:4431            # learner (+ its own actors)
+    rfwp-rl actor --connect learner-host:4431 --env Pong --core rdn --num-actors 32
+
+The actor must be started with the learner's env/core/preset options: on connect the learner
+compares them and refuses a mismatch with a one-line error (exit 2). A lost learner is
+retried with exponential backoff (the envs are kept alive meanwhile); after a learner
+restart the actor validates again and takes the new learner's weights. When the learner
+reaches its step target the actor exits 0. Ctrl-C / SIGTERM stop it cleanly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import socket
+import time
+from collections import deque
+
+import numpy as np
+import torch
+
+from rfwp_rl.errors import UserError
+from rfwp_rl.impala.config import DEFAULTS, ENV_BACKENDS
+
+MAX_INFLIGHT = 2  # rollouts sent and not yet answered
+MAX_OUTBOX = 4  # completed rollouts held before the actor stops stepping (back-pressure)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from rfwp_rl.impala.train import DEFAULT_CORE
+
+    d = DEFAULTS
+    g = parser.add_argument_group("learner")
+    g.add_argument("--connect", required=True, metavar="HOST:PORT", help="the learner's --listen address")
+    g.add_argument("--name", default=None, help="this actor's unique name (default actor-<host>-<pid>)")
+    g.add_argument("--rpc-timeout", type=float, default=10.0, help="seconds before a call counts as lost")
+    g.add_argument("--weights-every", type=float, default=0.0,
+                   help="seconds between weight pulls (default 0: after every completed rollout); "
+                        "weights are only transferred when their version changed")
+    g.add_argument("--max-backoff", type=float, default=30.0, help="longest wait between reconnect attempts (s)")
+    g.add_argument("--give-up-after", type=float, default=0.0,
+                   help="exit 1 after this many seconds without the learner (default 0: retry forever)")
+    g = parser.add_argument_group("agent (must match the learner's)")
+    g.add_argument("--env", default=d.env, help="gymnasium id or Atari game name (default %(default)s)")
+    g.add_argument("--core", default=None, help=f"core name (default {DEFAULT_CORE})")
+    g.add_argument("--preset", default=None, help="agent preset: a name in agents/ or a .toml file")
+    g.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    g.add_argument("--detach-state-every-step", action="store_true")
+    g.add_argument("--env-option", dest="env_options", action="append", default=[], metavar="KEY=VALUE")
+    g.add_argument("--env-config", default=None)
+    g = parser.add_argument_group("actors")
+    g.add_argument("--num-actors", type=int, default=16, help="environments on this machine (default %(default)s)")
+    g.add_argument("--num-env-batches", type=int, default=d.num_env_batches)
+    g.add_argument("--num-env-processes", type=int, default=d.num_env_processes)
+    g.add_argument("--env-backend", choices=ENV_BACKENDS, default=d.env_backend)
+    g.add_argument("--seed", type=int, default=d.seed)
+    g.add_argument("--device", default="cpu", help="inference device")
+    g.add_argument("--torch-threads", type=int, default=1)
+    g.add_argument("--log-every", type=float, default=d.log_every, help="seconds between console lines")
+
+
+def run(args: argparse.Namespace) -> int:
+    from rfwp_rl import envs
+    from rfwp_rl.agent import Agent
+    from rfwp_rl.impala.actors import make_env_pool
+    from rfwp_rl.impala.rollout_server import compat_info, parse_address
+    from rfwp_rl.impala.train import DEFAULT_CORE, env_options_from_args
+    from rfwp_rl.presets import resolve_preset
+
+    address = parse_address(args.connect, "--connect")
+    for flag in ("num_actors", "num_env_batches", "num_env_processes"):
+        if getattr(args, flag) < 1:
+            raise UserError(f"--{flag.replace('_', '-')} {getattr(args, flag)} is invalid; allowed: an integer >= 1")
+    for flag in ("rpc_timeout", "max_backoff"):
+        if not getattr(args, flag) > 0:
+            raise UserError(f"--{flag.replace('_', '-')} {getattr(args, flag)} is invalid; allowed: seconds > 0")
+    resolved = envs.resolve_env_id(args.env)
+    preset = resolve_preset(args.core, args.preset, args.overrides, atari=resolved.kind == "atari",
+                            default_core=DEFAULT_CORE)
+    env_options = env_options_from_args(args, resolved.kind)
+    spec = envs.env_spec(args.env, **env_options)
+    if args.detach_state_every_step:
+        preset.core_config["detach_state_every_step"] = True
+    if args.torch_threads > 0:
+        torch.set_num_threads(args.torch_threads)
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    name = args.name or f"actor-{socket.gethostname()}-{os.getpid()}"
+
+    # The env pool first: moolib forks its workers here, and refuses to once Rpc threads exist.
+    pool = make_env_pool(args.env_backend, spec.env_id, env_options, args.seed, args.num_actors,
+                         args.num_env_batches, args.num_env_processes)
+    device = torch.device(args.device)
+    agent = Agent(spec.obs_shape, spec.num_actions, preset.core, preset.core_config, preset.agent).to(device)
+    agent.eval()
+    actor = RemoteActor(pool, agent, compat_info(spec, env_options, agent), address, name, args, device)
+    try:
+        return actor.run()
+    finally:
+        if hasattr(pool, "close"):
+            pool.close()
+
+
+class Disconnected(Exception):
+    """A call to the learner failed (timeout, lost connection) or the learner restarted."""
+
+
+class RemoteActor:
+    """The actor loop: (re)connect and validate -> pull weights -> step envs, send rollouts."""
+
+    def __init__(self, pool, agent: torch.nn.Module, info: dict, address: str, name: str,
+                 args: argparse.Namespace, device: torch.device):
+        from rfwp_rl.impala.actors import import_moolib
+
+        self.moolib = import_moolib()
+        self.pool, self.agent, self.info, self.address, self.name = pool, agent, info, address, name
+        self.args, self.device = args, device
+        self.rpc = self.moolib.Rpc()
+        self.rpc.set_name(name)
+        self.rpc.set_timeout(args.rpc_timeout)
+        self.rpc.connect(address)
+        self.actors = None
+        self.session: str | None = None
+        self.version = -1  # weights version held (-1: none yet)
+        self.learner_version = -1  # the learner's version in its last reply
+        self.start_version: list[int] = []  # per env batch: the version its current rollout started with
+        self.outbox: deque = deque()  # (rollout, version, episodes) not sent yet
+        self.inflight: deque = deque()  # (future, item)
+        self.episodes: list[tuple[float, int]] = []  # ended, not yet attached to a rollout
+        self.weights_future = None
+        self.last_pull = 0.0
+        self.rollouts_sent = 0
+        self.returns: deque[float] = deque(maxlen=100)
+        self.versions_seen = 0
+        self.kept_alive = time.monotonic()
+
+    def log(self, text: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] actor {self.name}: {text}", flush=True)
+
+    # ---- RPC helpers: every failure becomes Disconnected
+    def _call(self, function: str, *args):
+        try:
+            reply = self.rpc.sync("learner", function, *args)
+        except RuntimeError as e:
+            raise Disconnected(str(e)) from None
+        return self._check_reply(reply)
+
+    def _check_reply(self, reply) -> dict:
+        if not isinstance(reply, dict):
+            raise Disconnected(f"unexpected reply {type(reply).__name__}")
+        if self.session is not None and reply.get("session") not in (None, self.session):
+            raise Disconnected("the learner restarted (new session)")
+        return reply
+
+    def _load_weights(self, reply: dict) -> None:
+        if "state" in reply:
+            self.agent.load_state_dict(reply["state"])
+            self.versions_seen += 1
+        self.version = int(reply["version"])
+
+    # ---- connect
+    def connect(self, stop) -> bool:
+        """Hello + first weights, retrying with backoff. False: give up or stop requested."""
+        backoff, lost_at, attempt = 0.5, time.monotonic(), 0
+        while not stop.requested:
+            attempt += 1
+            try:
+                self.session = None
+                reply = self._call("hello", self.name, self.info)
+                if reply.get("error"):
+                    raise UserError(f"the learner at {self.address} refused this actor: {reply['error']}")
+                if reply.get("finished"):
+                    raise _Finished()
+                self.session = reply["session"]
+                unroll = int(reply["unroll_length"])
+                if self.actors is None:
+                    from rfwp_rl.impala.actors import Actors
+
+                    self.actors = Actors(self.pool, self.agent, self.args.num_actors, self.args.num_env_batches,
+                                         unroll, self.device)
+                    self.actors.should_stop = lambda: stop.requested  # also while waiting on envs
+                    self.start_version = [-1] * self.args.num_env_batches
+                elif unroll != self.actors.batches[0].unroll_length:
+                    raise UserError(f"the learner at {self.address} now uses unroll length {unroll}, "
+                                    f"this actor {self.actors.batches[0].unroll_length}; restart the actor")
+                weights = self._call("get_weights", None, -1)
+                if weights.get("version", -1) < 0 or "state" not in weights:
+                    raise Disconnected("the learner has no weights yet")
+                self._load_weights(weights)
+                self.start_version = [self.version] * len(self.start_version)
+                self.last_pull = time.monotonic()
+                self.log(f"connected to the learner at {self.address} (session {self.session}, "
+                         f"weights v{self.version}, unroll {unroll})")
+                return True
+            except Disconnected as e:
+                waited = time.monotonic() - lost_at
+                if self.args.give_up_after > 0 and waited >= self.args.give_up_after:
+                    self.log(f"no learner at {self.address} for {waited:.0f}s; giving up (--give-up-after)")
+                    return False
+                self.log(f"learner at {self.address} not reachable ({e}); attempt {attempt}, "
+                         f"retrying in {backoff:.1f}s")
+                self._idle(stop, backoff)
+                backoff = min(2 * backoff, self.args.max_backoff)
+                self.rpc.connect(self.address)  # moolib does not retry a refused connection by itself
+        return False
+
+    def _idle(self, stop, seconds: float) -> None:
+        """Wait, stepping the envs now and then (a moolib worker gives up after 120 s without
+        an action); rollouts made meanwhile are dropped (each carries its own start state)."""
+        end = time.monotonic() + seconds
+        while time.monotonic() < end and not stop.requested:
+            time.sleep(min(0.1, max(0.0, end - time.monotonic())))
+            if self.actors is not None and time.monotonic() - self.kept_alive > 20.0:
+                for _ in self.actors.batches:
+                    self.actors.step()
+                self.kept_alive = time.monotonic()
+
+    # ---- acting
+    def _send(self) -> None:
+        while self.outbox and len(self.inflight) < MAX_INFLIGHT:
+            item = self.outbox.popleft()
+            rollout, version, episodes = item
+            try:
+                fut = self.rpc.async_("learner", "put_rollout", self.name, self.session, version, rollout.data,
+                                      rollout.state, episodes)
+            except RuntimeError as e:
+                self.outbox.appendleft(item)
+                raise Disconnected(str(e)) from None
+            self.inflight.append((fut, item))
+
+    def _collect(self, block: bool) -> None:
+        """Handle answered rollouts (``block``: wait for the oldest one)."""
+        while self.inflight and (block or self.inflight[0][0].done()):
+            block = False
+            fut, item = self.inflight.popleft()
+            try:
+                reply = self._check_reply(fut.result())
+            except (RuntimeError, Disconnected) as e:
+                self.outbox.appendleft(item)  # resend after reconnecting
+                raise Disconnected(str(e)) from None
+            if reply.get("finished"):
+                raise _Finished()
+            if reply.get("busy"):
+                self.outbox.appendleft(item)
+                time.sleep(0.01)
+            elif reply.get("error"):
+                self.log(f"the learner rejected a rollout: {reply['error']}")
+            else:
+                self.rollouts_sent += 1
+                self.learner_version = int(reply.get("version", self.learner_version))
+
+    def _pull_weights(self, rollout_done: bool) -> None:
+        fut = self.weights_future
+        if fut is not None and fut.done():
+            self.weights_future = None
+            try:
+                reply = self._check_reply(fut.result())
+            except RuntimeError as e:
+                raise Disconnected(str(e)) from None
+            if reply.get("finished"):
+                raise _Finished()
+            if not reply.get("error"):
+                self._load_weights(reply)
+        if (self.weights_future is None and rollout_done
+                and time.monotonic() - self.last_pull >= self.args.weights_every):
+            self.last_pull = time.monotonic()
+            try:
+                self.weights_future = self.rpc.async_("learner", "get_weights", self.session, self.version)
+            except RuntimeError as e:
+                raise Disconnected(str(e)) from None
+
+    def act(self, stop) -> None:
+        """Step, send, pull until the learner is lost (Disconnected) or finished (_Finished)."""
+        last_log, last_steps, last_sent = time.monotonic(), self.actors.env_steps, self.rollouts_sent
+        while not stop.requested:
+            if len(self.outbox) >= MAX_OUTBOX:  # the learner is slower than this actor: wait
+                self._send()
+                self._collect(block=True)
+                continue
+            index = self.actors.next_batch
+            with torch.no_grad():
+                rollouts, episodes = self.actors.step()
+            self.episodes += episodes
+            self.returns.extend(r for r, _ in episodes)
+            for rollout in rollouts:
+                self.outbox.append((rollout, self.start_version[index], self.episodes))
+                self.episodes = []
+                self.start_version[index] = self.version
+            self._send()
+            self._collect(block=False)
+            self._pull_weights(bool(rollouts))
+            now = time.monotonic()
+            if now - last_log >= self.args.log_every:
+                dt = now - last_log
+                ret = f", return(100) {np.mean(self.returns):.4g}" if self.returns else ""
+                self.log(f"{self.actors.env_steps:,} env steps ({(self.actors.env_steps - last_steps) / dt:,.0f}/s), "
+                         f"{self.rollouts_sent:,} rollouts sent ({(self.rollouts_sent - last_sent) / dt:.1f}/s), "
+                         f"weights v{self.version}, learner v{self.learner_version}{ret}")
+                last_log, last_steps, last_sent = now, self.actors.env_steps, self.rollouts_sent
+
+    def run(self) -> int:
+        from rfwp_rl.impala.actors import EnvPoolBroken
+        from rfwp_rl.safety import GracefulStop
+
+        with GracefulStop() as stop:
+            try:
+                while not stop.requested:
+                    if not self.connect(stop):
+                        return 0 if stop.requested else 1
+                    try:
+                        self.act(stop)
+                    except Disconnected as e:
+                        self.log(f"lost the learner at {self.address} ({e}); reconnecting")
+                        for _, item in reversed(self.inflight):
+                            self.outbox.appendleft(item)
+                        self.inflight.clear()
+                        self.weights_future = None
+                        while len(self.outbox) > MAX_OUTBOX:
+                            self.outbox.popleft()
+            except EnvPoolBroken as e:
+                self.log(f"environment pool broken ({e}); exiting (restart the actor)")
+                return 1
+            except _Finished:
+                self.log(f"the learner finished training; {self.rollouts_sent:,} rollouts sent, "
+                         f"last weights v{self.version}; exiting")
+                return 0
+        self.log(f"stopped; {self.rollouts_sent:,} rollouts sent")
+        return 0
+
+
+class _Finished(Exception):
+    """The learner reached its step target."""
+

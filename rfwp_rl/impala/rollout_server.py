@@ -1,0 +1,300 @@
+"""Learner side of remote actors: a moolib ``Rpc`` endpoint that serves weights and takes rollouts.
+
+``rfwp-rl train ... --listen HOST:PORT`` opens it; ``rfwp-rl actor --connect HOST:PORT``
+(:mod:`rfwp_rl.impala.remote`) calls it. Three functions, all of which return a dict and
+never raise (an exception inside a moolib handler aborts the whole learner process):
+
+``hello(name, info)``
+    The actor's env/core/agent description (:func:`compat_info`). Reply: ``{"error": "..."}``
+    naming the first difference, or ``{"session", "version", "unroll_length", "finished"}``.
+``get_weights(session, version)``
+    ``{"session", "version"}`` plus ``"state"`` (a CPU ``state_dict``) unless the actor already
+    holds that session's version. ``session`` is a random token per learner start, so a
+    restarted learner's weights are never mistaken for an old version with the same number.
+``put_rollout(name, session, version, data, state, episodes)``
+    One rollout in the layout of :class:`rfwp_rl.impala.actors.Rollout`: ``data[key]``
+    ``[T+1, b, ...]`` for every key of ``STEP_KEYS`` (entry 0 repeats the previous rollout's
+    last entry), ``state`` the core state (tuple of ``[b, ...]``) before entry 0, ``version``
+    the weights version the rollout started with, ``episodes`` ``[(return, length), ...]`` of
+    the episodes that ended in it. Reply ``{"ok", "session", "version", "finished"}``, or
+    ``{"busy": True}`` (inbox full: resend later, this is the back-pressure), or ``{"error"}``.
+
+The training loop drains the inbox with :meth:`RolloutServer.take` into the same
+``RolloutQueue`` as its local actors' rollouts; the weights version is the learner's update
+count, so ``policy lag = updates now - version the rollout started with``.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import sys
+import threading
+import time
+from collections import deque
+from typing import Any, Callable
+
+import torch
+
+from rfwp_rl.errors import UserError
+from rfwp_rl.impala.actors import STEP_KEYS, Rollout, import_moolib
+
+LEARNER_NAME = "learner"
+PROTOCOL = 1
+ACTIVE_SECONDS = 30.0  # an actor counts as connected if it called within this many seconds
+
+
+def compat_info(spec: Any, env_options: dict, agent: Any) -> dict:
+    """What a remote actor must share with the learner: env, env options, core, core config,
+    agent options, action count and observation shape (JSON-normalised, so tuples == lists)."""
+    info = {"protocol": PROTOCOL, "env": spec.gym_id, "env_options": dict(env_options), "core": agent.core_name,
+            "core_config": dict(agent.core.config), "num_actions": int(spec.num_actions),
+            "obs_shape": list(spec.obs_shape), "agent": agent.config.to_dict()}
+    return json.loads(json.dumps(info, sort_keys=True, default=str))
+
+
+def first_mismatch(learner: dict, actor: dict, prefix: str = "") -> str | None:
+    """One line naming the first key where ``actor`` differs from ``learner``, else None."""
+    for key in sorted(set(learner) | set(actor)):
+        a, b = actor.get(key, "<missing>"), learner.get(key, "<missing>")
+        if isinstance(a, dict) and isinstance(b, dict):
+            inner = first_mismatch(b, a, f"{prefix}{key}.")
+            if inner:
+                return inner
+        elif a != b:
+            return (f"actor {prefix}{key} {a!r} does not match the learner's {b!r}; start the actor with the "
+                    f"learner's --env/--core/--preset/--set/--env-option")
+    return None
+
+
+def parse_address(text: str, flag: str) -> str:
+    """``HOST:PORT`` with a port in 1..65535, else a one-line UserError."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise UserError(f"{flag} {text!r} is invalid; allowed: HOST:PORT, e.g. 127.0.0.1:4431 or 0.0.0.0:4431")
+    return text
+
+
+def _safe(fn: Callable[..., dict]) -> Callable[..., dict]:
+    """Wrap an Rpc handler so that it returns ``{"error": ...}`` instead of raising."""
+    def handler(*args: Any, **kwargs: Any) -> dict:
+        try:
+            return fn(*args, **kwargs)
+        except BaseException as e:  # noqa: BLE001 - a raise here would abort the learner
+            message = f"learner could not handle {fn.__name__}: {type(e).__name__}: {e}"
+            try:
+                print(f"warning: {message}", file=sys.stderr, flush=True)
+            except BaseException:  # noqa: BLE001
+                pass
+            return {"error": message}
+    handler.__name__ = fn.__name__
+    return handler
+
+
+class RolloutServer:
+    """Serves the learner's weights to remote actors and queues their rollouts.
+
+    Create it after the env pool (moolib forks there, and refuses to once Rpc threads exist).
+    Thread-safe: handlers run on moolib threads, :meth:`publish` on the learner's thread,
+    :meth:`take` on the training loop's.
+
+    Args:
+        address: ``HOST:PORT`` to listen on.
+        info: :func:`compat_info` of the learner's agent.
+        agent: the learner's agent (for the expected state shapes).
+        unroll_length: T (rollouts have T+1 entries).
+        max_pending: rollout entries (envs) held before ``put_rollout`` answers busy.
+        device: where :meth:`take` puts the rollouts.
+    """
+
+    def __init__(self, address: str, info: dict, agent: Any, unroll_length: int, max_pending: int,
+                 device: torch.device | str = "cpu"):
+        moolib = import_moolib()
+        self.address = parse_address(address, "--listen")
+        self.info = info
+        self.unroll_length = int(unroll_length)
+        self.max_pending = int(max_pending)
+        self.device = torch.device(device)
+        self.session = secrets.token_hex(6)
+        self.obs_shape = tuple(info["obs_shape"])
+        self.num_actions = int(info["num_actions"])
+        template = agent.initial_state(1)
+        self.state_spec = [(tuple(s.shape[1:]), s.dtype) for s in template]
+        self.finished = False
+        self._lock = threading.Lock()
+        self._arrived = threading.Condition(self._lock)
+        self._weights: tuple[int, dict] | None = None
+        self._inbox: deque[tuple[Rollout, int | None, list]] = deque()
+        self._pending = 0  # env entries in the inbox
+        self._seen: dict[str, float] = {}  # actor name -> last call (monotonic)
+        self._told_finished: set[str] = set()
+        self.env_steps = 0  # remote env steps received (T per env per rollout)
+        self.rollouts = 0
+        self.rejected = 0
+        self._lags: list[int] = []
+        self._window = (time.monotonic(), 0, 0)  # (time, env_steps, rollouts) at the last stats()
+        self.rpc = moolib.Rpc()
+        self.rpc.set_name(LEARNER_NAME)
+        self.rpc.define("hello", _safe(self.hello))
+        self.rpc.define("get_weights", _safe(self.get_weights))
+        self.rpc.define("put_rollout", _safe(self.put_rollout))
+        try:
+            self.rpc.listen(self.address)
+        except RuntimeError as e:
+            raise UserError(f"--listen {address}: cannot listen there ({e})") from None
+
+    # ---- learner thread
+    def publish(self, agent: torch.nn.Module, version: int) -> None:
+        """Make ``agent``'s current parameters the served weights (a CPU copy), as ``version``."""
+        state = {k: v.detach().to("cpu", copy=True) for k, v in agent.state_dict().items()}
+        with self._lock:
+            self._weights = (int(version), state)
+
+    def take(self, version: int, wait: float = 0.0) -> tuple[list[Rollout], list[tuple[float, int]]]:
+        """All queued remote rollouts (moved to the device) and their finished episodes.
+
+        ``version``: the learner's current update count (for the policy lag). ``wait``: seconds
+        to wait for a rollout if none is queued (a learner without local actors)."""
+        with self._arrived:
+            if not self._inbox and wait > 0:
+                self._arrived.wait(wait)
+            items = list(self._inbox)
+            self._inbox.clear()
+            self._pending = 0
+        rollouts, episodes = [], []
+        for rollout, rollout_version, eps in items:
+            data = {k: v.to(self.device) for k, v in rollout.data.items()}
+            rollouts.append(Rollout(data, tuple(s.to(self.device) for s in rollout.state)))
+            episodes += eps
+            if rollout_version is not None:
+                self._lags.append(version - rollout_version)
+        return rollouts, episodes
+
+    def pop_lags(self) -> list[int]:
+        """Policy lags (updates) of the rollouts taken since the last call."""
+        lags, self._lags = self._lags, []
+        return lags
+
+    def stats(self, now: float) -> dict[str, float]:
+        """Scalars since the previous call: ``remote/actors`` (active), ``remote/env_sps``,
+        ``remote/rollouts_per_s``, ``remote/policy_lag`` (mean, updates; NaN if none),
+        ``remote/policy_lag_max`` and ``remote/rejected`` (total)."""
+        last_t, last_steps, last_rollouts = self._window
+        dt = max(now - last_t, 1e-9)
+        lags = self.pop_lags()
+        out = {"remote/actors": float(self.active_actors()),
+               "remote/env_sps": (self.env_steps - last_steps) / dt,
+               "remote/rollouts_per_s": (self.rollouts - last_rollouts) / dt,
+               "remote/policy_lag": sum(lags) / len(lags) if lags else float("nan"),
+               "remote/policy_lag_max": float(max(lags)) if lags else float("nan"),
+               "remote/rejected": float(self.rejected)}
+        self._window = (now, self.env_steps, self.rollouts)
+        return out
+
+    def active_actors(self) -> int:
+        now = time.monotonic()
+        with self._lock:
+            return sum(now - t < ACTIVE_SECONDS for t in self._seen.values())
+
+    def close(self, grace: float = 3.0) -> None:
+        """Tell the actors that training finished (their next call gets ``finished``), waiting up
+        to ``grace`` seconds for the recently active ones to hear it, then stop serving."""
+        self.finished = True
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            now = time.monotonic()
+            with self._lock:
+                waiting = [n for n, t in self._seen.items() if now - t < 5.0 and n not in self._told_finished]
+            if not waiting:
+                break
+            time.sleep(0.05)
+        self.rpc = None
+
+    # ---- Rpc handlers (moolib threads; wrapped by _safe)
+    def _touch(self, name: str) -> None:
+        with self._lock:
+            self._seen[str(name)] = time.monotonic()
+            if self.finished:
+                self._told_finished.add(str(name))
+
+    def hello(self, name: str, info: dict) -> dict:
+        self._touch(name)
+        problem = first_mismatch(self.info, info if isinstance(info, dict) else {})
+        if problem:
+            print(f"remote actor {name} refused: {problem}", flush=True)
+            return {"error": problem}
+        with self._lock:
+            version = self._weights[0] if self._weights else -1
+        print(f"remote actor {name} connected", flush=True)
+        return {"session": self.session, "version": version, "unroll_length": self.unroll_length,
+                "finished": self.finished}
+
+    def get_weights(self, session: str, version: int) -> dict:
+        with self._lock:
+            weights = self._weights
+        if weights is None:
+            return {"session": self.session, "version": -1, "finished": self.finished}
+        reply = {"session": self.session, "version": weights[0], "finished": self.finished}
+        if session != self.session or version != weights[0]:
+            reply["state"] = weights[1]
+        return reply
+
+    def _check(self, data: Any, state: Any) -> str | None:
+        if not isinstance(data, dict) or sorted(data) != sorted(STEP_KEYS):
+            return f"rollout keys must be {sorted(STEP_KEYS)}"
+        obs = data["obs"]
+        if not isinstance(obs, torch.Tensor) or obs.dim() < 2:
+            return "rollout obs must be a tensor [T+1, b, ...]"
+        T1, b = obs.shape[:2]
+        if T1 != self.unroll_length + 1 or tuple(obs.shape[2:]) != self.obs_shape or b < 1:
+            return (f"rollout obs has shape {list(obs.shape)}; the learner needs "
+                    f"[{self.unroll_length + 1}, b, {', '.join(map(str, self.obs_shape))}]")
+        for k in STEP_KEYS:
+            if not isinstance(data[k], torch.Tensor) or tuple(data[k].shape[:2]) != (T1, b):
+                return f"rollout {k} must be a tensor [{T1}, {b}, ...]"
+        if tuple(data["policy_logits"].shape) != (T1, b, self.num_actions):
+            return f"rollout policy_logits has shape {list(data['policy_logits'].shape)}; expected [{T1}, {b}, {self.num_actions}]"
+        if not isinstance(state, (tuple, list)) or len(state) != len(self.state_spec):
+            return f"rollout core state must be a tuple of {len(self.state_spec)} tensors"
+        for s, (shape, dtype) in zip(state, self.state_spec):
+            if not isinstance(s, torch.Tensor) or tuple(s.shape) != (b, *shape) or s.dtype != dtype:
+                return f"rollout core state tensor must be [{b}, {', '.join(map(str, shape))}] {dtype}"
+        return None
+
+    def put_rollout(self, name: str, session: str, version: int, data: dict, state: Any, episodes: list) -> dict:
+        self._touch(name)
+        if self.finished:
+            return {"finished": True, "session": self.session}
+        problem = self._check(data, state)
+        if problem:
+            self.rejected += 1
+            return {"error": problem}
+        b = int(data["obs"].shape[1])
+        with self._arrived:
+            if self._pending >= self.max_pending:
+                return {"busy": True, "session": self.session}
+            eps = [(float(r), int(n)) for r, n in episodes]
+            self._inbox.append((Rollout(dict(data), tuple(state)),
+                                int(version) if session == self.session else None, eps))
+            self._pending += b
+            self.env_steps += self.unroll_length * b
+            self.rollouts += 1
+            current = self._weights[0] if self._weights else -1
+            self._arrived.notify()
+        return {"ok": True, "session": self.session, "version": current, "finished": False}
+
+
+class NoLocalActors:
+    """Stands in for :class:`rfwp_rl.impala.actors.Actors` when the learner has no local
+    environments (``--num-actors 0``: remote actors only)."""
+
+    def __init__(self, env_failures: int = 0):
+        self.env_steps = 0
+        self.env_failures = env_failures
+        self.should_stop: Callable[[], bool] = lambda: False
+
+    def step(self) -> tuple[list[Rollout], list[tuple[float, int]]]:
+        return [], []
+
+    def drain(self) -> None:
+        pass
