@@ -10,7 +10,9 @@
 #   CORES="delta lstm" STATEMENTS=100 STEPS=30000 bash launch/seq_code_exec.sh   # closer to the paper
 #
 # Each run resumes if started again (Ctrl-C saves a checkpoint); results:
-# runs/seq/code_exec_v3_n$STATEMENTS/<core>/results.json, then results/seq/code_exec_v3_n$STATEMENTS.csv.
+# runs/seq/code_exec_v3_n$STATEMENTS/<core>/results.json, then
+# results/seq/code_exec_v3_n${STATEMENTS}_steps$STEPS.csv (a later call with more STEPS continues
+# the same runs and writes a new table).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,7 +21,7 @@ STATEMENTS=${STATEMENTS:-20}
 STEPS=${STEPS:-3000}
 SEED=${SEED:-1}
 ROOT=runs/seq/code_exec_v3_n${STATEMENTS}
-OUT=results/seq/code_exec_v3_n${STATEMENTS}
+OUT=results/seq/code_exec_v3_n${STATEMENTS}_steps${STEPS}
 
 for CORE in $CORES; do
   nice -n 10 rfwp-rl seq --task code_exec --num-vars 3 --num-statements "$STATEMENTS" \

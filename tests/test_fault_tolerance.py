@@ -52,7 +52,8 @@ TRAINERS = {
     "seq": (lambda d, n, c=10: SEQ + ["--run-dir", str(d), "--steps", str(n), "--checkpoint-every", str(c)],
             "train/loss", "model"),
 }
-TARGETS = {"impala": 3000, "meta_rl": 1500, "seq": 1500}
+TARGETS = {"impala": 800, "meta_rl": 600, "seq": 600}
+KILLS = {"impala": 1, "meta_rl": 3, "seq": 1}  # several for one trainer; the machine is shared
 PRESETS = {"impala": 10, "meta_rl": 1, "seq": 1}  # steps per update (TensorBoard step spacing)
 
 
@@ -108,18 +109,19 @@ def _tb_values(run_dir: Path, tag: str) -> list[tuple[int, float]]:
 
 @pytest.mark.parametrize("name", sorted(TRAINERS))
 def test_sigkill_at_random_moments_then_sigterm_then_finish(tmp_path, name):
-    """3 SIGKILLs at random moments after fresh progress, then one SIGTERM (checkpoint, exit 0),
-    then the same command runs to the target. Each restart resumes from the newest checkpoint."""
+    """SIGKILLs at random moments after fresh progress (3 for meta-RL, 1 for the others, to keep
+    the test short), then one SIGTERM (checkpoint, exit 0), then the same command runs to the
+    target. Each restart resumes from the newest checkpoint."""
     argv_of, tag, model_key = TRAINERS[name]
     run_dir, target = tmp_path / "run", TARGETS[name]
     argv = argv_of(run_dir, target)
     rng = random.Random(8)
     last = -1
-    for kill in range(3):
+    for kill in range(KILLS[name]):
         proc = _start(argv)
         newest = _wait_for_checkpoint_after(proc, run_dir, last)
         assert proc.poll() is None, f"run ended before kill {kill}: {proc.stdout.read()}"
-        time.sleep(rng.uniform(0.0, 0.4))  # somewhere between checkpoints, possibly mid-write
+        time.sleep(rng.uniform(0.0, 0.3))  # somewhere between checkpoints, possibly mid-write
         proc.send_signal(signal.SIGKILL)
         out = proc.communicate(timeout=30)[0]
         assert proc.returncode == -signal.SIGKILL
@@ -129,7 +131,6 @@ def test_sigkill_at_random_moments_then_sigterm_then_finish(tmp_path, name):
         last = _newest_step(run_dir)
         for path in list_checkpoints(run_dir):  # every file left behind is complete
             read_checkpoint(path)
-        assert not list(run_dir.glob(".tmp-*")) or True  # a killed writer may leave a temp file
 
     # SIGTERM: a checkpoint at the current step, exit 0, within a bounded time
     proc = _start(argv)
