@@ -43,11 +43,13 @@ void check_optional(const optional<Tensor>& x, const char* name, const Tensor& l
   if (x.has_value() && x->defined()) check_tensor(*x, name, like, std::move(shape));
 }
 
-Dims make_dims(const Tensor& q, int64_t dv, int64_t chunk) {
+// chunk: checkpoint interval (>= 1); a forward also accepts 0 (no checkpoints, inference).
+Dims make_dims(const Tensor& q, int64_t dv, int64_t chunk, bool forward = false) {
   TORCH_CHECK(q.dim() == 4, "expected [T, B, H, d] inputs, got shape ", q.sizes());
   TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble,
               "fused kernels support float32 and float64, got ", q.scalar_type());
-  TORCH_CHECK(chunk >= 1, "checkpoint interval must be >= 1, got ", chunk);
+  TORCH_CHECK(chunk >= (forward ? 0 : 1), "checkpoint interval must be >= ", (forward ? 0 : 1),
+              ", got ", chunk);
   TORCH_CHECK(q.size(0) >= 1, "the sequence is empty (T = 0)");
   Dims n;
   n.T = static_cast<int>(q.size(0));
@@ -115,7 +117,7 @@ std::vector<Tensor> delta_forward_impl(bool is_delta, const Tensor& q, const Ten
                                        const Tensor& W0, const optional<Tensor>& reset,
                                        int64_t chunk, int64_t threads) {
   TORCH_CHECK(v.dim() == 4, "v must be [T, B, H, dv], got ", v.sizes());
-  const Dims n = make_dims(q, v.size(3), chunk);
+  const Dims n = make_dims(q, v.size(3), chunk, true);
   check_tensor(q, "q", q, {n.T, n.B, n.H, n.dk});
   check_tensor(k, "k", q, {n.T, n.B, n.H, n.dk});
   check_tensor(v, "v", q, {n.T, n.B, n.H, n.dv});
@@ -217,7 +219,7 @@ std::vector<Tensor> delta_rnn_forward(const Tensor& q, const Tensor& k, const Te
                                       const Tensor& y0, const optional<Tensor>& reset,
                                       int64_t chunk, int64_t threads) {
   TORCH_CHECK(v.dim() == 4, "v must be [T, B, H, d], got ", v.sizes());
-  const Dims n = make_dims(q, v.size(3), chunk);
+  const Dims n = make_dims(q, v.size(3), chunk, true);
   check_delta_rnn_inputs(n, q, k, v, beta, kr, vr, beta_r);
   check_tensor(W0, "W0", q, {n.B, n.H, n.dv, n.dk});
   check_tensor(R0, "R0", q, {n.B, n.H, n.dv, n.dv});
@@ -282,7 +284,7 @@ std::vector<Tensor> rdn_forward(const Tensor& xq, const Tensor& xk, const Tensor
                                 const Tensor& Rv, const Tensor& rb, const Tensor& W0,
                                 const Tensor& y0, const optional<Tensor>& reset, int64_t chunk,
                                 int64_t threads) {
-  const Dims n = make_dims(xq, xq.size(3), chunk);
+  const Dims n = make_dims(xq, xq.size(3), chunk, true);
   const int64_t d = n.dk;
   check_tensor(xq, "xq", xq, {n.T, n.B, n.H, d});
   check_tensor(xk, "xk", xq, {n.T, n.B, n.H, d});

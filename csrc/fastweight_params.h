@@ -27,10 +27,10 @@ namespace rfwp {
 struct Dims {
   int T, B, H;     // steps, batch, heads
   int dk, dv;      // key size, value size (the fast weight matrix is dv x dk)
-  int chunk;       // checkpoint every `chunk` steps
+  int chunk;       // checkpoint every `chunk` steps; 0 in a forward: no checkpoints (inference)
 };
 
-RFWP_HOST_DEVICE inline int num_chunks(int T, int chunk) { return (T + chunk - 1) / chunk; }
+RFWP_HOST_DEVICE inline int num_chunks(int T, int chunk) { return chunk > 0 ? (T + chunk - 1) / chunk : 0; }
 
 // lt (beta == nullptr) and delta.
 template <typename S>

@@ -111,6 +111,21 @@ def test_lt_query_gradient_includes_initial_fast_weights(ext):
     torch.testing.assert_close(q.grad, expect, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("name", OPS)
+def test_inference_without_checkpoints(ext, name):
+    # without gradients the forward stores no checkpoints and builds no autograd node
+    args, reset = cases.make_inputs(name, T=5, B=2, H=2, d=16, reset_at=((2, 1),))
+    fn = kernels.get(name, required=True)
+    with torch.no_grad():
+        out = fn(*args, reset)
+    assert all(o.grad_fn is None for o in out)
+    torch.testing.assert_close(out, getattr(ref, name)(*args, reset), rtol=1e-12, atol=1e-12)
+    ckpt = getattr(ext, f"{name}_forward")(*args, reset, 0)[2 if name in ("lt", "delta", "rdn") else 3]
+    assert ckpt.shape[0] == 0
+    with pytest.raises(ValueError, match="checkpoint interval must be >= 1"):
+        functions.FUSED[name](ext, 0, *[a.clone().requires_grad_() for a in args], reset)
+
+
 def test_only_some_outputs_used(ext):
     # the cores keep y[-1] as state and may drop W: unused outputs get zero gradient
     args, reset = cases.make_inputs("delta_rnn", T=6, B=2, H=2, d=5, reset_at=((2, 0),))

@@ -18,6 +18,7 @@ import torch
 
 from rfwp_rl.kernels import _build, cases, functions
 from rfwp_rl.kernels.emulated import EmulatedCuda, EmulationError
+from rfwp_rl.ops import reference as ref
 
 OPS = cases.OPS
 
@@ -110,6 +111,15 @@ def test_emulated_deterministic_and_side_effect_free(emu, name):
         assert torch.equal(x, y)
     for a, b in zip(args, before):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_emulated_inference_without_checkpoints(emu, name):
+    emu.threads = 32
+    args, reset = cases.make_inputs(name, T=4, B=2, H=1, d=5, reset_at=((1, 0),))
+    with torch.no_grad():
+        out = functions.FUSED[name](emu, 3, *args, reset)   # no grad needed: chunk 0 inside
+    torch.testing.assert_close(out, getattr(ref, name)(*args, reset), rtol=1e-12, atol=1e-12)
 
 
 def test_emulated_launch_errors_are_reported(emu):

@@ -182,6 +182,13 @@ def test_listops_exact_depth_and_value(depth):
         assert y[-1] == value and (y[:-1] == T.IGNORE).all()
 
 
+def test_listops_is_deterministic_under_a_seed():
+    config = listops.ListOpsConfig(depth=4)
+    a, b, c = (listops.generate(config, 20, seed=s) for s in (1, 1, 2))
+    assert all(np.array_equal(x, y) for x, y in zip(a[0], b[0]))
+    assert not all(len(x) == len(y) and np.array_equal(x, y) for x, y in zip(a[0], c[0]))
+
+
 def test_listops_lengths_match_the_paper_roughly():
     xs, _ = listops.generate(listops.ListOpsConfig(depth=10), 1000, seed=0)
     assert 80 < np.mean([len(x) for x in xs]) < 120     # paper: mean 98 at depth 10

@@ -322,7 +322,7 @@ void delta_forward_task(const DeltaFwdArgs<S>& a, int bh, ForwardScratch<S>& s) 
   ColumnState<S, D> W(WT, u, dk, dv);
   W.load_rows(a.W0 + tk.mat(mat));
   for (int t = 0; t < n.T; ++t) {
-    if (t % n.chunk == 0) W.store_rows(a.ckpt + tk.ckpt(t / n.chunk, mat));
+    if (n.chunk > 0 && t % n.chunk == 0) W.store_rows(a.ckpt + tk.ckpt(t / n.chunk, mat));
     if (tk.reset(a.reset, t)) W.zero();
     const S* k = a.k + tk.vec(t, dk);
     const S* q = a.q + tk.vec(t, dk);
@@ -400,7 +400,7 @@ void delta_rnn_forward_task(const DeltaRnnFwdArgs<S>& a, int bh, ForwardScratch<
   R.load_rows(a.R0 + tk.mat(matR));
   copy_n(a.y0 + tk.mat(dv), dv, yprev);
   for (int t = 0; t < n.T; ++t) {
-    if (t % n.chunk == 0) {
+    if (n.chunk > 0 && t % n.chunk == 0) {
       W.store_rows(a.ckptW + tk.ckpt(t / n.chunk, matW));
       R.store_rows(a.ckptR + tk.ckpt(t / n.chunk, matR));
     }
@@ -586,7 +586,7 @@ void rdn_forward_task(const RdnFwdArgs<S>& a, const S* RT, int bh, ForwardScratc
   W.load_rows(a.W0 + tk.mat(mat));
   copy_n(a.y0 + tk.mat(d), d, yprev);
   for (int t = 0; t < n.T; ++t) {
-    if (t % n.chunk == 0) W.store_rows(a.ckpt + tk.ckpt(t / n.chunk, mat));
+    if (n.chunk > 0 && t % n.chunk == 0) W.store_rows(a.ckpt + tk.ckpt(t / n.chunk, mat));
     if (tk.reset(a.reset, t)) {
       W.zero();
       zero_n(yprev, d);

@@ -44,7 +44,7 @@ __global__ void delta_rnn_forward_kernel(DeltaRnnFwdArgs<S> a) {
     S* krc = krbuf + (t & 1) * dv;
     const S* krp = krbuf + ((t + 1) & 1) * dv;
     const bool rst = blk.reset(a.reset, t);
-    const bool ck = (t % n.chunk == 0);
+    const bool ck = (n.chunk > 0 && t % n.chunk == 0);
     for (std::size_t e = tid; e < matW; e += nt) {
       const int i = static_cast<int>(e / dk), j = static_cast<int>(e % dk);
       S w = W[i * ldk + j];

@@ -38,7 +38,7 @@ __global__ void delta_forward_kernel(DeltaFwdArgs<S> a) {
       const int i = static_cast<int>(e / dk), j = static_cast<int>(e % dk);
       S w = W[i * ld + j];
       if (t > 0) w += us[i] * kp[j];                 // RFWP Eq. 6 / 8: the write of step t-1
-      if (t % n.chunk == 0) a.ckpt[blk.ckpt(t / n.chunk, mat) + e] = w;
+      if (n.chunk > 0 && t % n.chunk == 0) a.ckpt[blk.ckpt(t / n.chunk, mat) + e] = w;
       if (rst) w = S(0);
       W[i * ld + j] = w;
     }

@@ -65,7 +65,7 @@ __global__ void rdn_forward_kernel(RdnFwdArgs<S> a) {
       const int i = static_cast<int>(e / d), j = static_cast<int>(e % d);
       S w = W[i * ld + j];
       if (t > 0) w += us[i] * kp[j];
-      if (t % n.chunk == 0) a.ckpt[blk.ckpt(t / n.chunk, mat) + e] = w;
+      if (n.chunk > 0 && t % n.chunk == 0) a.ckpt[blk.ckpt(t / n.chunk, mat) + e] = w;
       W[i * ld + j] = rst ? S(0) : w;
     }
     for (int i = tid; i < d; i += nt) {

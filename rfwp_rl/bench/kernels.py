@@ -48,8 +48,12 @@ DEFAULT_OUT = Path("results/bench/kernels_cpu.csv")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sizes", default="atari,lm", help=f"comma list of {', '.join(SIZES)}")
     parser.add_argument("--ops", default=",".join(cases.OPS), help="comma list of ops")
-    parser.add_argument("--threads", default="1,2",
-                        help="comma list of torch thread counts to measure (default 1,2)")
+    n = torch.get_num_threads()
+    parser.add_argument("--threads", default="1" if n == 1 else f"1,{n}",
+                        help="comma list of torch thread counts to measure (default: 1 and all "
+                             "threads). On a machine whose cores are busy with other processes "
+                             "use 1: OpenMP threads then wait for each other and both the "
+                             "reference and the kernels slow down erratically")
     parser.add_argument("--repeats", type=int, default=7, help="timed runs per measurement (median)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="CSV file to write")
 

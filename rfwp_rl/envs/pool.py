@@ -15,7 +15,7 @@ observation dict becomes a tensor ``[batch_size, ...]`` of ``EnvPool.step(...).r
     episode_end     bool: a full episode ended at this step. Equals "done" unless Atari
                     ``episodic_life=True``, where "done" also marks lost lives but
                     ``episode_return`` / ``episode_end`` count full games only.
-    env_error       bool: the env failed (raised in ``step``/``reset``) and was replaced by a new
+    env_error       bool (only with a ``make`` to replace the env): the env failed (raised in ``step``/``reset``) and was replaced by a new
                     one; this is the new env's first observation (also ``done``; the failed
                     episode is dropped from the episode statistics).
 "done" is ``terminated or truncated`` (time limits end the unroll's episode too).
@@ -96,8 +96,9 @@ class PoolEnv:
             "episode_return": np.float32(episode_return),
             "episode_step": np.int32(episode_step),
             "episode_end": np.bool_(end),
-            "env_error": np.bool_(error),
         }
+        if self.make is not None:  # only envs that can be replaced report failures
+            self._last["env_error"] = np.bool_(error)
         return self._last
 
     def _report(self, where: str, e: BaseException) -> None:

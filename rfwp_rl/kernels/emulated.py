@@ -43,7 +43,7 @@ class EmulationError(RuntimeError):
 
 
 def _nck(T: int, chunk: int) -> int:
-    return (T + chunk - 1) // chunk
+    return (T + chunk - 1) // chunk if chunk > 0 else 0   # chunk 0: no checkpoints (inference)
 
 
 class EmulatedCuda:

@@ -34,6 +34,16 @@ def _reset(reset: Tensor | None) -> Tensor | None:
     return reset.to(torch.bool).contiguous()
 
 
+def _needs_grad(chunk: int, *tensors: Tensor) -> bool:
+    """Whether autograd will want gradients: if not (inference, actors), the forward runs
+    without checkpoints (chunk 0) and without an autograd node."""
+    if not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
+        return False
+    if chunk < 1:
+        raise ValueError(f"checkpoint interval must be >= 1 when gradients are needed, got {chunk}")
+    return True
+
+
 class _Lt(torch.autograd.Function):
     @staticmethod
     def forward(ctx: FunctionCtx, be: Any, chunk: int, q: Tensor, k: Tensor, v: Tensor,
@@ -112,12 +122,16 @@ class _Rdn(torch.autograd.Function):
 def lt(be: Any, chunk: int, q: Tensor, k: Tensor, v: Tensor, W0: Tensor,
        reset: Tensor | None) -> tuple[Tensor, Tensor]:
     """Fused :func:`rfwp_rl.ops.reference.lt`: ``(y [T,B,H,dv], W_T [B,H,dv,dk])``."""
+    if not _needs_grad(chunk, q, k, v, W0):
+        return tuple(be.lt_forward(_c(q), _c(k), _c(v), _c(W0), _reset(reset), 0)[:2])
     return _Lt.apply(be, chunk, _c(q), _c(k), _c(v), _c(W0), _reset(reset))
 
 
 def delta(be: Any, chunk: int, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, W0: Tensor,
           reset: Tensor | None) -> tuple[Tensor, Tensor]:
     """Fused :func:`rfwp_rl.ops.reference.delta`: ``(y [T,B,H,dv], W_T [B,H,dv,dk])``."""
+    if not _needs_grad(chunk, q, k, v, beta, W0):
+        return tuple(be.delta_forward(_c(q), _c(k), _c(v), _c(beta), _c(W0), _reset(reset), 0)[:2])
     return _Delta.apply(be, chunk, _c(q), _c(k), _c(v), _c(beta), _c(W0), _reset(reset))
 
 
@@ -125,6 +139,9 @@ def delta_rnn(be: Any, chunk: int, q: Tensor, k: Tensor, v: Tensor, beta: Tensor
               vr: Tensor, beta_r: Tensor, W0: Tensor, R0: Tensor, y0: Tensor,
               reset: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
     """Fused :func:`rfwp_rl.ops.reference.delta_rnn`: ``(y [T,B,H,d], W_T, R_T)``."""
+    if not _needs_grad(chunk, q, k, v, beta, kr, vr, beta_r, W0, R0, y0):
+        return tuple(be.delta_rnn_forward(_c(q), _c(k), _c(v), _c(beta), _c(kr), _c(vr), _c(beta_r),
+                                          _c(W0), _c(R0), _c(y0), _reset(reset), 0)[:3])
     return _DeltaRnn.apply(be, chunk, _c(q), _c(k), _c(v), _c(beta), _c(kr), _c(vr), _c(beta_r),
                            _c(W0), _c(R0), _c(y0), _reset(reset))
 
@@ -133,6 +150,9 @@ def rdn(be: Any, chunk: int, xq: Tensor, xk: Tensor, xv: Tensor, xb: Tensor, Rq:
         Rk: Tensor, Rv: Tensor, rb: Tensor, W0: Tensor, y0: Tensor,
         reset: Tensor | None) -> tuple[Tensor, Tensor]:
     """Fused :func:`rfwp_rl.ops.reference.rdn` with the softmax feature map: ``(y, W_T)``."""
+    if not _needs_grad(chunk, xq, xk, xv, xb, Rq, Rk, Rv, rb, W0, y0):
+        return tuple(be.rdn_forward(_c(xq), _c(xk), _c(xv), _c(xb), _c(Rq), _c(Rk), _c(Rv), _c(rb),
+                                    _c(W0), _c(y0), _reset(reset), 0)[:2])
     return _Rdn.apply(be, chunk, _c(xq), _c(xk), _c(xv), _c(xb), _c(Rq), _c(Rk), _c(Rv), _c(rb),
                       _c(W0), _c(y0), _reset(reset))
 
