@@ -45,7 +45,9 @@ class RunLogger:
         run_dir: the run directory (created).
         config: the run's full config; written to ``config.json`` and the hparams tab.
         total: the step target (for percentages and ETA).
-        start: the step a resumed run starts from (TensorBoard events after it are purged).
+        start: the step of the checkpoint a resumed run starts from. Trainers log a step's
+            scalars before they checkpoint it, so events up to ``start`` are kept and events
+            after it (written by the crashed run after its last checkpoint) are purged.
         unit: what a step counts, for the progress line ("env steps", "episodes", "tokens").
         metrics: scalar tags shown as metrics in the hparams tab.
         print_every: seconds between progress lines.
@@ -53,14 +55,14 @@ class RunLogger:
 
     def __init__(self, run_dir: str | Path, config: Mapping, total: int, start: int = 0,
                  unit: str = "steps", metrics: tuple[str, ...] = (), print_every: float = 5.0,
-                 stream=sys.stdout):
+                 stream=None):
         from torch.utils.tensorboard import SummaryWriter
         from torch.utils.tensorboard.summary import hparams
 
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(self.run_dir / "config.json", json.dumps(dict(config), indent=2, default=str) + "\n")
-        self.writer = SummaryWriter(log_dir=str(self.run_dir / "tb"), purge_step=start if start > 0 else None)
+        self.writer = SummaryWriter(log_dir=str(self.run_dir / "tb"), purge_step=start + 1 if start > 0 else None)
         if start == 0:
             flat = {k: _hparam_value(v) for k, v in config.items()}
             exp, ssi, sei = hparams(flat, {m: float("nan") for m in metrics})
@@ -92,7 +94,7 @@ class RunLogger:
         parts = [f"{step:,}/{self.total:,} {self.unit} ({pct:.1f}%)", f"{self.rate:,.0f}/s",
                  f"ETA {format_duration(eta)}"]
         parts += [f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in extra.items()]
-        print(" | ".join(parts), file=self.stream, flush=True)
+        print(" | ".join(parts), file=self.stream or sys.stdout, flush=True)
 
     def flush(self) -> None:
         self.writer.flush()

@@ -29,12 +29,12 @@ def test_resume_purges_rewound_points(tmp_path):
     log.close()
     # the run crashed after step 9 but its last checkpoint was at step 5: resume from there
     log = RunLogger(tmp_path, {"core": "rdn", "lr": 6e-4}, total=100, start=5, stream=io.StringIO())
-    for step in range(5, 8):
+    for step in range(6, 8):
         log.log(step, {"loss": 100.0 + step})
     log.close()
     points = _steps(tmp_path, "loss")
     assert [s for s, _ in points] == [0, 1, 2, 3, 4, 5, 6, 7]
-    assert [v for _, v in points][5:] == [105.0, 106.0, 107.0]
+    assert [v for _, v in points] == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 106.0, 107.0]
 
 
 def test_config_and_hparams_written(tmp_path):
