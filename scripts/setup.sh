@@ -12,7 +12,7 @@ PY=${PYTHON:-python3}
 
 if ! "$PY" -c "import torch" 2>/dev/null; then
   echo "[setup] installing torch==2.13.0"
-  "$PY" -m pip install -q "torch==2.13.0"
+  "$PY" -m pip install -q "torch==2.13.0" numpy
 fi
 echo "[setup] moolib"
 PYTHON="$PY" bash scripts/build_moolib.sh
