@@ -267,3 +267,21 @@ def test_results_collects_runs_into_csv_and_plot(tmp_path):
     assert len(lines) == 4 and "test_loss" in lines[0] and "train_seconds" in lines[0]
     assert (tmp_path / "p.png").stat().st_size > 1000
     assert results.main([str(tmp_path / "empty"), str(out)]) == 2
+
+
+def test_bench_seq_writes_a_row_per_core(tmp_path):
+    from rfwp_rl.bench import seq as bench
+
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    out = tmp_path / "seq.csv"
+    args = parser.parse_args(["--cores", "lt,lstm,transformer", "--steps", "1", "--repeats", "1",
+                              "--vocab", "20", "--hidden-size", "8", "--num-heads", "2",
+                              "--seq-len", "6", "--batch-size", "2", "--out", str(out)])
+    assert bench.run(args) == 0
+    lines = out.read_text().splitlines()
+    assert lines[0].split(",")[:4] == ["core", "backend", "params", "tokens_per_s"]
+    assert [line.split(",")[0] for line in lines[1:]] == ["lt", "lstm", "transformer"]
+    assert all(int(line.split(",")[3]) > 0 for line in lines[1:])
+    with pytest.raises(UserError, match="unknown core"):
+        bench.run(parser.parse_args(["--cores", "nope", "--out", str(out)]))

@@ -3,10 +3,10 @@
 One small language-model configuration for every core (default: vocabulary 1,000, embedding
 and hidden size 128, 2 layers, 4 heads, FF 512, batch 8 x 64 tokens): a training step is the
 forward pass, cross-entropy, backward pass (full BPTT over the segment) and an Adam update,
-on random tokens. Cores are measured one after the other in one run, so their ratios are
-comparable on a shared machine (the 1-minute load average is recorded with each row); the
-median of ``--repeats`` timings of ``--steps`` steps is reported. Prints a table and writes
-``results/bench/seq.csv`` (atomic).
+on random tokens. Cores are timed round-robin (each repeat times every core once), so a burst
+of load from other jobs hits them alike and their ratios stay comparable on a shared machine;
+the median of ``--repeats`` timings of ``--steps`` steps is reported, with the mean 1-minute
+load average. Prints a table and writes ``results/bench/seq.csv`` (atomic).
 """
 
 from __future__ import annotations
@@ -61,46 +61,51 @@ def core_config(core: str, hidden: int, layers: int, heads: int) -> dict:
     return config
 
 
-def bench_core(core: str, args: argparse.Namespace) -> dict:
-    from rfwp_rl.seq.model import SeqModel
+class CoreBench:
+    """One core's model, optimizer and a fixed random batch; ``time()`` runs ``steps`` steps."""
 
-    torch.manual_seed(0)
-    config = core_config(core, args.hidden_size, args.num_layers, args.num_heads)
-    model = SeqModel(core, (args.vocab,), args.vocab, args.hidden_size, config)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
-    g = torch.Generator().manual_seed(0)
-    x = torch.randint(0, args.vocab, (args.seq_len + 1, args.batch_size), generator=g)
+    def __init__(self, core: str, args: argparse.Namespace) -> None:
+        from rfwp_rl.seq.model import SeqModel
 
-    def step() -> None:
-        logits, _ = model(x[:-1])
-        loss = F.cross_entropy(logits.reshape(-1, args.vocab), x[1:].reshape(-1))
-        opt.zero_grad(set_to_none=True)
+        torch.manual_seed(0)
+        self.core, self.args = core, args
+        self.config = core_config(core, args.hidden_size, args.num_layers, args.num_heads)
+        self.model = SeqModel(core, (args.vocab,), args.vocab, args.hidden_size, self.config)
+        self.opt = torch.optim.Adam(self.model.parameters(), lr=1e-4)
+        g = torch.Generator().manual_seed(0)
+        self.x = torch.randint(0, args.vocab, (args.seq_len + 1, args.batch_size), generator=g)
+        self.times: list[float] = []
+        self.step()  # warm-up
+
+    def step(self) -> None:
+        logits, _ = self.model(self.x[:-1])
+        loss = F.cross_entropy(logits.reshape(-1, self.args.vocab), self.x[1:].reshape(-1))
+        self.opt.zero_grad(set_to_none=True)
         loss.backward()
-        opt.step()
+        self.opt.step()
 
-    step()  # warm-up
-    times = []
-    for _ in range(args.repeats):
+    def time(self) -> None:
         t0 = time.perf_counter()
-        for _ in range(args.steps):
-            step()
-        times.append((time.perf_counter() - t0) / args.steps)
-    sec = statistics.median(times)
-    backend = model.core.config.get("backend", "-")
-    if backend == "auto":
-        from rfwp_rl import kernels
+        for _ in range(self.args.steps):
+            self.step()
+        self.times.append((time.perf_counter() - t0) / self.args.steps)
 
-        backend = kernels.status()[0]
-    return {"core": core, "backend": backend,
-            "params": sum(p.numel() for p in model.parameters()),
-            "tokens_per_s": round(args.batch_size * args.seq_len / sec),
-            "ms_per_step": round(1000 * sec, 1), "batch_size": args.batch_size,
-            "seq_len": args.seq_len, "vocab": args.vocab, "hidden_size": args.hidden_size,
-            "num_layers": config.get("num_layers", "-"),
-            "num_heads": config.get("num_heads", "-"),
-            "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
-            "machine": platform.machine(), "cpus": os.cpu_count(),
-            "load_avg_1m": round(os.getloadavg()[0], 2)}
+    def row(self, load: float) -> dict:
+        args, sec = self.args, statistics.median(self.times)
+        backend = self.model.core.config.get("backend", "-")
+        if backend == "auto":
+            from rfwp_rl import kernels
+
+            backend = kernels.status()[0]
+        return {"core": self.core, "backend": backend,
+                "params": sum(p.numel() for p in self.model.parameters()),
+                "tokens_per_s": round(args.batch_size * args.seq_len / sec),
+                "ms_per_step": round(1000 * sec, 1), "batch_size": args.batch_size,
+                "seq_len": args.seq_len, "vocab": args.vocab, "hidden_size": args.hidden_size,
+                "num_layers": self.config.get("num_layers", "-"),
+                "num_heads": self.config.get("num_heads", "-"),
+                "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+                "machine": platform.machine(), "cpus": os.cpu_count(), "load_avg_1m": load}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -115,13 +120,18 @@ def run(args: argparse.Namespace) -> int:
     print(f"seq training throughput: batch {args.batch_size} x {args.seq_len} tokens, vocab "
           f"{args.vocab}, hidden {args.hidden_size}, {args.num_layers} layers, "
           f"{args.torch_threads} thread(s)", flush=True)
-    print(f"{'core':<12} {'params':>10} {'tokens/s':>10} {'ms/step':>9}", flush=True)
-    rows = []
-    for core in cores:
-        row = bench_core(core, args)
-        rows.append(row)
-        print(f"{core:<12} {row['params']:>10,} {row['tokens_per_s']:>10,} {row['ms_per_step']:>9.1f}",
-              flush=True)
+    benches = [CoreBench(core, args) for core in cores]
+    loads = []
+    for _ in range(args.repeats):          # round-robin: a burst of load hits every core alike
+        for b in benches:
+            b.time()
+        loads.append(os.getloadavg()[0])
+    load = round(statistics.mean(loads), 2)
+    rows = [b.row(load) for b in benches]
+    print(f"{'core':<12} {'params':>10} {'tokens/s':>10} {'ms/step':>9}")
+    for row in rows:
+        print(f"{row['core']:<12} {row['params']:>10,} {row['tokens_per_s']:>10,} {row['ms_per_step']:>9.1f}")
+    print(f"(1-minute load average during the run: {load})")
     buf = io.StringIO()
     buf.write(",".join(COLUMNS) + "\n")
     for row in rows:
