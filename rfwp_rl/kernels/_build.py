@@ -2,7 +2,8 @@
 it) and, for tests, the CUDA sources compiled by the host compiler against the emulation
 header (``csrc/cuda_emu``) into a plain shared library.
 
-Builds are cached under ``$RFWP_RL_KERNEL_CACHE`` (default ``~/.cache/rfwp_rl/kernels``) in a
+Builds are cached under ``$RFWP_CACHE/kernels`` (the project's one cache root, shared with the
+moolib wheel; default ``~/.cache/rfwp_rl``; ``$RFWP_RL_KERNEL_CACHE`` overrides this one) in a
 directory named after a hash of the sources, the compiler flags, torch/Python versions and
 the CPU's instruction set (the CPU build uses ``-march=native``): each configuration is built
 once; later processes import the built module directly (no compiler needed).
@@ -51,8 +52,8 @@ def cache_root() -> Path:
     env = os.environ.get("RFWP_RL_KERNEL_CACHE")
     if env:
         return Path(env).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "rfwp_rl" / "kernels"
+    root = os.environ.get("RFWP_CACHE")
+    return (Path(root).expanduser() if root else Path.home() / ".cache" / "rfwp_rl") / "kernels"
 
 
 def _cpu_signature() -> str:
