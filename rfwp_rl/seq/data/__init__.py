@@ -6,7 +6,8 @@ the ``.py`` files with :mod:`ast`, nothing is imported or executed), tokenised l
 WikiText (words and punctuation separated by spaces, one paragraph per line) and split by
 document into train / valid / test (every 20th docstring to valid, the one after it to
 test). With Python 3.11 that is about 1.1 MB of text, about 230k words. It is written once
-to a cache directory as ``wiki.train.tokens``, ``wiki.valid.tokens``, ``wiki.test.tokens``
+to the project's cache root (``$RFWP_CACHE/corpus/stdlib-docs-py3.X``, default under
+``~/.cache/rfwp_rl``) as ``wiki.train.tokens``, ``wiki.valid.tokens``, ``wiki.test.tokens``
 (the WikiText-103 file names, so both corpora load the same way) plus ``MANIFEST.json``;
 the same Python version gives the same files.
 """
@@ -32,11 +33,9 @@ MIN_DOC_CHARS = 200
 
 
 def default_cache_dir() -> Path:
-    """``$RFWP_RL_CACHE`` or ``$XDG_CACHE_HOME/rfwp_rl`` or ``~/.cache/rfwp_rl``."""
-    if os.environ.get("RFWP_RL_CACHE"):
-        return Path(os.environ["RFWP_RL_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "rfwp_rl"
+    """The project's cache root (``$RFWP_CACHE``, default ``~/.cache/rfwp_rl``), ``corpus/``."""
+    root = os.environ.get("RFWP_CACHE")
+    return (Path(root).expanduser() if root else Path.home() / ".cache" / "rfwp_rl") / "corpus"
 
 
 def stdlib_docstrings(stdlib: str | os.PathLike | None = None) -> list[str]:
