@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import signal
 import sys
 
 from rfwp_rl.errors import UserError
@@ -27,6 +29,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; ``argv=None`` means this process is the ``rfwp-rl`` program itself."""
+    own_process = argv is None
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="rfwp-rl", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -49,7 +53,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    return int(code or 0)
+    code = int(code or 0)
+    if own_process:
+        # The command's work is done (trainers have saved their checkpoint): a SIGTERM/SIGINT
+        # during interpreter teardown ends the process with the command's own status.
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: os._exit(code))
+    return code
 
 
 if __name__ == "__main__":

@@ -52,7 +52,7 @@ TRAINERS = {
     "seq": (lambda d, n, c=10: SEQ + ["--run-dir", str(d), "--steps", str(n), "--checkpoint-every", str(c)],
             "train/loss", "model"),
 }
-TARGETS = {"impala": 800, "meta_rl": 600, "seq": 600}
+TARGETS = {"impala": 4000, "meta_rl": 600, "seq": 600}  # long enough that signals land mid-run
 KILLS = {"impala": 1, "meta_rl": 3, "seq": 1}  # several for one trainer; the machine is shared
 PRESETS = {"impala": 10, "meta_rl": 1, "seq": 1}  # steps per update (TensorBoard step spacing)
 

@@ -298,8 +298,8 @@ def train(cfg: ImpalaConfig, preset, spec, env_options: dict, run_dir: Path, tor
     submitted = counters["step"]  # env steps of the batches handed to the learner
     code = 0
     restart = False
-    try:
-        with GracefulStop() as stop:
+    with GracefulStop() as stop:  # held through the final save
+        try:
             actors.should_stop = lambda: stop.requested  # also while waiting on envs
             while counters["step"] < cfg.total_steps and not stop.requested:
                 # -- act: one env batch, one step
@@ -359,36 +359,36 @@ def train(cfg: ImpalaConfig, preset, spec, env_options: dict, run_dir: Path, tor
                 if now - last_ckpt >= cfg.checkpoint_every:
                     save()
                     last_ckpt = now
-    except TrainingAborted as e:
-        print(f"error: training aborted: {e}; the last good model is saved", file=sys.stderr)
-        code = 1
-    except EnvPoolBroken as e:
-        restart = True
-        print(f"error: environment pool broken ({e}); saving a checkpoint and restarting", file=sys.stderr, flush=True)
-    finally:
-        if thread:
+        except TrainingAborted as e:
+            print(f"error: training aborted: {e}; the last good model is saved", file=sys.stderr)
+            code = 1
+        except EnvPoolBroken as e:
+            restart = True
+            print(f"error: environment pool broken ({e}); saving a checkpoint and restarting", file=sys.stderr, flush=True)
+        finally:
+            if thread:
+                try:
+                    thread.close()
+                except TrainingAborted as e:
+                    print(f"error: training aborted: {e}; the last good model is saved", file=sys.stderr)
+                    code = 1
+            if restart:
+                actors.env_failures += 1  # the dead worker counts as one env failure
             try:
-                thread.close()
-            except TrainingAborted as e:
-                print(f"error: training aborted: {e}; the last good model is saved", file=sys.stderr)
-                code = 1
-        if restart:
-            actors.env_failures += 1  # the dead worker counts as one env failure
-        try:
-            path = save()
-        except NonFiniteState as e:  # never written; the previous checkpoint stays the newest
-            print(f"error: {e}", file=sys.stderr)
-            path, code, restart = "(not written)", 1, False
-        logger.progress(counters["step"], force=True, episodes=counters["episodes"],
-                        **({"return(100)": float(np.mean(returns))} if returns else {}))
-        logger.close()
-        if server is not None:
-            server.close()
-        if restart:
-            shutdown_env_pool(pool)
-        elif hasattr(pool, "close"):
-            pool.close()
-        del pool
+                path = save()
+            except NonFiniteState as e:  # never written; the previous checkpoint stays the newest
+                print(f"error: {e}", file=sys.stderr)
+                path, code, restart = "(not written)", 1, False
+            logger.progress(counters["step"], force=True, episodes=counters["episodes"],
+                            **({"return(100)": float(np.mean(returns))} if returns else {}))
+            logger.close()
+            if server is not None:
+                server.close()
+            if restart:
+                shutdown_env_pool(pool)
+            elif hasattr(pool, "close"):
+                pool.close()
+            del pool
     if restart:
         if counters["env_failures"] > max_env_failures:
             print(f"error: {counters['env_failures']} environment failures (limit --max-env-failures "

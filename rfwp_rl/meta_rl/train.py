@@ -367,8 +367,8 @@ def run(args: argparse.Namespace) -> int:
     t_start = time.monotonic()
     last_save = time.monotonic()
     recent: dict[str, float] = {"test_R": _test_reward(history[-1])} if history else {}
-    try:
-        with GracefulStop() as stop:
+    with GracefulStop() as stop:  # held through the final save
+        try:
             while True:
                 if (episode % args.eval_every == 0 or episode >= args.episodes) and \
                         (not history or history[-1]["episode"] != episode):
@@ -419,16 +419,16 @@ def run(args: argparse.Namespace) -> int:
             ckpt.save(state_dict(), episode)
             if stop.requested:
                 print(f"stopped at episode {episode:,}; re-run the same command to resume", flush=True)
-    except TrainingAborted as e:
-        try:
-            ckpt.save(state_dict(), episode)  # the parameters are still the last finite ones
-        except TrainingAborted as e2:  # NonFiniteState: nothing written, the previous one is kept
-            print(f"error: {e2}", file=sys.stderr)
-        print(f"error: training aborted at episode {episode:,}: {e}", file=sys.stderr, flush=True)
-        return 1
-    finally:
-        logger.close()
-        lock.close()
+        except TrainingAborted as e:
+            try:
+                ckpt.save(state_dict(), episode)  # the parameters are still the last finite ones
+            except TrainingAborted as e2:  # NonFiniteState: nothing written, the previous one is kept
+                print(f"error: {e2}", file=sys.stderr)
+            print(f"error: training aborted at episode {episode:,}: {e}", file=sys.stderr, flush=True)
+            return 1
+        finally:
+            logger.close()
+            lock.close()
     if history:
         r = history[-1]
         print(f"episode {episode:,}: test total reward {_fmt(r['test_reward_sampled']) or '-'} (sampled), "

@@ -306,8 +306,8 @@ def run(args: argparse.Namespace) -> int:
     step = start
     stopped = False
     model.train()
-    try:
-        with GracefulStop() as stop:
+    with GracefulStop() as stop:  # held through the final save
+        try:
             while step < args.steps and not early:
                 # ---- one training batch
                 if task.name == "lm":
@@ -364,15 +364,15 @@ def run(args: argparse.Namespace) -> int:
                     ckpt.save(checkpoint_state(), step)
                     stopped = True
                     break
-    except TrainingAborted as e:
-        try:  # the parameters are the last finite ones (non-finite updates were skipped)
-            ckpt.save(checkpoint_state(), step)
-            saved = f"checkpoint at step {step:,} saved"
-        except TrainingAborted as e2:  # NonFiniteState: nothing written
-            saved = f"{e2}"
-        print(f"error: training aborted: {e}; {saved}", file=sys.stderr)
-        logger.close()
-        return 1
+        except TrainingAborted as e:
+            try:  # the parameters are the last finite ones (non-finite updates were skipped)
+                ckpt.save(checkpoint_state(), step)
+                saved = f"checkpoint at step {step:,} saved"
+            except TrainingAborted as e2:  # NonFiniteState: nothing written
+                saved = f"{e2}"
+            print(f"error: training aborted: {e}; {saved}", file=sys.stderr)
+            logger.close()
+            return 1
     train_time = elapsed + time.monotonic() - t0
     logger.close()
     if stopped:
