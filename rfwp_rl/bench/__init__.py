@@ -1,7 +1,6 @@
 """``rfwp-rl bench WHICH``: benchmarks that print a table and write ``results/bench/*.csv``.
 
-Each benchmark is a module ``rfwp_rl.bench.<which>`` with ``add_arguments(parser)`` and
-``run(args)``. Ratios are measured side by side in one run (the machine may be shared).
+Each benchmark is a module with ``add_arguments(parser)`` and ``run(args)``. Ratios are measured side by side in one run (the machine may be shared).
 """
 
 from __future__ import annotations
@@ -9,20 +8,22 @@ from __future__ import annotations
 import argparse
 import importlib
 
-BENCHMARKS = {
-    "kernels": "fused step kernels vs the PyTorch reference, forward and forward+backward",
-    "impala": "IMPALA env steps/s end to end and learner-only, per core",
-    "seq": "sequence-trainer tokens/s per core",
+BENCHMARKS = {  # name -> (module, what it measures)
+    "kernels": ("rfwp_rl.bench.kernels", "fused step kernels vs the PyTorch reference, forward and forward+backward"),
+    "impala": ("rfwp_rl.bench.impala", "IMPALA env steps/s end to end and learner-only, per core"),
+    "seq": ("rfwp_rl.bench.seq", "sequence-trainer tokens/s per core"),
+    "meta_rl": ("rfwp_rl.meta_rl.bench", "CPU and wall seconds of one A2C meta-RL update per agent"),
 }
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("which", choices=sorted(BENCHMARKS), help="; ".join(f"{k}: {v}" for k, v in BENCHMARKS.items()))
+    parser.add_argument("which", choices=sorted(BENCHMARKS), help="; ".join(f"{k}: {v}" for k, (_, v) in BENCHMARKS.items()))
     parser.add_argument("options", nargs=argparse.REMAINDER, help="options of that benchmark (see rfwp-rl bench WHICH --help)")
 
 
 def run(args: argparse.Namespace) -> int | None:
-    module = importlib.import_module(f"rfwp_rl.bench.{args.which}")
-    parser = argparse.ArgumentParser(prog=f"rfwp-rl bench {args.which}", description=BENCHMARKS[args.which])
+    module_name, description = BENCHMARKS[args.which]
+    module = importlib.import_module(module_name)
+    parser = argparse.ArgumentParser(prog=f"rfwp-rl bench {args.which}", description=description)
     module.add_arguments(parser)
     return module.run(parser.parse_args(args.options))
