@@ -223,3 +223,27 @@ def check_meta(saved: dict, expected: dict, path: str | os.PathLike) -> None:
     if diffs:
         more = f" (and {len(diffs) - 3} more)" if len(diffs) > 3 else ""
         raise UserError(f"checkpoint {path} does not match this run: {'; '.join(diffs[:3])}{more}")
+
+
+def lock_run_dir(run_dir: str | os.PathLike):
+    """Hold an exclusive lock on ``run_dir/.lock`` for the life of the process, so that two
+    trainers never write the same run (e.g. a launch script re-run while a run is going).
+    Returns the open lock file (keep a reference). One-line UserError if the run is in use."""
+    import fcntl
+
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    f = open(run_dir / ".lock", "a+")
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.seek(0)
+        holder = f.read().strip() or "another process"
+        f.close()
+        raise UserError(f"run directory {run_dir} is in use by pid {holder}; stop that run first "
+                        "or pass another --run-dir") from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"{os.getpid()}\n")
+    f.flush()
+    return f

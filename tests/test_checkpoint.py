@@ -133,3 +133,14 @@ def test_rng_state_round_trip():
     a = (random.random(), np.random.rand(), torch.rand(1).item())
     set_rng_state(s)
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == a
+
+
+def test_run_dir_lock_refuses_a_second_trainer(tmp_path):
+    from rfwp_rl.checkpoint import lock_run_dir
+
+    held = lock_run_dir(tmp_path)
+    script = f"from rfwp_rl.checkpoint import lock_run_dir; lock_run_dir({str(tmp_path)!r})"
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert proc.returncode != 0 and "is in use by pid" in proc.stderr and str(os.getpid()) in proc.stderr
+    held.close()
+    assert subprocess.run([sys.executable, "-c", script]).returncode == 0

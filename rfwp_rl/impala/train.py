@@ -177,7 +177,7 @@ def train(cfg: ImpalaConfig, preset, spec, env_options: dict, run_dir: Path, tor
     worker process -> checkpoint, end the pool, re-execute this command (moolib cannot make a
     second EnvPool in one process), which resumes; non-finite updates are skipped."""
     from rfwp_rl.agent import Agent
-    from rfwp_rl.checkpoint import Checkpointer, NonFiniteState, rng_state, set_rng_state
+    from rfwp_rl.checkpoint import Checkpointer, NonFiniteState, lock_run_dir, rng_state, set_rng_state
     from rfwp_rl.impala import learner
     from rfwp_rl.impala.actors import (Actors, EnvPoolBroken, RolloutQueue, make_env_pool, reexec_argv,
                                        shutdown_env_pool)
@@ -208,6 +208,7 @@ def train(cfg: ImpalaConfig, preset, spec, env_options: dict, run_dir: Path, tor
     counters = {"step": 0, "updates": 0, "actor_steps": 0, "episodes": 0, "train_seconds": 0.0, "env_failures": 0,
                 "skipped_updates": 0}
     loaded = checkpointer.load_latest()
+    run_lock = lock_run_dir(run_dir)  # noqa: F841  one trainer per run directory, held until train() returns
     if loaded is not None:
         state = loaded["state"]
         agent.load_state_dict(state["agent"])

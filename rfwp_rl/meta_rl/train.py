@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from rfwp_rl import cores
-from rfwp_rl.checkpoint import Checkpointer, atomic_write_text, rng_state, set_rng_state
+from rfwp_rl.checkpoint import Checkpointer, atomic_write_text, lock_run_dir, rng_state, set_rng_state
 from rfwp_rl.errors import UserError, check_choice
 from rfwp_rl.meta_rl import a2c, graph_env
 from rfwp_rl.meta_rl.graph_env import GraphBatchEnv
@@ -211,29 +211,6 @@ def write_csv(path: Path, rows: list[dict]) -> None:
     for row in rows:
         w.writerow([_fmt(row.get(c)) for c in CSV_COLUMNS])
     atomic_write_text(path, buf.getvalue())
-
-
-def lock_run_dir(run_dir: Path):
-    """Hold an exclusive lock on ``run_dir/.lock`` for the life of the process, so that two
-    trainers never write the same run (e.g. a launch script re-run while a run is going).
-    Returns the open lock file (keep a reference). One-line UserError if the run is in use."""
-    import fcntl
-
-    run_dir.mkdir(parents=True, exist_ok=True)
-    f = open(run_dir / ".lock", "a+")
-    try:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        f.seek(0)
-        holder = f.read().strip() or "another process"
-        f.close()
-        raise UserError(f"run directory {run_dir} is in use by pid {holder}; stop that run first "
-                        "or pass another --run-dir") from None
-    f.seek(0)
-    f.truncate()
-    f.write(f"{os.getpid()}\n")
-    f.flush()
-    return f
 
 
 def _test_reward(row: dict) -> float:

@@ -27,7 +27,8 @@ from typing import Any
 
 import torch
 
-from rfwp_rl.checkpoint import Checkpointer, atomic_torch_save, atomic_write_text, rng_state, set_rng_state
+from rfwp_rl.checkpoint import (Checkpointer, atomic_torch_save, atomic_write_text, lock_run_dir, rng_state,
+                                set_rng_state)
 from rfwp_rl.errors import UserError, check_choice
 from rfwp_rl.runlog import RunLogger, format_duration, run_name
 from rfwp_rl.safety import GracefulStop, NonFiniteGuard, TrainingAborted
@@ -280,6 +281,7 @@ def run(args: argparse.Namespace) -> int:
     ckpt = Checkpointer(run_dir, meta)
     start, carried, best, best_step, elapsed, early, skipped = 0, None, None, None, 0.0, None, 0
     loaded = ckpt.load_latest()
+    run_lock = lock_run_dir(run_dir)  # noqa: F841  one trainer per run directory, held until run() returns
     if loaded is not None:
         s = loaded["state"]
         model.load_state_dict(s["model"])
