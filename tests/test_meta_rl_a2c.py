@@ -1,5 +1,5 @@
-"""A2C meta-RL: the loss against a hand computation, the factored FWM stepping against the
-dense core, every core through the trainer, a short learning run, resume, CLI errors."""
+"""A2C meta-RL: the loss against a hand computation, every core through the trainer, a short
+learning run, resume, CLI errors. (The factored FWM stepper is tested in test_core_steppers.py.)"""
 
 import csv
 import math
@@ -13,7 +13,6 @@ from rfwp_rl import cores
 from rfwp_rl.checkpoint import read_checkpoint, find_checkpoint_file
 from rfwp_rl.cli import main
 from rfwp_rl.meta_rl import a2c, graph_env, train
-from rfwp_rl.meta_rl.fwm_factored import FactoredFWMStepper
 from rfwp_rl.meta_rl.model import MetaRLAgent, count_parameters
 from rfwp_rl.presets import AGENTS_DIR, load_preset
 
@@ -80,29 +79,6 @@ def test_a2c_loss_rejects_bad_shapes():
 
 
 # ------------------------------------------------------------------------------- agents
-
-def test_factored_fwm_equals_dense_core_outputs_and_gradients():
-    torch.manual_seed(0)
-    core = cores.make("fwm", 17).double()
-    with torch.no_grad():                      # larger weights: saturated keys, the norm clamp acts
-        for p in core.parameters():
-            p.mul_(3)
-    x = torch.randn(30, 5, 17, dtype=torch.float64)
-    y, state = core(x, None)
-    assert state[2].flatten(1).norm(dim=1).max().item() == pytest.approx(1.0)   # Eq. 4 was active
-    stepper = FactoredFWMStepper(core, 5)
-    y2 = torch.stack([stepper.step(x[t]) for t in range(30)])
-    torch.testing.assert_close(y2, y, rtol=1e-9, atol=1e-9)
-    dense_F = torch.einsum("tbi,tbj,tbk->bijk", stepper.k1, stepper.k2, stepper.z)
-    torch.testing.assert_close(dense_F, state[2], rtol=1e-9, atol=1e-12)
-    w = torch.randn_like(y)
-    g1 = torch.autograd.grad((y * w).sum(), list(core.parameters()))
-    stepper = FactoredFWMStepper(core, 5)
-    y2 = torch.stack([stepper.step(x[t]) for t in range(30)])
-    g2 = torch.autograd.grad((y2 * w).sum(), list(core.parameters()))
-    for a, b in zip(g1, g2):
-        torch.testing.assert_close(b, a, rtol=1e-7, atol=1e-9)
-
 
 def test_paper_agents_parameter_counts_and_presets():
     fwm = load_preset(AGENTS_DIR / "meta_rl_fwm.toml")

@@ -10,6 +10,15 @@ Contract (used by every trainer)::
 ``t``. One call on T steps equals T calls of one step carrying the state. Gradients flow
 through the state over the whole call unless ``detach_state_every_step`` is set, which
 detaches the state before every step (the 1-step BPTT of the reference Atari code).
+
+Acting one step at a time from a zero state (the next input depends on the output)::
+
+    stepper = core.stepper(batch_size)     # state starts at core.initial_state(batch_size)
+    y = stepper.step(x)                     # x [B, input_size] -> y [B, output_size]
+
+A core may return a cheaper stepper that computes the same values and gradients (``fwm``
+does: its low-rank form, :mod:`rfwp_rl.cores.fwm_factored`); ``specialised=False`` asks
+for the generic one, which calls ``core(x[None], state)``.
 """
 
 from __future__ import annotations
@@ -172,8 +181,33 @@ class Core(nn.Module):
                                 "(use core.initial_state(batch_size))")
         return state, reset
 
+    def stepper(self, batch_size: int, device: torch.device | str | None = None,
+                specialised: bool = True) -> "CoreStepper":
+        """A one-step-at-a-time runner from ``initial_state(batch_size)`` (module docstring).
+
+        Subclasses with a cheaper exact stepping override this and return it when
+        ``specialised`` is True; the result must equal the generic stepper's.
+        """
+        return CoreStepper(self, batch_size, device)
+
     def extra_repr(self) -> str:
         return ", ".join(f"{k}={v!r}" for k, v in self.config.items())
+
+
+class CoreStepper:
+    """Generic stepping through the contract: ``y, state = core(x[None], state)``.
+
+    ``step(x [B, input_size]) -> y [B, output_size]``; gradients flow through the carried
+    state exactly as in one call on the whole sequence.
+    """
+
+    def __init__(self, core: Core, batch_size: int, device: torch.device | str | None = None) -> None:
+        self.core = core
+        self.state = core.initial_state(batch_size, device=device)
+
+    def step(self, x: Tensor) -> Tensor:
+        y, self.state = self.core(x.unsqueeze(0), self.state)
+        return y[0]
 
 
 def check_backend(backend: Any) -> str:

@@ -109,19 +109,37 @@ class FWMCore(Core):
         with torch.no_grad():
             self.write.bias[3 * m].fill_(1.0)                     # β starts near σ(1)
 
+    def project(self, h: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """Slow projections of LSTM outputs ``h [..., hidden_size]``.
+
+        Returns the write keys and value k1, k2, v ``[..., m]``, the write strength β ``[...]``
+        and the read keys r ``[..., 1 + num_reads, m]`` (r[..., 0] = n_0, r[..., i] = e_i).
+        """
+        m = self.m
+        w = self.write(h)
+        k1, k2, v = torch.tanh(w[..., :3 * m]).split(m, dim=-1)     # FWM Eq. 1
+        beta = torch.sigmoid(w[..., 3 * m])                          # FWM Eq. 2
+        r = torch.tanh(self.read(h)).unflatten(-1, (1 + self.num_reads, m))  # FWM Eq. 5-6
+        return k1, k2, v, beta, r
+
+    def stepper(self, batch_size: int, device: torch.device | str | None = None,
+                specialised: bool = True):
+        """The exact low-rank stepper (:mod:`rfwp_rl.cores.fwm_factored`) unless
+        ``specialised`` is False or the core detaches its state every step."""
+        if specialised and not self.detach_state_every_step:
+            from rfwp_rl.cores.fwm_factored import FactoredFWMStepper
+            return FactoredFWMStepper(self, batch_size, device)
+        return super().stepper(batch_size, device)
+
     def state_shapes(self, batch_size: int) -> list[tuple[int, ...]]:
         B, m = batch_size, self.m
         return [(B, self.hidden_size), (B, self.hidden_size), (B, m, m, m)]
 
     def _forward(self, x: Tensor, state: State, reset: Tensor | None) -> tuple[Tensor, State]:
-        T, B, _ = x.shape
-        m = self.m
+        T = x.shape[0]
         h0, c0, Fm = state
         hs, h, c = run_lstm(self.lstm, x, h0[None].contiguous(), c0[None].contiguous(), reset)
-        w = self.write(hs)                                           # whole unroll at once
-        k1, k2, v = torch.tanh(w[..., :3 * m]).split(m, dim=-1)     # FWM Eq. 1
-        beta = torch.sigmoid(w[..., 3 * m])                          # FWM Eq. 2
-        r = torch.tanh(self.read(hs)).view(T, B, 1 + self.num_reads, m)  # FWM Eq. 5-6
+        k1, k2, v, beta, r = self.project(hs)                        # whole unroll at once
         flags = reset_steps(reset, T)
         ns = []
         for t in range(T):

@@ -6,9 +6,9 @@ logits and ``Linear(out, 1)`` for the value.
 
 Acting needs one core step at a time (the next observation depends on the action);
 :meth:`MetaRLAgent.stepper` returns an object with ``step(obs [B, obs_size]) -> (logits
-[B, A], value [B])`` that carries the state from a zero start. For the ``fwm`` core it uses
-the exact low-rank form of :mod:`rfwp_rl.meta_rl.fwm_factored` (same weights, much cheaper);
-every other core is called through the shared contract ``core(x[None], state)``.
+[B, A], value [B])`` that carries the state from a zero start, built on the core's own
+stepper (``core.stepper``, :mod:`rfwp_rl.cores.base`): for the ``fwm`` core that is the exact
+low-rank form of :mod:`rfwp_rl.cores.fwm_factored` (same weights, much cheaper).
 """
 
 from __future__ import annotations
@@ -19,8 +19,6 @@ import torch
 import torch.nn as nn
 
 from rfwp_rl import cores
-from rfwp_rl.meta_rl import fwm_factored
-from rfwp_rl.meta_rl.fwm_factored import FactoredFWMStepper
 
 
 class MetaRLAgent(nn.Module):
@@ -55,36 +53,22 @@ class MetaRLAgent(nn.Module):
         return self.policy(y), self.value(y).squeeze(-1)
 
     def stepper(self, batch_size: int, device: torch.device | str | None = None,
-                factored_fwm: bool = True) -> "CoreStepper | FactoredFWMAgentStepper":
+                factored_fwm: bool = True) -> "AgentStepper":
         """A fresh one-step-at-a-time runner from the zero state (see module docstring).
-        ``factored_fwm=False`` forces the dense core path for the ``fwm`` core."""
-        if factored_fwm and fwm_factored.supports(self.core):
-            return FactoredFWMAgentStepper(self, batch_size, device)
-        return CoreStepper(self, batch_size, device)
+        ``factored_fwm=False`` forces the generic (dense) core path for the ``fwm`` core."""
+        return AgentStepper(self, self.core.stepper(batch_size, device, specialised=factored_fwm))
 
 
-class CoreStepper:
-    """Generic stepping through the cores contract: ``y, state = core(x[None], state)``."""
+class AgentStepper:
+    """``step(obs [B, obs_size]) -> (logits [B, A], value [B])`` on top of a core stepper."""
 
-    def __init__(self, agent: "MetaRLAgent", batch_size: int, device: torch.device | str | None) -> None:
+    def __init__(self, agent: MetaRLAgent, core_stepper: Any) -> None:
         self.agent = agent
-        self.state = agent.initial_state(batch_size, device=device)
+        self.core_stepper = core_stepper
 
     def step(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``obs [B, obs_size]`` -> ``(logits [B, A], value [B])``; advances the state."""
-        y, self.state = self.agent.core(obs.unsqueeze(0), self.state)
-        return self.agent.heads(y[0])
-
-
-class FactoredFWMAgentStepper:
-    """Stepping of an ``fwm`` agent in the low-rank form (:mod:`rfwp_rl.meta_rl.fwm_factored`)."""
-
-    def __init__(self, agent: "MetaRLAgent", batch_size: int, device: torch.device | str | None) -> None:
-        self.agent = agent
-        self.fwm = FactoredFWMStepper(agent.core, batch_size, device)
-
-    def step(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.agent.heads(self.fwm.step(obs))
+        """Advances the state by one step."""
+        return self.agent.heads(self.core_stepper.step(obs))
 
 
 def count_parameters(module: nn.Module) -> int:

@@ -30,20 +30,16 @@ from torch import Tensor
 from rfwp_rl.cores.fwm import FWMCore
 
 
-def supports(core: torch.nn.Module) -> bool:
-    """True if ``core`` is an FWM core this stepper can run (not in 1-step-BPTT mode)."""
-    return isinstance(core, FWMCore) and not core.detach_state_every_step
-
-
 class FactoredFWMStepper:
     """Runs an :class:`~rfwp_rl.cores.fwm.FWMCore` one step at a time from a zero state.
 
     ``step(x [B, input_size]) -> y [B, hidden_size]``, equal to the core's output for the
     same inputs from ``core.initial_state(B)``. Gradients flow through all steps.
+    Made by ``FWMCore.stepper`` (the cores' stepping contract, :mod:`rfwp_rl.cores.base`).
     """
 
     def __init__(self, core: FWMCore, batch_size: int, device: torch.device | str | None = None) -> None:
-        if not supports(core):
+        if not isinstance(core, FWMCore) or core.detach_state_every_step:
             raise ValueError("FactoredFWMStepper needs an FWMCore without detach_state_every_step")
         self.core = core
         p = next(core.parameters())
@@ -56,13 +52,10 @@ class FactoredFWMStepper:
         self.sq = torch.zeros(B, device=device, dtype=p.dtype)  # ||F||²
 
     def step(self, x: Tensor) -> Tensor:
-        core, m = self.core, self.core.m
+        core = self.core
         hs, (self.h, self.c) = core.lstm(x.unsqueeze(0), (self.h, self.c))
         h = hs[0]                                                   # [B, H]
-        w = core.write(h)
-        k1, k2, v = torch.tanh(w[:, :3 * m]).split(m, dim=-1)       # FWM Eq. 1
-        beta = torch.sigmoid(w[:, 3 * m])                           # FWM Eq. 2
-        r = torch.tanh(core.read(h)).view(h.shape[0], 1 + core.num_reads, m)  # FWM Eq. 5-6
+        k1, k2, v, beta, r = core.project(h)                        # FWM Eq. 1-2, 5-6
 
         # (Time-major factors and multiply-sum products: on CPU several times faster than
         # bmm for [t <= 30, 600, 16] operands; appending a step is a contiguous copy.)
