@@ -10,7 +10,7 @@ A preset file (see ``agents/README.md``)::
     [agent]                                     # optional, fields of rfwp_rl.agent.AgentConfig
     use_prev_action = false
 
-``load_preset("atari_rdn")`` reads ``agents/atari_rdn.toml`` of the repository;
+``load_preset("atari_rdn")`` reads ``agents/atari_rdn.toml`` (the checkout's, or the copy shipped in a wheel);
 ``load_preset("my.toml")`` reads a file. ``apply_overrides(preset, ["core_config.hidden_size=64"])``
 applies ``--set`` overrides; values use TOML syntax (``64``, ``true``, ``'softmax'``,
 ``[32, 32]``), and a bare word is taken as a string.
@@ -29,8 +29,10 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
 from rfwp_rl.errors import UserError, check_choice
+from rfwp_rl.resources import data_dir
 
-AGENTS_DIR = Path(__file__).resolve().parent.parent / "agents"
+# the repository's agents/ in a checkout, else the copy shipped in the wheel
+AGENTS_DIR = data_dir("agents", required=False)
 TOP_LEVEL_KEYS = ("description", "core", "core_config", "agent")
 
 

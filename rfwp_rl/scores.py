@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from rfwp_rl.errors import UserError, check_choice
+from rfwp_rl.resources import data_dir
 
 PAPER_TABLES = ("table3", "table8", "table9", "table10")
 EVAL_FORMAT = "rfwp_rl.eval/1"
@@ -168,8 +169,9 @@ def read_score_csv(path: str | Path, source: str | None = None) -> list[Score]:
 
 
 def paper_dir() -> Path:
-    """``results/paper/`` of the source tree this package runs from."""
-    return Path(__file__).resolve().parent.parent / "results" / "paper"
+    """``results/paper/`` of the source checkout, else the copy shipped in the installed package
+    (one-line :class:`UserError` when neither exists)."""
+    return data_dir("results/paper")
 
 
 def load_paper(tables: str | Sequence[str] = "all", directory: str | Path | None = None) -> list[Score]:

@@ -28,7 +28,10 @@ from types import ModuleType
 
 import torch
 
-CSRC = Path(__file__).resolve().parents[2] / "csrc"
+from rfwp_rl.resources import data_dir
+
+# the repository's csrc/ in a checkout, else the copy shipped in the wheel (rfwp_rl/_data/csrc)
+CSRC = data_dir("csrc", required=False)
 
 CPU_SOURCES = ("bindings.cpp", "cpu/fastweight_cpu.cpp")
 CUDA_SOURCES = ("cuda/torch_cuda.cpp", "cuda/lt_delta.cu", "cuda/delta_rnn.cu", "cuda/rdn.cu")
