@@ -1,4 +1,9 @@
-"""The rfwp_rl.cores contract: chunking, resets, gradients, state layout, sizes, errors."""
+"""The rfwp_rl.cores contract: chunking, resets, gradients, state layout, sizes, errors.
+
+The generic contract tests run on every registered core (``rfwp_rl.cores.available()``,
+including the language-modelling cores of ``rfwp_rl.cores.lm_cores``) with its small config
+in ``SMALL``; a core without one fails ``test_every_registered_core_has_a_small_config``.
+"""
 
 from __future__ import annotations
 
@@ -14,19 +19,31 @@ IN = 5
 BUILTIN = ("ff", "lstm", "lt", "delta", "delta_rnn", "rdn", "fwm")
 RECURRENT = ("lstm", "lt", "delta", "delta_rnn", "rdn", "fwm")
 FAST = ("lt", "delta", "delta_rnn", "rdn")
+ALL = tuple(cores.available())          # every registered core, built-in or added by a module
 
-# small configs so the suite stays fast
+# small configs so the suite stays fast: one per registered core (a new core must add one)
+FW_SMALL = {"hidden_size": 8, "num_layers": 2, "num_heads": 2, "ff_size": 12}
 SMALL = {
     "ff": {},
     "lstm": {"hidden_size": 6, "num_layers": 2},
     "fwm": {"hidden_size": 6, "memory_size": 3, "num_reads": 2},
-    **{k: {"hidden_size": 8, "num_layers": 2, "num_heads": 2, "ff_size": 12} for k in FAST},
+    **{k: FW_SMALL for k in FAST},
+    "delta_lstm": FW_SMALL,
+    "delta_mlp": {**FW_SMALL, "fast_layers": 2},
+    "delta_delta": FW_SMALL,
 }
-# (core, extra config) combinations covering every feature map
-VARIANTS = [(n, {}) for n in BUILTIN] + [
+# state tensors per core for its SMALL config (checked when listed)
+N_STATE = {"ff": 0, "lstm": 2, "fwm": 3, "lt": 2, "delta": 2, "delta_rnn": 6, "rdn": 4,
+           "delta_lstm": 8, "delta_mlp": 4, "delta_delta": 4}
+# (core, extra config) combinations: every core as configured in SMALL, plus every feature map
+VARIANTS = [(n, {}) for n in ALL] + [
     ("lt", {"feature_map": "dpfp", "dpfp_nu": 2}), ("delta", {"feature_map": "softmax"}),
     ("delta", {"feature_map": "dpfp"}), ("delta_rnn", {"feature_map": "elu_sum"}),
     ("rdn", {"feature_map": "elu_sum"}), ("rdn", {"feature_map": "dpfp"}),
+    ("delta_lstm", {"feature_map": "dpfp"}),
+    ("delta_mlp", {"feature_map": "elu_sum", "fast_layers": 3}),
+    ("delta_delta", {"feature_map": "softmax"}),
+    ("delta_delta", {"feature_map": "dpfp", "dpfp_nu": 2}),
 ]
 
 
@@ -34,25 +51,56 @@ def _id(v):
     return v[0] + "".join(f"-{k}={x}" for k, x in v[1].items())
 
 
-def small(name: str, seed: int = 0, **extra) -> Core:
+def small(name: str, seed: int = 0, dtype: torch.dtype = D, **extra) -> Core:
+    if name not in SMALL:
+        pytest.fail(f"core {name!r} has no small config in SMALL (tests/test_cores.py)")
     torch.manual_seed(seed)
-    return cores.make(name, IN, **{**SMALL[name], **extra}).to(D)
+    return cores.make(name, IN, **{**SMALL[name], **extra}).to(dtype)
 
 
-def rand(*shape, seed=1):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=D)
+def rand(*shape, seed=1, dtype=D):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+def _stateful(name: str) -> bool:
+    return len(small(name).state_shapes(1)) > 0
+
+
+def _nonzero_state(core: Core, B: int, seed: int = 3) -> tuple:
+    """A non-zero initial state: leaf tensors that collect their gradients."""
+    return tuple((s + 0.1 * rand(*s.shape, seed=seed + i, dtype=s.dtype)).requires_grad_()
+                 for i, s in enumerate(core.initial_state(B)))
 
 
 def _loss(y, state, seed=7):
     """A scalar that depends on every output and on the final state."""
-    loss = (y * rand(*y.shape, seed=seed)).sum()
-    for s in state:
-        loss = loss + (s * rand(*s.shape, seed=seed + 1)).sum()
+    loss = (y * rand(*y.shape, seed=seed, dtype=y.dtype)).sum()
+    for i, s in enumerate(state):
+        loss = loss + (s * rand(*s.shape, seed=seed + 1 + i, dtype=s.dtype)).sum()
     return loss
 
 
-def _grads(core, x):
-    return [p.grad.clone() for p in core.parameters()] + [x.grad.clone()]
+def _grads(core, x, state0=()):
+    """Gradients w.r.t. the parameters, the input and the initial state; then cleared."""
+    assert all(s.grad is not None for s in state0), "no gradient reaches the initial state"
+    g = [p.grad.clone() for p in core.parameters()] + [x.grad.clone()] + \
+        [s.grad.clone() for s in state0]
+    core.zero_grad()
+    for t in (x, *state0):
+        t.grad = None
+    return g
+
+
+# ------------------------------------------------------------------------- registry table
+
+def test_every_registered_core_has_a_small_config():
+    specs = cores.available()
+    missing = sorted(set(specs) - set(SMALL))
+    assert not missing, f"registered cores without a small test config in SMALL: {missing}"
+    assert not sorted(set(SMALL) - set(specs)), "SMALL lists cores that are not registered"
+    assert {"delta_lstm", "delta_mlp", "delta_delta"} <= set(ALL)    # lm_cores is covered
+    for name, config in SMALL.items():
+        assert set(config) <= set(specs[name].defaults), name
 
 
 # ------------------------------------------------------------------------- chunking
@@ -65,29 +113,31 @@ def test_one_call_equals_step_by_step_values_and_gradients(variant):
     x = rand(T, B, IN).requires_grad_()
     reset = torch.zeros(T, B, dtype=torch.bool)
     reset[2, 0] = reset[4, 1] = reset[4, 2] = True
-    state0 = tuple(s + rand(*s.shape, seed=3 + i) * 0.1
-                   for i, s in enumerate(core.initial_state(B)))   # non-zero initial state
+    state0 = _nonzero_state(core, B)
 
     y, state = core(x, state0, reset)
     _loss(y, state).backward()
-    g_full = _grads(core, x)
+    g_full = _grads(core, x, state0)
 
-    core.zero_grad()
-    x.grad = None
     ys, s = [], state0
     for t in range(T):
         yt, s = core(x[t:t + 1], s, reset[t:t + 1])
         ys.append(yt)
     y_steps = torch.cat(ys)
-    torch.testing.assert_close(y, y_steps)
-    for a, b in zip(state, s):
+    torch.testing.assert_close(y_steps, y)
+    assert len(s) == len(state)
+    for a, b in zip(s, state):
         torch.testing.assert_close(a, b)
     _loss(y_steps, s).backward()
-    for a, b in zip(g_full, _grads(core, x)):
+    g_steps = _grads(core, x, state0)
+    assert len(g_steps) == len(g_full)
+    for a, b in zip(g_steps, g_full):       # parameters, input, initial state
         torch.testing.assert_close(a, b)
+    if state0:   # the initial state reaches the loss until each entry's reset
+        assert max(g.abs().max() for g in g_full[-len(state0):]) > 0
 
 
-@pytest.mark.parametrize("name", BUILTIN)
+@pytest.mark.parametrize("name", ALL)
 def test_output_shapes_and_state_layout(name):
     core = small(name)
     T, B = 3, 4
@@ -95,11 +145,11 @@ def test_output_shapes_and_state_layout(name):
     assert y.shape == (T, B, core.output_size) and y.dtype == D
     assert all(isinstance(s, torch.Tensor) and s.shape[0] == B for s in state)
     assert [tuple(s.shape) for s in state] == core.state_shapes(B)
-    assert len(state) == {"ff": 0, "lstm": 2, "fwm": 3, "lt": 2, "delta": 2,
-                          "delta_rnn": 6, "rdn": 4}[name]
+    if name in N_STATE:
+        assert len(state) == N_STATE[name]
 
 
-@pytest.mark.parametrize("name", BUILTIN)
+@pytest.mark.parametrize("name", ALL)
 def test_state_slices_and_concatenates_across_batch(name):
     core = small(name)
     x1, x2 = rand(4, 5, IN, seed=1), rand(3, 5, IN, seed=2)
@@ -139,8 +189,7 @@ def test_reset_mid_sequence_equals_separate_sequences(variant):
     # no gradient crosses the reset
     y[cut:, 1].sum().backward()
     assert x.grad[:cut, 1].abs().max() == 0
-    if name != "ff":
-        assert x.grad[cut:, 1].abs().max() > 0
+    assert x.grad[cut:, 1].abs().max() > 0
 
 
 def test_reset_accepts_non_bool_and_none():
@@ -154,28 +203,57 @@ def test_reset_accepts_non_bool_and_none():
 
 # ------------------------------------------------------------------------- gradient reach
 
-@pytest.mark.parametrize("name", BUILTIN)
+@pytest.mark.parametrize("name", ALL)
 @pytest.mark.parametrize("detach", [False, True])
 def test_last_output_gradient_reaches_first_input(name, detach):
-    extra = {"detach_state_every_step": detach} if name != "ff" else {}
-    core = small(name, **extra)
+    stateful = _stateful(name)
+    if stateful:   # every recurrent core accepts detach_state_every_step
+        assert "detach_state_every_step" in cores.available()[name].defaults
+    core = small(name, **({"detach_state_every_step": detach} if stateful else {}))
     x = rand(6, 2, IN).requires_grad_()
     y, _ = core(x, None)
     y[-1].sum().backward()
     reach = x.grad[0].abs().max().item()
-    if name in RECURRENT and not detach:
+    if stateful and not detach:
         assert reach > 1e-8
     else:
         assert reach == 0.0
     assert x.grad[-1].abs().max() > 0
+    if stateful and detach:    # 1-step BPTT keeps the forward values of full BPTT
+        torch.testing.assert_close(y, small(name)(x.detach(), None)[0])
 
 
-def test_detach_every_step_keeps_forward_values():
-    for name in RECURRENT:
-        a = small(name)
-        b = small(name, detach_state_every_step=True)
-        x = rand(5, 2, IN)
-        torch.testing.assert_close(a(x)[0], b(x)[0])
+def test_the_builtin_recurrent_cores_have_state():
+    assert [n for n in BUILTIN if _stateful(n)] == list(RECURRENT)
+
+
+# ------------------------------------------------------------------------- backends
+
+@pytest.mark.parametrize("name", [n for n in ALL if "backend" in cores.available()[n].defaults])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+def test_reference_and_auto_backends_agree(name, dtype):
+    # when the fused kernels are built this compares them with the reference inside a core:
+    # output and final state with a reset and a non-zero initial state; in float64 also the
+    # gradients w.r.t. parameters, input and initial state, at the default tolerance
+    tol = {} if dtype == torch.float64 else {"atol": 1e-5, "rtol": 1e-4}
+    T, B = 5, 3
+    reset = torch.zeros(T, B, dtype=torch.bool)
+    reset[2, 1] = True
+    out = []
+    for backend in ("reference", "auto"):
+        core = small(name, dtype=dtype, backend=backend)
+        x = rand(T, B, IN, dtype=dtype).requires_grad_()
+        state0 = _nonzero_state(core, B)
+        y, state = core(x, state0, reset)
+        _loss(y, state).backward()
+        out.append(([y.detach(), *(s.detach() for s in state)], _grads(core, x, state0)))
+    (values_ref, grads_ref), (values_auto, grads_auto) = out
+    assert len(values_auto) == len(values_ref) > 1
+    for a, b in zip(values_auto, values_ref):
+        torch.testing.assert_close(a, b, **tol)
+    if dtype == torch.float64:
+        for a, b in zip(grads_auto, grads_ref):
+            torch.testing.assert_close(a, b)
 
 
 # ------------------------------------------------------------------------- sizes
@@ -257,20 +335,6 @@ def test_register_adds_a_core_and_rejects_a_clash():
         cores._REGISTRY.pop("test_doubler", None)
 
 
-def test_reference_and_auto_backends_agree():
-    # when the fused kernels are built this compares them with the reference inside a core
-    for name in FAST:
-        torch.manual_seed(0)
-        a = cores.make(name, IN, **SMALL[name], backend="reference")
-        torch.manual_seed(0)
-        b = cores.make(name, IN, **SMALL[name], backend="auto")
-        x = torch.randn(5, 3, IN)
-        reset = torch.zeros(5, 3, dtype=torch.bool)
-        reset[2, 1] = True
-        torch.testing.assert_close(a(x, None, reset)[0], b(x, None, reset)[0],
-                                   atol=1e-5, rtol=1e-4)
-
-
 # ------------------------------------------------------------------------- errors
 
 def _err(match, fn, *args, **kw):
@@ -299,7 +363,7 @@ def test_errors_are_one_line_and_name_the_value():
          feature_map="elu_sum", backend="kernel")
 
 
-@pytest.mark.parametrize("name", BUILTIN)
+@pytest.mark.parametrize("name", ALL)
 def test_call_errors(name):
     core = small(name)
     _err(r"input x has shape \(3, 2, 4\); allowed: \[T, B, 5\]", core, torch.zeros(3, 2, 4, dtype=D))
@@ -311,3 +375,27 @@ def test_call_errors(name):
         bad = core.initial_state(3)
         _err(r"state\[0\] has shape \(3, .*for batch 2", core, torch.zeros(3, 2, IN, dtype=D), bad)
         _err(r"state has 1 tensors", core, torch.zeros(3, 2, IN, dtype=D), bad[:1])
+
+
+@pytest.mark.parametrize("specialised", [True, False], ids=["specialised", "generic"])
+@pytest.mark.parametrize("name", ALL)
+def test_stepper_equals_one_call_values_and_gradients(name, specialised):
+    """``core.stepper(B).step(x_t)`` for t < T equals one call ``core(x)`` from the zero state
+    (cores/base.py stepping contract), specialised steppers (fwm's low-rank form) included."""
+    core = small(name)
+    T, B = 7, 3
+    x = torch.randn(T, B, IN, dtype=D, requires_grad=True)
+    y, _ = core(x, None)
+    stepper = core.stepper(B, specialised=specialised)
+    y_steps = torch.stack([stepper.step(x[t]) for t in range(T)])
+    assert y_steps.shape == (T, B, core.output_size)
+    torch.testing.assert_close(y_steps, y, rtol=1e-9, atol=1e-10)
+    w = torch.randn_like(y)
+    params = [x, *core.parameters()]
+    g_call = torch.autograd.grad((y * w).sum(), params, allow_unused=True)
+    g_step = torch.autograd.grad((y_steps * w).sum(), params, allow_unused=True)
+    for p, a, b in zip(params, g_call, g_step):
+        if a is None:
+            assert b is None
+        else:
+            torch.testing.assert_close(b, a, rtol=1e-8, atol=1e-10)

@@ -1,7 +1,11 @@
-"""The language-modelling cores (delta_lstm, delta_mlp, delta_delta) satisfy the cores
-contract and compute the equations of RFWP App. A.2 (Delta LSTM version D), Eq. 13-14
-(Delta MLP) and App. A.3 (Delta-Delta Net), checked on tiny cases against loops written
-out here from the equations."""
+"""The language-modelling cores (delta_lstm, delta_mlp, delta_delta): what is specific to them.
+
+They compute the equations of RFWP App. A.2 (Delta LSTM version D), Eq. 13-14 (Delta MLP)
+and App. A.3 (Delta-Delta Net), checked on tiny cases against loops written out here from
+the equations; their registration, state layout, parameter counts and checkpoint keys.
+The generic cores contract (chunking, resets, gradients through time, backends) runs on
+every registered core, these included, in tests/test_cores.py.
+"""
 
 from __future__ import annotations
 
@@ -9,21 +13,13 @@ import pytest
 import torch
 
 from rfwp_rl import cores
-from rfwp_rl.cores import lm_cores
+from rfwp_rl.cores import fast_weight, lm_cores
 from rfwp_rl.errors import UserError
 
 D = torch.float64
 IN = 5
 LM = ("delta_lstm", "delta_mlp", "delta_delta")
 SMALL = {"hidden_size": 8, "num_layers": 2, "num_heads": 2, "ff_size": 12}
-VARIANTS = [(n, {}) for n in LM] + [
-    ("delta_lstm", {"feature_map": "dpfp"}), ("delta_mlp", {"feature_map": "elu_sum", "fast_layers": 3}),
-    ("delta_delta", {"feature_map": "softmax"}), ("delta_delta", {"feature_map": "dpfp", "dpfp_nu": 2}),
-]
-
-
-def _id(v):
-    return v[0] + "".join(f"-{k}={x}" for k, x in v[1].items())
 
 
 def small(name, seed=0, **extra):
@@ -33,13 +29,6 @@ def small(name, seed=0, **extra):
 
 def rand(*shape, seed=1):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=D)
-
-
-def loss_of(y, state, seed=7):
-    loss = (y * rand(*y.shape, seed=seed)).sum()
-    for i, s in enumerate(state):
-        loss = loss + (s * rand(*s.shape, seed=seed + 1 + i)).sum()
-    return loss
 
 
 # ------------------------------------------------------------------------- registry
@@ -81,73 +70,62 @@ def test_parameter_differences_match_the_paper_lm_setting():
     assert round((n["delta_lstm"] - n["delta"]) / 1e6, 1) == pytest.approx(47.3 - 44.0, abs=0.1)
 
 
-# ------------------------------------------------------------------------- contract
+# ------------------------------------------------------------------------- construction
 
-@pytest.mark.parametrize("variant", VARIANTS, ids=_id)
-def test_one_call_equals_step_by_step_values_and_gradients(variant):
-    name, extra = variant
-    T, B = 5, 3
-    core = small(name, **extra)
-    x = rand(T, B, IN).requires_grad_()
-    reset = torch.zeros(T, B, dtype=torch.bool)
-    reset[2, 0] = reset[3, 2] = True
-    state0 = tuple(s + 0.1 * rand(*s.shape, seed=3 + i) for i, s in enumerate(core.initial_state(B)))
-
-    y, state = core(x, state0, reset)
-    loss_of(y, state).backward()
-    g_full = [p.grad.clone() for p in core.parameters()] + [x.grad.clone()]
-
-    core.zero_grad()
-    x.grad = None
-    ys, s = [], state0
-    for t in range(T):
-        yt, s = core(x[t:t + 1], s, reset[t:t + 1])
-        ys.append(yt)
-    y_steps = torch.cat(ys)
-    torch.testing.assert_close(y_steps, y)
-    for a, b in zip(s, state):
-        torch.testing.assert_close(a, b)
-    loss_of(y_steps, s).backward()
-    for a, b in zip([p.grad for p in core.parameters()] + [x.grad], g_full):
-        torch.testing.assert_close(a, b)
+def _keys(layer_params):
+    """state_dict keys of a 2-layer block stack whose fast-weight sublayers own ``layer_params``."""
+    keys = ["input_proj.weight", "input_proj.bias"]
+    for i in range(2):
+        keys += [f"fast_layers.{i}.{k}" for k in layer_params]
+    for i in range(2):
+        keys += [f"ff_layers.{i}.{k}" for k in ("norm.weight", "norm.bias", "net.0.weight",
+                                                 "net.0.bias", "net.3.weight", "net.3.bias")]
+    return keys
 
 
-@pytest.mark.parametrize("name", LM)
-def test_reset_mid_sequence_equals_a_fresh_start(name):
-    core = small(name)
-    T, B, cut = 6, 2, 3
-    x = rand(T, B, IN).requires_grad_()
-    reset = torch.zeros(T, B, dtype=torch.bool)
-    reset[cut, 1] = True
-    s0 = tuple(s + 0.2 for s in core.initial_state(B))
-    y, s = core(x, s0, reset)
-    y_second, s_second = core(x[cut:, 1:], None)
-    torch.testing.assert_close(y[cut:, 1:], y_second)
-    for a, b in zip(s, s_second):
-        torch.testing.assert_close(a[1:], b)
-    torch.testing.assert_close(y[:, :1], core(x[:, :1], tuple(t[:1] for t in s0))[0])
-    y[cut:, 1].sum().backward()
-    assert x.grad[:cut, 1].abs().max() == 0 and x.grad[cut:, 1].abs().max() > 0
+def test_checkpoint_keys_are_unchanged():
+    # recorded before the sublayer class became a constructor choice (it used to be swapped in
+    # after construction): checkpoints of every LM core and of lt/delta/delta_rnn/rdn must load
+    plain = ("norm.weight", "norm.bias", "slow.weight", "out.weight")
+    expect = {"lt": (22, 384), "delta": (22, 388), "delta_rnn": (22, 648), "rdn": (30, 388),
+              "delta_lstm": (22, 1944), "delta_mlp": (22, 648), "delta_delta": (22, 648)}
+    for name, (count, slow_rows) in expect.items():
+        core = cores.make(name, 7)                  # defaults: hidden 128, 4 heads, 2 layers
+        sd = core.state_dict()
+        layer = (("Rq", "Rk", "Rv", "rb") if name == "rdn" else ()) + plain
+        assert list(sd) == _keys(layer) and len(sd) == count, name
+        assert [n for n, _ in core.named_parameters()] == list(sd), name   # optimizer order
+        assert sd["fast_layers.1.slow.weight"].shape == (slow_rows, 128), name
+        assert sd["input_proj.weight"].shape == (128, 7) and sd["ff_layers.0.net.0.weight"].shape == (512, 128)
+    sd = cores.make("delta_mlp", 7, fast_layers=3).state_dict()
+    assert list(sd) == _keys(plain) and sd["fast_layers.0.slow.weight"].shape == (4 * (32 + 3 * 65), 128)
+    # the sequence trainer's softmax Transformer is built the same way (LMFastWeightCore)
+    from rfwp_rl.seq.attention import TransformerCore
+    sd = TransformerCore(7).state_dict()
+    assert list(sd) == _keys(plain) and sd["fast_layers.0.slow.weight"].shape == (384, 128)
 
 
-@pytest.mark.parametrize("name", LM)
-@pytest.mark.parametrize("detach", [False, True])
-def test_gradient_through_time(name, detach):
-    core = small(name, detach_state_every_step=detach)
-    x = rand(6, 2, IN).requires_grad_()
-    y, _ = core(x, None)
-    y[-1].sum().backward()
-    reach = x.grad[0].abs().max().item()
-    assert (reach == 0.0) if detach else (reach > 1e-8)
-    if detach:   # same forward values as full BPTT
-        torch.testing.assert_close(y, small(name)(x.detach(), None)[0])
+def test_the_sublayer_class_is_chosen_at_construction():
+    for name, cls in lm_cores.SUBLAYERS.items():
+        core = small(name)
+        assert all(type(layer) is cls for layer in core.fast_layers), name
+        assert core.name == name and len(core.fast_layers) == 2
+    assert small("delta_mlp", fast_layers=3).config["fast_layers"] == 3
+    assert all(layer.K == 3 for layer in small("delta_mlp", fast_layers=3).fast_layers)
 
+    class Core(fast_weight.FastWeightCore):
+        kind = "delta"
+        sublayer_cls = lm_cores.DeltaDeltaSublayer
 
-@pytest.mark.parametrize("name", LM)
-def test_reference_backend_equals_auto(name):
-    a, b = small(name, backend="auto"), small(name, backend="reference")
-    x = rand(4, 2, IN)
-    torch.testing.assert_close(a(x)[0], b(x)[0])
+    core = Core(IN, hidden_size=8, num_heads=2)
+    assert [type(layer) for layer in core.fast_layers] == [lm_cores.DeltaDeltaSublayer] * 2
+    core = Core(IN, hidden_size=8, num_heads=2, sublayer_cls=lm_cores.DeltaMLPSublayer,
+                sublayer_config={"fast_layers": 4})                       # argument wins
+    assert all(type(layer) is lm_cores.DeltaMLPSublayer and layer.K == 4
+               for layer in core.fast_layers)
+    assert core.config["fast_layers"] == 4 and len(core.state_shapes(1)) == 8
+    with pytest.raises(TypeError, match="no fast-weight sublayer class"):
+        fast_weight.FastWeightCore(IN)
 
 
 # ------------------------------------------------------------------------- equations by hand

@@ -18,6 +18,9 @@ Feature maps (``feature_map``): applied to q and k before the op (lt, delta, del
 inside the op for rdn (the fused rdn kernel implements softmax only). The delta_rnn
 recurrent key k_r always uses softmax, matching its recurrent query softmax(y_{t-1}).
 
+Each core class names its sublayer class (``FastWeightCore.sublayer_cls``; other modules
+build further block stacks the same way, e.g. :mod:`rfwp_rl.cores.lm_cores`).
+
 State of each layer (batch dim 0; concatenated over layers into one flat tuple):
 lt/delta ``(W,)``, delta_rnn ``(W, R, y_last)``, rdn ``(W, y_last)`` with
 ``W [B, H, d, D]`` (D = d, or 2νd for dpfp), ``R [B, H, d, d]``, ``y_last [B, H, d]``.
@@ -26,6 +29,7 @@ lt/delta ``(W,)``, delta_rnn ``(W, R, y_last)``, rdn ``(W, y_last)`` with
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -214,28 +218,37 @@ class RDNSublayer(FastWeightSublayer):
         return y, (W, y[-1])
 
 
-SUBLAYERS = {"lt": LTSublayer, "delta": DeltaSublayer, "delta_rnn": DeltaRNNSublayer,
-             "rdn": RDNSublayer}
-
-
 # ------------------------------------------------------------------------- the core
 
 class FastWeightCore(Core):
-    """Block stack of fast-weight sublayers of one ``kind`` (set by the subclasses below).
+    """Block stack whose fast-weight sublayers are all of one class.
 
     x ``[T, B, input_size]`` -> y ``[T, B, hidden_size]``. State: the per-layer state
     tensors of layer 0, then layer 1, ... (see the module docstring).
+
+    Subclasses set ``kind`` (the core name) and ``sublayer_cls`` (the fast-weight sublayer
+    class of every block); the keyword argument ``sublayer_cls`` overrides the class
+    attribute for one instance. ``sublayer_config`` holds the sublayer's own config keys
+    (passed to every sublayer as keyword arguments and recorded in ``config``).
     ``feature_map=None`` means the core's default (``SPECS[kind].defaults``).
     """
 
     kind: str = ""
+    sublayer_cls: type[FastWeightSublayer] | None = None
 
     def __init__(self, input_size: int, hidden_size: int = 128, num_layers: int = 2,
                  num_heads: int = 4, ff_size: int = 512, dropout: float = 0.0,
                  feature_map: str | None = None, dpfp_nu: int = 1, backend: str = "auto",
-                 detach_state_every_step: bool = False) -> None:
+                 detach_state_every_step: bool = False, *,
+                 sublayer_cls: type[FastWeightSublayer] | None = None,
+                 sublayer_config: dict[str, Any] | None = None) -> None:
         super().__init__()
         self.name = self.kind
+        sublayer_cls = sublayer_cls if sublayer_cls is not None else self.sublayer_cls
+        if sublayer_cls is None:
+            raise TypeError(f"{type(self).__name__}: no fast-weight sublayer class; set the "
+                            "class attribute sublayer_cls or pass sublayer_cls=")
+        sublayer_config = dict(sublayer_config or {})
         if feature_map is None:
             feature_map = SPECS[self.kind].defaults["feature_map"]
         self.input_size = check_positive_int("input_size", input_size)
@@ -253,12 +266,13 @@ class FastWeightCore(Core):
         self.config = {"hidden_size": hidden_size, "num_layers": num_layers,
                        "num_heads": num_heads, "ff_size": ff_size, "dropout": dropout,
                        "feature_map": feature_map, "dpfp_nu": dpfp_nu, "backend": backend,
-                       "detach_state_every_step": detach_state_every_step}
+                       "detach_state_every_step": detach_state_every_step, **sublayer_config}
 
-        sublayer = SUBLAYERS[self.kind]
+        # registration order input_proj, fast_layers, ff_layers fixes the state_dict keys
         self.input_proj = nn.Linear(input_size, hidden_size)
         self.fast_layers = nn.ModuleList(
-            sublayer(hidden_size, num_heads, dropout, feature_map, dpfp_nu, backend)
+            sublayer_cls(hidden_size, num_heads, dropout, feature_map, dpfp_nu, backend,
+                         **sublayer_config)
             for _ in range(num_layers))
         self.ff_layers = nn.ModuleList(
             FeedForward(hidden_size, ff_size, dropout) for _ in range(num_layers))
@@ -282,21 +296,25 @@ class FastWeightCore(Core):
 class LTCore(FastWeightCore):
     """``lt``: Linear Transformer block stack (RFWP paper Eq. 5-7)."""
     kind = "lt"
+    sublayer_cls = LTSublayer
 
 
 class DeltaCore(FastWeightCore):
     """``delta``: Delta Net block stack (RFWP paper Eq. 8-10)."""
     kind = "delta"
+    sublayer_cls = DeltaSublayer
 
 
 class DeltaRNNCore(FastWeightCore):
     """``delta_rnn``: Delta RNN block stack (RFWP paper Eq. 12, version B)."""
     kind = "delta_rnn"
+    sublayer_cls = DeltaRNNSublayer
 
 
 class RDNCore(FastWeightCore):
     """``rdn``: Recurrent Delta Net block stack (RFWP paper Eq. 15-18)."""
     kind = "rdn"
+    sublayer_cls = RDNSublayer
 
 
 CORES = {"lt": LTCore, "delta": DeltaCore, "delta_rnn": DeltaRNNCore, "rdn": RDNCore}

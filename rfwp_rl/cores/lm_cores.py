@@ -45,12 +45,12 @@ import functools
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from rfwp_rl.cores import feature_maps, register
 from rfwp_rl.cores.base import CoreSpec, State, check_positive_int, reset_steps, zero_entries
 from rfwp_rl.cores.fast_weight import FastWeightCore, FastWeightSublayer
-from rfwp_rl.ops import reference as ref   # its delta-rule write and read helpers
+from rfwp_rl.ops import reference as ref   # delta_update (RFWP Eq. 8, 10), read (Eq. 7)
 
 
 def _defaults(feature_map: str, **extra: Any) -> dict:
@@ -114,8 +114,8 @@ class DeltaLSTMSublayer(FastWeightSublayer):
         for t in range(T):
             if flags[t]:
                 R, c, y = (zero_entries(s, reset[t]) for s in (R, c, y))
-            R = ref._delta_update(R, kr[t], vr[t], beta_r[t])                # RFWP Eq. 8, 10
-            r_u, r_f, r_o = _ungroup(ref._read(R, feature_maps.softmax(y).repeat(1, 3, 1)), 3)
+            R = ref.delta_update(R, kr[t], vr[t], beta_r[t])                 # RFWP Eq. 8, 10
+            r_u, r_f, r_o = _ungroup(ref.read(R, feature_maps.softmax(y).repeat(1, 3, 1)), 3)
             u = z_u[t] + r_u                                                 # RFWP Eq. 36
             f = torch.sigmoid(z_f[t] + r_f)                                  # RFWP Eq. 37
             o = torch.sigmoid(z_o[t] + r_o)                                  # RFWP Eq. 38
@@ -179,15 +179,13 @@ class DeltaDeltaSublayer(FastWeightSublayer):
 
 
 class LMFastWeightCore(FastWeightCore):
-    """A fast-weight block stack whose fast-weight sublayers are ``sublayer``.
+    """A fast-weight block stack named ``name`` whose fast-weight sublayers are ``sublayer``.
 
-    Reuses :class:`FastWeightCore` (checks, input projection, feed-forward sublayers, state
-    layout, forward): the parent builds a ``delta`` stack, then the fast-weight sublayers are
-    replaced by those of this core. ``extra`` are the sublayer's own config keys
-    (``fast_layers`` for delta_mlp).
+    :class:`FastWeightCore` (checks, input projection, fast-weight and feed-forward
+    sublayers, state layout, forward) built with ``sublayer_cls=sublayer``. ``extra`` are
+    the sublayer's own config keys (``fast_layers`` for delta_mlp), passed to every sublayer
+    and recorded in ``config``.
     """
-
-    kind = "delta"
 
     def __init__(self, name: str, sublayer: type[FastWeightSublayer], input_size: int,
                  hidden_size: int = 128, num_layers: int = 2, num_heads: int = 4,
@@ -197,14 +195,9 @@ class LMFastWeightCore(FastWeightCore):
         super().__init__(input_size, hidden_size=hidden_size, num_layers=num_layers,
                          num_heads=num_heads, ff_size=ff_size, dropout=dropout,
                          feature_map=feature_map, dpfp_nu=dpfp_nu, backend=backend,
-                         detach_state_every_step=detach_state_every_step)
+                         detach_state_every_step=detach_state_every_step,
+                         sublayer_cls=sublayer, sublayer_config=extra)
         self.name = name
-        self.fast_layers = nn.ModuleList(
-            sublayer(hidden_size, num_heads, self.config["dropout"], feature_map, dpfp_nu,
-                     backend, **extra)
-            for _ in range(num_layers))
-        self._n_state = [len(layer.state_shapes(1)) for layer in self.fast_layers]
-        self.config.update(extra)
 
 
 SUBLAYERS = {"delta_lstm": DeltaLSTMSublayer, "delta_mlp": DeltaMLPSublayer,

@@ -23,11 +23,12 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-__all__ = ["lt", "delta", "delta_rnn", "rdn"]
+__all__ = ["lt", "delta", "delta_rnn", "rdn", "read", "delta_update"]
 
 
 # ---------------------------------------------------------------------------------------
-# Small helpers
+# Small helpers (``read`` and ``delta_update`` are public: other modules build their own
+# recurrences from them, e.g. the Delta LSTM of rfwp_rl.cores.lm_cores)
 # ---------------------------------------------------------------------------------------
 
 def _reset_flags(reset: Tensor | None, T: int) -> list[bool]:
@@ -47,8 +48,12 @@ def _zero_where(x: Tensor, reset_t: Tensor) -> Tensor:
     return torch.where(mask, torch.zeros((), dtype=x.dtype, device=x.device), x)
 
 
-def _read(W: Tensor, q: Tensor) -> Tensor:
-    """``W q`` per batch entry and head: W ``[B,H,dv,dk]``, q ``[B,H,dk]`` -> ``[B,H,dv]``."""
+def read(W: Tensor, q: Tensor) -> Tensor:
+    """Read a fast weight matrix with a query: ``W q`` (RFWP paper Eq. 7; Secretly-FWP Eq. 25).
+
+    W ``[B, H, dv, dk]``, q ``[B, H, dk]`` (already through its feature map) ->
+    ``[B, H, dv]``, per batch entry and head.
+    """
     return torch.matmul(W, q.unsqueeze(-1)).squeeze(-1)
 
 
@@ -57,12 +62,16 @@ def _outer(v: Tensor, k: Tensor) -> Tensor:
     return v.unsqueeze(-1) * k.unsqueeze(-2)
 
 
-def _delta_update(W: Tensor, k: Tensor, v: Tensor, beta: Tensor) -> Tensor:
+def delta_update(W: Tensor, k: Tensor, v: Tensor, beta: Tensor) -> Tensor:
     """One delta-rule write (RFWP paper Eq. 8 and 10; Secretly-FWP Eq. 23-24).
 
-    W ``[B,H,dv,dk]``, k ``[B,H,dk]``, v ``[B,H,dv]``, beta ``[B,H]`` -> new W.
+    ``v̄ = W k``;  ``W' = W + β (v - v̄) ⊗ k``.
+
+    W ``[B, H, dv, dk]``, k ``[B, H, dk]`` (already through its feature map), v ``[B, H, dv]``,
+    beta ``[B, H]`` (already through the sigmoid, RFWP Eq. 9) -> the new W ``[B, H, dv, dk]``
+    (a new tensor; W is not modified).
     """
-    v_bar = _read(W, k)                                         # RFWP Eq. 10: v̄ = W_{t-1} k
+    v_bar = read(W, k)                                          # RFWP Eq. 10: v̄ = W_{t-1} k
     return W + beta[..., None, None] * _outer(v - v_bar, k)     # RFWP Eq. 8
 
 
@@ -95,7 +104,7 @@ def lt(q: Tensor, k: Tensor, v: Tensor, W0: Tensor, reset: Tensor | None) -> tup
         if flags[t]:
             W = _zero_where(W, reset[t])
         W = W + _outer(v[t], k[t])        # RFWP Eq. 6
-        ys.append(_read(W, q[t]))         # RFWP Eq. 7
+        ys.append(read(W, q[t]))          # RFWP Eq. 7
     return torch.stack(ys), W
 
 
@@ -121,8 +130,8 @@ def delta(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, W0: Tensor,
     for t in range(T):
         if flags[t]:
             W = _zero_where(W, reset[t])
-        W = _delta_update(W, k[t], v[t], beta[t])   # RFWP Eq. 8, 10
-        ys.append(_read(W, q[t]))                   # RFWP Eq. 7
+        W = delta_update(W, k[t], v[t], beta[t])    # RFWP Eq. 8, 10
+        ys.append(read(W, q[t]))                    # RFWP Eq. 7
     return torch.stack(ys), W
 
 
@@ -153,9 +162,9 @@ def delta_rnn(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, kr: Tensor, vr: Ten
     for t in range(T):
         if flags[t]:
             W, R, y = (_zero_where(s, reset[t]) for s in (W, R, y))
-        W = _delta_update(W, k[t], v[t], beta[t])       # RFWP Eq. 8 for W
-        R = _delta_update(R, kr[t], vr[t], beta_r[t])   # RFWP Eq. 8 for R
-        y = _read(W, q[t]) + _read(R, _softmax(y))      # RFWP Eq. 12
+        W = delta_update(W, k[t], v[t], beta[t])        # RFWP Eq. 8 for W
+        R = delta_update(R, kr[t], vr[t], beta_r[t])    # RFWP Eq. 8 for R
+        y = read(W, q[t]) + read(R, _softmax(y))        # RFWP Eq. 12
         ys.append(y)
     return torch.stack(ys), W, R
 
@@ -195,7 +204,7 @@ def rdn(xq: Tensor, xk: Tensor, xv: Tensor, xb: Tensor, Rq: Tensor, Rk: Tensor, 
         v = xv[t] + torch.einsum("hij,bhj->bhi", Rv, h)             # RFWP Eq. 16
         q = phi(xq[t] + torch.einsum("hij,bhj->bhi", Rq, h))        # RFWP Eq. 17
         beta = torch.sigmoid(xb[t] + (rb * h).sum(-1))              # RFWP Eq. 18
-        W = _delta_update(W, k, v, beta)                            # RFWP Eq. 8, 10
-        y = _read(W, q)                                             # RFWP Eq. 7
+        W = delta_update(W, k, v, beta)                             # RFWP Eq. 8, 10
+        y = read(W, q)                                              # RFWP Eq. 7
         ys.append(y)
     return torch.stack(ys), W

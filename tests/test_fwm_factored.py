@@ -1,6 +1,5 @@
-"""The cores' stepping contract: ``core.stepper(B).step(x_t)`` over T steps equals one call
-``core(x)`` from the zero state, in values and in gradients, for every registered core; and
-the ``fwm`` core's exact low-rank stepper equals its dense form."""
+"""The ``fwm`` core's exact low-rank stepper (rfwp_rl.cores.fwm_factored) against its dense
+form. (The generic stepping contract of every core is tested in test_cores.py.)"""
 
 from __future__ import annotations
 
@@ -11,45 +10,11 @@ from rfwp_rl import cores
 from rfwp_rl.cores.fwm_factored import FactoredFWMStepper
 
 D = torch.float64
-IN, B, T = 5, 3, 7
-# small sizes; keys a core does not accept are dropped
-SMALL = {"hidden_size": 8, "num_layers": 2, "num_heads": 2, "ff_size": 12, "memory_size": 3,
-         "num_reads": 2, "backend": "reference"}
-
-
-def small(name: str) -> cores.Core:
-    torch.manual_seed(0)
-    accepted = cores.available()[name].defaults
-    return cores.make(name, IN, **{k: v for k, v in SMALL.items() if k in accepted}).to(D)
-
-
-def run_stepper(core, x, specialised: bool):
-    stepper = core.stepper(x.shape[1], specialised=specialised)
-    return torch.stack([stepper.step(x[t]) for t in range(x.shape[0])])
-
-
-@pytest.mark.parametrize("specialised", [True, False], ids=["specialised", "generic"])
-@pytest.mark.parametrize("name", sorted(cores.available()))
-def test_stepper_equals_one_call_values_and_gradients(name, specialised):
-    core = small(name)
-    x = torch.randn(T, B, IN, dtype=D, requires_grad=True)
-    y, _ = core(x, None)
-    y_steps = run_stepper(core, x, specialised)
-    assert y_steps.shape == (T, B, core.output_size)
-    torch.testing.assert_close(y_steps, y, rtol=1e-9, atol=1e-10)
-    w = torch.randn_like(y)
-    params = [x, *core.parameters()]
-    g_call = torch.autograd.grad((y * w).sum(), params, allow_unused=True)
-    g_step = torch.autograd.grad((y_steps * w).sum(), params, allow_unused=True)
-    for p, a, b in zip(params, g_call, g_step):
-        if a is None:
-            assert b is None
-        else:
-            torch.testing.assert_close(b, a, rtol=1e-8, atol=1e-10)
+IN = 5
 
 
 def test_fwm_stepper_kinds():
-    core = small("fwm")
+    core = cores.make("fwm", IN, hidden_size=6, memory_size=3, num_reads=2)
     assert isinstance(core.stepper(2), FactoredFWMStepper)
     assert not isinstance(core.stepper(2, specialised=False), FactoredFWMStepper)
     detached = cores.make("fwm", IN, hidden_size=4, memory_size=3, detach_state_every_step=True)
