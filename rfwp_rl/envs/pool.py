@@ -15,17 +15,27 @@ observation dict becomes a tensor ``[batch_size, ...]`` of ``EnvPool.step(...).r
     episode_end     bool: a full episode ended at this step. Equals "done" unless Atari
                     ``episodic_life=True``, where "done" also marks lost lives but
                     ``episode_return`` / ``episode_end`` count full games only.
-    env_error       bool (only with a ``make`` to replace the env): the env failed (raised in ``step``/``reset``) and was replaced by a new
-                    one; this is the new env's first observation (also ``done``; the failed
-                    episode is dropped from the episode statistics).
+    env_error       int32 (only with a ``make`` to replace the env): how many envs of this slot
+                    failed (raised in ``step``/``reset``, or could not be made) since its previous
+                    observation; when > 0 this is a new env's first observation (also ``done``;
+                    an episode cut short by the failure is dropped from the episode statistics,
+                    one that had ended before a failed ``reset`` is still reported).
+    env_fatal       uint8 [FATAL_MESSAGE_BYTES] (only with a ``make``): all zero, unless the slot
+                    gave up (see below): then the UTF-8 one-line error, zero-padded, and ``obs``
+                    is a placeholder (the last observation, or zeros).
 "done" is ``terminated or truncated`` (time limits end the unroll's episode too).
 
 Fault tolerance: an exception inside a moolib worker aborts the whole worker process (moolib
 calls ``fatal``), so :class:`PoolEnv` catches every exception of its env, prints one line
 (env id, slot, pid, exception), closes the broken env, makes a new one and reports the step as
-an episode end with ``env_error``. The trainer counts these (``--max-env-failures``). If a new
-env cannot be made ``MAX_RECREATE`` times in a row, the error is raised (the worker dies, which
-the trainer detects and handles).
+an episode end with ``env_error``. The trainer counts these (``--max-env-failures``). A new env
+is made lazily, on the slot's first ``reset`` (so a failing constructor is handled like a failing
+reset). If ``MAX_FAILED_CONSTRUCTIONS`` new envs in a row fail before their first observation
+(``make`` raises, or their first ``reset`` does), the env is broken rather than flaky: the slot
+gives up and reports ``env_fatal`` (the worker stays alive, so the trainer can stop with that
+one-line error instead of restarting its workers over and over). Only when there is not even a
+placeholder observation (no env was ever made and no ``blank_obs`` was given) is the error
+raised instead.
 
 At exit of a moolib worker, :func:`close_all` (registered with ``atexit``) closes its envs and
 drops the references to them: moolib never destroys the env objects it holds, so without this
@@ -45,7 +55,12 @@ import numpy as np
 
 from rfwp_rl.envs import make_env
 
-MAX_RECREATE = 3  # attempts to make and reset a new env after a failure, before giving up
+# New envs of one slot that may fail in a row (make raised, or the first reset did) before the
+# slot gives up with ``env_fatal``: a flaky env fails now and then, a broken one every time.
+MAX_FAILED_CONSTRUCTIONS = 3
+FATAL_MESSAGE_BYTES = 240  # room for the one-line error in ``env_fatal``
+_NO_FATAL = np.zeros(FATAL_MESSAGE_BYTES, np.uint8)
+_NO_FATAL.flags.writeable = False
 _live_envs: "weakref.WeakSet[PoolEnv]" = weakref.WeakSet()
 _atexit_registered = False
 
@@ -62,26 +77,50 @@ def _describe(e: BaseException) -> str:
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
+def encode_fatal(message: str) -> np.ndarray:
+    """``message`` as the ``env_fatal`` field: uint8 [FATAL_MESSAGE_BYTES], UTF-8, zero-padded
+    (cut to fit)."""
+    data = message.encode("utf-8")[:FATAL_MESSAGE_BYTES]
+    out = np.zeros(FATAL_MESSAGE_BYTES, np.uint8)
+    out[: len(data)] = np.frombuffer(data, np.uint8)
+    return out
+
+
+def decode_fatal(field: Any) -> str:
+    """Inverse of :func:`encode_fatal` for one env's row (array or tensor of uint8); "" if none."""
+    data = bytes(np.asarray(field, dtype=np.uint8).tolist())
+    return data.rstrip(b"\0").decode("utf-8", "replace")
+
+
 class PoolEnv:
     """Adapter from a ``make_env`` env to the interface ``moolib.EnvPool`` drives.
 
     Args:
-        env: the env (gymnasium API).
-        make: ``make(k)`` makes a replacement env after the ``k``-th failure (k = 1, 2, ...);
+        env: the env (gymnasium API); None: made with ``make(0)`` on the first ``reset()``.
+        make: ``make(k)`` makes a new env after the ``k``-th failure (k = 0 for the first);
             None: failures are raised.
         name: how the env is named in failure messages, e.g. ``"CartPole-v1 #3"``.
+        blank_obs: placeholder observation for ``env_fatal`` when no env of this slot ever
+            existed (shape and dtype of the real ones); else one is taken from the envs.
     """
 
-    def __init__(self, env: Any, make: Callable[[int], Any] | None = None, name: str = "env") -> None:
+    def __init__(self, env: Any, make: Callable[[int], Any] | None = None, name: str = "env",
+                 blank_obs: np.ndarray | None = None) -> None:
+        if env is None and make is None:
+            raise ValueError("PoolEnv needs an env or a make function")
         self.env = env
         self.make = make
         self.name = name
         self.failures = 0  # env failures of this slot
+        self._blank = blank_obs
+        self._fresh = True  # self.env (if any) has not given its first observation yet
+        self._failed_in_row = 0  # new envs in a row that failed before their first observation
+        self._pending_errors = 0  # failures not reported in an observation yet (env_error)
+        self._fatal: np.ndarray | None = None  # env_fatal once the slot gave up
         self._return = 0.0
         self._steps = 0
-        self._end = False  # the last step ended a full episode
         self._stats: tuple[float, int] | None = None  # (return, steps) of the ended episode
-        self._failed = False  # the env raised; the next reset() replaces it
+        self._failed = False  # the env raised in step(); the next reset() replaces it
         self._last: dict[str, np.ndarray] | None = None
         _live_envs.add(self)
         global _atexit_registered
@@ -89,8 +128,7 @@ class PoolEnv:
             atexit.register(close_all)
             _atexit_registered = True
 
-    def _pack(self, obs: np.ndarray, episode_return: float, episode_step: int, end: bool,
-              error: bool = False) -> dict[str, np.ndarray]:
+    def _pack(self, obs: np.ndarray, episode_return: float, episode_step: int, end: bool) -> dict[str, np.ndarray]:
         self._last = {
             "obs": obs,
             "episode_return": np.float32(episode_return),
@@ -98,7 +136,9 @@ class PoolEnv:
             "episode_end": np.bool_(end),
         }
         if self.make is not None:  # only envs that can be replaced report failures
-            self._last["env_error"] = np.bool_(error)
+            self._last["env_error"] = np.int32(self._pending_errors)
+            self._last["env_fatal"] = _NO_FATAL if self._fatal is None else self._fatal
+            self._pending_errors = 0
         return self._last
 
     def _report(self, where: str, e: BaseException) -> None:
@@ -107,58 +147,111 @@ class PoolEnv:
                          f"(failure {self.failures} of this env); replacing it\n")
         sys.stderr.flush()
 
-    def _replace(self) -> dict[str, np.ndarray]:
-        """Close the broken env, make and reset a new one; its first observation, flagged."""
-        for attempt in range(1, MAX_RECREATE + 1):
+    def _failure(self) -> None:
+        self.failures += 1
+        self._pending_errors += 1
+
+    def _drop_env(self) -> None:
+        """Close the current env (ignoring its errors); keep a placeholder observation."""
+        env, self.env = self.env, None
+        self._fresh = True
+        if env is None:
+            return
+        if self._blank is None:
+            space = getattr(env, "observation_space", None)
+            if space is not None and getattr(space, "shape", None) is not None:
+                self._blank = np.zeros(space.shape, space.dtype)
+        try:
+            env.close()
+        except Exception:
+            pass
+
+    def _construct(self) -> np.ndarray | None:
+        """The first observation of a new env: makes one if there is none and resets it, up to
+        ``MAX_FAILED_CONSTRUCTIONS`` envs in a row. None: the slot gave up (``self._fatal``)."""
+        while True:
+            stage = "construction"
             try:
-                self.env.close()
-            except Exception:
-                pass
-            try:
-                self.env = self.make(self.failures)
+                if self.env is None:
+                    self.env = self.make(self.failures)
+                    self._fresh = True
+                stage = "first reset"
                 obs, _ = self.env.reset()
-                break
             except Exception as e:
-                if attempt == MAX_RECREATE:
-                    raise RuntimeError(f"env {self.name}: could not make a working env after failure "
-                                       f"{self.failures} ({attempt} attempts; last: {_describe(e)})") from e
-                self.failures += 1
-                self._report("reset of a replacement", e)
-        self._failed, self._stats = False, None
-        self._return, self._steps = 0.0, 0
-        return self._pack(obs, 0.0, 0, False, error=True)
+                if self.make is None:
+                    raise
+                self._failure()
+                self._failed_in_row += 1
+                self._drop_env()
+                if self._failed_in_row >= MAX_FAILED_CONSTRUCTIONS:
+                    self._give_up(e)
+                    return None
+                self._report(stage, e)
+                continue
+            self._fresh = False
+            self._failed_in_row = 0
+            return obs
+
+    def _give_up(self, e: Exception) -> None:
+        message = (f"env {self.name}: {self._failed_in_row} new envs in a row failed at construction or first "
+                   f"reset (limit {MAX_FAILED_CONSTRUCTIONS}); last: {_describe(e)}")
+        placeholder = self._last["obs"] if self._last is not None else self._blank
+        if placeholder is None:  # nothing to report it with: the caller sees the exception
+            raise RuntimeError(message) from e
+        self._fatal = encode_fatal(message)
+        self._stats = None
+        self._pack(placeholder, 0.0, 0, False)
 
     def reset(self) -> dict[str, np.ndarray]:
         """New (training) episode. After a done step, reports the ended episode's stats."""
-        if self._failed:
-            return self._replace()
-        try:
-            obs, _ = self.env.reset()
-        except Exception as e:
-            if self.make is None:
-                raise
-            self.failures += 1
-            self._report("reset", e)
-            return self._replace()
-        if self._stats is not None:  # reset right after a step that ended a full episode
-            ret, steps = self._stats
-            self._stats = None
-            self._return, self._steps = 0.0, 0
-            return self._pack(obs, ret, steps, True)
-        # first reset, or episodic-life reset: the full-game counters run on
+        if self._fatal is not None:
+            return self._last
+        stats = None
+        if self._failed:  # step() raised: replace the env; the cut episode is dropped
+            self._failed, self._stats = False, None
+            self._drop_env()
+        elif not self._fresh:
+            try:
+                obs, _ = self.env.reset()
+            except Exception as e:
+                if self.make is None:
+                    raise
+                self._failure()
+                self._report("reset", e)
+                self._drop_env()
+                stats, self._stats = self._stats, None  # an episode that had ended still counts
+            else:
+                if self._stats is not None:  # reset right after a step that ended a full episode
+                    ret, steps = self._stats
+                    self._stats = None
+                    self._return, self._steps = 0.0, 0
+                    return self._pack(obs, ret, steps, True)
+                # episodic-life reset: the full-game counters run on
+                return self._pack(obs, self._return, self._steps, False)
+        # a new env: the slot's first one, or a replacement
+        self._return, self._steps = 0.0, 0
+        obs = self._construct()
+        if obs is None:
+            return self._last  # gave up: env_fatal
+        if stats is not None:
+            return self._pack(obs, stats[0], stats[1], True)
         return self._pack(obs, self._return, self._steps, False)
 
     def step(self, action: int) -> tuple[dict[str, np.ndarray], float, bool, dict]:
+        if self._fatal is not None:
+            return self._last, 0.0, True, {}
         try:
             obs, reward, terminated, truncated, info = self.env.step(int(action))
         except Exception as e:
             if self.make is None or self._last is None:
                 raise
             # Ends the episode: the pool calls reset() next, which replaces the env.
-            self.failures += 1
+            self._failure()
             self._report("step", e)
             self._failed = True
-            return dict(self._last, episode_end=np.bool_(False)), 0.0, True, {}
+            last = dict(self._last, episode_end=np.bool_(False))
+            last["env_error"] = np.int32(0)  # counted with the replacement's first observation
+            return last, 0.0, True, {}
         self._return += float(reward)
         self._steps += 1
         end = "episode" in info
@@ -183,20 +276,24 @@ class PoolEnv:
 class PoolEnvFactory:
     """Zero-argument factory for ``moolib.EnvPool``: ``EnvPool(PoolEnvFactory("Pong"), ...)``.
 
-    Each call makes one env with ``make_env(env_id, seed=None, **overrides)``. EnvPool forks
-    its workers and calls the factory inside them; the envs are seeded from OS entropy
-    (a fixed seed would give every env of the pool the same episode). A failed env is
-    replaced by a new one made the same way.
+    Each call makes one :class:`PoolEnv` whose env is made (on its first reset, inside the
+    worker) with ``make_env(env_id, seed=None, **overrides)``. EnvPool forks its workers and
+    calls the factory inside them; the envs are seeded from OS entropy (a fixed seed would
+    give every env of the pool the same episode). A failed env is replaced by a new one made
+    the same way. Set ``blank_obs`` (an array shaped like the observations) so that a slot
+    whose envs cannot be made at all can still report ``env_fatal``.
     """
 
     def __init__(self, env_id: str, **overrides: Any) -> None:
         self.env_id = env_id
         self.overrides = overrides
         self.calls = 0  # envs made in this (worker) process
+        self.blank_obs: np.ndarray | None = None
 
     def _make(self, failures: int = 0) -> Any:
         return make_env(self.env_id, **self.overrides)
 
     def __call__(self) -> PoolEnv:
         self.calls += 1
-        return PoolEnv(self._make(), make=self._make, name=f"{self.env_id} (worker slot {self.calls - 1})")
+        return PoolEnv(None, make=self._make, name=f"{self.env_id} (worker slot {self.calls - 1})",
+                       blank_obs=self.blank_obs)

@@ -20,16 +20,25 @@ the previous rollout, and it carries the core state from before its first entry.
 
 Fault tolerance (issue 8):
 
-- An env that raises is replaced inside its worker (:class:`rfwp_rl.envs.pool.PoolEnv`), which
-  flags the step ``env_error``; :class:`Actors` reports it (env index) and counts it in
-  ``env_failures``; more than ``max_env_failures`` raise :class:`TrainingAborted`.
+- An env that raises (in ``step``, ``reset`` or its constructor) is replaced inside its worker
+  (:class:`rfwp_rl.envs.pool.PoolEnv`), which reports the failures in ``env_error``;
+  :class:`Actors` reports them (env index) and counts them in ``env_failures``; more than
+  ``max_env_failures`` raise :class:`TrainingAborted`.
+- An env slot whose new envs fail ``MAX_FAILED_CONSTRUCTIONS`` times in a row before their first
+  observation (a broken env, not a flaky one) reports ``env_fatal``: :class:`Actors` raises
+  :class:`TrainingAborted` with its one-line message (env id, slot, last exception).
 - A dead moolib worker process (killed, out of memory) makes moolib's ``result()`` block for
-  30 minutes. :class:`Actors` therefore waits for moolib results in a helper thread, polling
-  every 0.25 s for a stop request (SIGINT/SIGTERM, so signals are honoured while waiting on
-  envs), for dead pool processes (a zombie child of the EnvPool server) and for a timeout
-  (``ENV_TIMEOUT``), and raises :class:`EnvPoolBroken`. moolib cannot make a second EnvPool in
-  a process, so the trainer saves a checkpoint, ends the old pool's processes
-  (:func:`shutdown_env_pool`) and re-executes itself (:func:`reexec_argv`), which resumes.
+  30 minutes, and a hung env blocks it for ever. :class:`Actors` therefore waits for moolib
+  results in a helper thread, polling every 0.25 s for a stop request (SIGINT/SIGTERM, so
+  signals are honoured while waiting on envs: the wait is abandoned), for dead pool processes
+  (a zombie child of the EnvPool server) and for a timeout (``env_timeout``, default
+  ``ENV_TIMEOUT``; ``rfwp-rl train --env-timeout``), and raises :class:`EnvPoolBroken`: a hung
+  env is handled like a dead worker. moolib cannot make a second EnvPool in a process, so the
+  trainer saves a checkpoint, ends the old pool's processes (:func:`shutdown_env_pool`) and
+  re-executes itself (:func:`reexec_argv`), which resumes (each time counted as one env failure).
+- Before the trainer exits otherwise, :meth:`Actors.release` gives pending env steps
+  ``STOP_GRACE`` seconds and ends the pool's processes if one does not finish (a hung worker
+  would otherwise outlive the trainer).
 """
 
 from __future__ import annotations
@@ -47,11 +56,13 @@ import numpy as np
 import torch
 
 from rfwp_rl.errors import UserError
+from rfwp_rl.impala.config import DEFAULTS
 from rfwp_rl.safety import TrainingAborted
 
 _moolib_pool_made = False  # moolib aborts the process if a second EnvPool forks
 STEP_KEYS = ("obs", "reward", "done", "prev_action", "action", "policy_logits")
-ENV_TIMEOUT = 600.0  # seconds without a result from an env batch before the pool counts as broken
+ENV_TIMEOUT = DEFAULTS.env_timeout  # seconds without a result from an env batch before the pool counts as broken
+STOP_GRACE = 2.0  # seconds pending env steps get to finish when the trainer exits, before the workers are ended
 
 
 class EnvPoolBroken(RuntimeError):
@@ -140,6 +151,7 @@ class _Waiter:
         self._done = threading.Event()
         self._out: tuple[bool, Any] = (True, None)
         self.stuck = False  # a wait was abandoned: the thread may still block on it
+        self.future: Any = None  # the future of the latest wait
         threading.Thread(target=self._run, name="env-result", daemon=True).start()
 
     def _run(self) -> None:
@@ -157,6 +169,7 @@ class _Waiter:
         if self.stuck:
             raise EnvPoolBroken("an earlier env step never finished")
         self._done.clear()
+        self.future = future
         self._in.put(future)
         t0 = time.monotonic()
         while not self._done.wait(0.25):
@@ -172,6 +185,13 @@ class _Waiter:
         if not ok:
             raise EnvPoolBroken(f"env pool step failed: {value}") from value
         return value
+
+    def settle(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s for an abandoned wait to finish (its result is dropped).
+        True: nothing is stuck any more."""
+        if self.stuck and self._done.wait(max(0.0, timeout)):
+            self.stuck = False
+        return not self.stuck
 
 
 def import_moolib():
@@ -201,14 +221,16 @@ class LocalEnvPool:
     synchronously (no overlap with inference). Env ``i`` is seeded with ``seed * 100_003 + i``,
     so runs with this backend are reproducible."""
 
-    def __init__(self, env_id: str, env_options: dict, seed: int, batch_size: int, num_batches: int):
+    def __init__(self, env_id: str, env_options: dict, seed: int, batch_size: int, num_batches: int,
+                 blank_obs: np.ndarray | None = None):
         from rfwp_rl.envs import make_env
         from rfwp_rl.envs.pool import PoolEnv
 
         def create(i: int) -> PoolEnv:
             def make(failures: int):  # a replacement after a failure gets a new seed
                 return make_env(env_id, seed=(seed * 100_003 + i + 7919 * failures) % 2 ** 31, **env_options)
-            return PoolEnv(make(0), make=make, name=f"{env_id} #{i}")
+            # the env is made on its first reset, where a failing constructor is handled like a failing reset
+            return PoolEnv(None, make=make, name=f"{env_id} #{i}", blank_obs=blank_obs)
 
         self.envs = [[create(b * batch_size + i) for i in range(batch_size)] for b in range(num_batches)]
         self.started = [False] * num_batches
@@ -242,19 +264,21 @@ class LocalEnvPool:
 
 
 def make_env_pool(backend: str, env_id: str, env_options: dict, seed: int, num_envs: int, num_batches: int,
-                  num_processes: int):
+                  num_processes: int, blank_obs: np.ndarray | None = None):
     """An env pool of ``num_batches`` batches of ``num_envs // num_batches`` envs
     (``moolib.EnvPool`` or :class:`LocalEnvPool`). Create it before any moolib Rpc/Group and
     before other threads: moolib forks its worker processes here. moolib workers seed their
     envs from OS entropy (runs with moolib are not bit-reproducible anyway: worker timing
-    decides which model version acts)."""
+    decides which model version acts). ``blank_obs`` (one observation's shape and dtype, e.g.
+    ``np.zeros(spec.obs_shape, spec.obs_dtype)``) lets an env slot whose envs can never be made
+    report that as ``env_fatal`` (see :mod:`rfwp_rl.envs.pool`)."""
     if num_envs % num_batches:
         raise UserError(f"--num-actors {num_envs} must be a multiple of --num-env-batches {num_batches}")
     if not 1 <= num_batches <= 4:
         raise UserError(f"--num-env-batches {num_batches} is invalid; allowed: 1 to 4")
     batch_size = num_envs // num_batches
     if backend == "local":
-        return LocalEnvPool(env_id, env_options, seed, batch_size, num_batches)
+        return LocalEnvPool(env_id, env_options, seed, batch_size, num_batches, blank_obs)
     global _moolib_pool_made
     if _moolib_pool_made:
         raise UserError("moolib allows one EnvPool per process (it forks its workers once and aborts a second "
@@ -264,7 +288,9 @@ def make_env_pool(backend: str, env_id: str, env_options: dict, seed: int, num_e
 
     _moolib_pool_made = True
     before = set(_children(os.getpid()))
-    pool = moolib.EnvPool(PoolEnvFactory(env_id, **env_options), num_processes=min(num_processes, num_envs),
+    factory = PoolEnvFactory(env_id, **env_options)
+    factory.blank_obs = blank_obs
+    pool = moolib.EnvPool(factory, num_processes=min(num_processes, num_envs),
                           batch_size=batch_size, num_batches=num_batches)
     _moolib_processes[id(pool)] = PoolProcesses(sorted(set(_children(os.getpid())) - before))
     return pool
@@ -302,16 +328,19 @@ class Actors:
     ``should_stop()`` became true while waiting for the envs).
 
     ``env_failures`` counts replaced envs (start value ``env_failures``, e.g. from a checkpoint);
-    more than ``max_env_failures`` raise :class:`TrainingAborted`. A dead moolib worker raises
-    :class:`EnvPoolBroken`.
+    more than ``max_env_failures`` raise :class:`TrainingAborted`, and so does an env that
+    cannot be made to work (``env_fatal``). A dead moolib worker, or no result from a batch
+    for ``env_timeout`` seconds, raises :class:`EnvPoolBroken`.
     """
 
     def __init__(self, pool: Any, agent: torch.nn.Module, num_envs: int, num_batches: int, unroll_length: int,
                  device: torch.device | str = "cpu", max_env_failures: int | None = None,
-                 env_failures: int = 0, should_stop: Callable[[], bool] = lambda: False):
+                 env_failures: int = 0, should_stop: Callable[[], bool] = lambda: False,
+                 env_timeout: float = ENV_TIMEOUT):
         self.pool = pool
         self.max_env_failures = max_env_failures
         self.env_failures = env_failures
+        self.env_timeout = env_timeout
         self.should_stop = should_stop
         self._processes = _moolib_processes.get(id(pool))
         self._waiter = _Waiter() if self._processes is not None else None
@@ -330,8 +359,11 @@ class Actors:
         if env_out is None:  # stop requested while waiting
             return [], []
         batch.future = None
-        if "env_error" in env_out and bool(env_out["env_error"].any()):
-            self._env_failed(batch, torch.nonzero(env_out["env_error"]).flatten().tolist())
+        if "env_fatal" in env_out and bool(env_out["env_fatal"].any()):  # uint8 [b, FATAL_MESSAGE_BYTES]
+            self._env_fatal(batch, env_out["env_fatal"])
+        if "env_error" in env_out and bool(env_out["env_error"].any()):  # int32 [b] (bool from older workers)
+            errors = env_out["env_error"]
+            self._env_failed(batch, torch.nonzero(errors).flatten().tolist(), int(errors.sum()))
         # The pool reuses its buffers once the batch is stepped again: copy what we keep.
         obs = env_out["obs"].to(self.device, copy=True)
         reward = env_out["reward"].to(self.device, torch.float32, copy=True)
@@ -374,20 +406,55 @@ class Actors:
             dead = self._processes.dead()
             if dead is not None:
                 raise EnvPoolBroken(dead)
-            if waited > ENV_TIMEOUT:
-                raise EnvPoolBroken(f"no result from env batch {batch.index} for {waited:.0f} s")
+            if waited > self.env_timeout:
+                raise EnvPoolBroken(f"no result from env batch {batch.index} for {waited:.0f} s "
+                                    f"(env timeout {self.env_timeout:g} s): an env is hung")
             return False
 
         return self._waiter.wait(batch.future, poll)
 
-    def _env_failed(self, batch: ActorBatch, rows: list[int]) -> None:
-        self.env_failures += len(rows)
+    def _env_fatal(self, batch: ActorBatch, fatal: torch.Tensor) -> None:
+        from rfwp_rl.envs.pool import decode_fatal
+
+        row = int(torch.nonzero(fatal.any(dim=1)).flatten()[0])
+        message = decode_fatal(fatal[row]) or "an env cannot be made to work"
+        raise TrainingAborted(f"{message} (actor env {batch.index * batch.batch_size + row})")
+
+    def _env_failed(self, batch: ActorBatch, rows: list[int], count: int | None = None) -> None:
+        self.env_failures += len(rows) if count is None else count
         envs = ", ".join(str(batch.index * batch.batch_size + i) for i in rows)
         limit = f" (limit --max-env-failures {self.max_env_failures})" if self.max_env_failures is not None else ""
         print(f"warning: env {envs} failed and was replaced; {self.env_failures} env failures so far{limit}",
               file=sys.stderr, flush=True)
         if self.max_env_failures is not None and self.env_failures > self.max_env_failures:
             raise TrainingAborted(f"{self.env_failures} environment failures{limit}")
+
+    def release(self, grace: float = STOP_GRACE) -> None:
+        """Before the trainer exits without restarting: give the pending env steps ``grace``
+        seconds in all; if one does not finish (a hung env, or a wait abandoned on a stop request
+        that never finishes), end the moolib pool's processes, which would otherwise outlive
+        this process. No-op for in-process pools."""
+        if self._waiter is None:
+            return
+        deadline = time.monotonic() + grace
+        if self._waiter.settle(deadline - time.monotonic()):
+            for batch in self.batches:
+                if batch.future is None:
+                    continue
+                if batch.future is self._waiter.future:  # its abandoned wait has just finished
+                    batch.future = None
+                    continue
+                try:
+                    self._waiter.wait(batch.future, lambda waited: time.monotonic() > deadline)
+                except EnvPoolBroken:
+                    pass
+                if self._waiter.stuck:
+                    break
+                batch.future = None
+        if self._waiter.stuck:
+            print(f"warning: env steps did not finish within {grace:g} s; ending the env worker processes",
+                  file=sys.stderr, flush=True)
+            self._processes.kill()
 
     def drain(self) -> None:
         """Wait for the pending env steps (so that another :class:`Actors` can use the pool)."""

@@ -25,6 +25,9 @@ class ImpalaConfig:
     num_env_processes: int = dataclasses.field(default_factory=lambda: max(1, min(os.cpu_count() or 1, 8)))
     env_backend: str = "moolib"  # moolib (EnvPool worker processes) or local (in this process)
     listen: str = ""  # HOST:PORT: also take rollouts from remote actors (rfwp-rl actor --connect)
+    # moolib: seconds without a result from an env batch before the pool counts as broken (a hung
+    # env is handled like a dead worker process: checkpoint, end the workers, restart)
+    env_timeout: float = 600.0
     # learner
     batch_size: int = 32
     unroll_length: int = 50

@@ -79,8 +79,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="also train on rollouts of remote actors (rfwp-rl actor --connect HOST:PORT); "
                         "with --num-actors 0 only on theirs")
     g.add_argument("--max-env-failures", type=int, default=100,
-                   help="environment failures (an env raised and was replaced, or a worker process died) "
-                        "tolerated over the whole run; one more saves a checkpoint and stops (exit 1)")
+                   help="environment failures (an env raised and was replaced, or a worker process died "
+                        "or hung) tolerated over the whole run; one more saves a checkpoint and stops (exit 1). "
+                        "An env whose new instances keep failing before their first observation "
+                        "(rfwp_rl.envs.pool.MAX_FAILED_CONSTRUCTIONS in a row) stops the run at once "
+                        "(exit 1, one line naming the env and its exception)")
+    g.add_argument("--env-timeout", type=float, default=d.env_timeout, metavar="SECONDS",
+                   help="moolib backend: seconds without a result from an env batch before the env is taken "
+                        "as hung and handled like a dead worker process: checkpoint, end the workers, restart "
+                        "the command (counted as one env failure); must exceed the slowest env step and the "
+                        "envs' construction (default %(default)g; inf: never)")
     g = parser.add_argument_group("learner (RFWP paper App. C)")
     g.add_argument("--batch-size", type=int, default=d.batch_size)
     g.add_argument("--unroll-length", type=int, default=d.unroll_length)
@@ -120,6 +128,8 @@ def config_from_args(args: argparse.Namespace) -> ImpalaConfig:
 
         parse_address(cfg.listen, "--listen")
     check_choice("env backend", cfg.env_backend, ENV_BACKENDS)
+    if not cfg.env_timeout > 0:
+        raise UserError(f"--env-timeout {cfg.env_timeout:g} is invalid; allowed: seconds > 0 (inf: never time out)")
     try:
         device = torch.device(cfg.device)
     except RuntimeError:
@@ -173,9 +183,13 @@ def train(cfg: ImpalaConfig, preset, spec, env_options: dict, run_dir: Path, tor
           max_env_failures: int = 100) -> int:
     """Train until ``cfg.total_steps`` (resuming from ``run_dir``'s newest checkpoint). Returns the exit code.
 
-    Faults (issue 8): a failed env is replaced and counted (``max_env_failures``); a dead moolib
-    worker process -> checkpoint, end the pool, re-execute this command (moolib cannot make a
-    second EnvPool in one process), which resumes; non-finite updates are skipped."""
+    Faults (issue 8): a failed env (step, reset or construction raised) is replaced and counted
+    (``max_env_failures``); an env that fails ``MAX_FAILED_CONSTRUCTIONS`` times in a row before
+    its first observation stops the run (checkpoint, exit 1, one line naming it); a dead moolib
+    worker process or a hung env (no result for ``cfg.env_timeout`` s) -> checkpoint, end the
+    pool, re-execute this command (moolib cannot make a second EnvPool in one process), which
+    resumes; SIGINT/SIGTERM, also while waiting on envs -> checkpoint, exit 0 (workers stuck in
+    an env are ended); non-finite updates are skipped."""
     from rfwp_rl.agent import Agent
     from rfwp_rl.checkpoint import Checkpointer, NonFiniteState, lock_run_dir, rng_state, set_rng_state
     from rfwp_rl.impala import learner
@@ -225,7 +239,8 @@ def train(cfg: ImpalaConfig, preset, spec, env_options: dict, run_dir: Path, tor
     # ---- env pool first: moolib forks its workers here, before the logger starts threads
     env_seed = cfg.seed + 1000 * counters["updates"]  # fresh episodes (local backend: new seeds) on resume
     pool = make_env_pool(cfg.env_backend, spec.env_id, env_options, env_seed, cfg.num_actors, cfg.num_env_batches,
-                         cfg.num_env_processes) if cfg.num_actors else None
+                         cfg.num_env_processes, blank_obs=np.zeros(spec.obs_shape, spec.obs_dtype)
+                         ) if cfg.num_actors else None
     server = None  # remote actors (--listen): an Rpc endpoint, opened after the pool has forked
     if cfg.listen:
         from rfwp_rl.impala.rollout_server import RolloutServer, compat_info
@@ -250,7 +265,8 @@ def train(cfg: ImpalaConfig, preset, spec, env_options: dict, run_dir: Path, tor
     acting_agent = copy.deepcopy(agent) if cfg.learner_thread else agent
     if pool is not None:
         actors = Actors(pool, acting_agent, cfg.num_actors, cfg.num_env_batches, cfg.unroll_length, device,
-                        max_env_failures=max_env_failures, env_failures=counters["env_failures"])
+                        max_env_failures=max_env_failures, env_failures=counters["env_failures"],
+                        env_timeout=cfg.env_timeout)
     else:
         from rfwp_rl.impala.rollout_server import NoLocalActors
 
@@ -387,8 +403,11 @@ def train(cfg: ImpalaConfig, preset, spec, env_options: dict, run_dir: Path, tor
                 server.close()
             if restart:
                 shutdown_env_pool(pool)
-            elif hasattr(pool, "close"):
-                pool.close()
+            else:
+                if hasattr(actors, "release"):  # a hung env's worker must not outlive this process
+                    actors.release()
+                if hasattr(pool, "close"):
+                    pool.close()
             del pool
     if restart:
         if counters["env_failures"] > max_env_failures:
