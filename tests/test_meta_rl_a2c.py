@@ -229,3 +229,34 @@ def test_preset_and_core_flags_pick_the_papers_fwm(tmp_path):
                                                             "num_reads": 3}, "fwm")
     assert train.resolve_agent(None, None, ["num_reads=2"])[1]["num_reads"] == 2
     assert train.resolve_agent("lstm", None, ["core_config.hidden_size=8"])[1] == {"hidden_size": 8}
+
+
+# ------------------------------------------------------------------------------- results
+
+def test_plot_summarises_runs_at_equal_episodes(tmp_path):
+    from rfwp_rl.meta_rl import plot
+
+    def write_run(name, tests, minutes_per_eval):
+        d = tmp_path / name
+        d.mkdir()
+        lines = ["episode,wall_minutes,train_reward,test_reward_sampled,test_reward_greedy"]
+        for i, t in enumerate(tests, 1):
+            lines.append(f"{100 * i},{minutes_per_eval * i},{t},{t},")
+        (d / "metrics.csv").write_text("\n".join(lines) + "\n")
+        (d / "config.json").write_text('{"label": "%s", "seed": 1}' % name)
+        return d
+
+    fast = write_run("fwm", [50, 60, 80, 90, 95, 100, 100, 100, 100, 100, 110], 1.0)
+    slow = write_run("lstm512", [50, 50, 52, 54, 56], 4.0)
+    assert plot.main([str(fast), str(slow), "--out", str(tmp_path / "out")]) == 0
+    with open(tmp_path / "out" / "summary.csv") as f:
+        rows = {r["run"]: r for r in csv.DictReader(f)}
+    fwm, lstm = rows["fwm (s1)"], rows["lstm512 (s1)"]
+    # running mean of 5 evaluations: 85 at episode 600, (80+90+95+100+100)/5 = 93 at 700
+    assert float(fwm["episodes_to_test_90"]) == 700 and float(fwm["minutes_to_test_90"]) == 7.0
+    assert float(fwm["episodes_to_test_100"]) == 1000                  # (100 x 5) at 1000
+    assert float(fwm["common_episode"]) == float(lstm["common_episode"]) == 500
+    assert float(fwm["test_at_common_episode"]) == pytest.approx((50 + 60 + 80 + 90 + 95) / 5)
+    assert float(lstm["test_at_common_episode"]) == pytest.approx((50 + 50 + 52 + 54 + 56) / 5)
+    assert lstm["episodes_to_test_90"] == "" and float(fwm["test_reward_last"]) == pytest.approx(102)
+    assert (tmp_path / "out" / "curves.png").stat().st_size > 10_000

@@ -5,9 +5,12 @@ writes to ``--out`` (default ``results/meta_rl``):
 
 - ``curves.csv``: all evaluation rows of all runs (long format, one ``run`` column);
 - ``summary.csv``: per run the episodes and wall-clock so far, the last test reward (mean of
-  the last 5 evaluations) and the first episode at which that running mean reached 90 / 100;
-- ``curves.png``: training (left) and test (right) total reward over episodes, like FWM paper
-  Fig. 5, with the published reference points of that experiment.
+  the last 5 evaluations), the first episode and training minute at which that running mean
+  reached 90 / 100, and the test running mean at the last episode every run has reached
+  (``common_episode``: the comparison at equal training);
+- ``curves.png``: training (left) and test (middle) total reward over episodes, like FWM paper
+  Fig. 5, with the published reference points of that experiment; test reward over training
+  wall-clock minutes (right).
 
 The test reward plotted is the sampled one (the paper's) where a run measured it.
 """
@@ -71,17 +74,36 @@ def first_reaching(episodes: list[float], values: list[float], level: float) -> 
     return math.nan
 
 
-def summarise(label: str, rows: list[dict]) -> dict:
+def value_at(episodes: list[float], values: list[float], episode: float) -> float:
+    """The last value at or before ``episode``."""
+    out = math.nan
+    for e, v in zip(episodes, values):
+        if e > episode:
+            break
+        out = v
+    return out
+
+
+def summarise(label: str, rows: list[dict], common_episode: float = math.nan) -> dict:
     ep = [r["episode"] for r in rows]
+    minutes = [r["wall_minutes"] for r in rows]
     test = running_mean(test_curve(rows))
     train = running_mean([r.get("train_reward", math.nan) for r in rows])
+    to_90, to_100 = first_reaching(ep, test, 90.0), first_reaching(ep, test, 100.0)
+
+    def minute_of(episode: float) -> float:
+        return round(value_at(ep, minutes, episode), 1) if not math.isnan(episode) else math.nan
+
     return {"run": label, "episodes": int(ep[-1]) if ep else 0,
             "wall_minutes": round(rows[-1]["wall_minutes"], 1) if rows else math.nan,
             "test_reward_last": round(test[-1], 2) if test else math.nan,
             "train_reward_last": round(train[-1], 2) if train else math.nan,
             "best_test_running_mean": round(max((t for t in test if not math.isnan(t)), default=math.nan), 2),
-            "episodes_to_test_90": first_reaching(ep, test, 90.0),
-            "episodes_to_test_100": first_reaching(ep, test, 100.0)}
+            "episodes_to_test_90": to_90,
+            "episodes_to_test_100": to_100,
+            "minutes_to_test_90": minute_of(to_90), "minutes_to_test_100": minute_of(to_100),
+            "common_episode": common_episode,
+            "test_at_common_episode": round(value_at(ep, test, common_episode), 2)}
 
 
 def plot(runs: list[tuple[str, list[dict]]], path: Path) -> None:
@@ -89,22 +111,27 @@ def plot(runs: list[tuple[str, list[dict]]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharex=True, sharey=True)
+    fig, axes = plt.subplots(1, 3, figsize=(17, 4.5), sharey=True)
+    axes[1].sharex(axes[0])
     for i, (label, rows) in enumerate(runs):
         color = f"C{i}"
         ep = [r["episode"] / 1000 for r in rows]
+        minutes = [r["wall_minutes"] for r in rows]
         train = [r.get("train_reward", math.nan) for r in rows]
         test = test_curve(rows)
-        for ax, ys in ((axes[0], train), (axes[1], test)):
-            ax.plot(ep, ys, color=color, alpha=0.25, lw=0.8)
-            ax.plot(ep, running_mean(ys), color=color, lw=1.8, label=label)
+        for ax, xs, ys in ((axes[0], ep, train), (axes[1], ep, test), (axes[2], minutes, test)):
+            ax.plot(xs, ys, color=color, alpha=0.25, lw=0.8)
+            ax.plot(xs, running_mean(ys), color=color, lw=1.8, label=label)
     px, py = zip(*PAPER_FWM_TEST)
     axes[1].plot([x / 1000 for x in px], py, "k--", marker="o", lw=1, label="paper FWM (published log)")
     axes[1].axhspan(*PAPER_LSTM_TEST_END, color="grey", alpha=0.15, label="paper LSTMs 512-4096, end")
     axes[0].set_title("training graphs (600)")
     axes[1].set_title("test graphs (600 unseen, sampled actions)")
-    for ax in axes:
+    axes[2].set_title("test graphs, over training wall-clock")
+    for ax in axes[:2]:
         ax.set_xlabel("episodes (thousands; 1 episode = 1 update of the whole batch)")
+    axes[2].set_xlabel("training minutes on the shared 2-core CPU (evaluations included)")
+    for ax in axes:
         ax.grid(alpha=0.3)
     axes[0].set_ylabel(f"total reward per 30-step episode (running mean of {SMOOTH} evals)")
     axes[1].legend(loc="lower right", fontsize=8)
@@ -142,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
                "test_reward_greedy", "test_goals", "train_invalid", "entropy"]
     long_rows = [{"run": label, **r} for label, rows in runs for r in rows]
     atomic_write_text(out / "curves.csv", _csv_text(long_rows, columns))
-    summary = [summarise(label, rows) for label, rows in runs]
+    common = min((rows[-1]["episode"] for _, rows in runs if rows), default=math.nan)
+    summary = [summarise(label, rows, common) for label, rows in runs]
     atomic_write_text(out / "summary.csv", _csv_text(summary, list(summary[0])))
     plot(runs, out / "curves.png")
     print("| " + " | ".join(summary[0]) + " |")
