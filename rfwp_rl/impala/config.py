@@ -25,6 +25,10 @@ class ImpalaConfig:
     num_env_processes: int = dataclasses.field(default_factory=lambda: max(1, min(os.cpu_count() or 1, 8)))
     env_backend: str = "moolib"  # moolib (EnvPool worker processes) or local (in this process)
     listen: str = ""  # HOST:PORT: also take rollouts from remote actors (rfwp-rl actor --connect)
+    # several learners (rfwp_rl.impala.multi_learner): the moolib broker's HOST:PORT and the group name;
+    # learners of one group average their gradients before every optimizer step
+    broker: str = ""
+    group: str = ""
     # moolib: seconds without a result from an env batch before the pool counts as broken (a hung
     # env is handled like a dead worker process: checkpoint, end the workers, restart)
     env_timeout: float = 600.0

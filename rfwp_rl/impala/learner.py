@@ -97,37 +97,67 @@ def linear_decay(total_steps: int, steps_per_update: int):
     return factor
 
 
+def linear_decay_of_steps(total_steps: int, steps_trained: Callable[[], int]):
+    """LR multiplier for ``LambdaLR`` that reads the env steps trained so far (``steps_trained()``)
+    instead of counting updates: 1 at the start, 0 after ``total_steps``. In a learner group an
+    update consumes the env steps of every learner that handed in gradients, a number that varies
+    with the group's size; for one learner it equals :func:`linear_decay`. Call ``scheduler.step()``
+    after adding the update's env steps to the count."""
+    def factor(_update: int) -> float:
+        return max(0.0, 1.0 - min(steps_trained(), total_steps) / total_steps)
+    return factor
+
+
 def make_optimizer(agent: nn.Module, lr: float, alpha: float, eps: float, momentum: float = 0.0) -> torch.optim.Optimizer:
     """RMSProp as in TorchBeast / the paper (lr 6e-4, alpha 0.99, eps 0.01)."""
     return torch.optim.RMSprop(agent.parameters(), lr=lr, alpha=alpha, eps=eps, momentum=momentum)
 
 
-def update(agent: nn.Module, optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler,
-           batch: dict[str, torch.Tensor], initial_state: tuple, cfg: LossConfig, grad_norm_clip: float,
-           guard: NonFiniteGuard) -> dict[str, float]:
-    """One learner step: loss, backward, non-finite check, grad-norm clip, RMSProp, LR decay.
-
-    Returns the loss parts plus ``learner/grad_norm`` (before clipping), ``learner/lr``
-    (used for this step) and ``learner/skipped`` (1.0 when the non-finite guard skipped it).
-    """
+def compute_gradients(agent: nn.Module, batch: dict[str, torch.Tensor], initial_state: tuple,
+                      cfg: LossConfig) -> tuple[torch.Tensor, dict[str, float]]:
+    """Loss and ``loss.backward()``: the gradients of the summed loss over the batch are *added* to
+    the parameters' ``.grad`` (which must be zero or None, see :func:`apply_gradients`).
+    Returns the loss (for the non-finite check) and its parts as floats."""
     agent.train()
-    optimizer.zero_grad(set_to_none=True)
     loss, stats = compute_loss(agent, batch, initial_state, cfg)
     loss.backward()
+    return loss, stats
+
+
+def apply_gradients(agent: nn.Module, optimizer: torch.optim.Optimizer,
+                    scheduler: torch.optim.lr_scheduler.LRScheduler, grad_norm_clip: float,
+                    step: bool = True) -> dict[str, float]:
+    """One optimizer step on the gradients in ``.grad``: grad-norm clip, RMSProp, LR schedule.
+
+    ``step=False`` (a skipped, non-finite update) only advances the schedule. The caller zeroes
+    the gradients afterwards (one learner: set to None; a learner group keeps them allocated).
+    Returns ``learner/grad_norm`` (before clipping; NaN when skipped), ``learner/lr`` (used for
+    this step) and ``learner/skipped``.
+    """
     lr = optimizer.param_groups[0]["lr"]
-    if guard.ok(loss, agent.parameters()):
-        grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), grad_norm_clip)
+    stats = {"learner/grad_norm": float("nan"), "learner/skipped": 1.0, "learner/lr": lr}
+    if step:
+        stats["learner/grad_norm"] = float(nn.utils.clip_grad_norm_(agent.parameters(), grad_norm_clip))
         optimizer.step()
-        stats["learner/grad_norm"] = float(grad_norm)
         stats["learner/skipped"] = 0.0
-    else:
-        stats["learner/grad_norm"] = float("nan")
-        stats["learner/skipped"] = 1.0
-    optimizer.zero_grad(set_to_none=True)
     with warnings.catch_warnings():  # torch warns when the very first update was skipped
         warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
         scheduler.step()  # the schedule counts learner steps, skipped ones included
-    stats["learner/lr"] = lr
+    return stats
+
+
+def update(agent: nn.Module, optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler,
+           batch: dict[str, torch.Tensor], initial_state: tuple, cfg: LossConfig, grad_norm_clip: float,
+           guard: NonFiniteGuard) -> dict[str, float]:
+    """One learner step on its own: loss, backward, non-finite check, grad-norm clip, RMSProp, LR decay.
+
+    Returns the loss parts plus ``learner/grad_norm`` (before clipping), ``learner/lr`` (used for
+    this step) and ``learner/skipped`` (1.0 when the non-finite guard skipped it).
+    """
+    optimizer.zero_grad(set_to_none=True)
+    loss, stats = compute_gradients(agent, batch, initial_state, cfg)
+    stats.update(apply_gradients(agent, optimizer, scheduler, grad_norm_clip, step=guard.ok(loss, agent.parameters())))
+    optimizer.zero_grad(set_to_none=True)
     return stats
 
 
@@ -173,6 +203,11 @@ class LearnerThread:
                 return
             except queue.Full:
                 continue
+
+    @property
+    def pending(self) -> int:
+        """Batches submitted and not yet learned (the one being learned included)."""
+        return self._queue.unfinished_tasks
 
     def wait_idle(self) -> None:
         """Wait until every submitted batch is learned."""

@@ -17,6 +17,11 @@ compares them and refuses a mismatch with a one-line error (exit 2). A lost lear
 retried with exponential backoff (the envs are kept alive meanwhile); after a learner
 restart the actor validates again and takes the new learner's weights. When the learner
 reaches its step target the actor exits 0. Ctrl-C / SIGTERM stop it cleanly.
+
+Envs fail as in ``rfwp-rl train``: a failing env is replaced; an env batch without a result for
+``--env-timeout`` seconds (a hung env) or a dead worker process ends the actor (exit 1: restart it).
+At any exit the env workers get a moment to finish their pending steps and are ended if they do
+not (:meth:`rfwp_rl.impala.actors.Actors.release`), so no hung worker outlives the actor.
 """
 
 from __future__ import annotations
@@ -65,6 +70,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--num-env-batches", type=int, default=d.num_env_batches)
     g.add_argument("--num-env-processes", type=int, default=d.num_env_processes)
     g.add_argument("--env-backend", choices=ENV_BACKENDS, default=d.env_backend)
+    g.add_argument("--env-timeout", type=float, default=d.env_timeout, metavar="SECONDS",
+                   help="moolib backend: seconds without a result from an env batch before the env is taken as "
+                        "hung: the actor ends its workers and exits 1 (default %(default)g; inf: never)")
     g.add_argument("--seed", type=int, default=d.seed)
     g.add_argument("--device", default="cpu", help="inference device")
     g.add_argument("--torch-threads", type=int, default=1)
@@ -75,15 +83,15 @@ def run(args: argparse.Namespace) -> int:
     from rfwp_rl import envs
     from rfwp_rl.agent import Agent
     from rfwp_rl.impala.actors import make_env_pool
-    from rfwp_rl.impala.rollout_server import compat_info, parse_address
+    from rfwp_rl.impala.rollout_server import compat_info, resolve_address
     from rfwp_rl.impala.train import DEFAULT_CORE, env_options_from_args
     from rfwp_rl.presets import resolve_preset
 
-    address = parse_address(args.connect, "--connect")
+    address = resolve_address(args.connect, "--connect")
     for flag in ("num_actors", "num_env_batches", "num_env_processes"):
         if getattr(args, flag) < 1:
             raise UserError(f"--{flag.replace('_', '-')} {getattr(args, flag)} is invalid; allowed: an integer >= 1")
-    for flag in ("rpc_timeout", "max_backoff"):
+    for flag in ("rpc_timeout", "max_backoff", "env_timeout"):
         if not getattr(args, flag) > 0:
             raise UserError(f"--{flag.replace('_', '-')} {getattr(args, flag)} is invalid; allowed: seconds > 0")
     resolved = envs.resolve_env_id(args.env)
@@ -110,6 +118,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         return actor.run()
     finally:
+        if actor.actors is not None:  # a hung env's worker must not outlive this process
+            actor.actors.release()
         if hasattr(pool, "close"):
             pool.close()
 
@@ -190,7 +200,7 @@ class RemoteActor:
                     from rfwp_rl.impala.actors import Actors
 
                     self.actors = Actors(self.pool, self.agent, self.args.num_actors, self.args.num_env_batches,
-                                         unroll, self.device)
+                                         unroll, self.device, env_timeout=self.args.env_timeout)
                     self.actors.should_stop = lambda: stop.requested  # also while waiting on envs
                     self.start_version = [-1] * self.args.num_env_batches
                 elif unroll != self.actors.batches[0].unroll_length:

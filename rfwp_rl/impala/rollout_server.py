@@ -75,6 +75,27 @@ def parse_address(text: str, flag: str) -> str:
     return text
 
 
+def resolve_address(text: str, flag: str) -> str:
+    """``HOST:PORT`` with HOST resolved to an IP address (``[v6]:PORT`` for IPv6), as moolib needs it:
+    moolib 0.0.9b0 aborts the process on a host name (``localhost:4431`` is read as a URL scheme).
+    A name that does not resolve is a one-line UserError."""
+    import ipaddress
+    import socket
+
+    host, _, port = parse_address(text, flag).rpartition(":")
+    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    try:
+        ip = ipaddress.ip_address(bare)
+    except ValueError:
+        try:
+            infos = socket.getaddrinfo(bare, int(port), type=socket.SOCK_STREAM)
+        except OSError as e:
+            raise UserError(f"{flag} {text}: cannot resolve host {bare!r} ({e.strerror or e})") from None
+        infos.sort(key=lambda info: info[0] != socket.AF_INET)  # IPv4 first
+        ip = ipaddress.ip_address(infos[0][4][0])
+    return f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"
+
+
 def _safe(fn: Callable[..., dict]) -> Callable[..., dict]:
     """Wrap an Rpc handler so that it returns ``{"error": ...}`` instead of raising."""
     def handler(*args: Any, **kwargs: Any) -> dict:
@@ -110,7 +131,7 @@ class RolloutServer:
     def __init__(self, address: str, info: dict, agent: Any, unroll_length: int, max_pending: int,
                  device: torch.device | str = "cpu"):
         moolib = import_moolib()
-        self.address = parse_address(address, "--listen")
+        self.address = resolve_address(address, "--listen")
         self.info = info
         self.unroll_length = int(unroll_length)
         self.max_pending = int(max_pending)

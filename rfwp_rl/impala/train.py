@@ -16,6 +16,10 @@ Examples::
 
 Re-running the same command resumes from the newest checkpoint of its run directory
 (``runs/impala/<env>_<core>_s<seed>``). Ctrl-C saves a checkpoint and exits 0.
+
+Several learners train one model with ``--broker HOST:PORT --group NAME`` (a moolib broker:
+``rfwp-rl broker``): each has its own actors, their gradients are averaged before every optimizer
+step (:mod:`rfwp_rl.impala.multi_learner`), and the step counters are the group's.
 """
 
 from __future__ import annotations
@@ -41,6 +45,11 @@ from rfwp_rl.impala.config import DEFAULTS, ENV_BACKENDS, ImpalaConfig
 
 METRICS = ("episode/return", "episode/return_mean100")
 DEFAULT_CORE = "rdn"  # the RFWP paper's main agent
+# Settings every learner of a group must share (checked when a learner joins), besides the env and agent.
+GROUP_SETTINGS = ("total_steps", "batch_size", "unroll_length", "learning_rate", "rmsprop_alpha", "rmsprop_eps",
+                  "rmsprop_momentum", "grad_norm_clip", "entropy_cost", "baseline_cost", "discount", "reward_clip",
+                  "clip_rho", "clip_c")
+MAX_WAITING_BATCHES = 4  # full batches held while a learner group takes no gradients (joining); older ones are dropped
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -78,6 +87,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--listen", default=d.listen, metavar="HOST:PORT",
                    help="also train on rollouts of remote actors (rfwp-rl actor --connect HOST:PORT); "
                         "with --num-actors 0 only on theirs")
+    g.add_argument("--broker", default=d.broker, metavar="HOST:PORT",
+                   help="join a group of learners that train one model (with --group): the moolib broker's address "
+                        "(rfwp-rl broker --address HOST:PORT); gradients are averaged before every optimizer step")
+    g.add_argument("--group", default=d.group, metavar="NAME",
+                   help="the learner group's name at the broker; every learner of a group needs the same env, "
+                        "agent and learner options, and its own --seed")
     g.add_argument("--max-env-failures", type=int, default=100,
                    help="environment failures (an env raised and was replaced, or a worker process died "
                         "or hung) tolerated over the whole run; one more saves a checkpoint and stops (exit 1). "
@@ -127,6 +142,9 @@ def config_from_args(args: argparse.Namespace) -> ImpalaConfig:
         from rfwp_rl.impala.rollout_server import parse_address
 
         parse_address(cfg.listen, "--listen")
+    from rfwp_rl.impala.multi_learner import check_group_args
+
+    check_group_args(cfg.broker, cfg.group)
     check_choice("env backend", cfg.env_backend, ENV_BACKENDS)
     if not cfg.env_timeout > 0:
         raise UserError(f"--env-timeout {cfg.env_timeout:g} is invalid; allowed: seconds > 0 (inf: never time out)")
@@ -189,10 +207,14 @@ def train(cfg: ImpalaConfig, preset, spec, env_options: dict, run_dir: Path, tor
     worker process or a hung env (no result for ``cfg.env_timeout`` s) -> checkpoint, end the
     pool, re-execute this command (moolib cannot make a second EnvPool in one process), which
     resumes; SIGINT/SIGTERM, also while waiting on envs -> checkpoint, exit 0 (workers stuck in
-    an env are ended); non-finite updates are skipped."""
+    an env are ended); non-finite updates are skipped.
+
+    With ``cfg.broker``/``cfg.group`` this learner is one of a group (:mod:`rfwp_rl.impala.multi_learner`):
+    ``counters["step"]``/``["updates"]`` and the LR schedule are the group's, and each learner writes
+    its own run directory (the same model; its own actors' counters)."""
     from rfwp_rl.agent import Agent
     from rfwp_rl.checkpoint import Checkpointer, NonFiniteState, lock_run_dir, rng_state, set_rng_state
-    from rfwp_rl.impala import learner
+    from rfwp_rl.impala import learner, multi_learner
     from rfwp_rl.impala.actors import (Actors, EnvPoolBroken, RolloutQueue, make_env_pool, reexec_argv,
                                        shutdown_env_pool)
     from rfwp_rl.runlog import RunLogger
@@ -205,11 +227,15 @@ def train(cfg: ImpalaConfig, preset, spec, env_options: dict, run_dir: Path, tor
     torch.manual_seed(cfg.seed)
     device = torch.device(cfg.device)
 
-    # ---- model, optimizer, LR schedule (linear decay to 0 over total_steps)
+    # ---- model, optimizer, LR schedule (linear decay to 0 over total_steps trained)
+    # step, updates: env steps trained and optimizer steps (a learner group's: the same on every learner)
+    counters = {"step": 0, "updates": 0, "actor_steps": 0, "episodes": 0, "train_seconds": 0.0, "env_failures": 0,
+                "skipped_updates": 0}
     agent = Agent(spec.obs_shape, spec.num_actions, preset.core, preset.core_config, preset.agent).to(device)
     optimizer = learner.make_optimizer(agent, cfg.learning_rate, cfg.rmsprop_alpha, cfg.rmsprop_eps, cfg.rmsprop_momentum)
     steps_per_update = cfg.batch_size * cfg.unroll_length
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, learner.linear_decay(cfg.total_steps, steps_per_update))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, learner.linear_decay_of_steps(cfg.total_steps, lambda: counters["step"]))
     loss_cfg = learner.LossConfig(discount=cfg.discount, reward_clip=cfg.reward_clip, baseline_cost=cfg.baseline_cost,
                                   entropy_cost=cfg.entropy_cost, clip_rho=cfg.clip_rho, clip_c=cfg.clip_c)
     guard = NonFiniteGuard(cfg.max_nonfinite)
@@ -219,8 +245,6 @@ def train(cfg: ImpalaConfig, preset, spec, env_options: dict, run_dir: Path, tor
             "core_config": dict(agent.core.config), "num_actions": spec.num_actions,
             "obs_shape": list(spec.obs_shape), "agent": agent.config.to_dict()}
     checkpointer = Checkpointer(run_dir, meta)
-    counters = {"step": 0, "updates": 0, "actor_steps": 0, "episodes": 0, "train_seconds": 0.0, "env_failures": 0,
-                "skipped_updates": 0}
     loaded = checkpointer.load_latest()
     run_lock = lock_run_dir(run_dir)  # noqa: F841  one trainer per run directory, held until train() returns
     if loaded is not None:
@@ -249,6 +273,34 @@ def train(cfg: ImpalaConfig, preset, spec, env_options: dict, run_dir: Path, tor
                                max_pending=2 * cfg.batch_size, device=device)
         server.publish(agent, counters["updates"])
         print(f"listening for remote actors on {cfg.listen}", flush=True)
+    model_lock = threading.Lock()  # agent, optimizer, schedule, counters: updates vs checkpoints vs the group
+
+    # ---- learner group (--broker/--group): what a joining learner takes from the leader besides the
+    # parameters and buffers (moolib copies those), and the settings every learner must share
+    def share_state() -> dict:
+        return {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                "counters": {"step": counters["step"], "updates": counters["updates"]}}
+
+    def adopt_state(state: dict) -> None:
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        counters.update(state["counters"])
+        snapshots_due[:] = [s for s in snapshots_due if s > counters["step"]]
+        model_changed()
+
+    if cfg.broker:
+        from rfwp_rl.impala.rollout_server import compat_info
+
+        settings = {**compat_info(spec, env_options, agent), **{k: getattr(cfg, k) for k in GROUP_SETTINGS}}
+        try:
+            group = multi_learner.LearnerGroup(cfg.broker, cfg.group, agent.parameters(), agent.buffers(),
+                                               steps_per_update, settings, share_state, adopt_state,
+                                               counters["updates"], cfg.seed, model_lock)
+        except BaseException:
+            shutdown_env_pool(pool)
+            raise
+    else:
+        group = multi_learner.Solo(agent.parameters())
 
     num_params = sum(p.numel() for p in agent.parameters())
     hparams = {**{k: v for k, v in dataclasses.asdict(cfg).items()}, "core": preset.core,
@@ -272,23 +324,40 @@ def train(cfg: ImpalaConfig, preset, spec, env_options: dict, run_dir: Path, tor
 
         actors = NoLocalActors(counters["env_failures"])
     queue = RolloutQueue(cfg.batch_size)
-    model_lock = threading.Lock()  # agent, optimizer, schedule, counters: updates vs checkpoints
     acting_lock = threading.Lock()  # the acting copy: inference vs refresh after an update
     learned: stdlib_queue.SimpleQueue = stdlib_queue.SimpleQueue()  # (step, stats) of updates not logged yet
+    loss_stats: dict[str, float] = {}  # of this learner's last batch, logged with the step that used it
 
     def learn(batch) -> None:
-        """One V-trace update (runs in the learner thread with --learner-thread)."""
+        """This learner's V-trace gradients on one batch, handed to the group (alone: applied at once).
+        Runs in the learner thread with --learner-thread."""
         with model_lock:
-            stats = learner.update(agent, optimizer, scheduler, batch.data, batch.state, loss_cfg,
-                                   cfg.grad_norm_clip, guard)
-            counters["step"] += steps_per_update
-            counters["updates"] += 1
-            learned.put((counters["step"], stats))
-            if server is not None:
-                server.publish(agent, counters["updates"])
-            if acting_agent is not agent:
-                with acting_lock:
-                    acting_agent.load_state_dict(agent.state_dict())
+            loss, stats = learner.compute_gradients(agent, batch.data, batch.state, loss_cfg)
+            loss_stats.update(stats)
+            group.hand_in(steps_per_update, guard.ok(loss, agent.parameters()), apply)
+
+    def apply(step: multi_learner.GroupStep) -> None:
+        """One optimizer step on the gradients in .grad (alone: this learner's; in a group: the
+        batch-size-weighted mean of the round's, the same step on every learner). Model lock held."""
+        counters["step"] += step.env_steps
+        counters["updates"] += 1
+        stats = learner.apply_gradients(agent, optimizer, scheduler, cfg.grad_norm_clip, step=step.gradients > 0)
+        if step.own_steps:
+            stats.update(loss_stats)
+        learned.put((counters["step"], stats))
+        model_changed()
+
+    def model_changed() -> None:
+        """Remote actors and the acting copy follow the learner's new parameters."""
+        if server is not None:
+            server.publish(agent, counters["updates"])
+        if acting_agent is not agent:
+            with acting_lock:
+                acting_agent.load_state_dict(agent.state_dict())
+
+    def handed_in() -> int:
+        """Env steps trained, plus those handed to the learner thread or to the group's round under way."""
+        return counters["step"] + group.in_flight + (thread.pending * steps_per_update if thread else 0)
 
     def save(snapshot_step: int | None = None) -> Path:
         logger.flush()  # TensorBoard is on disk up to the checkpoint (a resume purges what follows)
@@ -312,7 +381,7 @@ def train(cfg: ImpalaConfig, preset, spec, env_options: dict, run_dir: Path, tor
     last_ckpt = time.monotonic()
     rate_t, rate_actor, rate_updates = time.monotonic(), 0, counters["updates"]
     snapshots_due = sorted(s for s in cfg.snapshot_steps if s > counters["step"])
-    submitted = counters["step"]  # env steps of the batches handed to the learner
+    dropped_batches = 0
     code = 0
     restart = False
     with GracefulStop() as stop:  # held through the final save
@@ -332,14 +401,19 @@ def train(cfg: ImpalaConfig, preset, spec, env_options: dict, run_dir: Path, tor
                 for r in rollouts:
                     queue.put(r)
 
-                # -- learn: one V-trace update per full batch of rollouts
-                while queue.ready() and submitted < cfg.total_steps:
-                    submitted += steps_per_update
+                # -- learn: the gradients of every full batch of rollouts go to the group (alone: one update
+                #    each); each finished round of the group is one optimizer step on every learner
+                group.sync(apply)  # also: serve the model to joining learners, or take the leader's
+                while queue.ready() and group.wants_gradients() and handed_in() < cfg.total_steps:
                     if thread:
                         thread.submit(queue.get())  # waits while the previous update still runs
                     else:
                         learn(queue.get())
-                if thread and submitted >= cfg.total_steps:
+                group.idle()  # nothing handed in: the group's round goes on without this learner
+                while queue.size > MAX_WAITING_BATCHES * cfg.batch_size:  # the group takes no gradients yet
+                    queue.get()
+                    dropped_batches += 1
+                if thread and handed_in() >= cfg.total_steps:
                     thread.wait_idle()
 
                 # -- bookkeeping: TensorBoard, console, snapshots, periodic checkpoints
@@ -360,8 +434,13 @@ def train(cfg: ImpalaConfig, preset, spec, env_options: dict, run_dir: Path, tor
                                                   "train/skipped_updates": guard.skipped})
                     if returns:
                         logger.log(counters["step"], {"episode/return_mean100": float(np.mean(returns))})
+                    group_stats = group.stats()
+                    if group_stats:
+                        logger.log(counters["step"], {**group_stats, "group/dropped_batches": dropped_batches})
                     rate_t, rate_actor, rate_updates = now, actors.env_steps, counters["updates"]
                     extra = {"env_sps": round(env_sps), "episodes": counters["episodes"]}
+                    if group_stats:
+                        extra["learners"] = int(group_stats["group/size"])
                     if returns:
                         extra["return(100)"] = float(np.mean(returns))
                     if server is not None:
@@ -399,6 +478,7 @@ def train(cfg: ImpalaConfig, preset, spec, env_options: dict, run_dir: Path, tor
             logger.progress(counters["step"], force=True, episodes=counters["episodes"],
                             **({"return(100)": float(np.mean(returns))} if returns else {}))
             logger.close()
+            group.close(finished=counters["step"] >= cfg.total_steps)
             if server is not None:
                 server.close()
             if restart:

@@ -1,0 +1,413 @@
+"""Keep one IMPALA learner in sync with its group of data-parallel learners (moolib Broker/Group/Accumulator).
+
+``rfwp-rl train ... --broker HOST:PORT --group NAME`` makes the learner one of a group that trains
+one model: every learner has its own actors (and remote actors, ``--listen``), and each optimizer
+step of the group applies the same gradients on every learner, so their parameters stay equal:
+
+- **Rounds.** Between env steps the training loop calls :meth:`LearnerGroup.sync`. A learner with a
+  full batch computes its gradients and hands them in (:meth:`LearnerGroup.hand_in`); one without
+  lets the round go on without it (:meth:`LearnerGroup.idle`). moolib all-reduces the handed-in
+  gradients; when the round is done every learner, whether it handed in or not, makes the same
+  optimizer step on the same averaged gradients (``apply``). Nothing here blocks the loop: actors
+  keep acting while a round is under way.
+- **Averaging.** The gradients are averaged weighted by the env steps they were computed on (see
+  :func:`group_gradient_factor`), and the steps of a round are summed: ``counters["step"]`` and the
+  LR schedule are the group's, so ``--total-steps`` means env steps trained by the whole group and
+  every learner stops at the same round.
+- **Joining.** A new learner first asks every member for its settings (``rfwp_learner_info``) and
+  stops with a one-line error if the env, agent or learner settings differ. Then it creates its
+  Accumulator; moolib elects the member with the highest model version (update count) as leader,
+  and the leader serves its parameters plus the shared state (optimizer, LR schedule, global
+  counters: :meth:`LearnerGroup.sync`, ``share_state``) to the newcomer (``adopt_state``). A learner
+  resumed from a checkpoint with more updates than the group becomes the leader.
+- **Leaving.** A heartbeat thread keeps this learner's membership alive while it computes. When a
+  learner stops or dies, the broker drops it after moolib's group timeout (10 s without a heartbeat);
+  the round under way is abandoned, and the others go on as a smaller group.
+
+moolib 0.0.9b0 note: ``Accumulator.reduce_gradients(n)`` uses ``n`` only to decide when a round has
+enough data (``set_virtual_batch_size``); the reduced gradient is the plain mean over the number of
+hand-ins. The batch-size weighting is therefore done here, from ``get_gradient_stats()``.
+
+Without ``--broker`` the trainer uses :class:`Solo`, a pass-through with the same interface: a
+handed-in gradient is applied at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import re
+import socket
+import sys
+import threading
+import time
+from typing import Any, Callable, Iterable
+
+import torch
+
+from rfwp_rl.errors import UserError
+
+GROUP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-/]{0,99}")
+INFO_FUNCTION = "rfwp_learner_info"
+HANDSHAKE_SECONDS = 15.0  # a member that does not answer within this long is not checked (it may be gone)
+HEARTBEAT_SECONDS = 0.5  # how often the heartbeat thread pings the broker (moolib pings every 4 s of these)
+LINGER_SECONDS = 1.5  # a finished learner stays this long so that the others receive the last round
+WAITING_NOTE_SECONDS = 30.0  # how often a learner not yet in its group says it is still waiting
+
+
+@dataclasses.dataclass
+class GroupStep:
+    """One optimizer step of the group: the gradients now in ``.grad`` and what they were computed on."""
+
+    env_steps: int  # env steps of all gradients averaged into this step (summed over the learners)
+    gradients: int  # batches averaged (0: nothing to apply, e.g. one learner's non-finite batch)
+    own_steps: int  # this learner's part of env_steps
+
+
+def group_gradient_factor(num_gradients: int, group_env_steps: int, steps_per_update: int) -> float:
+    """Factor that turns moolib's reduced gradient into the batch-size-weighted group gradient.
+
+    Learner k hands in ``g_k``, the gradient of its loss summed over its ``n_k`` env steps
+    (:func:`rfwp_rl.impala.learner.compute_loss`). moolib 0.0.9b0 puts ``sum_k g_k / K`` in every
+    learner's ``.grad`` (K = ``num_gradients``). The group gradient is the per-step mean over all
+    the round's env steps, in the scale of one learner's batch of ``S = steps_per_update`` steps::
+
+        G = S * sum_k g_k / sum_k n_k = (sum_k g_k / K) * (K * S / sum_k n_k)
+
+    so each env step counts the same, whichever learner it came from; with one learner ``G = g``,
+    and with equal batches it is the plain mean (factor 1). ``group_env_steps = sum_k n_k``.
+    """
+    if num_gradients < 1 or group_env_steps < 1 or steps_per_update < 1:
+        raise ValueError(f"group_gradient_factor needs positive counts, got {num_gradients}, {group_env_steps}, "
+                         f"{steps_per_update}")
+    return num_gradients * steps_per_update / group_env_steps
+
+
+def check_group_args(broker: str, group: str) -> None:
+    """One-line :class:`UserError` for ``--broker``/``--group`` values that cannot work."""
+    from rfwp_rl.impala.rollout_server import resolve_address
+
+    if group and not broker:
+        raise UserError(f"--group {group!r} needs --broker HOST:PORT (the moolib broker the group meets at: "
+                        "rfwp-rl broker --address HOST:PORT)")
+    if broker:
+        resolve_address(broker, "--broker")
+        if not group:
+            raise UserError(f"--broker {broker} needs --group NAME: learners with the same group name at the same "
+                            "broker train one model")
+        if not GROUP_NAME.fullmatch(group):
+            raise UserError(f"--group {group!r} is invalid; allowed: 1-100 characters from letters, digits and "
+                            "_ . - /, starting with a letter or digit")
+
+
+def pack(obj: Any) -> torch.Tensor:
+    """``obj`` (tensors, numbers, containers) as a uint8 tensor: moolib sends Python floats as float32,
+    which would round e.g. the optimizer's learning rate; a tensor of bytes travels unchanged."""
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
+
+
+def unpack(data: torch.Tensor) -> Any:
+    """Inverse of :func:`pack`."""
+    return torch.load(io.BytesIO(data.numpy().tobytes()), map_location="cpu", weights_only=True)
+
+
+def settings_mismatch(mine: dict, theirs: dict, prefix: str = "") -> str | None:
+    """``"key: theirs != mine"`` for the first setting that differs, else None (nested dicts compared key by key)."""
+    for key in sorted(set(mine) | set(theirs)):
+        a, b = mine.get(key, "<missing>"), theirs.get(key, "<missing>")
+        if isinstance(a, dict) and isinstance(b, dict):
+            inner = settings_mismatch(a, b, f"{prefix}{key}.")
+            if inner:
+                return inner
+        elif a != b:
+            return f"{prefix}{key} {b!r} there, {a!r} here"
+    return None
+
+
+class Solo:
+    """No group: a pass-through. A handed-in gradient is this learner's step, applied at once."""
+
+    size = 1
+    in_flight = 0  # env steps handed in and not yet applied
+
+    def __init__(self, parameters: Iterable[torch.nn.Parameter]):
+        self.parameters = list(parameters)
+
+    def sync(self, apply: Callable[[GroupStep], None]) -> None:
+        """Nothing to synchronise."""
+
+    def wants_gradients(self) -> bool:
+        return True
+
+    def hand_in(self, env_steps: int, finite: bool, apply: Callable[[GroupStep], None]) -> None:
+        """Apply this learner's gradients (``finite=False``: skip the step, count its env steps)."""
+        apply(GroupStep(env_steps=env_steps, gradients=int(finite), own_steps=env_steps))
+        for p in self.parameters:
+            p.grad = None
+
+    def idle(self) -> None:
+        """Nothing to synchronise."""
+
+    def stats(self) -> dict[str, float]:
+        return {}
+
+    def close(self, finished: bool = False) -> None:
+        """Nothing to close."""
+
+
+class LearnerGroup:
+    """This learner's membership of a moolib group, and the rounds of gradient averaging.
+
+    Create it after the env pool (moolib forks there, and refuses to once Rpc threads exist).
+    :meth:`sync` runs on the training loop's thread and holds ``model_lock`` (it calls ``apply``,
+    ``share_state`` and ``adopt_state``, and moolib writes ``.grad`` and the parameters there);
+    :meth:`hand_in` is called with ``model_lock`` held (from the learner thread with
+    ``--learner-thread``). moolib calls are serialised by ``self._lock``.
+
+    Args:
+        broker: the broker's ``HOST:PORT``.
+        group: the group name.
+        parameters, buffers: the learner's model tensors (shared with moolib: the averaged gradients
+            land in the parameters' ``.grad``, a joining learner's tensors are overwritten in place).
+        steps_per_update: env steps of one of this learner's batches (B x T), the gradient scale.
+        settings: what every learner of the group must share (env, agent, learner settings).
+        share_state: the leader's state for a newcomer (optimizer, schedule, global counters).
+        adopt_state: loads such a state (after moolib copied the leader's parameters).
+        updates: this learner's update count (model version; the highest one leads).
+        seed: this learner's ``--seed`` (a member with the same seed gets a warning).
+        model_lock: the trainer's lock over the model, optimizer and counters.
+    """
+
+    def __init__(self, broker: str, group: str, parameters: Iterable[torch.nn.Parameter],
+                 buffers: Iterable[torch.Tensor], steps_per_update: int, settings: dict,
+                 share_state: Callable[[], dict], adopt_state: Callable[[dict], None], updates: int, seed: int,
+                 model_lock: threading.Lock | None = None):
+        from rfwp_rl.impala.actors import import_moolib
+        from rfwp_rl.impala.rollout_server import resolve_address
+
+        moolib = import_moolib()
+        self.moolib, self.broker, self.group_name = moolib, broker, group
+        self.parameters = list(parameters)
+        self.buffers = list(buffers)
+        self.steps_per_update = int(steps_per_update)
+        self.settings = json.loads(json.dumps(settings, sort_keys=True, default=str))  # as the others see it
+        self.share_state, self.adopt_state = share_state, adopt_state
+        self.updates, self.seed = int(updates), int(seed)
+        self._info_json = json.dumps({"settings": self.settings, "seed": self.seed}, sort_keys=True)
+        self.name = f"learner-{socket.gethostname()}-s{seed}-{moolib.create_uid()[:6]}"
+        self._lock = threading.Lock()
+        self.model_lock = model_lock if model_lock is not None else threading.Lock()
+        self.rpc = moolib.Rpc()
+        self.rpc.set_name(self.name)
+        self.rpc.define(INFO_FUNCTION, self._info)
+        try:
+            self.rpc.connect(resolve_address(broker, "--broker"))
+        except (RuntimeError, ValueError) as e:
+            raise UserError(f"--broker {broker}: cannot connect there ({str(e).splitlines()[0]})") from None
+        self.group = moolib.Group(self.rpc, group)
+        self.acc = None  # created once this learner's settings are checked against the members'
+        self.in_flight = 0  # env steps handed in to the round under way
+        self._handed_in = False  # this iteration (idle() skips otherwise)
+        self._round_sync_id = 0
+        self._asked: dict[str, Any] = {}  # member -> future of its settings
+        self._ask_started = 0.0
+        self._members: list[str] = []
+        self._connected = False
+        self._took_model = False
+        self._leader = ""
+        self.last_gradients = 0
+        self.dropped_rounds = 0
+        self.dropped_batches = 0
+        self._waiting_since = self._waiting_noted = time.monotonic()
+        self._stop = threading.Event()
+        self._heartbeat = threading.Thread(target=self._beat, name="group-heartbeat", daemon=True)
+        self._heartbeat.start()
+        self._say(f"joining group {group!r} at broker {broker}")
+
+    # ---- moolib-side helpers
+    def _info(self) -> str:
+        """RPC handler (must never raise): this learner's settings for a newcomer's check, as JSON
+        (moolib would send floats as float32)."""
+        return self._info_json
+
+    def _beat(self) -> None:
+        """Keep the membership alive while the training loop computes (the broker drops a member
+        that has not pinged for moolib's group timeout, 10 s)."""
+        while not self._stop.wait(HEARTBEAT_SECONDS):
+            with self._lock:
+                self.group.update()
+
+    def _say(self, text: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] group {self.group_name}: {text}", flush=True)
+
+    @property
+    def size(self) -> int:
+        return max(1, len(self._members))
+
+    # ---- joining
+    def _check_members(self) -> bool:
+        """Ask every other member for its settings; True once all answered (or did not in time).
+        A member with other settings is a one-line UserError (this learner's model stays untouched)."""
+        members = list(self.group.members())
+        if self.name not in members:
+            return False  # the broker has not taken this learner in yet
+        if not self._asked:
+            self._ask_started = time.monotonic()
+        for member in members:
+            if member != self.name and member not in self._asked:
+                self._asked[member] = self.rpc.async_(member, INFO_FUNCTION)
+        waiting = False
+        for member, future in list(self._asked.items()):
+            if future is None:
+                continue
+            if not future.done():
+                waiting = True
+                continue
+            self._asked[member] = None
+            try:
+                reply = json.loads(future.result())
+            except (RuntimeError, TypeError, ValueError):
+                continue  # gone meanwhile (the broker will drop it), or not a learner of this package
+            mismatch = settings_mismatch(self.settings, reply.get("settings", {}))
+            if mismatch:
+                raise UserError(f"learner {member} of group {self.group_name!r} trains with other settings "
+                                f"({mismatch}); every learner of a group needs the same env, agent and learner "
+                                "options (--env/--core/--preset/--set/--batch-size/--unroll-length/--lr/...)")
+            if reply.get("seed") == self.seed:
+                print(f"warning: learner {member} also uses --seed {self.seed}: its actors play the same episodes "
+                      "as this learner's; give each learner its own --seed", file=sys.stderr, flush=True)
+        return not waiting or time.monotonic() - self._ask_started > HANDSHAKE_SECONDS
+
+    def _create_accumulator(self) -> None:
+        for p in self.parameters:  # moolib needs every gradient allocated, always
+            if p.requires_grad and p.grad is None:
+                p.grad = torch.zeros_like(p)
+        self.acc = self.moolib.Accumulator("model", self.parameters, self.buffers, group=self.group)
+        self.acc.set_virtual_batch_size(1)  # a round ends as soon as any learner handed in a batch
+        self.acc.set_model_version(self.updates)
+
+    # ---- the training loop's side
+    def sync(self, apply: Callable[[GroupStep], None]) -> None:
+        """Between env steps: membership, the shared state (serve it as leader, adopt the leader's),
+        and, when a round has finished, ``apply(step)`` on the averaged gradients in ``.grad``.
+        Returns at once, doing nothing, while the learner thread holds the model lock."""
+        if not self.model_lock.acquire(blocking=False):
+            return
+        try:
+            self._sync(apply)
+        finally:
+            self.model_lock.release()
+
+    def _sync(self, apply: Callable[[GroupStep], None]) -> None:
+        with self._lock:
+            self.group.update()
+            if self.acc is None:
+                if self._check_members():
+                    self._create_accumulator()
+                elif time.monotonic() - self._waiting_noted >= WAITING_NOTE_SECONDS:
+                    self._waiting_noted = time.monotonic()
+                    self._say(f"still waiting to join ({time.monotonic() - self._waiting_since:.0f} s): is "
+                              f"`rfwp-rl broker` running at {self.broker}? (training starts once this learner "
+                              "is in the group)")
+                return
+            version = self.acc.model_version()
+            try:
+                self.acc.update()
+            except RuntimeError as e:  # e.g. parameter shapes differ (settings checked, so unexpected)
+                raise UserError(f"group {self.group_name!r}: cannot take the group's model ({e})") from None
+            self._report_membership()
+            if self.in_flight and self.group.sync_id() != self._round_sync_id:
+                self.in_flight = 0  # the group changed: moolib abandoned the round (a learner came or went)
+                self.dropped_rounds += 1
+            adopted = False
+            if self.acc.has_new_state():
+                state = self.acc.state()
+                self.adopt_state(unpack(state["shared"]))
+                adopted = True
+                if not self._took_model or self.acc.model_version() != version:  # else the leader's periodic re-sync
+                    self._say(f"took the model of {state['leader']} at update {self.acc.model_version():,}")
+                self._took_model = True
+            if self.acc.has_gradients():
+                stats = self.acc.get_gradient_stats()
+                if not adopted and stats["num_gradients"] > 0:
+                    factor = group_gradient_factor(stats["num_gradients"], stats["batch_size"], self.steps_per_update)
+                    if factor != 1.0:
+                        for p in self.parameters:
+                            if p.grad is not None:
+                                p.grad.mul_(factor)
+                    self.last_gradients = stats["num_gradients"]
+                    apply(GroupStep(env_steps=stats["batch_size"], gradients=stats["num_gradients"],
+                                    own_steps=self.in_flight))
+                # else: the state adopted in this same update already includes the round
+                self.acc.zero_gradients()
+                self.in_flight = 0
+            if self.acc.wants_state():  # after any step: the served model and state belong together
+                self.acc.set_state({"shared": pack(self.share_state()), "leader": self.name})
+
+    def wants_gradients(self) -> bool:
+        """True when a round takes this learner's gradients now."""
+        with self._lock:
+            return self.acc is not None and self.acc.wants_gradients()
+
+    def hand_in(self, env_steps: int, finite: bool, apply: Callable[[GroupStep], None]) -> None:
+        """Hand this learner's gradients (in ``.grad``, of ``env_steps`` env steps) to the round under way;
+        ``finite=False``: leave this round without them. ``apply`` runs later, in :meth:`sync`."""
+        with self._lock:
+            self._handed_in = True
+            if self.acc is None or not self.acc.wants_gradients():  # the group changed since the check
+                for p in self.parameters:
+                    if p.grad is not None:
+                        p.grad.zero_()
+                self.dropped_batches += 1
+                return
+            if finite:
+                self.acc.reduce_gradients(int(env_steps))  # copies .grad and zeroes it
+                self.in_flight += int(env_steps)
+                self._round_sync_id = self.group.sync_id()
+            else:
+                self.acc.skip_gradients()
+
+    def idle(self) -> None:
+        """End of a loop iteration: if this learner handed nothing in, the round goes on without it."""
+        with self._lock:
+            if not self._handed_in and self.acc is not None and self.acc.wants_gradients():
+                self.acc.skip_gradients()
+            self._handed_in = False
+
+    def _report_membership(self) -> None:
+        connected = self.acc.connected()
+        members = sorted(self.group.members())
+        leader = self.acc.get_leader() if connected else ""
+        if connected != self._connected or (connected and (members != self._members or leader != self._leader)):
+            if connected:
+                who = "this learner" if leader == self.name else leader
+                self._say(f"{len(members)} learner(s), leader {who}, update {self.acc.model_version():,}")
+            else:
+                self._say("lost the group (a learner came or went, or the broker is unreachable); waiting")
+        self._connected, self._members, self._leader = connected, members, leader
+
+    def stats(self) -> dict[str, float]:
+        """TensorBoard scalars: group size, leadership, batches averaged in the last step, rounds the
+        group abandoned with this learner's gradients in them, batches it came too late for."""
+        return {"group/size": float(self.size), "group/leader": float(self._leader == self.name),
+                "group/gradients_per_step": float(self.last_gradients),
+                "group/dropped_rounds": float(self.dropped_rounds),
+                "group/refused_batches": float(self.dropped_batches)}
+
+    def close(self, finished: bool = False) -> None:
+        """Leave the group. ``finished``: stay ``LINGER_SECONDS`` first (still answering moolib), so
+        that the last round's result reaches every other learner before this process exits."""
+        if finished:
+            end = time.monotonic() + LINGER_SECONDS
+            while time.monotonic() < end:
+                with self._lock:
+                    self.group.update()
+                    if self.acc is not None:
+                        self.acc.update()
+                time.sleep(0.02)
+        self._stop.set()
+        self._heartbeat.join(timeout=5)
+        self.acc = None
