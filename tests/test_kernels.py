@@ -181,9 +181,43 @@ def test_checkpoint_interval_setting(ext):
         for x, y in zip(results[0][0] + results[0][1], other[0] + other[1]):
             torch.testing.assert_close(x, y, rtol=1e-13, atol=1e-13)
     assert kernels.checkpoint_interval(51) == 16 and kernels.checkpoint_interval(1000) == 32
+    # with the state size: one chunk while the T states of one (b, h) fit ONE_CHUNK_BYTES
+    atari_state = 32 * 32 * 4
+    assert kernels.checkpoint_interval(51, atari_state) == 51
+    assert kernels.checkpoint_interval(1000, atari_state) == 32
+    assert kernels.checkpoint_interval(kernels.ONE_CHUNK_BYTES // 1024, 1024) == 512
+    assert kernels.checkpoint_interval(kernels.ONE_CHUNK_BYTES // 1024 + 1, 1024) == 23
+    try:
+        kernels.set_checkpoint_interval(5)
+        assert kernels.checkpoint_interval(51, atari_state) == 5
+    finally:
+        kernels.set_checkpoint_interval(None)
     for bad in (0, -3, 2.5, True):
         with pytest.raises(UserError, match="checkpoint interval"):
             kernels.set_checkpoint_interval(bad)
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_default_chunking_one_chunk_and_several(ext, name):
+    # the dispatch's default interval: the whole sequence when the T states of one (b, h)
+    # fit ONE_CHUNK_BYTES (one checkpoint), else max(16, sqrt(T)) (several chunks, each
+    # recomputed from its checkpoint); both against the reference, with resets
+    one, one_reset = cases.make_inputs(name, T=12, B=3, H=2, d=32, reset_at=((0, 1), (7, 2)),
+                                       seed=5)
+    assert kernels.checkpoint_interval(12, kernels._state_bytes(name, one)) == 12
+    err, gerr = cases.max_errors(name, kernels.get(name, required=True), one, one_reset)
+    assert err < 1e-12 and gerr < 1e-12, (err, gerr)
+    # float32, head size 64 (4 rows of 16 lanes per vector block): 40 states of 16 KiB > 512 KiB
+    T = 40
+    several, reset = cases.make_inputs(name, T=T, B=2, H=1, d=64, reset_at=((17, 0), (33, 1)),
+                                       seed=6)
+    f32 = [a.float() for a in several]
+    assert kernels.checkpoint_interval(T, kernels._state_bytes(name, f32)) == 16
+    true_out, true_grad = cases.forward_backward(getattr(ref, name), several, reset)
+    out, grad = cases.forward_backward(kernels.get(name, required=True), f32, reset)
+    for x, y in zip(true_out + true_grad, out + grad):
+        assert y.dtype == torch.float32
+        torch.testing.assert_close(y.double(), x, rtol=1e-4, atol=1e-4 * float(x.abs().max()))
 
 
 # ------------------------------------------------------------------------ dispatch, fallbacks
@@ -249,6 +283,29 @@ def test_build_failure_warns_once_and_uses_reference(monkeypatch, caplog):
         kernels.get("lt", required=True)
     with pytest.raises(UserError, match="boom"):
         ops.get("rdn", "kernel")
+
+
+def test_stale_build_marker_of_a_killed_build_is_cleared(monkeypatch, tmp_path):
+    # a build killed after torch created its in-progress marker ("lock" in the build
+    # directory) must not make every later build wait for it forever
+    from torch.utils import cpp_extension
+
+    if _build.shutil.which("ninja") is None:
+        pytest.skip("ninja is not installed")
+    monkeypatch.setenv("RFWP_RL_KERNEL_CACHE", str(tmp_path))
+    name = _build.extension_name(False)
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "lock").write_text("")
+    seen = []
+
+    def fake_load(name, sources, build_directory, **kwargs):
+        seen.append(Path(build_directory, "lock").exists())
+        raise RuntimeError("error: compiler stopped by the test")
+
+    monkeypatch.setattr(cpp_extension, "load", fake_load)
+    with pytest.raises(_build.BuildError, match="compiler stopped by the test"):
+        _build.load_extension(False)
+    assert seen == [False]
 
 
 def test_missing_sources_one_line_on_stderr(tmp_path):

@@ -54,15 +54,15 @@ template <typename S> void delta_forward(const DeltaFwdArgs<S>& a) {
 }
 template <typename S> void lt_backward(const DeltaBwdArgs<S>& a) {
   with_head_size(a.n, [&](auto D) {
-    for_each_task<DeltaScratch<S>>(a.n, [&](int bh, DeltaScratch<S>& s) {
-      delta_backward_task<S, false, decltype(D)::value>(a, bh, s);
+    for_each_task<LtScratch<S>>(a.n, [&](int bh, LtScratch<S>& s) {
+      lt_backward_task<S, decltype(D)::value>(a, bh, s);
     });
   });
 }
 template <typename S> void delta_backward(const DeltaBwdArgs<S>& a) {
   with_head_size(a.n, [&](auto D) {
     for_each_task<DeltaScratch<S>>(a.n, [&](int bh, DeltaScratch<S>& s) {
-      delta_backward_task<S, true, decltype(D)::value>(a, bh, s);
+      delta_backward_task<S, decltype(D)::value>(a, bh, s);
     });
   });
 }
@@ -83,7 +83,7 @@ template <typename S> void delta_rnn_backward(const DeltaRnnBwdArgs<S>& a) {
 template <typename S> void rdn_forward(const RdnFwdArgs<S>& a) {
   const int H = a.n.H, d = a.n.dv;
   const size_t mat = static_cast<size_t>(d) * d;
-  std::vector<S> RT(static_cast<size_t>(H) * 3 * mat);   // transposed Rq, Rk, Rv per head
+  AlignedVector<S> RT(static_cast<size_t>(H) * 3 * mat);   // transposed Rq, Rk, Rv per head
   for (int h = 0; h < H; ++h) {
     transpose(a.Rq + h * mat, d, d, RT.data() + (3 * h + 0) * mat);
     transpose(a.Rk + h * mat, d, d, RT.data() + (3 * h + 1) * mat);
@@ -104,17 +104,15 @@ template <typename S> void rdn_backward(const RdnBwdArgs<S>& a) {
   // slow-weight gradients: sum the per-(b, h) partials over b in a fixed order
   const int B = a.n.B, H = a.n.H, d = a.n.dv;
   const size_t mat = static_cast<size_t>(d) * d;
-  at::parallel_for(0, static_cast<int64_t>(H * mat), 256, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const int h = static_cast<int>(i / static_cast<int64_t>(mat));
-      const size_t e = static_cast<size_t>(i) % mat;
-      sum_over_batch(a.gRq_part, a.gRq, B, H, mat, h, e);
-      sum_over_batch(a.gRk_part, a.gRk, B, H, mat, h, e);
-      sum_over_batch(a.gRv_part, a.gRv, B, H, mat, h, e);
+  at::parallel_for(0, static_cast<int64_t>(H) * 4, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t job = begin; job < end; ++job) {
+      const int h = static_cast<int>(job / 4), m = static_cast<int>(job % 4);
+      if (m == 0) sum_over_batch(a.gRq_part, a.gRq, B, H, mat, h);
+      else if (m == 1) sum_over_batch(a.gRk_part, a.gRk, B, H, mat, h);
+      else if (m == 2) sum_over_batch(a.gRv_part, a.gRv, B, H, mat, h);
+      else sum_over_batch(a.grb_part, a.grb, B, H, static_cast<size_t>(d), h);
     }
   });
-  for (int h = 0; h < H; ++h)
-    for (int e = 0; e < d; ++e) sum_over_batch(a.grb_part, a.grb, B, H, d, h, e);
 }
 
 #define RFWP_INSTANTIATE(S)                                          \

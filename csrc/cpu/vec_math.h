@@ -111,32 +111,36 @@ RFWP_INLINE S vsigmoid(S x) {
   return S(1) / (S(1) + vexp(-x));
 }
 
-// out[j] = f(x[j]) for j < n, vectorised.
+// out[j] = f(x[j]) for j < n, vectorised. N > 0: n == N, known at compile time.
 template <typename S>
 inline void vexp_n(const S* __restrict__ x, S* __restrict__ out, int n) {
 #pragma omp simd
   for (int j = 0; j < n; ++j) out[j] = vexp(x[j]);
 }
-template <typename S>
+template <typename S, int N = 0>
 inline void vtanh_n(const S* __restrict__ x, S* __restrict__ out, int n) {
+  const int m = N > 0 ? N : n;
 #pragma omp simd
-  for (int j = 0; j < n; ++j) out[j] = vtanh(x[j]);
+  for (int j = 0; j < m; ++j) out[j] = vtanh(x[j]);
 }
 
-// out = softmax(x) over n entries (max-subtracted), vectorised.
-template <typename S>
+// out = softmax(x) over n entries (max-subtracted), vectorised. N > 0: n == N.
+template <typename S, int N = 0>
 inline void vsoftmax(const S* __restrict__ x, S* __restrict__ out, int n) {
+  const int len = N > 0 ? N : n;
   S m = x[0];
-  for (int j = 1; j < n; ++j) m = x[j] > m ? x[j] : m;
+  // from j = 0: vector loads at x (a load from x + 1 would straddle the vectors just stored)
+#pragma omp simd reduction(max : m)
+  for (int j = 0; j < len; ++j) m = x[j] > m ? x[j] : m;
   S z = 0;
 #pragma omp simd reduction(+ : z)
-  for (int j = 0; j < n; ++j) {
+  for (int j = 0; j < len; ++j) {
     out[j] = vexp(x[j] - m);
     z += out[j];
   }
   const S inv = S(1) / z;
 #pragma omp simd
-  for (int j = 0; j < n; ++j) out[j] *= inv;
+  for (int j = 0; j < len; ++j) out[j] *= inv;
 }
 
 }  // namespace cpu

@@ -13,10 +13,15 @@ machine; ``python -m rfwp_rl.kernels --build`` does it ahead of time) and cached
 one one-line warning names the reason and the build log. ``RFWP_RL_KERNELS=0`` disables the
 fused kernels.
 
-Backward memory: fast weights are checkpointed every ``checkpoint_interval(T)`` steps
-(default ``max(16, ceil(sqrt(T)))``, settable with :func:`set_checkpoint_interval`) and
-recomputed inside each chunk during the backward pass: O(T/C) matrices per (batch, head) are
-kept between forward and backward, plus a C-matrix scratch per thread during the backward.
+Backward memory: fast weights are checkpointed every C steps and recomputed inside each
+chunk during the backward pass: O(T/C) matrices per (batch, head) are kept between forward
+and backward, plus a C-matrix scratch per thread during the backward. On CPU, C is
+``checkpoint_interval(T, state_bytes)``: the whole sequence (one checkpoint, the initial
+state) when the T states of one (batch, head) fit in ``ONE_CHUNK_BYTES`` (then the scratch
+stays in the L2 cache), else ``max(16, ceil(sqrt(T)))``; ``lt`` always keeps only the initial
+state and needs no scratch (its backward rebuilds the states in place, in a forward pass).
+The CUDA kernels use ``checkpoint_interval(T)`` = ``max(16, ceil(sqrt(T)))``. Settable with
+:func:`set_checkpoint_interval` (not for the CPU ``lt``, which has nothing to set).
 """
 
 from __future__ import annotations
@@ -41,6 +46,8 @@ log = logging.getLogger(__name__)
 _lock = threading.Lock()
 _state: dict[str, Any] = {"loaded": False, "ext": None, "why": "", "build_seconds": 0.0}
 _checkpoint_interval: int | None = None
+ONE_CHUNK_BYTES = 512 * 1024
+"""Largest backward scratch (T fast-weight states of one (batch, head)) for one chunk."""
 
 
 # ------------------------------------------------------------------------ build / status
@@ -97,18 +104,27 @@ def build() -> tuple[str, str]:
 
 # ------------------------------------------------------------------ checkpoint interval
 
-def checkpoint_interval(T: int) -> int:
-    """Steps between stored fast-weight checkpoints for a sequence of ``T`` steps."""
+def checkpoint_interval(T: int, state_bytes: int | None = None) -> int:
+    """Steps between stored fast-weight checkpoints for a sequence of ``T`` steps.
+
+    ``state_bytes``: size of the fast-weight state of one (batch, head) (all its matrices).
+    When given and ``T * state_bytes <= ONE_CHUNK_BYTES`` the whole sequence is one chunk:
+    the forward stores only the initial state and the backward recomputes all T states once
+    into a per-thread scratch of at most ONE_CHUNK_BYTES (checkpoint writes to memory cost
+    more than the recomputation they would save).
+    """
     if _checkpoint_interval is not None:
         return _checkpoint_interval
+    if state_bytes is not None and T * state_bytes <= ONE_CHUNK_BYTES:
+        return T
     # at least 16: every checkpoint is a write of B*H matrices to cold memory in the forward
     # (costlier than a step); the backward's per-chunk scratch (16 x dv x dk) stays in cache
     return max(16, math.ceil(math.sqrt(T)))
 
 
 def set_checkpoint_interval(every: int | None) -> None:
-    """Fix the checkpoint interval (``None``: ``max(16, ceil(sqrt(T)))``). Results do not depend
-    on it beyond rounding."""
+    """Fix the checkpoint interval (``None``: the default of :func:`checkpoint_interval`).
+    Results do not depend on it beyond rounding."""
     global _checkpoint_interval
     if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
         raise UserError(f"checkpoint interval {every!r} is invalid; allowed: a positive integer or None")
@@ -152,6 +168,13 @@ def unsupported(ext: Any, name: str, tensors: list[Tensor | None], reset: Tensor
     return None
 
 
+def _state_bytes(name: str, tensors: list[Tensor | None]) -> int:
+    """Bytes of the fast-weight state of one (batch, head): W [dv, dk] (and delta_rnn's R)."""
+    dk, dv = tensors[0].shape[-1], tensors[2].shape[-1]
+    size = dv * dk + (dv * dv if name == "delta_rnn" else 0)
+    return size * tensors[0].element_size()
+
+
 class FusedOp:
     """Callable with the reference signature of op ``name`` that runs the fused kernel.
 
@@ -187,7 +210,13 @@ class FusedOp:
             ref = getattr(reference, self.name)
             return ref(*args, feature_map=feature_map) if self.name == "rdn" else ref(*args)
         T = tensors[0].shape[0]
-        return functions.FUSED[self.name](ext, checkpoint_interval(T), *args)
+        if tensors[0].device.type != "cpu":   # the CUDA kernels: one scratch matrix per step of a chunk
+            chunk = checkpoint_interval(T)
+        elif self.name == "lt":               # the CPU lt backward reads only the initial state
+            chunk = T
+        else:
+            chunk = checkpoint_interval(T, _state_bytes(self.name, tensors))
+        return functions.FUSED[self.name](ext, chunk, *args)
 
 
 _OPS_CACHE = {(n, r): FusedOp(n, r) for n in OPS for r in (False, True)}

@@ -38,6 +38,11 @@ CUDA_SOURCES = ("cuda/torch_cuda.cpp", "cuda/lt_delta.cu", "cuda/delta_rnn.cu", 
 CU_FILES = ("cuda/lt_delta.cu", "cuda/delta_rnn.cu", "cuda/rdn.cu")
 EMU_CU_FILES = CU_FILES + ("cuda_emu/selftest.cu",)
 CFLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-ffp-contract=fast", "-DNDEBUG")
+# x86: let the auto-vectorised loops (exp, tanh, softmax of csrc/cpu/vec_math.h) use 512-bit
+# vectors where the CPU has them, the width of the kernels' register rows (csrc/cpu/simd_row.h);
+# GCC's -march=native prefers 256 bits, and mixing widths stalls store-to-load forwarding.
+if platform.machine().lower() in ("x86_64", "amd64", "i686", "i386"):
+    CFLAGS += ("-mprefer-vector-width=512",)
 NVCC_FLAGS = ("-O3", "-DNDEBUG")
 EMU_FLAGS = ("-std=c++20", "-O1", "-g0", "-fPIC", "-shared", "-pthread")
 NVCC_ARCH_FLAGS = ("-gencode", "arch=compute_80,code=sm_80", "-gencode", "arch=compute_90,code=sm_90")
@@ -165,6 +170,10 @@ def load_extension(with_cuda: bool) -> tuple[ModuleType, float]:
         if not built.exists():   # another process may have built it while we waited
             from torch.utils import cpp_extension
 
+            # torch's loader marks a build in progress with the file "lock" in the build
+            # directory; a build killed midway leaves it behind and every later load of this
+            # directory would wait for it forever. Under our lock no other process builds here.
+            (build_dir / "lock").unlink(missing_ok=True)
             sources = [str(CSRC / s) for s in CPU_SOURCES]
             cflags = list(CFLAGS)
             if with_cuda:

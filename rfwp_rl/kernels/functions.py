@@ -7,7 +7,8 @@ sources run on the host, for tests) is another.
 
 Each forward keeps the fast weights every ``chunk`` steps (checkpoints); the backward
 recomputes the states inside one chunk at a time, so memory is O(T/chunk + chunk) fast-weight
-matrices per (batch, head) instead of O(T). Besides the inputs, the backward keeps O(T d)
+matrices per (batch, head) instead of O(T) (the CPU ``lt`` backward reads only the first
+checkpoint and rebuilds the states in place). Besides the inputs, the backward keeps O(T d)
 vectors: delta_rnn its recurrent queries softmax(y_{t-1}); rdn the activated q, k, v, β and
 tanh(y_{t-1}). Backward passes are once-differentiable.
 
