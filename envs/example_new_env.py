@@ -10,7 +10,7 @@ Three things make an environment usable by rfwp-rl:
 2. ``gymnasium.register(...)`` of an id when this module is imported;
 3. the trainer imports the module before it calls ``make_env``:
 
-    rfwp-rl train --env-module envs/example_new_env.py --env rfwp_examples/TMaze-v0 --core lstm
+    rfwp-rl train --env envs/example_new_env.py:rfwp_examples/TMaze-v0 --core lstm
     # or, for a module on the Python path:  --env mypackage.mymodule:TMaze-v0
 
 Check it without training:  python envs/example_new_env.py

@@ -9,7 +9,7 @@
 # sees the step target reached in a second) and resumes the others from their newest
 # checkpoint. Ctrl-C stops the running trainers (each saves a checkpoint). Extra arguments go to
 # every `rfwp-rl train`. Split the CPUs: each run gets ENV_PROCS env workers and NUM_ACTORS envs.
-# Afterwards: `rfwp-rl compare runs/impala` for tables and charts.
+# Afterwards: `rfwp-rl eval` each run, then `rfwp-rl compare --runs $RUNS --model rdn --baseline lt`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -1,4 +1,4 @@
-"""The ``rfwp-rl`` command line.
+"""rfwp-rl: RL with Recurrent Fast Weight Programmers (rfwp-rl COMMAND --help for each command).
 
 Each subcommand lives in its own module, which defines ``add_arguments(parser)`` and
 ``run(args) -> int | None``. Modules are imported lazily so that ``rfwp-rl info`` does not

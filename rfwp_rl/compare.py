@@ -392,8 +392,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--paper", nargs="?", const="all", choices=PAPER_TABLES + ("all",), default=None,
                      help="the RFWP paper's table(s): table9 = 50M steps, table10 = 200M, table3 = larger "
                           "RDN, table8 = gated FF (both 200M); 'all' (default when no value) needs --steps")
-    src.add_argument("--paper-dir", default=None, help="folder of the paper CSVs (default: results/paper "
-                                                       "of this source tree)")
+    src.add_argument("--paper-dir", default=None, help="folder of the paper CSVs (default: the checkout's results/paper, "
+                                                       "else the copy installed with the package)")
     src.add_argument("--runs", nargs="+", default=[], metavar="PATH",
                      help="eval_*.json / eval_*.csv files, run directories, or directories of runs")
     sel = parser.add_argument_group("selection")

@@ -51,7 +51,7 @@ class Preset:
 
 
 def available_presets() -> list[str]:
-    """Names of the presets shipped in the repository's ``agents/`` folder."""
+    """Names of the presets in ``agents/`` (the checkout's, or the copy shipped in a wheel)."""
     if not AGENTS_DIR.is_dir():
         return []
     return sorted(p.stem for p in AGENTS_DIR.glob("*.toml"))

@@ -1,4 +1,5 @@
-"""``rfwp-rl bench WHICH``: benchmarks that print a table and write ``results/bench/*.csv``.
+"""``rfwp-rl bench WHICH``: benchmarks that print a table and write ``results/bench/*.csv``
+(``meta_rl``: ``results/meta_rl/update_time.csv``).
 
 Each benchmark is a module with ``add_arguments(parser)`` and ``run(args)``. Ratios are measured side by side in one run (the machine may be shared).
 """

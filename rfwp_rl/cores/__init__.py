@@ -4,19 +4,37 @@
     core.output_size                                           # int
     state = core.initial_state(batch_size, device=None, dtype=None)   # tuple, batch is dim 0
     y, state = core(x, state, reset)    # x [T, B, input_size], reset [T, B] bool or None
+    stepper = core.stepper(batch_size)  # acting one step at a time from the zero state:
+    y_t = stepper.step(x_t)             # x_t [B, input_size] -> y_t [B, output_size]
 
 ``reset[t, b]`` True sets entry b's state to zeros before step t. One call on T steps equals
 T calls of one step carrying the state; gradients flow through the whole call unless
-``detach_state_every_step=True`` (every recurrent core accepts it).
+``detach_state_every_step=True`` (every recurrent core accepts it). ``stepper`` gives the same
+values and gradients as one call on the whole sequence (:mod:`rfwp_rl.cores.base` has the full
+contract; ``fwm`` returns its cheaper exact low-rank stepper,
+:mod:`rfwp_rl.cores.fwm_factored`).
 
 ``available()`` lists every core with its equations and default config. Other modules add
 cores with ``register(spec, cls)`` where ``cls(input_size, **config)`` builds the core;
 ``rfwp_rl.cores.lm_cores`` (the language-modelling variants), when present, is imported on
 first use of ``make``/``available``.
 
+Adding a core: subclass :class:`rfwp_rl.cores.base.Core` (set ``input_size``,
+``output_size``, ``detach_state_every_step``; implement ``state_shapes`` and ``_forward``;
+``forward``, resets, input checks and the generic ``stepper`` come with the base class), or,
+for a Transformer-like fast-weight block stack, subclass
+:class:`rfwp_rl.cores.fast_weight.FastWeightCore` with your own ``sublayer_cls`` (or pass
+``sublayer_cls=`` at construction, as :mod:`rfwp_rl.cores.lm_cores` does; the public
+``rfwp_rl.ops.reference.read`` / ``delta_update`` help write the recurrence). Register it with a
+:class:`CoreSpec` whose ``defaults`` list every config key, and add a small config for it to
+``SMALL`` in ``tests/test_cores.py``: the contract tests (chunking, resets, gradients, state
+layout, stepping) run on every registered core, and a core without a small config fails
+``test_every_registered_core_has_a_small_config``.
+
 Built-in cores: ``ff`` (identity), ``lstm``, ``lt``, ``delta``, ``delta_rnn``, ``rdn``
 (fast-weight block stacks, :mod:`rfwp_rl.cores.fast_weight`), ``fwm``
-(:mod:`rfwp_rl.cores.fwm`).
+(:mod:`rfwp_rl.cores.fwm`); language-modelling variants ``delta_lstm``, ``delta_mlp``,
+``delta_delta`` (:mod:`rfwp_rl.cores.lm_cores`).
 """
 
 from __future__ import annotations

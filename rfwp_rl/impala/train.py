@@ -124,7 +124,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "and small per-step inference is much slower with several threads on a busy machine; "
                         "0: torch's default)")
     g = parser.add_argument_group("bookkeeping")
-    g.add_argument("--run-dir", default=None, help="run directory (default runs/impala/<env>_<core>_s<seed>)")
+    g.add_argument("--run-dir", default=None, help="run directory (default runs/impala/<env>_<core>_s<seed>; characters other than letters, digits, . + - in names become -, e.g. ALE-Pong-v5_delta-rnn_s1)")
     g.add_argument("--checkpoint-every", type=float, default=d.checkpoint_every, help="seconds (default %(default)s)")
     g.add_argument("--snapshot-steps", type=_int_list, default=d.snapshot_steps,
                    help="extra checkpoints kept at these step counts, e.g. 50000000,200000000")
