@@ -114,17 +114,15 @@ def unpack(data: torch.Tensor) -> Any:
     return torch.load(io.BytesIO(data.numpy().tobytes()), map_location="cpu", weights_only=True)
 
 
-def settings_mismatch(mine: dict, theirs: dict, prefix: str = "") -> str | None:
+def settings_mismatch(mine: dict, theirs: dict) -> str | None:
     """``"key: theirs != mine"`` for the first setting that differs, else None (nested dicts compared key by key)."""
-    for key in sorted(set(mine) | set(theirs)):
-        a, b = mine.get(key, "<missing>"), theirs.get(key, "<missing>")
-        if isinstance(a, dict) and isinstance(b, dict):
-            inner = settings_mismatch(a, b, f"{prefix}{key}.")
-            if inner:
-                return inner
-        elif a != b:
-            return f"{prefix}{key} {b!r} there, {a!r} here"
-    return None
+    from rfwp_rl.impala.rollout_server import first_difference
+
+    diff = first_difference(mine, theirs)
+    if diff is None:
+        return None
+    key, a, b = diff
+    return f"{key} {b!r} there, {a!r} here"
 
 
 class Solo:

@@ -53,18 +53,28 @@ def compat_info(spec: Any, env_options: dict, agent: Any) -> dict:
     return json.loads(json.dumps(info, sort_keys=True, default=str))
 
 
-def first_mismatch(learner: dict, actor: dict, prefix: str = "") -> str | None:
-    """One line naming the first key where ``actor`` differs from ``learner``, else None."""
-    for key in sorted(set(learner) | set(actor)):
-        a, b = actor.get(key, "<missing>"), learner.get(key, "<missing>")
+def first_difference(ours: dict, theirs: dict, prefix: str = "") -> tuple[str, Any, Any] | None:
+    """``(dotted key, our value, their value)`` of the first key (sorted, nested dicts compared key
+    by key) where two settings dicts differ, else None; a missing key has the value "<missing>"."""
+    for key in sorted(set(ours) | set(theirs)):
+        a, b = ours.get(key, "<missing>"), theirs.get(key, "<missing>")
         if isinstance(a, dict) and isinstance(b, dict):
-            inner = first_mismatch(b, a, f"{prefix}{key}.")
+            inner = first_difference(a, b, f"{prefix}{key}.")
             if inner:
                 return inner
         elif a != b:
-            return (f"actor {prefix}{key} {a!r} does not match the learner's {b!r}; start the actor with the "
-                    f"learner's --env/--core/--preset/--set/--env-option")
+            return f"{prefix}{key}", a, b
     return None
+
+
+def first_mismatch(learner: dict, actor: dict) -> str | None:
+    """One line naming the first key where ``actor`` differs from ``learner``, else None."""
+    diff = first_difference(learner, actor)
+    if diff is None:
+        return None
+    key, ours, theirs = diff
+    return (f"actor {key} {theirs!r} does not match the learner's {ours!r}; start the actor with the "
+            f"learner's --env/--core/--preset/--set/--env-option")
 
 
 def parse_address(text: str, flag: str) -> str:
