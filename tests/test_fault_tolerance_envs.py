@@ -40,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))
 import fault_envs  # noqa: E402  (registers FaultCartPole-v0)
+from procs import alive, children_and_grandchildren  # noqa: E402  (tests/procs.py)
 
 ENV = "fault_envs:FaultCartPole-v0"
 IMPALA = ["train", "--env", ENV, "--core", "lstm", "--set", "core_config.hidden_size=8",
@@ -80,25 +81,10 @@ def _run(argv: list[str], timeout: float = 90) -> tuple[int, str]:
     return proc.returncode, out
 
 
-def _children(pid: int) -> list[int]:
-    try:
-        return [int(x) for x in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
-
-
 def _end(pids: list[int]) -> list[int]:
     """The pids of ``pids`` (processes this test started) still alive; SIGKILLs them, so a failed
     check leaves no hung env worker behind."""
-    left = [p for p in pids if _alive(p)]
+    left = [p for p in pids if alive(p)]
     for pid in left:
         os.kill(pid, signal.SIGKILL)
     return left
@@ -106,7 +92,7 @@ def _end(pids: list[int]) -> list[int]:
 
 def _kill_tree(proc: subprocess.Popen) -> None:
     """SIGKILL a trainer started here and its env pool processes (a failed test leaves no hung workers)."""
-    pids = [proc.pid] + [w for s in _children(proc.pid) for w in [s, *_children(s)]]
+    pids = [proc.pid] + children_and_grandchildren(proc.pid)
     for pid in reversed(pids):
         try:
             os.kill(pid, signal.SIGKILL)
@@ -310,7 +296,7 @@ def test_moolib_signal_while_waiting_on_a_hung_env(tmp_path, sig):
     try:
         _wait_for(marker, proc)  # one env's step is asleep now
         time.sleep(1.5)  # the learner runs into the hung batch and waits on it
-        workers = [w for s in _children(proc.pid) for w in [s, *_children(s)]]
+        workers = children_and_grandchildren(proc.pid)
         assert len(workers) == 3 and proc.poll() is None, workers  # pool server + 2 workers
         t0 = time.monotonic()
         if sig == "SIGTERM":
@@ -364,7 +350,7 @@ def test_moolib_env_hung_for_ever_stops_at_the_failure_limit(tmp_path):
     workers: list[int] = []
     t0 = time.monotonic()
     while proc.poll() is None and time.monotonic() - t0 < 90:
-        workers = sorted(set(workers) | {w for s in _children(proc.pid) for w in [s, *_children(s)]})
+        workers = sorted(set(workers) | set(children_and_grandchildren(proc.pid)))
         time.sleep(0.1)
     if proc.poll() is None:
         _kill_tree(proc)

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from procs import free_port  # tests/procs.py
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -39,12 +39,6 @@ def _run(script: str, timeout: float = 90.0) -> dict:
     )
     assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-3000:]}"
     return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_build_matches_pins():
@@ -149,7 +143,7 @@ def test_envpool_with_rfwp_pool_env_factory():
 
 
 def test_rpc_call_between_two_peers_on_loopback():
-    port = _free_port()
+    port = free_port()
     out = _run(
         f"""
         import json, torch, moolib
@@ -185,7 +179,7 @@ def test_exception_in_rpc_handler_aborts_the_host(tmp_path):
     exception mode; not settable from Python): handlers must catch their own errors."""
     import resource
 
-    port = _free_port()
+    port = free_port()
     script = f"""
 import moolib
 host = moolib.Rpc(); host.set_name("host")
@@ -205,7 +199,7 @@ print("survived")
 
 
 def test_broker_forms_a_group_of_two_peers():
-    port = _free_port()
+    port = free_port()
     out = _run(
         f"""
         import json, time, torch, moolib
@@ -246,7 +240,7 @@ def test_broker_forms_a_group_of_two_peers():
 
 
 def test_accumulator_averages_gradients_of_two_peers():
-    port = _free_port()
+    port = free_port()
     out = _run(
         f"""
         import json, time, torch, moolib

@@ -12,7 +12,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -26,33 +25,13 @@ import torch
 from rfwp_rl import cli
 from rfwp_rl.checkpoint import list_checkpoints, read_checkpoint
 from rfwp_rl.impala.multi_learner import GroupStep, Solo, group_gradient_factor, pack, settings_mismatch, unpack
+from procs import alive, children_and_grandchildren, free_port  # tests/procs.py
 
 REPO = Path(__file__).resolve().parent.parent
 TESTS = Path(__file__).resolve().parent
 TINY = ["--env", "CartPole-v1", "--core", "lstm", "--set", "core_config.hidden_size=16", "--num-actors", "4",
         "--num-env-processes", "1", "--unroll-length", "5", "--batch-size", "4", "--log-every", "0.5"]
 needs_moolib = pytest.mark.skipif(importlib.util.find_spec("moolib") is None, reason="moolib not installed")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        return [int(x) for x in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
 
 
 class Proc:
@@ -80,7 +59,7 @@ class Proc:
     def wait_for(self, pattern: str, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            self.workers |= {w for s in _children(self.p.pid) for w in [s, *_children(s)]}
+            self.workers |= set(children_and_grandchildren(self.p.pid))
             if self.has(pattern):
                 return True
             if self.p.poll() is not None:
@@ -97,7 +76,7 @@ class Proc:
 
     def kill(self) -> None:
         """SIGKILL the process and its env pool processes (a lost machine)."""
-        self.workers |= {w for s in _children(self.p.pid) for w in [s, *_children(s)]}
+        self.workers |= set(children_and_grandchildren(self.p.pid))
         for pid in [self.p.pid, *sorted(self.workers, reverse=True)]:
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -109,14 +88,14 @@ class Proc:
         if self.p.poll() is None:
             self.kill()
         for pid in self.workers:
-            if _alive(pid):
+            if alive(pid):
                 os.kill(pid, signal.SIGKILL)
 
 
 @pytest.fixture
 def broker():
     """A broker on a free loopback port; at the end SIGTERM must stop it with exit 0."""
-    port = _free_port()
+    port = free_port()
     proc = Proc("broker", "--address", f"127.0.0.1:{port}", "--log-every", "1")
     try:
         assert proc.wait_for("broker listening on", 60), proc.text()
@@ -200,7 +179,7 @@ def test_a_real_group_applies_the_weighted_mean_on_every_learner(tmp_path):
     """Broker + two LearnerGroups in one (sub)process, batches of S = 3 env steps: learner 0 hands in a
     1-step gradient, learner 1 a 3-step one; both apply S * (g0 + g1) / 4 (moolib alone: (g0 + g1) / 2).
     In the next round only learner 1 hands in (2 steps): both apply S * g1 / 2."""
-    port = _free_port()
+    port = free_port()
     script = textwrap.dedent(f"""
         import json, threading, time, torch, moolib
         from rfwp_rl.impala.multi_learner import LearnerGroup
@@ -364,7 +343,7 @@ def test_mismatched_learner_is_refused_with_one_line(tmp_path, broker):
 @needs_moolib
 @pytest.mark.slow
 def test_remote_actor_times_out_a_hung_env_and_leaves_no_worker(tmp_path):
-    port = _free_port()
+    port = free_port()
     env = ["--env", "fault_envs:FaultCartPole-v0", "--env-option", "hang_at=30", "--core", "lstm",
            "--set", "core_config.hidden_size=16"]
     learner = Proc("train", *env, "--num-actors", "0", "--listen", f"127.0.0.1:{port}", "--unroll-length", "5",
@@ -376,7 +355,7 @@ def test_remote_actor_times_out_a_hung_env_and_leaves_no_worker(tmp_path):
                      "--env-timeout", "3", "--rpc-timeout", "5")  # a host name: resolved before moolib sees it
         assert actor.wait_for("connected to the learner", 60), actor.text()
         code = actor.wait(60)
-        left = [w for w in actor.workers if _alive(w)]  # before stop() would end them
+        left = [w for w in actor.workers if alive(w)]  # before stop() would end them
     finally:
         for p in (learner, actor):
             if p is not None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import importlib.util
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -20,16 +19,11 @@ import pytest
 
 from rfwp_rl.checkpoint import find_checkpoint_file, read_checkpoint
 from rfwp_rl.impala.rollout_server import first_mismatch
+from procs import free_port  # tests/procs.py
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = ["--env", "CartPole-v1", "--core", "lstm", "--set", "core_config.hidden_size=16"]
 needs_moolib = pytest.mark.skipif(importlib.util.find_spec("moolib") is None, reason="moolib not installed")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Proc:
@@ -84,7 +78,7 @@ def test_first_mismatch_names_the_differing_key():
 
 @needs_moolib
 def test_learner_trains_only_on_remote_rollouts_and_survives_a_killed_actor(tmp_path):
-    port = _free_port()
+    port = free_port()
     total = 6000  # 300 updates of 4 rollouts x 5 steps
     learner = Proc("train", *TINY, "--num-actors", "0", "--listen", f"127.0.0.1:{port}", "--unroll-length", "5",
                    "--batch-size", "4", "--total-steps", str(total), "--run-dir", str(tmp_path / "run"),
@@ -137,7 +131,7 @@ def test_learner_trains_only_on_remote_rollouts_and_survives_a_killed_actor(tmp_
 def test_actor_reconnects_after_the_learner_restarts(tmp_path):
     """SIGKILL the learner mid-run: the actor logs the loss, retries, validates again with the
     restarted learner (a new session, resumed from the checkpoint) and feeds it to its target."""
-    port = _free_port()
+    port = free_port()
     run_dir = tmp_path / "run"
 
     def learner(total: int) -> Proc:
