@@ -3,10 +3,15 @@ autograd does the backward pass, inputs are never modified in place."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor
 
 from rfwp_rl.ops.common import delta_update, read, reset_steps, softmax, zero_entries
+
+if TYPE_CHECKING:
+    from rfwp_rl.ops.cases import Rand
 
 
 def delta_rnn(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, kr: Tensor, vr: Tensor,
@@ -43,7 +48,7 @@ def delta_rnn(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, kr: Tensor, vr: Ten
     return torch.stack(ys), W, R
 
 
-def example_inputs(rand, T: int, B: int, H: int, d: int, dk: int) -> list[Tensor]:
+def example_inputs(rand: Rand, T: int, B: int, H: int, d: int, dk: int) -> list[Tensor]:
     """Random ``(q, k, v, beta, kr, vr, beta_r, W0, R0, y0)`` (see
     :func:`rfwp_rl.ops.lt.naive.example_inputs`)."""
     return [rand.fm(T, B, H, dk), rand.fm(T, B, H, dk), rand.normal(T, B, H, d),

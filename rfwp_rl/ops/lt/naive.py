@@ -3,10 +3,15 @@ autograd does the backward pass, inputs are never modified in place."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor
 
 from rfwp_rl.ops.common import outer, read, reset_steps, zero_entries
+
+if TYPE_CHECKING:
+    from rfwp_rl.ops.cases import Rand
 
 
 def lt(q: Tensor, k: Tensor, v: Tensor, W0: Tensor, reset: Tensor | None) -> tuple[Tensor, Tensor]:
@@ -34,7 +39,7 @@ def lt(q: Tensor, k: Tensor, v: Tensor, W0: Tensor, reset: Tensor | None) -> tup
     return torch.stack(ys), W
 
 
-def example_inputs(rand, T: int, B: int, H: int, d: int, dk: int) -> list[Tensor]:
+def example_inputs(rand: Rand, T: int, B: int, H: int, d: int, dk: int) -> list[Tensor]:
     """Random ``(q, k, v, W0)``: keys/queries ``[T, B, H, dk]`` positive and summing to one,
     values ``[T, B, H, d]``, a non-zero ``W0 [B, H, d, dk]``."""
     return [rand.fm(T, B, H, dk), rand.fm(T, B, H, dk), rand.normal(T, B, H, d),

@@ -3,12 +3,15 @@ autograd does the backward pass, inputs are never modified in place."""
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 from torch import Tensor
 
 from rfwp_rl.ops.common import delta_update, read, reset_steps, softmax, zero_entries
+
+if TYPE_CHECKING:
+    from rfwp_rl.ops.cases import Rand
 
 
 def rdn(xq: Tensor, xk: Tensor, xv: Tensor, xb: Tensor, Rq: Tensor, Rk: Tensor, Rv: Tensor,
@@ -52,7 +55,7 @@ def rdn(xq: Tensor, xk: Tensor, xv: Tensor, xb: Tensor, Rq: Tensor, Rk: Tensor, 
     return torch.stack(ys), W
 
 
-def example_inputs(rand, T: int, B: int, H: int, d: int, dk: int) -> list[Tensor]:
+def example_inputs(rand: Rand, T: int, B: int, H: int, d: int, dk: int) -> list[Tensor]:
     """Random ``(xq, xk, xv, xb, Rq, Rk, Rv, rb, W0, y0)``: the recurrent slow weights
     drawn N(0, 1/d) as the cores initialise them; ``dk`` is ignored (the key size is d)."""
     s = d ** -0.5
