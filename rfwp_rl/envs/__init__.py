@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import gymnasium
+import numpy as np
 
 from rfwp_rl.envs.atari import ATARI_DEFAULTS, PAPER_GAMES, AtariGame, check_atari_settings, make_atari
 from rfwp_rl.envs.registry import (
@@ -131,6 +132,7 @@ class EnvInfo:
     settings: dict[str, Any] = field(default_factory=dict)  # Atari settings / gymnasium kwargs
     action_meanings: tuple[str, ...] | None = None  # Atari only
     max_episode_steps: int | None = None  # agent steps (Atari: max_episode_frames / frame_skip)
+    memory_horizon: int | None = None  # steps a memory must span at most, if the env states it (``memory_horizon``)
 
 
 def env_spec(env_id: str, **overrides: Any) -> EnvInfo:
@@ -163,9 +165,15 @@ def env_spec(env_id: str, **overrides: Any) -> EnvInfo:
             settings=settings,
             action_meanings=meanings,
             max_episode_steps=max_steps,
+            memory_horizon=_memory_horizon(env),
         )
     finally:
         env.close()
+
+
+def _memory_horizon(env: gymnasium.Env) -> int | None:
+    value = getattr(env.unwrapped, "memory_horizon", None)
+    return int(value) if isinstance(value, (int, np.integer)) and value > 0 else None
 
 
 def load_env_config(path: str | Path, section: str = "atari") -> dict[str, Any]:
