@@ -1,0 +1,125 @@
+"""The memory-task suite: tasks, levels, and the reference numbers of every registered id.
+
+Ids are ``rfwp/<Task>-<level>-v0`` with ``level`` in ``easy``, ``medium``, ``hard``.
+For each id, :data:`SUITE` holds
+
+* ``random_return``: expected return of the uniformly random policy (exact; see each
+  task's class docstring for the formula);
+* ``optimal_return``: return of the policy that always takes the env's
+  ``optimal_action()``, in every episode (exact);
+* ``max_episode_steps``: the most steps an episode has (sequence tasks: always exactly that
+  many; CueGrid: the step limit, where it is truncated);
+* ``memory_horizon``: the most steps an item must be kept, i.e. the largest distance
+  between the step that shows an item and a step whose action depends on it (an unroll
+  must span ``memory_horizon + 1`` steps to see both ends);
+* a one-line description.
+
+Tests check every number against the envs (formula, scripted optimal policy, a random
+policy over many episodes). This module imports nothing but gymnasium (in
+:func:`register`), so registering the ids is cheap in any process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from rfwp_rl.errors import UserError, check_choice
+
+NAMESPACE = "rfwp"
+LEVELS = ("easy", "medium", "hard")
+
+#: task name -> "module:Class" (lazy gymnasium entry point)
+ENTRY_POINTS: dict[str, str] = {
+    "DelayedRecall": "rfwp_rl.memory.delayed_recall:DelayedRecall",
+}
+
+#: task -> level -> parameters (any of them can be overridden by a keyword argument)
+LEVEL_PARAMS: dict[str, dict[str, dict[str, Any]]] = {
+    "DelayedRecall": {
+        "easy": {"n_symbols": 4, "n_distractors": 4, "delay": 8},
+        "medium": {"n_symbols": 8, "n_distractors": 8, "delay": 32},
+        "hard": {"n_symbols": 16, "n_distractors": 16, "delay": 128},
+    },
+}
+
+DESCRIPTIONS: dict[str, str] = {
+    "DelayedRecall": "a cue shown at the first step must be named after `delay` distractor steps",
+}
+
+
+@dataclass(frozen=True)
+class SuiteEntry:
+    """Reference numbers of one registered id (see the module docstring)."""
+
+    env_id: str
+    task: str
+    level: str
+    random_return: float
+    optimal_return: float
+    max_episode_steps: int
+    memory_horizon: int
+    description: str
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return dict(LEVEL_PARAMS[self.task][self.level])
+
+
+def env_id(task: str, level: str) -> str:
+    """``rfwp/<task>-<level>-v0``."""
+    return f"{NAMESPACE}/{task}-{level}-v0"
+
+
+# (task, level, random_return, optimal_return, max_episode_steps, memory_horizon)
+_NUMBERS: list[tuple[str, str, float, float, int, int]] = [
+    # DelayedRecall: random 1/n_symbols, optimal 1, length delay + 2, horizon delay + 1
+    ("DelayedRecall", "easy", 1 / 4, 1.0, 10, 9),
+    ("DelayedRecall", "medium", 1 / 8, 1.0, 34, 33),
+    ("DelayedRecall", "hard", 1 / 16, 1.0, 130, 129),
+]
+
+#: env id -> reference numbers, in task order (easy, medium, hard per task)
+SUITE: dict[str, SuiteEntry] = {
+    env_id(task, level): SuiteEntry(env_id(task, level), task, level, rnd, opt, steps, horizon,
+                                    f"{task} ({level}): {DESCRIPTIONS[task]}")
+    for task, level, rnd, opt, steps, horizon in _NUMBERS
+}
+
+
+def suite_ids(level: str | None = None) -> list[str]:
+    """Every registered id, or those of one level (``easy``, ``medium``, ``hard``)."""
+    if level is None:
+        return list(SUITE)
+    check_choice("level", level, LEVELS)
+    return [i for i, e in SUITE.items() if e.level == level]
+
+
+def entry(env_id: str) -> SuiteEntry:
+    """The reference numbers of a suite id (unknown id: one-line UserError)."""
+    check_choice("memory-suite id", env_id, SUITE)
+    return SUITE[env_id]
+
+
+def normalized_return(env_id: str, value: float) -> float:
+    """``(value - random) / (optimal - random)``: 0 for the random policy, 1 for the optimum."""
+    e = entry(env_id)
+    span = e.optimal_return - e.random_return
+    if span <= 0:  # impossible for the registered levels; kept as a guard for edits
+        raise UserError(f"{env_id}: optimal return {e.optimal_return} is not above random {e.random_return}")
+    return (float(value) - e.random_return) / span
+
+
+def register() -> None:
+    """Register every suite id with gymnasium (idempotent; imports no task module).
+
+    Episodes bound themselves (sequence tasks terminate after a fixed length, CueGrid
+    truncates at its ``max_steps``), so no TimeLimit is registered: a keyword override such
+    as ``delay=20`` changes the length consistently. Each env reports its bound as the
+    attribute ``max_episode_steps``.
+    """
+    import gymnasium
+
+    for env_id_, e in SUITE.items():
+        if env_id_ not in gymnasium.registry:
+            gymnasium.register(id=env_id_, entry_point=ENTRY_POINTS[e.task], kwargs={"level": e.level})
