@@ -166,7 +166,7 @@ def test_unknown_level_and_option_are_one_line_errors():
                                             r"allowed: easy, hard, medium$"):
             raw(env_id, level="hardest")
         name = next(iter(suite.LEVEL_PARAMS[task]["easy"]))
-        with pytest.raises(UserError, match=rf"^unknown {task} option '{name}x'; did you mean '{name}'\?"):
+        with pytest.raises(UserError, match=rf"^unknown {task} option '{name}x'; did you mean '{name}'.*allowed: "):
             raw(env_id, **{name + "x": 3})
         with pytest.raises(UserError, match=rf"^{task}: {name} 2.5 is invalid; allowed: an integer"):
             raw(env_id, **{name: 2.5})

@@ -32,6 +32,11 @@ LEVELS = ("easy", "medium", "hard")
 #: task name -> "module:Class" (lazy gymnasium entry point)
 ENTRY_POINTS: dict[str, str] = {
     "DelayedRecall": "rfwp_rl.memory.delayed_recall:DelayedRecall",
+    "RepeatPrevious": "rfwp_rl.memory.repeat_previous:RepeatPrevious",
+    "CountRecall": "rfwp_rl.memory.count_recall:CountRecall",
+    "AssociativeRecall": "rfwp_rl.memory.associative_recall:AssociativeRecall",
+    "AssociativeRecallReassign": "rfwp_rl.memory.associative_recall:AssociativeRecallReassign",
+    "CueGrid": "rfwp_rl.memory.cue_grid:CueGrid",
 }
 
 #: task -> level -> parameters (any of them can be overridden by a keyword argument)
@@ -41,10 +46,40 @@ LEVEL_PARAMS: dict[str, dict[str, dict[str, Any]]] = {
         "medium": {"n_symbols": 8, "n_distractors": 8, "delay": 32},
         "hard": {"n_symbols": 16, "n_distractors": 16, "delay": 128},
     },
+    "RepeatPrevious": {
+        "easy": {"n_symbols": 4, "k": 2, "length": 16},
+        "medium": {"n_symbols": 8, "k": 6, "length": 40},
+        "hard": {"n_symbols": 16, "k": 24, "length": 96},
+    },
+    "CountRecall": {
+        "easy": {"n_symbols": 2, "max_count": 3, "length": 12, "query_every": 3},
+        "medium": {"n_symbols": 4, "max_count": 5, "length": 36, "query_every": 4},
+        "hard": {"n_symbols": 8, "max_count": 8, "length": 96, "query_every": 6},
+    },
+    "AssociativeRecall": {
+        "easy": {"n_keys": 8, "n_values": 4, "n_pairs": 4, "n_queries": 4},
+        "medium": {"n_keys": 32, "n_values": 8, "n_pairs": 16, "n_queries": 8},
+        "hard": {"n_keys": 48, "n_values": 16, "n_pairs": 48, "n_queries": 16},
+    },
+    "AssociativeRecallReassign": {
+        "easy": {"n_keys": 4, "n_values": 4, "n_pairs": 6, "n_reassign": 2, "n_queries": 3},
+        "medium": {"n_keys": 32, "n_values": 8, "n_pairs": 40, "n_reassign": 8, "n_queries": 8},
+        "hard": {"n_keys": 48, "n_values": 16, "n_pairs": 64, "n_reassign": 16, "n_queries": 16},
+    },
+    "CueGrid": {
+        "easy": {"size": 5, "n_goals": 2, "max_steps": 20},
+        "medium": {"size": 7, "n_goals": 4, "max_steps": 40},
+        "hard": {"size": 11, "n_goals": 4, "max_steps": 80},
+    },
 }
 
 DESCRIPTIONS: dict[str, str] = {
     "DelayedRecall": "a cue shown at the first step must be named after `delay` distractor steps",
+    "RepeatPrevious": "every step from k on, name the symbol shown k steps earlier",
+    "CountRecall": "when asked, say how often a symbol has been shown so far",
+    "AssociativeRecall": "(key, value) pairs, then keys to answer with their value",
+    "AssociativeRecallReassign": "associative recall where keys get new values; only the newest scores",
+    "CueGrid": "walk to the corner goal that a cue shown at the first step pointed at",
 }
 
 
@@ -77,6 +112,27 @@ _NUMBERS: list[tuple[str, str, float, float, int, int]] = [
     ("DelayedRecall", "easy", 1 / 4, 1.0, 10, 9),
     ("DelayedRecall", "medium", 1 / 8, 1.0, 34, 33),
     ("DelayedRecall", "hard", 1 / 16, 1.0, 130, 129),
+    # RepeatPrevious: random 1/n_symbols, optimal 1, length fixed, horizon k
+    ("RepeatPrevious", "easy", 1 / 4, 1.0, 16, 2),
+    ("RepeatPrevious", "medium", 1 / 8, 1.0, 40, 6),
+    ("RepeatPrevious", "hard", 1 / 16, 1.0, 96, 24),
+    # CountRecall: random 1/(max_count + 1), optimal 1, length fixed, horizon = last query step
+    ("CountRecall", "easy", 1 / 4, 1.0, 12, 11),
+    ("CountRecall", "medium", 1 / 6, 1.0, 36, 35),
+    ("CountRecall", "hard", 1 / 9, 1.0, 96, 95),
+    # AssociativeRecall: random 1/n_values, optimal 1, length n_pairs + n_queries, horizon length - 1
+    ("AssociativeRecall", "easy", 1 / 4, 1.0, 8, 7),
+    ("AssociativeRecall", "medium", 1 / 8, 1.0, 24, 23),
+    ("AssociativeRecall", "hard", 1 / 16, 1.0, 64, 63),
+    # AssociativeRecallReassign: as AssociativeRecall
+    ("AssociativeRecallReassign", "easy", 1 / 4, 1.0, 9, 8),
+    ("AssociativeRecallReassign", "medium", 1 / 8, 1.0, 48, 47),
+    ("AssociativeRecallReassign", "hard", 1 / 16, 1.0, 80, 79),
+    # CueGrid: random 0 exactly (wrong goal -1/(n_goals-1)), optimal 1, step limit max_steps
+    # (truncated there), horizon max_steps - 1
+    ("CueGrid", "easy", 0.0, 1.0, 20, 19),
+    ("CueGrid", "medium", 0.0, 1.0, 40, 39),
+    ("CueGrid", "hard", 0.0, 1.0, 80, 79),
 ]
 
 #: env id -> reference numbers, in task order (easy, medium, hard per task)
