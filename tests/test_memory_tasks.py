@@ -240,3 +240,261 @@ def test_delayed_recall_without_distractors_and_overrides():
         raw("rfwp/DelayedRecall-easy-v0", n_distractors=-1)
     with pytest.raises(UserError, match=r"^DelayedRecall: delay True is invalid"):
         raw("rfwp/DelayedRecall-easy-v0", delay=True)
+
+
+@pytest.mark.parametrize("env_id", [i for i in IDS if suite.SUITE[i].task != "CueGrid"])
+def test_the_observation_at_a_scored_step_does_not_tell_the_answer(env_id):
+    # the best policy that sees only the current observation, fitted on half the samples and
+    # scored on the other half, is no better than guessing: the tasks need memory
+    env, rng = raw(env_id), np.random.default_rng(0)
+    n = int(env.action_space.n)
+    contexts, answers = [], []
+    seed = 0
+    while len(answers) < 20_000:
+        env.reset(seed=seed)
+        seed += 1
+        ep = env._episode
+        for t in np.flatnonzero(ep.target >= 0):
+            contexts.append(ep.obs[t].tobytes())
+            answers.append(int(ep.target[t]))
+    ids = {c: i for i, c in enumerate(dict.fromkeys(contexts))}
+    ctx = np.array([ids[c] for c in contexts])
+    ans = np.array(answers)
+    fit = rng.random(len(ans)) < 0.5
+    table = np.zeros((len(ids), n))
+    np.add.at(table, (ctx[fit], ans[fit]), 1)
+    correct = table.argmax(1)[ctx[~fit]] == ans[~fit]
+    sem = np.sqrt((1 / n) * (1 - 1 / n) / correct.size)
+    assert correct.mean() < 1 / n + 4.5 * sem, (correct.mean(), 1 / n)
+
+
+# -- RepeatPrevious -------------------------------------------------------------------------
+
+
+def test_repeat_previous_episode_by_hand():
+    env = raw("rfwp/RepeatPrevious-easy-v0", n_symbols=3, k=2, length=5)
+    assert env.observation_space.shape == (4,) and env.action_space.n == 3
+    assert (env.max_episode_steps, env.memory_horizon) == (5, 2)
+    for seed in range(5):
+        obs, _ = env.reset(seed=seed)
+        shown = []
+        for t in range(5):
+            shown.append(assert_one_hot(obs[0:3]))
+            assert obs[3] == (1.0 if t >= 2 else 0.0)  # scored from step k = 2 on
+            assert env.optimal_action() == (shown[t - 2] if t >= 2 else 0)
+            right = t != 3  # a wrong answer at step 3
+            action = shown[t - 2] if t >= 2 and right else ((shown[t - 2] + 1) % 3 if t >= 2 else shown[t])
+            obs, r, term, trunc, _ = env.step(action)
+            assert r == (1 / 3 if t >= 2 and right else 0.0)  # 1 / (length - k) per right answer
+            assert (term, trunc) == (t == 4, False)
+        assert not obs.any()
+    with pytest.raises(UserError, match=r"^RepeatPrevious: length 3 leaves no scored step with k 3; "
+                                        r"allowed: length >= k \+ 1 = 4$"):
+        raw("rfwp/RepeatPrevious-easy-v0", k=3, length=3)
+    with pytest.raises(UserError, match=r"^RepeatPrevious: k 0 is invalid; allowed: an integer >= 1$"):
+        raw("rfwp/RepeatPrevious-easy-v0", k=0)
+
+
+# -- CountRecall ----------------------------------------------------------------------------
+
+
+def test_count_recall_episode_by_hand():
+    env = raw("rfwp/CountRecall-easy-v0", n_symbols=3, max_count=2, n_show=4, n_queries=2)
+    assert env.observation_space.shape == (7,) and env.action_space.n == 3
+    assert (env.max_episode_steps, env.memory_horizon, env.random_return) == (6, 5, 1 / 3)
+    answers = []
+    for seed in range(30):
+        obs, _ = env.reset(seed=seed)
+        stream = []
+        for t in range(4):  # the stream: one shown symbol, no query
+            stream.append(assert_one_hot(obs[0:3]))
+            assert not obs[3:].any()
+            obs, r, term, trunc, _ = env.step(0)
+            assert (r, term, trunc) == (0.0, False, False)
+        asked = []
+        for j in range(2):
+            assert not obs[0:3].any() and obs[6] == 1
+            q = assert_one_hot(obs[3:6])
+            asked.append(q)
+            count = stream.count(q)  # counted by hand
+            assert count <= 2 and env.optimal_action() == count
+            answers.append(count)
+            obs, r, term, trunc, _ = env.step(count if j == 0 else (count + 1) % 3)
+            assert r == (0.5 if j == 0 else 0.0) and (term, trunc) == (j == 1, False)
+        assert len(set(asked)) == 2
+    assert set(answers) == {0, 1, 2}
+    with pytest.raises(UserError, match=r"^CountRecall: n_show 5 cannot hold 2 counts up to max_count 3; "
+                                        r"allowed: n_show >= n_queries \* max_count = 6$"):
+        raw("rfwp/CountRecall-easy-v0", n_show=5)
+    with pytest.raises(UserError, match=r"^CountRecall: n_queries 4 is invalid; allowed: an integer in 1..3$"):
+        raw("rfwp/CountRecall-easy-v0", n_queries=4)
+
+
+# -- AssociativeRecall ----------------------------------------------------------------------
+
+
+def test_associative_recall_episode_by_hand():
+    env = raw("rfwp/AssociativeRecall-easy-v0", n_keys=4, n_values=3, n_pairs=3, n_queries=2)
+    assert env.observation_space.shape == (8,) and env.action_space.n == 3
+    assert (env.max_episode_steps, env.memory_horizon) == (5, 4)
+    for seed in range(10):
+        obs, _ = env.reset(seed=seed)
+        memory = {}
+        for _ in range(3):  # writes: key and value, no query flag
+            key, value = assert_one_hot(obs[0:4]), assert_one_hot(obs[4:7])
+            assert obs[7] == 0 and key not in memory
+            memory[key] = value
+            obs, r, term, trunc, _ = env.step(value)  # answering during the writes scores nothing
+            assert (r, term, trunc) == (0.0, False, False)
+        asked = []
+        for j in range(2):
+            key = assert_one_hot(obs[0:4])
+            assert not obs[4:7].any() and obs[7] == 1  # the value is not shown at the query
+            asked.append(key)
+            assert env.optimal_action() == memory[key]
+            obs, r, term, trunc, _ = env.step(memory[key] if j == 1 else (memory[key] + 1) % 3)
+            assert r == (0.5 if j == 1 else 0.0) and (term, trunc) == (j == 1, False)
+        assert len(set(asked)) == 2
+    with pytest.raises(UserError, match=r"^AssociativeRecall: n_pairs 9 is too large for n_keys 8 "
+                                        r"\(each key is written once\); allowed: n_pairs <= n_keys$"):
+        raw("rfwp/AssociativeRecall-easy-v0", n_pairs=9)
+    with pytest.raises(UserError, match=r"^AssociativeRecall: n_queries 5 is more than the 4 keys written"):
+        raw("rfwp/AssociativeRecall-easy-v0", n_queries=5)
+    with pytest.raises(UserError, match=r"^AssociativeRecall: n_values 1 is invalid; allowed: an integer >= 2$"):
+        raw("rfwp/AssociativeRecall-easy-v0", n_values=1)
+
+
+def test_associative_recall_reassign_scores_only_the_newest_value():
+    env = raw("rfwp/AssociativeRecallReassign-easy-v0", n_keys=3, n_values=3, n_pairs=5, n_reassign=2,
+              n_queries=3)
+    assert (env.max_episode_steps, env.memory_horizon, env.n_distinct) == (8, 7, 3)
+    for seed in range(20):
+        obs, _ = env.reset(seed=seed)
+        history: dict[int, list[int]] = {}
+        for _ in range(5):
+            key, value = assert_one_hot(obs[0:3]), assert_one_hot(obs[3:6])
+            assert obs[6] == 0
+            if key in history:
+                assert value != history[key][-1]  # a re-assignment always changes the value
+            history.setdefault(key, []).append(value)
+            obs, *_ = env.step(0)
+        reassigned = {k for k, v in history.items() if len(v) == 2}
+        assert len(history) == 3 and len(reassigned) == 2  # 2 re-writes on 2 different keys
+        asked = []
+        for j in range(3):
+            key = assert_one_hot(obs[0:3])
+            assert not obs[3:6].any() and obs[6] == 1
+            asked.append(key)
+            newest, oldest = history[key][-1], history[key][0]
+            assert env.optimal_action() == newest
+            # the first value of a re-assigned key scores nothing; the newest scores 1/3
+            obs, r, term, trunc, _ = env.step(oldest if key in reassigned and j == 0 else newest)
+            assert r == (0.0 if key in reassigned and j == 0 else 1 / 3)
+            assert (term, trunc) == (j == 2, False)
+        assert sorted(asked) == [0, 1, 2]
+    # fewer queries than re-assigned keys: every query asks a re-assigned key
+    env = raw("rfwp/AssociativeRecallReassign-hard-v0")
+    for seed in range(3):
+        env.reset(seed=seed)
+        ep = env._episode
+        writes = ep.obs[:64, :48].argmax(1)
+        asked = ep.obs[64:, :48].argmax(1)
+        assert all((writes == k).sum() == 2 for k in asked)
+        assert len(set(asked.tolist())) == 16
+    with pytest.raises(UserError, match=r"^AssociativeRecallReassign: n_pairs 8 with n_reassign 2 needs 6 distinct "
+                                        r"keys, more than n_keys 4; allowed: n_pairs - n_reassign <= n_keys$"):
+        raw("rfwp/AssociativeRecallReassign-easy-v0", n_pairs=8)
+    with pytest.raises(UserError, match=r"^AssociativeRecallReassign: n_reassign 6 is invalid; "
+                                        r"allowed: an integer in 1..5$"):
+        raw("rfwp/AssociativeRecallReassign-easy-v0", n_reassign=6)
+    with pytest.raises(UserError, match=r"^AssociativeRecallReassign: n_queries 5 is more than the 4 distinct"):
+        raw("rfwp/AssociativeRecallReassign-easy-v0", n_queries=5)
+
+
+# -- CueGrid --------------------------------------------------------------------------------
+
+
+def grid_obs(env, x: int, y: int, cue: int | None) -> np.ndarray:
+    """The CueGrid observation written out by hand."""
+    g, s = env.n_goals, env.size
+    obs = np.zeros(g + 2 * s + 4, np.float32)
+    if cue is not None:
+        obs[cue] = 1
+    obs[g + x] = obs[g + s + y] = 1
+    obs[g + 2 * s:] = [y == 0, x == s - 1, y == s - 1, x == 0]  # walls up, right, down, left
+    return obs
+
+
+def test_cue_grid_episode_by_hand():
+    env = raw("rfwp/CueGrid-easy-v0")  # 5 x 5, goals top-left (0, 0) and top-right (4, 0)
+    assert env.observation_space.shape == (16,) and env.action_space.n == 4
+    assert env.goals == [(0, 0), (4, 0)] and env.start == (2, 2)
+    UP, RIGHT, DOWN, LEFT = 0, 1, 2, 3
+    seen = set()
+    for seed in range(8):
+        obs, _ = env.reset(seed=seed)
+        cue = assert_one_hot(obs[0:2])
+        seen.add(cue)
+        np.testing.assert_array_equal(obs, grid_obs(env, 2, 2, cue))
+        toward, away = (LEFT, RIGHT) if cue == 0 else (RIGHT, LEFT)
+        # two steps toward the cued side, one into the side wall (no move), then up twice
+        path = [(toward, 1), (toward, 0), (toward, 0), (UP, 0), (UP, 0)]
+        x = 2
+        for i, (action, _) in enumerate(path):
+            obs, r, term, trunc, _ = env.step(action)
+            if action == toward:
+                x = max(x - 1, 0) if cue == 0 else min(x + 1, 4)
+            y = 2 - sum(a == UP for a, _ in path[: i + 1])
+            np.testing.assert_array_equal(obs, grid_obs(env, x, y, None))  # the cue is gone
+            assert (r, term, trunc) == ((1.0, True, False) if i == 4 else (0.0, False, False))
+        # the other goal: -1 / (n_goals - 1) = -1
+        env.reset(seed=seed)
+        rewards = [env.step(a)[1] for a in (away, away, UP, UP)]
+        assert rewards == [0.0, 0.0, 0.0, -1.0]
+    assert seen == {0, 1}
+
+
+def test_cue_grid_truncates_at_the_step_limit():
+    env = raw("rfwp/CueGrid-medium-v0", max_steps=6)
+    assert env.wrong_goal_reward == pytest.approx(-1 / 3) and env.max_episode_steps == 6
+    env.reset(seed=0)
+    for t in range(6):  # up and down in the middle, never at a goal
+        obs, r, term, trunc, _ = env.step(0 if t % 2 == 0 else 2)
+        assert (r, term, trunc) == (0.0, False, t == 5)
+    with pytest.raises(RuntimeError, match="episode is over"):
+        env.step(0)
+    # through make_env: the truncation arrives as such (no TimeLimit of gymnasium on top)
+    wrapped = make_env("rfwp/CueGrid-easy-v0", seed=1, max_steps=4)
+    wrapped.reset()
+    out = [wrapped.step(a)[2:4] for a in (0, 2, 0, 2)]
+    assert out == [(False, False)] * 3 + [(False, True)]
+
+
+def test_cue_grid_a_cue_blind_policy_scores_zero_on_average():
+    # walking straight to goal 0 whatever the cue: +1 with probability 1/4, else -1/3
+    env = raw("rfwp/CueGrid-medium-v0")
+    returns = []
+    for seed in range(400):
+        env.reset(seed=seed)
+        cue, env._cue = env._cue, 0  # the oracle of goal 0
+        total, done = 0.0, False
+        while not done:
+            action = env.optimal_action()
+            env._cue = cue
+            _, r, term, trunc, _ = env.step(action)
+            env._cue = 0
+            total, done = total + r, term or trunc
+        returns.append(total)
+    returns = np.array(returns)
+    assert set(np.round(returns, 6)) == {1.0, round(-1 / 3, 6)}
+    assert abs(returns.mean()) < 4.5 * returns.std() / np.sqrt(len(returns))
+
+
+def test_cue_grid_bad_settings():
+    with pytest.raises(UserError, match=r"^CueGrid: size 6 is invalid \(the start is the centre cell\); "
+                                        r"allowed: an odd integer >= 3$"):
+        raw("rfwp/CueGrid-easy-v0", size=6)
+    with pytest.raises(UserError, match=r"^CueGrid: n_goals 5 is invalid; allowed: an integer in 2..4$"):
+        raw("rfwp/CueGrid-easy-v0", n_goals=5)
+    with pytest.raises(UserError, match=r"^CueGrid: max_steps 3 is invalid; allowed: an integer >= 4$"):
+        raw("rfwp/CueGrid-easy-v0", max_steps=3)

@@ -52,9 +52,9 @@ LEVEL_PARAMS: dict[str, dict[str, dict[str, Any]]] = {
         "hard": {"n_symbols": 16, "k": 24, "length": 96},
     },
     "CountRecall": {
-        "easy": {"n_symbols": 2, "max_count": 3, "length": 12, "query_every": 3},
-        "medium": {"n_symbols": 4, "max_count": 5, "length": 36, "query_every": 4},
-        "hard": {"n_symbols": 8, "max_count": 8, "length": 96, "query_every": 6},
+        "easy": {"n_symbols": 4, "max_count": 3, "n_show": 10, "n_queries": 2},
+        "medium": {"n_symbols": 6, "max_count": 5, "n_show": 30, "n_queries": 4},
+        "hard": {"n_symbols": 10, "max_count": 8, "n_show": 80, "n_queries": 8},
     },
     "AssociativeRecall": {
         "easy": {"n_keys": 8, "n_values": 4, "n_pairs": 4, "n_queries": 4},
@@ -76,7 +76,7 @@ LEVEL_PARAMS: dict[str, dict[str, dict[str, Any]]] = {
 DESCRIPTIONS: dict[str, str] = {
     "DelayedRecall": "a cue shown at the first step must be named after `delay` distractor steps",
     "RepeatPrevious": "every step from k on, name the symbol shown k steps earlier",
-    "CountRecall": "when asked, say how often a symbol has been shown so far",
+    "CountRecall": "after a stream of symbols, say how often each queried symbol was shown",
     "AssociativeRecall": "(key, value) pairs, then keys to answer with their value",
     "AssociativeRecallReassign": "associative recall where keys get new values; only the newest scores",
     "CueGrid": "walk to the corner goal that a cue shown at the first step pointed at",
@@ -116,10 +116,10 @@ _NUMBERS: list[tuple[str, str, float, float, int, int]] = [
     ("RepeatPrevious", "easy", 1 / 4, 1.0, 16, 2),
     ("RepeatPrevious", "medium", 1 / 8, 1.0, 40, 6),
     ("RepeatPrevious", "hard", 1 / 16, 1.0, 96, 24),
-    # CountRecall: random 1/(max_count + 1), optimal 1, length fixed, horizon = last query step
+    # CountRecall: random 1/(max_count + 1), optimal 1, length n_show + n_queries, horizon length - 1
     ("CountRecall", "easy", 1 / 4, 1.0, 12, 11),
-    ("CountRecall", "medium", 1 / 6, 1.0, 36, 35),
-    ("CountRecall", "hard", 1 / 9, 1.0, 96, 95),
+    ("CountRecall", "medium", 1 / 6, 1.0, 34, 33),
+    ("CountRecall", "hard", 1 / 9, 1.0, 88, 87),
     # AssociativeRecall: random 1/n_values, optimal 1, length n_pairs + n_queries, horizon length - 1
     ("AssociativeRecall", "easy", 1 / 4, 1.0, 8, 7),
     ("AssociativeRecall", "medium", 1 / 8, 1.0, 24, 23),
