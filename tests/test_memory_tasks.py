@@ -498,3 +498,19 @@ def test_cue_grid_bad_settings():
         raw("rfwp/CueGrid-easy-v0", n_goals=5)
     with pytest.raises(UserError, match=r"^CueGrid: max_steps 3 is invalid; allowed: an integer >= 4$"):
         raw("rfwp/CueGrid-easy-v0", max_steps=3)
+
+
+def test_envs_readme_table_matches_the_suite():
+    rows = {}
+    for line in (REPO / "envs" / "README.md").read_text().splitlines():
+        cells = [c.strip().strip("`") for c in line.strip().strip("|").split("|")]
+        if cells and cells[0] in suite.SUITE:
+            rows[cells[0]] = cells
+    assert sorted(rows) == sorted(IDS)
+    for env_id, (_, _, steps, horizon, rnd, opt) in rows.items():
+        e = suite.SUITE[env_id]
+        assert steps.removeprefix("<= ") == str(e.max_episode_steps)
+        assert int(horizon) == e.memory_horizon
+        num, _, den = rnd.partition("/")
+        assert float(num) / float(den or 1) == pytest.approx(e.random_return)
+        assert float(opt) == e.optimal_return

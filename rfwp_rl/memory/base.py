@@ -45,13 +45,6 @@ def resolve_level(task: str, level: str, overrides: dict[str, Any]) -> dict[str,
     return params
 
 
-def one_hot(index: int, size: int) -> np.ndarray:
-    """``float32 [size]`` with a 1 at ``index``."""
-    out = np.zeros(size, dtype=np.float32)
-    out[index] = 1.0
-    return out
-
-
 class MemoryEnv(gymnasium.Env):
     """Common interface of the memory tasks.
 
