@@ -60,10 +60,12 @@ __all__ = [
 _ATARI_GYM_KWARGS = ("mode", "difficulty", "render_mode")
 
 
-class SeedFirstReset(gymnasium.Wrapper):
+class SeedFirstReset(gymnasium.Wrapper, gymnasium.utils.RecordConstructorArgs):
     """Uses ``seed`` for the first ``reset()`` that is called without one."""
 
     def __init__(self, env: gymnasium.Env, seed: int | None) -> None:
+        # recorded so that ``env.spec.make()`` can rebuild the wrapper stack
+        gymnasium.utils.RecordConstructorArgs.__init__(self, seed=seed)
         super().__init__(env)
         self._pending_seed = seed
         if seed is not None:
@@ -155,6 +157,8 @@ def env_spec(env_id: str, **overrides: Any) -> EnvInfo:
         else:
             spec = env.spec
             max_steps = spec.max_episode_steps if spec is not None else None
+            if max_steps is None:  # envs that bound their own episodes (the memory suite) say so
+                max_steps = getattr(env.unwrapped, "max_episode_steps", None)
         return EnvInfo(
             env_id=env_id,
             gym_id=r.gym_id,
