@@ -53,7 +53,7 @@ def _agent(core: str, spec):
     from rfwp_rl.agent import Agent
     from rfwp_rl.presets import resolve_preset
 
-    preset = resolve_preset(core, None, atari=spec.kind == "atari")
+    preset = resolve_preset(core, None, kind=spec.kind)
     return Agent(spec.obs_shape, spec.num_actions, preset.core, preset.core_config, preset.agent)
 
 

@@ -60,7 +60,7 @@ from rfwp_rl.impala.config import DEFAULTS
 from rfwp_rl.safety import TrainingAborted
 
 _moolib_pool_made = False  # moolib aborts the process if a second EnvPool forks
-STEP_KEYS = ("obs", "reward", "done", "prev_action", "action", "policy_logits")
+STEP_KEYS = ("obs", "reward", "done", "truncated", "prev_action", "action", "policy_logits")
 ENV_TIMEOUT = DEFAULTS.env_timeout  # seconds without a result from an env batch before the pool counts as broken
 STOP_GRACE = 2.0  # seconds pending env steps get to finish when the trainer exits, before the workers are ended
 
@@ -205,20 +205,25 @@ def import_moolib():
 
 
 class _Ready:
-    """An already-computed result with the ``.result()`` of a moolib future."""
+    """A step of in-process envs with the ``.result()`` of a moolib future: the envs step when the
+    result is asked for (as a pool's workers would step meanwhile), so a step still pending when the
+    trainer stops never runs, and its env failures are neither printed nor counted."""
 
-    def __init__(self, value: dict[str, torch.Tensor]):
-        self.value = value
+    def __init__(self, run: Callable[[], dict[str, torch.Tensor]]):
+        self._run = run
+        self._value: dict[str, torch.Tensor] | None = None
 
     def result(self) -> dict[str, torch.Tensor]:
-        return self.value
+        if self._value is None:
+            self._value = self._run()
+        return self._value
 
 
 class LocalEnvPool:
     """In-process stand-in for ``moolib.EnvPool`` with the same ``step(batch_index, action)``:
     the first call on a batch resets its envs (the action is ignored), an env whose episode
-    ended is reset and reports ``done`` with the new episode's first observation. Steps
-    synchronously (no overlap with inference). Env ``i`` is seeded with ``seed * 100_003 + i``,
+    ended is reset and reports ``done`` with the new episode's first observation. Steps in this
+    process when the result is asked for (no overlap with inference). Env ``i`` is seeded with ``seed * 100_003 + i``,
     so runs with this backend are reproducible."""
 
     def __init__(self, env_id: str, env_options: dict, seed: int, batch_size: int, num_batches: int,
@@ -236,6 +241,10 @@ class LocalEnvPool:
         self.started = [False] * num_batches
 
     def step(self, batch_index: int, action: torch.Tensor) -> _Ready:
+        action = action.clone()
+        return _Ready(lambda: self._step(batch_index, action))
+
+    def _step(self, batch_index: int, action: torch.Tensor) -> dict[str, torch.Tensor]:
         envs = self.envs[batch_index]
         outs, rewards, dones = [], [], []
         for env, a in zip(envs, action.tolist()):
@@ -255,7 +264,7 @@ class LocalEnvPool:
         result = {k: torch.from_numpy(np.stack([o[k] for o in outs])) for k in outs[0]}
         result["reward"] = torch.tensor(rewards, dtype=torch.float32)
         result["done"] = torch.tensor(dones, dtype=torch.bool)
-        return _Ready(result)
+        return result
 
     def close(self) -> None:
         for batch in self.envs:
@@ -368,6 +377,8 @@ class Actors:
         obs = env_out["obs"].to(self.device, copy=True)
         reward = env_out["reward"].to(self.device, torch.float32, copy=True)
         done = env_out["done"].to(self.device, torch.bool, copy=True)
+        truncated = (env_out["truncated"].to(self.device, torch.bool, copy=True) if "truncated" in env_out
+                     else torch.zeros_like(done))
         episodes = []
         if bool(env_out["episode_end"].any()):
             for i in torch.nonzero(env_out["episode_end"]).flatten().tolist():
@@ -384,7 +395,7 @@ class Actors:
         batch.future = self.pool.step(batch.index, action.cpu())  # workers step while we go on
         self.env_steps += batch.batch_size
 
-        batch.steps.append({"obs": obs, "reward": reward, "done": done, "prev_action": prev_action,
+        batch.steps.append({"obs": obs, "reward": reward, "done": done, "truncated": truncated, "prev_action": prev_action,
                             "action": action, "policy_logits": out["policy_logits"][0]})
         rollouts = []
         if len(batch.steps) == batch.unroll_length + 1:
@@ -481,7 +492,7 @@ class RolloutQueue:
         return self.size >= self.batch_size
 
     def get(self) -> Rollout:
-        data = {k: torch.cat([r.data[k] for r in self.items], dim=1) for k in STEP_KEYS}
+        data = {k: torch.cat([r.data[k] for r in self.items], dim=1) for k in self.items[0].data}
         state = tuple(torch.cat(parts, dim=0) for parts in zip(*[r.state for r in self.items]))
         B = self.batch_size
         out = Rollout({k: v[:, :B] for k, v in data.items()}, tuple(s[:B] for s in state))

@@ -5,6 +5,9 @@ over ``total_steps``, gradient-norm clipping at 40, entropy cost 0.01, baseline 
 discount 0.99, batch 32 rollouts of unroll 50, rewards clipped to [-1, 1], V-trace with
 rho-bar = c-bar = 1, 48 actors (environments). Only the number of environment worker
 processes is chosen for the machine (one per CPU core by default).
+
+These are the ``atari`` profile. Environments with vector observations get the ``vector``
+profile (:mod:`rfwp_rl.impala.profiles`) for the options the command line leaves unset.
 """
 
 from __future__ import annotations
@@ -46,6 +49,10 @@ class ImpalaConfig:
     reward_clip: float = 1.0
     clip_rho: float = 1.0
     clip_c: float = 1.0
+    optimizer: str = "rmsprop"  # rmsprop (paper) or adam
+    adam_eps: float = 1e-8
+    normalize_advantages: bool = False  # policy-gradient advantages divided by their batch std
+    profile: str = "atari"  # which defaults filled the options the command line left unset
     device: str = "cpu"
     learner_thread: bool = False  # updates in a thread; actors act with a copy of the model meanwhile
     # bookkeeping
@@ -57,3 +64,4 @@ class ImpalaConfig:
 
 DEFAULTS = ImpalaConfig()
 ENV_BACKENDS = ("moolib", "local")
+OPTIMIZERS = ("rmsprop", "adam")

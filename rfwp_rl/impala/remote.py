@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
         if not getattr(args, flag) > 0:
             raise UserError(f"--{flag.replace('_', '-')} {getattr(args, flag)} is invalid; allowed: seconds > 0")
     resolved = envs.resolve_env_id(args.env)
-    preset = resolve_preset(args.core, args.preset, args.overrides, atari=resolved.kind == "atari",
+    preset = resolve_preset(args.core, args.preset, args.overrides, kind=resolved.kind,
                             default_core=DEFAULT_CORE)
     env_options = env_options_from_args(args, resolved.kind)
     spec = envs.env_spec(args.env, **env_options)

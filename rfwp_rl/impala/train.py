@@ -41,14 +41,15 @@ import numpy as np
 import torch
 
 from rfwp_rl.errors import UserError, check_choice
-from rfwp_rl.impala.config import DEFAULTS, ENV_BACKENDS, ImpalaConfig
+from rfwp_rl.impala import profiles
+from rfwp_rl.impala.config import DEFAULTS, ENV_BACKENDS, OPTIMIZERS, ImpalaConfig
 
 METRICS = ("episode/return", "episode/return_mean100")
 DEFAULT_CORE = "rdn"  # the RFWP paper's main agent
 # Settings every learner of a group must share (checked when a learner joins), besides the env and agent.
 GROUP_SETTINGS = ("total_steps", "batch_size", "unroll_length", "learning_rate", "rmsprop_alpha", "rmsprop_eps",
                   "rmsprop_momentum", "grad_norm_clip", "entropy_cost", "baseline_cost", "discount", "reward_clip",
-                  "clip_rho", "clip_c")
+                  "clip_rho", "clip_c", "optimizer", "adam_eps", "normalize_advantages")
 MAX_WAITING_BATCHES = 4  # full batches held while a learner group takes no gradients (joining); older ones are dropped
 
 
@@ -77,7 +78,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--total-steps", type=lambda s: int(float(s)), default=d.total_steps,
                    help="environment steps consumed by the learner (default %(default)s)")
     g = parser.add_argument_group("actors")
-    g.add_argument("--num-actors", type=int, default=d.num_actors, help="environments (default %(default)s)")
+    g.add_argument("--num-actors", type=int, default=None,
+                   help=f"environments (default: {d.num_actors} for Atari, {profiles.VECTOR['num_actors']} for vector envs)")
     g.add_argument("--num-env-batches", type=int, default=d.num_env_batches,
                    help="env batches stepped alternately (2 = double buffering)")
     g.add_argument("--num-env-processes", type=int, default=d.num_env_processes,
@@ -104,14 +106,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "as hung and handled like a dead worker process: checkpoint, end the workers, restart "
                         "the command (counted as one env failure); must exceed the slowest env step and the "
                         "envs' construction (default %(default)g; inf: never)")
-    g = parser.add_argument_group("learner (RFWP paper App. C)")
-    g.add_argument("--batch-size", type=int, default=d.batch_size)
-    g.add_argument("--unroll-length", type=int, default=d.unroll_length)
-    g.add_argument("--learning-rate", "--lr", type=float, default=d.learning_rate)
+    g = parser.add_argument_group("learner (Atari: RFWP paper App. C; vector envs: rfwp_rl.impala.profiles)")
+    g.add_argument("--profile", choices=profiles.PROFILES, default="auto",
+                   help="defaults of the options left unset: atari (the paper's), vector (memory tasks: unroll = "
+                        "2 x the env's memory horizon, Adam, normalised advantages), auto: by observation kind")
+    g.add_argument("--batch-size", type=int, default=None,
+                   help=f"rollouts per update (atari {d.batch_size}, vector {profiles.VECTOR['batch_size']})")
+    g.add_argument("--unroll-length", type=int, default=None,
+                   help=f"steps per rollout (atari {d.unroll_length}; vector: 2 x the env's memory horizon, "
+                        f"{profiles.MIN_UNROLL} to {profiles.MAX_UNROLL})")
+    g.add_argument("--optimizer", choices=OPTIMIZERS, default=None, help="atari rmsprop, vector adam")
+    g.add_argument("--learning-rate", "--lr", type=float, default=None,
+                   help=f"initial learning rate, decayed linearly to 0 (atari {d.learning_rate:g}, vector "
+                        f"{profiles.VECTOR['learning_rate']:g})")
+    g.add_argument("--adam-eps", type=float, default=d.adam_eps)
     g.add_argument("--rmsprop-alpha", type=float, default=d.rmsprop_alpha)
     g.add_argument("--rmsprop-eps", type=float, default=d.rmsprop_eps)
     g.add_argument("--grad-norm-clip", type=float, default=d.grad_norm_clip)
-    g.add_argument("--entropy-cost", type=float, default=d.entropy_cost)
+    g.add_argument("--entropy-cost", type=float, default=None,
+                   help=f"atari {d.entropy_cost:g}, vector {profiles.VECTOR['entropy_cost']:g}")
+    g.add_argument("--normalize-advantages", action=argparse.BooleanOptionalAction, default=None,
+                   help="divide the policy-gradient advantages by their batch std (atari no, vector yes)")
     g.add_argument("--baseline-cost", type=float, default=d.baseline_cost)
     g.add_argument("--discount", type=float, default=d.discount)
     g.add_argument("--reward-clip", type=float, default=d.reward_clip, help="0 disables clipping")
@@ -131,9 +146,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--log-every", type=float, default=d.log_every, help="seconds between console lines")
 
 
-def config_from_args(args: argparse.Namespace) -> ImpalaConfig:
+def config_from_args(args: argparse.Namespace, kind: str = "atari", memory_horizon: int | None = None,
+                     max_episode_steps: int | None = None) -> ImpalaConfig:
+    """The run's config: the command line's values, the unset ones from the profile of the env's
+    ``kind`` (see :mod:`rfwp_rl.impala.profiles`)."""
     fields = {f.name for f in dataclasses.fields(ImpalaConfig)}
-    cfg = ImpalaConfig(**{k: v for k, v in vars(args).items() if k in fields})
+    given = {k: v for k, v in vars(args).items() if k in fields and k != "profile"}
+    profile = profiles.profile_for(kind, getattr(args, "profile", "auto"))
+    for k in profiles.PROFILE_OPTIONS:
+        given.setdefault(k, None)
+    cfg = ImpalaConfig(**profiles.fill_unset(given, profile, memory_horizon, max_episode_steps), profile=profile)
     for name in ("total_steps", "num_actors", "num_env_batches", "num_env_processes", "batch_size", "unroll_length"):
         if getattr(cfg, name) < (0 if name == "num_actors" and cfg.listen else 1):
             raise UserError(f"--{name.replace('_', '-')} {getattr(cfg, name)} is invalid; allowed: an integer >= 1 "
@@ -146,6 +168,10 @@ def config_from_args(args: argparse.Namespace) -> ImpalaConfig:
 
     check_group_args(cfg.broker, cfg.group)
     check_choice("env backend", cfg.env_backend, ENV_BACKENDS)
+    check_choice("optimizer", cfg.optimizer, OPTIMIZERS)
+    for name in ("learning_rate", "adam_eps"):
+        if not getattr(cfg, name) > 0:
+            raise UserError(f"--{name.replace('_', '-')} {getattr(cfg, name):g} is invalid; allowed: a number > 0")
     if not cfg.env_timeout > 0:
         raise UserError(f"--env-timeout {cfg.env_timeout:g} is invalid; allowed: seconds > 0 (inf: never time out)")
     try:
@@ -174,12 +200,11 @@ def run(args: argparse.Namespace) -> int:
     from rfwp_rl import envs
     from rfwp_rl.presets import resolve_preset
 
-    cfg = config_from_args(args)
-    resolved = envs.resolve_env_id(cfg.env)  # unknown env: one-line error with close matches
-    preset = resolve_preset(args.core, args.preset, args.overrides, atari=resolved.kind == "atari",
-                            default_core=DEFAULT_CORE)
+    resolved = envs.resolve_env_id(args.env)  # unknown env: one-line error with close matches
+    preset = resolve_preset(args.core, args.preset, args.overrides, kind=resolved.kind, default_core=DEFAULT_CORE)
     env_options = env_options_from_args(args, resolved.kind)
-    spec = envs.env_spec(cfg.env, **env_options)
+    spec = envs.env_spec(args.env, **env_options)
+    cfg = config_from_args(args, spec.kind, spec.memory_horizon, spec.max_episode_steps)
     if args.detach_state_every_step:
         from rfwp_rl.cores import available
 
@@ -232,12 +257,14 @@ def train(cfg: ImpalaConfig, preset, spec, env_options: dict, run_dir: Path, tor
     counters = {"step": 0, "updates": 0, "actor_steps": 0, "episodes": 0, "train_seconds": 0.0, "env_failures": 0,
                 "skipped_updates": 0}
     agent = Agent(spec.obs_shape, spec.num_actions, preset.core, preset.core_config, preset.agent).to(device)
-    optimizer = learner.make_optimizer(agent, cfg.learning_rate, cfg.rmsprop_alpha, cfg.rmsprop_eps, cfg.rmsprop_momentum)
+    optimizer = learner.make_optimizer(agent, cfg.learning_rate, cfg.rmsprop_alpha, cfg.rmsprop_eps,
+                                       cfg.rmsprop_momentum, cfg.optimizer, cfg.adam_eps)
     steps_per_update = cfg.batch_size * cfg.unroll_length
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, learner.linear_decay_of_steps(cfg.total_steps, lambda: counters["step"]))
     loss_cfg = learner.LossConfig(discount=cfg.discount, reward_clip=cfg.reward_clip, baseline_cost=cfg.baseline_cost,
-                                  entropy_cost=cfg.entropy_cost, clip_rho=cfg.clip_rho, clip_c=cfg.clip_c)
+                                  entropy_cost=cfg.entropy_cost, clip_rho=cfg.clip_rho, clip_c=cfg.clip_c,
+                                  normalize_advantages=cfg.normalize_advantages)
     guard = NonFiniteGuard(cfg.max_nonfinite)
 
     # ---- resume
@@ -312,6 +339,7 @@ def train(cfg: ImpalaConfig, preset, spec, env_options: dict, run_dir: Path, tor
     print(f"IMPALA {spec.gym_id} ({spec.num_actions} actions), core {preset.core} ({num_params:,} parameters), "
           f"{cfg.num_actors} envs [{cfg.env_backend}], batch {cfg.batch_size} x unroll {cfg.unroll_length}; "
           f"run dir {run_dir}", flush=True)
+    print(profiles.describe(cfg, preset.source), flush=True)
 
     # ---- actors (with a learner thread they act with a copy of the model, refreshed after each update)
     acting_agent = copy.deepcopy(agent) if cfg.learner_thread else agent
