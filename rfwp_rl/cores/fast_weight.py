@@ -10,15 +10,15 @@ Structure (the reference Atari agents' layout; RFWP paper App. C)::
 A fast-weight sublayer computes its slow projections for the whole unroll with one matmul
 (``Linear(hidden -> needed, bias=False)``), splits them into H heads of size d = hidden/H,
 runs the sequential recurrence (the op ``kind`` of :mod:`rfwp_rl.ops`, resolved once at
-construction for the sublayer's sizes: fused kernel or PyTorch reference) and projects back with
-``Linear(hidden -> hidden, bias=False)`` and dropout. Per-head slow projection layout (as in
+construction for the sublayer's sizes: fused kernel or PyTorch reference) and projects back
+with ``Linear(hidden -> hidden, bias=False)`` and dropout. Per-head slow projection layout (as in
 the reference code): ``[q, k, v, β]`` for lt/delta/rdn (no β for lt),
 ``[q, k, v, k_r, v_r, β, β_r]`` for delta_rnn.
 
 Feature maps (``feature_map``): applied to q and k before the op (lt, delta, delta_rnn);
-inside the op for rdn (which sizes and feature maps its fused kernel runs is the op's
-``supported``). The delta_rnn
-recurrent key k_r always uses softmax, matching its recurrent query softmax(y_{t-1}).
+inside the op for rdn (the op's ``supported`` says which its fused kernel runs). The
+delta_rnn recurrent key k_r always uses softmax, matching its recurrent query
+softmax(y_{t-1}).
 
 Each core class names its sublayer class (``FastWeightCore.sublayer_cls``; other modules
 build further block stacks the same way, e.g. :mod:`rfwp_rl.cores.lm_cores`).
