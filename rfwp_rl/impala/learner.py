@@ -19,10 +19,13 @@ over time and batch, as in TorchBeast (whose hyperparameters the paper used)::
     baseline = baseline_cost * 0.5 * sum (v_t - V(x_t))^2   (v_t: V-trace target)
     entropy  = entropy_cost * sum_t sum_a pi log pi         (minus the entropy)
 
-With ``normalize_advantages`` the policy-gradient advantages are divided by their standard
-deviation over the batch's unmasked steps (and centred), so that the policy step does not scale
-with the reward magnitude: a memory task's single +-1 at the end of 50 steps otherwise meets an
-entropy bonus tuned for Atari's dense clipped rewards.
+With ``normalize_advantages`` the policy-gradient advantages are divided by their root mean
+square over the batch's unmasked steps, so that the policy step does not scale with the reward
+magnitude: a memory task's single +-1 at the end of an episode otherwise meets an entropy bonus
+tuned for Atari's dense clipped rewards. They are not centred: on a memory task most steps'
+actions do not matter and their advantages are near 0; subtracting the batch mean gives them all
+one sign, and that noise made the policy collapse (Recurrent Delta Net on DelayedRecall-easy:
+entropy 0 and return 0.75 of 1 after 600k steps centred, return 1.0 after 75k uncentred).
 """
 
 from __future__ import annotations
@@ -83,11 +86,9 @@ def compute_loss(agent: nn.Module, batch: dict[str, torch.Tensor], initial_state
     vt = vtrace.from_logits(behaviour_logits, target_logits.detach(), actions, discounts, rewards,
                             values.detach(), bootstrap_value, cfg.clip_rho, cfg.clip_c, cfg.clip_pg_rho, mask)
     advantages = vt.pg_advantages
-    if cfg.normalize_advantages:
-        n = mask.sum().clamp(min=1.0)
-        mean = advantages.sum() / n
-        std = (((advantages - mean) ** 2 * mask).sum() / n).sqrt()
-        advantages = (advantages - mean) / (std + 1e-8) * mask
+    if cfg.normalize_advantages:  # divided by their root mean square, not centred (see the module docstring)
+        rms = ((advantages ** 2 * mask).sum() / mask.sum().clamp(min=1.0)).sqrt()
+        advantages = advantages / rms.clamp(min=1e-8)
 
     log_probs = F.log_softmax(target_logits, dim=-1)
     action_log_probs = log_probs.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
