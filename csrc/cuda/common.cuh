@@ -42,7 +42,7 @@
 // Every recurrence kernel: at most kMaxThreads threads per block, so ptxas keeps the
 // registers per thread at or below 65536 / kMaxThreads and any block the launcher makes fits
 // the register file.
-#define RFWP_KERNEL __global__ void __launch_bounds__(::rfwp::cuda::kMaxThreads)
+#define RFWP_KERNEL __global__ void __launch_bounds__(::rfwp::cuda::kMaxThreads, 1)
 
 namespace rfwp {
 namespace cuda {
@@ -172,55 +172,48 @@ struct ResetFlags {
 template <typename S>
 struct Segment {
   const S* base;
-  long long stride;
-  int len, origin;
+  int stride, len, origin;
 };
 
 // Input x [T, B, H, len] of this block.
 template <typename S>
 __device__ inline Segment<S> per_step(const S* x, const BlockIdx& blk, int len) {
-  return {x + static_cast<std::size_t>(blk.bh) * len, static_cast<long long>(blk.BH) * len, len, 0};
+  return {x + static_cast<std::size_t>(blk.bh) * len, blk.BH * len, len, 0};
 }
 
-// The concatenation of NSEG segments for one step, copied to a shared-memory buffer by the
-// whole block. fetch(t) issues the loads of step t into registers (kPrefetchRegs elements per
+// The concatenation of a step's vectors (segments), copied to a shared-memory buffer by the
+// whole block. `segs(f)` calls f(segment) for each segment in order (a lambda of the kernel:
+// the segments are rebuilt from the kernel arguments when needed instead of held in
+// registers). fetch(t) issues the loads of step t into registers (kPrefetchRegs elements per
 // thread) and returns at once; store(t, dst) writes step t to dst, from the registers when
 // fetch(t) was the last fetch, else straight from global memory. Elements beyond
-// kPrefetchRegs * threads (tiny blocks) are always loaded in store(). `make` fills the
-// segment array (called, not kept, so that the segments take no registers across the loop).
-template <typename S, int NSEG>
+// kPrefetchRegs * threads (tiny blocks) are always loaded in store().
+template <typename S>
 struct StepVectors {
   const S* p[kPrefetchRegs];
-  long long stride[kPrefetchRegs];
-  int origin[kPrefetchRegs];
+  int stride[kPrefetchRegs], origin[kPrefetchRegs];
   S val[kPrefetchRegs];
-  int L, tid, nt, pending;
+  int L, pending;
 
-  template <typename Make>
-  __device__ StepVectors(Make make, int tid_, int nt_) : L(0), tid(tid_), nt(nt_), pending(INT_MIN) {
-    Segment<S> seg[NSEG];
-    make(seg);
+  template <typename Segs>
+  __device__ StepVectors(Segs segs, int tid, int nt) : L(0), pending(INT_MIN) {
 #pragma unroll
-    for (int k = 0; k < NSEG; ++k) L += seg[k].len;
-#pragma unroll
-    for (int r = 0; r < kPrefetchRegs; ++r) locate(seg, tid + r * nt, p[r], stride[r], origin[r]);
-  }
-
-  __device__ static void locate(const Segment<S> (&seg)[NSEG], int e, const S*& ptr, long long& st,
-                                int& org) {
-    ptr = nullptr;
-    st = 0;
-    org = 0;
-    int start = 0;
-#pragma unroll
-    for (int k = 0; k < NSEG; ++k) {
-      if (e >= start && e < start + seg[k].len) {
-        ptr = seg[k].base + (e - start);
-        st = seg[k].stride;
-        org = seg[k].origin;
-      }
-      start += seg[k].len;
+    for (int r = 0; r < kPrefetchRegs; ++r) {
+      p[r] = nullptr;
+      stride[r] = origin[r] = 0;
     }
+    segs([&](const Segment<S>& s) {
+#pragma unroll
+      for (int r = 0; r < kPrefetchRegs; ++r) {
+        const int e = tid + r * nt - L;
+        if (e >= 0 && e < s.len) {
+          p[r] = s.base + e;
+          stride[r] = s.stride;
+          origin[r] = s.origin;
+        }
+      }
+      L += s.len;
+    });
   }
 
   __device__ void fetch(int t) {
@@ -230,23 +223,21 @@ struct StepVectors {
     pending = t;
   }
 
-  template <typename Make>
-  __device__ void store(int t, S* dst, Make make) {
+  template <typename Segs>
+  __device__ void store(int t, S* dst, Segs segs, int tid, int nt) {
     const bool have = pending == t;
 #pragma unroll
     for (int r = 0; r < kPrefetchRegs; ++r)
       if (p[r] != nullptr)
         dst[tid + r * nt] = have ? val[r] : p[r][static_cast<long long>(t - origin[r]) * stride[r]];
-    if (tid + kPrefetchRegs * nt < L) {
-      Segment<S> seg[NSEG];
-      make(seg);
-      for (int e = tid + kPrefetchRegs * nt; e < L; e += nt) {
-        const S* ptr;
-        long long st;
-        int org;
-        locate(seg, e, ptr, st, org);
-        dst[e] = ptr[static_cast<long long>(t - org) * st];
-      }
+    if (tid + kPrefetchRegs * nt < L) {   // tiny blocks: the rest straight from global memory
+      int start = 0;
+      segs([&](const Segment<S>& s) {
+        for (int e = tid + kPrefetchRegs * nt; e < L; e += nt)
+          if (e >= start && e < start + s.len)
+            dst[e] = s.base[static_cast<long long>(t - s.origin) * s.stride + (e - start)];
+        start += s.len;
+      });
     }
     pending = INT_MIN;
   }

@@ -34,16 +34,16 @@ RFWP_KERNEL delta_rnn_forward_kernel(DeltaRnnFwdArgs<S> a) {
   S* urs = cur.take(2 * static_cast<std::size_t>(dv));
   const Lanes rows(dv, nt, tid);
   ResetFlags flags(a.reset, n, blk.b);
-  auto segs = [&](Segment<S>* s) {
-    s[0] = per_step(a.k, blk, dk);
-    s[1] = per_step(a.q, blk, dk);
-    s[2] = per_step(a.v, blk, dv);
-    s[3] = per_step(a.kr, blk, dv);
-    s[4] = per_step(a.vr, blk, dv);
-    s[5] = per_step(a.beta, blk, 1);
-    s[6] = per_step(a.beta_r, blk, 1);
+  auto segs = [&](auto&& f) {
+    f(per_step(a.k, blk, dk));
+    f(per_step(a.q, blk, dk));
+    f(per_step(a.v, blk, dv));
+    f(per_step(a.kr, blk, dv));
+    f(per_step(a.vr, blk, dv));
+    f(per_step(a.beta, blk, 1));
+    f(per_step(a.beta_r, blk, 1));
   };
-  StepVectors<S, 7> step(segs, tid, nt);
+  StepVectors<S> step(segs, tid, nt);
 
   const S* W0 = a.W0 + blk.mat(matW);
   const S* R0 = a.R0 + blk.mat(matR);
@@ -56,7 +56,7 @@ RFWP_KERNEL delta_rnn_forward_kernel(DeltaRnnFwdArgs<S> a) {
   for (int t = 0; t < n.T; ++t) {
     S* vec = sbuf + (t % 3) * L;
     const S* pv = sbuf + ((t + 2) % 3) * L;     // step t-1
-    step.store(t, vec, segs);
+    step.store(t, vec, segs, tid, nt);
     if (t + 1 < n.T) step.fetch(t + 1);
     const bool rst = flags.at(t);
     const bool ck = n.chunk > 0 && t % n.chunk == 0;
@@ -203,15 +203,15 @@ RFWP_KERNEL delta_rnn_backward_kernel(DeltaRnnBwdArgs<S> a, S* work, bool stage)
     __syncthreads();   // the previous chunk's column phase has read the workspace
     // ---- recompute the chunk
     {
-      auto rsegs = [&](Segment<S>* s) {
-        s[0] = per_step(a.k, blk, dk);
-        s[1] = per_step(a.v, blk, dv);
-        s[2] = per_step(a.kr, blk, dv);
-        s[3] = per_step(a.vr, blk, dv);
-        s[4] = per_step(a.beta, blk, 1);
-        s[5] = per_step(a.beta_r, blk, 1);
+      auto rsegs = [&](auto&& f) {
+        f(per_step(a.k, blk, dk));
+        f(per_step(a.v, blk, dv));
+        f(per_step(a.kr, blk, dv));
+        f(per_step(a.vr, blk, dv));
+        f(per_step(a.beta, blk, 1));
+        f(per_step(a.beta_r, blk, 1));
       };
-      StepVectors<S, 6> rstep(rsegs, tid, nt);
+      StepVectors<S> rstep(rsegs, tid, nt);
       const S* ckW = a.ckptW + blk.ckpt(c, matW);
       const S* ckR = a.ckptR + blk.ckpt(c, matR);
       rstep.fetch(t0);
@@ -219,7 +219,7 @@ RFWP_KERNEL delta_rnn_backward_kernel(DeltaRnnBwdArgs<S> a, S* work, bool stage)
         const int jt = t - t0;
         S* vec = rr + (jt % 3) * Lr;
         const S* pv = rr + ((jt + 2) % 3) * Lr;
-        rstep.store(t, vec, rsegs);
+        rstep.store(t, vec, rsegs, tid, nt);
         if (t + 1 < t1) rstep.fetch(t + 1);
         const bool rst = flags.at(t);
         S* wt = wbuf + static_cast<std::size_t>(jt) * matW;
@@ -271,22 +271,22 @@ RFWP_KERNEL delta_rnn_backward_kernel(DeltaRnnBwdArgs<S> a, S* work, bool stage)
     }
     __syncthreads();   // u, v - v̄ of the chunk's last step, read by other threads below
     // ---- walk the chunk backwards
-    auto segs = [&](Segment<S>* s) {
-      s[0] = per_step(a.k, blk, dk);
-      s[1] = per_step(a.q, blk, dk);
-      s[2] = per_step(a.kr, blk, dv);
-      s[3] = per_step(a.s, blk, dv);                 // softmax(y_{t-1}) kept by the forward
-      s[4] = per_step(a.gy, blk, dv);
-      for (int x = 0; x < 4; ++x) s[5 + x] = Segment<S>{vbuf + x * dv, 4LL * dv, dv, t0};
-      s[9] = per_step(a.beta, blk, 1);
-      s[10] = per_step(a.beta_r, blk, 1);
+    auto segs = [&](auto&& f) {
+      f(per_step(a.k, blk, dk));
+      f(per_step(a.q, blk, dk));
+      f(per_step(a.kr, blk, dv));
+      f(per_step(a.s, blk, dv));                 // softmax(y_{t-1}) kept by the forward
+      f(per_step(a.gy, blk, dv));
+      for (int x = 0; x < 4; ++x) f(Segment<S>{vbuf + x * dv, 4 * dv, dv, t0});
+      f(per_step(a.beta, blk, 1));
+      f(per_step(a.beta_r, blk, 1));
     };
-    StepVectors<S, 11> step(segs, tid, nt);
+    StepVectors<S> step(segs, tid, nt);
     for (int t = t1 - 1; t >= t0; --t) {
       const int jt = t - t0;
       S* vec = sb + (t % 3) * Lb;
       const S* nv = sb + ((t + 1) % 3) * Lb;         // step t+1
-      step.store(t, vec, segs);
+      step.store(t, vec, segs, tid, nt);
       if (t - 1 >= t0) step.fetch(t - 1);
       const bool has_next = t + 1 < n.T;
       const bool rst_next = flags.at(t + 1);

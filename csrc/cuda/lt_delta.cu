@@ -32,13 +32,13 @@ RFWP_KERNEL delta_forward_kernel(DeltaFwdArgs<S> a) {
   S* us = cur.take(2 * static_cast<std::size_t>(dv));
   const Lanes rows(dv, nt, tid);
   ResetFlags flags(a.reset, n, blk.b);
-  auto segs = [&](Segment<S>* s) {
-    s[0] = per_step(a.k, blk, dk);
-    s[1] = per_step(a.q, blk, dk);
-    s[2] = per_step(a.v, blk, dv);
-    if constexpr (DELTA) s[3] = per_step(a.beta, blk, 1);
+  auto segs = [&](auto&& f) {
+    f(per_step(a.k, blk, dk));
+    f(per_step(a.q, blk, dk));
+    f(per_step(a.v, blk, dv));
+    if constexpr (DELTA) f(per_step(a.beta, blk, 1));
   };
-  StepVectors<S, DELTA ? 4 : 3> step(segs, tid, nt);
+  StepVectors<S> step(segs, tid, nt);
 
   const S* W0 = a.W0 + blk.mat(mat);
   for (int i = rows.group; i < dv; i += rows.groups)
@@ -47,7 +47,7 @@ RFWP_KERNEL delta_forward_kernel(DeltaFwdArgs<S> a) {
   for (int t = 0; t < n.T; ++t) {
     S* vec = sbuf + (t % 3) * L;
     const S* kp = sbuf + ((t + 2) % 3) * L;         // k_{t-1}
-    step.store(t, vec, segs);
+    step.store(t, vec, segs, tid, nt);
     if (t + 1 < n.T) step.fetch(t + 1);
     const bool rst = flags.at(t);
     S* ckpt = (n.chunk > 0 && t % n.chunk == 0) ? a.ckpt + blk.ckpt(t / n.chunk, mat) : nullptr;
@@ -137,19 +137,19 @@ RFWP_KERNEL delta_backward_kernel(DeltaBwdArgs<S> a, S* work, bool stage) {
     __syncthreads();   // the previous chunk's column phase has read the workspace
     // ---- recompute the chunk
     {
-      auto rsegs = [&](Segment<S>* s) {
-        s[0] = per_step(a.k, blk, dk);
-        s[1] = per_step(a.v, blk, dv);
-        if constexpr (DELTA) s[2] = per_step(a.beta, blk, 1);
+      auto rsegs = [&](auto&& f) {
+        f(per_step(a.k, blk, dk));
+        f(per_step(a.v, blk, dv));
+        if constexpr (DELTA) f(per_step(a.beta, blk, 1));
       };
-      StepVectors<S, DELTA ? 3 : 2> rstep(rsegs, tid, nt);
+      StepVectors<S> rstep(rsegs, tid, nt);
       const S* ck = a.ckpt + blk.ckpt(c, mat);
       rstep.fetch(t0);
       for (int t = t0; t < t1; ++t) {
         const int jt = t - t0;
         S* vec = rr + (jt % 3) * Lr;
         const S* kp = rr + ((jt + 2) % 3) * Lr;
-        rstep.store(t, vec, rsegs);
+        rstep.store(t, vec, rsegs, tid, nt);
         if (t + 1 < t1) rstep.fetch(t + 1);
         const bool rst = flags.at(t);
         const S* u_prev = us + ((jt + 1) & 1) * dv;
@@ -190,24 +190,24 @@ RFWP_KERNEL delta_backward_kernel(DeltaBwdArgs<S> a, S* work, bool stage) {
     }
     __syncthreads();   // u, v - v̄ of the chunk's last step, read by other threads below
     // ---- walk the chunk backwards
-    auto segs = [&](Segment<S>* s) {
-      s[0] = per_step(a.k, blk, dk);
-      s[1] = per_step(a.q, blk, dk);
-      s[2] = per_step(a.gy, blk, dv);
+    auto segs = [&](auto&& f) {
+      f(per_step(a.k, blk, dk));
+      f(per_step(a.q, blk, dk));
+      f(per_step(a.gy, blk, dv));
       if constexpr (DELTA) {
-        s[3] = Segment<S>{vbuf, 2LL * dv, dv, t0};        // u_t
-        s[4] = Segment<S>{vbuf + dv, 2LL * dv, dv, t0};   // v_t - v̄_t
-        s[5] = per_step(a.beta, blk, 1);
+        f(Segment<S>{vbuf, 2 * dv, dv, t0});        // u_t
+        f(Segment<S>{vbuf + dv, 2 * dv, dv, t0});   // v_t - v̄_t
+        f(per_step(a.beta, blk, 1));
       } else {
-        s[3] = per_step(a.v, blk, dv);                   // u_t = v_t
+        f(per_step(a.v, blk, dv));                   // u_t = v_t
       }
     };
-    StepVectors<S, DELTA ? 6 : 4> step(segs, tid, nt);
+    StepVectors<S> step(segs, tid, nt);
     for (int t = t1 - 1; t >= t0; --t) {
       const int jt = t - t0;
       S* vec = sb + (t % 3) * Lb;
       const S* kn = sb + ((t + 1) % 3) * Lb;             // k_{t+1}
-      step.store(t, vec, segs);
+      step.store(t, vec, segs, tid, nt);
       if (t - 1 >= t0) step.fetch(t - 1);
       const bool has_next = t + 1 < n.T;
       const bool rst_next = flags.at(t + 1);

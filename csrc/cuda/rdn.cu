@@ -39,13 +39,13 @@ RFWP_KERNEL rdn_forward_kernel(RdnFwdArgs<S> a, bool stage) {
   S* sbeta = cur.take(1);
   const Lanes rows(d, nt, tid), prows(3 * d + 1, nt, tid);
   ResetFlags flags(a.reset, n, blk.b);
-  auto segs = [&](Segment<S>* s) {
-    s[0] = per_step(a.xq, blk, d);
-    s[1] = per_step(a.xk, blk, d);
-    s[2] = per_step(a.xv, blk, d);
-    s[3] = per_step(a.xb, blk, 1);
+  auto segs = [&](auto&& f) {
+    f(per_step(a.xq, blk, d));
+    f(per_step(a.xk, blk, d));
+    f(per_step(a.xv, blk, d));
+    f(per_step(a.xb, blk, 1));
   };
-  StepVectors<S, 4> step(segs, tid, nt);
+  StepVectors<S> step(segs, tid, nt);
   // slow weights: rows of the stacked [Rq; Rk; Rv] (3d x d), with leading dimension ldR
   const std::size_t ho = static_cast<std::size_t>(blk.h) * mat;
   if (stage) {
@@ -64,7 +64,7 @@ RFWP_KERNEL rdn_forward_kernel(RdnFwdArgs<S> a, bool stage) {
   }
   if (n.T > 0) step.fetch(0);
   for (int t = 0; t < n.T; ++t) {
-    step.store(t, xs, segs);
+    step.store(t, xs, segs, tid, nt);
     if (t + 1 < n.T) step.fetch(t + 1);
     const bool rst = flags.at(t), rst_next = flags.at(t + 1);
     S* ckpt = (n.chunk > 0 && t % n.chunk == 0) ? a.ckpt + blk.ckpt(t / n.chunk, mat) : nullptr;
@@ -213,19 +213,19 @@ RFWP_KERNEL rdn_backward_kernel(RdnBwdArgs<S> a, S* work, bool stage) {
     __syncthreads();   // the previous chunk's column phase has read the workspace
     // ---- recompute the chunk
     {
-      auto rsegs = [&](Segment<S>* s) {
-        s[0] = per_step(a.k, blk, d);
-        s[1] = per_step(a.v, blk, d);
-        s[2] = per_step(a.beta, blk, 1);
+      auto rsegs = [&](auto&& f) {
+        f(per_step(a.k, blk, d));
+        f(per_step(a.v, blk, d));
+        f(per_step(a.beta, blk, 1));
       };
-      StepVectors<S, 3> rstep(rsegs, tid, nt);
+      StepVectors<S> rstep(rsegs, tid, nt);
       const S* ck = a.ckpt + blk.ckpt(c, mat);
       rstep.fetch(t0);
       for (int t = t0; t < t1; ++t) {
         const int jt = t - t0;
         S* vec = rr + (jt % 3) * Lr;
         const S* kp = rr + ((jt + 2) % 3) * Lr;
-        rstep.store(t, vec, rsegs);
+        rstep.store(t, vec, rsegs, tid, nt);
         if (t + 1 < t1) rstep.fetch(t + 1);
         const bool rst = flags.at(t);
         S* wt = wbuf + static_cast<std::size_t>(jt) * mat;
@@ -260,21 +260,21 @@ RFWP_KERNEL rdn_backward_kernel(RdnBwdArgs<S> a, S* work, bool stage) {
     }
     __syncthreads();   // u, v - v̄ of the chunk's last step, read by other threads below
     // ---- walk the chunk backwards
-    auto segs = [&](Segment<S>* s) {
-      s[0] = per_step(a.k, blk, d);
-      s[1] = per_step(a.q, blk, d);
-      s[2] = per_step(a.h, blk, d);                  // tanh(y_{t-1}) kept by the forward
-      s[3] = per_step(a.gy, blk, d);
-      s[4] = Segment<S>{vbuf, 2LL * d, d, t0};        // u_t
-      s[5] = Segment<S>{vbuf + d, 2LL * d, d, t0};    // v_t - v̄_t
-      s[6] = per_step(a.beta, blk, 1);
+    auto segs = [&](auto&& f) {
+      f(per_step(a.k, blk, d));
+      f(per_step(a.q, blk, d));
+      f(per_step(a.h, blk, d));                  // tanh(y_{t-1}) kept by the forward
+      f(per_step(a.gy, blk, d));
+      f(Segment<S>{vbuf, 2 * d, d, t0});        // u_t
+      f(Segment<S>{vbuf + d, 2 * d, d, t0});    // v_t - v̄_t
+      f(per_step(a.beta, blk, 1));
     };
-    StepVectors<S, 7> step(segs, tid, nt);
+    StepVectors<S> step(segs, tid, nt);
     for (int t = t1 - 1; t >= t0; --t) {
       const int jt = t - t0;
       S* vec = sb + (t % 3) * Lb;
       const S* kn = sb + ((t + 1) % 3) * Lb;
-      step.store(t, vec, segs);
+      step.store(t, vec, segs, tid, nt);
       if (t - 1 >= t0) step.fetch(t - 1);
       const bool has_next = t + 1 < n.T;
       const bool rst_next = flags.at(t + 1);
