@@ -53,23 +53,6 @@ RESOURCES: dict[tuple[str, int], dict[int, tuple[int, int]]] = {
     ('rdn_forward', 4): {80: (72, 0), 90: (96, 0)},
     ('rdn_forward', 8): {80: (91, 0), 90: (107, 0)},
 }
-    ("delta_forward<lt>", 4): {80: (48, 0), 90: (56, 0)},
-    ("delta_forward<lt>", 8): {80: (48, 0), 90: (56, 0)},
-    ("delta_forward<delta>", 4): {80: (48, 16), 90: (56, 16)},
-    ("delta_forward<delta>", 8): {80: (56, 16), 90: (62, 16)},
-    ("delta_backward<lt>", 4): {80: (64, 0), 90: (56, 0)},
-    ("delta_backward<lt>", 8): {80: (66, 0), 90: (48, 0)},
-    ("delta_backward<delta>", 4): {80: (72, 16), 90: (56, 16)},
-    ("delta_backward<delta>", 8): {80: (66, 16), 90: (56, 16)},
-    ("delta_rnn_forward", 4): {80: (96, 16), 90: (64, 16)},
-    ("delta_rnn_forward", 8): {80: (96, 16), 90: (87, 16)},
-    ("delta_rnn_backward", 4): {80: (96, 16), 90: (72, 16)},
-    ("delta_rnn_backward", 8): {80: (72, 16), 90: (96, 16)},
-    ("rdn_forward", 4): {80: (64, 16), 90: (96, 16)},
-    ("rdn_forward", 8): {80: (72, 16), 90: (116, 16)},
-    ("rdn_backward", 4): {80: (37, 16), 90: (64, 16)},
-    ("rdn_backward", 8): {80: (44, 16), 90: (72, 16)},
-}
 
 
 def kernel_name(op: str, direction: str) -> str:
