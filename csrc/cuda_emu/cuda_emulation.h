@@ -100,6 +100,10 @@ constexpr std::size_t kDefaultSharedBytes = 48 * 1024;
 constexpr std::size_t kMaxSharedBytesOptin = 227 * 1024;
 
 inline thread_local cudaError_t last_error = cudaSuccess;
+// What cudaDeviceGetAttribute reports as the opt-in limit (tests lower it to force the
+// launchers' smaller layouts, or raise it above kMaxSharedBytesOptin to make
+// cudaFuncSetAttribute fail as a driver would).
+inline std::size_t reported_smem_optin = kMaxSharedBytesOptin;
 inline std::barrier<>* block_barrier = nullptr;
 inline unsigned char* block_smem = nullptr;
 inline std::size_t smem_limit = kDefaultSharedBytes;   // raised by cudaFuncSetAttribute
@@ -340,7 +344,7 @@ inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int) 
     return cudaSuccess;
   }
   if (attr != cudaDevAttrMaxSharedMemoryPerBlockOptin) return cudaErrorInvalidValue;
-  *value = static_cast<int>(::cuda_emu::kMaxSharedBytesOptin);
+  *value = static_cast<int>(::cuda_emu::reported_smem_optin);
   return cudaSuccess;
 }
 // The emulator does not see __launch_bounds__: a kernel may have any block size it allows.

@@ -88,8 +88,14 @@ extern "C" long long rfwp_emu_smem_request(const char* op, int backward, const i
                                                          backward != 0, static_cast<std::size_t>(optin)));
 }
 
-// The emulated device's opt-in shared memory per block (the launchers' `optin`).
+// The emulated device's opt-in shared memory per block as the launchers read it; set it
+// (0: the true limit, 227 KiB) to steer their layout choice or to make the attribute call fail.
 extern "C" long long rfwp_emu_device_smem_optin() { return static_cast<long long>(rfwp::cuda::device_smem_optin()); }
+extern "C" void rfwp_emu_set_device_smem_optin(long long bytes) {
+  cuda_emu::reported_smem_optin = bytes > 0 ? static_cast<std::size_t>(bytes) : cuda_emu::kMaxSharedBytesOptin;
+}
+// The calling thread's pending CUDA error (not cleared).
+extern "C" int rfwp_emu_peek_last_error() { return static_cast<int>(cudaPeekAtLastError()); }
 
 // Launches since the last clear: count, and (grid blocks, block threads, dynamic smem bytes)
 // of launch i.
