@@ -36,22 +36,22 @@ WARP = 32
 # (needs nvcc; prints this table and the spill/stack numbers).
 RESOURCES: dict[tuple[str, int], dict[int, tuple[int, int]]] = {
     # (kernel, bytes): {arch: (registers, static smem bytes)}
-    ("delta_forward<lt>", 4): {80: (48, 0), 90: (56, 0)},
-    ("delta_forward<lt>", 8): {80: (48, 0), 90: (56, 0)},
-    ("delta_forward<delta>", 4): {80: (48, 16), 90: (56, 16)},
-    ("delta_forward<delta>", 8): {80: (56, 16), 90: (62, 16)},
-    ("delta_backward<lt>", 4): {80: (64, 0), 90: (56, 0)},
-    ("delta_backward<lt>", 8): {80: (66, 0), 90: (48, 0)},
-    ("delta_backward<delta>", 4): {80: (72, 16), 90: (56, 16)},
-    ("delta_backward<delta>", 8): {80: (66, 16), 90: (56, 16)},
-    ("delta_rnn_forward", 4): {80: (96, 16), 90: (64, 16)},
-    ("delta_rnn_forward", 8): {80: (96, 16), 90: (87, 16)},
-    ("delta_rnn_backward", 4): {80: (96, 16), 90: (72, 16)},
-    ("delta_rnn_backward", 8): {80: (72, 16), 90: (96, 16)},
-    ("rdn_forward", 4): {80: (64, 16), 90: (96, 16)},
-    ("rdn_forward", 8): {80: (72, 16), 90: (116, 16)},
-    ("rdn_backward", 4): {80: (37, 16), 90: (64, 16)},
-    ("rdn_backward", 8): {80: (44, 16), 90: (72, 16)},
+    ('delta_backward<delta>', 4): {80: (103, 0), 90: (126, 0)},
+    ('delta_backward<delta>', 8): {80: (126, 0), 90: (128, 0)},
+    ('delta_backward<lt>', 4): {80: (111, 0), 90: (116, 0)},
+    ('delta_backward<lt>', 8): {80: (121, 0), 90: (122, 0)},
+    ('delta_forward<delta>', 4): {80: (69, 0), 90: (70, 0)},
+    ('delta_forward<delta>', 8): {80: (79, 0), 90: (78, 0)},
+    ('delta_forward<lt>', 4): {80: (63, 0), 90: (64, 0)},
+    ('delta_forward<lt>', 8): {80: (70, 0), 90: (70, 0)},
+    ('delta_rnn_backward', 4): {80: (110, 0), 90: (128, 0)},
+    ('delta_rnn_backward', 8): {80: (124, 0), 90: (120, 0)},
+    ('delta_rnn_forward', 4): {80: (94, 0), 90: (96, 0)},
+    ('delta_rnn_forward', 8): {80: (94, 0), 90: (106, 0)},
+    ('rdn_backward', 4): {80: (114, 0), 90: (124, 0)},
+    ('rdn_backward', 8): {80: (124, 0), 90: (124, 0)},
+    ('rdn_forward', 4): {80: (72, 0), 90: (96, 0)},
+    ('rdn_forward', 8): {80: (91, 0), 90: (107, 0)},
 }
 
 
@@ -121,29 +121,49 @@ def _padded_ld(cols: int) -> int:
 
 
 def launch_threads(dk: int, dv: int, threads: int = 0) -> int:
-    """Block size the launchers use (common.cuh launch_threads): ``threads`` (0: default)
-    rounded up to whole warps and clamped to [32, MAX_THREADS]."""
+    """Block size the launchers use (common.cuh launch_threads_for): ``threads`` (0: about four
+    cells of the dv x dk matrix per thread) rounded up to whole warps, in [32, MAX_THREADS]."""
     if threads <= 0:
-        cells = dk * dv
-        threads = _round_up(max(cells, WARP), WARP)
-        return min(threads, 256)
-    return min(_round_up(threads, WARP), MAX_THREADS)
+        threads = min(MAX_THREADS, (dk * dv + 3) // 4)
+    threads = min(threads, MAX_THREADS)
+    return _round_up(max(threads, WARP), WARP)
 
 
-def _smem_elems(op: str, direction: str, dk: int, dv: int) -> int:
-    """Scalars of dynamic shared memory (csrc/cuda/*.cu: *_smem_bytes)."""
-    mat_w, mat_r, mat_d = dv * _padded_ld(dk), dv * _padded_ld(dv), dk * _padded_ld(dk)
+def _mat(rows: int, cols: int) -> int:
+    return rows * _padded_ld(cols)
+
+
+def _smem_elems(op: str, direction: str, dk: int, dv: int, stage: bool) -> int:
+    """Scalars of dynamic shared memory (csrc/cuda/*.cu: *_smem_bytes). ``stage``: the
+    backward's running state (and rdn's recurrent slow weights) in shared memory."""
     if op in ("lt", "delta"):
         if direction == "forward":
-            return mat_w + 3 * dk + 2 * dv
-        return 2 * mat_w + 3 * dk + 6 * dv
+            return _mat(dv, dk) + 3 * (2 * dk + dv + 1) + 2 * dv
+        return (_mat(dv, dk) * (2 if stage else 1) + 3 * (dk + dv + 1) + 3 * (2 * dk + 3 * dv + 1)
+                + 5 * dv)
     if op == "delta_rnn":
         if direction == "forward":
-            return mat_w + mat_r + 3 * dk + 8 * dv
-        return 2 * mat_w + 2 * mat_r + 3 * dk + 17 * dv
-    if direction == "forward":   # rdn: dk == dv == d
-        return 4 * mat_d + 10 * dk
-    return 5 * mat_d + 17 * dk
+            return _mat(dv, dk) + _mat(dv, dv) + 3 * (2 * dk + 3 * dv + 2) + 6 * dv
+        return ((_mat(dv, dk) + _mat(dv, dv)) * (2 if stage else 1) + 3 * (dk + 3 * dv + 2)
+                + 3 * (2 * dk + 7 * dv + 2) + 13 * dv)
+    d = dk   # rdn: dk == dv
+    if direction == "forward":
+        return _mat(d, d) + (_mat(3 * d, d) if stage else 0) + d + 2 * (3 * d + 1) + 6 * d + 1
+    return (_mat(d, d) + (_mat(d, d) + _mat(3 * d, d) if stage else 0) + d + 3 * (2 * d + 1)
+            + 3 * (6 * d + 1) + 13 * d + 1)
+
+
+def smem_request(op: str, direction: str, dk: int, dv: int, dtype_bytes: int,
+                 smem_optin: int | None = None) -> int:
+    """Dynamic shared memory (bytes) the launcher requests on a device with ``smem_optin``
+    bytes per block (None: unlimited): the staged layout when it fits, else the smaller one
+    (csrc/cuda/lt_delta.cu smem_request)."""
+    _validate(op, direction, dk, dv)
+    elem = _compute_bytes(dtype_bytes)
+    full = _smem_elems(op, direction, dk, dv, True) * elem
+    if smem_optin is None or smem_optin <= 0 or full <= smem_optin:
+        return full
+    return _smem_elems(op, direction, dk, dv, False) * elem
 
 
 def _compute_bytes(dtype_bytes: int) -> int:
@@ -177,13 +197,17 @@ def registers(op: str, direction: str, dtype_bytes: int, arch: int | None = None
 
 
 def requirements(op: str, direction: str, dk: int, dv: int, dtype_bytes: int, *,
-                 threads: int = 0, arch: int | None = None) -> Requirements:
+                 threads: int = 0, arch: int | None = None,
+                 smem_optin: int | None = None) -> Requirements:
     """What the launcher of ``op`` (``forward``/``backward``) asks for at key size ``dk``,
-    value size ``dv`` and scalar size ``dtype_bytes`` (2: half types, computed in float32)."""
+    value size ``dv`` and scalar size ``dtype_bytes`` (2: half types, computed in float32),
+    for a ``threads`` request (0: default), on a GPU of compute capability ``arch`` (None:
+    the most registers of the table) with ``smem_optin`` bytes of shared memory per block
+    (None: unlimited; the backward kernels and rdn keep less in shared memory when the
+    largest layout does not fit)."""
     _validate(op, direction, dk, dv)
-    elem = _compute_bytes(dtype_bytes)
     regs, static = registers(op, direction, dtype_bytes, arch)
-    return Requirements(smem_dynamic=_smem_elems(op, direction, dk, dv) * elem,
+    return Requirements(smem_dynamic=smem_request(op, direction, dk, dv, dtype_bytes, smem_optin),
                         smem_static=static, threads_per_block=launch_threads(dk, dv, threads),
                         regs_per_thread=regs)
 
@@ -210,7 +234,8 @@ def check(op: str, direction: str, dk: int, dv: int, dtype_bytes: int, limits: D
           threads: int = 0) -> str | None:
     """None if the kernel can launch on a GPU with ``limits``, else a one-line reason naming
     the size and the limit."""
-    req = requirements(op, direction, dk, dv, dtype_bytes, threads=threads, arch=limits.arch)
+    req = requirements(op, direction, dk, dv, dtype_bytes, threads=threads, arch=limits.arch,
+                       smem_optin=limits.smem_optin_bytes)
     what = f"{op} {direction} at {_size(op, dk, dv)} {_dtype_name(dtype_bytes)}"
     if req.smem_total > limits.smem_optin_bytes:
         return (f"{what} needs {_kb(req.smem_total)} of shared memory; this GPU ({limits.name}) "
@@ -228,24 +253,28 @@ def check(op: str, direction: str, dk: int, dv: int, dtype_bytes: int, limits: D
 
 def table(sizes: tuple[int, ...] = (16, 32, 64, 128), dtypes: tuple[int, ...] = (4, 8),
           devices: tuple[DeviceLimits, ...] = (A100, H100)) -> list[dict[str, Any]]:
-    """Shared memory (static + dynamic, bytes) of every kernel at ``d = dk = dv`` and whether
-    it fits each device: rows of dicts (op, direction, d, dtype, smem, threads, <device>)."""
+    """Shared memory (static + dynamic, bytes) of every kernel at ``d = dk = dv`` on each
+    device and whether it fits: rows of dicts (op, direction, d, dtype, threads, <device>,
+    "smem <device>")."""
     rows = []
     for op in OPS:
         for direction in DIRECTIONS:
             for elem in dtypes:
                 for d in sizes:
-                    req = requirements(op, direction, d, d, elem)
                     row = {"op": op, "direction": direction, "d": d, "dtype": _dtype_name(elem),
-                           "smem": req.smem_total, "threads": req.threads_per_block}
+                           "threads": launch_threads(d, d)}
                     for dev in devices:
+                        req = requirements(op, direction, d, d, elem, arch=dev.arch,
+                                           smem_optin=dev.smem_optin_bytes)
                         row[dev.name] = check(op, direction, d, d, elem, dev) is None
+                        row["smem " + dev.name] = req.smem_total
                     rows.append(row)
     return rows
 
 
 def markdown_table(sizes: tuple[int, ...] = (16, 32, 64, 128)) -> str:
-    """:func:`table` as a Markdown table (KB of shared memory; fits A100 / H100)."""
+    """:func:`table` as a Markdown table: KB of shared memory per block on an H100 (the
+    layout the launcher picks there) and which of A100 / H100 can run it."""
     lines = ["| op | direction | dtype | " + " | ".join(f"d={d}" for d in sizes) + " |",
              "| --- | --- | --- | " + " | ".join("---" for _ in sizes) + " |"]
     rows = table(sizes)
@@ -257,17 +286,49 @@ def markdown_table(sizes: tuple[int, ...] = (16, 32, 64, 128)) -> str:
                     r = next(x for x in rows if (x["op"], x["direction"], x["dtype"], x["d"])
                              == (op, direction, dt, d))
                     fits = "A100+H100" if r[A100.name] else ("H100 only" if r[H100.name] else "neither")
-                    cells.append(f"{_kb(r['smem'])} ({fits})")
+                    cells.append(f"{_kb(r['smem ' + H100.name])} ({fits})")
                 lines.append(f"| {op} | {direction} | {dt} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 # ------------------------------------------------------------- regenerating the register table
 
-def resource_usage(csrc: Any = None, archs: tuple[int, ...] = (80, 90)) -> list[dict[str, Any]]:
-    """Run ``nvcc --resource-usage`` on csrc/cuda/*.cu: one dict per (kernel, arch) with
-    registers, spill stores/loads (bytes), stack frame and static shared memory (bytes)."""
+NVCC_RESOURCE_FLAGS = ("-std=c++17", "-O3", "-DNDEBUG", "--resource-usage")
+
+
+def nvcc_resource_command(cu: Any, csrc: Any, arch: int, out: str) -> list[str]:
+    """The nvcc command whose ptxas report :func:`parse_resource_usage` reads."""
+    return ["nvcc", "-c", str(cu), "-o", out, f"-I{csrc}", "-gencode",
+            f"arch=compute_{arch},code=sm_{arch}", *NVCC_RESOURCE_FLAGS]
+
+
+def parse_resource_usage(report: str, arch: int) -> list[dict[str, Any]]:
+    """One dict per kernel of a ptxas ``--resource-usage`` report: kernel (short name, see
+    :func:`_demangle`), arch, registers, stack, spill_stores, spill_loads (bytes), smem_static."""
     import re
+
+    rows: list[dict[str, Any]] = []
+    name, spill = None, (0, 0, 0)
+    for line in report.splitlines():
+        m = re.search(r"Compiling entry function '(\S+)'", line)
+        if m:
+            name = _demangle(m.group(1))
+        m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)
+        if m:
+            spill = tuple(int(x) for x in m.groups())
+        m = re.search(r"Used (\d+) registers", line)
+        if m and name:
+            sm = re.search(r"(\d+) bytes smem", line)
+            rows.append({"kernel": name, "arch": arch, "registers": int(m.group(1)),
+                         "stack": spill[0], "spill_stores": spill[1], "spill_loads": spill[2],
+                         "smem_static": int(sm.group(1)) if sm else 0})
+            name = None
+    return rows
+
+
+def resource_usage(csrc: Any = None, archs: tuple[int, ...] = (80, 90)) -> list[dict[str, Any]]:
+    """Run ``nvcc --resource-usage`` on csrc/cuda/*.cu for each arch (see
+    :func:`parse_resource_usage`)."""
     import subprocess
     import tempfile
     from pathlib import Path
@@ -278,35 +339,33 @@ def resource_usage(csrc: Any = None, archs: tuple[int, ...] = (80, 90)) -> list[
         csrc = data_dir("csrc")
     csrc = Path(csrc)
     rows: list[dict[str, Any]] = []
-    for cu in ("lt_delta", "delta_rnn", "rdn"):
+    for cu in CU_FILES:
         for arch in archs:
             with tempfile.TemporaryDirectory() as tmp:
-                proc = subprocess.run(
-                    ["nvcc", "-c", str(csrc / "cuda" / f"{cu}.cu"), "-o", f"{tmp}/x.o", "-std=c++17",
-                     f"-I{csrc}", "-gencode", f"arch=compute_{arch},code=sm_{arch}", "-O3",
-                     "-DNDEBUG", "--resource-usage"], capture_output=True, text=True)
+                proc = subprocess.run(nvcc_resource_command(csrc / cu, csrc, arch, f"{tmp}/x.o"),
+                                      capture_output=True, text=True)
             if proc.returncode != 0:
-                raise RuntimeError(f"nvcc failed on {cu}.cu: {proc.stderr[-2000:]}")
-            name, spill = None, (0, 0, 0)
-            for line in proc.stderr.splitlines():
-                m = re.search(r"Compiling entry function '(\S+)'", line)
-                if m:
-                    name = _demangle(m.group(1))
-                m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)
-                if m:
-                    spill = tuple(int(x) for x in m.groups())
-                m = re.search(r"Used (\d+) registers", line)
-                if m and name:
-                    sm = re.search(r"(\d+) bytes smem", line)
-                    rows.append({"kernel": name, "arch": arch, "registers": int(m.group(1)),
-                                 "stack": spill[0], "spill_stores": spill[1], "spill_loads": spill[2],
-                                 "smem_static": int(sm.group(1)) if sm else 0})
-                    name = None
+                raise RuntimeError(f"nvcc failed on {cu}: {proc.stderr[-2000:]}")
+            rows += parse_resource_usage(proc.stderr, arch)
     return rows
 
 
+def resources_table(rows: list[dict[str, Any]]) -> dict[tuple[str, int], dict[int, tuple[int, int]]]:
+    """:data:`RESOURCES` from :func:`resource_usage` rows (recurrence kernels only)."""
+    by: dict[tuple[str, int], dict[int, tuple[int, int]]] = {}
+    for r in rows:
+        name, _, size = r["kernel"].rpartition("/")
+        if name.startswith("outer_sum") or not size.isdigit():
+            continue
+        by.setdefault((name, int(size)), {})[r["arch"]] = (r["registers"], r["smem_static"])
+    return by
+
+
+CU_FILES = ("cuda/lt_delta.cu", "cuda/delta_rnn.cu", "cuda/rdn.cu")
+
+
 def _demangle(symbol: str) -> str:
-    """Short kernel name: 'delta_forward<lt>/4', 'rdn_backward/8', 'sum_over_batch/4'."""
+    """Short kernel name: 'delta_forward<lt>/4', 'rdn_backward/8', 'outer_sum/4'."""
     import re
     import subprocess
 
@@ -340,12 +399,7 @@ def _main(argv: list[str] | None = None) -> int:
             print(f"| {r['kernel']} | sm_{r['arch']} | {r['registers']} | {r['spill_stores']}/"
                   f"{r['spill_loads']} | {r['stack']} | {r['smem_static']} |")
         print("\nRESOURCES = {")
-        by: dict[tuple[str, int], dict[int, tuple[int, int]]] = {}
-        for r in rows:
-            name, _, size = r["kernel"].rpartition("/")
-            if name.startswith("sum_over_batch") or not size.isdigit():
-                continue
-            by.setdefault((name, int(size)), {})[r["arch"]] = (r["registers"], r["smem_static"])
+        by = resources_table(rows)
         for key in sorted(by):
             print(f"    {key!r}: {dict(sorted(by[key].items()))!r},")
         print("}")
