@@ -20,7 +20,7 @@ from torch import Tensor
 from rfwp_rl.kernels import cuda_limits
 from rfwp_rl.kernels.cuda_limits import DeviceLimits
 
-# what the fused kernels compute in: float16/bfloat16 inputs are converted once to float32
+# what the fused kernels compute in: the extension converts float16/bfloat16 inputs to float32
 KERNEL_DTYPES = (torch.float32, torch.float64)
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 DIRECTIONS = ("forward", "backward")

@@ -6,8 +6,8 @@ once per (device, dtype) of the inputs (and per size when ``dims`` is not given 
 resolution) and cached:
 
 - the fused kernel when the extension is built and the op's ``supported(dims, dtype,
-  device)`` says it runs these sizes (float16/bfloat16 inputs are converted once to float32
-  for the kernel and the results converted back);
+  device)`` says it runs these sizes (float16/bfloat16 inputs are computed in float32: the
+  extension converts them once and converts the results back);
 - else the reference: with ``backend="auto"`` after one warning line naming the size and
   why (none when the kernels are unavailable altogether: loading them warned already); with
   ``backend="kernel"`` a one-line :class:`~rfwp_rl.errors.UserError` instead.
@@ -25,7 +25,6 @@ import threading
 from typing import Any, Callable, Sequence
 
 import torch
-from torch import Tensor
 
 from rfwp_rl import kernels
 from rfwp_rl.errors import UserError, check_choice
@@ -66,13 +65,13 @@ def _refuse(where: str, reason: str) -> UserError:
 
 
 class FusedCall:
-    """One fused op on one kernel backend for one (dims, dtype, device): chooses the
-    checkpoint interval and converts half-precision inputs to float32 and back."""
+    """One fused op on one kernel backend for one (dims, dtype, device): the kernel call with
+    its checkpoint interval. float16/bfloat16 inputs are computed in float32 (the extension
+    converts them once and converts the results and gradients back)."""
 
     def __init__(self, spec: OpSpec, be: Any, dims: Dims, dtype: torch.dtype,
                  device: torch.device) -> None:
         self.spec, self.be, self.dims, self.device = spec, be, dims, device
-        self.dtype = dtype
         self.compute_dtype = torch.float32 if dtype in HALF_DTYPES else dtype
         elem = torch.empty((), dtype=self.compute_dtype).element_size()
         self.state_bytes = spec.state_elems(dims) * elem
@@ -88,12 +87,7 @@ class FusedCall:
     def __call__(self, args: Sequence[Any], kwargs: dict) -> tuple:
         # kwargs are options of the reference (rdn's feature_map); the choice of this plan
         # already checked that the fused kernel computes the same (see OpSpec.dims_of)
-        chunk = self.chunk(args[0].shape[0])
-        if self.compute_dtype == self.dtype:
-            return self.spec.fused(self.be, chunk, *args)
-        up = [a.to(self.compute_dtype) if isinstance(a, Tensor) and a.is_floating_point() else a
-              for a in args]
-        return tuple(o.to(self.dtype) for o in self.spec.fused(self.be, chunk, *up))
+        return self.spec.fused(self.be, self.chunk(args[0].shape[0]), *args)
 
 
 def _naive_call(spec: OpSpec) -> Callable[[Sequence[Any], dict], tuple]:

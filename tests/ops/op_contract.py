@@ -154,16 +154,16 @@ def test_fused_float32_at_benchmark_sizes(ext, name, size):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
 def test_half_precision_runs_fused_in_float32(ext, name, dtype, monkeypatch):
-    # float16/bfloat16 inputs take the fused kernel (converted once to float32, results and
-    # gradients converted back), not the reference: compared with the float32 reference on
-    # the same (rounded) inputs, within the half type's rounding of the results
+    # float16/bfloat16 inputs take the fused kernel (the extension converts them once to
+    # float32, results and gradients back), not the reference: compared with the float32
+    # reference on the same (rounded) inputs, within the half type's rounding of the results
     args, reset = cases.make_inputs(name, T=9, B=2, H=2, d=16, reset_at=((3, 1),), seed=2)
     half = [a.to(dtype) for a in args]
     seen = []
     forward = getattr(ext, f"{name}_forward")
     monkeypatch.setattr(ext, f"{name}_forward", lambda *a: seen.append(a[0].dtype) or forward(*a))
     out, grad = cases.forward_backward(ops.get(name, "auto"), half, reset)
-    assert seen == [torch.float32]
+    assert seen == [dtype]
     # the reference in float32 on the same rounded inputs and cotangents (forward_backward's
     # seeded ones, as the half-precision run rounded them)
     g = torch.Generator().manual_seed(1)

@@ -72,32 +72,52 @@ def test_unsupported_device_falls_back_or_raises(ext, caplog):
 
 # ---------------------------------------------------------------- CUDA limits, without a GPU
 
-@pytest.mark.parametrize("name,d,dtype,device_limits", [
-    ("delta_rnn", 128, torch.float32, cuda_limits.H100),   # backward: 269 KB > 227 KB
-    ("rdn", 128, torch.float32, cuda_limits.H100),         # forward: 264 KB
-    ("rdn", 64, torch.float64, cuda_limits.A100),          # backward: 171 KB > 163 KB
-    ("delta", 128, torch.float64, cuda_limits.H100),
-])
-def test_sizes_beyond_the_gpu_limits_are_not_supported(name, d, dtype, device_limits):
+GPUS = (cuda_limits.A100, cuda_limits.H100)
+HEAD_SIZES = (16, 32, 64, 96, 128, 160, 192, 256, 384, 512)
+
+
+def _launch_model(name: str, dk: int, dv: int, dtype: torch.dtype, limits) -> str | None:
+    """What the CUDA launch model says of the forward, then the backward kernel."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    return next((why for direction in ("forward", "backward")
+                 if (why := cuda_limits.check(name, direction, dk, dv, elem, limits)) is not None),
+                None)
+
+
+def _first_unsupported(name: str, dtype: torch.dtype, limits) -> int:
+    return next(d for d in HEAD_SIZES if _launch_model(name, d, d, dtype, limits) is not None)
+
+
+@pytest.mark.parametrize("limits", GPUS, ids=lambda g: g.name.split(",")[0])
+@pytest.mark.parametrize("name", OPS)
+def test_cuda_support_is_the_launch_model_of_both_directions(name, limits):
+    # supported() on CUDA = the forward and the backward launch both fit the device (shared
+    # memory, threads, registers), decided from the device limits alone (no GPU needed)
     spec = ops.spec(name)
-    why = spec.supported(ops.Dims(d, d), dtype, "cuda", device_limits)
-    assert why is not None and f"d={d}" in why and "shared memory" in why
-    assert device_limits.name in why
-    # one size down fits (the Atari size and the language-model size always do)
-    assert spec.supported(ops.Dims(d // 2, d // 2), dtype, "cuda", device_limits) is None
-    for small in (16, 32):
-        assert spec.supported(ops.Dims(small, small), dtype, "cuda", cuda_limits.A100) is None
+    for dtype in (torch.float32, torch.float64, torch.bfloat16):
+        for d in HEAD_SIZES:
+            assert spec.supported(ops.Dims(d, d), dtype, "cuda", limits) == \
+                _launch_model(name, d, d, dtype, limits), (dtype, d)
+        # the sizes the agents use fit every GPU; some size beyond does not, naming it
+        for d in (16, 32, 64):
+            assert spec.supported(ops.Dims(d, d), dtype, "cuda", limits) is None
+        big = _first_unsupported(name, dtype, limits)
+        why = spec.supported(ops.Dims(big, big), dtype, "cuda", limits)
+        assert f"d={big}" in why and limits.name in why
 
 
-def test_dpfp_key_size_counts():
-    # DPFP-ν makes the key size 2νd: d = 64 with ν = 2 needs what dk = 256 needs
+def test_key_size_and_half_precision_count():
+    # DPFP-ν makes the key size 2νd: the key size, not the head size, goes into the model;
+    # float16/bfloat16 run in float32 and need what float32 needs
     spec = ops.spec("delta_rnn")
-    assert spec.supported(ops.Dims(64, 64), torch.float32, "cuda", cuda_limits.A100) is None
-    why = spec.supported(ops.Dims(256, 64), torch.float32, "cuda", cuda_limits.A100)
-    assert why is not None and "dk=256, dv=64" in why
-    # half precision runs in float32: it needs what float32 needs
-    assert spec.supported(ops.Dims(256, 64), torch.bfloat16, "cuda", cuda_limits.A100) is not None
-    assert spec.supported(ops.Dims(64, 64), torch.float16, "cuda", cuda_limits.H100) is None
+    for limits in GPUS:
+        for dk, dv in ((128, 64), (256, 64), (512, 32)):
+            why = spec.supported(ops.Dims(dk, dv), torch.float32, "cuda", limits)
+            assert why == _launch_model("delta_rnn", dk, dv, torch.float32, limits)
+            assert why is None or f"dk={dk}, dv={dv}" in why
+            for half in (torch.float16, torch.bfloat16):
+                assert (spec.supported(ops.Dims(dk, dv), half, "cuda", limits) is None) == \
+                    (why is None)
 
 
 class _CudaExt:
@@ -114,29 +134,31 @@ class _CudaExt:
 
 
 def test_auto_falls_back_with_one_warning_naming_the_size(ext, monkeypatch, caplog):
-    # the decision of one sublayer-resolved op for a CUDA device with H100 limits: rdn at
-    # d = 128 float32 cannot launch there, so 'auto' takes the reference after one warning;
-    # at d = 32 it takes the kernel; 'kernel' refuses in one line naming the size
+    # the decision of one sublayer-resolved op for a CUDA device with H100 limits: rdn at the
+    # first head size it cannot launch there takes the reference after one warning with
+    # 'auto'; at d = 32 it takes the kernel; 'kernel' refuses in one line naming the size
     monkeypatch.setattr(kernels, "_state", {"loaded": True, "ext": _CudaExt(ext), "why": "test",
                                             "build_seconds": 0.0})
     monkeypatch.setattr(ops.base, "device_limits", lambda device: cuda_limits.H100)
     monkeypatch.setattr(dispatch, "VERIFY_DEVICE_TYPES", frozenset())
     cuda = torch.device("cuda", 0)
-    big = ops.resolve("rdn", "auto", ops.Dims(128, 128, "softmax"))
+    d = _first_unsupported("rdn", torch.float32, cuda_limits.H100)
+    why = _launch_model("rdn", d, d, torch.float32, cuda_limits.H100)
+    big = ops.resolve("rdn", "auto", ops.Dims(d, d, "softmax"))
     with caplog.at_level(logging.WARNING, logger="rfwp_rl.ops"):
         for _ in range(2):
             plan = big._plan((cuda, torch.float32))
-        again = ops.resolve("rdn", "auto", ops.Dims(128, 128, "softmax"))._plan((cuda, torch.float32))
+        again = ops.resolve("rdn", "auto", ops.Dims(d, d, "softmax"))._plan((cuda, torch.float32))
     assert not isinstance(plan, dispatch.FusedCall) and not isinstance(again, dispatch.FusedCall)
-    warnings = _op_warnings(caplog)
-    assert warnings == ["rfwp_rl: op 'rdn' at key size 128, value size 128 (float32, cuda:0) runs "
-                        "on the PyTorch reference: rdn forward at d=128 float32 needs 264 KB of "
-                        "shared memory; this GPU (H100, sm_90) allows 227 KB per block"]
+    assert _op_warnings(caplog) == [f"rfwp_rl: op 'rdn' at key size {d}, value size {d} (float32, "
+                                    f"cuda:0) runs on the PyTorch reference: {why}"]
+    assert f"rdn forward at d={d} float32 needs" in why or f"rdn backward at d={d}" in why
     small = ops.resolve("rdn", "auto", ops.Dims(32, 32, "softmax"))
     assert isinstance(small._plan((cuda, torch.float32)), dispatch.FusedCall)
-    with pytest.raises(UserError, match=r"^backend 'kernel' cannot run op 'rdn' at key size 128, "
-                                        r"value size 128 \(float32, cuda:0\): rdn forward at d=128"):
-        ops.resolve("rdn", "kernel", ops.Dims(128, 128, "softmax"))._plan((cuda, torch.float32))
+    with pytest.raises(UserError) as info:
+        ops.resolve("rdn", "kernel", ops.Dims(d, d, "softmax"))._plan((cuda, torch.float32))
+    assert str(info.value) == (f"backend 'kernel' cannot run op 'rdn' at key size {d}, value size "
+                               f"{d} (float32, cuda:0): {why}; use backend 'auto' or 'reference'")
 
 
 # ----------------------------------------------------------------------- first CUDA use
