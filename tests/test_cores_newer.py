@@ -297,3 +297,54 @@ def test_option_errors_are_one_line():
     _err(r"backend 'kernel' cannot run op 'srwm' at key size 32, value size 32: srwm with feature "
          r"map 'elu_sum' \(the fused kernel implements softmax only\)", cores.make, "srwm", 4,
          feature_map="elu_sum", backend="kernel")
+
+
+# ------------------------------------------------------------------------- in every trainer
+
+VECTOR_PRESETS = {"gated_delta": 231_149, "delta_product": 248_485, "srwm": 208_709}
+"""Parameters of the agents of agents/vector_<core>.toml for a 9-float observation and 4
+actions (+257 per further action); the other vector presets have 207,749 (lstm) to 245,957
+(delta_rnn)."""
+
+
+@pytest.mark.parametrize("name", sorted(VECTOR_PRESETS))
+def test_vector_presets_in_the_impala_agent(name):
+    from rfwp_rl.agent import Agent, count_parameters
+    from rfwp_rl.presets import load_preset, resolve_preset
+
+    preset = resolve_preset(name, None, kind="vector")
+    assert preset.source.endswith(f"vector_{name}.toml") and preset.core == name
+    assert preset == load_preset(f"vector_{name}")
+    torch.manual_seed(0)
+    agent = Agent((9,), 4, name, core_config=preset.core_config, agent_config=preset.agent)
+    assert count_parameters(agent) == VECTOR_PRESETS[name]
+    assert count_parameters(Agent((9,), 5, name, core_config=preset.core_config,
+                                  agent_config=preset.agent)) == VECTOR_PRESETS[name] + 257
+    # one learner step: an unroll with an episode start inside, gradients through the state
+    T, B = 4, 3
+    done = torch.zeros(T, B, dtype=torch.bool)
+    done[2, 1] = True
+    out, state = agent(torch.randn(T, B, 9), torch.randn(T, B), done, agent.initial_state(B),
+                       prev_action=torch.randint(0, 4, (T, B)))
+    assert out["policy_logits"].shape == (T, B, 4) and out["action"].shape == (T, B)
+    (out["policy_logits"].sum() + out["baseline"].sum()).backward()
+    assert all(p.grad is not None for p in agent.core.parameters())
+    assert [tuple(s.shape) for s in state] == agent.core.state_shapes(B)
+
+
+@pytest.mark.parametrize("name", sorted(VECTOR_PRESETS))
+def test_meta_rl_and_sequence_models_build_and_step(name):
+    from rfwp_rl.meta_rl.model import MetaRLAgent
+    from rfwp_rl.seq.model import SeqModel
+
+    config = {"hidden_size": 8, "num_heads": 2, "num_layers": 1, "ff_size": 8}
+    agent = MetaRLAgent(name, config, obs_size=17, num_actions=3)
+    stepper = agent.stepper(2)
+    logits, value = stepper.step(torch.randn(2, 17))
+    assert logits.shape == (2, 3) and value.shape == (2,)
+    model = SeqModel(name, [11], 7, emb_size=8, core_config=config)
+    assert isinstance(model.norm, torch.nn.LayerNorm)      # a pre-LN block stack: final norm
+    logits, state = model(torch.randint(0, 11, (5, 2)))
+    assert logits.shape == (5, 2, 7)
+    model.loss(logits, torch.randint(0, 7, (5, 2))).backward()
+    assert model.describe()["core_config"] == model.core.config
