@@ -118,13 +118,17 @@ template <typename S> void rdn_backward(const RdnBwdArgs<S>& a) {
 }
 
 template <typename S> void product_forward(const ProductFwdArgs<S>& a) {
-  for_each_task<AlignedVector<S>>(a.n, [&](int bh, AlignedVector<S>& W) {
-    product_forward_task(a, bh, W);
+  with_head_size(a.n, [&](auto D) {
+    for_each_task<AlignedVector<S>>(a.n, [&](int bh, AlignedVector<S>& W) {
+      product_forward_task<S, decltype(D)::value>(a, bh, W);
+    });
   });
 }
 template <typename S> void product_backward(const ProductBwdArgs<S>& a) {
-  for_each_task<ProductScratch<S>>(a.n, [&](int bh, ProductScratch<S>& s) {
-    product_backward_task(a, bh, s);
+  with_head_size(a.n, [&](auto D) {
+    for_each_task<ProductScratch<S>>(a.n, [&](int bh, ProductScratch<S>& s) {
+      product_backward_task<S, decltype(D)::value>(a, bh, s);
+    });
   });
 }
 template <typename S> void srwm_forward(const SrwmFwdArgs<S>& a) {

@@ -9,6 +9,9 @@
 // Every row of W evolves on its own within a step (row i needs only row i), so the forward
 // is one pass over the rows per step.
 //
+// D > 0: dk == dv == D known at compile time (16, 32, 64: the row loops unroll and vectorise);
+// D == 0: any sizes.
+//
 // Backward of step t with G = dL/dW_t (updated in place to dL/dW_{t-1}):
 //   G += gy (x) q;  gq = W_t^T gy = P_{nh-1}^T gy + k_nh (u_nh . gy);
 //   for j = nh..1 (G = dL/dP_j):  gu = G k_j;  gv_j = beta_j gu;  gbeta_j = gu . (v_j - vb_j);
@@ -39,10 +42,10 @@ struct ProductTask : Task {
 // One input step on the rows of W (in place): decay, nh delta-rule steps, read with q.
 // When `keep` is not null it receives P_1..P_{nh-1} (matrices 1..nh-1 of its nh slots; slot 0
 // is the caller's copy of W_{t-1}) and `uv` the u_j and v_j - vb_j ([nh][2][dv]).
-template <typename S>
+template <typename S, int D>
 inline void product_step(const ProductFwdArgs<S>& a, const ProductTask& tk, int t, S* W,
                          S* keep, S* uv, S* y) {
-  const int dk = a.n.dk, dv = a.n.dv, nh = a.nh;
+  const int dk = D > 0 ? D : a.n.dk, dv = D > 0 ? D : a.n.dv, nh = a.nh;
   const size_t mat = static_cast<size_t>(dv) * dk;
   const S alpha = a.alpha != nullptr ? a.alpha[tk.scal(t)] : S(1);
   for (int i = 0; i < dv; ++i) {
@@ -64,7 +67,7 @@ inline void product_step(const ProductFwdArgs<S>& a, const ProductTask& tk, int 
   }
 }
 
-template <typename S>
+template <typename S, int D>
 void product_forward_task(const ProductFwdArgs<S>& a, int bh, AlignedVector<S>& W) {
   const Dims& n = a.n;
   const ProductTask tk(n, bh, a.nh);
@@ -74,7 +77,7 @@ void product_forward_task(const ProductFwdArgs<S>& a, int bh, AlignedVector<S>& 
   for (int t = 0; t < n.T; ++t) {
     if (n.chunk > 0 && t % n.chunk == 0) copy_n(W.data(), mat, a.ckpt + tk.ckpt(t / n.chunk, mat));
     if (tk.reset(a.reset, t)) zero_n(W.data(), mat);
-    product_step<S>(a, tk, t, W.data(), nullptr, nullptr, a.y + tk.vec(t, n.dv));
+    product_step<S, D>(a, tk, t, W.data(), nullptr, nullptr, a.y + tk.vec(t, n.dv));
   }
   copy_n(W.data(), mat, a.W + tk.mat(mat));
 }
@@ -84,10 +87,10 @@ struct ProductScratch {
   AlignedVector<S> G, states, uv, acc;
 };
 
-template <typename S>
+template <typename S, int D>
 void product_backward_task(const ProductBwdArgs<S>& a, int bh, ProductScratch<S>& s) {
   const Dims& n = a.n;
-  const int dk = n.dk, dv = n.dv, nh = a.nh, C = n.chunk;
+  const int dk = D > 0 ? D : n.dk, dv = D > 0 ? D : n.dv, nh = a.nh, C = n.chunk;
   const ProductTask tk(n, bh, nh);
   const size_t mat = static_cast<size_t>(dv) * dk;
   s.G.resize(mat);
@@ -110,7 +113,7 @@ void product_backward_task(const ProductBwdArgs<S>& a, int bh, ProductScratch<S>
       S* keep = s.states.data() + static_cast<size_t>(t - t0) * nh * mat;
       if (tk.reset(a.reset, t)) zero_n(run, mat);
       copy_n(run, mat, keep);
-      product_step<S>(f, tk, t, run, keep, s.uv.data() + static_cast<size_t>(t - t0) * nh * 2 * dv,
+      product_step<S, D>(f, tk, t, run, keep, s.uv.data() + static_cast<size_t>(t - t0) * nh * 2 * dv,
                    static_cast<S*>(nullptr));
     }
     for (int t = t1 - 1; t >= t0; --t) {
