@@ -6,8 +6,9 @@
 // Per input t (after the reset of step t), with the state W [dv][dk] row-major:
 //   P_0 = alpha_t W_{t-1};  for j = 1..nh:  vb_j = P_{j-1} k_j,  u_j = beta_j (v_j - vb_j),
 //   P_j = P_{j-1} + u_j (x) k_j;   W_t = P_nh,  y_t = W_t q_t.
-// Every row of W evolves on its own within a step (row i needs only row i), so the forward
-// is one pass over the rows per step.
+// Every row of W evolves on its own within a step (row i needs only row i): the backward's
+// recomputation makes one pass over the rows per step; the forward works on columns instead
+// (see product_forward_task).
 //
 // D > 0: dk == dv == D known at compile time (16, 32, 64: the row loops unroll and vectorise);
 // D == 0: any sizes.
@@ -67,19 +68,50 @@ inline void product_step(const ProductFwdArgs<S>& a, const ProductTask& tk, int 
   }
 }
 
+// The forward keeps W column-major, WT [dk][dv] (column c contiguous): every read
+// r = W c = Σ_c c_c W[:, c] and every write W = s W + u (x) k are vector multiply-adds over
+// the rows without horizontal sums, and the write of sub-step j is applied in the same pass as
+// the read of sub-step j + 1 (or of y = W q): 1 + nh passes over W per input.
 template <typename S, int D>
-void product_forward_task(const ProductFwdArgs<S>& a, int bh, AlignedVector<S>& W) {
+void product_forward_task(const ProductFwdArgs<S>& a, int bh, AlignedVector<S>& buf) {
   const Dims& n = a.n;
   const ProductTask tk(n, bh, a.nh);
-  const size_t mat = static_cast<size_t>(n.dv) * n.dk;
-  W.resize(mat);
-  copy_n(a.W0 + tk.mat(mat), mat, W.data());
+  const int dk = D > 0 ? D : n.dk, dv = D > 0 ? D : n.dv, nh = a.nh;
+  const size_t mat = static_cast<size_t>(dv) * dk;
+  buf.resize(mat + 2 * static_cast<size_t>(dv));
+  S* WT = buf.data();
+  S* r = WT + mat;
+  S* u = r + dv;
+  transpose(a.W0 + tk.mat(mat), dv, dk, WT);
   for (int t = 0; t < n.T; ++t) {
-    if (n.chunk > 0 && t % n.chunk == 0) copy_n(W.data(), mat, a.ckpt + tk.ckpt(t / n.chunk, mat));
-    if (tk.reset(a.reset, t)) zero_n(W.data(), mat);
-    product_step<S, D>(a, tk, t, W.data(), nullptr, nullptr, a.y + tk.vec(t, n.dv));
+    if (n.chunk > 0 && t % n.chunk == 0) transpose(WT, dk, dv, a.ckpt + tk.ckpt(t / n.chunk, mat));
+    if (tk.reset(a.reset, t)) zero_n(WT, mat);
+    const S alpha = a.alpha != nullptr ? a.alpha[tk.scal(t)] : S(1);
+    const S* k0 = a.k + tk.sub(t, 0, dk);
+    zero_n(r, dv);
+    for (int c = 0; c < dk; ++c) axpy(k0[c], WT + static_cast<size_t>(c) * dv, r, dv);   // W k_1
+    for (int j = 0; j < nh; ++j) {
+      const S sc = j == 0 ? alpha : S(1);              // Gated DeltaNet Eq. 10: the decay
+      const S beta = a.beta[tk.sub_scal(t, j)];
+      const S* v = a.v + tk.sub(t, j, dv);
+#pragma omp simd
+      for (int i = 0; i < dv; ++i) u[i] = beta * (v[i] - sc * r[i]);   // the delta rule
+      const S* k = a.k + tk.sub(t, j, dk);
+      const S* next = j + 1 < nh ? a.k + tk.sub(t, j + 1, dk) : a.q + tk.vec(t, dk);
+      zero_n(r, dv);
+      for (int c = 0; c < dk; ++c) {                    // W = s W + u (x) k_j; r = W next
+        S* __restrict__ w = WT + static_cast<size_t>(c) * dv;
+        const S kc = k[c], nc = next[c];
+#pragma omp simd
+        for (int i = 0; i < dv; ++i) {
+          w[i] = sc * w[i] + kc * u[i];
+          r[i] += nc * w[i];
+        }
+      }
+    }
+    copy_n(r, dv, a.y + tk.vec(t, dv));                 // y_t = W_t q_t
   }
-  copy_n(W.data(), mat, a.W + tk.mat(mat));
+  transpose(WT, dk, dv, a.W + tk.mat(mat));
 }
 
 template <typename S>
