@@ -132,10 +132,18 @@ template <typename S> void product_backward(const ProductBwdArgs<S>& a) {
   });
 }
 template <typename S> void srwm_forward(const SrwmFwdArgs<S>& a) {
-  for_each_task<SrwmScratch<S>>(a.n, [&](int bh, SrwmScratch<S>& s) { srwm_forward_task(a, bh, s); });
+  with_head_size(a.n, [&](auto D) {
+    for_each_task<SrwmScratch<S>>(a.n, [&](int bh, SrwmScratch<S>& s) {
+      srwm_forward_task<S, decltype(D)::value>(a, bh, s);
+    });
+  });
 }
 template <typename S> void srwm_backward(const SrwmBwdArgs<S>& a) {
-  for_each_task<SrwmScratch<S>>(a.n, [&](int bh, SrwmScratch<S>& s) { srwm_backward_task(a, bh, s); });
+  with_head_size(a.n, [&](auto D) {
+    for_each_task<SrwmScratch<S>>(a.n, [&](int bh, SrwmScratch<S>& s) {
+      srwm_backward_task<S, decltype(D)::value>(a, bh, s);
+    });
+  });
   // slow-weight gradients: sum the per-(b, h) partials over b in a fixed order
   const size_t mat = static_cast<size_t>(srwm_rows(a.n.dv)) * a.n.dv;
   if (a.n.B == 0) {

@@ -11,6 +11,7 @@
 //   gqs = W^T ge, gks -= W^T ge;  gq = softmax'(gqs), gk = softmax'(gks), gb = gsg sg (1 - sg);
 //   gp = [gy, gq, gk, gb];  gx = W^T gp;  J = ge (x) (qs - ks) + gp (x) x  (dL/dW_{t-1} through
 //   step t);  G += J (no: G = 0 after a reset at t), and dL/dW_init += J (every step).
+// D > 0: d == D known at compile time (16, 32, 64); D == 0: any d.
 // The backward recomputes, one checkpoint chunk at a time, W_{t-1} and the step's qs, ks, sg,
 // e; the per-task sums of J are added over the batch in a fixed order by the driver.
 #pragma once
@@ -41,10 +42,10 @@ struct SrwmStepVectors {
 
 // One step on dW (in place): y (if not null) and the step's vectors. W = W_init + dW is
 // formed row by row into `w` (R x d; the backward keeps it).
-template <typename S>
-inline void srwm_step(const S* Winit, S* dW, const S* x, int d, S* w, S* p, S* diff,
+template <typename S, int D>
+inline void srwm_step(const S* Winit, S* dW, const S* x, int d_, S* w, S* p, S* diff,
                       const SrwmStepVectors<S>& sv, S* y) {
-  const int R = srwm_rows(d);
+  const int d = D > 0 ? D : d_, R = srwm_rows(d);
   for (int r = 0; r < R; ++r) {
     S* wr = w + static_cast<size_t>(r) * d;
     const S* ir = Winit + static_cast<size_t>(r) * d;
@@ -69,11 +70,11 @@ struct SrwmScratch {
   AlignedVector<S> G, J, dW, w, vecs, tmp;
 };
 
-template <typename S>
+template <typename S, int D>
 void srwm_forward_task(const SrwmFwdArgs<S>& a, int bh, SrwmScratch<S>& s) {
   const Dims& n = a.n;
   const Task tk(n, bh);
-  const int d = n.dv, R = srwm_rows(d);
+  const int d = D > 0 ? D : n.dv, R = srwm_rows(d);
   const size_t mat = static_cast<size_t>(R) * d;
   const S* Winit = a.Winit + static_cast<size_t>(tk.h) * mat;
   s.dW.resize(mat);
@@ -86,18 +87,18 @@ void srwm_forward_task(const SrwmFwdArgs<S>& a, int bh, SrwmScratch<S>& s) {
   for (int t = 0; t < n.T; ++t) {
     if (n.chunk > 0 && t % n.chunk == 0) copy_n(dW, mat, a.ckpt + tk.ckpt(t / n.chunk, mat));
     if (tk.reset(a.reset, t)) zero_n(dW, mat);
-    srwm_step(Winit, dW, a.x + tk.vec(t, d), d, s.w.data(), s.tmp.data(), s.tmp.data() + R, sv,
-              a.y + tk.vec(t, d));
+    srwm_step<S, D>(Winit, dW, a.x + tk.vec(t, d), d, s.w.data(), s.tmp.data(), s.tmp.data() + R,
+                    sv, a.y + tk.vec(t, d));
   }
   copy_n(dW, mat, a.dW + tk.mat(mat));
 }
 
 // Writes this task's dL/dW_init (summed over its steps) to a.gWinit_part[bh].
-template <typename S>
+template <typename S, int D>
 void srwm_backward_task(const SrwmBwdArgs<S>& a, int bh, SrwmScratch<S>& s) {
   const Dims& n = a.n;
   const Task tk(n, bh);
-  const int d = n.dv, R = srwm_rows(d), C = n.chunk;
+  const int d = D > 0 ? D : n.dv, R = srwm_rows(d), C = n.chunk;
   const size_t mat = static_cast<size_t>(R) * d, nv = SrwmStepVectors<S>::size(d);
   const int slots = C > 0 ? C : 1;
   const S* Winit = a.Winit + static_cast<size_t>(tk.h) * mat;
@@ -124,8 +125,9 @@ void srwm_backward_task(const SrwmBwdArgs<S>& a, int bh, SrwmScratch<S>& s) {
     copy_n(a.ckpt + tk.ckpt(c, mat), mat, s.dW.data());
     for (int t = t0; t < t1; ++t) {   // recompute W_{t-1} and the step's vectors
       if (tk.reset(a.reset, t)) zero_n(s.dW.data(), mat);
-      srwm_step(Winit, s.dW.data(), a.x + tk.vec(t, d), d, s.w.data() + (t - t0) * mat, p, diff,
-                SrwmStepVectors<S>(s.vecs.data() + (t - t0) * nv, d), static_cast<S*>(nullptr));
+      srwm_step<S, D>(Winit, s.dW.data(), a.x + tk.vec(t, d), d, s.w.data() + (t - t0) * mat, p,
+                      diff, SrwmStepVectors<S>(s.vecs.data() + (t - t0) * nv, d),
+                      static_cast<S*>(nullptr));
     }
     for (int t = t1 - 1; t >= t0; --t) {
       const S* W = s.w.data() + (t - t0) * mat;
