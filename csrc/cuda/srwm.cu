@@ -60,6 +60,42 @@ __device__ inline void activate(const S* p, int d, S* qs, S* ks, S* sg, S* df, i
   for (int c = lane; c < d; c += kWarp) df[c] = qs[c] - ks[c];   // entries this lane wrote
 }
 
+// Row phase of Eq. 5: p_r = (W_init + dW)_r . x for the rows of this thread's group. state(r, c)
+// returns dW_{t-1}[r][c] (after the reset) and does the caller's bookkeeping (checkpoint, slot).
+template <typename S, typename State>
+__device__ inline void read_rows(const Lanes& rows, int d, const S* Wi, const S* x, S* p, State state) {
+  const int R = srwm_rows(d);
+  for (int r0 = 0; r0 < R; r0 += rows.groups) {
+    const int r = r0 + rows.group;
+    S acc = 0;
+    if (r < R)
+      for (int c = rows.lane; c < d; c += rows.width) acc += (Wi[r * d + c] + state(r, c)) * x[c];
+    acc = group_sum(acc, rows.width);                    // SRWM Eq. 5: W_{t-1} φ(x_t)
+    if (r < R && rows.lane == 0) p[r] = acc;
+  }
+}
+
+// Row phase of Eq. 6-8: e_r = (W_init + dW)_r . (qs - ks) (Eq. 6-7: v - v̄), then
+// write(r, c, u_r) for the owned elements with u_r = sg[block(r)] e_r (Eq. 8: dW += u (x) ks);
+// keep(r, e_r) by lane 0 of the row's group.
+template <typename S, typename Get, typename Write, typename Keep>
+__device__ inline void write_rows(const Lanes& rows, int d, const S* Wi, const S* df, const S* sg,
+                                  Get dw, Write write, Keep keep) {
+  const int R = srwm_rows(d);
+  for (int r0 = 0; r0 < R; r0 += rows.groups) {
+    const int r = r0 + rows.group;
+    S e = 0;
+    if (r < R)
+      for (int c = rows.lane; c < d; c += rows.width) e += (Wi[r * d + c] + dw(r, c)) * df[c];
+    e = group_sum(e, rows.width);
+    if (r < R) {
+      if (rows.lane == 0) keep(r, e);
+      const S u = sg[row_block(r, d)] * e;
+      for (int c = rows.lane; c < d; c += rows.width) write(r, c, u);
+    }
+  }
+}
+
 template <typename S>
 RFWP_KERNEL srwm_forward_kernel(SrwmFwdArgs<S> a) {
   const Dims n = a.n;
@@ -81,36 +117,18 @@ RFWP_KERNEL srwm_forward_kernel(SrwmFwdArgs<S> a) {
     __syncthreads();   // the previous step has read x, qs, ks, sg
     for (int c = tid; c < d; c += nt) sm.x[c] = a.x[blk.vec(t, d) + c];
     __syncthreads();
-    for (int r0 = 0; r0 < R; r0 += rows.groups) {
-      const int r = r0 + rows.group;
-      S acc = 0;
-      if (r < R)
-        for (int c = rows.lane; c < d; c += rows.width) {
-          S w = dW[r * ld + c];
-          if (ckpt != nullptr) ckpt[r * d + c] = w;
-          if (rst) dW[r * ld + c] = w = S(0);
-          acc += (Wi[r * d + c] + w) * sm.x[c];          // SRWM Eq. 5: W_{t-1} φ(x_t)
-        }
-      acc = group_sum(acc, rows.width);
-      if (r < R && rows.lane == 0) {
-        sm.p[r] = acc;
-        if (r < d) a.y[blk.vec(t, d) + r] = acc;
-      }
-    }
+    read_rows(rows, d, Wi, sm.x, sm.p, [&](int r, int c) {
+      const S w = dW[r * ld + c];
+      if (ckpt != nullptr) ckpt[r * d + c] = w;
+      if (rst) dW[r * ld + c] = S(0);
+      return rst ? S(0) : w;
+    });
     __syncthreads();
     if (tid < kWarp) activate(sm.p, d, sm.qs, sm.ks, sm.sg, sm.df, tid);
+    for (int c = tid; c < d; c += nt) a.y[blk.vec(t, d) + c] = sm.p[c];   // y_t
     __syncthreads();
-    for (int r0 = 0; r0 < R; r0 += rows.groups) {
-      const int r = r0 + rows.group;
-      S e = 0;
-      if (r < R)
-        for (int c = rows.lane; c < d; c += rows.width) e += (Wi[r * d + c] + dW[r * ld + c]) * sm.df[c];
-      e = group_sum(e, rows.width);                      // Eq. 6-7: v - v̄ = W (φ(q) - φ(k))
-      if (r < R) {
-        const S u = sm.sg[row_block(r, d)] * e;
-        for (int c = rows.lane; c < d; c += rows.width) dW[r * ld + c] += u * sm.ks[c];   // Eq. 8
-      }
-    }
+    write_rows(rows, d, Wi, sm.df, sm.sg, [&](int r, int c) { return dW[r * ld + c]; },
+               [&](int r, int c, S u) { dW[r * ld + c] += u * sm.ks[c]; }, [](int, S) {});
   }
   S* out = a.dW + blk.mat(mat);
   for (int r = rows.group; r < R; r += rows.groups)
@@ -166,40 +184,23 @@ RFWP_KERNEL srwm_backward_kernel(SrwmBwdArgs<S> a, S* work) {
       __syncthreads();   // the previous step (or the previous chunk's reverse) has read x, vec
       for (int c = tid; c < d; c += nt) x[c] = a.x[blk.vec(t, d) + c];
       __syncthreads();
-      for (int r0 = 0; r0 < R; r0 += rows.groups) {
-        const int r = r0 + rows.group;
-        S acc = 0;
-        if (r < R)
-          for (int c = rows.lane; c < d; c += rows.width) {
-            // dW_{t-1}: the checkpoint, or what this lane wrote for step t - 1
-            S w = jt == 0 ? ck[r * d + c] : cur_slot[r * d + c];
-            if (rst) w = S(0);
-            cur_slot[r * d + c] = w;
-            acc += (Wi[r * d + c] + w) * x[c];
-          }
-        acc = group_sum(acc, rows.width);
-        if (r < R && rows.lane == 0) p[r] = acc;
-      }
+      read_rows(rows, d, Wi, x, p, [&](int r, int c) {
+        // dW_{t-1}: the checkpoint, or what this lane wrote for step t - 1
+        const S w = rst ? S(0) : (jt == 0 ? ck[r * d + c] : cur_slot[r * d + c]);
+        cur_slot[r * d + c] = w;
+        return w;
+      });
       __syncthreads();
       if (tid < kWarp) activate(p, d, qs, ks, sg, df, tid);
       __syncthreads();
       S* kept = vecs + static_cast<std::size_t>(jt) * L;
       for (int i = tid; i < 2 * d + kRates; i += nt) kept[i] = vec[i];
-      for (int r0 = 0; r0 < R; r0 += rows.groups) {
-        const int r = r0 + rows.group;
-        S er = 0;
-        if (r < R)
-          for (int c = rows.lane; c < d; c += rows.width) er += (Wi[r * d + c] + cur_slot[r * d + c]) * df[c];
-        er = group_sum(er, rows.width);
-        if (r < R) {
-          if (rows.lane == 0) kept[2 * d + kRates + r] = er;
-          if (t + 1 < t1) {   // dW_t, the next step's state before its reset
-            S* next = cur_slot + mat;
-            const S u = sg[row_block(r, d)] * er;
-            for (int c = rows.lane; c < d; c += rows.width) next[r * d + c] = cur_slot[r * d + c] + u * ks[c];
-          }
-        }
-      }
+      S* next = t + 1 < t1 ? cur_slot + mat : nullptr;   // dW_t, the next step's state before its reset
+      write_rows(rows, d, Wi, df, sg, [&](int r, int c) { return cur_slot[r * d + c]; },
+                 [&](int r, int c, S u) {
+                   if (next != nullptr) next[r * d + c] = cur_slot[r * d + c] + u * ks[c];
+                 },
+                 [&](int r, S e) { kept[2 * d + kRates + r] = e; });
     }
     // ---- walk the chunk backwards
     for (int t = t1 - 1; t >= t0; --t) {

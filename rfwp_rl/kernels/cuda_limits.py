@@ -57,10 +57,10 @@ RESOURCES: dict[tuple[str, int], dict[int, tuple[int, int]]] = {
     ('rdn_backward', 8): {80: (124, 0), 90: (124, 0)},
     ('rdn_forward', 4): {80: (72, 0), 90: (96, 0)},
     ('rdn_forward', 8): {80: (91, 0), 90: (107, 0)},
-    ('srwm_backward', 4): {80: (82, 0), 90: (84, 0)},
-    ('srwm_backward', 8): {80: (125, 0), 90: (128, 0)},
+    ('srwm_backward', 4): {80: (86, 0), 90: (87, 0)},
+    ('srwm_backward', 8): {80: (124, 0), 90: (128, 0)},
     ('srwm_forward', 4): {80: (56, 0), 90: (64, 0)},
-    ('srwm_forward', 8): {80: (64, 0), 90: (82, 0)},
+    ('srwm_forward', 8): {80: (56, 0), 90: (80, 0)},
 }
 
 
