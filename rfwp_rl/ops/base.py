@@ -23,7 +23,6 @@ from rfwp_rl.kernels.cuda_limits import DeviceLimits
 # what the fused kernels compute in: the extension converts float16/bfloat16 inputs to float32
 KERNEL_DTYPES = (torch.float32, torch.float64)
 HALF_DTYPES = (torch.float16, torch.bfloat16)
-DIRECTIONS = ("forward", "backward")
 
 
 @dataclass(frozen=True)
@@ -115,7 +114,7 @@ def kernel_supported(name: str, dims: Dims, dtype: torch.dtype, device: torch.de
         return f"device {device.type!r} (fused kernels: cpu, cuda)"
     limits = limits if limits is not None else device_limits(device)
     elem = torch.empty((), dtype=dtype).element_size()   # 2: half types, computed in float32
-    for direction in DIRECTIONS:
+    for direction in cuda_limits.DIRECTIONS:
         why = cuda_limits.check(name, direction, dims.dk, dims.dv, elem, limits)
         if why is not None:
             return why
