@@ -49,6 +49,7 @@ class ImpalaConfig:
     reward_clip: float = 1.0
     clip_rho: float = 1.0
     clip_c: float = 1.0
+    vtrace_lambda: float = 1.0  # V-trace trace factor (1: the paper's)
     optimizer: str = "rmsprop"  # rmsprop (paper) or adam
     adam_eps: float = 1e-8
     normalize_advantages: bool = False  # policy-gradient advantages divided by their batch std

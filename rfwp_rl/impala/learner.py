@@ -53,6 +53,7 @@ class LossConfig:
     clip_rho: float = 1.0  # rho-bar
     clip_c: float = 1.0  # c-bar
     clip_pg_rho: float = 1.0
+    vtrace_lambda: float = 1.0  # trace factor (IMPALA Sec. 4.1, Remark 2); 1 = the paper's V-trace
     normalize_advantages: bool = False
 
 
@@ -84,7 +85,8 @@ def compute_loss(agent: nn.Module, batch: dict[str, torch.Tensor], initial_state
     mask = (~batch["truncated"][:-1].bool()).float() if "truncated" in batch else torch.ones_like(rewards)
 
     vt = vtrace.from_logits(behaviour_logits, target_logits.detach(), actions, discounts, rewards,
-                            values.detach(), bootstrap_value, cfg.clip_rho, cfg.clip_c, cfg.clip_pg_rho, mask)
+                            values.detach(), bootstrap_value, cfg.clip_rho, cfg.clip_c, cfg.clip_pg_rho, mask,
+                            cfg.vtrace_lambda)
     advantages = vt.pg_advantages
     if cfg.normalize_advantages:  # divided by their root mean square, not centred (see the module docstring)
         rms = ((advantages ** 2 * mask).sum() / mask.sum().clamp(min=1.0)).sqrt()

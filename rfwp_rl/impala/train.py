@@ -49,7 +49,7 @@ DEFAULT_CORE = "rdn"  # the RFWP paper's main agent
 # Settings every learner of a group must share (checked when a learner joins), besides the env and agent.
 GROUP_SETTINGS = ("total_steps", "batch_size", "unroll_length", "learning_rate", "rmsprop_alpha", "rmsprop_eps",
                   "rmsprop_momentum", "grad_norm_clip", "entropy_cost", "baseline_cost", "discount", "reward_clip",
-                  "clip_rho", "clip_c", "optimizer", "adam_eps", "normalize_advantages")
+                  "clip_rho", "clip_c", "optimizer", "adam_eps", "normalize_advantages", "vtrace_lambda")
 MAX_WAITING_BATCHES = 4  # full batches held while a learner group takes no gradients (joining); older ones are dropped
 
 
@@ -125,6 +125,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--grad-norm-clip", type=float, default=d.grad_norm_clip)
     g.add_argument("--entropy-cost", type=float, default=None,
                    help=f"atari {d.entropy_cost:g}, vector {profiles.VECTOR['entropy_cost']:g}")
+    g.add_argument("--vtrace-lambda", type=float, default=None,
+                   help=f"V-trace trace factor lambda in [0, 1] (IMPALA Remark 2): atari {d.vtrace_lambda:g} (the "
+                        f"paper), vector {profiles.VECTOR['vtrace_lambda']:g}")
     g.add_argument("--normalize-advantages", action=argparse.BooleanOptionalAction, default=None,
                    help="divide the policy-gradient advantages by their batch std (atari no, vector yes)")
     g.add_argument("--baseline-cost", type=float, default=d.baseline_cost)
@@ -169,6 +172,8 @@ def config_from_args(args: argparse.Namespace, kind: str = "atari", memory_horiz
     check_group_args(cfg.broker, cfg.group)
     check_choice("env backend", cfg.env_backend, ENV_BACKENDS)
     check_choice("optimizer", cfg.optimizer, OPTIMIZERS)
+    if not 0.0 <= cfg.vtrace_lambda <= 1.0:
+        raise UserError(f"--vtrace-lambda {cfg.vtrace_lambda:g} is invalid; allowed: a number in [0, 1]")
     for name in ("learning_rate", "adam_eps"):
         if not getattr(cfg, name) > 0:
             raise UserError(f"--{name.replace('_', '-')} {getattr(cfg, name):g} is invalid; allowed: a number > 0")
@@ -264,7 +269,7 @@ def train(cfg: ImpalaConfig, preset, spec, env_options: dict, run_dir: Path, tor
         optimizer, learner.linear_decay_of_steps(cfg.total_steps, lambda: counters["step"]))
     loss_cfg = learner.LossConfig(discount=cfg.discount, reward_clip=cfg.reward_clip, baseline_cost=cfg.baseline_cost,
                                   entropy_cost=cfg.entropy_cost, clip_rho=cfg.clip_rho, clip_c=cfg.clip_c,
-                                  normalize_advantages=cfg.normalize_advantages)
+                                  normalize_advantages=cfg.normalize_advantages, vtrace_lambda=cfg.vtrace_lambda)
     guard = NonFiniteGuard(cfg.max_nonfinite)
 
     # ---- resume
