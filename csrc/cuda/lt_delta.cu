@@ -54,7 +54,7 @@ RFWP_KERNEL delta_forward_kernel(DeltaFwdArgs<S> a) {
     const S* u_prev = us + ((t + 1) & 1) * dv;
     S* u_cur = us + (t & 1) * dv;
     S* y = a.y + blk.vec(t, dv);
-    __syncthreads();
+    __syncthreads();   // the step's vectors are in shared memory
     const S* kc = vec;
     const S* qc = vec + dk;
     const S* vc = vec + 2 * dk;
