@@ -30,10 +30,11 @@ def ext():
 def _old_import_paths() -> None:
     """Transition only: tests/test_kernels_cuda_emulated.py and tests/test_kernels_gpu.py
     (kept with the CUDA sources) still import the op test helpers from their old homes
-    (``rfwp_rl.kernels.cases``, ``rfwp_rl.kernels.functions.FUSED``, ``rfwp_rl.ops.reference``,
-    ``kernels.get``, ``kernels._load``). Map those names to the new ones (``rfwp_rl.ops.cases``,
-    ``ops.spec(name).fused``, ``ops.naive(name)``, ``ops.get``, ``kernels.load``) for this test
-    session only; remove once those files import the new names. The package itself has no
+    (``rfwp_rl.kernels.cases`` with ``OPS``/``STATE_ARGS``/``TIME_ARGS``,
+    ``rfwp_rl.kernels.functions.FUSED``, ``rfwp_rl.ops.reference``, ``kernels.get``,
+    ``kernels._load``). Map those names to the new ones (``rfwp_rl.ops.cases``, ``ops.OPS``
+    and each ``OpSpec``'s ``state_args``/``time_args``/``fused``, ``ops.naive(name)``,
+    ``ops.get``, ``kernels.load``) for this test session only; remove once those files import the new names. The package itself has no
     such aliases (rfwp_rl.kernels imports neither ops nor cores)."""
     import types
 
@@ -48,7 +49,9 @@ def _old_import_paths() -> None:
     if not hasattr(kernels, "cases"):
         kernels.cases = module("rfwp_rl.kernels.cases", **{k: v for k, v in vars(cases).items()
                                                            if not k.startswith("__")},
-                               OPS=tuple(ops.OPS))
+                               OPS=tuple(ops.OPS),
+                               STATE_ARGS={n: s.state_args for n, s in ops.OPS.items()},
+                               TIME_ARGS={n: s.time_args for n, s in ops.OPS.items()})
     if not hasattr(kernels, "functions"):
         kernels.functions = module("rfwp_rl.kernels.functions",
                                    FUSED={n: s.fused for n, s in ops.OPS.items()})
