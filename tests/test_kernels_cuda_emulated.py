@@ -177,10 +177,11 @@ def test_emulated_key_size_different_from_value_size(emu, name):
     assert err < 1e-12 and gerr < 1e-12
 
 
-@pytest.mark.parametrize("name", OPS)
+@pytest.mark.parametrize("name", ["delta_rnn", "rdn"])
 def test_emulated_unstaged_layouts(device_limits, name):
     # a device too small for the staged layout: the backward re-reads its running state from
-    # the workspace and rdn reads Rq, Rk, Rv from global memory; same results
+    # the workspace and rdn reads Rq, Rk, Rv from global memory; same results (lt and delta
+    # stage nothing: their two-sweep backward holds one matrix)
     emu = device_limits
     emu.threads = 64
     args, reset = cases.make_inputs(name, T=6, B=2, H=1, d=16, seed=5, reset_at=((2, 1), (4, 0)))

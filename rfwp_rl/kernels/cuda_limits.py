@@ -36,14 +36,14 @@ WARP = 32
 # (needs nvcc; prints this table and the spill/stack numbers).
 RESOURCES: dict[tuple[str, int], dict[int, tuple[int, int]]] = {
     # (kernel, bytes): {arch: (registers, static smem bytes)}
-    ('delta_backward<delta>', 4): {80: (103, 0), 90: (126, 0)},
-    ('delta_backward<delta>', 8): {80: (126, 0), 90: (128, 0)},
-    ('delta_backward<lt>', 4): {80: (111, 0), 90: (116, 0)},
-    ('delta_backward<lt>', 8): {80: (121, 0), 90: (122, 0)},
-    ('delta_forward<delta>', 4): {80: (69, 0), 90: (70, 0)},
-    ('delta_forward<delta>', 8): {80: (79, 0), 90: (78, 0)},
+    ('delta_backward<delta>', 4): {80: (89, 0), 90: (94, 0)},
+    ('delta_backward<delta>', 8): {80: (98, 0), 90: (96, 0)},
+    ('delta_backward<lt>', 4): {80: (78, 0), 90: (89, 0)},
+    ('delta_backward<lt>', 8): {80: (82, 0), 90: (87, 0)},
+    ('delta_forward<delta>', 4): {80: (64, 0), 90: (72, 0)},
+    ('delta_forward<delta>', 8): {80: (65, 0), 90: (77, 0)},
     ('delta_forward<lt>', 4): {80: (63, 0), 90: (64, 0)},
-    ('delta_forward<lt>', 8): {80: (70, 0), 90: (70, 0)},
+    ('delta_forward<lt>', 8): {80: (64, 0), 90: (63, 0)},
     ('delta_rnn_backward', 4): {80: (110, 0), 90: (128, 0)},
     ('delta_rnn_backward', 8): {80: (124, 0), 90: (120, 0)},
     ('delta_rnn_forward', 4): {80: (94, 0), 90: (96, 0)},
@@ -139,8 +139,8 @@ def _smem_elems(op: str, direction: str, dk: int, dv: int, stage: bool) -> int:
     if op in ("lt", "delta"):
         if direction == "forward":
             return _mat(dv, dk) + 3 * (2 * dk + dv + 1) + 2 * dv
-        return (_mat(dv, dk) * (2 if stage else 1) + 3 * (dk + dv + 1) + 3 * (2 * dk + 3 * dv + 1)
-                + 5 * dv)
+        # two sweeps: G [dv, dk], then Wᵀ [dk, dv] in the same memory; nothing staged
+        return max(_mat(dv, dk), _mat(dk, dv)) + 3 * (2 * dk + 3 * dv + 1) + 3 * dv
     if op == "delta_rnn":
         if direction == "forward":
             return _mat(dv, dk) + _mat(dv, dv) + 3 * (2 * dk + 3 * dv + 2) + 6 * dv
