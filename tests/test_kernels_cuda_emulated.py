@@ -281,7 +281,7 @@ def test_launches_ask_what_cuda_limits_says(device_limits, name):
         if name == "rdn" and dk != d:
             continue
         emu.threads = threads
-        args, reset = cases.make_inputs(name, T=3, B=2, H=3, d=d, dk=dk, dtype=dtype,
+        args, reset = cases.make_inputs(name, T=3, B=1, H=2, d=d, dk=dk, dtype=dtype,
                                         reset_at=((1, 0),))
         emu.launches()
         cases.forward_backward(emulated(emu, name, 2), args, reset)
@@ -291,7 +291,7 @@ def test_launches_ask_what_cuda_limits_says(device_limits, name):
         for direction in ("forward", "backward"):
             req = cuda_limits.requirements(name, direction, dk, d, ELEM[dtype], threads=threads,
                                            smem_optin=optin)
-            expect.append((2 * 3, req.threads_per_block, req.smem_dynamic))
+            expect.append((1 * 2, req.threads_per_block, req.smem_dynamic))
         assert log[:2] == expect, (d, dk, threads)
         assert all(block <= cuda_limits.MAX_THREADS and block % 32 == 0 for _, block, _ in log)
         if name == "rdn":   # the slow-weight gradients: one launch for Rq, Rk, Rv, one for rb
