@@ -354,6 +354,7 @@ def test_cuda_limits_from_torch_needs_a_gpu():
     if torch.cuda.is_available():
         lim = cuda_limits.DeviceLimits.from_torch(0)
         assert lim.smem_optin_bytes >= 48 * 1024 and lim.arch >= 70
+        assert cuda_limits.limits_of(torch.device("cuda", 0)) == lim
     else:
         with pytest.raises((AssertionError, RuntimeError)):
             cuda_limits.DeviceLimits.from_torch(0)

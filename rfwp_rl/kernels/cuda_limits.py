@@ -4,9 +4,9 @@ Pure Python (no torch import at module level, no build): the dispatch asks :func
 before it launches a kernel and falls back to the reference with the returned reason.
 
     >>> from rfwp_rl.kernels import cuda_limits as cl
-    >>> cl.check("rdn", "backward", 128, 128, 4, cl.H100)   # doctest: +ELLIPSIS
-    'rdn backward at d=128 float32 needs ... KB of shared memory; this GPU (H100, sm_90) allows 227 KB per block'
-    >>> cl.check("delta", "forward", 32, 32, 4, cl.A100) is None
+    >>> cl.check("delta_rnn", "backward", 128, 128, 8, cl.H100)
+    'delta_rnn backward at d=128 float64 needs 311 KB of shared memory; this GPU (H100, sm_90) allows 227 KB per block'
+    >>> cl.check("rdn", "backward", 128, 128, 4, cl.A100) is None
     True
 
 :func:`requirements` mirrors the launchers exactly (``csrc/cuda/*.cu``: ``*_smem_bytes``,
@@ -17,6 +17,7 @@ float32 once in the binding, so they need what float32 needs.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -99,6 +100,22 @@ class DeviceLimits:
         return cls(name=f"{props.name}, sm_{arch}", arch=arch, smem_optin_bytes=int(smem),
                    max_threads_per_block=1024, regs_per_block=min(65536, int(regs_sm)),
                    regs_per_sm=int(regs_sm))
+
+
+@functools.lru_cache(maxsize=None)
+def _limits_of_index(index: int) -> DeviceLimits:
+    return DeviceLimits.from_torch(index)
+
+
+def limits_of(device: Any) -> DeviceLimits:
+    """:meth:`DeviceLimits.from_torch` of a CUDA ``torch.device`` (or index), cached per device
+    (cheap enough to call on every dispatch)."""
+    index = device if isinstance(device, int) else getattr(device, "index", None)
+    if index is None:
+        import torch
+
+        index = torch.cuda.current_device()
+    return _limits_of_index(int(index))
 
 
 # cudaDevAttrMaxSharedMemoryPerBlockOptin by compute capability (when torch does not report it)
