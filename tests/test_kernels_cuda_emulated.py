@@ -461,3 +461,9 @@ def test_emulator_warp_intrinsics(emu):
         assert x8 == sum(v(x) for x in range(seg, seg + 8))
         assert rot == v((lane + 5) % 32)
         assert dd == v(lane ^ 1)
+
+
+def test_cuda_limits_doctest():
+    import doctest
+
+    assert doctest.testmod(cuda_limits).failed == 0
