@@ -177,10 +177,11 @@ def test_emulated_key_size_different_from_value_size(emu, name):
     assert err < 1e-12 and gerr < 1e-12
 
 
-@pytest.mark.parametrize("name", OPS)
+@pytest.mark.parametrize("name", ["delta_rnn", "rdn"])
 def test_emulated_unstaged_layouts(device_limits, name):
     # a device too small for the staged layout: the backward re-reads its running state from
-    # the workspace and rdn reads Rq, Rk, Rv from global memory; same results
+    # the workspace and rdn reads Rq, Rk, Rv from global memory; same results (lt and delta
+    # stage nothing: their two-sweep backward holds one matrix)
     emu = device_limits
     emu.threads = 64
     args, reset = cases.make_inputs(name, T=6, B=2, H=1, d=16, seed=5, reset_at=((2, 1), (4, 0)))
@@ -280,7 +281,7 @@ def test_launches_ask_what_cuda_limits_says(device_limits, name):
         if name == "rdn" and dk != d:
             continue
         emu.threads = threads
-        args, reset = cases.make_inputs(name, T=3, B=2, H=3, d=d, dk=dk, dtype=dtype,
+        args, reset = cases.make_inputs(name, T=3, B=1, H=2, d=d, dk=dk, dtype=dtype,
                                         reset_at=((1, 0),))
         emu.launches()
         cases.forward_backward(emulated(emu, name, 2), args, reset)
@@ -290,7 +291,7 @@ def test_launches_ask_what_cuda_limits_says(device_limits, name):
         for direction in ("forward", "backward"):
             req = cuda_limits.requirements(name, direction, dk, d, ELEM[dtype], threads=threads,
                                            smem_optin=optin)
-            expect.append((2 * 3, req.threads_per_block, req.smem_dynamic))
+            expect.append((1 * 2, req.threads_per_block, req.smem_dynamic))
         assert log[:2] == expect, (d, dk, threads)
         assert all(block <= cuda_limits.MAX_THREADS and block % 32 == 0 for _, block, _ in log)
         if name == "rdn":   # the slow-weight gradients: one launch for Rq, Rk, Rv, one for rb
@@ -353,6 +354,7 @@ def test_cuda_limits_from_torch_needs_a_gpu():
     if torch.cuda.is_available():
         lim = cuda_limits.DeviceLimits.from_torch(0)
         assert lim.smem_optin_bytes >= 48 * 1024 and lim.arch >= 70
+        assert cuda_limits.limits_of(torch.device("cuda", 0)) == lim
     else:
         with pytest.raises((AssertionError, RuntimeError)):
             cuda_limits.DeviceLimits.from_torch(0)
@@ -459,3 +461,9 @@ def test_emulator_warp_intrinsics(emu):
         assert x8 == sum(v(x) for x in range(seg, seg + 8))
         assert rot == v((lane + 5) % 32)
         assert dd == v(lane ^ 1)
+
+
+def test_cuda_limits_doctest():
+    import doctest
+
+    assert doctest.testmod(cuda_limits).failed == 0

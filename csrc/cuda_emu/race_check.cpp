@@ -53,7 +53,8 @@ int run(int T, int B, int H, int d, int threads) {
   int err = 0;
   for (int lt = 0; lt < 2; ++lt) {
     DeltaFwdArgs<S> f{p.rnd(vec), p.rnd(vec), p.rnd(vec), lt ? nullptr : p.rnd(sc), p.rnd(mat),
-                      reset.data(), p.out(vec), p.out(mat), p.out(ck), n};
+                      reset.data(), p.out(vec), p.out(mat),
+                      p.out(static_cast<std::size_t>(cuda_lt_delta_saved(n, !lt))), n};
     err |= lt ? cuda::lt_forward(f, threads, nullptr) : cuda::delta_forward(f, threads, nullptr);
     DeltaBwdArgs<S> b{f.q, f.k, f.v, f.beta, reset.data(), f.ckpt, p.rnd(vec), p.rnd(mat),
                       p.out(vec), p.out(vec), p.out(vec), lt ? nullptr : p.out(sc), p.out(mat), n};
