@@ -24,7 +24,8 @@ import torch
 
 from rfwp_rl import cli
 from rfwp_rl.checkpoint import list_checkpoints, read_checkpoint
-from rfwp_rl.impala.multi_learner import GroupStep, Solo, group_gradient_factor, pack, settings_mismatch, unpack
+from rfwp_rl.impala.multi_learner import GroupStep, Solo, group_gradient_factor, pack, unpack
+from rfwp_rl.impala.net import settings_mismatch
 from procs import alive, children_and_grandchildren, free_port  # tests/procs.py
 
 REPO = Path(__file__).resolve().parent.parent

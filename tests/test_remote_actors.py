@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from rfwp_rl.checkpoint import find_checkpoint_file, read_checkpoint
-from rfwp_rl.impala.rollout_server import first_mismatch
+from rfwp_rl.impala.net import first_mismatch
 from procs import free_port  # tests/procs.py
 
 REPO = Path(__file__).resolve().parent.parent
