@@ -29,6 +29,7 @@ class Trainer:
 
     run_dir: Path
     meta: dict
+    legacy_metas: tuple[dict, ...] = ()  # what older versions recorded for the same run (still loaded)
     total: int
     unit: str = "steps"  # what the logger's step counts ("env steps", "episodes")
     step_name: str = "step"  # one of them, in messages ("episode")
@@ -90,7 +91,7 @@ class Trainer:
 def run_trainer(trainer: Trainer) -> int:
     """Run ``trainer`` inside the scaffold (see the module docstring). Returns the exit code:
     0 finished or stopped by a signal, 1 aborted (non-finite updates, env failures)."""
-    trainer.checkpointer = Checkpointer(trainer.run_dir, trainer.meta)
+    trainer.checkpointer = Checkpointer(trainer.run_dir, trainer.meta, also_accept=trainer.legacy_metas)
     lock = lock_run_dir(trainer.run_dir)  # one trainer per run directory, until the end
     try:
         loaded = trainer.checkpointer.load_latest()

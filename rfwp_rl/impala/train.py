@@ -199,7 +199,8 @@ class ImpalaTrainer(Trainer):
 
     unit, metrics = "env steps", METRICS
 
-    def __init__(self, cfg: ImpalaConfig, run: RunSpec, run_dir: Path):
+    def __init__(self, cfg: ImpalaConfig, run: RunSpec, run_dir: Path, pool: object = None):
+        """``pool``: an env pool to use (and leave open) instead of making one (the benchmark)."""
         from rfwp_rl.agent import ResNetTorso
         from rfwp_rl.impala.learner import Learner
 
@@ -217,11 +218,13 @@ class ImpalaTrainer(Trainer):
         self.threads_note = f"{self.threads} torch thread(s) ({why})"
         self.learner = Learner(agent, cfg)
         self.meta = run.meta(agent)
+        self.legacy_metas = tuple(m for m in [run.legacy_meta(agent)] if m is not None)
         self.counts = {"actor_steps": 0, "episodes": 0, "train_seconds": 0.0, "env_failures": 0}
         self.returns: deque[float] = deque(maxlen=100)
         self.timers = Timers()
         self.restart = False
-        self.pool = self.server = self.group = self.actors = self.learning = None
+        self.pool, self.own_pool = pool, pool is None
+        self.server = self.group = self.actors = self.learning = None
 
     @property
     def step(self) -> int:
@@ -253,7 +256,7 @@ class ImpalaTrainer(Trainer):
             return (f"{self.run_dir} already reached {learner.step:,} >= --total-steps {cfg.total_steps:,} steps; "
                     "nothing to do")
         env_seed = cfg.seed + 1000 * learner.updates  # fresh episodes (local backend: new seeds) on resume
-        if cfg.num_actors:
+        if cfg.num_actors and self.pool is None:
             self.pool = self.run.make_env_pool(cfg.env_backend, env_seed, cfg.num_actors, cfg.num_env_batches,
                                                cfg.num_env_processes)
         info = compat_info(self.run, learner.agent)
@@ -313,21 +316,11 @@ class ImpalaTrainer(Trainer):
 
     # ---- the loop
     def train(self, stop: GracefulStop) -> None:
-        """Until the step target or a stop request: the group finishes rounds (optimizer steps),
-        full batches become gradients, everything else is acting."""
-        cfg, group = self.cfg, self.group
+        """Until the step target or a stop request: :meth:`iterate`, then logs and checkpoints."""
         self.actors.should_stop = stop.is_requested  # also while waiting on envs
         try:
-            while self.learner.step < cfg.total_steps and not stop.requested:
-                group.sync()  # alone: nothing; in a group: a finished round is one optimizer step here
-                if self.queue.ready() and group.wants_gradients() and self.handed_in() < cfg.total_steps:
-                    self.learning.submit(self.queue.get())  # alone: one update; in a group: this round's share
-                else:
-                    self.collect()  # one env step of one env batch, and the remote actors' rollouts
-                group.idle()  # nothing handed in: the group's round goes on without this learner
-                self.drop_stale_batches()
-                if self.learning.thread is not None and self.handed_in() >= cfg.total_steps:
-                    self.learning.wait_idle()
+            while self.learner.step < self.cfg.total_steps and not stop.requested:
+                self.iterate()
                 self.bookkeeping()
         except EnvPoolBroken as e:
             self.restart = True
@@ -336,6 +329,21 @@ class ImpalaTrainer(Trainer):
                   flush=True)
         finally:
             self.learning.close()  # a learner thread's error (TrainingAborted) is raised here
+
+    def iterate(self) -> None:
+        """One pass of the loop: the group finishes rounds (optimizer steps), a full batch becomes
+        gradients, and otherwise the actors act."""
+        cfg, group = self.cfg, self.group
+        group.sync()  # alone: nothing; in a group: a finished round is one optimizer step here
+        if self.queue.ready() and group.wants_gradients() and self.handed_in() < cfg.total_steps:
+            with self.timers("learning"):
+                self.learning.submit(self.queue.get())  # alone: one update; in a group: this round's share
+        else:
+            self.collect()  # one env step of one env batch, and the remote actors' rollouts
+        group.idle()  # nothing handed in: the group's round goes on without this learner
+        self.drop_stale_batches()
+        if self.learning.thread is not None and self.handed_in() >= cfg.total_steps:
+            self.learning.wait_idle()
 
     def handed_in(self) -> int:
         """Env steps trained, plus those handed to the learner thread or to the group's round under way."""
@@ -423,6 +431,8 @@ class ImpalaTrainer(Trainer):
             self.group.close(finished=self.step >= self.cfg.total_steps)
         if self.server is not None:
             self.server.close()
+        if not self.own_pool:
+            return
         if self.restart:
             shutdown_env_pool(self.pool)
         else:
