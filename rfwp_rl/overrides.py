@@ -127,5 +127,5 @@ def apply_settings(items: Iterable[str], preset: Any = None, trainer: Any = None
 def namespace_keys(values: Mapping[str, Any], exclude: Iterable[str] = ()) -> list[str]:
     """The trainer keys of an ``argparse`` namespace's ``vars()``: its settings minus ``exclude``
     (and private ``_`` keys)."""
-    skip = set(exclude)
+    skip = {"command", *exclude}  # "command": the CLI's subcommand
     return [k for k in values if not k.startswith("_") and k not in skip]

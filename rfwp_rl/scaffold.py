@@ -47,8 +47,8 @@ class Trainer:
         """Everything a resume needs (the RNG state is added by the scaffold)."""
         raise NotImplementedError
 
-    def load_state_dict(self, state: dict, path: Path) -> None:
-        """Restore a checkpoint's state (``path``: its file, for the resume line)."""
+    def load_state_dict(self, state: dict, path: Path, step: int) -> None:
+        """Restore a checkpoint's state (``path``: its file, for the resume line; ``step``: its step)."""
         raise NotImplementedError
 
     def prepare(self) -> str | None:
@@ -96,7 +96,7 @@ def run_trainer(trainer: Trainer) -> int:
     try:
         loaded = trainer.checkpointer.load_latest()
         if loaded is not None:
-            trainer.load_state_dict(loaded["state"], loaded["path"])
+            trainer.load_state_dict(loaded["state"], loaded["path"], loaded["step"])
             set_rng_state(loaded["state"]["rng"])
         done = trainer.prepare()
         if done is not None:

@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 IMPALA = ["train", "--env", "CartPole-v1", "--core", "lstm", "--set", "core_config.hidden_size=8",
           "--env-backend", "local", "--num-actors", "4", "--unroll-length", "5", "--batch-size", "2",
           "--checkpoint-every", "0.3", "--log-every", "0.2"]
-META = ["meta-rl", "--core", "lstm", "--set", "hidden_size=8", "--batch-size", "4", "--train-graphs", "8",
+META = ["meta-rl", "--core", "lstm", "--set", "core_config.hidden_size=8", "--batch-size", "4", "--train-graphs", "8",
         "--test-graphs", "4", "--episode-steps", "10", "--eval-every", "100000", "--log-every", "1",
         "--checkpoint-minutes", "0.005", "--threads", "1", "--print-every", "1000"]
 SEQ = ["seq", "--task", "assoc", "--num-keys", "4", "--core", "lt", "--num-layers", "1", "--num-heads", "1",

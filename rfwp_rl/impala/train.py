@@ -231,7 +231,7 @@ class ImpalaTrainer(Trainer):
         return self.learner.step
 
     # ---- checkpoints
-    def load_state_dict(self, state: dict, path: Path) -> None:
+    def load_state_dict(self, state: dict, path: Path, step: int) -> None:
         self.learner.load_state_dict(state)
         self.counts.update({k: state["counters"][k] for k in self.counts if k in state["counters"]})
         print(f"resuming {self.run_dir} from step {self.step:,} ({path.name})", flush=True)
