@@ -25,7 +25,6 @@ import argparse
 import csv
 import io
 import math
-import os
 import random
 import sys
 import time
@@ -42,7 +41,7 @@ from rfwp_rl.errors import UserError, check_choice
 from rfwp_rl.meta_rl import a2c, graph_env
 from rfwp_rl.meta_rl.graph_env import GraphBatchEnv
 from rfwp_rl.meta_rl.model import MetaRLAgent, count_parameters
-from rfwp_rl.runlog import RunLogger, format_duration, run_name
+from rfwp_rl.runlog import format_duration, run_name
 from rfwp_rl.safety import GracefulStop, NonFiniteGuard, TrainingAborted
 from rfwp_rl.scaffold import Trainer, run_trainer
 

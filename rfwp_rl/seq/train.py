@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ import torch
 
 from rfwp_rl.checkpoint import atomic_torch_save, atomic_write_text
 from rfwp_rl.errors import UserError, check_choice
-from rfwp_rl.runlog import RunLogger, format_duration, run_name
+from rfwp_rl.runlog import format_duration, run_name
 from rfwp_rl.safety import GracefulStop, NonFiniteGuard
 from rfwp_rl.scaffold import Trainer, run_trainer
 from rfwp_rl.seq import tasks as T
