@@ -70,11 +70,10 @@ def unknown_key(setting: Setting, sections: Iterable[str], trainer_keys: Iterabl
         allowed.append(f"a trainer setting ({', '.join(keys)})")
     hint = ""
     if setting.key in set(core_options):
-        hint = f"; core options are set as --set core_config.{setting.key}={setting.item.partition('=')[2]}"
+        hint = f"core options are set as --set core_config.{setting.key}={setting.item.partition('=')[2]}; "
     elif keys and not setting.section:
-        close = choices_hint(setting.key, keys).split("allowed:")[0].strip()
-        hint = f"; {close}" if close else ""
-    return UserError(f"--set {setting.item!r}: unknown key {setting.key!r}{hint}; allowed: {', '.join(allowed)}")
+        hint = choices_hint(setting.key, keys).split("allowed:")[0]  # "did you mean 'x'? " or ""
+    return UserError(f"--set {setting.item!r}: unknown key {setting.key!r}; {hint}allowed: {', '.join(allowed)}")
 
 
 def coerce(setting: Setting, current: Any) -> Any:

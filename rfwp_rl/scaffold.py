@@ -114,13 +114,13 @@ def _train_and_save(trainer: Trainer) -> int:
     code, saved = 0, None
     try:
         with GracefulStop() as stop:  # held through the final save
+            error = None
             try:
                 trainer.train(stop)
             except TrainingAborted as e:
                 code, error = 1, e
-            else:
-                error = None
-            saved = _final_save(trainer)
+            finally:  # also before another exception goes on to the CLI
+                saved = _final_save(trainer)
             if error is not None:
                 trainer.aborted(error, saved)
             elif saved is None:

@@ -215,12 +215,20 @@ def run(args: argparse.Namespace) -> int:
 
 def _bench_core(core: str, spec, args: argparse.Namespace, precisions: list[str], pool) -> list[dict]:
     """The end-to-end runs of one core (one per precision), each next to the compute bound measured
-    right after it with the same thread count."""
+    around it with the same thread count."""
+    from rfwp_rl.perf import choose_torch_threads, set_torch_threads
+
+    env_processes = args.num_env_processes if args.env_backend == "moolib" else 0
+    set_torch_threads(choose_torch_threads(args.torch_threads, env_processes, spec.kind == "atari")[0])  # as the trainer
     rows = []
     for precision in precisions:
         cfg = _config(args, precision)
+        # the compute bound just before and just after the end-to-end run, averaged: a shared machine's
+        # load drifts, and both sides of the ratio should see the same
+        before = compute_bound(spec, cfg, args.compute_repeats)
         e2e = end_to_end(spec, cfg, pool, args.updates, args.warmup_updates)
-        act_s, learn_s = compute_bound(spec, cfg, args.compute_repeats)  # the trainer left its thread count set
+        after = compute_bound(spec, cfg, args.compute_repeats)
+        act_s, learn_s = (before[0] + after[0]) / 2, (before[1] + after[1]) / 2
         bound = 1.0 / (act_s + learn_s)
         params = sum(p.numel() for p in spec.build_agent().parameters())
         row = {"core": core, "precision": precision, "params": params, **e2e, "compute_bound_sps": bound,
