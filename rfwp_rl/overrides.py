@@ -99,28 +99,50 @@ def coerce(setting: Setting, current: Any) -> Any:
     return value
 
 
+def split_settings(items: Iterable[str], trainer_keys: Iterable[str] = (), sections: Iterable[str] = PRESET_SECTIONS,
+                   core_options: Iterable[str] = ()) -> tuple[list[Setting], list[Setting]]:
+    """Parse ``--set`` items into (agent settings: ``core`` and ``<section>.<option>``, trainer
+    settings: ``trainer_keys``); any other key is the one-line :func:`unknown_key` error.
+    ``core_options``: the core's option names, only for a better error on a bare option name."""
+    sections, keys = tuple(sections), set(trainer_keys)
+    agent, trainer = [], []
+    for setting in parse_settings(items):
+        if setting.key == "core" or (setting.section in sections and setting.option):
+            agent.append(setting)
+        elif not setting.section and setting.key in keys:
+            trainer.append(setting)
+        else:
+            raise unknown_key(setting, sections, keys, core_options)
+    return agent, trainer
+
+
+def apply_to_preset(preset: Any, settings: Iterable[Setting]) -> Any:
+    """A copy of ``preset`` (:class:`rfwp_rl.presets.Preset`) with ``core``/``<section>.<option>`` settings."""
+    preset = copy.deepcopy(preset)
+    for setting in settings:
+        if setting.key == "core":
+            preset.core = str(setting.value)
+        else:
+            getattr(preset, setting.section)[setting.option] = setting.value
+    return preset
+
+
+def apply_to_trainer(trainer: Any, settings: Iterable[Setting]) -> None:
+    """Set trainer settings on ``trainer`` (a config dataclass or an ``argparse.Namespace``), each
+    value in the type of the current one."""
+    for setting in settings:
+        setattr(trainer, setting.key, coerce(setting, getattr(trainer, setting.key)))
+
+
 def apply_settings(items: Iterable[str], preset: Any = None, trainer: Any = None,
                    trainer_keys: Iterable[str] = (), sections: Iterable[str] = PRESET_SECTIONS,
                    core_options: Iterable[str] = ()) -> Any:
-    """Apply ``--set`` items: ``core``/``<section>.<option>`` to a copy of ``preset``
-    (:class:`rfwp_rl.presets.Preset`, returned), trainer keys to ``trainer`` (an object whose
-    attributes they are, e.g. a config dataclass or an ``argparse.Namespace``; changed in place).
-
-    ``core_options``: the core's option names, only for a better error on a bare option name.
-    """
-    sections, trainer_keys = tuple(sections), set(trainer_keys)
-    preset = copy.deepcopy(preset)
-    for setting in parse_settings(items):
-        if setting.key == "core" and preset is not None:
-            preset.core = str(setting.value)
-        elif setting.section in sections and setting.option and preset is not None:
-            table: dict = getattr(preset, setting.section)
-            table[setting.option] = setting.value
-        elif not setting.section and setting.key in trainer_keys and trainer is not None:
-            setattr(trainer, setting.key, coerce(setting, getattr(trainer, setting.key)))
-        else:
-            raise unknown_key(setting, sections, trainer_keys, core_options)
-    return preset
+    """Apply ``--set`` items: ``core``/``<section>.<option>`` to a copy of ``preset`` (returned),
+    trainer keys to ``trainer`` (changed in place). See :func:`split_settings`."""
+    agent, trainer_settings = split_settings(items, trainer_keys if trainer is not None else (), sections,
+                                             core_options)
+    apply_to_trainer(trainer, trainer_settings)
+    return apply_to_preset(preset, agent) if preset is not None else None
 
 
 def namespace_keys(values: Mapping[str, Any], exclude: Iterable[str] = ()) -> list[str]:

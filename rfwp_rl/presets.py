@@ -107,12 +107,13 @@ def apply_overrides(preset: Preset, overrides: Iterable[str]) -> Preset:
 
 
 def resolve_preset(core: str | None, preset: str | None, overrides: Iterable[str] = (),
-                   atari: bool = False, default_core: str = "lstm") -> Preset:
+                   kind: str = "vector", default_core: str = "lstm") -> Preset:
     """The preset a training run uses.
 
-    ``preset`` (name or path) wins; otherwise ``--core NAME`` picks ``agents/atari_NAME.toml``
-    for Atari environments when it exists and the core's own defaults elsewhere. A ``core``
-    that contradicts the preset's is an error. ``overrides`` are ``--set`` items.
+    ``preset`` (name or path) wins; otherwise ``--core NAME`` picks ``agents/<kind>_NAME.toml``
+    (``kind``: ``atari`` for image observations, ``vector`` for vectors) when it exists and the
+    core's own defaults otherwise. A ``core`` that contradicts the preset's is an error.
+    ``overrides`` are ``--set`` items.
     """
     if preset is not None:
         p = load_preset(preset)
@@ -124,6 +125,6 @@ def resolve_preset(core: str | None, preset: str | None, overrides: Iterable[str
 
         name = core or default_core
         check_choice("core", name, sorted(cores.available()))
-        atari_file = AGENTS_DIR / f"atari_{name}.toml"
-        p = load_preset(atari_file) if atari and atari_file.is_file() else Preset(core=name)
+        kind_file = AGENTS_DIR / f"{kind}_{name}.toml"
+        p = load_preset(kind_file) if kind_file.is_file() else Preset(core=name)
     return apply_overrides(p, overrides)

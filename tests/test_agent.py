@@ -115,8 +115,9 @@ def test_presets_load_override_and_errors(tmp_path):
     assert p.core_config["feature_map"] == "dpfp" and rdn.core_config["hidden_size"] == 128
 
     # --core picks the Atari preset for Atari envs and the core defaults elsewhere.
-    assert resolve_preset("lstm", None, atari=True).core_config == {"hidden_size": 256, "num_layers": 1}
-    assert resolve_preset("lstm", None, atari=False).core_config == {}
+    assert resolve_preset("lstm", None, kind="atari").core_config == {"hidden_size": 256, "num_layers": 1}
+    assert resolve_preset("lstm", None, kind="vector").source.endswith("vector_lstm.toml")
+    assert resolve_preset("ff", None, kind="vector").core_config == {}
     with pytest.raises(UserError, match="unknown core 'lstn'.*'lstm'"):
         resolve_preset("lstn", None)
     with pytest.raises(UserError, match="contradicts"):

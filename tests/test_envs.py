@@ -348,7 +348,7 @@ def test_missing_env_module_file():
 def test_pool_env_adapter_episode_bookkeeping():
     env = PoolEnv(make_env("CartPole-v1", seed=0))
     first = env.reset()
-    assert set(first) == {"obs", "episode_return", "episode_step", "episode_end"}
+    assert set(first) == {"obs", "episode_return", "episode_step", "episode_end", "truncated"}
     assert first["obs"].shape == (4,) and not first["episode_end"]
     steps = 0
     while True:

@@ -111,7 +111,7 @@ def test_pool_env_replaces_an_env_whose_first_reset_raises():
     fault_envs.FIRST_RESETS["n"] = 0  # the 1st env to reset fails, its replacement works
     env = PoolEnv(None, make=_maker(reset_fails="odd_first"), name="fault #0")
     first = env.reset()
-    assert set(first) == {"obs", "episode_return", "episode_step", "episode_end", "env_error", "env_fatal"}
+    assert set(first) == {"obs", "episode_return", "episode_step", "episode_end", "truncated", "env_error", "env_fatal"}
     assert first["env_error"] == 1 and not first["episode_end"] and env.failures == 1
     assert first["obs"].shape == (4,) and first["obs"].dtype == np.float32
     assert first["env_fatal"].shape == (FATAL_MESSAGE_BYTES,) and not first["env_fatal"].any()

@@ -32,6 +32,21 @@ def test_discounted_returns_by_hand():
     torch.testing.assert_close(out[0, 1], torch.tensor(0 + 0.5 * (2 + 0.5 * 2.0)))
 
 
+def test_discounted_returns_cut_at_termination_and_bootstrapped_at_truncation():
+    """One sequence of 5 steps, gamma 0.5: an episode terminates after step 1, the next is cut by a
+    time limit after step 3 (V of its last observation: 6), a third runs past the end (bootstrap 8)."""
+    r = torch.tensor([[1.0], [2.0], [0.0], [4.0], [1.0]])
+    terminated = torch.tensor([[False], [True], [False], [False], [False]])
+    truncated = torch.tensor([[False], [False], [False], [True], [False]])
+    final_values = torch.tensor([[0.0], [0.0], [0.0], [6.0], [0.0]])
+    out = a2c.discounted_returns(r, 0.5, bootstrap=torch.tensor([8.0]), terminated=terminated,
+                                 truncated=truncated, final_values=final_values)
+    # R4 = 1 + .5*8 = 5; R3 = 4 + .5*6 = 7; R2 = 0 + .5*7 = 3.5; R1 = 2 (terminal); R0 = 1 + .5*2 = 2
+    torch.testing.assert_close(out[:, 0], torch.tensor([2.0, 2.0, 3.5, 7.0, 5.0]))
+    with pytest.raises(ValueError, match="final_values"):
+        a2c.discounted_returns(r, 0.5, truncated=truncated)
+
+
 def test_a2c_loss_equals_hand_computation():
     L3 = math.log(3.0)
     logits = torch.tensor([[[0, 0], [L3, 0]],      # t = 0: p = (.5, .5) and (.75, .25)

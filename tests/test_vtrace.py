@@ -91,3 +91,68 @@ def test_from_logits_uses_action_log_ratio():
     assert not out.vs.requires_grad and not out.pg_advantages.requires_grad
     ref = vtrace.from_importance_weights(expected, discounts, rewards, values, bootstrap)
     torch.testing.assert_close(out.vs, ref.vs)
+
+
+def test_truncation_mid_unroll_bootstraps_from_the_last_observation():
+    """Hand-computed case: entries x0..x3 and bootstrap x4, gamma 0.9, on-policy. x1 is the last
+    observation of an episode cut by a time limit (mask 0), x2 starts the next episode (so the
+    discount after x1 is 0)."""
+    values = torch.tensor([[0.2], [3.0], [-1.0], [0.4]], dtype=torch.float64)
+    bootstrap = torch.tensor([2.0], dtype=torch.float64)
+    rewards = torch.tensor([[1.0], [0.0], [0.5], [0.0]], dtype=torch.float64)  # x0->x1, x1->x2 (no action ran), ...
+    discounts = torch.tensor([[0.9], [0.0], [0.9], [0.9]], dtype=torch.float64)
+    mask = torch.tensor([[1.0], [0.0], [1.0], [1.0]], dtype=torch.float64)
+    out = vtrace.from_importance_weights(torch.zeros(4, 1, dtype=torch.float64), discounts, rewards, values,
+                                         bootstrap, mask=mask)
+    # v3 = 0 + .9*2 = 1.8; v2 = .5 + .9*1.8 = 2.12; v1 = V(x1) = 3; v0 = 1 + .9*V(x1) = 3.7
+    assert out.vs[:, 0].tolist() == pytest.approx([3.7, 3.0, 2.12, 1.8])
+    # A0 = 1 + .9*3 - .2 = 3.5; A1 = 0 (masked); A2 = .5 + .9*1.8 + 1 = 3.12; A3 = .9*2 - .4 = 1.4
+    assert out.pg_advantages[:, 0].tolist() == pytest.approx([3.5, 0.0, 3.12, 1.4])
+    # treating the time limit as termination (the bug this avoids) would give v0 = 1.0
+    as_termination = vtrace.from_importance_weights(torch.zeros(4, 1, dtype=torch.float64),
+                                                    torch.tensor([[0.0], [0.0], [0.9], [0.9]], dtype=torch.float64),
+                                                    rewards, values, bootstrap)
+    assert float(as_termination.vs[0, 0]) == pytest.approx(1.0)
+
+
+def test_truncation_off_policy_matches_eq1_on_the_valid_steps():
+    """With clipped ratios the masked step still contributes nothing: the targets before it equal
+    Eq. 1 on the episode cut at the truncation with V(last observation) as its bootstrap."""
+    log_rhos, discounts, rewards, values, bootstrap = random_batch(T=6, B=1, seed=3)
+    discounts[:] = 0.99
+    discounts[3] = 0.0  # entry 4 starts a new episode; entry 3 is the truncated episode's last observation
+    mask = torch.ones(6, 1, dtype=torch.float64)
+    mask[3] = 0.0
+    out = vtrace.from_importance_weights(log_rhos, discounts, rewards, values, bootstrap, 1.0, 1.0, 1.0, mask=mask)
+    head_vs, head_adv = vtrace_eq1(log_rhos[:3].tolist(), discounts[:3].tolist(), rewards[:3].tolist(),
+                                   values[:3].tolist(), values[3].tolist(), 1.0, 1.0, 1.0)
+    assert torch.allclose(out.vs[:3], head_vs)
+    assert torch.allclose(out.pg_advantages[:3], head_adv)
+    assert float(out.vs[3, 0]) == pytest.approx(float(values[3, 0]))
+    assert float(out.pg_advantages[3, 0]) == 0.0
+
+
+def test_lambda_on_policy_is_td_lambda():
+    """IMPALA Remark 2: with c_i = lambda * min(c_bar, rho_i), on-policy V-trace is TD(lambda):
+    v_t = V(x_t) + sum_k (gamma lambda)^(k-t) delta_k, checked against the lambda-return recursion
+    G_t = r_t + gamma ((1 - lambda) V(x_{t+1}) + lambda G_{t+1}), G_T = V(x_T)."""
+    T, gamma, lam = 6, 0.9, 0.7
+    g = torch.Generator().manual_seed(5)
+    rewards = torch.randn(T, 1, generator=g, dtype=torch.float64)
+    values = torch.randn(T, 1, generator=g, dtype=torch.float64)
+    bootstrap = torch.randn(1, generator=g, dtype=torch.float64)
+    discounts = torch.full((T, 1), gamma, dtype=torch.float64)
+    out = vtrace.from_importance_weights(torch.zeros(T, 1, dtype=torch.float64), discounts, rewards, values,
+                                         bootstrap, lambda_=lam)
+    expected, g_next = [], float(bootstrap[0])
+    v_next = float(bootstrap[0])
+    for t in reversed(range(T)):
+        g_next = float(rewards[t, 0]) + gamma * ((1 - lam) * v_next + lam * g_next)
+        v_next = float(values[t, 0])
+        expected.append(g_next)
+    assert out.vs[:, 0].tolist() == pytest.approx(expected[::-1])
+    # lambda = 0: one-step TD targets
+    td0 = vtrace.from_importance_weights(torch.zeros(T, 1, dtype=torch.float64), discounts, rewards, values,
+                                         bootstrap, lambda_=0.0)
+    nxt = torch.cat([values[1:], bootstrap.view(1, 1)])
+    assert torch.allclose(td0.vs, rewards + gamma * nxt)

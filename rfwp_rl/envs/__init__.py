@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import gymnasium
+import numpy as np
 
 from rfwp_rl.envs.atari import ATARI_DEFAULTS, PAPER_GAMES, AtariGame, check_atari_settings, make_atari
 from rfwp_rl.envs.registry import (
@@ -59,10 +60,12 @@ __all__ = [
 _ATARI_GYM_KWARGS = ("mode", "difficulty", "render_mode")
 
 
-class SeedFirstReset(gymnasium.Wrapper):
+class SeedFirstReset(gymnasium.Wrapper, gymnasium.utils.RecordConstructorArgs):
     """Uses ``seed`` for the first ``reset()`` that is called without one."""
 
     def __init__(self, env: gymnasium.Env, seed: int | None) -> None:
+        # recorded so that ``env.spec.make()`` can rebuild the wrapper stack
+        gymnasium.utils.RecordConstructorArgs.__init__(self, seed=seed)
         super().__init__(env)
         self._pending_seed = seed
         if seed is not None:
@@ -131,6 +134,7 @@ class EnvInfo:
     settings: dict[str, Any] = field(default_factory=dict)  # Atari settings / gymnasium kwargs
     action_meanings: tuple[str, ...] | None = None  # Atari only
     max_episode_steps: int | None = None  # agent steps (Atari: max_episode_frames / frame_skip)
+    memory_horizon: int | None = None  # steps a memory must span at most, if the env states it (``memory_horizon``)
 
 
 def env_spec(env_id: str, **overrides: Any) -> EnvInfo:
@@ -153,6 +157,8 @@ def env_spec(env_id: str, **overrides: Any) -> EnvInfo:
         else:
             spec = env.spec
             max_steps = spec.max_episode_steps if spec is not None else None
+            if max_steps is None:  # envs that bound their own episodes (the memory suite) say so
+                max_steps = getattr(env.unwrapped, "max_episode_steps", None)
         return EnvInfo(
             env_id=env_id,
             gym_id=r.gym_id,
@@ -163,9 +169,15 @@ def env_spec(env_id: str, **overrides: Any) -> EnvInfo:
             settings=settings,
             action_meanings=meanings,
             max_episode_steps=max_steps,
+            memory_horizon=_memory_horizon(env),
         )
     finally:
         env.close()
+
+
+def _memory_horizon(env: gymnasium.Env) -> int | None:
+    value = getattr(env.unwrapped, "memory_horizon", None)
+    return int(value) if isinstance(value, (int, np.integer)) and value > 0 else None
 
 
 def load_env_config(path: str | Path, section: str = "atari") -> dict[str, Any]:

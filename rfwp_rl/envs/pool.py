@@ -23,7 +23,14 @@ observation dict becomes a tensor ``[batch_size, ...]`` of ``EnvPool.step(...).r
     env_fatal       uint8 [FATAL_MESSAGE_BYTES] (only with a ``make``): all zero, unless the slot
                     gave up (see below): then the UTF-8 one-line error, zero-padded, and ``obs``
                     is a placeholder (the last observation, or zeros).
-"done" is ``terminated or truncated`` (time limits end the unroll's episode too).
+    truncated       bool: this is the last observation of an episode cut by a time limit
+                    (gymnasium ``truncated`` without ``terminated``). The env is *not* reset yet:
+                    the step reports done=False, so the agent sees the last observation (and the
+                    learner can bootstrap from its value); the next step ignores its action,
+                    gives reward 0 and done=True, and the pool resets the env. That extra step
+                    is the only cost (one step per truncated episode; episode statistics are
+                    those of the env's own episode).
+"done" is ``terminated`` (or the step after a truncation, see above).
 
 Fault tolerance: an exception inside a moolib worker aborts the whole worker process (moolib
 calls ``fatal``), so :class:`PoolEnv` catches every exception of its env, prints one line
@@ -121,6 +128,7 @@ class PoolEnv:
         self._steps = 0
         self._stats: tuple[float, int] | None = None  # (return, steps) of the ended episode
         self._failed = False  # the env raised in step(); the next reset() replaces it
+        self._truncated = False  # the last step was a time-limit truncation; the next step ends it
         self._last: dict[str, np.ndarray] | None = None
         _live_envs.add(self)
         global _atexit_registered
@@ -128,12 +136,14 @@ class PoolEnv:
             atexit.register(close_all)
             _atexit_registered = True
 
-    def _pack(self, obs: np.ndarray, episode_return: float, episode_step: int, end: bool) -> dict[str, np.ndarray]:
+    def _pack(self, obs: np.ndarray, episode_return: float, episode_step: int, end: bool,
+              truncated: bool = False) -> dict[str, np.ndarray]:
         self._last = {
             "obs": obs,
             "episode_return": np.float32(episode_return),
             "episode_step": np.int32(episode_step),
             "episode_end": np.bool_(end),
+            "truncated": np.bool_(truncated),
         }
         if self.make is not None:  # only envs that can be replaced report failures
             self._last["env_error"] = np.int32(self._pending_errors)
@@ -240,6 +250,9 @@ class PoolEnv:
     def step(self, action: int) -> tuple[dict[str, np.ndarray], float, bool, dict]:
         if self._fatal is not None:
             return self._last, 0.0, True, {}
+        if self._truncated:  # the step after a truncation: ends the episode, the pool resets next
+            self._truncated = False
+            return dict(self._last, truncated=np.bool_(False)), 0.0, True, {}
         try:
             obs, reward, terminated, truncated, info = self.env.step(int(action))
         except Exception as e:
@@ -260,6 +273,10 @@ class PoolEnv:
             self._return = float(info["episode"]["r"])
             self._steps = int(info["episode"]["l"])
             self._stats = (self._return, self._steps)
+        if truncated and not terminated:
+            # show the last observation; its statistics are reported with the next episode's first one
+            self._truncated = True
+            return self._pack(obs, self._return, self._steps, False, truncated=True), float(reward), False, {}
         return self._pack(obs, self._return, self._steps, end), float(reward), bool(terminated or truncated), {}
 
     def close(self) -> None:

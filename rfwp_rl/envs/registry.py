@@ -3,7 +3,8 @@
 An env id is one of
 * a gymnasium id (``CartPole-v1``, ``ALE/Pong-v5``, ``PongNoFrameskip-v4``, ...);
 * an ALE game name, case-insensitive (``Pong``, ``SpaceInvaders``, ``space_invaders``);
-* ``package.module:EnvId``: the module is imported first (it registers ``EnvId``).
+* ``package.module:EnvId``: the module is imported first (it registers ``EnvId``);
+* a memory-suite id ``rfwp/<Task>-<level>-v0`` (:mod:`rfwp_rl.memory`).
 
 Any id whose gymnasium entry point is ale-py's ``AtariEnv`` (image observations) is an
 Atari id: only the game is taken from it, the preprocessing settings come from
@@ -48,6 +49,9 @@ def ensure_registered() -> None:
         gymnasium.register_envs(ale_py)
     if POMDP_GRAPH_ID not in gymnasium.registry:
         gymnasium.register(id=POMDP_GRAPH_ID, entry_point=POMDP_GRAPH_ENTRY_POINT)
+    from rfwp_rl.memory import register as register_memory_suite
+
+    register_memory_suite()  # rfwp/<Task>-<level>-v0, lazy entry points
     _registered = True
 
 

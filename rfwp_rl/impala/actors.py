@@ -26,7 +26,7 @@ import torch
 from rfwp_rl.impala.env_pool import ENV_TIMEOUT, EnvBatches
 from rfwp_rl.perf import Timers, autocast
 
-STEP_KEYS = ("obs", "reward", "done", "prev_action", "action", "policy_logits")
+STEP_KEYS = ("obs", "reward", "done", "truncated", "prev_action", "action", "policy_logits")
 
 
 @dataclasses.dataclass
@@ -110,6 +110,8 @@ class Actors:
         obs = self._to_device(batch, "obs", env_out["obs"])
         reward = self._to_device(batch, "reward", env_out["reward"], torch.float32)
         done = self._to_device(batch, "done", env_out["done"], torch.bool)
+        truncated = (self._to_device(batch, "truncated", env_out["truncated"], torch.bool) if "truncated" in env_out
+                     else torch.zeros_like(done))
         episodes = []
         if bool(env_out["episode_end"].any()):
             for i in torch.nonzero(env_out["episode_end"]).flatten().tolist():
@@ -124,8 +126,8 @@ class Actors:
         self.envs.send(batch.index, action.cpu())  # workers step while we go on
         self.env_steps += batch.batch_size
 
-        batch.steps.append({"obs": obs, "reward": reward, "done": done, "prev_action": prev_action,
-                            "action": action, "policy_logits": out["policy_logits"][0]})
+        batch.steps.append({"obs": obs, "reward": reward, "done": done, "truncated": truncated,
+                            "prev_action": prev_action, "action": action, "policy_logits": out["policy_logits"][0]})
         return self._cut(batch, state_before), episodes
 
     def act(self, obs: torch.Tensor, reward: torch.Tensor, done: torch.Tensor, state: tuple,
@@ -189,7 +191,7 @@ class RolloutQueue:
         return self.size >= self.batch_size
 
     def get(self) -> Rollout:
-        data = {k: torch.cat([r.data[k] for r in self.items], dim=1) for k in STEP_KEYS}
+        data = {k: torch.cat([r.data[k] for r in self.items], dim=1) for k in self.items[0].data}
         state = tuple(torch.cat(parts, dim=0) for parts in zip(*[r.state for r in self.items]))
         B = self.batch_size
         out = Rollout({k: v[:, :B] for k, v in data.items()}, tuple(s[:B] for s in state))

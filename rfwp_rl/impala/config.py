@@ -5,6 +5,9 @@ over ``total_steps``, gradient-norm clipping at 40, entropy cost 0.01, baseline 
 discount 0.99, batch 32 rollouts of unroll 50, rewards clipped to [-1, 1], V-trace with
 rho-bar = c-bar = 1, 48 actors (environments). Only the number of environment worker
 processes (one per CPU core, at most 8) and torch's thread count are chosen for the machine.
+
+These are the ``atari`` profile. Environments with vector observations get the ``vector``
+profile (:mod:`rfwp_rl.impala.profiles`) for the options the command line leaves unset.
 """
 
 from __future__ import annotations
@@ -46,6 +49,11 @@ class ImpalaConfig:
     reward_clip: float = 1.0
     clip_rho: float = 1.0
     clip_c: float = 1.0
+    vtrace_lambda: float = 1.0  # V-trace trace factor (1: the paper's)
+    optimizer: str = "rmsprop"  # rmsprop (paper) or adam
+    adam_eps: float = 1e-8
+    normalize_advantages: bool = False  # policy-gradient advantages divided by their batch std
+    profile: str = "atari"  # which defaults filled the options the command line left unset
     device: str = "cpu"
     learner_thread: bool = False  # updates in a thread; actors act with a copy of the model meanwhile
     precision: str = "fp32"  # bf16: autocast of the torso in acting and learning (fp32 weights, optimizer, losses)
@@ -60,9 +68,10 @@ class ImpalaConfig:
 
 DEFAULTS = ImpalaConfig()
 ENV_BACKENDS = ("moolib", "local")
+OPTIMIZERS = ("rmsprop", "adam")
 
 
 def trainer_keys() -> list[str]:
     """The settings ``--set KEY=VALUE`` may change besides the agent's: the fields of :class:`ImpalaConfig`
-    but ``env`` (which decides the agent's shapes: ``--env``)."""
-    return [f.name for f in dataclasses.fields(ImpalaConfig) if f.name != "env"]
+    but ``env`` (which decides the agent's shapes: ``--env``) and ``profile`` (``--profile``)."""
+    return [f.name for f in dataclasses.fields(ImpalaConfig) if f.name not in ("env", "profile")]

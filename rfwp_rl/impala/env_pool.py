@@ -30,6 +30,7 @@ Faults:
 
 from __future__ import annotations
 
+import functools
 import os
 import queue
 import signal
@@ -203,20 +204,25 @@ def import_moolib():
 
 
 class _Ready:
-    """An already-computed result with the ``.result()`` of a moolib future."""
+    """A step of in-process envs with the ``.result()`` of a moolib future: the envs step when the
+    result is asked for (as a pool's workers would step meanwhile), so a step still pending when the
+    trainer stops never runs, and its env failures are neither printed nor counted."""
 
-    def __init__(self, value: dict[str, torch.Tensor]):
-        self.value = value
+    def __init__(self, run: Callable[[], dict[str, torch.Tensor]]):
+        self._run = run
+        self._value: dict[str, torch.Tensor] | None = None
 
     def result(self) -> dict[str, torch.Tensor]:
-        return self.value
+        if self._value is None:
+            self._value = self._run()
+        return self._value
 
 
 class LocalEnvPool:
     """In-process stand-in for ``moolib.EnvPool`` with the same ``step(batch_index, action)``:
     the first call on a batch resets its envs (the action is ignored), an env whose episode
-    ended is reset and reports ``done`` with the new episode's first observation. Steps
-    synchronously (no overlap with inference). Env ``i`` is seeded with ``seed * 100_003 + i``,
+    ended is reset and reports ``done`` with the new episode's first observation. Steps in this
+    process when the result is asked for (no overlap with inference). Env ``i`` is seeded with ``seed * 100_003 + i``,
     so runs with this backend are reproducible."""
 
     def __init__(self, env_id: str, env_options: dict, seed: int, batch_size: int, num_batches: int,
@@ -234,6 +240,10 @@ class LocalEnvPool:
         self.started = [False] * num_batches
 
     def step(self, batch_index: int, action: torch.Tensor) -> _Ready:
+        action = action.clone()
+        return _Ready(functools.partial(self._step, batch_index, action))
+
+    def _step(self, batch_index: int, action: torch.Tensor) -> dict[str, torch.Tensor]:
         envs = self.envs[batch_index]
         outs, rewards, dones = [], [], []
         for env, a in zip(envs, action.tolist()):
@@ -253,7 +263,7 @@ class LocalEnvPool:
         result = {k: torch.from_numpy(np.stack([o[k] for o in outs])) for k in outs[0]}
         result["reward"] = torch.tensor(rewards, dtype=torch.float32)
         result["done"] = torch.tensor(dones, dtype=torch.bool)
-        return _Ready(result)
+        return result
 
     def close(self) -> None:
         for batch in self.envs:

@@ -5,7 +5,10 @@ rollout holds what the actor saw and did at step t:
 
 - ``obs[t]``, ``reward[t]`` (received on arriving at ``obs[t]``), ``done[t]`` (``obs[t]`` is
   the first frame of a new episode), ``prev_action[t]`` (the action before ``obs[t]``);
-- ``action[t]`` and ``policy_logits[t]``: what the behaviour policy chose at ``obs[t]``.
+- ``action[t]`` and ``policy_logits[t]``: what the behaviour policy chose at ``obs[t]``;
+- ``truncated[t]``: ``obs[t]`` is the last observation of an episode cut by a time limit. Its
+  action was never executed (the next entry starts a new episode): the step is masked out of the
+  losses and the step before it bootstraps from ``V(obs[t])`` (see :mod:`rfwp_rl.impala.vtrace`).
 
 Entry 0 repeats the last entry of the previous rollout, and ``initial_state`` is the core
 state before entry 0, so the learner re-runs the whole unroll through the core (full BPTT,
@@ -15,6 +18,14 @@ over time and batch, as in TorchBeast (whose hyperparameters the paper used)::
     pg       = -sum log pi(a_t|x_t) * A_t                   (A_t: V-trace advantage)
     baseline = baseline_cost * 0.5 * sum (v_t - V(x_t))^2   (v_t: V-trace target)
     entropy  = entropy_cost * sum_t sum_a pi log pi         (minus the entropy)
+
+With ``normalize_advantages`` the policy-gradient advantages are divided by their root mean
+square over the batch's unmasked steps, so that the policy step does not scale with the reward
+magnitude: a memory task's single +-1 at the end of an episode otherwise meets an entropy bonus
+tuned for Atari's dense clipped rewards. They are not centred: on a memory task most steps'
+actions do not matter and their advantages are near 0; subtracting the batch mean gives them all
+one sign, and that noise made the policy collapse (Recurrent Delta Net on DelayedRecall-easy:
+entropy 0 and return 0.75 of 1 after 600k steps centred, return 1.0 after 75k uncentred).
 """
 
 from __future__ import annotations
@@ -44,6 +55,8 @@ class LossConfig:
     clip_rho: float = 1.0  # rho-bar
     clip_c: float = 1.0  # c-bar
     clip_pg_rho: float = 1.0
+    vtrace_lambda: float = 1.0  # trace factor (IMPALA Sec. 4.1, Remark 2); 1 = the paper's V-trace
+    normalize_advantages: bool = False
 
 
 def compute_loss(agent: nn.Module, batch: dict[str, torch.Tensor], initial_state: tuple,
@@ -53,7 +66,7 @@ def compute_loss(agent: nn.Module, batch: dict[str, torch.Tensor], initial_state
     Args:
         agent: :class:`rfwp_rl.agent.Agent`.
         batch: ``obs [T+1, B, ...]``, ``reward``, ``done``, ``action``, ``prev_action`` ``[T+1, B]``,
-            ``policy_logits [T+1, B, A]`` (behaviour policy).
+            ``policy_logits [T+1, B, A]`` (behaviour policy), optionally ``truncated [T+1, B]``.
         initial_state: core state before entry 0, tuple of ``[B, ...]`` tensors.
     """
     # greedy: the learner needs no sampled actions (argmax uses no RNG and tolerates NaN logits)
@@ -72,15 +85,22 @@ def compute_loss(agent: nn.Module, batch: dict[str, torch.Tensor], initial_state
     if cfg.reward_clip > 0:
         rewards = rewards.clamp(-cfg.reward_clip, cfg.reward_clip)
     discounts = (~batch["done"][1:].bool()).float() * cfg.discount
+    # 0 where the entry shows a truncated episode's last observation: that action never ran
+    mask = (~batch["truncated"][:-1].bool()).float() if "truncated" in batch else torch.ones_like(rewards)
 
     vt = vtrace.from_logits(behaviour_logits, target_logits.detach(), actions, discounts, rewards,
-                            values.detach(), bootstrap_value, cfg.clip_rho, cfg.clip_c, cfg.clip_pg_rho)
+                            values.detach(), bootstrap_value, cfg.clip_rho, cfg.clip_c, cfg.clip_pg_rho, mask,
+                            cfg.vtrace_lambda)
+    advantages = vt.pg_advantages
+    if cfg.normalize_advantages:  # divided by their root mean square, not centred (see the module docstring)
+        rms = ((advantages ** 2 * mask).sum() / mask.sum().clamp(min=1.0)).sqrt()
+        advantages = advantages / rms.clamp(min=1e-8)
 
     log_probs = F.log_softmax(target_logits, dim=-1)
     action_log_probs = log_probs.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
-    pg_loss = -(action_log_probs * vt.pg_advantages).sum()
-    baseline_loss = cfg.baseline_cost * 0.5 * ((vt.vs - values) ** 2).sum()
-    entropy_loss = cfg.entropy_cost * (log_probs.exp() * log_probs).sum()
+    pg_loss = -(action_log_probs * advantages).sum()
+    baseline_loss = cfg.baseline_cost * 0.5 * ((vt.vs - values) ** 2).sum()  # 0 at masked steps: vs = V there
+    entropy_loss = cfg.entropy_cost * ((log_probs.exp() * log_probs).sum(-1) * mask).sum()
     total = pg_loss + baseline_loss + entropy_loss
     stats = {
         "loss/total": float(total.detach()),
@@ -104,8 +124,12 @@ def linear_decay_of_steps(total_steps: int, steps_trained: Callable[[], int]):
     return factor
 
 
-def make_optimizer(agent: nn.Module, lr: float, alpha: float, eps: float, momentum: float = 0.0) -> torch.optim.Optimizer:
-    """RMSProp as in TorchBeast / the paper (lr 6e-4, alpha 0.99, eps 0.01)."""
+def make_optimizer(agent: nn.Module, lr: float, alpha: float, eps: float, momentum: float = 0.0,
+                   name: str = "rmsprop", adam_eps: float = 1e-8) -> torch.optim.Optimizer:
+    """RMSProp as in TorchBeast / the paper (lr 6e-4, alpha 0.99, eps 0.01), or (``name="adam"``)
+    Adam with ``lr`` and ``adam_eps`` (``alpha``, ``eps`` and ``momentum`` are RMSProp's)."""
+    if name == "adam":
+        return torch.optim.Adam(agent.parameters(), lr=lr, eps=adam_eps)
     return torch.optim.RMSprop(agent.parameters(), lr=lr, alpha=alpha, eps=eps, momentum=momentum)
 
 
@@ -220,7 +244,7 @@ class Learner:
     non-finite guard.
 
     - :meth:`learn`: V-trace loss of one batch, gradients added to ``.grad`` -> :class:`Gradients`;
-    - :meth:`apply`: one optimizer step on ``.grad`` (alone: this learner's gradients; in a
+    - :meth:`apply`: one optimizer step on ``.grad`` (RMSProp or Adam; alone: this learner's gradients; in a
       learner group: the group's weighted mean), counts it, queues its stats in ``learned`` and
       :meth:`publish` es the new parameters to the ``followers`` (the actors' copy, remote actors);
     - :meth:`state_dict` / :meth:`load_state_dict`: the checkpoint; :meth:`shared_state` /
@@ -239,7 +263,7 @@ class Learner:
         self.steps_per_update = cfg.batch_size * cfg.unroll_length
         self.counters = {"step": 0, "updates": 0}
         self.optimizer = make_optimizer(agent, cfg.learning_rate, cfg.rmsprop_alpha, cfg.rmsprop_eps,
-                                        cfg.rmsprop_momentum)
+                                        cfg.rmsprop_momentum, cfg.optimizer, cfg.adam_eps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, linear_decay_of_steps(cfg.total_steps, self._steps_trained))
         self.loss_cfg = loss_config(cfg)

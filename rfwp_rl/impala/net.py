@@ -44,8 +44,11 @@ def resolve_address(text: str, flag: str) -> str:
 
 def first_difference(ours: dict, theirs: dict, prefix: str = "") -> tuple[str, Any, Any] | None:
     """``(dotted key, our value, their value)`` of the first key (sorted, nested dicts compared key
-    by key) where two settings dicts differ, else None; a missing key has the value "<missing>"."""
-    for key in sorted(set(ours) | set(theirs)):
+    by key) where two settings dicts differ, else None; a missing key has the value "<missing>".
+    Plain values come before nested tables: a different core is named rather than the agent
+    options that follow from it."""
+    keys = sorted(set(ours) | set(theirs), key=lambda k: (isinstance(ours.get(k), dict), k))
+    for key in keys:
         a, b = ours.get(key, "<missing>"), theirs.get(key, "<missing>")
         if isinstance(a, dict) and isinstance(b, dict):
             inner = first_difference(a, b, f"{prefix}{key}.")

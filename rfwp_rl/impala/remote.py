@@ -91,13 +91,13 @@ def check_args(args: argparse.Namespace) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from rfwp_rl.agent import ResNetTorso
-    from rfwp_rl.impala.config import ImpalaConfig
+    from rfwp_rl.impala.config import trainer_keys
     from rfwp_rl.impala.rollout_server import compat_info
     from rfwp_rl.impala.setup import RunSpec
     from rfwp_rl.perf import choose_torch_threads, set_torch_threads
 
     address = check_args(args)
-    run_spec = RunSpec.from_args(args, trainer=ImpalaConfig())  # the learner's --set trainer keys are accepted
+    run_spec = RunSpec.from_args(args, trainer_keys())  # the learner's --set trainer keys are accepted (unused here)
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)

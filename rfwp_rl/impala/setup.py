@@ -88,19 +88,22 @@ class RunSpec:
     num_actions: int
     env_options: dict
     preset: Preset
+    memory_horizon: int | None = None  # steps a memory must span (memory tasks), for the vector profile
+    max_episode_steps: int | None = None
+    trainer_settings: list = dataclasses.field(default_factory=list)  # --set items for the trainer's config
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace, trainer: Any = None) -> "RunSpec":
-        """From the options of :func:`add_run_arguments`; ``--set`` trainer keys go to ``trainer``
-        (the trainer's config, changed in place)."""
+    def from_args(cls, args: argparse.Namespace, trainer_keys: Any = ()) -> "RunSpec":
+        """From the options of :func:`add_run_arguments`. ``--set`` items with a key of ``trainer_keys``
+        are kept in ``trainer_settings`` for the trainer's config (:func:`rfwp_rl.overrides.apply_to_trainer`)."""
         from rfwp_rl import envs
-        from rfwp_rl.impala.config import trainer_keys
-        from rfwp_rl.overrides import apply_settings
+        from rfwp_rl.overrides import apply_to_preset, split_settings
         from rfwp_rl.presets import resolve_preset
 
         resolved = envs.resolve_env_id(args.env)  # unknown env: one-line error with close matches
-        preset = resolve_preset(args.core, args.preset, (), atari=resolved.kind == "atari", default_core=DEFAULT_CORE)
-        preset = apply_settings(args.overrides, preset, trainer, trainer_keys() if trainer is not None else ())
+        agent_settings, trainer_settings = split_settings(args.overrides, trainer_keys)
+        preset = resolve_preset(args.core, args.preset, (), kind=resolved.kind, default_core=DEFAULT_CORE)
+        preset = apply_to_preset(preset, agent_settings)
         if args.detach_state_every_step:
             from rfwp_rl.cores import available
 
@@ -111,7 +114,7 @@ class RunSpec:
         options = env_options_from_args(args, resolved.kind)
         spec = envs.env_spec(args.env, **options)
         return cls(canonical_env_id(args.env), spec.kind, spec.obs_shape, spec.obs_dtype, spec.num_actions,
-                   options, preset)
+                   options, preset, spec.memory_horizon, spec.max_episode_steps, trainer_settings)
 
     @classmethod
     def from_meta(cls, meta: dict, env_options: dict | None = None) -> "RunSpec":

@@ -33,7 +33,8 @@ import numpy as np
 import torch
 
 from rfwp_rl.errors import UserError, check_choice
-from rfwp_rl.impala.config import DEFAULTS, ENV_BACKENDS, ImpalaConfig
+from rfwp_rl.impala import profiles
+from rfwp_rl.impala.config import DEFAULTS, ENV_BACKENDS, OPTIMIZERS, ImpalaConfig
 from rfwp_rl.impala.env_pool import EnvPoolBroken
 from rfwp_rl.impala.setup import DEFAULT_CORE, RunSpec, add_run_arguments
 from rfwp_rl.perf import PRECISIONS, Timers, choose_torch_threads, set_torch_threads
@@ -46,7 +47,7 @@ METRICS = ("episode/return", "episode/return_mean100")
 # Settings every learner of a group must share (checked when a learner joins), besides the env and agent.
 GROUP_SETTINGS = ("total_steps", "batch_size", "unroll_length", "learning_rate", "rmsprop_alpha", "rmsprop_eps",
                   "rmsprop_momentum", "grad_norm_clip", "entropy_cost", "baseline_cost", "discount", "reward_clip",
-                  "clip_rho", "clip_c")
+                  "clip_rho", "clip_c", "optimizer", "adam_eps", "normalize_advantages", "vtrace_lambda")
 MAX_WAITING_BATCHES = 4  # full batches held while a learner group takes no gradients (joining); older ones are dropped
 
 
@@ -77,7 +78,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _add_actor_arguments(g: argparse._ArgumentGroup) -> None:
     d = DEFAULTS
-    g.add_argument("--num-actors", type=int, default=d.num_actors, help="environments (default %(default)s)")
+    g.add_argument("--num-actors", type=int, default=None,
+                   help=f"environments (default: {d.num_actors} for Atari, {profiles.VECTOR['num_actors']} for vector envs)")
     g.add_argument("--num-env-batches", type=int, default=d.num_env_batches,
                    help="env batches stepped alternately (2 = double buffering)")
     g.add_argument("--num-env-processes", type=int, default=d.num_env_processes,
@@ -108,13 +110,29 @@ def _add_actor_arguments(g: argparse._ArgumentGroup) -> None:
 
 def _add_learner_arguments(g: argparse._ArgumentGroup) -> None:
     d = DEFAULTS
-    g.add_argument("--batch-size", type=int, default=d.batch_size)
-    g.add_argument("--unroll-length", type=int, default=d.unroll_length)
-    g.add_argument("--learning-rate", "--lr", type=float, default=d.learning_rate)
+    g.add_argument("--profile", choices=profiles.PROFILES, default="auto",
+                   help="defaults of the options left unset: atari (the paper's), vector (memory tasks: unroll = "
+                        "2 x the env's memory horizon, Adam, normalised advantages), auto: by observation kind")
+    g.add_argument("--batch-size", type=int, default=None,
+                   help=f"rollouts per update (atari {d.batch_size}, vector {profiles.VECTOR['batch_size']})")
+    g.add_argument("--unroll-length", type=int, default=None,
+                   help=f"steps per rollout (atari {d.unroll_length}; vector: 2 x the env's memory horizon, "
+                        f"{profiles.MIN_UNROLL} to {profiles.MAX_UNROLL})")
+    g.add_argument("--optimizer", choices=OPTIMIZERS, default=None, help="atari rmsprop, vector adam")
+    g.add_argument("--learning-rate", "--lr", type=float, default=None,
+                   help=f"initial learning rate, decayed linearly to 0 (atari {d.learning_rate:g}, vector "
+                        f"{profiles.VECTOR['learning_rate']:g})")
+    g.add_argument("--adam-eps", type=float, default=d.adam_eps)
     g.add_argument("--rmsprop-alpha", type=float, default=d.rmsprop_alpha)
     g.add_argument("--rmsprop-eps", type=float, default=d.rmsprop_eps)
     g.add_argument("--grad-norm-clip", type=float, default=d.grad_norm_clip)
-    g.add_argument("--entropy-cost", type=float, default=d.entropy_cost)
+    g.add_argument("--entropy-cost", type=float, default=None,
+                   help=f"atari {d.entropy_cost:g}, vector {profiles.VECTOR['entropy_cost']:g}")
+    g.add_argument("--vtrace-lambda", type=float, default=None,
+                   help=f"V-trace trace factor lambda in [0, 1] (IMPALA Remark 2): atari {d.vtrace_lambda:g} (the "
+                        f"paper), vector {profiles.VECTOR['vtrace_lambda']:g}")
+    g.add_argument("--normalize-advantages", action=argparse.BooleanOptionalAction, default=None,
+                   help="divide the policy-gradient advantages by their batch std (atari no, vector yes)")
     g.add_argument("--baseline-cost", type=float, default=d.baseline_cost)
     g.add_argument("--discount", type=float, default=d.discount)
     g.add_argument("--reward-clip", type=float, default=d.reward_clip, help="0 disables clipping")
@@ -130,11 +148,17 @@ def _add_learner_arguments(g: argparse._ArgumentGroup) -> None:
                         "and the env processes, and printed at start)")
 
 
-def config_from_args(args: argparse.Namespace) -> ImpalaConfig:
-    """The trainer config of the command line (``--set`` trainer keys are applied by
-    :meth:`RunSpec.from_args`, then :func:`check_config`)."""
+def config_from_args(args: argparse.Namespace, kind: str = "atari", memory_horizon: int | None = None,
+                     max_episode_steps: int | None = None) -> ImpalaConfig:
+    """The run's config: the command line's values, the unset ones from the profile of the env's
+    ``kind`` (see :mod:`rfwp_rl.impala.profiles`). ``--set`` trainer keys come on top (:func:`run`),
+    then :func:`check_config`."""
     fields = {f.name for f in dataclasses.fields(ImpalaConfig)}
-    return ImpalaConfig(**{k: v for k, v in vars(args).items() if k in fields})
+    given = {k: v for k, v in vars(args).items() if k in fields and k != "profile"}
+    profile = profiles.profile_for(kind, getattr(args, "profile", "auto"))
+    for k in profiles.PROFILE_OPTIONS:
+        given.setdefault(k, None)
+    return ImpalaConfig(**profiles.fill_unset(given, profile, memory_horizon, max_episode_steps), profile=profile)
 
 
 def check_config(cfg: ImpalaConfig) -> None:
@@ -151,6 +175,12 @@ def check_config(cfg: ImpalaConfig) -> None:
     check_group_args(cfg.broker, cfg.group)
     check_choice("env backend", cfg.env_backend, ENV_BACKENDS)
     check_choice("precision", cfg.precision, PRECISIONS)
+    check_choice("optimizer", cfg.optimizer, OPTIMIZERS)
+    if not 0.0 <= cfg.vtrace_lambda <= 1.0:
+        raise UserError(f"--vtrace-lambda {cfg.vtrace_lambda:g} is invalid; allowed: a number in [0, 1]")
+    for name in ("learning_rate", "adam_eps"):
+        if not getattr(cfg, name) > 0:
+            raise UserError(f"--{name.replace('_', '-')} {getattr(cfg, name):g} is invalid; allowed: a number > 0")
     if not cfg.env_timeout > 0:
         raise UserError(f"--env-timeout {cfg.env_timeout:g} is invalid; allowed: seconds > 0 (inf: never time out)")
     try:
@@ -162,8 +192,12 @@ def check_config(cfg: ImpalaConfig) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg = config_from_args(args)
-    run_spec = RunSpec.from_args(args, trainer=cfg)
+    from rfwp_rl.impala.config import trainer_keys
+    from rfwp_rl.overrides import apply_to_trainer
+
+    run_spec = RunSpec.from_args(args, trainer_keys())
+    cfg = config_from_args(args, run_spec.kind, run_spec.memory_horizon, run_spec.max_episode_steps)
+    apply_to_trainer(cfg, run_spec.trainer_settings)  # --set batch_size=... wins over flags and profile
     check_config(cfg)
     run_dir = Path(args.run_dir) if args.run_dir else Path("runs") / "impala" / _run_name(
         run_spec.env.rpartition(":")[2], run_spec.preset.core, cfg.seed)
@@ -309,6 +343,7 @@ class ImpalaTrainer(Trainer):
         print(f"IMPALA {self.run.env} ({self.run.num_actions} actions), core {self.run.preset.core} "
               f"({num_params:,} parameters), {cfg.num_actors} envs [{cfg.env_backend}], batch {cfg.batch_size} x "
               f"unroll {cfg.unroll_length}, {cfg.precision}, {self.threads_note}; run dir {self.run_dir}", flush=True)
+        print(profiles.describe(cfg, self.run.preset.source), flush=True)
         return {**dataclasses.asdict(cfg), "core": self.run.preset.core,
                 **{f"core_config.{k}": v for k, v in agent.core.config.items()},
                 **{f"agent.{k}": v for k, v in agent.config.to_dict().items()},

@@ -3,6 +3,12 @@
 For one batch of episodes of T steps (no bootstrap after the last step: the episode ends)::
 
     R_t = r_t + gamma * R_{t+1},  R_T = 0            (discounted return)
+
+Where an episode ends inside the sequence (``terminated[t]``: after action t) the return does
+not look past it; where it is cut by a time limit instead (``truncated[t]``), it bootstraps from
+the value of the last observation, ``R_t = r_t + gamma * V(x_{t+1})`` (``final_values[t]``):
+a time limit is not a terminal state.
+
     A_t = R_t - V(h_t)                                (advantage)
     loss = mean_{t,b} [ -log pi(a_t | h_t) * stop_grad(A_t)
                         + value_coef * A_t^2
@@ -23,19 +29,30 @@ VALUE_COEF = 0.1
 ENTROPY_COEF = 0.03
 
 
-def discounted_returns(rewards: torch.Tensor, gamma: float,
-                       bootstrap: torch.Tensor | None = None) -> torch.Tensor:
-    """``R_t = r_t + gamma R_{t+1}`` backwards in time.
+def discounted_returns(rewards: torch.Tensor, gamma: float, bootstrap: torch.Tensor | None = None,
+                       terminated: torch.Tensor | None = None, truncated: torch.Tensor | None = None,
+                       final_values: torch.Tensor | None = None) -> torch.Tensor:
+    """``R_t = r_t + gamma R_{t+1}`` backwards in time, cut at episode ends.
 
     Args:
         rewards: ``[T, B]``.
         bootstrap: ``[B]`` value of the state after the last step (None: 0, episode over).
+        terminated: ``[T, B]`` bool, the episode ended after action t: ``R_t = r_t``.
+        truncated: ``[T, B]`` bool, a time limit cut the episode after action t:
+            ``R_t = r_t + gamma * final_values[t]`` (needs ``final_values [T, B]``, the value of
+            the episode's last observation; read only where ``truncated``).
     Returns:
         ``[T, B]`` returns, same dtype as ``rewards``.
     """
+    if truncated is not None and final_values is None:
+        raise ValueError("truncated steps need final_values (the value of the last observation)")
     running = torch.zeros_like(rewards[0]) if bootstrap is None else bootstrap.to(rewards.dtype)
     out = torch.empty_like(rewards)
     for t in range(rewards.shape[0] - 1, -1, -1):
+        if terminated is not None:
+            running = torch.where(terminated[t], torch.zeros_like(running), running)
+        if truncated is not None:
+            running = torch.where(truncated[t], final_values[t].to(rewards.dtype), running)
         running = rewards[t] + gamma * running
         out[t] = running
     return out
@@ -44,7 +61,9 @@ def discounted_returns(rewards: torch.Tensor, gamma: float,
 def a2c_loss(logits: torch.Tensor, values: torch.Tensor, actions: torch.Tensor,
              rewards: torch.Tensor, gamma: float = GAMMA, value_coef: float = VALUE_COEF,
              entropy_coef: float = ENTROPY_COEF,
-             bootstrap: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+             bootstrap: torch.Tensor | None = None, terminated: torch.Tensor | None = None,
+             truncated: torch.Tensor | None = None,
+             final_values: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """The A2C loss of a batch of episodes (formula in the module docstring).
 
     Args:
@@ -53,6 +72,8 @@ def a2c_loss(logits: torch.Tensor, values: torch.Tensor, actions: torch.Tensor,
         actions: ``[T, B]`` int64 actions taken.
         rewards: ``[T, B]`` rewards received after each action.
         bootstrap: ``[B]`` value after the last step, or None (episode over).
+        terminated, truncated, final_values: episode ends inside the sequence, see
+            :func:`discounted_returns` (``final_values`` is detached here).
     Returns:
         dict of scalars: ``loss`` (to backpropagate), ``policy_loss``, ``value_loss`` (mean
         squared advantage), ``entropy`` (mean policy entropy), ``advantage`` (mean).
@@ -62,7 +83,9 @@ def a2c_loss(logits: torch.Tensor, values: torch.Tensor, actions: torch.Tensor,
         raise ValueError(f"shape mismatch: logits {tuple(logits.shape)} (want [T,B,A]), values "
                          f"{tuple(values.shape)}, actions {tuple(actions.shape)}, rewards "
                          f"{tuple(rewards.shape)} (want [T,B])")
-    returns = discounted_returns(rewards.to(values.dtype), gamma, bootstrap)
+    if final_values is not None:
+        final_values = final_values.detach()
+    returns = discounted_returns(rewards.to(values.dtype), gamma, bootstrap, terminated, truncated, final_values)
     advantage = returns - values
     log_probs = F.log_softmax(logits, dim=-1)
     log_prob_taken = log_probs.gather(-1, actions.unsqueeze(-1)).squeeze(-1)

@@ -56,6 +56,7 @@ CSV_COLUMNS = ("episode", "wall_minutes", "train_reward", "test_reward_sampled",
                "test_reward_greedy", "test_goals", "train_goals", "train_invalid", "loss",
                "policy_loss", "value_loss", "entropy", "episodes_per_s", "skipped_updates")
 EVAL_POLICIES = ("sample", "greedy", "both")
+TIME_LIMITS = ("terminate", "truncate")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -94,6 +95,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--timeout-steps", type=int, default=graph_env.TIMEOUT_STEPS)
     g.add_argument("--reward-sum-scale", type=float, default=graph_env.REWARD_SUM_SCALE,
                    help="scale of the reward-so-far input (0 = the paper's code, which fed 0)")
+    g.add_argument("--time-limit", default="terminate", choices=TIME_LIMITS,
+                   help="the end of an episode after --episode-steps: terminate (the paper: the agent observes "
+                        "the time, so it is a terminal state) or truncate (a time limit: A2C bootstraps from the "
+                        "value of the last observation)")
     g = parser.add_argument_group("evaluation, logging, run")
     g.add_argument("--eval-every", type=int, default=100, help="episodes between test evaluations")
     g.add_argument("--eval-policy", default="sample", choices=EVAL_POLICIES,
@@ -152,13 +157,16 @@ def resolve_agent(core: str | None, preset: str | None, overrides: list[str], tr
 
 
 def rollout(agent: MetaRLAgent, env: GraphBatchEnv, device: torch.device,
-            generator: torch.Generator, greedy: bool = False, factored_fwm: bool = True) -> dict[str, Any]:
+            generator: torch.Generator, greedy: bool = False, factored_fwm: bool = True,
+            truncated: bool = False) -> dict[str, Any]:
     """Play one episode with every agent of ``env`` (grad enabled unless the caller disables it).
 
     Returns ``logits [T, B, A]``, ``values [T, B]``, ``actions [T, B]`` int64, ``rewards
-    [T, B]`` float32 and the per-agent totals ``total_reward``, ``goals``, ``invalid`` [B]
-    (numpy). The core runs one step at a time (the next observation depends on the action)
-    and the state is carried with its graph, so the backward pass is full BPTT.
+    [T, B]`` float32, ``bootstrap`` (``[B]``, detached: the value of the last observation when
+    ``truncated``, i.e. the episode's end is a time limit; else None) and the per-agent totals
+    ``total_reward``, ``goals``, ``invalid`` [B] (numpy). The core runs one step at a time (the
+    next observation depends on the action) and the state is carried with its graph, so the
+    backward pass is full BPTT.
     """
     obs = env.reset()
     stepper = agent.stepper(env.num_envs, device=device, factored_fwm=factored_fwm)
@@ -177,8 +185,12 @@ def rollout(agent: MetaRLAgent, env: GraphBatchEnv, device: torch.device,
         actions_t.append(action)
         rewards_t.append(torch.from_numpy(reward))
     rewards = torch.stack(rewards_t)
+    bootstrap = None
+    if truncated:  # a time limit is not a terminal state: the return goes on from V(last observation)
+        with torch.no_grad():
+            bootstrap = stepper.step(torch.from_numpy(obs).to(device))[1].detach()
     return {"logits": torch.stack(logits_t), "values": torch.stack(values_t),
-            "actions": torch.stack(actions_t).to(device), "rewards": rewards.to(device),
+            "actions": torch.stack(actions_t).to(device), "rewards": rewards.to(device), "bootstrap": bootstrap,
             "total_reward": rewards.sum(0).numpy(), "goals": env.goals.copy(),
             "invalid": env.invalid.copy()}
 
@@ -280,7 +292,9 @@ class MetaRLTrainer(Trainer):
         self.meta = {"trainer": "meta_rl", "core": core_name, "core_config": self.core_config,
                      "obs_size": self.obs_size, "num_actions": self.num_actions, "batch_size": self.batch,
                      "env": {"data_seed": args.data_seed, "train_graphs": args.train_graphs,
-                             "test_graphs": args.test_graphs, **self.env_kw}}
+                             "test_graphs": args.test_graphs, **self.env_kw,
+                             # only when not the default, so that checkpoints made before the option still load
+                             **({"time_limit": args.time_limit} if args.time_limit != "terminate" else {})}}
         self.episode, self.history, self.wall = 0, [], 0.0
         self.acc: dict[str, list[float]] = {k: [] for k in ("train_reward", "train_goals", "train_invalid", "loss",
                                                             "policy_loss", "value_loss", "entropy")}
@@ -365,9 +379,10 @@ class MetaRLTrainer(Trainer):
         if not self.fixed_graphs:
             self.train_env.tables = self.train_tables[self.graph_rng.integers(0, len(self.train_tables), self.batch)
                                                       ].astype(np.int64)
-        out = rollout(self.agent, self.train_env, self.device, self.sample_gen, factored_fwm=self.factored)
+        out = rollout(self.agent, self.train_env, self.device, self.sample_gen, factored_fwm=self.factored,
+                      truncated=args.time_limit == "truncate")
         losses = a2c.a2c_loss(out["logits"], out["values"], out["actions"], out["rewards"], gamma=args.gamma,
-                              value_coef=args.value_coef, entropy_coef=args.entropy_coef)
+                              value_coef=args.value_coef, entropy_coef=args.entropy_coef, bootstrap=out["bootstrap"])
         self.optimizer.zero_grad(set_to_none=True)
         losses["loss"].backward()
         if args.max_grad_norm > 0:

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The memory-task evidence: every core on every rfwp/ memory task (easy + medium levels) with 3
+# seeds at a fixed env-step budget, then results/memory/ (runs.csv, summary.csv, curves.png and
+# the table in results/memory/README.md) with python -m rfwp_rl.memory.results.
+#
+#   bash launch/memory_suite.sh                              # everything: 7 cores x 12 envs x 3 seeds
+#   STEPS=500000 SEEDS=1 LEVELS=easy JOBS=2 bash launch/memory_suite.sh
+#   CORES="lt delta rdn lstm" IDS="rfwp/AssociativeRecallReassign-medium-v0" bash launch/memory_suite.sh
+#   nohup bash launch/memory_suite.sh > runs/memory/launch.log 2>&1 &          # survive logout
+#
+# Every run uses the defaults of `rfwp-rl train` for vector envs (the vector profile and the
+# agents/vector_<core>.toml presets); one run = one command of the form
+#   rfwp-rl train --env rfwp/DelayedRecall-easy-v0 --core rdn --seed 1 --total-steps 1000000
+# Run directories: runs/memory/<env>/<core>_s<seed> (TensorBoard tb/, config.json, checkpoints);
+# console logs next to them (<core>_s<seed>.log). Order: seed 1 of everything first, then seed 2,
+# ...: a partial sweep still gives a complete first-seed table. Re-running the script resumes every
+# run from its newest checkpoint; finished runs return at once. Ctrl-C / kill -TERM saves first.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+STEPS=${STEPS:-1000000}
+CORES=${CORES:-"ff lstm lt delta delta_rnn rdn fwm"}
+LEVELS=${LEVELS:-"easy medium"}
+SEEDS=${SEEDS:-"1 2 3"}
+JOBS=${JOBS:-1}
+RUNS=${RUNS:-runs/memory}
+THREADS=${THREADS:-1}
+IDS=${IDS:-$(python3 -c "import sys; from rfwp_rl.memory import suite; print(' '.join(i for l in sys.argv[1:] for i in suite.suite_ids(l)))" $LEVELS)}
+mkdir -p "$RUNS"
+
+one_run() {  # ENV CORE SEED
+  local dir="$RUNS/$(echo "$1" | tr -c 'A-Za-z0-9.+\n-' '-')/$2_s$3"
+  mkdir -p "$dir"
+  OMP_NUM_THREADS=$THREADS python3 -m rfwp_rl train --env "$1" --core "$2" --seed "$3" --total-steps "$STEPS" \
+    --run-dir "$dir" --num-env-processes 1 --torch-threads "$THREADS" --log-every 30 >> "$dir.log" 2>&1 \
+    && echo "done    $1 $2 seed $3" || echo "FAILED  $1 $2 seed $3 (exit $?; log $dir.log)"
+}
+export -f one_run
+export RUNS STEPS THREADS
+
+for seed in $SEEDS; do
+  for id in $IDS; do
+    for core in $CORES; do
+      echo "$id $core $seed"
+    done
+  done
+done | xargs -P "$JOBS" -L 1 bash -c 'one_run "$0" "$1" "$2"'
+
+python3 -m rfwp_rl.memory.results --runs "$RUNS" --out results/memory

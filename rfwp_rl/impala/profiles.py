@@ -1,0 +1,76 @@
+"""Learner defaults by kind of environment: the paper's Atari settings, and settings that let
+recurrent agents learn memory tasks with small vector observations.
+
+``rfwp-rl train`` fills every option the command line leaves unset from one profile:
+
+- ``atari`` (image observations): the RFWP paper's App. C settings, :mod:`rfwp_rl.impala.config`.
+- ``vector`` (vector observations, e.g. the ``rfwp/`` memory tasks, CartPole, a user's env):
+  the unroll covers twice the env's memory horizon, because gradients stop at unroll boundaries
+  (truncated BPTT) and a cue is learnable only when one unroll holds both the cue and the step
+  that needs it; with unroll U and horizon h a uniformly placed span fits in one unroll with
+  probability (U - h) / U, hence U = 2h gives at least one half. Advantages are normalised, so
+  that a sparse +-1 at the end of an episode is not drowned by an entropy bonus sized for Atari's
+  dense clipped rewards; Adam replaces RMSProp with Atari's large epsilon. The agent preset is
+  ``agents/vector_<core>.toml`` (MLP torso, previous action as input).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from rfwp_rl.errors import check_choice
+from rfwp_rl.impala.config import DEFAULTS
+
+PROFILES = ("auto", "atari", "vector")
+# Options a profile sets; the command line's value wins wherever it gives one.
+PROFILE_OPTIONS = ("num_actors", "batch_size", "unroll_length", "optimizer", "learning_rate", "entropy_cost",
+                   "normalize_advantages", "vtrace_lambda")
+ATARI = {k: getattr(DEFAULTS, k) for k in PROFILE_OPTIONS}
+VECTOR = {"num_actors": 32, "batch_size": 16, "unroll_length": None, "optimizer": "adam", "learning_rate": 5e-4,
+          "entropy_cost": 0.01, "normalize_advantages": True, "vtrace_lambda": 0.9}
+MIN_UNROLL, MAX_UNROLL = 20, 128
+UNKNOWN_HORIZON = 50  # steps assumed when the env states neither a memory horizon nor an episode limit
+
+
+def vector_unroll_length(memory_horizon: int | None, max_episode_steps: int | None) -> int:
+    """Twice the steps a memory must span (the env's ``memory_horizon``, else its episode limit),
+    within [MIN_UNROLL, MAX_UNROLL]."""
+    horizon = memory_horizon or max_episode_steps or UNKNOWN_HORIZON
+    return max(MIN_UNROLL, min(MAX_UNROLL, 2 * int(horizon)))
+
+
+def profile_for(kind: str, requested: str = "auto") -> str:
+    """``atari`` for image observations, ``vector`` for vectors; ``requested`` other than auto wins."""
+    check_choice("profile", requested, PROFILES)
+    if requested != "auto":
+        return requested
+    return "atari" if kind == "atari" else "vector"
+
+
+def profile_defaults(profile: str, memory_horizon: int | None = None,
+                     max_episode_steps: int | None = None) -> dict[str, Any]:
+    """The option values of ``profile`` (``atari`` or ``vector``) for an env."""
+    check_choice("profile", profile, PROFILES[1:])
+    if profile == "atari":
+        return dict(ATARI)
+    return dict(VECTOR, unroll_length=vector_unroll_length(memory_horizon, max_episode_steps))
+
+
+def fill_unset(given: dict[str, Any], profile: str, memory_horizon: int | None = None,
+               max_episode_steps: int | None = None) -> dict[str, Any]:
+    """``given`` (option -> value or None for unset) with every None replaced by the profile's value."""
+    defaults = profile_defaults(profile, memory_horizon, max_episode_steps)
+    return {k: (defaults[k] if v is None and k in defaults else v) for k, v in given.items()}
+
+
+def describe(cfg: Any, preset_source: str) -> str:
+    """The effective settings as printed at the start of a run (one line per group)."""
+    d = dataclasses.asdict(cfg)
+    opt = (f"adam lr {d['learning_rate']:g} eps {d['adam_eps']:g}" if d["optimizer"] == "adam" else
+           f"rmsprop lr {d['learning_rate']:g} alpha {d['rmsprop_alpha']:g} eps {d['rmsprop_eps']:g}")
+    return (f"settings ({d['profile']} profile): {d['num_actors']} envs, batch {d['batch_size']} x unroll "
+            f"{d['unroll_length']}, {opt} (linear decay to 0), entropy {d['entropy_cost']:g}, baseline "
+            f"{d['baseline_cost']:g}, discount {d['discount']:g}, reward clip {d['reward_clip']:g}, advantages "
+            f"{'normalised' if d['normalize_advantages'] else 'raw'}, V-trace lambda {d['vtrace_lambda']:g}, grad clip {d['grad_norm_clip']:g}; "
+            f"agent preset {preset_source}")

@@ -1,0 +1,270 @@
+"""The memory-suite evidence: IMPALA runs on the ``rfwp/`` tasks -> ``results/memory/``.
+
+``python -m rfwp_rl.memory.results --runs runs/memory --out results/memory`` (also
+``rfwp-rl memory-results``) reads every run directory under ``--runs`` whose env is a suite id
+(its ``config.json``, TensorBoard events and newest checkpoint) and writes
+
+- ``runs.csv``: one row per run: env, task, level, core, seed, parameters, env steps reached and
+  targeted, wall-clock minutes, final return and its normalised value;
+- ``summary.csv``: one row per (env, core): seeds, mean normalised final return, 95% interval
+  (Student t over seeds; empty for one seed), mean parameters and minutes;
+- ``curves.png``: per env, the normalised return over env steps, mean over seeds with the 95%
+  interval as a band, one line per core;
+- the table between the markers ``<!-- memory-table -->`` and ``<!-- /memory-table -->`` of
+  ``README.md`` (the file is created if missing; the text around the markers is kept).
+
+Final return: the mean return of the last 100 training episodes (sampled actions), TensorBoard's
+``episode/return_mean100`` at the run's last step. Normalised: ``(R - random) / (optimal - random)``
+with the suite's exact reference numbers (:mod:`rfwp_rl.memory.suite`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rfwp_rl.checkpoint import atomic_write_bytes, atomic_write_text
+from rfwp_rl.errors import UserError
+from rfwp_rl.memory import suite
+
+CORE_ORDER = ("ff", "lstm", "lt", "delta", "delta_rnn", "rdn", "fwm")
+CURVE_TAG = "episode/return_mean100"
+TABLE_BEGIN, TABLE_END = "<!-- memory-table -->", "<!-- /memory-table -->"
+# two-sided 95% Student t quantiles t_{0.975, df}, df = seeds - 1
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+
+
+@dataclass
+class Run:
+    """One training run on a suite env."""
+
+    path: Path
+    env: str
+    core: str
+    seed: int
+    params: int
+    total_steps: int
+    steps: int
+    minutes: float
+    final_return: float
+    curve: list[tuple[int, float]] = field(default_factory=list)  # (env step, return_mean100)
+
+    @property
+    def normalized(self) -> float:
+        return suite.normalized_return(self.env, self.final_return)
+
+
+def read_curve(run_dir: Path, tag: str = CURVE_TAG) -> list[tuple[int, float]]:
+    """``[(step, value)]`` of one TensorBoard scalar of a run (empty if it was never logged)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    ea = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0})
+    ea.Reload()
+    if tag not in ea.Tags().get("scalars", []):
+        return []
+    by_step = {e.step: e.value for e in ea.Scalars(tag)}  # a resumed run may log a step twice
+    return sorted(by_step.items())
+
+
+def read_run(run_dir: Path) -> Run | None:
+    """A suite run's numbers, or None if ``run_dir`` is not an IMPALA run on a suite env or has
+    no episodes logged yet."""
+    config_path = run_dir / "config.json"
+    if not config_path.is_file():
+        return None
+    config = json.loads(config_path.read_text())
+    env = config.get("env")
+    if env not in suite.SUITE or "core" not in config:
+        return None
+    curve = read_curve(run_dir)
+    if not curve:
+        return None
+    minutes, steps = float("nan"), curve[-1][0]
+    from rfwp_rl.checkpoint import list_checkpoints, read_checkpoint
+
+    checkpoints = list_checkpoints(run_dir)
+    if checkpoints:
+        counters = read_checkpoint(checkpoints[-1])["state"]["counters"]
+        minutes, steps = counters["train_seconds"] / 60.0, int(counters["step"])
+    return Run(run_dir, env, str(config["core"]), int(config.get("seed", 0)), int(config.get("num_params", 0)),
+               int(config.get("total_steps", 0)), steps, minutes, float(curve[-1][1]), curve)
+
+
+def collect(runs_root: Path) -> list[Run]:
+    """Every suite run under ``runs_root`` (any depth), sorted by env, core order and seed."""
+    if not runs_root.is_dir():
+        raise UserError(f"--runs {str(runs_root)!r} is not a directory")
+    runs = [r for p in sorted(runs_root.rglob("config.json")) if (r := read_run(p.parent)) is not None]
+    return sorted(runs, key=lambda r: (list(suite.SUITE).index(r.env), _core_rank(r.core), r.seed))
+
+
+def _core_rank(core: str) -> tuple[int, str]:
+    return (CORE_ORDER.index(core) if core in CORE_ORDER else len(CORE_ORDER), core)
+
+
+def mean_ci(values: list[float]) -> tuple[float, float]:
+    """Mean and the half-width of its two-sided 95% Student t interval (NaN for one value)."""
+    n = len(values)
+    mean = sum(values) / n
+    if n < 2:
+        return mean, float("nan")
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    return mean, T975.get(n - 1, 1.96) * sd / math.sqrt(n)
+
+
+def summarize(runs: list[Run]) -> list[dict]:
+    """One row per (env, core): seeds, normalised final return mean and 95% half-width, etc."""
+    groups: dict[tuple[str, str], list[Run]] = {}
+    for r in runs:
+        groups.setdefault((r.env, r.core), []).append(r)
+    rows = []
+    for (env, core), rs in groups.items():
+        e = suite.entry(env)
+        mean, half = mean_ci([r.normalized for r in rs])
+        rows.append({"env": env, "task": e.task, "level": e.level, "core": core, "seeds": len(rs),
+                     "normalized_mean": mean, "normalized_ci95": half,
+                     "final_return_mean": sum(r.final_return for r in rs) / len(rs),
+                     "params": round(sum(r.params for r in rs) / len(rs)),
+                     "steps_min": min(r.steps for r in rs), "total_steps": max(r.total_steps for r in rs),
+                     "minutes_mean": sum(r.minutes for r in rs) / len(rs)})
+    return rows
+
+
+def _csv_text(rows: list[dict]) -> str:
+    if not rows:
+        return ""
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
+    w.writeheader()
+    for row in rows:
+        w.writerow({k: (f"{v:.4f}" if isinstance(v, float) else v) for k, v in row.items()})
+    return buf.getvalue()
+
+
+def markdown_table(summary: list[dict]) -> str:
+    """Rows: suite envs; columns: cores; cells: normalised final return ``mean ± ci95 (seeds)``."""
+    cores = sorted({r["core"] for r in summary}, key=_core_rank)
+    cell = {(r["env"], r["core"]): r for r in summary}
+    envs = [e for e in suite.SUITE if any((e, c) in cell for c in cores)]
+    lines = ["| task (level) | " + " | ".join(cores) + " |", "|---|" + "---|" * len(cores)]
+    for env in envs:
+        e = suite.entry(env)
+        parts = []
+        for c in cores:
+            r = cell.get((env, c))
+            if r is None:
+                parts.append("")
+                continue
+            ci = "" if math.isnan(r["normalized_ci95"]) else f" ± {r['normalized_ci95']:.2f}"
+            partial = "" if r["steps_min"] >= r["total_steps"] else f", {r['steps_min'] / 1e3:.0f}k steps"
+            parts.append(f"{r['normalized_mean']:.2f}{ci} ({r['seeds']}{partial})")
+        lines.append(f"| {e.task} ({e.level}) | " + " | ".join(parts) + " |")
+    params = {c: [r["params"] for r in summary if r["core"] == c] for c in cores}
+    minutes = {c: [r["minutes_mean"] for r in summary if r["core"] == c and math.isfinite(r["minutes_mean"])]
+               for c in cores}
+    lines.append("| parameters (range over tasks) | " + " | ".join(
+        f"{min(params[c]) / 1e3:.0f}k-{max(params[c]) / 1e3:.0f}k" for c in cores) + " |")
+    lines.append("| minutes per run (mean) | " + " | ".join(
+        f"{sum(minutes[c]) / len(minutes[c]):.1f}" if minutes[c] else "" for c in cores) + " |")
+    return "\n".join(lines)
+
+
+def plot_curves(runs: list[Run], path: Path, points: int = 100) -> None:
+    """Normalised return over env steps per env (one panel each): mean over seeds, 95% band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    envs = [e for e in suite.SUITE if any(r.env == e for r in runs)]
+    cols = min(3, len(envs))
+    rows = math.ceil(len(envs) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.4 * rows), squeeze=False)
+    for ax, env in zip(axes.flat, envs):
+        by_core: dict[str, list[Run]] = {}
+        for r in runs:
+            if r.env == env:
+                by_core.setdefault(r.core, []).append(r)
+        for core in sorted(by_core, key=_core_rank):
+            rs = by_core[core]
+            end = min(r.curve[-1][0] for r in rs)
+            grid = np.linspace(0, end, points)
+            ys = np.array([np.interp(grid, [s for s, _ in r.curve], [suite.normalized_return(env, v) for _, v in r.curve])
+                           for r in rs])
+            mean = ys.mean(0)
+            line, = ax.plot(grid / 1e6, mean, label=f"{core} ({len(rs)})")
+            if len(rs) > 1:
+                half = T975.get(len(rs) - 1, 1.96) * ys.std(0, ddof=1) / math.sqrt(len(rs))
+                ax.fill_between(grid / 1e6, mean - half, mean + half, color=line.get_color(), alpha=0.2)
+        e = suite.entry(env)
+        ax.set_title(f"{e.task} ({e.level})", fontsize=10)
+        ax.axhline(0, color="grey", lw=0.5)
+        ax.axhline(1, color="grey", lw=0.5, ls="--")
+        ax.set_xlabel("env steps (M)")
+        ax.set_ylabel("normalised return")
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(envs):]:
+        ax.axis("off")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90)
+    plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def update_readme(path: Path, table: str) -> None:
+    """Put ``table`` between the table markers of ``path`` (created with just the table if missing)."""
+    block = f"{TABLE_BEGIN}\n{table}\n{TABLE_END}"
+    if path.is_file():
+        text = path.read_text()
+        if TABLE_BEGIN in text and TABLE_END in text:
+            head, rest = text.split(TABLE_BEGIN, 1)
+            text = head + block + rest.split(TABLE_END, 1)[1]
+        else:
+            text = text.rstrip("\n") + "\n\n" + block + "\n"
+    else:
+        text = f"# Memory-task suite results\n\n{block}\n"
+    atomic_write_text(path, text)
+
+
+def write_results(runs_root: Path, out: Path) -> list[dict]:
+    """Collect the runs under ``runs_root`` and write the outputs listed in the module docstring."""
+    runs = collect(runs_root)
+    if not runs:
+        raise UserError(f"no memory-suite runs under {str(runs_root)!r} (runs of rfwp/ envs with episodes logged)")
+    out.mkdir(parents=True, exist_ok=True)
+    run_rows = [{"env": r.env, "task": suite.entry(r.env).task, "level": suite.entry(r.env).level, "core": r.core,
+                 "seed": r.seed, "params": r.params, "steps": r.steps, "total_steps": r.total_steps,
+                 "minutes": r.minutes, "final_return": r.final_return, "normalized": r.normalized} for r in runs]
+    summary = summarize(runs)
+    atomic_write_text(out / "runs.csv", _csv_text(run_rows))
+    atomic_write_text(out / "summary.csv", _csv_text(summary))
+    plot_curves(runs, out / "curves.png")
+    update_readme(out / "README.md", markdown_table(summary))
+    return summary
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--runs", default="runs/memory", help="folder of the suite's run directories")
+    parser.add_argument("--out", default="results/memory", help="where the CSVs, curves and README table go")
+
+
+def run(args: argparse.Namespace) -> int:
+    summary = write_results(Path(args.runs), Path(args.out))
+    print(markdown_table(summary))
+    print(f"wrote {args.out}/runs.csv, summary.csv, curves.png and the table in README.md")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    from rfwp_rl.cli import main
+
+    sys.exit(main(["memory-results", *sys.argv[1:]]))
