@@ -186,7 +186,7 @@ def test_broken_and_mismatched_checkpoints_through_the_cli(tmp_path, name, capsy
         other = [a for a in other if a not in ("--set", "core_config.hidden_size=8")]
         refused = "core: checkpoint has 'lstm', this run has 'ff'"
     elif name == "meta_rl":
-        other = [a if a != "hidden_size=8" else "hidden_size=12" for a in argv_of(run_dir, target)]
+        other = [a if a != "core_config.hidden_size=8" else "core_config.hidden_size=12" for a in argv_of(run_dir, target)]
         refused = "core_config.hidden_size: checkpoint has 8, this run has 12"
     else:
         other = [a if a != "lt" else "delta" for a in argv_of(run_dir, target, 2)]

@@ -57,6 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup-updates", type=int, default=1, help="updates before timing starts")
     parser.add_argument("--compute-repeats", type=int, default=3, help="timed repeats of the compute-bound passes")
     parser.add_argument("--torch-threads", type=int, default=0, help="0: the trainer's default choice")
+    parser.add_argument("--device", default="cpu", help="where the model runs (cpu, cuda)")
     parser.add_argument("--out", default="results/bench/impala.csv")
 
 
@@ -66,7 +67,8 @@ def _config(args: argparse.Namespace, precision: str):
     return ImpalaConfig(env=args.env, total_steps=10 ** 12, num_actors=args.num_actors,
                         num_env_batches=args.num_env_batches, num_env_processes=args.num_env_processes,
                         env_backend=args.env_backend, batch_size=args.batch_size, unroll_length=args.unroll_length,
-                        precision=precision, torch_threads=args.torch_threads, checkpoint_every=math.inf,
+                        precision=precision, torch_threads=args.torch_threads, device=args.device,
+                        checkpoint_every=math.inf,
                         log_every=math.inf)
 
 
@@ -88,15 +90,16 @@ def compute_bound(run, cfg, repeats: int) -> tuple[float, float]:
     from rfwp_rl.impala.learner import compute_loss, loss_config
 
     torch.manual_seed(0)
-    agent = run.build_agent()
+    device = torch.device(cfg.device)
+    agent = run.build_agent(device)
     if isinstance(agent.torso, ResNetTorso):
         agent.torso.use_memory_format(torch.contiguous_format)
     g = torch.Generator().manual_seed(0)
     n = cfg.num_actors // cfg.num_env_batches
-    act = {k: v[:1, :n] for k, v in _random_batch(run, 1, n, g).items()}
-    state = agent.initial_state(n)
-    batch = _random_batch(run, cfg.unroll_length + 1, cfg.batch_size, g)
-    learn_state = agent.initial_state(cfg.batch_size)
+    act = {k: v[:1, :n].to(device) for k, v in _random_batch(run, 1, n, g).items()}
+    state = agent.initial_state(n, device)
+    batch = {k: v.to(device) for k, v in _random_batch(run, cfg.unroll_length + 1, cfg.batch_size, g).items()}
+    learn_state = agent.initial_state(cfg.batch_size, device)
     loss_cfg = loss_config(cfg)
 
     def act_once() -> None:
@@ -107,18 +110,21 @@ def compute_bound(run, cfg, repeats: int) -> tuple[float, float]:
         agent.zero_grad(set_to_none=True)
         compute_loss(agent, batch, learn_state, loss_cfg)[0].backward()
 
-    act_s = _best_time(act_once, repeats * 4) / n
-    learn_s = _best_time(learn_once, repeats) / (cfg.unroll_length * cfg.batch_size)
+    act_s = _best_time(act_once, repeats * 4, device) / n
+    learn_s = _best_time(learn_once, repeats, device) / (cfg.unroll_length * cfg.batch_size)
     return act_s, learn_s
 
 
-def _best_time(fn, repeats: int) -> float:
+def _best_time(fn, repeats: int, device: torch.device) -> float:
     """The fastest of ``repeats`` timed calls after one warm-up (the machine may be shared)."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     fn()
     best = math.inf
     for _ in range(repeats):
+        sync()
         t0 = time.perf_counter()
         fn()
+        sync()
         best = min(best, time.perf_counter() - t0)
     return best
 
