@@ -5,9 +5,20 @@
 // Every function returns NEW tensors; inputs (including the initial states) are never written.
 // `chunk` is the checkpoint interval of the backward pass; `threads` the CUDA block size
 // (0: default; ignored on CPU).
+//
+// Inputs may be non-contiguous (a contiguous copy is taken) and float16/bfloat16: those are
+// converted to float32 once here, the kernels compute in float32, and the outputs the caller
+// sees (y, final states, gradients) are converted back; the tensors kept for the backward
+// (checkpoints, saved activations) stay float32, and the backward accepts them with half
+// inputs. T = 0 is allowed: empty outputs, final states equal to the initial ones, zero
+// gradients of the initial outputs (and gradients of the initial states equal to those of
+// the final states).
 #include <torch/extension.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <initializer_list>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -33,7 +44,7 @@ void check_tensor(const Tensor& x, const char* name, const Tensor& like,
               ", expected ", like.scalar_type());
   TORCH_CHECK(x.device() == like.device(), name, " is on ", x.device(), ", expected ",
               like.device());
-  TORCH_CHECK(x.is_contiguous(), name, " must be contiguous");
+  TORCH_CHECK(x.is_contiguous(), name, " must be contiguous");   // the entry points make it so
   TORCH_CHECK(x.sizes() == at::IntArrayRef(shape), name, " has shape ", x.sizes(), ", expected ",
               at::IntArrayRef(shape));
 }
@@ -48,9 +59,13 @@ Dims make_dims(const Tensor& q, int64_t dv, int64_t chunk, bool forward = false)
   TORCH_CHECK(q.dim() == 4, "expected [T, B, H, d] inputs, got shape ", q.sizes());
   TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble,
               "fused kernels support float32 and float64, got ", q.scalar_type());
-  TORCH_CHECK(chunk >= (forward ? 0 : 1), "checkpoint interval must be >= ", (forward ? 0 : 1),
-              ", got ", chunk);
-  TORCH_CHECK(q.size(0) >= 1, "the sequence is empty (T = 0)");
+  // a backward of an empty sequence has no chunk to walk
+  TORCH_CHECK(chunk >= ((forward || q.size(0) == 0) ? 0 : 1), "checkpoint interval must be >= ",
+              (forward ? 0 : 1), ", got ", chunk);
+  TORCH_CHECK(q.size(3) >= 1 && dv >= 1, "head sizes must be >= 1, got dk = ", q.size(3),
+              ", dv = ", dv);
+  TORCH_CHECK(q.size(0) <= INT32_MAX && q.size(1) * q.size(2) <= INT32_MAX &&
+                  q.size(3) * dv <= INT32_MAX, "sizes beyond the kernels' 32-bit range: ", q.sizes());
   Dims n;
   n.T = static_cast<int>(q.size(0));
   n.B = static_cast<int>(q.size(1));
@@ -129,7 +144,9 @@ std::vector<Tensor> delta_forward_impl(bool is_delta, const Tensor& q, const Ten
   const uint8_t* rst = reset_ptr(reset, n, q);
   Tensor y = empty_like_shape(q, {n.T, n.B, n.H, n.dv});
   Tensor W = empty_like_shape(q, {n.B, n.H, n.dv, n.dk});
-  Tensor ckpt = empty_like_shape(q, {nck(n), n.B, n.H, n.dv, n.dk});
+  // CUDA: the initial state and delta's (u, v - v̄) vectors (two-sweep backward, no checkpoints)
+  Tensor ckpt = q.is_cuda() ? empty_like_shape(q, {rfwp::cuda_lt_delta_saved(n, is_delta)})
+                            : empty_like_shape(q, {nck(n), n.B, n.H, n.dv, n.dk});
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "delta_forward", [&] {
     rfwp::DeltaFwdArgs<scalar_t> a{ptr<scalar_t>(q), ptr<scalar_t>(k), ptr<scalar_t>(v),
                                    is_delta ? ptr_or_null<scalar_t>(beta) : nullptr,
@@ -148,13 +165,20 @@ std::vector<Tensor> delta_backward_impl(bool is_delta, const Tensor& q, const Te
                                         int64_t chunk, int64_t threads) {
   TORCH_CHECK(v.dim() == 4, "v must be [T, B, H, dv], got ", v.sizes());
   const Dims n = make_dims(q, v.size(3), chunk);
+  check_tensor(q, "q", q, {n.T, n.B, n.H, n.dk});
   check_tensor(k, "k", q, {n.T, n.B, n.H, n.dk});
   check_tensor(v, "v", q, {n.T, n.B, n.H, n.dv});
   if (is_delta) {
     TORCH_CHECK(beta.has_value() && beta->defined(), "beta is missing");
     check_tensor(*beta, "beta", q, {n.T, n.B, n.H});
   }
-  check_tensor(ckpt, "ckpt", q, {nck(n), n.B, n.H, n.dv, n.dk});
+  if (q.is_cuda()) {
+    Dims kept = n;
+    kept.chunk = 1;   // what a forward with gradients kept
+    check_tensor(ckpt, "ckpt", q, {rfwp::cuda_lt_delta_saved(kept, is_delta)});
+  } else {
+    check_tensor(ckpt, "ckpt", q, {nck(n), n.B, n.H, n.dv, n.dk});
+  }
   check_tensor(gy, "grad y", q, {n.T, n.B, n.H, n.dv});
   check_optional(gW, "grad W", q, {n.B, n.H, n.dv, n.dk});
   const uint8_t* rst = reset_ptr(reset, n, q);
@@ -176,23 +200,23 @@ std::vector<Tensor> delta_backward_impl(bool is_delta, const Tensor& q, const Te
   return {gq, gk, gv, gW0};
 }
 
-std::vector<Tensor> lt_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+std::vector<Tensor> lt_forward_impl(const Tensor& q, const Tensor& k, const Tensor& v,
                                const Tensor& W0, const optional<Tensor>& reset, int64_t chunk,
                                int64_t threads) {
   return delta_forward_impl(false, q, k, v, c10::nullopt, W0, reset, chunk, threads);
 }
-std::vector<Tensor> delta_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+std::vector<Tensor> delta_forward_impl(const Tensor& q, const Tensor& k, const Tensor& v,
                                   const Tensor& beta, const Tensor& W0,
                                   const optional<Tensor>& reset, int64_t chunk, int64_t threads) {
   return delta_forward_impl(true, q, k, v, beta, W0, reset, chunk, threads);
 }
-std::vector<Tensor> lt_backward(const Tensor& q, const Tensor& k, const Tensor& v,
+std::vector<Tensor> lt_backward_impl(const Tensor& q, const Tensor& k, const Tensor& v,
                                 const optional<Tensor>& reset, const Tensor& ckpt,
                                 const Tensor& gy, const optional<Tensor>& gW, int64_t chunk,
                                 int64_t threads) {
   return delta_backward_impl(false, q, k, v, c10::nullopt, reset, ckpt, gy, gW, chunk, threads);
 }
-std::vector<Tensor> delta_backward(const Tensor& q, const Tensor& k, const Tensor& v,
+std::vector<Tensor> delta_backward_impl(const Tensor& q, const Tensor& k, const Tensor& v,
                                    const Tensor& beta, const optional<Tensor>& reset,
                                    const Tensor& ckpt, const Tensor& gy,
                                    const optional<Tensor>& gW, int64_t chunk, int64_t threads) {
@@ -213,7 +237,7 @@ void check_delta_rnn_inputs(const Dims& n, const Tensor& q, const Tensor& k, con
   check_tensor(beta_r, "beta_r", q, {n.T, n.B, n.H});
 }
 
-std::vector<Tensor> delta_rnn_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+std::vector<Tensor> delta_rnn_forward_impl(const Tensor& q, const Tensor& k, const Tensor& v,
                                       const Tensor& beta, const Tensor& kr, const Tensor& vr,
                                       const Tensor& beta_r, const Tensor& W0, const Tensor& R0,
                                       const Tensor& y0, const optional<Tensor>& reset,
@@ -241,7 +265,7 @@ std::vector<Tensor> delta_rnn_forward(const Tensor& q, const Tensor& k, const Te
   return {y, W, R, ckW, ckR, sq};
 }
 
-std::vector<Tensor> delta_rnn_backward(const Tensor& q, const Tensor& k, const Tensor& v,
+std::vector<Tensor> delta_rnn_backward_impl(const Tensor& q, const Tensor& k, const Tensor& v,
                                        const Tensor& beta, const Tensor& kr, const Tensor& vr,
                                        const Tensor& beta_r, const Tensor& sq,
                                        const optional<Tensor>& reset, const Tensor& ckW,
@@ -279,7 +303,7 @@ std::vector<Tensor> delta_rnn_backward(const Tensor& q, const Tensor& k, const T
 
 // ------------------------------------------------------------------------------------- rdn
 
-std::vector<Tensor> rdn_forward(const Tensor& xq, const Tensor& xk, const Tensor& xv,
+std::vector<Tensor> rdn_forward_impl(const Tensor& xq, const Tensor& xk, const Tensor& xv,
                                 const Tensor& xb, const Tensor& Rq, const Tensor& Rk,
                                 const Tensor& Rv, const Tensor& rb, const Tensor& W0,
                                 const Tensor& y0, const optional<Tensor>& reset, int64_t chunk,
@@ -312,7 +336,7 @@ std::vector<Tensor> rdn_forward(const Tensor& xq, const Tensor& xk, const Tensor
   return {y, W, ckpt, q, k, v, beta, h};
 }
 
-std::vector<Tensor> rdn_backward(const Tensor& Rq, const Tensor& Rk, const Tensor& Rv,
+std::vector<Tensor> rdn_backward_impl(const Tensor& Rq, const Tensor& Rk, const Tensor& Rv,
                                  const Tensor& rb, const Tensor& h, const Tensor& q, const Tensor& k, const Tensor& v,
                                  const Tensor& beta, const optional<Tensor>& reset,
                                  const Tensor& ckpt, const Tensor& gy,
@@ -324,6 +348,7 @@ std::vector<Tensor> rdn_backward(const Tensor& Rq, const Tensor& Rk, const Tenso
   check_tensor(Rv, "Rv", q, {n.H, d, d});
   check_tensor(rb, "rb", q, {n.H, d});
   check_tensor(h, "h", q, {n.T, n.B, n.H, d});
+  check_tensor(q, "q", q, {n.T, n.B, n.H, d});
   check_tensor(k, "k", q, {n.T, n.B, n.H, d});
   check_tensor(v, "v", q, {n.T, n.B, n.H, d});
   check_tensor(beta, "beta", q, {n.T, n.B, n.H});
@@ -333,24 +358,144 @@ std::vector<Tensor> rdn_backward(const Tensor& Rq, const Tensor& Rk, const Tenso
   const uint8_t* rst = reset_ptr(reset, n, q);
   Tensor gxq = at::empty_like(q), gxk = at::empty_like(q), gxv = at::empty_like(q);
   Tensor gxb = at::empty_like(beta);
-  Tensor part = empty_like_shape(q, {3, n.B, n.H, d, d});
-  Tensor part_b = empty_like_shape(q, {n.B, n.H, d});
+  // per-(b, h) partial slow-weight gradients: CPU only (the CUDA backward sums over (t, b)
+  // with a separate kernel)
+  const bool cpu = !q.is_cuda();
+  Tensor part = empty_like_shape(q, {cpu ? 3 : 0, n.B, n.H, d, d});
+  Tensor part_b = empty_like_shape(q, {cpu ? n.B : 0, n.H, d});
   Tensor gRq = at::empty_like(Rq), gRk = at::empty_like(Rk), gRv = at::empty_like(Rv);
   Tensor grb = at::empty_like(rb);
   Tensor gW0 = empty_like_shape(q, {n.B, n.H, d, d}), gy0 = empty_like_shape(q, {n.B, n.H, d});
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "rdn_backward", [&] {
     using S = scalar_t;
-    S* p = out<S>(part);
-    const std::size_t pm = static_cast<std::size_t>(n.B) * n.H * d * d;
+    S* p = cpu ? out<S>(part) : nullptr;
+    const std::size_t pm = cpu ? static_cast<std::size_t>(n.B) * n.H * d * d : 0;
     rfwp::RdnBwdArgs<S> a{ptr<S>(Rq), ptr<S>(Rk), ptr<S>(Rv), ptr<S>(rb), ptr<S>(h),
                           ptr<S>(q), ptr<S>(k), ptr<S>(v), ptr<S>(beta), rst,
                           ptr<S>(ckpt), ptr<S>(gy), ptr_or_null<S>(gW), out<S>(gxq),
-                          out<S>(gxk), out<S>(gxv), out<S>(gxb), p, p + pm, p + 2 * pm,
-                          out<S>(part_b), out<S>(gRq), out<S>(gRk), out<S>(gRv), out<S>(grb),
+                          out<S>(gxk), out<S>(gxv), out<S>(gxb), p, cpu ? p + pm : nullptr,
+                          cpu ? p + 2 * pm : nullptr, cpu ? out<S>(part_b) : nullptr, out<S>(gRq), out<S>(gRk), out<S>(gRv), out<S>(grb),
                           out<S>(gW0), out<S>(gy0), n};
     RFWP_RUN(rdn_backward, a, q, threads);
   });
   return {gxq, gxk, gxv, gxb, gRq, gRk, gRv, grb, gW0, gy0};
+}
+
+// ------------------------------------------------------------------ entry points (dtype, layout)
+
+bool is_half(const Tensor& x) {
+  return x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16;
+}
+
+// The kernels' view of an input: contiguous, and float32 for half types.
+Tensor prep(const Tensor& x, bool to_float) {
+  if (!x.defined()) return x;
+  Tensor y = (to_float && x.is_floating_point()) ? x.to(at::kFloat) : x;
+  return y.contiguous();
+}
+optional<Tensor> prep(const optional<Tensor>& x, bool to_float) {
+  if (!x.has_value() || !x->defined()) return x;
+  return prep(*x, to_float);
+}
+
+// Forward inputs of one op share one floating dtype (checked before a half conversion hides it).
+void same_dtype(const Tensor& like, std::initializer_list<std::pair<const char*, const Tensor*>> xs) {
+  for (const auto& [name, x] : xs)
+    TORCH_CHECK(x->scalar_type() == like.scalar_type(), name, " has dtype ", x->scalar_type(),
+                ", expected ", like.scalar_type());
+}
+
+// Outputs `which` back to the caller's dtype.
+std::vector<Tensor> to_dtype(std::vector<Tensor> outs, std::initializer_list<int> which, at::ScalarType dt) {
+  for (int i : which) outs[i] = outs[i].to(dt);
+  return outs;
+}
+
+std::vector<Tensor> to_dtype_all(std::vector<Tensor> outs, at::ScalarType dt) {
+  for (auto& x : outs) x = x.to(dt);
+  return outs;
+}
+
+std::vector<Tensor> lt_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& W0,
+                               const optional<Tensor>& reset, int64_t chunk, int64_t threads) {
+  same_dtype(q, {{"k", &k}, {"v", &v}, {"W0", &W0}});
+  const bool h = is_half(q);
+  auto outs = lt_forward_impl(prep(q, h), prep(k, h), prep(v, h), prep(W0, h), prep(reset, false), chunk, threads);
+  return h ? to_dtype(outs, {0, 1}, q.scalar_type()) : outs;
+}
+std::vector<Tensor> delta_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& beta,
+                                  const Tensor& W0, const optional<Tensor>& reset, int64_t chunk,
+                                  int64_t threads) {
+  same_dtype(q, {{"k", &k}, {"v", &v}, {"beta", &beta}, {"W0", &W0}});
+  const bool h = is_half(q);
+  auto outs = delta_forward_impl(prep(q, h), prep(k, h), prep(v, h), prep(beta, h), prep(W0, h),
+                                 prep(reset, false), chunk, threads);
+  return h ? to_dtype(outs, {0, 1}, q.scalar_type()) : outs;
+}
+std::vector<Tensor> lt_backward(const Tensor& q, const Tensor& k, const Tensor& v, const optional<Tensor>& reset,
+                                const Tensor& ckpt, const Tensor& gy, const optional<Tensor>& gW,
+                                int64_t chunk, int64_t threads) {
+  const bool h = is_half(q);
+  auto outs = lt_backward_impl(prep(q, h), prep(k, h), prep(v, h), prep(reset, false), prep(ckpt, h),
+                               prep(gy, h), prep(gW, h), chunk, threads);
+  return h ? to_dtype_all(outs, q.scalar_type()) : outs;
+}
+std::vector<Tensor> delta_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& beta,
+                                   const optional<Tensor>& reset, const Tensor& ckpt, const Tensor& gy,
+                                   const optional<Tensor>& gW, int64_t chunk, int64_t threads) {
+  const bool h = is_half(q);
+  auto outs = delta_backward_impl(prep(q, h), prep(k, h), prep(v, h), prep(beta, h), prep(reset, false),
+                                  prep(ckpt, h), prep(gy, h), prep(gW, h), chunk, threads);
+  return h ? to_dtype_all(outs, q.scalar_type()) : outs;
+}
+std::vector<Tensor> delta_rnn_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& beta,
+                                      const Tensor& kr, const Tensor& vr, const Tensor& beta_r,
+                                      const Tensor& W0, const Tensor& R0, const Tensor& y0,
+                                      const optional<Tensor>& reset, int64_t chunk, int64_t threads) {
+  same_dtype(q, {{"k", &k}, {"v", &v}, {"beta", &beta}, {"kr", &kr}, {"vr", &vr}, {"beta_r", &beta_r},
+                 {"W0", &W0}, {"R0", &R0}, {"y0", &y0}});
+  const bool h = is_half(q);
+  auto outs = delta_rnn_forward_impl(prep(q, h), prep(k, h), prep(v, h), prep(beta, h), prep(kr, h),
+                                     prep(vr, h), prep(beta_r, h), prep(W0, h), prep(R0, h), prep(y0, h),
+                                     prep(reset, false), chunk, threads);
+  return h ? to_dtype(outs, {0, 1, 2}, q.scalar_type()) : outs;
+}
+std::vector<Tensor> delta_rnn_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& beta,
+                                       const Tensor& kr, const Tensor& vr, const Tensor& beta_r,
+                                       const Tensor& sq, const optional<Tensor>& reset, const Tensor& ckW,
+                                       const Tensor& ckR, const Tensor& gy, const optional<Tensor>& gW,
+                                       const optional<Tensor>& gR, int64_t chunk, int64_t threads) {
+  const bool h = is_half(q);
+  auto outs = delta_rnn_backward_impl(prep(q, h), prep(k, h), prep(v, h), prep(beta, h), prep(kr, h),
+                                      prep(vr, h), prep(beta_r, h), prep(sq, h), prep(reset, false),
+                                      prep(ckW, h), prep(ckR, h), prep(gy, h), prep(gW, h), prep(gR, h),
+                                      chunk, threads);
+  return h ? to_dtype_all(outs, q.scalar_type()) : outs;
+}
+std::vector<Tensor> rdn_forward(const Tensor& xq, const Tensor& xk, const Tensor& xv, const Tensor& xb,
+                                const Tensor& Rq, const Tensor& Rk, const Tensor& Rv, const Tensor& rb,
+                                const Tensor& W0, const Tensor& y0, const optional<Tensor>& reset,
+                                int64_t chunk, int64_t threads) {
+  same_dtype(xq, {{"xk", &xk}, {"xv", &xv}, {"xb", &xb}, {"Rq", &Rq}, {"Rk", &Rk}, {"Rv", &Rv},
+                  {"rb", &rb}, {"W0", &W0}, {"y0", &y0}});
+  const bool h = is_half(xq);
+  auto outs = rdn_forward_impl(prep(xq, h), prep(xk, h), prep(xv, h), prep(xb, h), prep(Rq, h), prep(Rk, h),
+                               prep(Rv, h), prep(rb, h), prep(W0, h), prep(y0, h), prep(reset, false),
+                               chunk, threads);
+  return h ? to_dtype(outs, {0, 1}, xq.scalar_type()) : outs;
+}
+std::vector<Tensor> rdn_backward(const Tensor& Rq, const Tensor& Rk, const Tensor& Rv, const Tensor& rb,
+                                 const Tensor& hh, const Tensor& q, const Tensor& k, const Tensor& v,
+                                 const Tensor& beta, const optional<Tensor>& reset, const Tensor& ckpt,
+                                 const Tensor& gy, const optional<Tensor>& gW, int64_t chunk,
+                                 int64_t threads) {
+  // Rq is the caller's slow weight (its dtype is the op's); q, k, v, beta, h, ckpt are kept
+  // float32 by a half-precision forward
+  const bool h = is_half(Rq);
+  auto outs = rdn_backward_impl(prep(Rq, h), prep(Rk, h), prep(Rv, h), prep(rb, h), prep(hh, h), prep(q, h),
+                                prep(k, h), prep(v, h), prep(beta, h), prep(reset, false), prep(ckpt, h),
+                                prep(gy, h), prep(gW, h), chunk, threads);
+  return h ? to_dtype_all(outs, Rq.scalar_type()) : outs;
 }
 
 // exp / tanh of the CPU kernels (cpu/vec_math.h) elementwise, for accuracy tests.

@@ -1,4 +1,7 @@
-"""``rfwp-rl info``: cores and their options, Atari preset sizes, active kernel backend."""
+"""``rfwp-rl info``: cores and their options, Atari preset sizes, active kernel backend.
+
+``rfwp-rl info --check`` also runs every op's fused kernels against the PyTorch reference
+on this machine (:mod:`rfwp_rl.ops.selftest`) and exits non-zero if any disagrees."""
 
 from __future__ import annotations
 
@@ -8,6 +11,10 @@ import argparse
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-actions", type=int, default=6,
                         help="action count for the Atari preset parameter counts (default: 6, Pong)")
+    parser.add_argument("--check", action="store_true",
+                        help="run every op's fused kernels (CPU, each GPU, and the CUDA sources "
+                             "emulated on the host) against the PyTorch reference: values and "
+                             "gradients, a table with timings; exit code 1 if any disagrees")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -31,4 +38,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"\nAtari preset parameter counts ({args.num_actions} actions):")
     for name, count in atari_param_counts(args.num_actions).items():
         print(f"  {name:<12} {count:>12,}")
+    if args.check:
+        from rfwp_rl.ops import selftest
+
+        print()
+        return selftest.main()
     return 0

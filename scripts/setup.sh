@@ -19,5 +19,5 @@ PYTHON="$PY" bash scripts/build_moolib.sh
 echo "[setup] rfwp_rl (editable) + test dependencies"
 "$PY" -m pip install -q -e ".[test]"
 echo "[setup] fused kernels"
-"$PY" -m rfwp_rl.kernels --build || echo "[setup] kernel build failed: the PyTorch reference will be used"
+"$PY" -m rfwp_rl.kernels || echo "[setup] kernel build failed: the PyTorch reference will be used"
 echo "[setup] done"

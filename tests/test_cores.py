@@ -359,7 +359,8 @@ def test_errors_are_one_line_and_name_the_value():
     _err(r"dpfp_nu 64 is invalid for head size 32", cores.make, "lt", 4, feature_map="dpfp",
          dpfp_nu=64)
     _err(r"input_size 0 is invalid", cores.make, "lt", 0)
-    _err(r"feature_map 'elu_sum' with backend 'kernel' for core 'rdn'", cores.make, "rdn", 4,
+    _err(r"backend 'kernel' cannot run op 'rdn' at key size 32, value size 32: rdn with feature "
+         r"map 'elu_sum' \(the fused kernel implements softmax only\)", cores.make, "rdn", 4,
          feature_map="elu_sum", backend="kernel")
 
 

@@ -18,7 +18,7 @@ from rfwp_rl.impala.evaluate import eval_env_options, evaluate, play, quotas, sp
 from rfwp_rl.scores import load_runs
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def make_checkpoint(run_dir, env_id, core="lstm", core_config=None, env_options=None, step=1000,

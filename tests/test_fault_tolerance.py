@@ -55,7 +55,7 @@ KILLS = {"impala": 1, "meta_rl": 3, "seq": 1}  # several for one trainer; the ma
 PRESETS = {"impala": 10, "meta_rl": 1, "seq": 1}  # steps per update (TensorBoard step spacing)
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _env() -> dict:

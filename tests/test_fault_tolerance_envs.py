@@ -47,7 +47,7 @@ MOOLIB = ["--env-backend", "moolib", "--num-env-processes", "2"]
 
 
 @pytest.fixture(autouse=True)
-def fresh_counters(one_torch_thread):
+def fresh_counters(one_thread):
     fault_envs.reset_counters()
 
 

@@ -20,7 +20,7 @@ TINY = {"lstm": ["core_config.hidden_size=16"],
         "ff": []}
 FW_TINY = ["core_config.hidden_size=16", "core_config.num_layers=1", "core_config.num_heads=2",
            "core_config.ff_size=32"]
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def train(tmp_path, env, core, steps, *extra, name="run"):

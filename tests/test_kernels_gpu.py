@@ -79,3 +79,70 @@ def test_device_guard_second_gpu(ext):
     args, reset = cases.make_inputs("delta", T=6, B=2, H=2, d=8, device="cuda:1", reset_at=((2, 0),))
     err, gerr = cases.max_errors("delta", kernels.get("delta", required=True), args, reset)
     assert err < 1e-12 and gerr < 1e-12
+
+
+# ------------------------------------------------------- sizes, limits, dtypes, edge cases
+
+from rfwp_rl.kernels import cuda_limits  # noqa: E402
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("d,dk", [(16, 16), (32, 32), (64, 64), (128, 128), (16, 32)],
+                         ids=["d16", "d32", "d64", "d128", "dpfp16"])
+@pytest.mark.parametrize("name", OPS)
+def test_cuda_head_sizes_or_a_clean_refusal(ext, name, d, dk, dtype):
+    # every size either equals the reference or is refused with NotImplementedError exactly
+    # when cuda_limits says this GPU cannot run it
+    if name == "rdn" and dk != d:
+        pytest.skip("the fused rdn kernel is softmax-only (DPFP rdn runs on the reference)")
+    limits = cuda_limits.DeviceLimits.from_torch(torch.cuda.current_device())
+    why = (cuda_limits.check(name, "forward", dk, d, dtype.itemsize, limits)
+           or cuda_limits.check(name, "backward", dk, d, dtype.itemsize, limits))
+    args, reset = cases.make_inputs(name, T=20, B=3, H=2, d=d, dk=dk, device="cuda", seed=d,
+                                    dtype=dtype, reset_at=((3, 1), (11, 0), (12, 2)))
+    fn = lambda *a: functions.FUSED[name](ext, 8, *a)  # noqa: E731
+    if why is not None:
+        with pytest.raises(NotImplementedError, match="cannot run on this GPU"):
+            cases.forward_backward(fn, args, reset)
+        return
+    err, gerr = cases.max_errors(name, fn, args, reset)
+    tol = 2e-5 if dtype == torch.float32 else 1e-12
+    assert err < tol and gerr < tol, (err, gerr)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+@pytest.mark.parametrize("name", OPS)
+def test_cuda_half_inputs(ext, name, dtype):
+    args, reset = cases.make_inputs(name, T=9, B=3, H=2, d=32, device="cuda", seed=2,
+                                    reset_at=((4, 1),))
+    halves = [a.to(dtype) for a in args]
+    ref_out, ref_grad = cases.forward_backward(getattr(ref, name), [h.double() for h in halves], reset)
+    out, grad = cases.forward_backward(lambda *a: functions.FUSED[name](ext, 4, *a), halves, reset)
+    eps = torch.finfo(dtype).eps
+    for x, y in zip(ref_out + ref_grad, out + grad):
+        assert y.dtype == dtype
+        assert float((x - y.double()).abs().max()) <= 4 * eps * max(1.0, float(x.abs().max()))
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_cuda_empty_sequence_and_odd_requests(ext, name):
+    # T = 0 keeps the states; absurd block sizes are clamped; non-contiguous inputs are copied
+    args, reset = cases.make_inputs(name, T=0, B=2, H=2, d=8, device="cuda")
+    out = functions.FUSED[name](ext, 4, *args, reset)
+    assert out[0].shape[0] == 0
+    assert torch.equal(out[1], args[cases.STATE_ARGS[name][0]])
+    args, reset = cases.make_inputs(name, T=7, B=2, H=2, d=8, device="cuda", reset_at=((3, 0),))
+    be = _Threads(ext, 100000)
+    err, gerr = cases.max_errors(name, lambda *a: functions.FUSED[name](be, 4, *a), args, reset)
+    assert err < 1e-12 and gerr < 1e-12
+    strided = [a.transpose(-1, -2).contiguous().transpose(-1, -2) if a.dim() >= 2 else a for a in args]
+    with torch.no_grad():
+        y = getattr(ext, f"{name}_forward")(*strided, reset, 0)[0]
+    torch.testing.assert_close(y, getattr(ref, name)(*args, reset)[0], rtol=1e-12, atol=1e-12)
+
+
+def test_cuda_limits_match_the_device():
+    props = torch.cuda.get_device_properties(0)
+    lim = cuda_limits.DeviceLimits.from_torch(0)
+    assert lim.arch == 10 * props.major + props.minor
+    assert lim.smem_optin_bytes >= 48 * 1024

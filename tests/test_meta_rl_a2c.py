@@ -17,7 +17,7 @@ from rfwp_rl.meta_rl.model import MetaRLAgent, count_parameters
 from rfwp_rl.presets import AGENTS_DIR, load_preset
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # ------------------------------------------------------------------------------- the loss

@@ -11,7 +11,7 @@ from rfwp_rl.errors import UserError
 from rfwp_rl.overrides import apply_settings, parse_value
 from rfwp_rl.presets import Preset
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 TRAINERS = {
     "train": ["train", "--env", "CartPole-v1", "--core", "lstm", "--env-backend", "local", "--num-actors", "2",

@@ -473,7 +473,7 @@ void lt_backward_task(const DeltaBwdArgs<S>& a, int bh, LtScratch<S>& s) {
   s.G.resize(mat);
   S* W = s.W.data();
   S* G = s.G.data();
-  copy_n(a.ckpt + tk.ckpt(0, mat), mat, W);
+  if (n.T > 0) copy_n(a.ckpt + tk.ckpt(0, mat), mat, W);   // T = 0: no checkpoint, nothing to rebuild
   // forward: W_t, gq_t = W_t^T gy_t
   for (int t = 0; t < n.T; ++t) {
     prefetch_step<S, 2>(tk, n.T, t + kPrefetchSteps, dk, {a.k, a.gq});

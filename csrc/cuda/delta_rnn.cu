@@ -8,349 +8,424 @@ namespace rfwp {
 namespace cuda {
 namespace {
 
-// Forward. Per step t:
-//   P(t) element loops over W and R: apply the writes of step t-1, checkpoint, reset;
-//        load the step's vectors; thread 0: s = softmax(y_{t-1}) (uniform after a reset);
-//   R(t) row loop: v̄, W q, u for W; v̄_r, R s, u_r for R; y_i = (W_i.q + u_i k.q) + (R_i.s + ur_i kr.s).
+// Forward. Per step t (step buffers rotate over three slots, u and u_r over two):
+//   S(t):   s = softmax(y_{t-1}) (uniform after a reset): every warp reduces max and sum of
+//           y_{t-1} itself (no extra barrier), the block writes s;
+//   Row(t): for W and R, each element owned by one lane of its row's group: the deferred
+//           writes of step t-1, checkpoint, reset; v̄, W q, k.q and v̄_r, R s, kr.s reduced
+//           over the row's lanes; u = β (v - v̄), u_r = β_r (v_r - v̄_r);
+//           y_i = (W_i.q + u_i k.q) + (R_i.s + ur_i kr.s)   (= W_t q + R_t s, RFWP Eq. 12).
 template <typename S>
-__global__ void delta_rnn_forward_kernel(DeltaRnnFwdArgs<S> a) {
+RFWP_KERNEL delta_rnn_forward_kernel(DeltaRnnFwdArgs<S> a) {
   const Dims n = a.n;
   const BlockIdx blk(n, blockIdx.x);
-  const int tid = threadIdx.x, nt = blockDim.x;
+  const int tid = threadIdx.x, nt = blockDim.x, wl = tid & (kWarp - 1);
   const int dk = n.dk, dv = n.dv, ldk = padded_ld(dk), ldv = padded_ld(dv);
-  const std::size_t matW = static_cast<std::size_t>(dv) * dk, matR = static_cast<std::size_t>(dv) * dv;
+  const int matW = dv * dk, matR = dv * dv;
+  const int L = 2 * dk + 3 * dv + 2;   // k | q | v | kr | vr | beta | beta_r
   RFWP_DYNAMIC_SHARED(smem_raw);
   SmemCursor<S> cur(smem_raw);
-  S* W = cur.take(static_cast<std::size_t>(dv) * ldk);
-  S* R = cur.take(static_cast<std::size_t>(dv) * ldv);
-  S* kbuf = cur.take(2 * dk);
-  S* qs = cur.take(dk);
-  S* krbuf = cur.take(2 * dv);
-  S* vs = cur.take(dv);
-  S* vrs = cur.take(dv);
+  S* W = cur.mat(dv, dk);
+  S* R = cur.mat(dv, dv);
+  S* sbuf = cur.take(3 * static_cast<std::size_t>(L));
   S* ss = cur.take(dv);
   S* yprev = cur.take(dv);
-  S* us = cur.take(dv);
-  S* urs = cur.take(dv);
-  __shared__ S s_beta, s_beta_r;
+  S* us = cur.take(2 * static_cast<std::size_t>(dv));
+  S* urs = cur.take(2 * static_cast<std::size_t>(dv));
+  const Lanes rows(dv, nt, tid);
+  ResetFlags flags(a.reset, n, blk.b);
+  auto segs = [&](auto&& f) {
+    f(per_step(a.k, blk, dk));
+    f(per_step(a.q, blk, dk));
+    f(per_step(a.v, blk, dv));
+    f(per_step(a.kr, blk, dv));
+    f(per_step(a.vr, blk, dv));
+    f(per_step(a.beta, blk, 1));
+    f(per_step(a.beta_r, blk, 1));
+  };
+  StepVectors<S> step(segs, tid, nt);
 
-  for (std::size_t e = tid; e < matW; e += nt) W[(e / dk) * ldk + e % dk] = a.W0[blk.mat(matW) + e];
-  for (std::size_t e = tid; e < matR; e += nt) R[(e / dv) * ldv + e % dv] = a.R0[blk.mat(matR) + e];
+  const S* W0 = a.W0 + blk.mat(matW);
+  const S* R0 = a.R0 + blk.mat(matR);
+  for (int i = rows.group; i < dv; i += rows.groups) {
+    for (int j = rows.lane; j < dk; j += rows.width) W[i * ldk + j] = W0[i * dk + j];
+    for (int j = rows.lane; j < dv; j += rows.width) R[i * ldv + j] = R0[i * dv + j];
+  }
   for (int i = tid; i < dv; i += nt) yprev[i] = a.y0[blk.mat(dv) + i];
-  __syncthreads();
+  if (n.T > 0) step.fetch(0);
   for (int t = 0; t < n.T; ++t) {
-    S* kc = kbuf + (t & 1) * dk;
-    const S* kp = kbuf + ((t + 1) & 1) * dk;
-    S* krc = krbuf + (t & 1) * dv;
-    const S* krp = krbuf + ((t + 1) & 1) * dv;
-    const bool rst = blk.reset(a.reset, t);
-    const bool ck = (n.chunk > 0 && t % n.chunk == 0);
-    for (std::size_t e = tid; e < matW; e += nt) {
-      const int i = static_cast<int>(e / dk), j = static_cast<int>(e % dk);
-      S w = W[i * ldk + j];
-      if (t > 0) w += us[i] * kp[j];
-      if (ck) a.ckptW[blk.ckpt(t / n.chunk, matW) + e] = w;
-      W[i * ldk + j] = rst ? S(0) : w;
-    }
-    for (std::size_t e = tid; e < matR; e += nt) {
-      const int i = static_cast<int>(e / dv), j = static_cast<int>(e % dv);
-      S r = R[i * ldv + j];
-      if (t > 0) r += urs[i] * krp[j];
-      if (ck) a.ckptR[blk.ckpt(t / n.chunk, matR) + e] = r;
-      R[i * ldv + j] = rst ? S(0) : r;
-    }
-    for (int j = tid; j < dk; j += nt) {
-      kc[j] = a.k[blk.vec(t, dk) + j];
-      qs[j] = a.q[blk.vec(t, dk) + j];
-    }
-    for (int i = tid; i < dv; i += nt) {
-      vs[i] = a.v[blk.vec(t, dv) + i];
-      krc[i] = a.kr[blk.vec(t, dv) + i];
-      vrs[i] = a.vr[blk.vec(t, dv) + i];
-    }
-    if (tid == 0) {
-      s_beta = a.beta[blk.scal(t)];
-      s_beta_r = a.beta_r[blk.scal(t)];
-      if (rst) {
-        for (int i = 0; i < dv; ++i) ss[i] = S(1) / S(dv);   // softmax(0)
-      } else {
-        softmax_serial(yprev, ss, dv);     // recurrent query f(y_{t-1}), RFWP Eq. 12
+    S* vec = sbuf + (t % 3) * L;
+    const S* pv = sbuf + ((t + 2) % 3) * L;     // step t-1
+    step.store(t, vec, segs, tid, nt);
+    if (t + 1 < n.T) step.fetch(t + 1);
+    const bool rst = flags.at(t);
+    const bool ck = n.chunk > 0 && t % n.chunk == 0;
+    S* ckW = ck ? a.ckptW + blk.ckpt(t / n.chunk, matW) : nullptr;
+    S* ckR = ck ? a.ckptR + blk.ckpt(t / n.chunk, matR) : nullptr;
+    __syncthreads();
+    // recurrent query f(y_{t-1}) (RFWP Eq. 12): softmax, uniform after a reset (y = 0)
+    {
+      S m = -S(INFINITY), z = 0;
+      if (!rst) {
+        for (int j = wl; j < dv; j += kWarp) m = dmax(m, yprev[j]);
+        m = warp_max(m);
+        for (int j = wl; j < dv; j += kWarp) z += dexp(yprev[j] - m);
+        z = warp_sum(z);
+      }
+      const S inv = S(1) / z;
+      S* s_out = a.s + blk.vec(t, dv);
+      for (int j = tid; j < dv; j += nt) {
+        const S s = rst ? S(1) / S(dv) : dexp(yprev[j] - m) * inv;
+        ss[j] = s;
+        s_out[j] = s;                           // kept for the backward
       }
     }
     __syncthreads();
-    for (int i = tid; i < dv; i += nt) {
-      const S* Wi = W + i * ldk;
-      const S* Ri = R + i * ldv;
-      S vb = 0, wq = 0, kq = 0;
-      for (int j = 0; j < dk; ++j) {
-        vb += Wi[j] * kc[j];                // RFWP Eq. 10 for W
-        wq += Wi[j] * qs[j];
-        kq += kc[j] * qs[j];
+    const S *kc = vec, *qc = vec + dk, *vc = vec + 2 * dk, *krc = vec + 2 * dk + dv,
+            *vrc = vec + 2 * dk + 2 * dv;
+    const S beta = vec[2 * dk + 3 * dv], beta_r = vec[2 * dk + 3 * dv + 1];
+    const S *kp = pv, *krp = pv + 2 * dk + dv;
+    const S* u_prev = us + ((t + 1) & 1) * dv;
+    const S* ur_prev = urs + ((t + 1) & 1) * dv;
+    S* u_cur = us + (t & 1) * dv;
+    S* ur_cur = urs + (t & 1) * dv;
+    for (int i0 = 0; i0 < dv; i0 += rows.groups) {
+      const int i = i0 + rows.group;
+      S vb = 0, wq = 0, kq = 0, vrb = 0, rs = 0, krs = 0;
+      if (i < dv) {
+        S* Wi = W + i * ldk;
+        S* Ri = R + i * ldv;
+        const S up = t > 0 ? u_prev[i] : S(0), urp = t > 0 ? ur_prev[i] : S(0);
+        for (int j = rows.lane; j < dk; j += rows.width) {
+          S w = Wi[j];
+          if (t > 0) w += up * kp[j];
+          if (ck) ckW[i * dk + j] = w;
+          if (rst) w = S(0);
+          Wi[j] = w;
+          vb += w * kc[j];                    // RFWP Eq. 10 for W
+          wq += w * qc[j];
+          kq += kc[j] * qc[j];
+        }
+        for (int j = rows.lane; j < dv; j += rows.width) {
+          S r = Ri[j];
+          if (t > 0) r += urp * krp[j];
+          if (ck) ckR[i * dv + j] = r;
+          if (rst) r = S(0);
+          Ri[j] = r;
+          vrb += r * krc[j];                  // RFWP Eq. 10 for R
+          rs += r * ss[j];
+          krs += krc[j] * ss[j];
+        }
       }
-      S vrb = 0, rs = 0, krs = 0;
-      for (int j = 0; j < dv; ++j) {
-        vrb += Ri[j] * krc[j];              // RFWP Eq. 10 for R
-        rs += Ri[j] * ss[j];
-        krs += krc[j] * ss[j];
+      vb = group_sum(vb, rows.width);
+      wq = group_sum(wq, rows.width);
+      kq = group_sum(kq, rows.width);
+      vrb = group_sum(vrb, rows.width);
+      rs = group_sum(rs, rows.width);
+      krs = group_sum(krs, rows.width);
+      if (i < dv && rows.lane == 0) {
+        const S u = beta * (vc[i] - vb);      // RFWP Eq. 8
+        const S ur = beta_r * (vrc[i] - vrb);
+        u_cur[i] = u;
+        ur_cur[i] = ur;
+        const S y = (wq + u * kq) + (rs + ur * krs);   // RFWP Eq. 12
+        yprev[i] = y;
+        a.y[blk.vec(t, dv) + i] = y;
       }
-      const S u = s_beta * (vs[i] - vb);    // RFWP Eq. 8
-      const S ur = s_beta_r * (vrs[i] - vrb);
-      us[i] = u;
-      urs[i] = ur;
-      const S y = (wq + u * kq) + (rs + ur * krs);   // RFWP Eq. 12
-      yprev[i] = y;
-      a.y[blk.vec(t, dv) + i] = y;
-      a.s[blk.vec(t, dv) + i] = ss[i];       // kept for the backward
     }
-    __syncthreads();
   }
-  const S* kl = kbuf + ((n.T - 1) & 1) * dk;
-  const S* krl = krbuf + ((n.T - 1) & 1) * dv;
-  for (std::size_t e = tid; e < matW; e += nt) {
-    const int i = static_cast<int>(e / dk), j = static_cast<int>(e % dk);
-    a.W[blk.mat(matW) + e] = W[i * ldk + j] + us[i] * kl[j];
-  }
-  for (std::size_t e = tid; e < matR; e += nt) {
-    const int i = static_cast<int>(e / dv), j = static_cast<int>(e % dv);
-    a.R[blk.mat(matR) + e] = R[i * ldv + j] + urs[i] * krl[j];
+  __syncthreads();
+  const S* kl = sbuf + ((n.T + 2) % 3) * L;
+  const S* krl = kl + 2 * dk + dv;
+  const S* ul = us + ((n.T + 1) & 1) * dv;
+  const S* url = urs + ((n.T + 1) & 1) * dv;
+  S* Wout = a.W + blk.mat(matW);
+  S* Rout = a.R + blk.mat(matR);
+  for (int i = rows.group; i < dv; i += rows.groups) {
+    for (int j = rows.lane; j < dk; j += rows.width)
+      Wout[i * dk + j] = n.T > 0 ? W[i * ldk + j] + ul[i] * kl[j] : W[i * ldk + j];
+    for (int j = rows.lane; j < dv; j += rows.width)
+      Rout[i * dv + j] = n.T > 0 ? R[i * ldv + j] + url[i] * krl[j] : R[i * ldv + j];
   }
 }
 
-// Backward: per checkpoint chunk (last first), recompute W'_t, R'_t, u, v - v̄, u_r, v_r - v̄_r
-// into the workspace, then per step t:
-//   L(t):   finish step t+1 (G += gv̄ ⊗ k, GR += gv̄_r ⊗ kr, zero on its reset); copy W'_t, R'_t;
-//           load vectors incl. s = softmax(y_{t-1}) kept by the forward; gy = dL/dy_t + carry;
-//   Row(t): G_i += gy_i q, gu_i = G_i.k;  GR_i += gy_i s, gur_i = GR_i.kr;  (R_t s)_i;
-//   Col(t): gk, gq (columns of W), gkr, gs (columns of R); the carry into y_{t-1}:
-//           s_j (gs_j - s.gs), with s.gs = (R_t s).gy; thread 0: gβ, gβ_r.
+// Backward: per checkpoint chunk (last first), recompute W'_t, R'_t into the workspace and
+// u, v - v̄, u_r, v_r - v̄_r (one barrier per step; the running states in shared memory when
+// `stage`), then per step t:
+//   Row(t): gy = dL/dy_t + carry; G_ij = [finish step t+1] + gy_i q_j, gu_i = G_i.k;
+//           GR_ij = [finish step t+1] + gy_i s_j, gur_i = GR_i.kr; (R_t s)_i from R'_t;
+//   Col(t): gk, gq (columns of W), gkr, gs (columns of R) with W'_t, R'_t from the workspace;
+//           the carry into y_{t-1}: s_j (gs_j - s.gs) with s.gs = (R_t s).gy (softmax
+//           backward); warps 0 and 1: gβ, gβ_r.
 template <typename S>
-__global__ void delta_rnn_backward_kernel(DeltaRnnBwdArgs<S> a, S* work) {
+RFWP_KERNEL delta_rnn_backward_kernel(DeltaRnnBwdArgs<S> a, S* work, bool stage) {
   const Dims n = a.n;
   const BlockIdx blk(n, blockIdx.x);
-  const int tid = threadIdx.x, nt = blockDim.x;
+  const int tid = threadIdx.x, nt = blockDim.x, warp = tid / kWarp, wl = tid & (kWarp - 1);
+  const int nwarps = nt / kWarp;
   const int dk = n.dk, dv = n.dv, ldk = padded_ld(dk), ldv = padded_ld(dv), C = n.chunk;
-  const std::size_t matW = static_cast<std::size_t>(dv) * dk, matR = static_cast<std::size_t>(dv) * dv;
+  const int matW = dv * dk, matR = dv * dv;
+  const int Lr = dk + 3 * dv + 2;       // recompute: k | v | kr | vr | beta | beta_r
+  const int Lb = 2 * dk + 7 * dv + 2;   // k | q | kr | s | gy | u | d | ur | dr | beta | beta_r
   RFWP_DYNAMIC_SHARED(smem_raw);
   SmemCursor<S> cur(smem_raw);
-  S* G = cur.take(static_cast<std::size_t>(dv) * ldk);
-  S* GR = cur.take(static_cast<std::size_t>(dv) * ldv);
-  S* Wr = cur.take(static_cast<std::size_t>(dv) * ldk);
-  S* Rr = cur.take(static_cast<std::size_t>(dv) * ldv);
-  S* kbuf = cur.take(2 * dk);
-  S* qs = cur.take(dk);
-  S* krbuf = cur.take(2 * dv);
-  S* ss = cur.take(dv);
-  S* gys = cur.take(dv);
-  S* vs = cur.take(dv);
-  S* vrs = cur.take(dv);
-  S* us = cur.take(dv);
-  S* ds = cur.take(dv);
-  S* urs = cur.take(dv);
-  S* drs = cur.take(dv);
-  S* gus = cur.take(dv);
-  S* gvb = cur.take(dv);
-  S* gurs = cur.take(dv);
-  S* gvrb = cur.take(dv);
-  S* rsf = cur.take(dv);
+  S* G = cur.mat(dv, dk);
+  S* GR = cur.mat(dv, dv);
+  S* Wr = stage ? cur.mat(dv, dk) : nullptr;
+  S* Rr = stage ? cur.mat(dv, dv) : nullptr;
+  S* rr = cur.take(3 * static_cast<std::size_t>(Lr));
+  S* sb = cur.take(3 * static_cast<std::size_t>(Lb));
+  S* us = cur.take(2 * static_cast<std::size_t>(dv));     // u, u_r of the recompute
+  S* urs = cur.take(2 * static_cast<std::size_t>(dv));
+  S* gvb = cur.take(2 * static_cast<std::size_t>(dv));    // gv̄, gv̄_r of steps t and t+1
+  S* gvrb = cur.take(2 * static_cast<std::size_t>(dv));
+  S* gys = cur.take(dv);                                  // dL/dy_t including the carry
+  S* rsf = cur.take(dv);                                  // (R_t s)_i
+  S* gbp = cur.take(dv);                                  // gu_i (v_i - v̄_i)
+  S* gbrp = cur.take(dv);
   S* carry = cur.take(dv);
-  __shared__ S s_beta, s_beta_r;
-  // workspace of this block: W' [C, dv, dk], R' [C, dv, dv], (u, v-v̄, ur, vr-v̄r) [C, 4, dv]
-  S* wbuf = work + static_cast<std::size_t>(blk.bh) * C * (matW + matR + 4 * static_cast<std::size_t>(dv));
-  S* rbuf = wbuf + static_cast<std::size_t>(C) * matW;
-  S* vbuf = rbuf + static_cast<std::size_t>(C) * matR;
+  const Lanes rows(dv, nt, tid), cols(dk + dv, nt, tid);
+  ResetFlags flags(a.reset, n, blk.b);
+  const std::size_t per_block = static_cast<std::size_t>(C) * (static_cast<std::size_t>(matW) + matR + 4 * dv);
+  S* wbuf = work + static_cast<std::size_t>(blk.bh) * per_block;   // W' [C, dv, dk]
+  S* rbuf = wbuf + static_cast<std::size_t>(C) * matW;             // R' [C, dv, dv]
+  S* vbuf = rbuf + static_cast<std::size_t>(C) * matR;             // (u, d, ur, dr) [C, 4, dv]
 
-  for (std::size_t e = tid; e < matW; e += nt)
-    G[(e / dk) * ldk + e % dk] = a.gW != nullptr ? a.gW[blk.mat(matW) + e] : S(0);
-  for (std::size_t e = tid; e < matR; e += nt)
-    GR[(e / dv) * ldv + e % dv] = a.gR != nullptr ? a.gR[blk.mat(matR) + e] : S(0);
+  const S* gW = a.gW != nullptr ? a.gW + blk.mat(matW) : nullptr;
+  const S* gR = a.gR != nullptr ? a.gR + blk.mat(matR) : nullptr;
+  for (int i = rows.group; i < dv; i += rows.groups) {
+    for (int j = rows.lane; j < dk; j += rows.width) G[i * ldk + j] = gW != nullptr ? gW[i * dk + j] : S(0);
+    for (int j = rows.lane; j < dv; j += rows.width) GR[i * ldv + j] = gR != nullptr ? gR[i * dv + j] : S(0);
+  }
   for (int i = tid; i < dv; i += nt) carry[i] = S(0);
   for (int c = num_chunks(n.T, C) - 1; c >= 0; --c) {
     const int t0 = c * C, t1 = (t0 + C < n.T) ? t0 + C : n.T;
+    __syncthreads();   // the previous chunk's column phase has read the workspace
     // ---- recompute the chunk
-    for (std::size_t e = tid; e < matW; e += nt) Wr[(e / dk) * ldk + e % dk] = a.ckptW[blk.ckpt(c, matW) + e];
-    for (std::size_t e = tid; e < matR; e += nt) Rr[(e / dv) * ldv + e % dv] = a.ckptR[blk.ckpt(c, matR) + e];
-    for (int t = t0; t < t1; ++t) {
-      const int jt = t - t0;
-      S* kc = kbuf + (t & 1) * dk;
-      const S* kp = kbuf + ((t + 1) & 1) * dk;
-      S* krc = krbuf + (t & 1) * dv;
-      const S* krp = krbuf + ((t + 1) & 1) * dv;
-      const bool rst = blk.reset(a.reset, t);
-      for (std::size_t e = tid; e < matW; e += nt) {
-        const int i = static_cast<int>(e / dk), j = static_cast<int>(e % dk);
-        S w = Wr[i * ldk + j];
-        if (t > t0) w += us[i] * kp[j];
-        if (rst) w = S(0);
-        Wr[i * ldk + j] = w;
-        wbuf[jt * matW + e] = w;
+    {
+      auto rsegs = [&](auto&& f) {
+        f(per_step(a.k, blk, dk));
+        f(per_step(a.v, blk, dv));
+        f(per_step(a.kr, blk, dv));
+        f(per_step(a.vr, blk, dv));
+        f(per_step(a.beta, blk, 1));
+        f(per_step(a.beta_r, blk, 1));
+      };
+      StepVectors<S> rstep(rsegs, tid, nt);
+      const S* ckW = a.ckptW + blk.ckpt(c, matW);
+      const S* ckR = a.ckptR + blk.ckpt(c, matR);
+      rstep.fetch(t0);
+      for (int t = t0; t < t1; ++t) {
+        const int jt = t - t0;
+        S* vec = rr + (jt % 3) * Lr;
+        const S* pv = rr + ((jt + 2) % 3) * Lr;
+        rstep.store(t, vec, rsegs, tid, nt);
+        if (t + 1 < t1) rstep.fetch(t + 1);
+        const bool rst = flags.at(t);
+        S* wt = wbuf + static_cast<std::size_t>(jt) * matW;
+        S* rt = rbuf + static_cast<std::size_t>(jt) * matR;
+        const S* wprev = jt > 0 ? wt - matW : wt;
+        const S* rprev = jt > 0 ? rt - matR : rt;
+        const S* u_prev = us + ((jt + 1) & 1) * dv;
+        const S* ur_prev = urs + ((jt + 1) & 1) * dv;
+        S* u_cur = us + (jt & 1) * dv;
+        S* ur_cur = urs + (jt & 1) * dv;
+        __syncthreads();
+        const S *kc = vec, *vc = vec + dk, *krc = vec + dk + dv, *vrc = vec + dk + 2 * dv;
+        const S beta = vec[dk + 3 * dv], beta_r = vec[dk + 3 * dv + 1];
+        const S *kp = pv, *krp = pv + dk + dv;
+        for (int i0 = 0; i0 < dv; i0 += rows.groups) {
+          const int i = i0 + rows.group;
+          S vb = 0, vrb = 0;
+          if (i < dv) {
+            const S up = jt > 0 ? u_prev[i] : S(0), urp = jt > 0 ? ur_prev[i] : S(0);
+            for (int j = rows.lane; j < dk; j += rows.width) {
+              S w = jt == 0 ? ckW[i * dk + j] : (Wr != nullptr ? Wr[i * ldk + j] : wprev[i * dk + j]) + up * kp[j];
+              if (rst) w = S(0);
+              if (Wr != nullptr) Wr[i * ldk + j] = w;
+              wt[i * dk + j] = w;
+              vb += w * kc[j];
+            }
+            for (int j = rows.lane; j < dv; j += rows.width) {
+              S r = jt == 0 ? ckR[i * dv + j] : (Rr != nullptr ? Rr[i * ldv + j] : rprev[i * dv + j]) + urp * krp[j];
+              if (rst) r = S(0);
+              if (Rr != nullptr) Rr[i * ldv + j] = r;
+              rt[i * dv + j] = r;
+              vrb += r * krc[j];
+            }
+          }
+          vb = group_sum(vb, rows.width);
+          vrb = group_sum(vrb, rows.width);
+          if (i < dv && rows.lane == 0) {
+            const S d1 = vc[i] - vb, d2 = vrc[i] - vrb;
+            u_cur[i] = beta * d1;
+            ur_cur[i] = beta_r * d2;
+            S* vj = vbuf + static_cast<std::size_t>(4 * jt) * dv;
+            vj[i] = u_cur[i];
+            vj[dv + i] = d1;
+            vj[2 * dv + i] = ur_cur[i];
+            vj[3 * dv + i] = d2;
+          }
+        }
       }
-      for (std::size_t e = tid; e < matR; e += nt) {
-        const int i = static_cast<int>(e / dv), j = static_cast<int>(e % dv);
-        S r = Rr[i * ldv + j];
-        if (t > t0) r += urs[i] * krp[j];
-        if (rst) r = S(0);
-        Rr[i * ldv + j] = r;
-        rbuf[jt * matR + e] = r;
-      }
-      for (int j = tid; j < dk; j += nt) kc[j] = a.k[blk.vec(t, dk) + j];
-      for (int i = tid; i < dv; i += nt) {
-        krc[i] = a.kr[blk.vec(t, dv) + i];
-        vs[i] = a.v[blk.vec(t, dv) + i];
-        vrs[i] = a.vr[blk.vec(t, dv) + i];
-      }
-      if (tid == 0) {
-        s_beta = a.beta[blk.scal(t)];
-        s_beta_r = a.beta_r[blk.scal(t)];
-      }
-      __syncthreads();
-      for (int i = tid; i < dv; i += nt) {
-        const S* Wi = Wr + i * ldk;
-        const S* Ri = Rr + i * ldv;
-        S vb = 0, vrb = 0;
-        for (int j = 0; j < dk; ++j) vb += Wi[j] * kc[j];
-        for (int j = 0; j < dv; ++j) vrb += Ri[j] * krc[j];
-        const S d1 = vs[i] - vb, d2 = vrs[i] - vrb;
-        us[i] = s_beta * d1;
-        urs[i] = s_beta_r * d2;
-        S* vj = vbuf + static_cast<std::size_t>(4 * jt) * dv;
-        vj[i] = us[i];
-        vj[dv + i] = d1;
-        vj[2 * dv + i] = urs[i];
-        vj[3 * dv + i] = d2;
-      }
-      __syncthreads();
     }
+    __syncthreads();   // u, v - v̄ of the chunk's last step, read by other threads below
     // ---- walk the chunk backwards
+    auto segs = [&](auto&& f) {
+      f(per_step(a.k, blk, dk));
+      f(per_step(a.q, blk, dk));
+      f(per_step(a.kr, blk, dv));
+      f(per_step(a.s, blk, dv));                 // softmax(y_{t-1}) kept by the forward
+      f(per_step(a.gy, blk, dv));
+      for (int x = 0; x < 4; ++x) f(Segment<S>{vbuf + x * dv, 4 * dv, dv, t0});
+      f(per_step(a.beta, blk, 1));
+      f(per_step(a.beta_r, blk, 1));
+    };
+    StepVectors<S> step(segs, tid, nt);
     for (int t = t1 - 1; t >= t0; --t) {
       const int jt = t - t0;
-      S* kc = kbuf + (t & 1) * dk;
-      const S* kn = kbuf + ((t + 1) & 1) * dk;
-      S* krc = krbuf + (t & 1) * dv;
-      const S* krn = krbuf + ((t + 1) & 1) * dv;
-      const bool has_next = t + 1 < t1;
-      const bool rst_next = has_next && blk.reset(a.reset, t + 1);
-      const bool rst = blk.reset(a.reset, t);
-      for (std::size_t e = tid; e < matW; e += nt) {
-        const int i = static_cast<int>(e / dk), j = static_cast<int>(e % dk);
-        if (has_next) G[i * ldk + j] = rst_next ? S(0) : G[i * ldk + j] + gvb[i] * kn[j];
-        Wr[i * ldk + j] = wbuf[jt * matW + e];
-      }
-      for (std::size_t e = tid; e < matR; e += nt) {
-        const int i = static_cast<int>(e / dv), j = static_cast<int>(e % dv);
-        if (has_next) GR[i * ldv + j] = rst_next ? S(0) : GR[i * ldv + j] + gvrb[i] * krn[j];
-        Rr[i * ldv + j] = rbuf[jt * matR + e];
-      }
-      for (int j = tid; j < dk; j += nt) {
-        kc[j] = a.k[blk.vec(t, dk) + j];
-        qs[j] = a.q[blk.vec(t, dk) + j];
-      }
-      const S* vj = vbuf + static_cast<std::size_t>(4 * jt) * dv;
-      for (int i = tid; i < dv; i += nt) {
-        krc[i] = a.kr[blk.vec(t, dv) + i];
-        gys[i] = a.gy[blk.vec(t, dv) + i] + carry[i];
-        us[i] = vj[i];
-        ds[i] = vj[dv + i];
-        urs[i] = vj[2 * dv + i];
-        drs[i] = vj[3 * dv + i];
-      }
-      for (int i = tid; i < dv; i += nt) ss[i] = a.s[blk.vec(t, dv) + i];   // softmax(y_{t-1})
-      if (tid == 0) {
-        s_beta = a.beta[blk.scal(t)];
-        s_beta_r = a.beta_r[blk.scal(t)];
+      S* vec = sb + (t % 3) * Lb;
+      const S* nv = sb + ((t + 1) % 3) * Lb;         // step t+1
+      step.store(t, vec, segs, tid, nt);
+      if (t - 1 >= t0) step.fetch(t - 1);
+      const bool has_next = t + 1 < n.T;
+      const bool rst_next = flags.at(t + 1);
+      const bool rst = flags.at(t);
+      const S* gvb_next = gvb + ((t + 1) & 1) * dv;
+      const S* gvrb_next = gvrb + ((t + 1) & 1) * dv;
+      S* gvb_cur = gvb + (t & 1) * dv;
+      S* gvrb_cur = gvrb + (t & 1) * dv;
+      const S* wt = wbuf + static_cast<std::size_t>(jt) * matW;
+      const S* rt = rbuf + static_cast<std::size_t>(jt) * matR;
+      __syncthreads();
+      const S *kc = vec, *qc = vec + dk, *krc = vec + 2 * dk, *sc = vec + 2 * dk + dv,
+              *gyc = vec + 2 * dk + 2 * dv, *uc = vec + 2 * dk + 3 * dv, *dc = vec + 2 * dk + 4 * dv,
+              *urc = vec + 2 * dk + 5 * dv, *drc = vec + 2 * dk + 6 * dv;
+      const S beta = vec[2 * dk + 7 * dv], beta_r = vec[2 * dk + 7 * dv + 1];
+      const S *kn = nv, *krn = nv + 2 * dk;
+      for (int i0 = 0; i0 < dv; i0 += rows.groups) {
+        const int i = i0 + rows.group;
+        S gu = 0, gur = 0, rs = 0, krs = 0;
+        if (i < dv) {
+          const S g = gyc[i] + carry[i];
+          const S gn = has_next ? gvb_next[i] : S(0), grn = has_next ? gvrb_next[i] : S(0);
+          S* Gi = G + i * ldk;
+          for (int j = rows.lane; j < dk; j += rows.width) {
+            S x = Gi[j];
+            if (has_next) x = rst_next ? S(0) : x + gn * kn[j];   // finish step t+1
+            x += g * qc[j];                   // the read W_t q
+            Gi[j] = x;
+            gu += x * kc[j];
+          }
+          S* GRi = GR + i * ldv;
+          const S* Ri = rt + i * dv;
+          for (int j = rows.lane; j < dv; j += rows.width) {
+            S x = GRi[j];
+            if (has_next) x = rst_next ? S(0) : x + grn * krn[j];
+            x += g * sc[j];                   // the read R_t s
+            GRi[j] = x;
+            gur += x * krc[j];
+            rs += Ri[j] * sc[j];
+            krs += krc[j] * sc[j];
+          }
+        }
+        gu = group_sum(gu, rows.width);
+        gur = group_sum(gur, rows.width);
+        rs = group_sum(rs, rows.width);
+        krs = group_sum(krs, rows.width);
+        if (i < dv && rows.lane == 0) {
+          gys[i] = gyc[i] + carry[i];
+          gvb_cur[i] = -beta * gu;
+          gvrb_cur[i] = -beta_r * gur;
+          rsf[i] = rs + urc[i] * krs;         // (R_t s)_i
+          gbp[i] = gu * dc[i];
+          gbrp[i] = gur * drc[i];
+          a.gv[blk.vec(t, dv) + i] = beta * gu;
+          a.gvr[blk.vec(t, dv) + i] = beta_r * gur;
+        }
       }
       __syncthreads();
-      for (int i = tid; i < dv; i += nt) {
-        const S g = gys[i];
-        S* Gi = G + i * ldk;
-        S gu = 0;
-        for (int j = 0; j < dk; ++j) {
-          const S x = Gi[j] + g * qs[j];     // the read W_t q
-          Gi[j] = x;
-          gu += x * kc[j];
-        }
-        S* GRi = GR + i * ldv;
-        const S* Ri = Rr + i * ldv;
-        S gur = 0, rs = 0, krs = 0;
-        for (int j = 0; j < dv; ++j) {
-          const S x = GRi[j] + g * ss[j];    // the read R_t s
-          GRi[j] = x;
-          gur += x * krc[j];
-          rs += Ri[j] * ss[j];
-          krs += krc[j] * ss[j];
-        }
-        gus[i] = gu;
-        gvb[i] = -s_beta * gu;
-        gurs[i] = gur;
-        gvrb[i] = -s_beta_r * gur;
-        rsf[i] = rs + urs[i] * krs;          // (R_t s)_i
-        a.gv[blk.vec(t, dv) + i] = s_beta * gu;
-        a.gvr[blk.vec(t, dv) + i] = s_beta_r * gur;
-      }
-      __syncthreads();
-      for (int c2 = tid; c2 < dk + dv; c2 += nt) {
+      const S ugy = warp_dot(uc, gys, dv, wl), urgy = warp_dot(urc, gys, dv, wl);
+      const S sgs = warp_dot(rsf, gys, dv, wl);     // s . (R_t^T gy)
+      for (int c0 = 0; c0 < dk + dv; c0 += cols.groups) {
+        const int c2 = c0 + cols.group;
+        S x1 = 0, x2 = 0;
         if (c2 < dk) {
           const int j = c2;
-          S gk = 0, gq = 0, ugy = 0;
-          for (int i = 0; i < dv; ++i) {
-            const S w = Wr[i * ldk + j];
-            gk += G[i * ldk + j] * us[i] + w * gvb[i];
-            gq += w * gys[i];
-            ugy += us[i] * gys[i];
+          for (int i = cols.lane; i < dv; i += cols.width) {
+            const S w = wt[i * dk + j];
+            x1 += G[i * ldk + j] * uc[i] + w * gvb_cur[i];   // gk
+            x2 += w * gys[i];                                 // (W'^T gy)_j
           }
-          a.gk[blk.vec(t, dk) + j] = gk;
-          a.gq[blk.vec(t, dk) + j] = gq + kc[j] * ugy;
-        } else {
+        } else if (c2 < dk + dv) {
           const int j = c2 - dk;
-          S gkr = 0, gs = 0, urgy = 0, sgs = 0;
-          for (int i = 0; i < dv; ++i) {
-            const S r = Rr[i * ldv + j];
-            gkr += GR[i * ldv + j] * urs[i] + r * gvrb[i];
-            gs += r * gys[i];
-            urgy += urs[i] * gys[i];
-            sgs += rsf[i] * gys[i];
+          for (int i = cols.lane; i < dv; i += cols.width) {
+            const S r = rt[i * dv + j];
+            x1 += GR[i * ldv + j] * urc[i] + r * gvrb_cur[i];  // gkr
+            x2 += r * gys[i];
           }
-          a.gkr[blk.vec(t, dv) + j] = gkr;
-          gs += krc[j] * urgy;                       // (R_t^T gy)_j
-          carry[j] = rst ? S(0) : ss[j] * (gs - sgs);   // softmax backward into y_{t-1}
+        }
+        x1 = group_sum(x1, cols.width);
+        x2 = group_sum(x2, cols.width);
+        if (cols.lane == 0) {
+          if (c2 < dk) {
+            a.gk[blk.vec(t, dk) + c2] = x1;
+            a.gq[blk.vec(t, dk) + c2] = x2 + kc[c2] * ugy;
+          } else if (c2 < dk + dv) {
+            const int j = c2 - dk;
+            a.gkr[blk.vec(t, dv) + j] = x1;
+            const S gs = x2 + krc[j] * urgy;               // (R_t^T gy)_j
+            carry[j] = rst ? S(0) : sc[j] * (gs - sgs);    // softmax backward into y_{t-1}
+          }
         }
       }
-      if (tid == 0) {
+      if (warp == 0 || warp == (nwarps > 1 ? 1 : 0)) {
         S gb = 0, gbr = 0;
-        for (int i = 0; i < dv; ++i) {
-          gb += gus[i] * ds[i];
-          gbr += gurs[i] * drs[i];
+        for (int i = wl; i < dv; i += kWarp) {
+          if (warp == 0) gb += gbp[i];
+          if (warp == (nwarps > 1 ? 1 : 0)) gbr += gbrp[i];
         }
-        a.gbeta[blk.scal(t)] = gb;
-        a.gbeta_r[blk.scal(t)] = gbr;
+        if (warp == 0) gb = warp_sum(gb);
+        if (warp == (nwarps > 1 ? 1 : 0)) gbr = warp_sum(gbr);
+        if (wl == 0) {
+          if (warp == 0) a.gbeta[blk.scal(t)] = gb;
+          if (warp == (nwarps > 1 ? 1 : 0)) a.gbeta_r[blk.scal(t)] = gbr;
+        }
       }
-      __syncthreads();
     }
-    const bool rst0 = blk.reset(a.reset, t0);
-    const S* k0 = kbuf + (t0 & 1) * dk;
-    const S* kr0 = krbuf + (t0 & 1) * dv;
-    for (std::size_t e = tid; e < matW; e += nt) {
-      const int i = static_cast<int>(e / dk), j = static_cast<int>(e % dk);
-      G[i * ldk + j] = rst0 ? S(0) : G[i * ldk + j] + gvb[i] * k0[j];
-    }
-    for (std::size_t e = tid; e < matR; e += nt) {
-      const int i = static_cast<int>(e / dv), j = static_cast<int>(e % dv);
-      GR[i * ldv + j] = rst0 ? S(0) : GR[i * ldv + j] + gvrb[i] * kr0[j];
-    }
-    __syncthreads();
   }
-  for (std::size_t e = tid; e < matW; e += nt) a.gW0[blk.mat(matW) + e] = G[(e / dk) * ldk + e % dk];
-  for (std::size_t e = tid; e < matR; e += nt) a.gR0[blk.mat(matR) + e] = GR[(e / dv) * ldv + e % dv];
+  __syncthreads();
+  const bool rst0 = flags.at(0);
+  const S* k0 = sb;
+  const S* kr0 = sb + 2 * dk;
+  S* gW0 = a.gW0 + blk.mat(matW);
+  S* gR0 = a.gR0 + blk.mat(matR);
+  for (int i = rows.group; i < dv; i += rows.groups) {
+    for (int j = rows.lane; j < dk; j += rows.width) {
+      S g = G[i * ldk + j];
+      if (n.T > 0) g = rst0 ? S(0) : g + gvb[i] * k0[j];
+      gW0[i * dk + j] = g;
+    }
+    for (int j = rows.lane; j < dv; j += rows.width) {
+      S g = GR[i * ldv + j];
+      if (n.T > 0) g = rst0 ? S(0) : g + gvrb[i] * kr0[j];
+      gR0[i * dv + j] = g;
+    }
+  }
   for (int i = tid; i < dv; i += nt) a.gy0[blk.mat(dv) + i] = carry[i];
 }
 
 }  // namespace
 
-std::size_t delta_rnn_smem_bytes(const Dims& n, std::size_t elem, bool backward) {
+std::size_t delta_rnn_smem_bytes(const Dims& n, std::size_t elem, bool backward, bool stage) {
   SmemSize s;
-  if (backward)
-    s.mat(n.dv, n.dk).mat(n.dv, n.dv).mat(n.dv, n.dk).mat(n.dv, n.dv).vec(3 * n.dk).vec(17 * n.dv);
-  else
-    s.mat(n.dv, n.dk).mat(n.dv, n.dv).vec(3 * n.dk).vec(8 * n.dv);
+  if (backward) {
+    s.mat(n.dv, n.dk).mat(n.dv, n.dv);
+    if (stage) s.mat(n.dv, n.dk).mat(n.dv, n.dv);
+    s.vec(3LL * (n.dk + 3 * n.dv + 2)).vec(3LL * (2 * n.dk + 7 * n.dv + 2)).vec(13LL * n.dv);
+  } else {
+    s.mat(n.dv, n.dk).mat(n.dv, n.dv).vec(3LL * (2 * n.dk + 3 * n.dv + 2)).vec(6LL * n.dv);
+  }
   return s.n * elem;
 }
 
@@ -361,16 +436,16 @@ std::size_t delta_rnn_workspace_elems(const Dims& n) {
 
 template <typename S>
 int delta_rnn_forward(const DeltaRnnFwdArgs<S>& a, int threads, cudaStream_t stream) {
-  if (threads <= 0) threads = default_threads(a.n.dk, a.n.dv);
-  return launch_per_head(delta_rnn_forward_kernel<S>, a.n,
-                         delta_rnn_smem_bytes(a.n, sizeof(S), false), threads, stream, a);
+  return launch_per_head(delta_rnn_forward_kernel<S>, a.n, delta_rnn_smem_bytes(a.n, sizeof(S), false, false),
+                         launch_threads(a.n.dk, a.n.dv, threads), stream, a);
 }
 
 template <typename S>
 int delta_rnn_backward(const DeltaRnnBwdArgs<S>& a, S* work, int threads, cudaStream_t stream) {
-  if (threads <= 0) threads = default_threads(a.n.dk, a.n.dv);
-  return launch_per_head(delta_rnn_backward_kernel<S>, a.n,
-                         delta_rnn_smem_bytes(a.n, sizeof(S), true), threads, stream, a, work);
+  const std::size_t smem = smem_request("delta_rnn", a.n, sizeof(S), true, device_smem_optin());
+  const bool stage = smem == delta_rnn_smem_bytes(a.n, sizeof(S), true, true);
+  return launch_per_head(delta_rnn_backward_kernel<S>, a.n, smem, launch_threads(a.n.dk, a.n.dv, threads),
+                         stream, a, work, stage);
 }
 
 template int delta_rnn_forward<float>(const DeltaRnnFwdArgs<float>&, int, cudaStream_t);

@@ -3,8 +3,10 @@
 // Needs neither torch nor the CUDA headers: the argument blocks are plain structs of device
 // pointers (fastweight_params.h) and the stream is CUDA's opaque `cudaStream_t`.
 //
-// Every launcher runs one thread block per (batch, head) pair, `threads` threads per block
-// (0: default_threads()), and returns 0 on success or the CUDA error code of the launch.
+// Every launcher runs one thread block per (batch, head) pair, launch_threads(dk, dv, threads)
+// threads per block, and returns 0 on success or a CUDA error code (cudaErrorInvalidConfiguration
+// when the block's shared memory exceeds the device's opt-in limit; a failed attribute call is
+// cleared, not left pending).
 // Backward launchers take a device workspace of *_workspace_elems() scalars (the states
 // recomputed inside one checkpoint chunk). All launches are asynchronous on `stream`;
 // no atomics are used, so results are bitwise reproducible.
@@ -20,14 +22,24 @@ typedef struct CUstream_st* cudaStream_t;
 namespace rfwp {
 namespace cuda {
 
-// Block size used when `threads` is 0: a multiple of 32 covering the dv x dk matrix, at most 256.
+// Block size used when `threads` is 0: about 4 cells of the dv x dk matrix per thread, whole
+// warps, at most kMaxThreads (512, the kernels' __launch_bounds__).
 int default_threads(int dk, int dv);
+// Block size a launcher uses for a request of `threads` (0: default_threads): rounded up to
+// whole warps and clamped to [32, 512] (and to what the compiled kernel allows).
+int launch_threads(int dk, int dv, int threads);
 
-// Dynamic shared memory (bytes) a kernel needs; the launchers fail with
-// cudaErrorInvalidConfiguration if it exceeds the device's opt-in limit.
-std::size_t lt_delta_smem_bytes(const Dims& n, std::size_t elem, bool backward);
-std::size_t delta_rnn_smem_bytes(const Dims& n, std::size_t elem, bool backward);
-std::size_t rdn_smem_bytes(const Dims& n, std::size_t elem, bool backward);
+// Dynamic shared memory (bytes) of a kernel. `stage`: the backward's running state during the
+// recomputation (and rdn's recurrent slow weights) in shared memory; the launchers stage when
+// that fits the device's opt-in limit (smem_request) and read them from global memory otherwise.
+std::size_t lt_delta_smem_bytes(const Dims& n, std::size_t elem, bool backward, bool stage);
+std::size_t delta_rnn_smem_bytes(const Dims& n, std::size_t elem, bool backward, bool stage);
+std::size_t rdn_smem_bytes(const Dims& n, std::size_t elem, bool backward, bool stage);
+// What the launcher of `op` ("lt", "delta", "delta_rnn", "rdn") requests on a device whose
+// opt-in limit is `optin` bytes (static shared memory not included).
+std::size_t smem_request(const char* op, const Dims& n, std::size_t elem, bool backward, std::size_t optin);
+// The current device's opt-in shared memory per block (bytes), or 0 if it cannot be read.
+std::size_t device_smem_optin();
 
 std::size_t lt_delta_workspace_elems(const Dims& n);
 std::size_t delta_rnn_workspace_elems(const Dims& n);

@@ -11,10 +11,19 @@ namespace rfwp {
 namespace cuda_torch {
 namespace {
 
-void check(int err, const char* op, std::size_t smem) {
-  TORCH_CHECK(err == 0, "rfwp_rl CUDA kernel ", op, " failed: ",
-              cudaGetErrorString(static_cast<cudaError_t>(err)), " (block needs ", smem,
-              " bytes of shared memory)");
+// A launch that cannot be configured on this GPU (shared memory above its opt-in limit, too
+// many registers, an attribute the driver refuses) raises NotImplementedError, so that the
+// Python dispatch can fall back to the reference; any other CUDA error raises RuntimeError.
+void check(int err, const char* op, std::size_t smem, int threads) {
+  if (err == 0) return;
+  const cudaError_t e = static_cast<cudaError_t>(err);
+  const bool config = e == cudaErrorInvalidConfiguration || e == cudaErrorInvalidValue ||
+                      e == cudaErrorLaunchOutOfResources || e == cudaErrorNoKernelImageForDevice ||
+                      e == cudaErrorInvalidDeviceFunction;
+  TORCH_CHECK_NOT_IMPLEMENTED(!config, "rfwp_rl CUDA kernel ", op, " cannot run on this GPU: ",
+                              cudaGetErrorString(e), " (block of ", threads, " threads, ", smem,
+                              " bytes of dynamic shared memory)");
+  TORCH_CHECK(false, "rfwp_rl CUDA kernel ", op, " failed: ", cudaGetErrorString(e));
 }
 
 at::Tensor workspace(std::size_t elems, const at::Tensor& like) {
@@ -25,31 +34,37 @@ at::Tensor workspace(std::size_t elems, const at::Tensor& like) {
 
 }  // namespace
 
-#define RFWP_FORWARD(op, Args, smem_fn)                                                     \
+// The device guard comes first: the launcher reads the current device's limits.
+#define RFWP_FORWARD(op, Args, name)                                                        \
   template <typename S>                                                                     \
   void op(const Args<S>& a, const at::Tensor& like, int64_t threads) {                      \
     const c10::cuda::CUDAGuard guard(like.device());                                        \
-    check(rfwp::cuda::op(a, static_cast<int>(threads), c10::cuda::getCurrentCUDAStream().stream()),   \
-          #op, rfwp::cuda::smem_fn(a.n, sizeof(S), false));                                 \
+    const int err = rfwp::cuda::op(a, static_cast<int>(threads),                            \
+                                   c10::cuda::getCurrentCUDAStream().stream());             \
+    if (err != 0)                                                                           \
+      check(err, #op, rfwp::cuda::smem_request(name, a.n, sizeof(S), false, rfwp::cuda::device_smem_optin()), \
+            rfwp::cuda::launch_threads(a.n.dk, a.n.dv, static_cast<int>(threads)));       \
   }
-#define RFWP_BACKWARD(op, Args, smem_fn, ws_fn)                                             \
+#define RFWP_BACKWARD(op, Args, name, ws_fn)                                                \
   template <typename S>                                                                     \
   void op(const Args<S>& a, const at::Tensor& like, int64_t threads) {                      \
     const c10::cuda::CUDAGuard guard(like.device());                                        \
     at::Tensor work = workspace(rfwp::cuda::ws_fn(a.n), like);                              \
-    check(rfwp::cuda::op(a, work.data_ptr<S>(), static_cast<int>(threads),                  \
-                         c10::cuda::getCurrentCUDAStream().stream()),                                 \
-          #op, rfwp::cuda::smem_fn(a.n, sizeof(S), true));                                  \
+    const int err = rfwp::cuda::op(a, work.data_ptr<S>(), static_cast<int>(threads),        \
+                                   c10::cuda::getCurrentCUDAStream().stream());             \
+    if (err != 0)                                                                           \
+      check(err, #op, rfwp::cuda::smem_request(name, a.n, sizeof(S), true, rfwp::cuda::device_smem_optin()), \
+            rfwp::cuda::launch_threads(a.n.dk, a.n.dv, static_cast<int>(threads)));       \
   }
 
-RFWP_FORWARD(lt_forward, DeltaFwdArgs, lt_delta_smem_bytes)
-RFWP_FORWARD(delta_forward, DeltaFwdArgs, lt_delta_smem_bytes)
-RFWP_FORWARD(delta_rnn_forward, DeltaRnnFwdArgs, delta_rnn_smem_bytes)
-RFWP_FORWARD(rdn_forward, RdnFwdArgs, rdn_smem_bytes)
-RFWP_BACKWARD(lt_backward, DeltaBwdArgs, lt_delta_smem_bytes, lt_delta_workspace_elems)
-RFWP_BACKWARD(delta_backward, DeltaBwdArgs, lt_delta_smem_bytes, lt_delta_workspace_elems)
-RFWP_BACKWARD(delta_rnn_backward, DeltaRnnBwdArgs, delta_rnn_smem_bytes, delta_rnn_workspace_elems)
-RFWP_BACKWARD(rdn_backward, RdnBwdArgs, rdn_smem_bytes, rdn_workspace_elems)
+RFWP_FORWARD(lt_forward, DeltaFwdArgs, "lt")
+RFWP_FORWARD(delta_forward, DeltaFwdArgs, "delta")
+RFWP_FORWARD(delta_rnn_forward, DeltaRnnFwdArgs, "delta_rnn")
+RFWP_FORWARD(rdn_forward, RdnFwdArgs, "rdn")
+RFWP_BACKWARD(lt_backward, DeltaBwdArgs, "lt", lt_delta_workspace_elems)
+RFWP_BACKWARD(delta_backward, DeltaBwdArgs, "delta", lt_delta_workspace_elems)
+RFWP_BACKWARD(delta_rnn_backward, DeltaRnnBwdArgs, "delta_rnn", delta_rnn_workspace_elems)
+RFWP_BACKWARD(rdn_backward, RdnBwdArgs, "rdn", rdn_workspace_elems)
 #undef RFWP_FORWARD
 #undef RFWP_BACKWARD
 

@@ -15,9 +15,16 @@
 //     threads, which is per-block storage because blocks never overlap (launches are
 //     serialised by a global mutex);
 //   - atomics are std::atomic_ref operations;
+//   - warps: threads 32w .. 32w+31 of a block form warp w, which has its own std::barrier and
+//     exchange slots: __shfl_sync, __shfl_xor_sync, __shfl_up/down_sync, __ballot_sync,
+//     __any/__all_sync and __syncwarp make the warp's threads meet (lockstep at every warp
+//     intrinsic) and exchange values as on a GPU. A warp barrier orders only the threads of
+//     that warp, so ThreadSanitizer still reports a missing __syncthreads() between threads
+//     of different warps. Masks must name every thread of the warp (the kernels only use
+//     full-warp intrinsics in warp-uniform code); anything else aborts;
 //   - the launch is ::cuda_emu::launch(kernel, grid, block, smem_bytes, stream, args...) in place
-//     of kernel<<<grid, block, smem_bytes, stream>>>(args...) (RFWP_LAUNCH in common.cuh).
-// Warp-level intrinsics (__shfl_*, __ballot_*) are not emulated; the kernels do not use them.
+//     of kernel<<<grid, block, smem_bytes, stream>>>(args...) (RFWP_LAUNCH in common.cuh); every
+//     launch is appended to a log (grid, block, dynamic shared memory) that tests read.
 #pragma once
 
 #ifndef RFWP_CUDA_EMULATION
@@ -26,11 +33,14 @@
 
 #include <math.h>
 
+#include <algorithm>
 #include <atomic>
 #include <barrier>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -74,7 +84,13 @@ enum cudaError_t {
 };
 
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
-enum cudaDeviceAttr { cudaDevAttrMaxSharedMemoryPerBlockOptin = 97 };
+enum cudaDeviceAttr { cudaDevAttrMaxThreadsPerBlock = 1, cudaDevAttrMaxSharedMemoryPerBlockOptin = 97 };
+
+struct cudaFuncAttributes {
+  std::size_t sharedSizeBytes = 0;
+  int maxThreadsPerBlock = 1024;
+  int numRegs = 0;
+};
 
 namespace cuda_emu {
 
@@ -84,9 +100,36 @@ constexpr std::size_t kDefaultSharedBytes = 48 * 1024;
 constexpr std::size_t kMaxSharedBytesOptin = 227 * 1024;
 
 inline thread_local cudaError_t last_error = cudaSuccess;
+// What cudaDeviceGetAttribute reports as the opt-in limit (tests lower it to force the
+// launchers' smaller layouts, or raise it above kMaxSharedBytesOptin to make
+// cudaFuncSetAttribute fail as a driver would).
+inline std::size_t reported_smem_optin = kMaxSharedBytesOptin;
 inline std::barrier<>* block_barrier = nullptr;
 inline unsigned char* block_smem = nullptr;
 inline std::size_t smem_limit = kDefaultSharedBytes;   // raised by cudaFuncSetAttribute
+
+// One warp of the running block: its barrier and two sets of exchange slots (alternating
+// between consecutive intrinsics, so that a fast lane's next write never meets a slow lane's
+// read of the previous exchange: both sides of one barrier separate them).
+struct Warp {
+  std::barrier<> bar;
+  unsigned size;                          // threads in this warp (the last may be partial)
+  unsigned long long slots[2][32];
+  explicit Warp(unsigned n) : bar(static_cast<std::ptrdiff_t>(n)), size(n), slots{} {}
+};
+inline thread_local Warp* this_warp = nullptr;
+inline thread_local unsigned this_lane = 0;
+inline thread_local unsigned warp_phase = 0;
+
+// Launch log (tests compare the configuration a launcher asked for with cuda_limits).
+struct LaunchRecord {
+  unsigned grid, block;
+  std::size_t smem;
+};
+inline std::vector<LaunchRecord>& launch_log() {
+  static std::vector<LaunchRecord> log;
+  return log;
+}
 
 inline std::mutex& launch_mutex() {
   static std::mutex m;
@@ -106,6 +149,7 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem, 
     return;
   }
   std::lock_guard<std::mutex> lock(launch_mutex());
+  launch_log().push_back({grid.x * grid.y * grid.z, static_cast<unsigned>(nthreads), smem});
   const std::tuple<Params...> params(static_cast<Params>(args)...);   // by value, like CUDA
   std::vector<std::max_align_t> arena((smem + sizeof(std::max_align_t) - 1) / sizeof(std::max_align_t) + 1);
   for (unsigned int bz = 0; bz < grid.z; ++bz)
@@ -115,10 +159,16 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem, 
         std::barrier<> bar(static_cast<std::ptrdiff_t>(nthreads));
         block_barrier = &bar;
         block_smem = reinterpret_cast<unsigned char*>(arena.data());
+        std::vector<std::unique_ptr<Warp>> warps;
+        for (std::size_t w = 0; w * 32 < nthreads; ++w)
+          warps.push_back(std::make_unique<Warp>(static_cast<unsigned>(std::min<std::size_t>(32, nthreads - 32 * w))));
         std::vector<std::thread> threads;
         threads.reserve(nthreads);
         for (std::size_t tid = 0; tid < nthreads; ++tid) {
           threads.emplace_back([&, tid, bx, by, bz] {
+            this_warp = warps[tid / 32].get();
+            this_lane = static_cast<unsigned>(tid % 32);
+            warp_phase = 0;
             threadIdx = dim3(static_cast<unsigned int>(tid % block.x),
                              static_cast<unsigned int>((tid / block.x) % block.y),
                              static_cast<unsigned int>(tid / (static_cast<std::size_t>(block.x) * block.y)));
@@ -126,6 +176,7 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem, 
             blockDim = block;
             gridDim = grid;
             std::apply(kernel, params);
+            this_warp->bar.arrive_and_drop();   // an exited thread leaves its warp and block
             bar.arrive_and_drop();
           });
         }
@@ -141,6 +192,89 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem, 
 // ------------------------------------------------------------------------- device functions
 
 inline void __syncthreads() { ::cuda_emu::block_barrier->arrive_and_wait(); }
+
+namespace cuda_emu {
+
+inline void check_mask(unsigned mask, const char* what) {
+  const unsigned n = this_warp->size;
+  const unsigned full = n == 32 ? 0xffffffffu : ((1u << n) - 1u);
+  if ((mask & full) != full) {
+    std::fprintf(stderr, "cuda emulation: %s with mask 0x%08x in a warp of %u threads: only "
+                 "full-warp masks are emulated\n", what, mask, n);
+    std::abort();
+  }
+}
+
+// Every lane publishes `value`, the warp meets, every lane reads lane `src`'s value.
+template <typename T>
+T exchange(unsigned mask, T value, unsigned src, const char* what) {
+  static_assert(sizeof(T) <= sizeof(unsigned long long), "shuffles move at most 8 bytes");
+  check_mask(mask, what);
+  Warp& w = *this_warp;
+  unsigned long long* slots = w.slots[warp_phase];
+  warp_phase ^= 1u;
+  std::memcpy(&slots[this_lane], &value, sizeof(T));
+  w.bar.arrive_and_wait();
+  T out = value;
+  if (src < w.size) std::memcpy(&out, &slots[src], sizeof(T));
+  return out;
+}
+
+}  // namespace cuda_emu
+
+inline void __syncwarp(unsigned mask = 0xffffffffu) {
+  ::cuda_emu::check_mask(mask, "__syncwarp");
+  ::cuda_emu::this_warp->bar.arrive_and_wait();
+}
+
+// width: a power of two <= 32 splitting the warp into segments (CUDA semantics).
+template <typename T>
+inline T __shfl_sync(unsigned mask, T var, int src_lane, int width = 32) {
+  const unsigned lane = ::cuda_emu::this_lane, w = static_cast<unsigned>(width);
+  const unsigned src = (lane & ~(w - 1u)) + (static_cast<unsigned>(src_lane) & (w - 1u));
+  return ::cuda_emu::exchange(mask, var, src, "__shfl_sync");
+}
+template <typename T>
+inline T __shfl_xor_sync(unsigned mask, T var, int lane_mask, int width = 32) {
+  const unsigned lane = ::cuda_emu::this_lane, w = static_cast<unsigned>(width);
+  unsigned src = lane ^ static_cast<unsigned>(lane_mask);
+  if (src >= ((lane / w) + 1u) * w) src = lane;   // a later segment: the lane's own value
+  return ::cuda_emu::exchange(mask, var, src, "__shfl_xor_sync");
+}
+template <typename T>
+inline T __shfl_down_sync(unsigned mask, T var, unsigned delta, int width = 32) {
+  const unsigned lane = ::cuda_emu::this_lane, w = static_cast<unsigned>(width);
+  unsigned src = lane + delta;
+  if ((src & ~(w - 1u)) != (lane & ~(w - 1u))) src = lane;
+  return ::cuda_emu::exchange(mask, var, src, "__shfl_down_sync");
+}
+template <typename T>
+inline T __shfl_up_sync(unsigned mask, T var, unsigned delta, int width = 32) {
+  const unsigned lane = ::cuda_emu::this_lane, w = static_cast<unsigned>(width);
+  unsigned src = lane - delta;
+  if (delta > (lane & (w - 1u))) src = lane;
+  return ::cuda_emu::exchange(mask, var, src, "__shfl_up_sync");
+}
+inline unsigned __ballot_sync(unsigned mask, int predicate) {
+  ::cuda_emu::check_mask(mask, "__ballot_sync");
+  ::cuda_emu::Warp& w = *::cuda_emu::this_warp;
+  unsigned long long* slots = w.slots[::cuda_emu::warp_phase];
+  ::cuda_emu::warp_phase ^= 1u;
+  slots[::cuda_emu::this_lane] = predicate != 0;
+  w.bar.arrive_and_wait();
+  unsigned bits = 0;
+  for (unsigned l = 0; l < w.size; ++l) bits |= static_cast<unsigned>(slots[l] != 0) << l;
+  return bits & mask;
+}
+inline int __any_sync(unsigned mask, int predicate) { return __ballot_sync(mask, predicate) != 0; }
+inline int __all_sync(unsigned mask, int predicate) {
+  return __ballot_sync(mask, predicate) == (mask & (::cuda_emu::this_warp->size == 32
+                                                        ? 0xffffffffu
+                                                        : ((1u << ::cuda_emu::this_warp->size) - 1u)));
+}
+inline unsigned __activemask() { return 0xffffffffu; }
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
+inline int __ffs(int x) { return __builtin_ffs(x); }
 inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 inline void __threadfence_block() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 
@@ -205,15 +339,27 @@ inline cudaError_t cudaGetDevice(int* dev) {
   return cudaSuccess;
 }
 inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int) {
+  if (attr == cudaDevAttrMaxThreadsPerBlock) {
+    *value = ::cuda_emu::kMaxThreadsPerBlock;
+    return cudaSuccess;
+  }
   if (attr != cudaDevAttrMaxSharedMemoryPerBlockOptin) return cudaErrorInvalidValue;
-  *value = static_cast<int>(::cuda_emu::kMaxSharedBytesOptin);
+  *value = static_cast<int>(::cuda_emu::reported_smem_optin);
+  return cudaSuccess;
+}
+// The emulator does not see __launch_bounds__: a kernel may have any block size it allows.
+template <typename F>
+inline cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attr, F) {
+  *attr = cudaFuncAttributes{};
+  attr->maxThreadsPerBlock = ::cuda_emu::kMaxThreadsPerBlock;
   return cudaSuccess;
 }
 // Raises the shared-memory limit of the next launch (the emulator does not track kernels).
+// A failure also sets the last error, as CUDA does.
 inline cudaError_t cudaFuncSetAttribute(const void*, cudaFuncAttribute attr, int value) {
   if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 ||
       static_cast<std::size_t>(value) > ::cuda_emu::kMaxSharedBytesOptin)
-    return cudaErrorInvalidValue;
+    return ::cuda_emu::last_error = cudaErrorInvalidValue;
   ::cuda_emu::smem_limit = static_cast<std::size_t>(value);
   return cudaSuccess;
 }

@@ -4,9 +4,10 @@
 // Returns the launcher's CUDA error code (0: success).
 #include <cstddef>
 #include <cstring>
+#include <string>
 #include <type_traits>
 
-#include "../cuda/fastweight_cuda.h"
+#include "../cuda/common.cuh"
 
 namespace {
 
@@ -73,3 +74,38 @@ extern "C" std::size_t rfwp_emu_workspace_elems(const char* op, const int* dims)
 }
 
 extern "C" int rfwp_emu_default_threads(int dk, int dv) { return rfwp::cuda::default_threads(dk, dv); }
+extern "C" int rfwp_emu_launch_threads(int dk, int dv, int threads) {
+  return rfwp::cuda::launch_threads(dk, dv, threads);
+}
+
+// Dynamic shared memory the launcher of `op` requests on a device with `optin` bytes of
+// opt-in shared memory per block (0: unlimited); -1 for an unknown op.
+extern "C" long long rfwp_emu_smem_request(const char* op, int backward, const int* dims, int elem,
+                                           long long optin) {
+  const std::string name(op);
+  if (name != "lt" && name != "delta" && name != "delta_rnn" && name != "rdn") return -1;
+  return static_cast<long long>(rfwp::cuda::smem_request(op, dims_of(dims), static_cast<std::size_t>(elem),
+                                                         backward != 0, static_cast<std::size_t>(optin)));
+}
+
+// The emulated device's opt-in shared memory per block as the launchers read it; set it
+// (0: the true limit, 227 KiB) to steer their layout choice or to make the attribute call fail.
+extern "C" long long rfwp_emu_device_smem_optin() { return static_cast<long long>(rfwp::cuda::device_smem_optin()); }
+extern "C" void rfwp_emu_set_device_smem_optin(long long bytes) {
+  cuda_emu::reported_smem_optin = bytes > 0 ? static_cast<std::size_t>(bytes) : cuda_emu::kMaxSharedBytesOptin;
+}
+// The calling thread's pending CUDA error (not cleared).
+extern "C" int rfwp_emu_peek_last_error() { return static_cast<int>(cudaPeekAtLastError()); }
+
+// Launches since the last clear: count, and (grid blocks, block threads, dynamic smem bytes)
+// of launch i.
+extern "C" int rfwp_emu_launch_count() { return static_cast<int>(cuda_emu::launch_log().size()); }
+extern "C" int rfwp_emu_launch_record(int i, long long* out3) {
+  const auto& log = cuda_emu::launch_log();
+  if (i < 0 || static_cast<std::size_t>(i) >= log.size()) return -1;
+  out3[0] = log[i].grid;
+  out3[1] = log[i].block;
+  out3[2] = static_cast<long long>(log[i].smem);
+  return 0;
+}
+extern "C" void rfwp_emu_launch_clear() { cuda_emu::launch_log().clear(); }

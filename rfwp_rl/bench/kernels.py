@@ -33,8 +33,8 @@ import torch
 
 from rfwp_rl.checkpoint import atomic_write_text
 from rfwp_rl.errors import UserError, check_choice
-from rfwp_rl.kernels import cases
-from rfwp_rl.ops import reference
+from rfwp_rl import ops
+from rfwp_rl.ops import cases
 
 SIZES = {
     "atari": dict(T=51, B=32, H=4, d=32),     # IMPALA unroll 50 (+1), batch 32, 4 heads of 32
@@ -47,7 +47,7 @@ DEFAULT_OUT = Path("results/bench/kernels_cpu.csv")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sizes", default="atari,lm", help=f"comma list of {', '.join(SIZES)}")
-    parser.add_argument("--ops", default=",".join(cases.OPS), help="comma list of ops")
+    parser.add_argument("--ops", default=",".join(ops.OPS), help="comma list of ops")
     n = torch.get_num_threads()
     parser.add_argument("--threads", default="1" if n == 1 else f"1,{n}",
                         help="comma list of torch thread counts to measure (default: 1 and all "
@@ -104,7 +104,7 @@ def measure(name: str, size: str, repeats: int, fused: Callable) -> dict:
     T, B, H, d = s["T"], s["B"], s["H"], s["d"]
     args, reset = cases.make_inputs(name, T=T, B=B, H=H, d=d, dtype=torch.float32, seed=0,
                                     reset_at=((T // 2, 0),))
-    ref_f, ref_fb = _passes(getattr(reference, name), args, reset)
+    ref_f, ref_fb = _passes(ops.naive(name), args, reset)
     fus_f, fus_fb = _passes(fused, args, reset)
     row = {"size": size, "op": name, "T": T, "B": B, "H": H, "d": d, "dtype": "float32"}
     row["ref_fwd_ms"], row["ref_fwd_cpu_ms"] = _median_ms(ref_f, repeats)
@@ -129,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
     from rfwp_rl import kernels
 
     sizes = _parse_list(args.sizes, SIZES, "size")
-    names = _parse_list(args.ops, cases.OPS, "op")
+    names = _parse_list(args.ops, tuple(ops.OPS), "op")
     try:
         threads = [int(x) for x in args.threads.split(",") if x.strip()]
     except ValueError:
@@ -160,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
             print("-" * len(header))
             for size in sizes:
                 for name in names:
-                    row = measure(name, size, args.repeats, kernels.get(name, required=True))
+                    row = measure(name, size, args.repeats, ops.get(name, "kernel"))
                     row.update(threads=nt, matmul_gflops=mm,
                                fwd_speedup=row["ref_fwd_ms"] / row["fused_fwd_ms"],
                                fwdbwd_speedup=row["ref_fwdbwd_ms"] / row["fused_fwdbwd_ms"],

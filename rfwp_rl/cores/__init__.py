@@ -25,7 +25,7 @@ Adding a core: subclass :class:`rfwp_rl.cores.base.Core` (set ``input_size``,
 for a Transformer-like fast-weight block stack, subclass
 :class:`rfwp_rl.cores.fast_weight.FastWeightCore` with your own ``sublayer_cls`` (or pass
 ``sublayer_cls=`` at construction, as :mod:`rfwp_rl.cores.lm_cores` does; the public
-``rfwp_rl.ops.reference.read`` / ``delta_update`` help write the recurrence). Register it with a
+``rfwp_rl.ops.common.read`` / ``delta_update`` help write the recurrence). Register it with a
 :class:`CoreSpec` whose ``defaults`` list every config key, and add a small config for it to
 ``SMALL`` in ``tests/test_cores.py``: the contract tests (chunking, resets, gradients, state
 layout, stepping) run on every registered core, and a core without a small config fails

@@ -30,6 +30,9 @@ import torch
 from torch import Tensor, nn
 
 from rfwp_rl.errors import UserError, check_choice
+# the state helpers of every recurrence (reset before a step, no gradient across it)
+from rfwp_rl.ops.common import reset_steps, zero_entries  # noqa: F401
+from rfwp_rl.ops.dispatch import BACKENDS
 
 State = tuple[Tensor, ...]
 
@@ -74,26 +77,6 @@ def check_heads(hidden_size: int, num_heads: int) -> int:
         raise UserError(f"hidden_size {hidden_size} is not divisible by num_heads {num_heads}; "
                         f"allowed: hidden_size a multiple of num_heads")
     return hidden_size // num_heads
-
-
-# ------------------------------------------------------------------------- state helpers
-
-def zero_entries(x: Tensor, mask: Tensor, dim: int = 0) -> Tensor:
-    """``x`` with the batch entries where ``mask`` ([B] bool) is True set to zero.
-
-    ``dim`` is the batch dimension of ``x``. Uses ``torch.where`` so that no gradient
-    crosses the reset.
-    """
-    shape = [1] * x.dim()
-    shape[dim] = -1
-    return torch.where(mask.view(shape), torch.zeros((), dtype=x.dtype, device=x.device), x)
-
-
-def reset_steps(reset: Tensor | None, T: int) -> list[bool]:
-    """Per step t: does any batch entry reset before step t? (one host sync)."""
-    if reset is None:
-        return [False] * T
-    return reset.any(dim=1).tolist()
 
 
 # ------------------------------------------------------------------------- the base class
@@ -211,4 +194,4 @@ class CoreStepper:
 
 
 def check_backend(backend: Any) -> str:
-    return check_choice("backend", backend, ("auto", "kernel", "reference"))
+    return check_choice("backend", backend, BACKENDS)

@@ -9,14 +9,16 @@ Structure (the reference Atari agents' layout; RFWP paper App. C)::
 
 A fast-weight sublayer computes its slow projections for the whole unroll with one matmul
 (``Linear(hidden -> needed, bias=False)``), splits them into H heads of size d = hidden/H,
-runs the sequential recurrence ``rfwp_rl.ops.get(kind, backend)`` and projects back with
-``Linear(hidden -> hidden, bias=False)`` and dropout. Per-head slow projection layout (as in
+runs the sequential recurrence (the op ``kind`` of :mod:`rfwp_rl.ops`, resolved once at
+construction for the sublayer's sizes: fused kernel or PyTorch reference) and projects back
+with ``Linear(hidden -> hidden, bias=False)`` and dropout. Per-head slow projection layout (as in
 the reference code): ``[q, k, v, β]`` for lt/delta/rdn (no β for lt),
 ``[q, k, v, k_r, v_r, β, β_r]`` for delta_rnn.
 
 Feature maps (``feature_map``): applied to q and k before the op (lt, delta, delta_rnn);
-inside the op for rdn (the fused rdn kernel implements softmax only). The delta_rnn
-recurrent key k_r always uses softmax, matching its recurrent query softmax(y_{t-1}).
+inside the op for rdn (the op's ``supported`` says which its fused kernel runs). The
+delta_rnn recurrent key k_r always uses softmax, matching its recurrent query
+softmax(y_{t-1}).
 
 Each core class names its sublayer class (``FastWeightCore.sublayer_cls``; other modules
 build further block stacks the same way, e.g. :mod:`rfwp_rl.cores.lm_cores`).
@@ -29,7 +31,7 @@ lt/delta ``(W,)``, delta_rnn ``(W, R, y_last)``, rdn ``(W, y_last)`` with
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import Tensor, nn
@@ -38,7 +40,7 @@ from rfwp_rl import ops
 from rfwp_rl.cores import feature_maps
 from rfwp_rl.cores.base import (Core, CoreSpec, State, check_backend, check_bool,
                                 check_dropout, check_heads, check_positive_int)
-from rfwp_rl.errors import UserError, check_choice
+from rfwp_rl.errors import check_choice
 
 
 def _defaults(feature_map: str) -> dict:
@@ -84,7 +86,9 @@ class FastWeightSublayer(nn.Module):
     """Pre-LayerNorm residual fast-weight sublayer (base class).
 
     Subclasses set ``kind`` (the op name), ``slow_per_head`` (slow projection outputs per
-    head) and implement ``state_shapes`` and ``recurrence``.
+    head) and implement ``state_shapes`` and ``recurrence``, which calls ``self.op`` (the op
+    ``kind`` resolved once, at construction, for keys of size D and values of size d; a
+    subclass calling it with other sizes resolves its own with :meth:`resolve_op`).
     """
 
     kind: str = ""
@@ -102,11 +106,12 @@ class FastWeightSublayer(nn.Module):
         self.slow = nn.Linear(hidden_size, num_heads * self.slow_per_head(), bias=False)
         self.out = nn.Linear(hidden_size, hidden_size, bias=False)
         self.drop = nn.Dropout(dropout)
-        if self.kind == "rdn" and feature_map != "softmax" and backend == "kernel":
-            raise UserError(f"feature_map {feature_map!r} with backend 'kernel' for core 'rdn'; "
-                            "allowed: feature_map 'softmax' with the fused kernel, or backend "
-                            "'auto'/'reference'")
-        ops.get(self.kind, backend)   # fail now, with a one-line error, if unavailable
+        # with backend 'kernel' a one-line error now if the fused kernel cannot run these sizes
+        self.op = self.resolve_op(self.kind, ops.Dims(dk=self.D, dv=self.d))
+
+    def resolve_op(self, name: str, dims: ops.Dims, **options) -> Callable[..., tuple]:
+        """Op ``name`` on this sublayer's backend for sizes ``dims`` (chosen once)."""
+        return ops.resolve(name, self.backend, dims, **options)
 
     def slow_per_head(self) -> int:
         raise NotImplementedError
@@ -117,9 +122,6 @@ class FastWeightSublayer(nn.Module):
     def recurrence(self, p: Tensor, state: State, reset: Tensor | None) -> tuple[Tensor, State]:
         """p: slow projections ``[T, B, H, slow_per_head]`` -> y ``[T, B, H, d]``, state."""
         raise NotImplementedError
-
-    def op(self):
-        return ops.get(self.kind, self.backend)
 
     def forward(self, x: Tensor, state: State, reset: Tensor | None) -> tuple[Tensor, State]:
         T, B, _ = x.shape
@@ -141,7 +143,7 @@ class LTSublayer(FastWeightSublayer):
 
     def recurrence(self, p: Tensor, state: State, reset: Tensor | None) -> tuple[Tensor, State]:
         q, k, v = p.split(self.d, dim=-1)                         # RFWP Eq. 5
-        y, W = self.op()(self.phi(q), self.phi(k), v, state[0], reset)
+        y, W = self.op(self.phi(q), self.phi(k), v, state[0], reset)
         return y, (W,)
 
 
@@ -159,7 +161,7 @@ class DeltaSublayer(FastWeightSublayer):
     def recurrence(self, p: Tensor, state: State, reset: Tensor | None) -> tuple[Tensor, State]:
         q, k, v, b = p.split([self.d, self.d, self.d, 1], dim=-1)
         beta = torch.sigmoid(b.squeeze(-1))                        # RFWP Eq. 9
-        y, W = self.op()(self.phi(q), self.phi(k), v, beta, state[0], reset)
+        y, W = self.op(self.phi(q), self.phi(k), v, beta, state[0], reset)
         return y, (W,)
 
 
@@ -181,7 +183,7 @@ class DeltaRNNSublayer(FastWeightSublayer):
         q, k, v, kr, vr, b, br = p.split([d, d, d, d, d, 1, 1], dim=-1)
         beta, beta_r = torch.sigmoid(b.squeeze(-1)), torch.sigmoid(br.squeeze(-1))
         W0, R0, y0 = state
-        y, W, R = self.op()(self.phi(q), self.phi(k), v, beta,
+        y, W, R = self.op(self.phi(q), self.phi(k), v, beta,
                             feature_maps.softmax(kr), vr, beta_r, W0, R0, y0, reset)
         return y, (W, R, y[-1])
 
@@ -201,6 +203,12 @@ class RDNSublayer(FastWeightSublayer):
         self.Rv = nn.Parameter(torch.randn(H, d, d) / math.sqrt(d))
         self.rb = nn.Parameter(torch.randn(H, d) / math.sqrt(d))
 
+    def resolve_op(self, name: str, dims: ops.Dims, **options) -> Callable[..., tuple]:
+        # φ runs inside the op: the op gets it, and its name decides whether the fused
+        # kernel can run it
+        return super().resolve_op(name, ops.Dims(dims.dk, dims.dv, self.feature_map),
+                                  feature_map=self.phi, **options)
+
     def slow_per_head(self) -> int:
         return 3 * self.d + 1
 
@@ -210,11 +218,8 @@ class RDNSublayer(FastWeightSublayer):
     def recurrence(self, p: Tensor, state: State, reset: Tensor | None) -> tuple[Tensor, State]:
         xq, xk, xv, xb = p.split([self.d, self.d, self.d, 1], dim=-1)
         W0, y0 = state
-        args = (xq, xk, xv, xb.squeeze(-1), self.Rq, self.Rk, self.Rv, self.rb, W0, y0, reset)
-        if self.feature_map == "softmax":
-            y, W = self.op()(*args)
-        else:   # only the reference implements other feature maps inside the recurrence
-            y, W = ops.get("rdn", "reference")(*args, feature_map=self.phi)
+        y, W = self.op(xq, xk, xv, xb.squeeze(-1), self.Rq, self.Rk, self.Rv, self.rb, W0, y0,
+                       reset)
         return y, (W, y[-1])
 
 

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from rfwp_rl.errors import UserError, check_choice
+from rfwp_rl.ops.common import softmax   # the ops' own (the rdn op recognises it)
 
 FEATURE_MAPS = ("elu_sum", "softmax", "dpfp")
 SUM_NORM_EPS = 1e-5
@@ -32,11 +33,6 @@ def sum_normalise(phi: Tensor) -> Tensor:
 def elu_sum(x: Tensor) -> Tensor:
     """ELU(x) + 1 (Secretly-FWP Eq. 30), sum-normalised (Eq. 29). ``[..., d] -> [..., d]``."""
     return sum_normalise(F.elu(x) + 1.0)
-
-
-def softmax(x: Tensor) -> Tensor:
-    """Softmax over the last dimension. ``[..., d] -> [..., d]``."""
-    return torch.softmax(x, dim=-1)
 
 
 def dpfp(x: Tensor, nu: int = 1) -> Tensor:

@@ -50,7 +50,8 @@ from torch import Tensor
 from rfwp_rl.cores import feature_maps, register
 from rfwp_rl.cores.base import CoreSpec, State, check_positive_int, reset_steps, zero_entries
 from rfwp_rl.cores.fast_weight import FastWeightCore, FastWeightSublayer
-from rfwp_rl.ops import reference as ref   # delta_update (RFWP Eq. 8, 10), read (Eq. 7)
+from rfwp_rl import ops
+from rfwp_rl.ops.common import delta_update, read   # RFWP Eq. 8, 10 and Eq. 7
 
 
 def _defaults(feature_map: str, **extra: Any) -> dict:
@@ -102,7 +103,7 @@ class DeltaLSTMSublayer(FastWeightSublayer):
         qw, kw, vw, kr, vr, bw, br = p.split([3 * d] * 5 + [3, 3], dim=-1)
         W0, R, c, y = state
         # feedforward parts W q_u, W_f q_f, W_o q_o: the delta op on 3H heads (RFWP Eq. 8-10, 7)
-        z, W = self.op()(self.phi(_heads(qw, 3)), self.phi(_heads(kw, 3)), _heads(vw, 3),
+        z, W = self.op(self.phi(_heads(qw, 3)), self.phi(_heads(kw, 3)), _heads(vw, 3),
                          torch.sigmoid(_heads(bw, 3).squeeze(-1)), W0, reset)
         z_u, z_f, z_o = _ungroup(z, 3)
         # recurrent parts: R, R_f, R_o written by the delta rule, read with softmax(y_{t-1})
@@ -114,8 +115,8 @@ class DeltaLSTMSublayer(FastWeightSublayer):
         for t in range(T):
             if flags[t]:
                 R, c, y = (zero_entries(s, reset[t]) for s in (R, c, y))
-            R = ref.delta_update(R, kr[t], vr[t], beta_r[t])                 # RFWP Eq. 8, 10
-            r_u, r_f, r_o = _ungroup(ref.read(R, feature_maps.softmax(y).repeat(1, 3, 1)), 3)
+            R = delta_update(R, kr[t], vr[t], beta_r[t])                 # RFWP Eq. 8, 10
+            r_u, r_f, r_o = _ungroup(read(R, feature_maps.softmax(y).repeat(1, 3, 1)), 3)
             u = z_u[t] + r_u                                                 # RFWP Eq. 36
             f = torch.sigmoid(z_f[t] + r_f)                                  # RFWP Eq. 37
             o = torch.sigmoid(z_o[t] + r_o)                                  # RFWP Eq. 38
@@ -148,8 +149,8 @@ class DeltaMLPSublayer(FastWeightSublayer):
         for k in range(K):
             key, value, b = parts[1 + 3 * k: 4 + 3 * k]
             # RFWP Eq. 13: h_k = W_k^(t) φ(h_{k-1}), W_k written by the delta rule (Eq. 8-10)
-            h, W = self.op()(self.phi(h), self.phi(key), value, torch.sigmoid(b.squeeze(-1)),
-                             state[k], reset)
+            h, W = self.op(self.phi(h), self.phi(key), value, torch.sigmoid(b.squeeze(-1)),
+                           state[k], reset)
             new_state.append(W)
         return h, tuple(new_state)                                           # RFWP Eq. 14
 
@@ -158,6 +159,11 @@ class DeltaDeltaSublayer(FastWeightSublayer):
     """Delta-Delta Net (RFWP Sec. 3.1, App. A.3), see the module docstring."""
 
     kind = "delta"
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        # M maps keys of size D to the 3d + 1 slow projections of the inner Delta Net
+        self.slow_op = self.resolve_op("delta", ops.Dims(dk=self.D, dv=3 * self.d + 1))
 
     def slow_per_head(self) -> int:
         return 5 * self.d + 2                                                # App. A.3
@@ -171,10 +177,11 @@ class DeltaDeltaSublayer(FastWeightSublayer):
         qs, ks, vs, bs = p.split([d, d, 3 * d + 1, 1], dim=-1)
         M0, W0 = state
         # the fast "slow projection": M written by the delta rule, read with φ(q_s)
-        proj, M = self.op()(self.phi(qs), self.phi(ks), vs, torch.sigmoid(bs.squeeze(-1)), M0, reset)
+        proj, M = self.slow_op(self.phi(qs), self.phi(ks), vs, torch.sigmoid(bs.squeeze(-1)), M0,
+                               reset)
         q, k, v, b = proj.split([d, d, d, 1], dim=-1)
         # the inner Delta Net (RFWP Eq. 8-10, 7)
-        y, W = self.op()(self.phi(q), self.phi(k), v, torch.sigmoid(b.squeeze(-1)), W0, reset)
+        y, W = self.op(self.phi(q), self.phi(k), v, torch.sigmoid(b.squeeze(-1)), W0, reset)
         return y, (M, W)
 
 

@@ -1,14 +1,12 @@
-"""Python side of ``csrc/``: builds the fused kernels and wraps them as autograd Functions.
+"""Python side of ``csrc/``: builds and loads the fused kernels (the raw extension handles).
 
-``get(name, required)`` returns the fused implementation of op ``name`` (same signature as
-:mod:`rfwp_rl.ops.reference`), or None in ``auto`` mode when the kernels are unavailable.
-The returned callable itself falls back to the reference for inputs the kernels do not
-support (dtypes other than float32/float64, devices without a kernel, ``rdn`` with a feature
-map other than softmax); with ``required=True`` it raises a one-line
-:class:`~rfwp_rl.errors.UserError` instead.
+This layer knows nothing of ops or cores: :mod:`rfwp_rl.ops` wraps the extension's functions
+in autograd Functions and decides, per op and size, whether the fused kernel or the PyTorch
+reference runs. ``load()`` returns the extension (or None and why); ``status()`` says which
+backend is active for ``rfwp-rl info``.
 
 The C++ extension is built on first use (about a minute, once per source version and
-machine; ``python -m rfwp_rl.kernels --build`` does it ahead of time) and cached, see
+machine; ``python -m rfwp_rl.kernels`` does it ahead of time) and cached, see
 :mod:`rfwp_rl.kernels._build`. If the build fails the package still works on the reference:
 one one-line warning names the reason and the build log. ``RFWP_RL_KERNELS=0`` disables the
 fused kernels.
@@ -18,28 +16,21 @@ chunk during the backward pass: O(T/C) matrices per (batch, head) are kept betwe
 and backward, plus a C-matrix scratch per thread during the backward. On CPU, C is
 ``checkpoint_interval(T, state_bytes)``: the whole sequence (one checkpoint, the initial
 state) when the T states of one (batch, head) fit in ``ONE_CHUNK_BYTES`` (then the scratch
-stays in the L2 cache), else ``max(16, ceil(sqrt(T)))``; ``lt`` always keeps only the initial
-state and needs no scratch (its backward rebuilds the states in place, in a forward pass).
-The CUDA kernels use ``checkpoint_interval(T)`` = ``max(16, ceil(sqrt(T)))``. Settable with
-:func:`set_checkpoint_interval` (not for the CPU ``lt``, which has nothing to set).
+stays in the L2 cache), else ``max(16, ceil(sqrt(T)))``; the CPU ``lt`` always keeps only the
+initial state and needs no scratch (its backward rebuilds the states in place, in a forward
+pass). The CUDA kernels use ``checkpoint_interval(T)`` = ``max(16, ceil(sqrt(T)))``. Settable
+with :func:`set_checkpoint_interval` (not for the CPU ``lt``, which has nothing to set).
 """
 
 from __future__ import annotations
 
-import inspect
 import logging
 import math
 import os
 import threading
-from typing import Any, Callable
+from typing import Any
 
-import torch
-from torch import Tensor
-
-from rfwp_rl.errors import UserError, check_choice
-
-OPS = ("lt", "delta", "delta_rnn", "rdn")
-DTYPES = (torch.float32, torch.float64)
+from rfwp_rl.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +43,12 @@ ONE_CHUNK_BYTES = 512 * 1024
 
 # ------------------------------------------------------------------------ build / status
 
-def _load() -> tuple[Any, str]:
-    """(extension module or None, why). Builds at most once per process."""
+def load() -> tuple[Any, str]:
+    """(the extension module, or None when the kernels are unavailable; why).
+
+    Builds at most once per process (nothing when cached). The extension's functions are
+    ``<op>_forward`` / ``<op>_backward`` (``csrc/bindings.cpp``) and ``has_cuda()``.
+    """
     if _state["loaded"]:
         return _state["ext"], _state["why"]
     with _lock:
@@ -93,13 +88,8 @@ def status() -> tuple[str, str]:
 
     Builds the kernels if they are not cached yet.
     """
-    ext, why = _load()
+    ext, why = load()
     return ("kernel" if ext is not None else "reference"), why
-
-
-def build() -> tuple[str, str]:
-    """Build (or load from the cache) now; returns :func:`status`."""
-    return status()
 
 
 # ------------------------------------------------------------------ checkpoint interval
@@ -129,107 +119,3 @@ def set_checkpoint_interval(every: int | None) -> None:
     if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
         raise UserError(f"checkpoint interval {every!r} is invalid; allowed: a positive integer or None")
     _checkpoint_interval = every
-
-
-# ------------------------------------------------------------------------------ dispatch
-
-def _is_softmax(fm: Any) -> bool:
-    if fm is None:
-        return True
-    from rfwp_rl.cores import feature_maps
-    from rfwp_rl.ops import reference
-
-    return fm is feature_maps.softmax or fm is getattr(reference, "_softmax", None)
-
-
-def unsupported(ext: Any, name: str, tensors: list[Tensor | None], reset: Tensor | None,
-                feature_map: Any = None) -> str | None:
-    """Why the fused kernel cannot run these inputs (None: it can)."""
-    ts = [t for t in tensors if t is not None]
-    dtype, device = ts[0].dtype, ts[0].device
-    if dtype not in DTYPES:
-        return f"dtype {dtype} (fused kernels: float32, float64)"
-    if any(t.dtype != dtype for t in ts) or any(t.device != device for t in ts):
-        return "inputs with mixed dtypes or devices"
-    if device.type == "cuda":
-        if not ext.has_cuda():
-            return "CUDA tensors (this build has CPU kernels only)"
-    elif device.type != "cpu":
-        return f"device {device.type!r}"
-    if reset is not None and (reset.device != device or reset.dtype not in (torch.bool, torch.uint8)):
-        return "a reset mask that is not bool/uint8 on the inputs' device"
-    if ts[0].dim() != 4 or ts[0].shape[0] == 0:
-        return "an empty or malformed sequence"
-    if name == "rdn":
-        if not _is_softmax(feature_map):
-            return f"rdn with feature_map {feature_map!r} (fused kernel: softmax only)"
-        if tensors[8] is not None and tensors[8].shape[-1] != tensors[0].shape[-1]:
-            return "rdn with a key size different from the head size"
-    return None
-
-
-def _state_bytes(name: str, tensors: list[Tensor | None]) -> int:
-    """Bytes of the fast-weight state of one (batch, head): W [dv, dk] (and delta_rnn's R)."""
-    dk, dv = tensors[0].shape[-1], tensors[2].shape[-1]
-    size = dv * dk + (dv * dv if name == "delta_rnn" else 0)
-    return size * tensors[0].element_size()
-
-
-class FusedOp:
-    """Callable with the reference signature of op ``name`` that runs the fused kernel.
-
-    Unsupported inputs go to the reference (``required=False``) or raise UserError.
-    """
-
-    def __init__(self, name: str, required: bool) -> None:
-        from rfwp_rl.ops import reference
-
-        self.name = name
-        self.required = required
-        self._signature = inspect.signature(getattr(reference, name))
-        self.__name__ = name
-        self.__doc__ = f"Fused kernel of rfwp_rl.ops.reference.{name} (same signature)."
-
-    def __repr__(self) -> str:
-        return f"<fused {self.name} op{' (required)' if self.required else ''}>"
-
-    def __call__(self, *args: Any, **kwargs: Any) -> tuple:
-        from rfwp_rl.kernels import functions
-        from rfwp_rl.ops import reference
-
-        bound = self._signature.bind(*args, **kwargs)
-        feature_map = bound.arguments.pop("feature_map", None)
-        args = tuple(bound.arguments.values())   # every positional parameter, in order
-        ext, why = _load()
-        tensors, reset = list(args[:-1]), args[-1]
-        reason = why if ext is None else unsupported(ext, self.name, tensors, reset, feature_map)
-        if reason is not None:
-            if self.required:
-                raise UserError(f"backend 'kernel' cannot run op {self.name!r}: {reason}; "
-                                "use backend 'auto' or 'reference'")
-            ref = getattr(reference, self.name)
-            return ref(*args, feature_map=feature_map) if self.name == "rdn" else ref(*args)
-        T = tensors[0].shape[0]
-        if tensors[0].device.type != "cpu":   # the CUDA kernels: one scratch matrix per step of a chunk
-            chunk = checkpoint_interval(T)
-        elif self.name == "lt":               # the CPU lt backward reads only the initial state
-            chunk = T
-        else:
-            chunk = checkpoint_interval(T, _state_bytes(self.name, tensors))
-        return functions.FUSED[self.name](ext, chunk, *args)
-
-
-_OPS_CACHE = {(n, r): FusedOp(n, r) for n in OPS for r in (False, True)}
-
-
-def get(name: str, required: bool = False) -> Callable | None:
-    """The fused op ``name`` (reference signature), or None when the kernels are unavailable
-    and ``required`` is False; with ``required`` a one-line UserError says why."""
-    check_choice("op", name, OPS)
-    ext, why = _load()
-    if ext is None:
-        if required:
-            raise UserError(f"backend 'kernel' requested for op {name!r} but {why}; "
-                            "use backend 'auto' or 'reference'")
-        return None
-    return _OPS_CACHE[(name, required)]

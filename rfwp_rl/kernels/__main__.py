@@ -1,5 +1,5 @@
-"""``python -m rfwp_rl.kernels [--build]``: build (or load from the cache) the fused kernels and
-print which backend is active and why. Exit code 1 when the kernels are unavailable."""
+"""``python -m rfwp_rl.kernels``: build (or load from the cache) the fused kernels and print
+which backend is active and why. Exit code 1 when the kernels are unavailable."""
 
 from __future__ import annotations
 
@@ -9,12 +9,10 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rfwp_rl.kernels", description=__doc__)
-    parser.add_argument("--build", action="store_true",
-                        help="build now if not cached (the default action; kept for setup scripts)")
     parser.parse_args(argv)
     from rfwp_rl import kernels
 
-    backend, why = kernels.build()
+    backend, why = kernels.status()
     print(f"{backend}: {why}")
     return 0 if backend == "kernel" else 1
 

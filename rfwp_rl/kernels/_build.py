@@ -138,9 +138,29 @@ def _import_extension(name: str, path: Path) -> ModuleType:
     return module
 
 
-def extension_name(with_cuda: bool) -> str:
-    key = _hash(CUDA_PARTS if with_cuda else CPU_PARTS, "ext", torch.__version__, sys.version, " ".join(CFLAGS), " ".join(NVCC_FLAGS),
-                str(with_cuda), _cpu_signature())
+def cuda_arch_list() -> str:
+    """The GPU architectures a CUDA build compiles for, as torch's extension builder picks
+    them: ``TORCH_CUDA_ARCH_LIST`` when set, else the compute capabilities of the visible
+    devices (e.g. ``"8.0 9.0"``); empty when neither says."""
+    env = os.environ.get("TORCH_CUDA_ARCH_LIST", "").strip()
+    if env:
+        return " ".join(env.replace(";", " ").split())
+    if torch.cuda.is_available():
+        caps = sorted({torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())})
+        return " ".join(f"{major}.{minor}" for major, minor in caps)
+    return ""
+
+
+def extension_name(with_cuda: bool, arch: str | None = None) -> str:
+    """The cache directory and module name of a build: a hash of what the binary depends
+    on. A CUDA build also depends on the GPU architectures it was compiled for (``arch``,
+    default :func:`cuda_arch_list`): a build cached on an H100 node has no kernel image for
+    an A100 node sharing the cache."""
+    extra = [torch.__version__, sys.version, " ".join(CFLAGS), " ".join(NVCC_FLAGS), str(with_cuda),
+             _cpu_signature()]
+    if with_cuda:
+        extra.append("arch " + (cuda_arch_list() if arch is None else arch))
+    key = _hash(CUDA_PARTS if with_cuda else CPU_PARTS, "ext", *extra)
     return f"rfwp_fastweight_{'cuda' if with_cuda else 'cpu'}_{key}"
 
 

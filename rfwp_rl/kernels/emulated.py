@@ -4,7 +4,12 @@ extension, for checking the CUDA sources on machines without a GPU.
 
 Every thread of a block is a real ``std::thread`` and blocks run one after another, so keep
 the sizes tiny (a handful of blocks of at most a few dozen threads). ``threads`` sets the
-block size (default 32, which does not divide head sizes such as 5 or 33).
+block size request (default 32, which does not divide head sizes such as 5 or 33; 0: the
+launchers' default); the launchers round it to whole warps and clamp it as on a GPU.
+
+The launchers' view of the device can be changed (``set_device_smem_optin``) and every launch
+is logged (``launches``), so tests can compare what a launcher asks for with
+:mod:`rfwp_rl.kernels.cuda_limits`.
 
     be = EmulatedCuda(threads=32)
     y, W = rfwp_rl.kernels.functions.delta(be, chunk, q, k, v, beta, W0, reset)
@@ -53,6 +58,12 @@ class EmulatedCuda:
         self.threads = threads
         self.lib = ctypes.CDLL(str(library or _build.emulated_cuda_library()))
         self.lib.rfwp_emu_workspace_elems.restype = ctypes.c_size_t
+        self.lib.rfwp_emu_smem_request.restype = ctypes.c_longlong
+        self.lib.rfwp_emu_smem_request.argtypes = [ctypes.c_char_p, ctypes.c_int,
+                                                   ctypes.POINTER(ctypes.c_int), ctypes.c_int,
+                                                   ctypes.c_longlong]
+        self.lib.rfwp_emu_device_smem_optin.restype = ctypes.c_longlong
+        self.lib.rfwp_emu_set_device_smem_optin.argtypes = [ctypes.c_longlong]
         for block, fields in FIELDS.items():
             n = self.lib.rfwp_emu_num_pointers(block.encode())
             if n != len(fields):
@@ -61,6 +72,50 @@ class EmulatedCuda:
 
     def has_cuda(self) -> bool:
         return False
+
+    # ------------------------------------------------------------ launcher introspection
+
+    def launch_threads(self, dk: int, dv: int, threads: int | None = None) -> int:
+        """Block size the launchers use for a request (default: this backend's)."""
+        return self.lib.rfwp_emu_launch_threads(dk, dv, self.threads if threads is None else threads)
+
+    def smem_request(self, op: str, direction: str, dk: int, dv: int, dtype_bytes: int,
+                     optin: int | None = None) -> int:
+        """Dynamic shared memory the launcher of ``op`` requests (``optin``: the device's
+        opt-in limit; None: the emulated device's current one)."""
+        if optin is None:
+            optin = self.device_smem_optin()
+        dims = (ctypes.c_int * 6)(1, 1, 1, dk, dv, 1)
+        n = self.lib.rfwp_emu_smem_request(op.encode(), int(direction == "backward"), dims,
+                                           dtype_bytes, optin)
+        if n < 0:
+            raise ValueError(f"unknown op {op!r}")
+        return int(n)
+
+    def device_smem_optin(self) -> int:
+        return int(self.lib.rfwp_emu_device_smem_optin())
+
+    def set_device_smem_optin(self, nbytes: int | None) -> None:
+        """What the emulated device reports as its opt-in shared memory per block (None: the
+        true limit, 227 KiB). Lower: the launchers pick smaller layouts or refuse; higher:
+        the attribute call fails as on a GPU whose driver refuses the size."""
+        self.lib.rfwp_emu_set_device_smem_optin(0 if nbytes is None else int(nbytes))
+
+    def pending_error(self) -> int:
+        """The CUDA error left pending on this thread (0: none)."""
+        return int(self.lib.rfwp_emu_peek_last_error())
+
+    def launches(self, clear: bool = True) -> list[tuple[int, int, int]]:
+        """(grid blocks, block threads, dynamic shared memory bytes) of every launch since
+        the last clear."""
+        out = (ctypes.c_longlong * 3)()
+        log = []
+        for i in range(self.lib.rfwp_emu_launch_count()):
+            self.lib.rfwp_emu_launch_record(i, out)
+            log.append((int(out[0]), int(out[1]), int(out[2])))
+        if clear:
+            self.lib.rfwp_emu_launch_clear()
+        return log
 
     # ---------------------------------------------------------------------- plumbing
 
@@ -73,7 +128,9 @@ class EmulatedCuda:
                 assert t.is_contiguous() and t.device.type == "cpu", name
                 ptrs[i] = t.data_ptr()
         cdims = (ctypes.c_int * 6)(*dims)
-        suffix = {torch.float32: "f32", torch.float64: "f64"}[dtype]
+        suffix = {torch.float32: "f32", torch.float64: "f64"}.get(dtype)
+        if suffix is None:
+            raise EmulationError(f"the emulated kernels take float32/float64, got {dtype}")
         fn = getattr(self.lib, f"rfwp_emu_{op}_{suffix}")
         if workspace is None:
             err = fn(ptrs, cdims, self.threads)
@@ -96,8 +153,11 @@ class EmulatedCuda:
         T, B, H, dk = q.shape
         dv = v.shape[-1]
         dims = (T, B, H, dk, dv, chunk)
+        # the CUDA lt/delta kernels keep the initial state and delta's (u, v - v̄) vectors
+        # instead of checkpoints (csrc/fastweight_params.h)
+        saved = B * H * dv * dk + (T * B * H * 2 * dv if op == "delta_forward" else 0) if chunk > 0 else 0
         out = {"y": q.new_empty(T, B, H, dv), "W": q.new_empty(B, H, dv, dk),
-               "ckpt": q.new_empty(_nck(T, chunk), B, H, dv, dk)}
+               "ckpt": q.new_empty(saved)}
         self._call(op, q.dtype, "DeltaFwdArgs",
                    dict(q=q, k=k, v=v, beta=beta, W0=W0, reset=self._reset(reset), **out), dims)
         return [out["y"], out["W"], out["ckpt"]]

@@ -1,12 +1,17 @@
 """Fast-weight recurrences: the sequential part of each fast-weight core.
 
-Every op has a plain PyTorch reference in :mod:`rfwp_rl.ops.reference` and a fused
-implementation (C++ on CPU, CUDA on GPU) in :mod:`rfwp_rl.kernels`, with the same signature.
-``get(name, backend)`` picks one:
+One folder per op (``lt``, ``delta``, ``delta_rnn``, ``rdn``): ``naive.py`` (the plain
+PyTorch reference), ``fused.py`` (its autograd Function over the C++/CUDA kernels of
+``csrc/``, and ``supported``: the sizes the fused kernel runs) and ``__init__.py`` (its
+:class:`~rfwp_rl.ops.base.OpSpec`). Layers: cores -> ops -> kernels (build, load).
 
-- ``"reference"``: always the PyTorch reference;
-- ``"kernel"``: the fused kernel, or a one-line error saying why it is unavailable;
-- ``"auto"``: the fused kernel when it is built and supports the inputs, else the reference.
+``get(name, backend)`` (or ``resolve(name, backend, dims)`` when the sizes are known, once
+at construction) picks an implementation with the reference's signature:
+
+- ``"reference"``: the PyTorch reference;
+- ``"kernel"``: the fused kernel, or a one-line error saying why it cannot run;
+- ``"auto"``: the fused kernel when it is built and runs the inputs' sizes, dtype and device,
+  else the reference (with one warning naming the size).
 
 Shapes (time-major, heads split; T steps, B batch, H heads, d head size; all inputs have the
 same dtype/device; ``reset`` is bool ``[T, B]``: True zeroes entry b's state *before* step t):
@@ -23,22 +28,44 @@ same dtype/device; ``reset`` is bool ``[T, B]``: True zeroes entry b's state *be
 
 from __future__ import annotations
 
-from typing import Callable
+import importlib
+from typing import Any, Callable
 
 from rfwp_rl.errors import check_choice
-from rfwp_rl.ops import reference
-
-OPS = ("lt", "delta", "delta_rnn", "rdn")
-BACKENDS = ("auto", "kernel", "reference")
+from rfwp_rl.ops.base import Dims, OpSpec
+from rfwp_rl.ops.dispatch import BACKENDS, resolve as _resolve
 
 
-def get(name: str, backend: str = "auto") -> Callable:
-    """The implementation of op ``name`` for ``backend`` (see module docstring)."""
-    check_choice("op", name, OPS)
-    check_choice("backend", backend, BACKENDS)
-    if backend == "reference":
-        return getattr(reference, name)
-    from rfwp_rl import kernels
+def _register(*names: str) -> dict[str, OpSpec]:
+    return {name: importlib.import_module(f"rfwp_rl.ops.{name}").OP for name in names}
 
-    fused = kernels.get(name, required=(backend == "kernel"))
-    return fused if fused is not None else getattr(reference, name)
+
+OPS: dict[str, OpSpec] = _register("lt", "delta", "delta_rnn", "rdn")
+"""Every op by name; adding an op adds its folder's name here."""
+
+__all__ = ["BACKENDS", "Dims", "OPS", "OpSpec", "get", "naive", "resolve", "spec"]
+
+
+def spec(name: str) -> OpSpec:
+    """The :class:`OpSpec` of op ``name`` (a one-line error for an unknown name)."""
+    return OPS[check_choice("op", name, OPS)]
+
+
+def naive(name: str) -> Callable[..., tuple]:
+    """The plain PyTorch reference of op ``name``."""
+    return spec(name).naive
+
+
+def resolve(name: str, backend: str = "auto", dims: Dims | None = None,
+            **options: Any) -> Callable[..., tuple]:
+    """Op ``name`` for ``backend``, chosen once (see :func:`rfwp_rl.ops.dispatch.resolve`).
+
+    ``dims`` (:class:`Dims`): the key and value sizes of every call, when known.
+    ``options``: keyword options of the reference bound now (rdn's ``feature_map``).
+    """
+    return _resolve(spec(name), backend, dims, **options)
+
+
+def get(name: str, backend: str = "auto") -> Callable[..., tuple]:
+    """Op ``name`` for ``backend``, the sizes taken from each call (see :func:`resolve`)."""
+    return _resolve(spec(name), backend)

@@ -65,7 +65,8 @@ class AssocMemory(nn.Module):
         self.W_K = nn.Linear(emb_size + num_keys, d_key, bias=False)
         self.W_Q = nn.Linear(emb_size, d_key, bias=False)
         self.W_beta = nn.Linear(emb_size + num_keys, 1) if rule == "delta" else None
-        ops.get(rule, backend)   # a one-line error now if the backend is unavailable
+        # chosen once for these sizes (a one-line error now if backend 'kernel' cannot run them)
+        self.op = ops.resolve(rule, backend, ops.Dims(dk=self.D, dv=num_keys))
 
     def describe(self) -> dict[str, Any]:
         return {"model": "memory", "core": self.rule, "core_config": dict(self.config)}
@@ -90,10 +91,10 @@ class AssocMemory(nn.Module):
         W0 = torch.zeros(B, 1, self.S, self.D, dtype=k.dtype, device=k.device)
         vh = v.unsqueeze(2)
         if self.rule == "lt":
-            _, W = ops.get("lt", self.backend)(k, k, vh, W0, None)             # RFWP Eq. 6
+            _, W = self.op(k, k, vh, W0, None)                                 # RFWP Eq. 6
         else:
             beta = torch.sigmoid(self.W_beta(inp))                             # RFWP Eq. 9
-            _, W = ops.get("delta", self.backend)(k, k, vh, beta, W0, None)    # RFWP Eq. 8, 10
+            _, W = self.op(k, k, vh, beta, W0, None)                           # RFWP Eq. 8, 10
         read = torch.matmul(W[:, 0], q.unsqueeze(-1)).squeeze(-1)              # v̂ = W φ(q)
         out = torch.zeros(x.shape[0], B, self.S, dtype=read.dtype, device=read.device)
         out[-1] = read
