@@ -246,7 +246,7 @@ class Learner:
     - :meth:`learn`: V-trace loss of one batch, gradients added to ``.grad`` -> :class:`Gradients`;
     - :meth:`apply`: one optimizer step on ``.grad`` (RMSProp or Adam; alone: this learner's gradients; in a
       learner group: the group's weighted mean), counts it, queues its stats in ``learned`` and
-      :meth:`publish` es the new parameters to the ``followers`` (the actors' copy, remote actors);
+      hands the new parameters to the ``followers`` (:meth:`publish`: the actors' copy, remote actors);
     - :meth:`state_dict` / :meth:`load_state_dict`: the checkpoint; :meth:`shared_state` /
       :meth:`load_shared_state`: what a learner group hands a joining learner besides the parameters.
 

@@ -147,12 +147,18 @@ class RolloutServer:
         rollouts, episodes = [], []
         version = self.learner.updates
         for rollout, rollout_version, eps in items:
-            data = {k: v.to(self.device) for k, v in rollout.data.items()}
-            rollouts.append(Rollout(data, tuple(s.to(self.device) for s in rollout.state)))
+            data = {k: self._to_device(v) for k, v in rollout.data.items()}
+            rollouts.append(Rollout(data, tuple(self._to_device(s) for s in rollout.state)))
             episodes += eps
             if rollout_version is not None:
                 self._lags.append(version - rollout_version)
         return rollouts, episodes
+
+    def _to_device(self, t: torch.Tensor) -> torch.Tensor:
+        """CUDA: through page-locked memory, without blocking (torch keeps the staging buffer until the copy is done)."""
+        if self.device.type != "cuda":
+            return t.to(self.device)
+        return t.pin_memory().to(self.device, non_blocking=True)
 
     def pop_lags(self) -> list[int]:
         """Policy lags (updates) of the rollouts taken since the last call."""

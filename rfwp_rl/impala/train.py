@@ -28,6 +28,7 @@ import sys
 import time
 from collections import deque
 from pathlib import Path
+from typing import Iterable
 
 import numpy as np
 import torch
@@ -149,16 +150,21 @@ def _add_learner_arguments(g: argparse._ArgumentGroup) -> None:
 
 
 def config_from_args(args: argparse.Namespace, kind: str = "atari", memory_horizon: int | None = None,
-                     max_episode_steps: int | None = None) -> ImpalaConfig:
-    """The run's config: the command line's values, the unset ones from the profile of the env's
-    ``kind`` (see :mod:`rfwp_rl.impala.profiles`). ``--set`` trainer keys come on top (:func:`run`),
-    then :func:`check_config`."""
+                     max_episode_steps: int | None = None, settings: Iterable = ()) -> ImpalaConfig:
+    """The run's config, checked (:func:`check_config`): the command line's values, the unset ones
+    from the profile of the env's ``kind`` (see :mod:`rfwp_rl.impala.profiles`), and on top the
+    ``--set`` trainer ``settings`` (:class:`rfwp_rl.overrides.Setting`, from :meth:`RunSpec.from_args`)."""
+    from rfwp_rl.overrides import apply_to_trainer
+
     fields = {f.name for f in dataclasses.fields(ImpalaConfig)}
     given = {k: v for k, v in vars(args).items() if k in fields and k != "profile"}
     profile = profiles.profile_for(kind, getattr(args, "profile", "auto"))
     for k in profiles.PROFILE_OPTIONS:
         given.setdefault(k, None)
-    return ImpalaConfig(**profiles.fill_unset(given, profile, memory_horizon, max_episode_steps), profile=profile)
+    cfg = ImpalaConfig(**profiles.fill_unset(given, profile, memory_horizon, max_episode_steps), profile=profile)
+    apply_to_trainer(cfg, settings)  # --set batch_size=... wins over flags and profile
+    check_config(cfg)
+    return cfg
 
 
 def check_config(cfg: ImpalaConfig) -> None:
@@ -193,12 +199,10 @@ def check_config(cfg: ImpalaConfig) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from rfwp_rl.impala.config import trainer_keys
-    from rfwp_rl.overrides import apply_to_trainer
 
     run_spec = RunSpec.from_args(args, trainer_keys())
-    cfg = config_from_args(args, run_spec.kind, run_spec.memory_horizon, run_spec.max_episode_steps)
-    apply_to_trainer(cfg, run_spec.trainer_settings)  # --set batch_size=... wins over flags and profile
-    check_config(cfg)
+    cfg = config_from_args(args, run_spec.kind, run_spec.memory_horizon, run_spec.max_episode_steps,
+                           run_spec.trainer_settings)
     run_dir = Path(args.run_dir) if args.run_dir else Path("runs") / "impala" / _run_name(
         run_spec.env.rpartition(":")[2], run_spec.preset.core, cfg.seed)
     return train(cfg, run_spec, run_dir)
