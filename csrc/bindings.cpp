@@ -144,7 +144,9 @@ std::vector<Tensor> delta_forward_impl(bool is_delta, const Tensor& q, const Ten
   const uint8_t* rst = reset_ptr(reset, n, q);
   Tensor y = empty_like_shape(q, {n.T, n.B, n.H, n.dv});
   Tensor W = empty_like_shape(q, {n.B, n.H, n.dv, n.dk});
-  Tensor ckpt = empty_like_shape(q, {nck(n), n.B, n.H, n.dv, n.dk});
+  // CUDA: the initial state and delta's (u, v - v̄) vectors (two-sweep backward, no checkpoints)
+  Tensor ckpt = q.is_cuda() ? empty_like_shape(q, {rfwp::cuda_lt_delta_saved(n, is_delta)})
+                            : empty_like_shape(q, {nck(n), n.B, n.H, n.dv, n.dk});
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "delta_forward", [&] {
     rfwp::DeltaFwdArgs<scalar_t> a{ptr<scalar_t>(q), ptr<scalar_t>(k), ptr<scalar_t>(v),
                                    is_delta ? ptr_or_null<scalar_t>(beta) : nullptr,
@@ -170,7 +172,13 @@ std::vector<Tensor> delta_backward_impl(bool is_delta, const Tensor& q, const Te
     TORCH_CHECK(beta.has_value() && beta->defined(), "beta is missing");
     check_tensor(*beta, "beta", q, {n.T, n.B, n.H});
   }
-  check_tensor(ckpt, "ckpt", q, {nck(n), n.B, n.H, n.dv, n.dk});
+  if (q.is_cuda()) {
+    Dims kept = n;
+    kept.chunk = 1;   // what a forward with gradients kept
+    check_tensor(ckpt, "ckpt", q, {rfwp::cuda_lt_delta_saved(kept, is_delta)});
+  } else {
+    check_tensor(ckpt, "ckpt", q, {nck(n), n.B, n.H, n.dv, n.dk});
+  }
   check_tensor(gy, "grad y", q, {n.T, n.B, n.H, n.dv});
   check_optional(gW, "grad W", q, {n.B, n.H, n.dv, n.dk});
   const uint8_t* rst = reset_ptr(reset, n, q);

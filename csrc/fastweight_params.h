@@ -12,6 +12,11 @@
 //                     (before that step's reset), written by the forward, read by the backward
 //                     which recomputes the states inside each chunk from its checkpoint.
 // Gradient pointers of final states (gW, gR) may be null (no gradient flows into them).
+//
+// Exception: the CUDA lt/delta kernels keep no checkpoints (their backward runs two sweeps over
+// time: G = dL/dW backwards, then W forwards from the initial state). Their `ckpt` is one flat
+// buffer of cuda_lt_delta_saved(n, delta) scalars: the initial state [B, H, dv, dk], then for
+// delta the vectors (u_t, v_t - v̄_t) [T, B, H, 2, dv]; empty when chunk == 0 (inference).
 #pragma once
 
 #include <cstdint>
@@ -31,6 +36,13 @@ struct Dims {
 };
 
 RFWP_HOST_DEVICE inline int num_chunks(int T, int chunk) { return chunk > 0 ? (T + chunk - 1) / chunk : 0; }
+
+// Scalars the CUDA lt/delta forward keeps for the backward (see the note above).
+RFWP_HOST_DEVICE inline long long cuda_lt_delta_saved(const Dims& n, bool delta) {
+  if (n.chunk <= 0) return 0;
+  const long long bh = static_cast<long long>(n.B) * n.H;
+  return bh * n.dv * n.dk + (delta ? static_cast<long long>(n.T) * bh * 2 * n.dv : 0);
+}
 
 // lt (beta == nullptr) and delta.
 template <typename S>

@@ -86,7 +86,10 @@ def _pooled_size(n: int) -> int:
 
 
 class ResNetTorso(nn.Module):
-    """IMPALA "large" torso: uint8 ``[N, C, H, W]`` -> ``[N, output_size]`` (divides by 255)."""
+    """IMPALA "large" torso: uint8 ``[N, C, H, W]`` -> ``[N, output_size]`` (divides by 255).
+
+    The convolutions run in ``channels_last`` memory format (same numbers as the default
+    layout; measured ~1.8x faster forward+backward on CPU); :meth:`use_memory_format` switches."""
 
     def __init__(self, obs_shape: Sequence[int], channels: Sequence[int] = (16, 32, 32), output_size: int = 256):
         super().__init__()
@@ -101,11 +104,18 @@ class ResNetTorso(nn.Module):
         self.flat_size = in_ch * h * w  # 32 * 11 * 11 = 3872 for 84x84 frames
         self.fc = nn.Linear(self.flat_size, output_size)
         self.output_size = output_size
+        self.use_memory_format(torch.channels_last)
+
+    def use_memory_format(self, memory_format: torch.memory_format) -> "ResNetTorso":
+        """Run the convolutions in ``memory_format`` (``torch.channels_last`` or ``torch.contiguous_format``)."""
+        self.memory_format = memory_format
+        self.stages.to(memory_format=memory_format)
+        return self
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        x = obs.float() / 255.0
+        x = (obs.float() / 255.0).contiguous(memory_format=self.memory_format)
         x = F.relu(self.stages(x))
-        return F.relu(self.fc(x.flatten(1)))
+        return F.relu(self.fc(x.flatten(1)))  # flatten reads the logical [C, H, W] order in any layout
 
 
 class MLPTorso(nn.Module):
@@ -183,9 +193,18 @@ class Agent(nn.Module):
             greedy: take the argmax action instead of sampling.
         Returns:
             ``({"policy_logits": [T, B, A], "baseline": [T, B], "action": [T, B]}, new_state)``.
+            Under a caller's autocast (``--precision bf16``) only the torso runs in low precision;
+            the core and the heads get fp32 features and return fp32 values.
         """
         T, B = obs.shape[:2]
         features = self.torso(obs.reshape(T * B, *obs.shape[2:])).view(T, B, -1)
+        with torch.autocast(features.device.type, enabled=False):  # only the torso runs in the caller's autocast
+            return self._core_and_heads(features.float(), reward, done, state, prev_action, greedy)
+
+    def _core_and_heads(self, features: torch.Tensor, reward: torch.Tensor, done: torch.Tensor, state: tuple,
+                        prev_action: torch.Tensor | None, greedy: bool) -> tuple[dict[str, torch.Tensor], tuple]:
+        """``features [T, B, F]`` fp32 -> the core (its fused kernels are fp32) -> policy and baseline heads."""
+        T, B = features.shape[:2]
         done = done.bool()
         inputs = [features, reward.float().clamp(-1.0, 1.0).unsqueeze(-1)]
         if self.config.use_prev_action:
@@ -230,10 +249,3 @@ def atari_param_counts(num_actions: int) -> dict[str, int]:
             agent = build_agent(preset, ATARI_OBS_SHAPE, num_actions)
         counts[core] = count_parameters(agent)
     return counts
-
-
-def agent_from_meta(meta: dict) -> Agent:
-    """Rebuild the (untrained) agent described by an IMPALA checkpoint's ``meta``
-    (``obs_shape``, ``num_actions``, ``core``, ``core_config``, ``agent``); then load
-    ``checkpoint["state"]["agent"]`` into it."""
-    return Agent(meta["obs_shape"], meta["num_actions"], meta["core"], meta["core_config"], meta["agent"])

@@ -170,12 +170,15 @@ class Checkpointer:
             number of actions, model config...). Plain, comparable Python values.
         keep: how many periodic checkpoints to keep (>= 2, so that a broken newest one
             still leaves a good previous one).
+        also_accept: other metas a checkpoint may have and still be loaded (what older versions
+            recorded for the same run).
     """
 
-    def __init__(self, run_dir: str | os.PathLike, meta: dict, keep: int = 2):
+    def __init__(self, run_dir: str | os.PathLike, meta: dict, keep: int = 2, also_accept: tuple[dict, ...] = ()):
         self.run_dir = Path(run_dir)
         self.meta = meta
         self.keep = max(2, keep)
+        self.also_accept = tuple(also_accept)
 
     def save(self, state: dict, step: int) -> Path:
         """Write ``ckpt_<step>.pt`` atomically, then prune older ones beyond ``keep``.
@@ -210,7 +213,8 @@ class Checkpointer:
                 print(f"warning: checkpoint {path} is unreadable ({e}); trying the previous one",
                       file=sys.stderr)
                 continue
-            check_meta(obj["meta"], self.meta, path)
+            if not any(not meta_differences(obj["meta"], other) for other in self.also_accept):
+                check_meta(obj["meta"], self.meta, path)
             return {"step": int(obj["step"]), "state": obj["state"], "meta": obj["meta"], "path": path}
         raise UserError(
             "no usable checkpoint in " f"{self.run_dir}: {', '.join(p.name for p in files)} are all "

@@ -18,7 +18,6 @@ applies ``--set`` overrides; values use TOML syntax (``64``, ``true``, ``'softma
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from pathlib import Path
 from typing import Any, Iterable
@@ -29,6 +28,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
 from rfwp_rl.errors import UserError, check_choice
+from rfwp_rl.overrides import apply_settings, parse_value  # noqa: F401  (parse_value: env options use it too)
 from rfwp_rl.resources import data_dir
 
 # the repository's agents/ in a checkout, else the copy shipped in the wheel
@@ -99,41 +99,11 @@ def load_preset(name_or_path: str | Path) -> Preset:
     return parse_preset(data, str(path))
 
 
-def parse_value(text: str) -> Any:
-    """A ``--set`` value in TOML syntax; a bare word that is not TOML is a string."""
-    try:
-        return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
-        return text
-
-
 def apply_overrides(preset: Preset, overrides: Iterable[str]) -> Preset:
-    """Return a copy of ``preset`` with ``--set key=value`` overrides applied.
-
-    Keys: ``core``, ``core_config.<option>``, ``agent.<option>``. Option names are checked
-    later, by the core (``rfwp_rl.cores.make``) and the agent config.
-    """
-    preset = copy.deepcopy(preset)
-    for item in overrides:
-        key, sep, text = item.partition("=")
-        key = key.strip()
-        if not sep or not key:
-            raise UserError(f"--set {item!r}: expected key=value, e.g. core_config.hidden_size=64")
-        value = parse_value(text.strip())
-        section, dot, option = key.partition(".")
-        if not dot:
-            if key != "core":
-                raise UserError(f"--set {item!r}: unknown key {key!r}; allowed: core, core_config.<option>, "
-                                "agent.<option>")
-            preset.core = str(value)
-        elif section == "core_config" and option:
-            preset.core_config[option] = value
-        elif section == "agent" and option:
-            preset.agent[option] = value
-        else:
-            raise UserError(f"--set {item!r}: unknown key {key!r}; allowed: core, core_config.<option>, "
-                            "agent.<option>")
-    return preset
+    """Return a copy of ``preset`` with ``--set key=value`` overrides applied
+    (:func:`rfwp_rl.overrides.apply_settings`; keys ``core``, ``core_config.<option>``,
+    ``agent.<option>``). Option names are checked later, by the core and the agent config."""
+    return apply_settings(overrides, preset)
 
 
 def resolve_preset(core: str | None, preset: str | None, overrides: Iterable[str] = (),

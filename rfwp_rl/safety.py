@@ -26,6 +26,10 @@ class GracefulStop:
         self.signal_name = ""
         self._old: dict[int, object] = {}
 
+    def is_requested(self) -> bool:
+        """``requested``, as a callable (e.g. for waits that poll for a stop)."""
+        return self.requested
+
     def _handle(self, signum, frame) -> None:
         if self.requested:
             print("second signal: exiting now", file=sys.stderr, flush=True)

@@ -18,13 +18,7 @@ from rfwp_rl.impala.evaluate import eval_env_options, evaluate, play, quotas, sp
 from rfwp_rl.scores import load_runs
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Small batched inference is fastest on one thread on a shared machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def make_checkpoint(run_dir, env_id, core="lstm", core_config=None, env_options=None, step=1000,
@@ -234,3 +228,29 @@ def test_evaluates_a_checkpoint_written_by_the_trainer(tmp_path, capsys):
     assert (score.game, score.model, score.steps) == ("CartPole", "lstm", 160)
     rec = json.loads(next(run.glob("eval_*_greedy.json")).read_text())
     assert np.array(rec["scores"]).shape == (2, 3) and rec["core_config"]["hidden_size"] == 8
+
+
+@pytest.mark.slow
+def test_eval_needs_no_flags_on_a_run_of_an_env_from_a_module(tmp_path, capsys):
+    """A run trained with --env module:EnvId records the module with the env, so that eval makes the
+    env from the checkpoint alone; a checkpoint of an older version (env recorded without its
+    module) is evaluated through the run's config.json."""
+    from rfwp_rl.checkpoint import atomic_torch_save, list_checkpoints, read_checkpoint
+
+    run = tmp_path / "mod"
+    assert cli.main(["train", "--env", "fault_envs:FaultCartPole-v0", "--core", "lstm", "--set",
+                     "core_config.hidden_size=8", "--total-steps", "40", "--num-actors", "2", "--unroll-length", "10",
+                     "--batch-size", "2", "--env-backend", "local", "--run-dir", str(run)]) == 0
+    file = list_checkpoints(run)[0]
+    assert read_checkpoint(file)["meta"]["env"] == "fault_envs:FaultCartPole-v0"
+    capsys.readouterr()
+    assert cli.main(["eval", str(run), "--episodes", "2", "--repeats", "1", "--num-envs", "2"]) == 0
+    assert "on fault_envs:FaultCartPole-v0" in capsys.readouterr().out
+    old = read_checkpoint(file)
+    old["meta"]["env"] = "FaultCartPole-v0"
+    atomic_torch_save(old, file)
+    assert cli.main(["eval", str(run), "--episodes", "2", "--repeats", "1", "--num-envs", "2"]) == 0
+    assert cli.main(["train", "--env", "fault_envs:FaultCartPole-v0", "--core", "lstm", "--set",
+                     "core_config.hidden_size=8", "--total-steps", "60", "--num-actors", "2", "--unroll-length", "10",
+                     "--batch-size", "2", "--env-backend", "local", "--run-dir", str(run)]) == 0  # resumes too
+    assert "from step 40" in capsys.readouterr().out

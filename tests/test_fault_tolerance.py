@@ -12,7 +12,6 @@ The tiniest configs of each trainer are used; subprocesses are guarded by timeou
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
 import random
@@ -31,7 +30,6 @@ import rfwp_rl.runlog  # noqa: F401  (imported at collection: RunLogger binds sy
 from rfwp_rl import cli
 from rfwp_rl.checkpoint import Checkpointer, list_checkpoints, non_finite_entries, read_checkpoint
 
-HAS_MOOLIB = importlib.util.find_spec("moolib") is not None
 ROOT = Path(__file__).resolve().parents[1]
 
 # (argv for a run directory and a target, TensorBoard tag logged once per step/update,
@@ -39,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 IMPALA = ["train", "--env", "CartPole-v1", "--core", "lstm", "--set", "core_config.hidden_size=8",
           "--env-backend", "local", "--num-actors", "4", "--unroll-length", "5", "--batch-size", "2",
           "--checkpoint-every", "0.3", "--log-every", "0.2"]
-META = ["meta-rl", "--core", "lstm", "--set", "hidden_size=8", "--batch-size", "4", "--train-graphs", "8",
+META = ["meta-rl", "--core", "lstm", "--set", "core_config.hidden_size=8", "--batch-size", "4", "--train-graphs", "8",
         "--test-graphs", "4", "--episode-steps", "10", "--eval-every", "100000", "--log-every", "1",
         "--checkpoint-minutes", "0.005", "--threads", "1", "--print-every", "1000"]
 SEQ = ["seq", "--task", "assoc", "--num-keys", "4", "--core", "lt", "--num-layers", "1", "--num-heads", "1",
@@ -57,12 +55,7 @@ KILLS = {"impala": 1, "meta_rl": 3, "seq": 1}  # several for one trainer; the ma
 PRESETS = {"impala": 10, "meta_rl": 1, "seq": 1}  # steps per update (TensorBoard step spacing)
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _env() -> dict:
@@ -193,7 +186,7 @@ def test_broken_and_mismatched_checkpoints_through_the_cli(tmp_path, name, capsy
         other = [a for a in other if a not in ("--set", "core_config.hidden_size=8")]
         refused = "core: checkpoint has 'lstm', this run has 'ff'"
     elif name == "meta_rl":
-        other = [a if a != "hidden_size=8" else "hidden_size=12" for a in argv_of(run_dir, target)]
+        other = [a if a != "core_config.hidden_size=8" else "core_config.hidden_size=12" for a in argv_of(run_dir, target)]
         refused = "core_config.hidden_size: checkpoint has 8, this run has 12"
     else:
         other = [a if a != "lt" else "delta" for a in argv_of(run_dir, target, 2)]
@@ -285,7 +278,7 @@ def test_too_many_env_failures_stop_with_a_checkpoint(tmp_path, flaky_module, ca
     assert ck["state"]["counters"]["env_failures"] == 4 and 0 < ck["step"] < 100000
 
 
-@pytest.mark.skipif(not HAS_MOOLIB, reason="moolib is not installed")
+@pytest.mark.moolib
 def test_moolib_failing_env_and_killed_worker_process(tmp_path):
     """moolib backend in a subprocess: envs that raise are replaced inside the workers; a
     SIGKILLed worker process is detected, the trainer checkpoints, ends the old pool,

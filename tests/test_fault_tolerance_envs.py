@@ -15,7 +15,6 @@ so moolib runs go through the CLI in subprocesses; local-backend runs use ``cli.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
 import subprocess
@@ -33,9 +32,6 @@ from rfwp_rl.checkpoint import list_checkpoints, read_checkpoint
 from rfwp_rl.envs import make_env
 from rfwp_rl.envs.pool import FATAL_MESSAGE_BYTES, MAX_FAILED_CONSTRUCTIONS, PoolEnv, decode_fatal, encode_fatal
 
-HAS_MOOLIB = importlib.util.find_spec("moolib") is not None
-needs_moolib = pytest.mark.skipif(not HAS_MOOLIB and os.environ.get("RFWP_REQUIRE_MOOLIB") != "1",
-                                  reason="moolib is not installed")
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))
@@ -51,12 +47,8 @@ MOOLIB = ["--env-backend", "moolib", "--num-env-processes", "2"]
 
 
 @pytest.fixture(autouse=True)
-def fresh_counters():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
+def fresh_counters(one_thread):
     fault_envs.reset_counters()
-    yield
-    torch.set_num_threads(old)
 
 
 def _env() -> dict:
@@ -242,7 +234,7 @@ def test_env_timeout_must_be_positive(tmp_path, capsys):
 
 # ------------------------------------------------------------------ trainer, moolib backend
 
-@needs_moolib
+@pytest.mark.moolib
 @pytest.mark.slow
 def test_moolib_reset_failures_are_replaced_and_a_broken_env_stops_the_run(tmp_path):
     """In the workers: first resets that raise are replaced and counted; an env that never
@@ -281,7 +273,7 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 60) -> None:
         time.sleep(0.05)
 
 
-@needs_moolib
+@pytest.mark.moolib
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
 def test_moolib_signal_while_waiting_on_a_hung_env(tmp_path, sig):
@@ -323,7 +315,7 @@ def test_moolib_signal_while_waiting_on_a_hung_env(tmp_path, sig):
     assert not left, out
 
 
-@needs_moolib
+@pytest.mark.moolib
 @pytest.mark.slow
 def test_moolib_hung_env_times_out_like_a_dead_worker(tmp_path):
     """--env-timeout 5: an env that hangs once -> the batch times out, the trainer checkpoints,
@@ -339,7 +331,7 @@ def test_moolib_hung_env_times_out_like_a_dead_worker(tmp_path):
     assert ck["step"] == 300 and ck["state"]["counters"]["env_failures"] == 1
 
 
-@needs_moolib
+@pytest.mark.moolib
 @pytest.mark.slow
 def test_moolib_env_hung_for_ever_stops_at_the_failure_limit(tmp_path):
     """An env that always hangs, with --max-env-failures 0: the first timeout stops the run

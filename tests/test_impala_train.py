@@ -1,6 +1,5 @@
 """IMPALA actor-learner: rollout invariants, tiny end-to-end runs for every core, resume, errors."""
 
-import importlib.util
 import sys
 
 import pytest
@@ -11,7 +10,8 @@ from rfwp_rl.agent import Agent
 from rfwp_rl.checkpoint import list_checkpoints, read_checkpoint
 from rfwp_rl.errors import UserError
 from rfwp_rl.impala import learner
-from rfwp_rl.impala.actors import Actors, LocalEnvPool, Rollout, RolloutQueue, import_moolib
+from rfwp_rl.impala.actors import Actors, Rollout, RolloutQueue
+from rfwp_rl.impala.env_pool import LocalEnvPool, import_moolib
 
 CORES = ["ff", "lstm", "lt", "delta", "delta_rnn", "rdn", "fwm"]
 # Tiny cores so that every end-to-end run takes about a second.
@@ -20,17 +20,7 @@ TINY = {"lstm": ["core_config.hidden_size=16"],
         "ff": []}
 FW_TINY = ["core_config.hidden_size=16", "core_config.num_layers=1", "core_config.num_heads=2",
            "core_config.ff_size=32"]
-HAS_MOOLIB = importlib.util.find_spec("moolib") is not None
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """The trainer runs with one torch thread (its --torch-threads default); so do these tests,
-    which keeps them fast on a busy 2-core machine."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def train(tmp_path, env, core, steps, *extra, name="run"):
@@ -205,7 +195,7 @@ MOOLIB_SCRIPT = """
 import sys
 from rfwp_rl import cli
 from rfwp_rl.errors import UserError
-from rfwp_rl.impala.actors import make_env_pool
+from rfwp_rl.impala.env_pool import make_env_pool
 code = cli.main(sys.argv[1:])
 print("exit", code, flush=True)
 try:  # moolib aborts the process on a second EnvPool fork: we raise a one-line error instead
@@ -215,7 +205,7 @@ except UserError as e:
 """
 
 
-@pytest.mark.skipif(not HAS_MOOLIB, reason="moolib is not built (bash scripts/setup.sh)")
+@pytest.mark.moolib
 @pytest.mark.parametrize("env", ["Pong"])
 def test_tiny_run_with_moolib_envpool(tmp_path, env):
     """The default backend: envs in moolib EnvPool worker processes (in a subprocess: moolib allows
@@ -243,7 +233,8 @@ def test_learner_thread_run_and_resume(tmp_path, capsys):
 
 
 def test_non_finite_update_is_skipped():
-    from rfwp_rl.safety import NonFiniteGuard
+    from rfwp_rl.impala.config import ImpalaConfig
+    from rfwp_rl.impala.multi_learner import Solo
 
     torch.manual_seed(0)
     agent = Agent((3,), 2, "ff")
@@ -252,14 +243,14 @@ def test_non_finite_update_is_skipped():
              "prev_action": torch.zeros(T1, B, dtype=torch.long), "action": torch.randint(2, (T1, B)),
              "policy_logits": torch.randn(T1, B, 2)}
     batch["obs"][2, 1, 0] = float("nan")
-    opt = learner.make_optimizer(agent, 6e-4, 0.99, 0.01)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, learner.linear_decay(1000, 10))
+    # the training path: Learner.learn -> Solo.hand_in -> Learner.apply; 6 of 600 env steps per update
+    lrn = learner.Learner(agent, ImpalaConfig(total_steps=600, batch_size=B, unroll_length=T1 - 1, max_nonfinite=5))
     before = [p.detach().clone() for p in agent.parameters()]
-    guard = NonFiniteGuard(max_consecutive=5)
-    stats = learner.update(agent, opt, sched, batch, (), learner.LossConfig(), 40.0, guard)
-    assert stats["learner/skipped"] == 1.0 and guard.skipped == 1
+    Solo(lrn).hand_in(lrn.learn(Rollout(batch, ())))
+    stats = lrn.learned.get()[1]
+    assert stats["learner/skipped"] == 1.0 and lrn.guard.skipped == 1
     assert all(torch.equal(a, b) for a, b in zip(before, agent.parameters()))
-    assert sched.get_last_lr()[0] == pytest.approx(6e-4 * 0.99)  # the schedule still advanced
+    assert lrn.scheduler.get_last_lr()[0] == pytest.approx(6e-4 * 0.99)  # the schedule still advanced
 
 
 def test_ctrl_c_saves_and_exits_zero(tmp_path):

@@ -10,19 +10,14 @@ import pytest
 import torch
 
 from rfwp_rl import cores
-from rfwp_rl.checkpoint import read_checkpoint, find_checkpoint_file
+from rfwp_rl.checkpoint import find_checkpoint_file, lock_run_dir, read_checkpoint
 from rfwp_rl.cli import main
 from rfwp_rl.meta_rl import a2c, graph_env, train
 from rfwp_rl.meta_rl.model import MetaRLAgent, count_parameters
 from rfwp_rl.presets import AGENTS_DIR, load_preset
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # ------------------------------------------------------------------------------- the loss
@@ -143,7 +138,7 @@ def test_short_run_learns_on_unseen_graphs(tmp_path, capsys):
     the agent learns to stop repeating invalid actions, which needs memory of the previous
     location, and the sampled test reward on the 600 unseen graphs rises clearly (about +10;
     the evaluation noise of a mean over 600 episodes is about 1)."""
-    code = main(["meta-rl", "--core", "lstm", "--set", "hidden_size=32", "--lr", "2e-2",
+    code = main(["meta-rl", "--core", "lstm", "--set", "core_config.hidden_size=32", "--lr", "2e-2",
                  "--invalid-penalty", "10", "--episode-steps", "10", "--batch-size", "256",
                  "--episodes", "400", "--eval-every", "200", "--seed", "0",
                  "--threads", "1", "--run-dir", str(tmp_path), "--print-every", "1000"])
@@ -158,7 +153,7 @@ def test_short_run_learns_on_unseen_graphs(tmp_path, capsys):
 
 
 def _run_args(run_dir, episodes):
-    return ["meta-rl", "--core", "fwm", "--set", "hidden_size=16", "--set", "memory_size=8",
+    return ["meta-rl", "--core", "fwm", "--set", "core_config.hidden_size=16", "--set", "core_config.memory_size=8",
             "--batch-size", "8", "--test-graphs", "8", "--episodes", str(episodes),
             "--eval-every", "2", "--eval-policy", "both", "--seed", "3", "--run-dir", str(run_dir),
             "--print-every", "1000"]
@@ -209,13 +204,13 @@ def test_resume_after_interruption_continues_at_saved_episode(tmp_path, monkeypa
 def test_resume_refuses_a_different_agent(tmp_path, capsys):
     assert main(_run_args(tmp_path, 2)) == 0
     args = _run_args(tmp_path, 4)
-    args[args.index("memory_size=8")] = "memory_size=4"
+    args[args.index("core_config.memory_size=8")] = "core_config.memory_size=4"
     assert main(args) == 2
     assert "does not match this run: core_config.memory_size" in capsys.readouterr().err
 
 
 def test_two_trainers_never_share_a_run_directory(tmp_path, capsys):
-    held = train.lock_run_dir(tmp_path)
+    held = lock_run_dir(tmp_path)
     try:
         assert main(_run_args(tmp_path, 2)) == 2
         assert f"is in use by pid {os.getpid()}" in capsys.readouterr().err
@@ -227,6 +222,8 @@ def test_two_trainers_never_share_a_run_directory(tmp_path, capsys):
 @pytest.mark.parametrize("args, message", [
     (["--core", "lstn"], "unknown core 'lstn'; did you mean 'lstm'"),
     (["--core", "fwm", "--set", "hiden_size=4"], "hiden_size"),
+    (["--core", "fwm", "--set", "hidden_size=4"],  # the old bare spelling names the new one
+     "--set 'hidden_size=4': unknown key 'hidden_size'; core options are set as --set core_config.hidden_size=4"),
     (["--core", "lstm", "--preset", str(AGENTS_DIR / "meta_rl_fwm.toml")], "contradicts preset"),
     (["--episodes", "0"], "--episodes 0 is invalid"),
     (["--preset", "agents/nope.toml"], "does not exist"),
@@ -242,7 +239,7 @@ def test_preset_and_core_flags_pick_the_papers_fwm(tmp_path):
     assert (core, config, label) == ("lstm", {"hidden_size": 512, "num_layers": 1}, "lstm512")
     assert train.resolve_agent("fwm", None, []) == ("fwm", {"hidden_size": 32, "memory_size": 16,
                                                             "num_reads": 3}, "fwm")
-    assert train.resolve_agent(None, None, ["num_reads=2"])[1]["num_reads"] == 2
+    assert train.resolve_agent(None, None, ["core_config.num_reads=2"])[1]["num_reads"] == 2
     assert train.resolve_agent("lstm", None, ["core_config.hidden_size=8"])[1] == {"hidden_size": 8}
 
 

@@ -7,7 +7,6 @@ process, and this pytest process must not start moolib threads), each with a har
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -24,14 +23,15 @@ import torch
 
 from rfwp_rl import cli
 from rfwp_rl.checkpoint import list_checkpoints, read_checkpoint
-from rfwp_rl.impala.multi_learner import GroupStep, Solo, group_gradient_factor, pack, settings_mismatch, unpack
+from rfwp_rl.impala.learner import Gradients
+from rfwp_rl.impala.multi_learner import GroupStep, Solo, group_gradient_factor, pack, unpack
+from rfwp_rl.impala.net import settings_mismatch
 from procs import alive, children_and_grandchildren, free_port  # tests/procs.py
 
 REPO = Path(__file__).resolve().parent.parent
 TESTS = Path(__file__).resolve().parent
 TINY = ["--env", "CartPole-v1", "--core", "lstm", "--set", "core_config.hidden_size=16", "--num-actors", "4",
         "--num-env-processes", "1", "--unroll-length", "5", "--batch-size", "4", "--log-every", "0.5"]
-needs_moolib = pytest.mark.skipif(importlib.util.find_spec("moolib") is None, reason="moolib not installed")
 
 
 class Proc:
@@ -150,14 +150,30 @@ def test_group_gradient_is_the_batch_size_weighted_mean():
         group_gradient_factor(0, 0, 20)
 
 
+class _RecordingLearner:
+    """The part of :class:`rfwp_rl.impala.learner.Learner` the group uses; ``apply`` records each step
+    with the gradient it was given."""
+
+    def __init__(self, parameters):
+        self.params, self.steps = list(parameters), []
+
+    def parameters(self):
+        return self.params
+
+    def apply(self, step):
+        grad = self.params[0].grad
+        self.steps.append((step, None if grad is None else grad.clone()))
+
+
 def test_solo_applies_a_hand_in_at_once_and_counts_skipped_steps():
     p = torch.nn.Parameter(torch.zeros(3))
     p.grad = torch.ones(3)
-    solo, steps = Solo([p]), []
-    solo.sync(steps.append)
+    learner = _RecordingLearner([p])
+    solo, steps = Solo(learner), learner.steps
+    solo.sync()
     assert solo.wants_gradients() and solo.in_flight == 0 and solo.size == 1 and steps == []
-    solo.hand_in(20, True, lambda s: steps.append((s, p.grad.clone())))
-    solo.hand_in(20, False, lambda s: steps.append((s, None)))  # non-finite: no gradient, steps still count
+    solo.hand_in(Gradients(finite=True, env_steps=20, stats={}))
+    solo.hand_in(Gradients(finite=False, env_steps=20, stats={}))  # non-finite: no gradient, steps still count
     assert steps[0][0] == GroupStep(env_steps=20, gradients=1, own_steps=20) and torch.equal(steps[0][1], torch.ones(3))
     assert steps[1][0] == GroupStep(env_steps=20, gradients=0, own_steps=20)
     assert p.grad is None  # zeroed as the single learner always did
@@ -173,7 +189,7 @@ def test_settings_mismatch_and_lossless_state_packing():
     assert back["lr"] == 6e-4 and back["counters"] == {"step": 123} and torch.equal(back["t"], state["t"])
 
 
-@needs_moolib
+@pytest.mark.moolib
 @pytest.mark.slow
 def test_a_real_group_applies_the_weighted_mean_on_every_learner(tmp_path):
     """Broker + two LearnerGroups in one (sub)process, batches of S = 3 env steps: learner 0 hands in a
@@ -182,7 +198,22 @@ def test_a_real_group_applies_the_weighted_mean_on_every_learner(tmp_path):
     port = free_port()
     script = textwrap.dedent(f"""
         import json, threading, time, torch, moolib
+        from rfwp_rl.impala.learner import Gradients
         from rfwp_rl.impala.multi_learner import LearnerGroup
+
+        class Learner:  # what LearnerGroup uses of rfwp_rl.impala.learner.Learner; apply records each step
+            def __init__(self, w, steps):
+                self.w, self.steps, self.lock, self.steps_per_update, self.updates = w, steps, threading.Lock(), S, 0
+            def parameters(self):
+                return [self.w]
+            def buffers(self):
+                return []
+            def apply(self, step):
+                self.steps.append((step.env_steps, step.gradients, step.own_steps, self.w.grad.tolist()))
+            def shared_state(self):
+                return {{}}
+            def load_shared_state(self, state):
+                pass
 
         broker_rpc = moolib.Rpc(); broker_rpc.set_name("broker")
         broker = moolib.Broker(broker_rpc); broker_rpc.listen("127.0.0.1:{port}")
@@ -191,22 +222,19 @@ def test_a_real_group_applies_the_weighted_mean_on_every_learner(tmp_path):
         for i in range(2):
             w = torch.nn.Parameter(torch.zeros(2))
             steps = []
-            def apply(step, w=w, steps=steps):
-                steps.append((step.env_steps, step.gradients, step.own_steps, w.grad.tolist()))
-            group = LearnerGroup("127.0.0.1:{port}", "t/w", [w], [], S, {{"x": 1}}, lambda: {{}}, lambda s: None,
-                                 updates=0, seed=i)
-            learners.append(dict(w=w, group=group, apply=apply, steps=steps))
+            group = LearnerGroup("127.0.0.1:{port}", "t/w", Learner(w, steps), {{"x": 1}}, seed=i)
+            learners.append(dict(w=w, group=group, steps=steps))
         plan = [(1, 3), (None, 2)]  # env steps handed in per round by learner 0, 1 (None: nothing)
         deadline, rnd = time.time() + 60, 0
         while time.time() < deadline and rnd < len(plan):
             broker.update()
             for i, l in enumerate(learners):
                 before = len(l["steps"])
-                l["group"].sync(l["apply"])
+                l["group"].sync()
                 n = plan[rnd][i]
                 if n is not None and l["group"].wants_gradients() and not l.get("handed"):
                     l["w"].grad.copy_(grads[i])
-                    l["group"].hand_in(n, True, l["apply"])
+                    l["group"].hand_in(Gradients(True, n, {{}}))
                     l["handed"] = True
                 l["group"].idle()
             if all(len(l["steps"]) > rnd for l in learners):
@@ -261,7 +289,7 @@ def test_bad_broker_and_actor_arguments_are_one_line_errors(capsys):
 
 # ------------------------------------------------------------------ learners end to end
 
-@needs_moolib
+@pytest.mark.moolib
 @pytest.mark.slow
 def test_late_learner_takes_the_current_model_and_both_finish_with_the_same_one(tmp_path, broker):
     address, _ = broker
@@ -290,7 +318,7 @@ def test_late_learner_takes_the_current_model_and_both_finish_with_the_same_one(
     assert 0 < joined < ca["state"]["counters"]["updates"]
 
 
-@needs_moolib
+@pytest.mark.moolib
 @pytest.mark.slow
 def test_killed_learner_does_not_stop_the_other_and_it_resumes(tmp_path, broker):
     address, _ = broker
@@ -320,7 +348,7 @@ def test_killed_learner_does_not_stop_the_other_and_it_resumes(tmp_path, broker)
     assert a2.has(r"resuming .* from step ") and _final(tmp_path / "a")["step"] >= total + 2000
 
 
-@needs_moolib
+@pytest.mark.moolib
 @pytest.mark.slow
 def test_mismatched_learner_is_refused_with_one_line(tmp_path, broker):
     address, _ = broker
@@ -340,7 +368,7 @@ def test_mismatched_learner_is_refused_with_one_line(tmp_path, broker):
 
 # ------------------------------------------------------------------ remote actor: env timeout, no hung worker
 
-@needs_moolib
+@pytest.mark.moolib
 @pytest.mark.slow
 def test_remote_actor_times_out_a_hung_env_and_leaves_no_worker(tmp_path):
     port = free_port()

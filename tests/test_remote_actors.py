@@ -6,7 +6,6 @@ this pytest process must not start moolib threads), each with a hard timeout.
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import signal
 import subprocess
@@ -18,12 +17,11 @@ from pathlib import Path
 import pytest
 
 from rfwp_rl.checkpoint import find_checkpoint_file, read_checkpoint
-from rfwp_rl.impala.rollout_server import first_mismatch
+from rfwp_rl.impala.net import first_mismatch
 from procs import free_port  # tests/procs.py
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = ["--env", "CartPole-v1", "--core", "lstm", "--set", "core_config.hidden_size=16"]
-needs_moolib = pytest.mark.skipif(importlib.util.find_spec("moolib") is None, reason="moolib not installed")
 
 
 class Proc:
@@ -76,7 +74,7 @@ def test_first_mismatch_names_the_differing_key():
     assert "actor core 'ff'" in first_mismatch(learner, {**learner, "core": "ff"})
 
 
-@needs_moolib
+@pytest.mark.moolib
 def test_learner_trains_only_on_remote_rollouts_and_survives_a_killed_actor(tmp_path):
     port = free_port()
     total = 6000  # 300 updates of 4 rollouts x 5 steps
@@ -127,7 +125,7 @@ def test_learner_trains_only_on_remote_rollouts_and_survives_a_killed_actor(tmp_
     assert counters["actor_steps"] == 0  # no local env: every update came from remote rollouts
 
 
-@needs_moolib
+@pytest.mark.moolib
 def test_actor_reconnects_after_the_learner_restarts(tmp_path):
     """SIGKILL the learner mid-run: the actor logs the loss, retries, validates again with the
     restarted learner (a new session, resumed from the checkpoint) and feeds it to its target."""

@@ -198,7 +198,9 @@ def test_cli_refuses_carried_context_for_the_transformer(tmp_path):
 @pytest.mark.parametrize("argv,match", [
     (["--task", "nope"], "unknown task 'nope'"),
     (["--task", "assoc", "--core", "lstm", "--num-heads", "2"], "--num-heads does not apply to core 'lstm'"),
-    (["--task", "assoc", "--core", "delta", "--core-option", "fast_layers=2"], "unknown config key 'fast_layers'"),
+    (["--task", "assoc", "--core", "delta", "--set", "core_config.fast_layers=2"], "unknown config key 'fast_layers'"),
+    (["--task", "assoc", "--core", "delta", "--core-option", "fast_layers=2"],
+     "core options are set as --set core_config.KEY=VALUE, e.g. --set core_config.fast_layers=2"),
     (["--task", "assoc", "--core", "dleta"], "did you mean 'delta'"),
     (["--task", "code_exec", "--data-sizes", "10,1"], "--data-sizes"),
     (["--task", "lm", "--eval-mode", "slide"], "unknown --eval-mode 'slide'"),

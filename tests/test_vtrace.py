@@ -130,3 +130,29 @@ def test_truncation_off_policy_matches_eq1_on_the_valid_steps():
     assert torch.allclose(out.pg_advantages[:3], head_adv)
     assert float(out.vs[3, 0]) == pytest.approx(float(values[3, 0]))
     assert float(out.pg_advantages[3, 0]) == 0.0
+
+
+def test_lambda_on_policy_is_td_lambda():
+    """IMPALA Remark 2: with c_i = lambda * min(c_bar, rho_i), on-policy V-trace is TD(lambda):
+    v_t = V(x_t) + sum_k (gamma lambda)^(k-t) delta_k, checked against the lambda-return recursion
+    G_t = r_t + gamma ((1 - lambda) V(x_{t+1}) + lambda G_{t+1}), G_T = V(x_T)."""
+    T, gamma, lam = 6, 0.9, 0.7
+    g = torch.Generator().manual_seed(5)
+    rewards = torch.randn(T, 1, generator=g, dtype=torch.float64)
+    values = torch.randn(T, 1, generator=g, dtype=torch.float64)
+    bootstrap = torch.randn(1, generator=g, dtype=torch.float64)
+    discounts = torch.full((T, 1), gamma, dtype=torch.float64)
+    out = vtrace.from_importance_weights(torch.zeros(T, 1, dtype=torch.float64), discounts, rewards, values,
+                                         bootstrap, lambda_=lam)
+    expected, g_next = [], float(bootstrap[0])
+    v_next = float(bootstrap[0])
+    for t in reversed(range(T)):
+        g_next = float(rewards[t, 0]) + gamma * ((1 - lam) * v_next + lam * g_next)
+        v_next = float(values[t, 0])
+        expected.append(g_next)
+    assert out.vs[:, 0].tolist() == pytest.approx(expected[::-1])
+    # lambda = 0: one-step TD targets
+    td0 = vtrace.from_importance_weights(torch.zeros(T, 1, dtype=torch.float64), discounts, rewards, values,
+                                         bootstrap, lambda_=0.0)
+    nxt = torch.cat([values[1:], bootstrap.view(1, 1)])
+    assert torch.allclose(td0.vs, rewards + gamma * nxt)

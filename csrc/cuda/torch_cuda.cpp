@@ -18,7 +18,8 @@ void check(int err, const char* op, std::size_t smem, int threads) {
   if (err == 0) return;
   const cudaError_t e = static_cast<cudaError_t>(err);
   const bool config = e == cudaErrorInvalidConfiguration || e == cudaErrorInvalidValue ||
-                      e == cudaErrorLaunchOutOfResources || e == cudaErrorNoKernelImageForDevice;
+                      e == cudaErrorLaunchOutOfResources || e == cudaErrorNoKernelImageForDevice ||
+                      e == cudaErrorInvalidDeviceFunction;
   TORCH_CHECK_NOT_IMPLEMENTED(!config, "rfwp_rl CUDA kernel ", op, " cannot run on this GPU: ",
                               cudaGetErrorString(e), " (block of ", threads, " threads, ", smem,
                               " bytes of dynamic shared memory)");

@@ -3,13 +3,25 @@
 // -fsanitize=thread. Within a block, threads of the emulation only synchronise at
 // __syncthreads(), so a missing barrier between a write and a read of shared or global memory
 // by different threads is reported by ThreadSanitizer (exit code 66) whether or not the race
-// changes the result on this run. Usage: race_check [T B H d threads]
+// changes the result on this run. Usage: race_check [T B H d threads]. Use at least two warps
+// (threads > 32): a warp's lanes meet at every shuffle, so only barriers between warps are
+// checked. Built with -DRFWP_RACE_LT_DELTA_ONLY it runs only lt and delta (lt_delta.cu alone).
 #include <cstdio>
 #include <cstdlib>
 #include <random>
 #include <vector>
 
 #include "../cuda/fastweight_cuda.h"
+
+#ifdef RFWP_RACE_LT_DELTA_ONLY
+// lt_delta.cu's smem_request names the other ops' sizes; this build has only lt and delta
+namespace rfwp::cuda {
+std::size_t delta_rnn_smem_bytes(const Dims&, std::size_t, bool, bool) { return 0; }
+std::size_t rdn_smem_bytes(const Dims&, std::size_t, bool, bool) { return 0; }
+std::size_t product_smem_bytes(const Dims&, std::size_t, bool, bool) { return 0; }
+std::size_t srwm_smem_bytes(const Dims&, std::size_t, bool, bool) { return 0; }
+}  // namespace rfwp::cuda
+#endif
 
 namespace {
 
@@ -43,13 +55,15 @@ int run(int T, int B, int H, int d, int threads) {
   int err = 0;
   for (int lt = 0; lt < 2; ++lt) {
     DeltaFwdArgs<S> f{p.rnd(vec), p.rnd(vec), p.rnd(vec), lt ? nullptr : p.rnd(sc), p.rnd(mat),
-                      reset.data(), p.out(vec), p.out(mat), p.out(ck), n};
+                      reset.data(), p.out(vec), p.out(mat),
+                      p.out(static_cast<std::size_t>(cuda_lt_delta_saved(n, !lt))), n};
     err |= lt ? cuda::lt_forward(f, threads, nullptr) : cuda::delta_forward(f, threads, nullptr);
     DeltaBwdArgs<S> b{f.q, f.k, f.v, f.beta, reset.data(), f.ckpt, p.rnd(vec), p.rnd(mat),
                       p.out(vec), p.out(vec), p.out(vec), lt ? nullptr : p.out(sc), p.out(mat), n};
     S* work = p.out(cuda::lt_delta_workspace_elems(n));
     err |= lt ? cuda::lt_backward(b, work, threads, nullptr) : cuda::delta_backward(b, work, threads, nullptr);
   }
+#ifndef RFWP_RACE_LT_DELTA_ONLY
   DeltaRnnFwdArgs<S> rf{p.rnd(vec), p.rnd(vec), p.rnd(vec), p.rnd(sc), p.rnd(vec), p.rnd(vec),
                         p.rnd(sc), p.rnd(mat), p.rnd(mat), p.rnd(st), reset.data(), p.out(vec),
                         p.out(mat), p.out(mat), p.out(ck), p.out(ck), p.out(vec), n};
@@ -89,6 +103,7 @@ int run(int T, int B, int H, int d, int threads) {
   SrwmBwdArgs<S> sb{sf.x, sf.Winit, reset.data(), sf.ckpt, p.rnd(vec), p.rnd(wm), p.out(vec),
                     p.out(wm), p.out(static_cast<std::size_t>(H) * R * d), p.out(wm), n};
   err |= cuda::srwm_backward(sb, p.out(cuda::srwm_workspace_elems(n)), threads, nullptr);
+#endif
   return err;
 }
 
@@ -97,7 +112,7 @@ int run(int T, int B, int H, int d, int threads) {
 int main(int argc, char** argv) {
   const int T = argc > 1 ? std::atoi(argv[1]) : 4, B = argc > 2 ? std::atoi(argv[2]) : 1,
             H = argc > 3 ? std::atoi(argv[3]) : 2, d = argc > 4 ? std::atoi(argv[4]) : 5,
-            threads = argc > 5 ? std::atoi(argv[5]) : 16;
+            threads = argc > 5 ? std::atoi(argv[5]) : 64;
   const int err = run<float>(T, B, H, d, threads) | run<double>(T, B, H, d, threads);
   std::printf("race_check T=%d B=%d H=%d d=%d threads=%d: launch errors %d\n", T, B, H, d, threads, err);
   return err == 0 ? 0 : 1;

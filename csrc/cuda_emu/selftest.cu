@@ -44,3 +44,42 @@ extern "C" int rfwp_emu_selftest(int blocks, int threads, int* counter, float* f
               maxv, cas_winner, block_sums, smem_probe);
   return static_cast<int>(cudaGetLastError());
 }
+
+// Warp intrinsics: per thread, 8 ints: xor-tree sum over the warp, broadcast of lane 3,
+// ballot of (tid + 1) % 3 == 0, shuffle up by 1, shuffle down by 2, xor-tree sum over
+// segments of 8 lanes (width 8), shuffle of lane (lane + 5) % 32, and twice a double
+// exchanged with the neighbour (xor 1).
+namespace {
+
+__global__ void warp_selftest_kernel(int* out) {
+  const int tid = threadIdx.x, lane = tid & 31;
+  const int v = tid + 1;
+  int s = v;
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  const int b = __shfl_sync(0xffffffffu, v, 3);
+  const unsigned bal = __ballot_sync(0xffffffffu, (v % 3) == 0);
+  const int up = __shfl_up_sync(0xffffffffu, v, 1);
+  const int dn = __shfl_down_sync(0xffffffffu, v, 2);
+  int x8 = v;
+  for (int o = 4; o > 0; o >>= 1) x8 += __shfl_xor_sync(0xffffffffu, x8, o, 8);
+  const int rot = __shfl_sync(0xffffffffu, v, (lane + 5) % 32);
+  const double dd = __shfl_xor_sync(0xffffffffu, 0.5 * v, 1);
+  __syncwarp();
+  int* o = out + 8 * tid;
+  o[0] = s;
+  o[1] = b;
+  o[2] = static_cast<int>(bal);
+  o[3] = up;
+  o[4] = dn;
+  o[5] = x8;
+  o[6] = rot;
+  o[7] = static_cast<int>(2.0 * dd);
+}
+
+}  // namespace
+
+extern "C" int rfwp_emu_warp_selftest(int threads, int* out) {
+  auto kernel = warp_selftest_kernel;
+  RFWP_LAUNCH(kernel, dim3(1), dim3(threads), 0, nullptr, out);
+  return static_cast<int>(cudaGetLastError());
+}

@@ -1,17 +1,24 @@
-"""``rfwp-rl bench impala``: IMPALA throughput per core, end to end and learner only.
+"""``rfwp-rl bench impala``: end-to-end IMPALA speed against the model's own compute bound.
 
-For each core (the Atari presets ``agents/atari_<core>.toml``):
+For each core (``--cores``; the Atari presets ``agents/atari_<core>.toml`` on Atari envs) it
+measures, side by side in one process (one env pool, so the numbers share the machine's load):
 
-- **learner**: V-trace updates (forward over T+1 steps, full BPTT, RMSProp) on a fixed
-  random batch of ``batch_size`` x ``unroll_length`` frames; reported as env steps/s
-  consumed (T x B x updates/s);
-- **end to end**: the training loop of ``rfwp-rl train`` (env pool, double-buffered batched
-  inference, rollouts, updates in turn; no logging or checkpoints), timed over
-  ``--e2e-updates`` updates after a warm-up; reported as env steps/s stepped by the actors
-  (``e2e_env_sps``) and consumed by the learner (``e2e_train_sps``).
+- **end to end**, for each ``--precisions`` entry: the training loop of ``rfwp-rl train``
+  itself (:meth:`rfwp_rl.impala.train.ImpalaTrainer.iterate` and its bookkeeping, with the
+  trainer's default thread count, ``channels_last`` torso and inference mode), timed over
+  ``--updates`` updates after ``--warmup-updates``; reported as env steps trained per second
+  (``e2e_sps``) and the shares of the main thread's wall time spent waiting for env results,
+  in inference, in learning (loss, backward, optimizer) and elsewhere (rollouts, logging), plus
+  the env worker processes' CPU time per wall second (``env_cpu``, in cores);
+- **the compute bound** of the same model in plain fp32 NCHW PyTorch (no autocast, default
+  memory format, ``torch.no_grad`` acting) at the run's sizes:
+  ``1 / (act forward per frame + learn forward+backward per frame)``, where acting runs one step
+  of an env batch (``num_actors / num_env_batches`` frames) and learning a batch of
+  ``batch_size`` x ``unroll_length`` frames; and the ratio ``e2e_sps / compute_bound_sps``.
 
-Cores are measured one after the other in one run, so ratios (RDN vs LSTM) are comparable
-even on a shared machine. Writes a table and ``results/bench/impala.csv`` (atomic).
+A ratio above 1 means the loop runs faster than the plain model could even compute, with the
+envs for free: what channels_last, inference mode, bf16 and the overlap of env stepping with
+inference buy. Writes a table and ``results/bench/impala.csv`` (atomic).
 """
 
 from __future__ import annotations
@@ -20,159 +27,188 @@ import argparse
 import io
 import math
 import platform
+import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-from rfwp_rl.errors import check_choice
+from rfwp_rl.errors import UserError, check_choice
+from rfwp_rl.perf import PRECISIONS
 
-CORES = ("ff", "lstm", "lt", "delta", "delta_rnn", "rdn", "fwm")
-COLUMNS = ("core", "params", "learner_sps", "learner_updates_per_s", "e2e_env_sps", "e2e_train_sps",
-           "e2e_updates", "env", "num_actors", "batch_size", "unroll_length", "env_backend", "torch_threads")
+COLUMNS = ("core", "precision", "params", "e2e_sps", "e2e_env_sps", "compute_bound_sps", "ratio", "act_ms_per_frame",
+           "learn_ms_per_frame", "share_env_wait", "share_inference", "share_learning", "share_other", "env_cpu",
+           "updates", "env", "num_actors", "num_env_batches", "num_env_processes", "batch_size", "unroll_length",
+           "env_backend", "torch_threads")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--cores", default=",".join(CORES), help="comma-separated cores (default: %(default)s)")
+    parser.add_argument("--cores", default="lstm", help="comma-separated cores (default: %(default)s)")
+    parser.add_argument("--precisions", default=",".join(PRECISIONS),
+                        help="end-to-end runs, one per precision (default: %(default)s)")
     parser.add_argument("--env", default="Pong")
-    parser.add_argument("--num-actors", type=int, default=16, help="environments (default %(default)s)")
+    parser.add_argument("--num-actors", type=int, default=64, help="environments (default %(default)s)")
+    parser.add_argument("--num-env-batches", type=int, default=2)
     parser.add_argument("--num-env-processes", type=int, default=2)
     parser.add_argument("--env-backend", choices=("moolib", "local"), default="moolib")
     parser.add_argument("--batch-size", type=int, default=32, help="paper: 32")
-    parser.add_argument("--unroll-length", type=int, default=50, help="paper: 50")
-    parser.add_argument("--learner-updates", type=int, default=2, help="timed learner updates per core (after 1 warm-up)")
-    parser.add_argument("--e2e-updates", type=int, default=2,
-                        help="timed updates of the end-to-end loop per core, after the warm-up (0 skips it)")
-    parser.add_argument("--warmup", type=float, default=0.0,
-                        help="end-to-end warm-up per core: at least this many seconds and one update")
-    parser.add_argument("--torch-threads", type=int, default=1)
+    parser.add_argument("--unroll-length", type=int, default=20, help="paper: 50")
+    parser.add_argument("--updates", type=int, default=3, help="timed updates per end-to-end run")
+    parser.add_argument("--warmup-updates", type=int, default=1, help="updates before timing starts")
+    parser.add_argument("--compute-repeats", type=int, default=3, help="timed repeats of the compute-bound passes")
+    parser.add_argument("--torch-threads", type=int, default=0, help="0: the trainer's default choice")
+    parser.add_argument("--device", default="cpu", help="where the model runs (cpu, cuda)")
     parser.add_argument("--out", default="results/bench/impala.csv")
 
 
-def _agent(core: str, spec):
-    from rfwp_rl.agent import Agent
-    from rfwp_rl.presets import resolve_preset
+def _config(args: argparse.Namespace, precision: str):
+    from rfwp_rl.impala.config import ImpalaConfig
 
-    preset = resolve_preset(core, None, kind=spec.kind)
-    return Agent(spec.obs_shape, spec.num_actions, preset.core, preset.core_config, preset.agent)
+    return ImpalaConfig(env=args.env, total_steps=10 ** 12, num_actors=args.num_actors,
+                        num_env_batches=args.num_env_batches, num_env_processes=args.num_env_processes,
+                        env_backend=args.env_backend, batch_size=args.batch_size, unroll_length=args.unroll_length,
+                        precision=precision, torch_threads=args.torch_threads, device=args.device,
+                        checkpoint_every=math.inf,
+                        log_every=math.inf)
 
 
-def bench_learner(agent, spec, batch_size: int, unroll: int, updates: int) -> float:
-    """Learner updates per second on a random batch."""
-    from rfwp_rl.impala import learner
-    from rfwp_rl.safety import NonFiniteGuard
-
-    T1, B = unroll + 1, batch_size
-    g = torch.Generator().manual_seed(0)
-    if spec.obs_dtype == "uint8":
-        obs = torch.randint(0, 256, (T1, B, *spec.obs_shape), generator=g, dtype=torch.uint8)
+def _random_batch(run, T1: int, B: int, g: torch.Generator) -> dict[str, torch.Tensor]:
+    if run.obs_dtype == "uint8":
+        obs = torch.randint(0, 256, (T1, B, *run.obs_shape), generator=g, dtype=torch.uint8)
     else:
-        obs = torch.randn(T1, B, *spec.obs_shape, generator=g)
-    batch = {"obs": obs, "reward": torch.randn(T1, B, generator=g).sign() * (torch.rand(T1, B, generator=g) < 0.05),
-             "done": torch.rand(T1, B, generator=g) < 0.01,
-             "action": torch.randint(spec.num_actions, (T1, B), generator=g),
-             "prev_action": torch.randint(spec.num_actions, (T1, B), generator=g),
-             "policy_logits": torch.randn(T1, B, spec.num_actions, generator=g)}
-    state = agent.initial_state(B)
-    opt = learner.make_optimizer(agent, 6e-4, 0.99, 0.01)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
-    cfg, guard = learner.LossConfig(), NonFiniteGuard()
-    learner.update(agent, opt, sched, batch, state, cfg, 40.0, guard)  # warm-up
-    t0 = time.perf_counter()
-    for _ in range(updates):
-        learner.update(agent, opt, sched, batch, state, cfg, 40.0, guard)
-    return updates / (time.perf_counter() - t0)
+        obs = torch.randn(T1, B, *run.obs_shape, generator=g)
+    A = run.num_actions
+    return {"obs": obs, "reward": torch.randn(T1, B, generator=g).sign() * (torch.rand(T1, B, generator=g) < 0.05),
+            "done": torch.rand(T1, B, generator=g) < 0.01, "action": torch.randint(A, (T1, B), generator=g),
+            "prev_action": torch.randint(A, (T1, B), generator=g), "policy_logits": torch.randn(T1, B, A, generator=g)}
 
 
-def bench_end_to_end(agent, spec, pool, args) -> tuple[float, float, int]:
-    """(actor env steps/s, learner env steps/s, timed updates) of the training loop: warm-up
-    for ``args.warmup`` seconds and at least one update, then time ``args.e2e_updates`` updates."""
-    from rfwp_rl.impala import learner
-    from rfwp_rl.impala.actors import Actors, RolloutQueue
-    from rfwp_rl.safety import NonFiniteGuard
+def compute_bound(run, cfg, repeats: int) -> tuple[float, float]:
+    """(act forward, learn forward+backward) seconds per frame of the run's model in plain fp32
+    NCHW PyTorch, at the run's env-batch size and learner batch."""
+    from rfwp_rl.agent import ResNetTorso
+    from rfwp_rl.impala.learner import compute_loss, loss_config
 
-    actors = Actors(pool, agent, args.num_actors, 2, args.unroll_length)
-    queue = RolloutQueue(args.batch_size)
-    opt = learner.make_optimizer(agent, 6e-4, 0.99, 0.01)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
-    cfg, guard = learner.LossConfig(), NonFiniteGuard()
-    updates = 0
-    t_start = time.perf_counter()
-    t0 = steps0 = updates0 = None
-    try:
-        while True:
-            rollouts, _ = actors.step()
-            for r in rollouts:
-                queue.put(r)
-            while queue.ready():
-                b = queue.get()
-                learner.update(agent, opt, sched, b.data, b.state, cfg, 40.0, guard)
-                updates += 1
-                now = time.perf_counter()
-                if t0 is None and now - t_start >= args.warmup:
-                    t0, steps0, updates0 = now, actors.env_steps, updates
-                elif t0 is not None and updates - updates0 >= args.e2e_updates:
-                    dt = now - t0
-                    n = updates - updates0
-                    return (actors.env_steps - steps0) / dt, n * args.batch_size * args.unroll_length / dt, n
-    finally:
-        actors.drain()  # the next core's actors use the same pool
+    torch.manual_seed(0)
+    device = torch.device(cfg.device)
+    agent = run.build_agent(device)
+    if isinstance(agent.torso, ResNetTorso):
+        agent.torso.use_memory_format(torch.contiguous_format)
+    g = torch.Generator().manual_seed(0)
+    n = cfg.num_actors // cfg.num_env_batches
+    act = {k: v[:1, :n].to(device) for k, v in _random_batch(run, 1, n, g).items()}
+    state = agent.initial_state(n, device)
+    batch = {k: v.to(device) for k, v in _random_batch(run, cfg.unroll_length + 1, cfg.batch_size, g).items()}
+    learn_state = agent.initial_state(cfg.batch_size, device)
+    loss_cfg = loss_config(cfg)
+
+    def act_once() -> None:
+        with torch.no_grad():
+            agent(act["obs"], act["reward"], act["done"], state, prev_action=act["prev_action"])
+
+    def learn_once() -> None:
+        agent.zero_grad(set_to_none=True)
+        compute_loss(agent, batch, learn_state, loss_cfg)[0].backward()
+
+    act_s = _best_time(act_once, repeats * 4, device) / n
+    learn_s = _best_time(learn_once, repeats, device) / (cfg.unroll_length * cfg.batch_size)
+    return act_s, learn_s
 
 
-def _ratio(x: float, ref: float) -> str:
-    return f"{x / ref:.2f}x" if math.isfinite(x) and math.isfinite(ref) and ref > 0 else "-"
+def _best_time(fn, repeats: int, device: torch.device) -> float:
+    """The fastest of ``repeats`` timed calls after one warm-up (the machine may be shared)."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    fn()
+    best = math.inf
+    for _ in range(repeats):
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def end_to_end(run, cfg, pool, updates: int, warmup: int) -> dict[str, float]:
+    """The training loop on ``pool`` for ``warmup`` + ``updates`` updates; rates and wall-time shares of the timed part."""
+    from rfwp_rl.impala.train import ImpalaTrainer
+    from rfwp_rl.runlog import RunLogger
+
+    with tempfile.TemporaryDirectory(prefix="rfwp-bench-") as tmp:
+        trainer = ImpalaTrainer(cfg, run, Path(tmp), pool=pool)
+        trainer.prepare()
+        trainer.logger = RunLogger(tmp, {}, total=cfg.total_steps, print_every=math.inf)
+        try:
+            while trainer.learner.updates < warmup:
+                trainer.iterate()
+                trainer.bookkeeping()
+            trainer.timers.reset()
+            t0, steps0, cpu0 = time.perf_counter(), trainer.actors.env_steps, trainer.actors.envs.worker_cpu_seconds()
+            while trainer.learner.updates < warmup + updates:
+                trainer.iterate()
+                trainer.bookkeeping()
+            wall = time.perf_counter() - t0
+            cpu1 = trainer.actors.envs.worker_cpu_seconds()
+        finally:
+            trainer.actors.drain()  # the next run uses the same pool
+            trainer.logger.close()
+        shares = {k: v / wall for k, v in trainer.timers.seconds.items()}
+    return {"e2e_sps": updates * cfg.batch_size * cfg.unroll_length / wall,
+            "e2e_env_sps": (trainer.actors.env_steps - steps0) / wall,
+            "share_env_wait": shares.get("env", 0.0), "share_inference": shares.get("inference", 0.0),
+            "share_learning": shares.get("learning", 0.0),
+            "share_other": max(0.0, 1.0 - sum(shares.values())),
+            "env_cpu": (cpu1 - cpu0) / wall if cpu0 is not None else float("nan"),
+            "torch_threads": trainer.threads}
+
+
+def _run_spec(core: str, args: argparse.Namespace):
+    from rfwp_rl.impala.setup import RunSpec
+
+    ns = argparse.Namespace(env=args.env, core=core, preset=None, overrides=[], detach_state_every_step=False,
+                            env_options=[], env_config=None)
+    return RunSpec.from_args(ns)
 
 
 def format_table(rows: list[dict]) -> str:
-    head = ["core", "params", "learner SPS", "vs LSTM", "e2e env SPS", "e2e train SPS", "vs LSTM"]
-    lstm = next((r for r in rows if r["core"] == "lstm"), None)
+    head = ["core", "precision", "e2e SPS", "compute bound", "ratio", "env wait", "inference", "learning", "other",
+            "env CPU"]
     lines = [head]
     for r in rows:
-        ref_l = lstm["learner_sps"] if lstm else float("nan")
-        ref_e = lstm["e2e_train_sps"] if lstm else float("nan")
-        lines.append([r["core"], f"{r['params']:,}", f"{r['learner_sps']:,.0f}", _ratio(r["learner_sps"], ref_l),
-                      f"{r['e2e_env_sps']:,.0f}", f"{r['e2e_train_sps']:,.0f}", _ratio(r["e2e_train_sps"], ref_e)])
+        lines.append([r["core"], r["precision"], f"{r['e2e_sps']:,.0f}", f"{r['compute_bound_sps']:,.0f}",
+                      f"{r['ratio']:.2f}x", *(f"{100 * r[k]:.0f}%" for k in ("share_env_wait", "share_inference",
+                                                                              "share_learning", "share_other")),
+                      f"{r['env_cpu']:.2f}"])
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
     return "\n".join("  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in lines)
 
 
 def run(args: argparse.Namespace) -> int:
     from rfwp_rl import cores as cores_module
-    from rfwp_rl import envs
     from rfwp_rl.checkpoint import atomic_write_text
 
     cores = [c.strip() for c in args.cores.split(",") if c.strip()]
+    precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
     for c in cores:
         check_choice("core", c, sorted(cores_module.available()))
-    if args.env_backend == "moolib":
-        from rfwp_rl.impala.actors import import_moolib
-        import_moolib()
-    torch.set_num_threads(args.torch_threads)
-    spec = envs.env_spec(args.env)
-    print(f"IMPALA benchmark: {spec.gym_id}, batch {args.batch_size} x unroll {args.unroll_length}, "
-          f"{args.num_actors} envs [{args.env_backend}, {args.num_env_processes} processes], "
-          f"{args.torch_threads} torch thread(s), {platform.processor() or platform.machine()}", flush=True)
-    pool = None
-    if args.e2e_updates > 0:  # one pool for every core (moolib allows one EnvPool per process)
-        from rfwp_rl.impala.actors import make_env_pool
-        pool = make_env_pool(args.env_backend, spec.env_id, {}, 0, args.num_actors, 2, args.num_env_processes)
+    for p in precisions:
+        check_choice("precision", p, PRECISIONS)
+    if args.updates < 1 or args.warmup_updates < 0:
+        raise UserError(f"--updates {args.updates} / --warmup-updates {args.warmup_updates}: need >= 1 / >= 0")
+    specs = {core: _run_spec(core, args) for core in cores}
+    cfg = _config(args, precisions[0])
+    pool = next(iter(specs.values())).make_env_pool(args.env_backend, 0, args.num_actors, args.num_env_batches,
+                                                    args.num_env_processes)  # one pool: moolib allows one per process
+    print(f"IMPALA benchmark: {args.env}, batch {args.batch_size} x unroll {args.unroll_length}, {args.num_actors} envs "
+          f"in {args.num_env_batches} batches [{args.env_backend}, {args.num_env_processes} processes], "
+          f"{platform.processor() or platform.machine()}", flush=True)
     rows = []
-    for core in cores:
-        torch.manual_seed(0)
-        agent = _agent(core, spec)
-        ups = bench_learner(agent, spec, args.batch_size, args.unroll_length, args.learner_updates)
-        row = {"core": core, "params": sum(p.numel() for p in agent.parameters()),
-               "learner_sps": ups * args.batch_size * args.unroll_length, "learner_updates_per_s": ups,
-               "e2e_env_sps": float("nan"), "e2e_train_sps": float("nan"), "e2e_updates": 0}
-        if pool is not None:
-            row["e2e_env_sps"], row["e2e_train_sps"], row["e2e_updates"] = bench_end_to_end(agent, spec, pool, args)
-        row.update(env=spec.gym_id, num_actors=args.num_actors, batch_size=args.batch_size,
-                   unroll_length=args.unroll_length, env_backend=args.env_backend, torch_threads=args.torch_threads)
-        rows.append(row)
-        print(f"  {core}: learner {row['learner_sps']:,.0f} SPS, end to end {row['e2e_env_sps']:,.0f} env SPS "
-              f"({row['e2e_updates']} updates)", flush=True)
-    if pool is not None and hasattr(pool, "close"):
-        pool.close()
+    try:
+        for core, spec in specs.items():
+            rows += _bench_core(core, spec, args, precisions, pool)
+    finally:
+        if hasattr(pool, "close"):
+            pool.close()
     print(format_table(rows))
     buf = io.StringIO()
     buf.write(",".join(COLUMNS) + "\n")
@@ -181,3 +217,32 @@ def run(args: argparse.Namespace) -> int:
     atomic_write_text(Path(args.out), buf.getvalue())
     print(f"wrote {args.out}")
     return 0
+
+
+def _bench_core(core: str, spec, args: argparse.Namespace, precisions: list[str], pool) -> list[dict]:
+    """The end-to-end runs of one core (one per precision), each next to the compute bound measured
+    around it with the same thread count."""
+    from rfwp_rl.perf import choose_torch_threads, set_torch_threads
+
+    env_processes = args.num_env_processes if args.env_backend == "moolib" else 0
+    set_torch_threads(choose_torch_threads(args.torch_threads, env_processes, spec.kind == "atari")[0])  # as the trainer
+    rows = []
+    for precision in precisions:
+        cfg = _config(args, precision)
+        # the compute bound just before and just after the end-to-end run, averaged: a shared machine's
+        # load drifts, and both sides of the ratio should see the same
+        before = compute_bound(spec, cfg, args.compute_repeats)
+        e2e = end_to_end(spec, cfg, pool, args.updates, args.warmup_updates)
+        after = compute_bound(spec, cfg, args.compute_repeats)
+        act_s, learn_s = (before[0] + after[0]) / 2, (before[1] + after[1]) / 2
+        bound = 1.0 / (act_s + learn_s)
+        params = sum(p.numel() for p in spec.build_agent().parameters())
+        row = {"core": core, "precision": precision, "params": params, **e2e, "compute_bound_sps": bound,
+               "ratio": e2e["e2e_sps"] / bound, "act_ms_per_frame": 1e3 * act_s, "learn_ms_per_frame": 1e3 * learn_s,
+               "updates": args.updates, "env": spec.env, "num_actors": args.num_actors,
+               "num_env_batches": args.num_env_batches, "num_env_processes": args.num_env_processes,
+               "batch_size": args.batch_size, "unroll_length": args.unroll_length, "env_backend": args.env_backend}
+        rows.append(row)
+        print(f"  {core} {precision}: end to end {row['e2e_sps']:,.0f} SPS, compute bound (fp32 NCHW) {bound:,.0f} "
+              f"SPS, ratio {row['ratio']:.2f}x", flush=True)
+    return rows

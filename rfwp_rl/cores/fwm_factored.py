@@ -25,9 +25,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
-
-from rfwp_rl.cores.fwm import FWMCore
+from torch import Tensor, nn
 
 
 class FactoredFWMStepper:
@@ -38,8 +36,9 @@ class FactoredFWMStepper:
     Made by ``FWMCore.stepper`` (the cores' stepping contract, :mod:`rfwp_rl.cores.base`).
     """
 
-    def __init__(self, core: FWMCore, batch_size: int, device: torch.device | str | None = None) -> None:
-        if not isinstance(core, FWMCore) or core.detach_state_every_step:
+    def __init__(self, core: nn.Module, batch_size: int, device: torch.device | str | None = None) -> None:
+        # duck-typed (no import of rfwp_rl.cores.fwm, which imports this module): an FWMCore has `project`
+        if not callable(getattr(core, "project", None)) or getattr(core, "detach_state_every_step", True):
             raise ValueError("FactoredFWMStepper needs an FWMCore without detach_state_every_step")
         self.core = core
         p = next(core.parameters())

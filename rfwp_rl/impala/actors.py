@@ -1,12 +1,9 @@
-"""IMPALA actors: batched environments, batched inference, rollouts of T+1 steps.
-
-Environments run in ``moolib.EnvPool`` worker processes (``--env-backend moolib``, the
-default) or in this process (``--env-backend local``: for debugging, profiling and machines
-without moolib; same semantics, no overlap of env stepping with inference).
+"""IMPALA actors: batched inference on env batches, and rollouts of T+1 steps.
 
 The N environments are split into ``num_batches`` batches (2 by default) that are stepped
-alternately: while the workers step batch 0, this process runs the model on batch 1's
-observations, and vice versa (double buffering, as in moolib's IMPALA example).
+alternately: while the env workers step batch 0, this process runs the model on batch 1's
+observations, and vice versa (double buffering, as in moolib's IMPALA example). Stepping the
+pool and watching over its processes is :mod:`rfwp_rl.impala.env_pool`'s job.
 
 Per step, every environment reports (:class:`rfwp_rl.envs.pool.PoolEnv`) ``obs``, ``reward``
 (received on arriving at it), ``done`` (it is the first observation of a new episode; the
@@ -17,292 +14,19 @@ for Atari the full game, even with ``episodic_life``).
 A rollout is T+1 consecutive steps of one batch; its first entry repeats the last entry of
 the previous rollout, and it carries the core state from before its first entry. See
 :mod:`rfwp_rl.impala.learner` for the meaning of each field.
-
-Fault tolerance (issue 8):
-
-- An env that raises (in ``step``, ``reset`` or its constructor) is replaced inside its worker
-  (:class:`rfwp_rl.envs.pool.PoolEnv`), which reports the failures in ``env_error``;
-  :class:`Actors` reports them (env index) and counts them in ``env_failures``; more than
-  ``max_env_failures`` raise :class:`TrainingAborted`.
-- An env slot whose new envs fail ``MAX_FAILED_CONSTRUCTIONS`` times in a row before their first
-  observation (a broken env, not a flaky one) reports ``env_fatal``: :class:`Actors` raises
-  :class:`TrainingAborted` with its one-line message (env id, slot, last exception).
-- A dead moolib worker process (killed, out of memory) makes moolib's ``result()`` block for
-  30 minutes, and a hung env blocks it for ever. :class:`Actors` therefore waits for moolib
-  results in a helper thread, polling every 0.25 s for a stop request (SIGINT/SIGTERM, so
-  signals are honoured while waiting on envs: the wait is abandoned), for dead pool processes
-  (a zombie child of the EnvPool server) and for a timeout (``env_timeout``, default
-  ``ENV_TIMEOUT``; ``rfwp-rl train --env-timeout``), and raises :class:`EnvPoolBroken`: a hung
-  env is handled like a dead worker. moolib cannot make a second EnvPool in a process, so the
-  trainer saves a checkpoint, ends the old pool's processes (:func:`shutdown_env_pool`) and
-  re-executes itself (:func:`reexec_argv`), which resumes (each time counted as one env failure).
-- Before the trainer exits otherwise, :meth:`Actors.release` gives pending env steps
-  ``STOP_GRACE`` seconds and ends the pool's processes if one does not finish (a hung worker
-  would otherwise outlive the trainer).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
-import queue
-import signal
-import sys
-import threading
-import time
 from typing import Any, Callable
 
-import numpy as np
 import torch
 
-from rfwp_rl.errors import UserError
-from rfwp_rl.impala.config import DEFAULTS
-from rfwp_rl.safety import TrainingAborted
+from rfwp_rl.impala.env_pool import ENV_TIMEOUT, EnvBatches
+from rfwp_rl.perf import Timers, autocast
 
-_moolib_pool_made = False  # moolib aborts the process if a second EnvPool forks
 STEP_KEYS = ("obs", "reward", "done", "truncated", "prev_action", "action", "policy_logits")
-ENV_TIMEOUT = DEFAULTS.env_timeout  # seconds without a result from an env batch before the pool counts as broken
-STOP_GRACE = 2.0  # seconds pending env steps get to finish when the trainer exits, before the workers are ended
-
-
-class EnvPoolBroken(RuntimeError):
-    """The env pool cannot go on (a worker process died or stopped answering)."""
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(x) for x in f.read().split()]
-    except OSError:
-        return []
-
-
-def _proc_state(pid: int) -> str:
-    """One-letter process state from /proc (``Z`` zombie), or ``"gone"``."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return "gone"
-
-
-class PoolProcesses:
-    """The processes of one ``moolib.EnvPool``: its server (a child of this process, forked when
-    the pool is made) and the worker processes forked by the server. Linux ``/proc`` only;
-    elsewhere nothing is ever reported dead (the ``ENV_TIMEOUT`` still applies)."""
-
-    def __init__(self, server_pids: list[int]):
-        self.server_pids = server_pids
-
-    def dead(self) -> str | None:
-        """A description of a dead pool process, or None if all are alive."""
-        for server in self.server_pids:
-            state = _proc_state(server)
-            if state in ("Z", "X", "gone"):
-                return f"env pool server process {server} died"
-            for worker in _children(server):
-                if _proc_state(worker) in ("Z", "X", "gone"):
-                    return f"env worker process {worker} died"
-        return None
-
-    def kill(self) -> None:
-        """SIGKILL the pool's workers and server and reap the server."""
-        for server in self.server_pids:
-            for worker in _children(server):
-                try:
-                    os.kill(worker, signal.SIGKILL)
-                except OSError:
-                    pass
-            try:
-                os.kill(server, signal.SIGKILL)
-                os.waitpid(server, 0)
-            except OSError:
-                pass
-
-
-def shutdown_env_pool(pool: Any) -> None:
-    """Close a local pool, or end a moolib pool's processes (e.g. before re-executing)."""
-    if hasattr(pool, "close"):
-        pool.close()
-    procs = getattr(pool, "_rfwp_processes", None) or _moolib_processes.get(id(pool))
-    if procs is not None:
-        procs.kill()
-
-
-_moolib_processes: dict[int, PoolProcesses] = {}
-
-
-def reexec_argv() -> list[str] | None:
-    """The command line that started this process if it is the ``rfwp-rl``/``python -m rfwp_rl``
-    CLI (so that it can re-execute itself), else None (e.g. called from a test process)."""
-    argv0 = os.path.basename(sys.argv[0]) if sys.argv else ""
-    parent = os.path.basename(os.path.dirname(sys.argv[0])) if sys.argv else ""
-    if argv0 == "rfwp-rl" or (argv0 == "__main__.py" and parent == "rfwp_rl"):
-        return list(sys.orig_argv)
-    return None
-
-
-class _Waiter:
-    """Calls ``future.result()`` in a helper thread so that the caller can wait with a timeout
-    (moolib's ``result()`` releases the GIL but cannot be interrupted)."""
-
-    def __init__(self) -> None:
-        self._in: queue.SimpleQueue = queue.SimpleQueue()
-        self._done = threading.Event()
-        self._out: tuple[bool, Any] = (True, None)
-        self.stuck = False  # a wait was abandoned: the thread may still block on it
-        self.future: Any = None  # the future of the latest wait
-        threading.Thread(target=self._run, name="env-result", daemon=True).start()
-
-    def _run(self) -> None:
-        while True:
-            future = self._in.get()
-            try:
-                self._out = (True, future.result())
-            except BaseException as e:  # handed to the caller
-                self._out = (False, e)
-            self._done.set()
-
-    def wait(self, future: Any, poll: Callable[[float], bool]) -> Any:
-        """``future.result()``; every 0.25 s ``poll(seconds waited)`` may return True (give up:
-        returns None) or raise."""
-        if self.stuck:
-            raise EnvPoolBroken("an earlier env step never finished")
-        self._done.clear()
-        self.future = future
-        self._in.put(future)
-        t0 = time.monotonic()
-        while not self._done.wait(0.25):
-            try:
-                give_up = poll(time.monotonic() - t0)
-            except BaseException:
-                self.stuck = True
-                raise
-            if give_up:
-                self.stuck = True
-                return None
-        ok, value = self._out
-        if not ok:
-            raise EnvPoolBroken(f"env pool step failed: {value}") from value
-        return value
-
-    def settle(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` s for an abandoned wait to finish (its result is dropped).
-        True: nothing is stuck any more."""
-        if self.stuck and self._done.wait(max(0.0, timeout)):
-            self.stuck = False
-        return not self.stuck
-
-
-def import_moolib():
-    """``moolib``, or a one-line UserError telling how to get it."""
-    try:
-        import moolib
-    except ImportError as e:
-        raise UserError(f"moolib is not installed ({e}); run 'bash scripts/setup.sh' to build it, "
-                        "or pass --env-backend local to step the environments in this process") from None
-    return moolib
-
-
-class _Ready:
-    """A step of in-process envs with the ``.result()`` of a moolib future: the envs step when the
-    result is asked for (as a pool's workers would step meanwhile), so a step still pending when the
-    trainer stops never runs, and its env failures are neither printed nor counted."""
-
-    def __init__(self, run: Callable[[], dict[str, torch.Tensor]]):
-        self._run = run
-        self._value: dict[str, torch.Tensor] | None = None
-
-    def result(self) -> dict[str, torch.Tensor]:
-        if self._value is None:
-            self._value = self._run()
-        return self._value
-
-
-class LocalEnvPool:
-    """In-process stand-in for ``moolib.EnvPool`` with the same ``step(batch_index, action)``:
-    the first call on a batch resets its envs (the action is ignored), an env whose episode
-    ended is reset and reports ``done`` with the new episode's first observation. Steps in this
-    process when the result is asked for (no overlap with inference). Env ``i`` is seeded with ``seed * 100_003 + i``,
-    so runs with this backend are reproducible."""
-
-    def __init__(self, env_id: str, env_options: dict, seed: int, batch_size: int, num_batches: int,
-                 blank_obs: np.ndarray | None = None):
-        from rfwp_rl.envs import make_env
-        from rfwp_rl.envs.pool import PoolEnv
-
-        def create(i: int) -> PoolEnv:
-            def make(failures: int):  # a replacement after a failure gets a new seed
-                return make_env(env_id, seed=(seed * 100_003 + i + 7919 * failures) % 2 ** 31, **env_options)
-            # the env is made on its first reset, where a failing constructor is handled like a failing reset
-            return PoolEnv(None, make=make, name=f"{env_id} #{i}", blank_obs=blank_obs)
-
-        self.envs = [[create(b * batch_size + i) for i in range(batch_size)] for b in range(num_batches)]
-        self.started = [False] * num_batches
-
-    def step(self, batch_index: int, action: torch.Tensor) -> _Ready:
-        action = action.clone()
-        return _Ready(lambda: self._step(batch_index, action))
-
-    def _step(self, batch_index: int, action: torch.Tensor) -> dict[str, torch.Tensor]:
-        envs = self.envs[batch_index]
-        outs, rewards, dones = [], [], []
-        for env, a in zip(envs, action.tolist()):
-            try:  # PoolEnv replaces failing envs; this is raised only if no new one can be made
-                if not self.started[batch_index]:
-                    obs, reward, done = env.reset(), 0.0, False
-                else:
-                    obs, reward, done, _ = env.step(a)
-                    if done:
-                        obs = env.reset()
-            except Exception as e:
-                raise TrainingAborted(str(e).splitlines()[0] if str(e) else type(e).__name__) from e
-            outs.append(obs)
-            rewards.append(reward)
-            dones.append(done)
-        self.started[batch_index] = True
-        result = {k: torch.from_numpy(np.stack([o[k] for o in outs])) for k in outs[0]}
-        result["reward"] = torch.tensor(rewards, dtype=torch.float32)
-        result["done"] = torch.tensor(dones, dtype=torch.bool)
-        return result
-
-    def close(self) -> None:
-        for batch in self.envs:
-            for env in batch:
-                env.close()
-
-
-def make_env_pool(backend: str, env_id: str, env_options: dict, seed: int, num_envs: int, num_batches: int,
-                  num_processes: int, blank_obs: np.ndarray | None = None):
-    """An env pool of ``num_batches`` batches of ``num_envs // num_batches`` envs
-    (``moolib.EnvPool`` or :class:`LocalEnvPool`). Create it before any moolib Rpc/Group and
-    before other threads: moolib forks its worker processes here. moolib workers seed their
-    envs from OS entropy (runs with moolib are not bit-reproducible anyway: worker timing
-    decides which model version acts). ``blank_obs`` (one observation's shape and dtype, e.g.
-    ``np.zeros(spec.obs_shape, spec.obs_dtype)``) lets an env slot whose envs can never be made
-    report that as ``env_fatal`` (see :mod:`rfwp_rl.envs.pool`)."""
-    if num_envs % num_batches:
-        raise UserError(f"--num-actors {num_envs} must be a multiple of --num-env-batches {num_batches}")
-    if not 1 <= num_batches <= 4:
-        raise UserError(f"--num-env-batches {num_batches} is invalid; allowed: 1 to 4")
-    batch_size = num_envs // num_batches
-    if backend == "local":
-        return LocalEnvPool(env_id, env_options, seed, batch_size, num_batches, blank_obs)
-    global _moolib_pool_made
-    if _moolib_pool_made:
-        raise UserError("moolib allows one EnvPool per process (it forks its workers once and aborts a second "
-                        "fork); run each training in its own process, reuse the pool, or use --env-backend local")
-    moolib = import_moolib()
-    from rfwp_rl.envs.pool import PoolEnvFactory
-
-    _moolib_pool_made = True
-    before = set(_children(os.getpid()))
-    factory = PoolEnvFactory(env_id, **env_options)
-    factory.blank_obs = blank_obs
-    pool = moolib.EnvPool(factory, num_processes=min(num_processes, num_envs),
-                          batch_size=batch_size, num_batches=num_batches)
-    _moolib_processes[id(pool)] = PoolProcesses(sorted(set(_children(os.getpid())) - before))
-    return pool
 
 
 @dataclasses.dataclass
@@ -315,18 +39,18 @@ class Rollout:
 
 
 class ActorBatch:
-    """One batch of environments: its pending step, core state and the rollout being filled."""
+    """One batch of environments: its last action, core state and the rollout being filled."""
 
     def __init__(self, index: int, batch_size: int, agent: torch.nn.Module, unroll_length: int,
                  device: torch.device):
         self.index = index
         self.batch_size = batch_size
         self.unroll_length = unroll_length
-        self.future = None
         self.action = torch.zeros(batch_size, dtype=torch.int64, device=device)  # ignored by the first (reset) step
         self.core_state = agent.initial_state(batch_size, device=device)
         self.rollout_state = self.core_state  # state before the rollout's first entry
         self.steps: list[dict[str, torch.Tensor]] = []
+        self.pinned: dict[str, torch.Tensor] = {}  # CUDA: page-locked staging buffers of env outputs
 
 
 class Actors:
@@ -334,50 +58,59 @@ class Actors:
 
     ``step()`` advances one batch by one env step and returns the rollouts completed by it
     and the statistics ``(return, length)`` of the episodes that ended (nothing if
-    ``should_stop()`` became true while waiting for the envs).
+    ``should_stop()`` became true while waiting for the envs). Inference runs under
+    ``torch.inference_mode`` (and bf16 autocast with ``precision="bf16"``); what a rollout keeps
+    is copied out of inference mode, so the learner can backpropagate through it.
 
-    ``env_failures`` counts replaced envs (start value ``env_failures``, e.g. from a checkpoint);
-    more than ``max_env_failures`` raise :class:`TrainingAborted`, and so does an env that
-    cannot be made to work (``env_fatal``). A dead moolib worker, or no result from a batch
-    for ``env_timeout`` seconds, raises :class:`EnvPoolBroken`.
+    Env faults (``max_env_failures``, ``env_timeout``, ``env_failures``): see
+    :class:`rfwp_rl.impala.env_pool.EnvBatches`. ``timers`` collects the seconds spent waiting
+    for env results (``env``) and in inference (``inference``).
     """
 
     def __init__(self, pool: Any, agent: torch.nn.Module, num_envs: int, num_batches: int, unroll_length: int,
                  device: torch.device | str = "cpu", max_env_failures: int | None = None,
                  env_failures: int = 0, should_stop: Callable[[], bool] = lambda: False,
-                 env_timeout: float = ENV_TIMEOUT):
-        self.pool = pool
-        self.max_env_failures = max_env_failures
-        self.env_failures = env_failures
-        self.env_timeout = env_timeout
-        self.should_stop = should_stop
-        self._processes = _moolib_processes.get(id(pool))
-        self._waiter = _Waiter() if self._processes is not None else None
+                 env_timeout: float = ENV_TIMEOUT, precision: str = "fp32", timers: Timers | None = None):
+        self.envs = EnvBatches(pool, num_batches, num_envs // num_batches, max_env_failures, env_failures,
+                               should_stop, env_timeout)
         self.agent = agent
         self.device = torch.device(device)
+        self.precision = precision
+        self.timers = timers or Timers()
         self.batches = [ActorBatch(i, num_envs // num_batches, agent, unroll_length, self.device) for i in range(num_batches)]
         self.next_batch = 0
         self.env_steps = 0  # observations processed (all envs)
 
+    @property
+    def env_failures(self) -> int:
+        return self.envs.env_failures
+
+    @env_failures.setter
+    def env_failures(self, value: int) -> None:
+        self.envs.env_failures = value
+
+    @property
+    def should_stop(self) -> Callable[[], bool]:
+        return self.envs.should_stop
+
+    @should_stop.setter
+    def should_stop(self, value: Callable[[], bool]) -> None:
+        self.envs.should_stop = value
+
     def step(self) -> tuple[list[Rollout], list[tuple[float, int]]]:
         batch = self.batches[self.next_batch]
         self.next_batch = (self.next_batch + 1) % len(self.batches)
-        if batch.future is None:
-            batch.future = self.pool.step(batch.index, batch.action)
-        env_out = self._result(batch)
+        if self.envs.futures[batch.index] is None:
+            self.envs.send(batch.index, batch.action.cpu())
+        with self.timers("env"):
+            env_out = self.envs.receive(batch.index)
         if env_out is None:  # stop requested while waiting
             return [], []
-        batch.future = None
-        if "env_fatal" in env_out and bool(env_out["env_fatal"].any()):  # uint8 [b, FATAL_MESSAGE_BYTES]
-            self._env_fatal(batch, env_out["env_fatal"])
-        if "env_error" in env_out and bool(env_out["env_error"].any()):  # int32 [b] (bool from older workers)
-            errors = env_out["env_error"]
-            self._env_failed(batch, torch.nonzero(errors).flatten().tolist(), int(errors.sum()))
         # The pool reuses its buffers once the batch is stepped again: copy what we keep.
-        obs = env_out["obs"].to(self.device, copy=True)
-        reward = env_out["reward"].to(self.device, torch.float32, copy=True)
-        done = env_out["done"].to(self.device, torch.bool, copy=True)
-        truncated = (env_out["truncated"].to(self.device, torch.bool, copy=True) if "truncated" in env_out
+        obs = self._to_device(batch, "obs", env_out["obs"])
+        reward = self._to_device(batch, "reward", env_out["reward"], torch.float32)
+        done = self._to_device(batch, "done", env_out["done"], torch.bool)
+        truncated = (self._to_device(batch, "truncated", env_out["truncated"], torch.bool) if "truncated" in env_out
                      else torch.zeros_like(done))
         episodes = []
         if bool(env_out["episode_end"].any()):
@@ -386,93 +119,59 @@ class Actors:
 
         prev_action = batch.action
         state_before = batch.core_state
-        self.agent.eval()
-        with torch.no_grad():
-            out, batch.core_state = self.agent(obs.unsqueeze(0), reward.unsqueeze(0), done.unsqueeze(0),
-                                               state_before, prev_action=prev_action.unsqueeze(0))
+        with self.timers("inference"):
+            out, batch.core_state = self.act(obs, reward, done, state_before, prev_action)
         action = out["action"][0]
         batch.action = action
-        batch.future = self.pool.step(batch.index, action.cpu())  # workers step while we go on
+        self.envs.send(batch.index, action.cpu())  # workers step while we go on
         self.env_steps += batch.batch_size
 
-        batch.steps.append({"obs": obs, "reward": reward, "done": done, "truncated": truncated, "prev_action": prev_action,
-                            "action": action, "policy_logits": out["policy_logits"][0]})
-        rollouts = []
-        if len(batch.steps) == batch.unroll_length + 1:
-            data = {k: torch.stack([s[k] for s in batch.steps]) for k in STEP_KEYS}
-            rollouts.append(Rollout(data, batch.rollout_state))
-            # The next rollout starts with this step again, from the state before it.
-            batch.steps = [batch.steps[-1]]
-            batch.rollout_state = state_before
-        return rollouts, episodes
+        batch.steps.append({"obs": obs, "reward": reward, "done": done, "truncated": truncated,
+                            "prev_action": prev_action, "action": action, "policy_logits": out["policy_logits"][0]})
+        return self._cut(batch, state_before), episodes
 
-    def _result(self, batch: ActorBatch) -> dict[str, torch.Tensor] | None:
-        """The pending step's result (moolib: waited for in a helper thread, see module doc)."""
-        if self._waiter is None or isinstance(batch.future, _Ready):
-            return batch.future.result()
+    def act(self, obs: torch.Tensor, reward: torch.Tensor, done: torch.Tensor, state: tuple,
+            prev_action: torch.Tensor) -> tuple[dict[str, torch.Tensor], tuple]:
+        """One step of the model on one env batch: ``obs [b, ...]``, ``reward``/``done``/``prev_action``
+        ``[b]`` -> outputs ``[1, b, ...]`` and the new core state."""
+        self.agent.eval()
+        with torch.inference_mode(), autocast(self.device, self.precision):
+            return self.agent(obs.unsqueeze(0), reward.unsqueeze(0), done.unsqueeze(0), state,
+                              prev_action=prev_action.unsqueeze(0))
 
-        def poll(waited: float) -> bool:
-            if self.should_stop():
-                return True
-            dead = self._processes.dead()
-            if dead is not None:
-                raise EnvPoolBroken(dead)
-            if waited > self.env_timeout:
-                raise EnvPoolBroken(f"no result from env batch {batch.index} for {waited:.0f} s "
-                                    f"(env timeout {self.env_timeout:g} s): an env is hung")
-            return False
+    def _to_device(self, batch: ActorBatch, key: str, value: torch.Tensor,
+                   dtype: torch.dtype | None = None) -> torch.Tensor:
+        """A copy of an env output on the actors' device. CUDA: through a page-locked buffer and a
+        non-blocking copy (the buffer is refilled only after this step's action came back to the
+        CPU, which waits for the copy)."""
+        if self.device.type != "cuda":
+            return value.to(self.device, dtype, copy=True)
+        pinned = batch.pinned.get(key)
+        if pinned is None or pinned.shape != value.shape:
+            pinned = batch.pinned[key] = torch.empty(value.shape, dtype=dtype or value.dtype, pin_memory=True)
+        pinned.copy_(value)
+        return pinned.to(self.device, non_blocking=True)
 
-        return self._waiter.wait(batch.future, poll)
+    @staticmethod
+    def _cut(batch: ActorBatch, state_before: tuple) -> list[Rollout]:
+        """The rollout completed by the step just appended, if any (stacked and copied out of
+        inference mode)."""
+        if len(batch.steps) < batch.unroll_length + 1:
+            return []
+        data = {k: torch.stack([s[k] for s in batch.steps]) for k in STEP_KEYS}
+        rollout = Rollout(data, tuple(s.clone() for s in batch.rollout_state))
+        # The next rollout starts with this step again, from the state before it.
+        batch.steps = [batch.steps[-1]]
+        batch.rollout_state = state_before
+        return [rollout]
 
-    def _env_fatal(self, batch: ActorBatch, fatal: torch.Tensor) -> None:
-        from rfwp_rl.envs.pool import decode_fatal
-
-        row = int(torch.nonzero(fatal.any(dim=1)).flatten()[0])
-        message = decode_fatal(fatal[row]) or "an env cannot be made to work"
-        raise TrainingAborted(f"{message} (actor env {batch.index * batch.batch_size + row})")
-
-    def _env_failed(self, batch: ActorBatch, rows: list[int], count: int | None = None) -> None:
-        self.env_failures += len(rows) if count is None else count
-        envs = ", ".join(str(batch.index * batch.batch_size + i) for i in rows)
-        limit = f" (limit --max-env-failures {self.max_env_failures})" if self.max_env_failures is not None else ""
-        print(f"warning: env {envs} failed and was replaced; {self.env_failures} env failures so far{limit}",
-              file=sys.stderr, flush=True)
-        if self.max_env_failures is not None and self.env_failures > self.max_env_failures:
-            raise TrainingAborted(f"{self.env_failures} environment failures{limit}")
-
-    def release(self, grace: float = STOP_GRACE) -> None:
-        """Before the trainer exits without restarting: give the pending env steps ``grace``
-        seconds in all; if one does not finish (a hung env, or a wait abandoned on a stop request
-        that never finishes), end the moolib pool's processes, which would otherwise outlive
-        this process. No-op for in-process pools."""
-        if self._waiter is None:
-            return
-        deadline = time.monotonic() + grace
-        if self._waiter.settle(deadline - time.monotonic()):
-            for batch in self.batches:
-                if batch.future is None:
-                    continue
-                if batch.future is self._waiter.future:  # its abandoned wait has just finished
-                    batch.future = None
-                    continue
-                try:
-                    self._waiter.wait(batch.future, lambda waited: time.monotonic() > deadline)
-                except EnvPoolBroken:
-                    pass
-                if self._waiter.stuck:
-                    break
-                batch.future = None
-        if self._waiter.stuck:
-            print(f"warning: env steps did not finish within {grace:g} s; ending the env worker processes",
-                  file=sys.stderr, flush=True)
-            self._processes.kill()
+    def release(self) -> None:
+        """See :meth:`rfwp_rl.impala.env_pool.EnvBatches.release`."""
+        self.envs.release()
 
     def drain(self) -> None:
         """Wait for the pending env steps (so that another :class:`Actors` can use the pool)."""
-        for batch in self.batches:
-            if batch.future is not None:
-                self._result(batch)
-                batch.future = None
+        self.envs.drain()
 
 
 class RolloutQueue:

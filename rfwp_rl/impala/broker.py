@@ -37,8 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rfwp_rl.impala.actors import import_moolib
-    from rfwp_rl.impala.rollout_server import resolve_address
+    from rfwp_rl.impala.env_pool import import_moolib
+    from rfwp_rl.impala.net import resolve_address
     from rfwp_rl.runlog import format_duration
 
     address = resolve_address(args.address, "--address")

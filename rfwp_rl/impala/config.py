@@ -4,7 +4,7 @@ RMSProp (lr 6e-4, alpha 0.99, eps 0.01, no momentum), learning rate decayed line
 over ``total_steps``, gradient-norm clipping at 40, entropy cost 0.01, baseline cost 0.5,
 discount 0.99, batch 32 rollouts of unroll 50, rewards clipped to [-1, 1], V-trace with
 rho-bar = c-bar = 1, 48 actors (environments). Only the number of environment worker
-processes is chosen for the machine (one per CPU core by default).
+processes (one per CPU core, at most 8) and torch's thread count are chosen for the machine.
 
 These are the ``atari`` profile. Environments with vector observations get the ``vector``
 profile (:mod:`rfwp_rl.impala.profiles`) for the options the command line leaves unset.
@@ -49,19 +49,29 @@ class ImpalaConfig:
     reward_clip: float = 1.0
     clip_rho: float = 1.0
     clip_c: float = 1.0
+    vtrace_lambda: float = 1.0  # V-trace trace factor (1: the paper's)
     optimizer: str = "rmsprop"  # rmsprop (paper) or adam
     adam_eps: float = 1e-8
     normalize_advantages: bool = False  # policy-gradient advantages divided by their batch std
     profile: str = "atari"  # which defaults filled the options the command line left unset
     device: str = "cpu"
     learner_thread: bool = False  # updates in a thread; actors act with a copy of the model meanwhile
+    precision: str = "fp32"  # bf16: autocast of the torso in acting and learning (fp32 weights, optimizer, losses)
+    torch_threads: int = 0  # 0: chosen from the cores and env processes (rfwp_rl.perf.choose_torch_threads)
     # bookkeeping
     checkpoint_every: float = 600.0  # seconds between periodic checkpoints
     snapshot_steps: tuple[int, ...] = ()
     log_every: float = 5.0  # seconds between TensorBoard scalar writes / console lines
     max_nonfinite: int = 20  # consecutive non-finite updates before the run aborts
+    max_env_failures: int = 100  # env failures tolerated over the run; one more checkpoints and stops (exit 1)
 
 
 DEFAULTS = ImpalaConfig()
 ENV_BACKENDS = ("moolib", "local")
 OPTIMIZERS = ("rmsprop", "adam")
+
+
+def trainer_keys() -> list[str]:
+    """The settings ``--set KEY=VALUE`` may change besides the agent's: the fields of :class:`ImpalaConfig`
+    but ``env`` (which decides the agent's shapes: ``--env``) and ``profile`` (``--profile``)."""
+    return [f.name for f in dataclasses.fields(ImpalaConfig) if f.name not in ("env", "profile")]

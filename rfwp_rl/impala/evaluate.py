@@ -144,7 +144,6 @@ def _frame_grabber(env) -> Callable[[], np.ndarray]:
                     "(add --env-option render_mode=rgb_array)")
 
 
-@torch.no_grad()
 def play(agent: torch.nn.Module, envs: Sequence[Any], episode_quota: Sequence[int], greedy: bool = True,
          noneg: bool = False, max_dropped: int | None = None, recorder: GifRecorder | None = None,
          progress: Callable[[int, int, list[Episode]], None] | None = None) -> list[Episode]:
@@ -161,74 +160,88 @@ def play(agent: torch.nn.Module, envs: Sequence[Any], episode_quota: Sequence[in
     ``recorder`` captures the first episode of env 0. Returns every finished episode,
     including dropped ones, sorted by (env, index).
     """
-    n = len(envs)
-    device = next(agent.parameters()).device
-    state = [s.clone() for s in agent.initial_state(n, device=device)]
-    obs = [None] * n
-    reward = torch.zeros(n)
-    done = torch.ones(n, dtype=torch.bool)
-    prev_action = torch.zeros(n, dtype=torch.long)
-    ret = [0.0] * n
-    length = [0] * n
-    counted = [0] * n
-    played = [0] * n
-    episodes: list[Episode] = []
-    dropped = 0
-    for i, env in enumerate(envs):
-        obs[i], _ = env.reset()
-    recording = recorder is not None
-    if recording:
-        recorder.capture()
-    active = [i for i in range(n) if episode_quota[i] > 0]
-    total_quota = sum(episode_quota)
+    game = _Play(agent, envs, episode_quota, noneg, max_dropped, recorder, progress)
+    active = [i for i in range(len(envs)) if episode_quota[i] > 0]
     while active:
+        actions = game.act(active, greedy)
+        active = [i for j, i in enumerate(active) if game.step(i, int(actions[j]))]
+    game.episodes.sort(key=lambda e: (e.env, e.index))
+    return game.episodes
+
+
+class _Play:
+    """The per-env state of :func:`play`: observations, the agent's inputs and core state, episode counts."""
+
+    def __init__(self, agent: torch.nn.Module, envs: Sequence[Any], quota: Sequence[int], noneg: bool,
+                 max_dropped: int | None, recorder: GifRecorder | None,
+                 progress: Callable[[int, int, list[Episode]], None] | None):
+        n = len(envs)
+        self.agent, self.envs, self.quota, self.noneg, self.max_dropped = agent, envs, quota, noneg, max_dropped
+        self.recorder, self.progress = recorder, progress
+        self.device = next(agent.parameters()).device
+        self.state = [s.clone() for s in agent.initial_state(n, device=self.device)]
+        self.obs = [env.reset()[0] for env in envs]
+        self.reward = torch.zeros(n)
+        self.done = torch.ones(n, dtype=torch.bool)
+        self.prev_action = torch.zeros(n, dtype=torch.long)
+        self.ret, self.length, self.counted, self.played = [0.0] * n, [0] * n, [0] * n, [0] * n
+        self.episodes: list[Episode] = []
+        self.dropped = 0
+        self.recording = recorder is not None
+        if self.recording:
+            recorder.capture()
+
+    def act(self, active: list[int], greedy: bool) -> torch.Tensor:
+        """Actions ``[len(active)]`` of the active envs (their core states are updated)."""
         idx = torch.tensor(active)
-        x = torch.from_numpy(np.stack([obs[i] for i in active])).unsqueeze(0).to(device)
-        sub = tuple(s.index_select(0, idx.to(s.device)) for s in state)
-        out, new_sub = agent(x, reward[idx].unsqueeze(0).to(device), done[idx].unsqueeze(0).to(device), sub,
-                             prev_action=prev_action[idx].unsqueeze(0).to(device), greedy=greedy)
-        for s, ns in zip(state, new_sub):
+        d = self.device
+        x = torch.from_numpy(np.stack([self.obs[i] for i in active])).unsqueeze(0).to(d)
+        sub = tuple(s.index_select(0, idx.to(s.device)) for s in self.state)
+        with torch.inference_mode():
+            out, new_sub = self.agent(x, self.reward[idx].unsqueeze(0).to(d), self.done[idx].unsqueeze(0).to(d), sub,
+                                      prev_action=self.prev_action[idx].unsqueeze(0).to(d), greedy=greedy)
+        for s, ns in zip(self.state, new_sub):
             s.index_copy_(0, idx.to(s.device), ns)
-        actions = out["action"][0].cpu()
-        still = []
-        for j, i in enumerate(active):
-            a = int(actions[j])
-            obs[i], r, terminated, truncated, info = envs[i].step(a)
-            ret[i] += float(r)
-            length[i] += 1
-            if recording and i == 0:
-                recorder.capture()
-            if not (terminated or truncated):
-                reward[i], done[i], prev_action[i] = float(r), False, a
-                still.append(i)
-                continue
-            ep = info.get("episode")
-            score = float(np.asarray(ep["r"])) if ep is not None else ret[i]
-            steps = int(np.asarray(ep["l"])) if ep is not None else length[i]
-            episodes.append(Episode(i, played[i], score, steps, bool(truncated and not terminated)))
-            played[i] += 1
-            if recording and i == 0:
-                recording = False
-            if noneg and score < 0:
-                dropped += 1
-                if max_dropped is not None and dropped > max_dropped:
-                    raise UserError(f"--noneg: {dropped} episodes ended with a negative score (more than "
-                                    f"--max-dropped {max_dropped}); noneg is meant for games where a negative "
-                                    "final score is an emulator glitch (Battlezone, Up'n Down)")
-            else:
-                counted[i] += 1
-            if progress is not None:
-                progress(sum(counted), total_quota, episodes)
-            if counted[i] < episode_quota[i]:
-                obs[i], _ = envs[i].reset()
-                ret[i], length[i] = 0.0, 0
-                # as in training (moolib EnvPool / TorchBeast): the new episode's first frame comes
-                # with the reward of the step that ended the previous one, and done=True
-                reward[i], done[i], prev_action[i] = float(r), True, 0
-                still.append(i)
-        active = still
-    episodes.sort(key=lambda e: (e.env, e.index))
-    return episodes
+        return out["action"][0].cpu()
+
+    def step(self, i: int, a: int) -> bool:
+        """Env ``i`` takes action ``a``; False once it has played its quota."""
+        self.obs[i], r, terminated, truncated, info = self.envs[i].step(a)
+        self.ret[i] += float(r)
+        self.length[i] += 1
+        if self.recording and i == 0:
+            self.recorder.capture()
+        if not (terminated or truncated):
+            self.reward[i], self.done[i], self.prev_action[i] = float(r), False, a
+            return True
+        self._episode_ended(i, info, bool(truncated and not terminated))
+        if self.counted[i] >= self.quota[i]:
+            return False
+        self.obs[i], _ = self.envs[i].reset()
+        self.ret[i], self.length[i] = 0.0, 0
+        # as in training (moolib EnvPool / TorchBeast): the new episode's first frame comes
+        # with the reward of the step that ended the previous one, and done=True
+        self.reward[i], self.done[i], self.prev_action[i] = float(r), True, 0
+        return True
+
+    def _episode_ended(self, i: int, info: dict, truncated: bool) -> None:
+        ep = info.get("episode")
+        score = float(np.asarray(ep["r"])) if ep is not None else self.ret[i]
+        steps = int(np.asarray(ep["l"])) if ep is not None else self.length[i]
+        self.episodes.append(Episode(i, self.played[i], score, steps, truncated))
+        self.played[i] += 1
+        if i == 0:
+            self.recording = False
+        if self.noneg and score < 0:
+            self.dropped += 1
+            if self.max_dropped is not None and self.dropped > self.max_dropped:
+                raise UserError(f"--noneg: {self.dropped} episodes ended with a negative score (more than "
+                                f"--max-dropped {self.max_dropped}); noneg is meant for games where a negative "
+                                "final score is an emulator glitch (Battlezone, Up'n Down)")
+        else:
+            self.counted[i] += 1
+        if self.progress is not None:
+            self.progress(sum(self.counted), sum(self.quota), self.episodes)
 
 
 # ---------------------------------------------------------------- checkpoint -> agent
@@ -242,8 +255,8 @@ def load_agent(path: str | Path, core: str | None = None, env: str | None = None
     else a one-line :class:`UserError` names the difference. Returns
     ``(agent in eval mode, meta, step, checkpoint file)``.
     """
-    from rfwp_rl.agent import Agent
     from rfwp_rl.checkpoint import check_meta, find_checkpoint_file, read_checkpoint
+    from rfwp_rl.impala.setup import RunSpec, recorded_env
 
     file = find_checkpoint_file(path)
     try:
@@ -257,6 +270,7 @@ def load_agent(path: str | Path, core: str | None = None, env: str | None = None
     for key in ("env", "core", "num_actions", "obs_shape"):
         if key not in meta:
             raise UserError(f"checkpoint {file} lacks meta {key!r}; was it written by rfwp-rl train?")
+    meta = {**meta, "env": recorded_env(meta, file)}  # module:EnvId with its module, also for older checkpoints
     wanted: dict[str, Any] = {}
     if core is not None:
         wanted["core"] = core
@@ -274,8 +288,7 @@ def load_agent(path: str | Path, core: str | None = None, env: str | None = None
     weights = state.get("agent", state.get("model")) if isinstance(state, dict) else None
     if weights is None:
         raise UserError(f"checkpoint {file} holds no agent weights (state['agent'])")
-    agent = Agent(tuple(meta["obs_shape"]), int(meta["num_actions"]), meta["core"],
-                  meta.get("core_config"), meta.get("agent"))
+    agent = RunSpec.from_meta(meta).build_agent()
     try:
         agent.load_state_dict(weights)
     except RuntimeError as e:
@@ -308,10 +321,14 @@ def evaluate(path: str | Path, episodes: int = DEFAULT_EPISODES, repeats: int = 
              greedy: bool = True, noneg: bool = False, num_envs: int = 16, seed: int = 12345,
              env_overrides: dict | None = None, core: str | None = None, env: str | None = None,
              num_actions: int | None = None, label: str | None = None, video: str | Path | None = None,
-             max_dropped: int | None = None, device: str = "cpu", quiet: bool = False) -> dict:
+             max_dropped: int | None = None, device: str = "cpu", quiet: bool = False,
+             torch_threads: int | None = None) -> dict:
     """Load the checkpoint at ``path``, play ``episodes * repeats`` counted full episodes and
-    return the eval record (what ``rfwp-rl eval`` writes as JSON; see the module docstring)."""
+    return the eval record (what ``rfwp-rl eval`` writes as JSON; see the module docstring).
+    ``torch_threads``: set torch's thread count (0: chosen for the agent); None leaves it."""
     from rfwp_rl import envs as envs_mod
+    from rfwp_rl.agent import ResNetTorso
+    from rfwp_rl.perf import choose_torch_threads, set_torch_threads
     from rfwp_rl.scores import canonical_game
 
     if episodes < 1 or repeats < 1:
@@ -320,48 +337,29 @@ def evaluate(path: str | Path, episodes: int = DEFAULT_EPISODES, repeats: int = 
         raise UserError(f"--num-envs {num_envs} is invalid; allowed: an integer >= 1")
     agent, meta, step, file = load_agent(path, core=core, env=env, num_actions=num_actions)
     agent.to(torch.device(device))
+    if torch_threads is not None:
+        set_torch_threads(choose_torch_threads(torch_threads, 0, isinstance(agent.torso, ResNetTorso))[0])
     env_id = str(meta["env"])
     kind = envs_mod.resolve_env_id(env_id).kind
     options = eval_env_options(meta, dict(env_overrides or {}), kind)
     total = episodes * repeats
     n = min(num_envs, total)
-    if max_dropped is None:
-        max_dropped = total
     if not quiet:
         print(f"eval {file} (step {step:,}, core {meta['core']}) on {env_id}: {repeats} x {episodes} full episodes, "
               f"{'greedy' if greedy else 'sampled'} actions{', noneg' if noneg else ''}, {n} envs", flush=True)
-
     torch.manual_seed(seed)
     env_list = []
     try:
         for i in range(n):
-            opts = dict(options)
-            if video is not None and i == 0 and kind != "atari":
-                opts.setdefault("render_mode", "rgb_array")
-            e = envs_mod.make_env(env_id, seed=seed + i, **opts)
-            env_list.append(e)
-        have_actions = envs_mod.num_actions(env_list[0].action_space, env_id)
-        have_shape = list(env_list[0].observation_space.shape)
-        from rfwp_rl.checkpoint import check_meta
-
-        check_meta({"num_actions": meta["num_actions"], "obs_shape": list(meta["obs_shape"])},
-                   {"num_actions": have_actions, "obs_shape": have_shape}, file)
+            opts = dict(options, **({"render_mode": "rgb_array"} if video is not None and i == 0 and kind != "atari"
+                                    and "render_mode" not in options else {}))
+            env_list.append(envs_mod.make_env(env_id, seed=seed + i, **opts))
+        _check_envs(env_list[0], env_id, meta, file)
         recorder = GifRecorder(video, _frame_grabber(env_list[0])) if video is not None else None
-
         t0 = time.monotonic()
-        last = [t0]
-
-        def progress(done_count: int, need: int, eps: list[Episode]) -> None:
-            now = time.monotonic()
-            if quiet or (now - last[0] < 10.0 and done_count < need):
-                return
-            last[0] = now
-            scores = [e.score for e in eps]
-            print(f"  {done_count}/{need} episodes | mean score {np.mean(scores):.1f} | "
-                  f"{sum(e.length for e in eps) / max(now - t0, 1e-9):,.0f} steps/s", flush=True)
-
         played = play(agent, env_list, quotas(total, n), greedy=greedy, noneg=noneg,
-                      max_dropped=max_dropped, recorder=recorder, progress=progress)
+                      max_dropped=total if max_dropped is None else max_dropped, recorder=recorder,
+                      progress=None if quiet else _Progress(t0))
         wall = time.monotonic() - t0
     finally:
         for e in env_list:
@@ -369,15 +367,14 @@ def evaluate(path: str | Path, episodes: int = DEFAULT_EPISODES, repeats: int = 
 
     groups, dropped = split_repeats([e.score for e in played], episodes, repeats, noneg)
     kept = [e for e in played if not (noneg and e.score < 0)]
-    lengths = [[e.length for e in kept[r * episodes:(r + 1) * episodes]] for r in range(repeats)]
     video_path = recorder.save() if recorder is not None else None
     record = {
-        "game": canonical_game(env_id), "env": env_id, "core": meta["core"],
+        "game": canonical_game(env_id.rpartition(":")[2]), "env": env_id, "core": meta["core"],
         "model": label or meta["core"], "steps": step, "checkpoint": str(file),
         "mode": "greedy" if greedy else "sample", "noneg": bool(noneg),
         "episodes": episodes, "repeats": repeats,
         **summarize(groups),
-        "scores": groups, "lengths": lengths,
+        "scores": groups, "lengths": [[e.length for e in kept[r * episodes:(r + 1) * episodes]] for r in range(repeats)],
         "dropped_negative": dropped, "truncated": sum(e.truncated for e in kept),
         "env_options": options, "core_config": meta.get("core_config"), "num_actions": meta["num_actions"],
         "num_envs": n, "seed": seed, "env_steps": sum(e.length for e in played),
@@ -387,6 +384,32 @@ def evaluate(path: str | Path, episodes: int = DEFAULT_EPISODES, repeats: int = 
     if recorder is not None and recorder.cut:
         record["video_note"] = f"cut after {recorder.max_frames} frames"
     return record
+
+
+def _check_envs(env: Any, env_id: str, meta: dict, file: Path) -> None:
+    """The evaluation env must have the checkpoint's action count and observation shape."""
+    from rfwp_rl.checkpoint import check_meta
+    from rfwp_rl.envs import num_actions
+
+    check_meta({"num_actions": meta["num_actions"], "obs_shape": list(meta["obs_shape"])},
+               {"num_actions": num_actions(env.action_space, env_id), "obs_shape": list(env.observation_space.shape)},
+               file)
+
+
+class _Progress:
+    """A console line every 10 s of play (and at the end)."""
+
+    def __init__(self, t0: float):
+        self.t0 = self.last = t0
+
+    def __call__(self, done_count: int, need: int, eps: list[Episode]) -> None:
+        now = time.monotonic()
+        if now - self.last < 10.0 and done_count < need:
+            return
+        self.last = now
+        scores = [e.score for e in eps]
+        print(f"  {done_count}/{need} episodes | mean score {np.mean(scores):.1f} | "
+              f"{sum(e.length for e in eps) / max(now - self.t0, 1e-9):,.0f} steps/s", flush=True)
 
 
 def log_tensorboard(run_dir: str | Path, record: dict) -> None:
@@ -434,9 +457,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--num-envs", type=int, default=16, help="environments stepped together (default 16)")
     g.add_argument("--seed", type=int, default=12345, help="env i is seeded with SEED + i (default 12345)")
     g.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 ... (default cpu)")
-    g.add_argument("--torch-threads", type=int, default=1,
-                   help="torch intra-op threads (default 1: fastest for small batched inference on a busy "
-                        "machine; 0: torch's default)")
+    g.add_argument("--torch-threads", type=int, default=0,
+                   help="torch intra-op threads (default 0: one for a small (MLP) agent, the available cores "
+                        "for an image agent)")
     g = parser.add_argument_group("outputs")
     g.add_argument("--label", default=None, help="model name in the result files (default: the core name), "
                                                  "e.g. rdn_large")
@@ -446,28 +469,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--no-tensorboard", action="store_true", help="do not log to the run's TensorBoard")
 
 
-def _env_overrides(items: Sequence[str]) -> dict:
-    from rfwp_rl.presets import parse_value
-
-    out = {}
-    for item in items:
-        key, sep, text = item.partition("=")
-        if not sep or not key.strip():
-            raise UserError(f"--env-option {item!r}: expected key=value, e.g. max_episode_frames=0")
-        out[key.strip()] = parse_value(text.strip())
-    return out
-
-
 def run(args: argparse.Namespace) -> int:
     from rfwp_rl.scores import eval_file_stem, format_steps, write_eval
 
-    if args.torch_threads > 0:
-        torch.set_num_threads(args.torch_threads)
+    from rfwp_rl.impala.setup import parse_env_options
+
     record = evaluate(args.checkpoint, episodes=args.episodes, repeats=args.repeats, greedy=not args.sample,
                       noneg=args.noneg, num_envs=args.num_envs, seed=args.seed,
-                      env_overrides=_env_overrides(args.env_options), core=args.core, env=args.env,
+                      env_overrides=parse_env_options(args.env_options, "max_episode_frames=0"), core=args.core, env=args.env,
                       num_actions=args.num_actions, label=args.label, video=args.video,
-                      max_dropped=args.max_dropped, device=args.device)
+                      max_dropped=args.max_dropped, device=args.device, torch_threads=args.torch_threads)
     record["command"] = "rfwp-rl eval " + " ".join(shlex.quote(a) for a in sys.argv[2:]) \
         if sys.argv[1:2] == ["eval"] else ""
     run_dir = Path(record["checkpoint"]).parent

@@ -1,4 +1,4 @@
-"""IMPALA learner: V-trace actor-critic loss and one optimizer update.
+"""IMPALA learner: the V-trace actor-critic loss and the :class:`Learner` that owns the model.
 
 A batch holds B rollouts of T+1 time steps (time-major ``[T+1, B, ...]``). Entry t of a
 rollout holds what the actor saw and did at step t:
@@ -30,17 +30,19 @@ entropy 0 and return 0.75 of 1 after 600k steps centred, return 1.0 after 75k un
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import queue
 import threading
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from rfwp_rl.impala import vtrace
+from rfwp_rl.perf import autocast
 from rfwp_rl.safety import NonFiniteGuard
 
 
@@ -53,6 +55,7 @@ class LossConfig:
     clip_rho: float = 1.0  # rho-bar
     clip_c: float = 1.0  # c-bar
     clip_pg_rho: float = 1.0
+    vtrace_lambda: float = 1.0  # trace factor (IMPALA Sec. 4.1, Remark 2); 1 = the paper's V-trace
     normalize_advantages: bool = False
 
 
@@ -71,7 +74,9 @@ def compute_loss(agent: nn.Module, batch: dict[str, torch.Tensor], initial_state
                    greedy=True)
     bootstrap_value = out["baseline"][-1].detach()
 
-    # Entry t's action led to entry t+1's reward and done.
+    # The time shift: entry t holds an observation and the action taken at it; that action's reward
+    # and done arrive with entry t+1. So action t pairs with reward[t + 1], done[t + 1], and the
+    # value of the last entry (whose action is in the next rollout) only bootstraps.
     target_logits = out["policy_logits"][:-1]
     values = out["baseline"][:-1]
     actions = batch["action"][:-1]
@@ -84,7 +89,8 @@ def compute_loss(agent: nn.Module, batch: dict[str, torch.Tensor], initial_state
     mask = (~batch["truncated"][:-1].bool()).float() if "truncated" in batch else torch.ones_like(rewards)
 
     vt = vtrace.from_logits(behaviour_logits, target_logits.detach(), actions, discounts, rewards,
-                            values.detach(), bootstrap_value, cfg.clip_rho, cfg.clip_c, cfg.clip_pg_rho, mask)
+                            values.detach(), bootstrap_value, cfg.clip_rho, cfg.clip_c, cfg.clip_pg_rho, mask,
+                            cfg.vtrace_lambda)
     advantages = vt.pg_advantages
     if cfg.normalize_advantages:  # divided by their root mean square, not centred (see the module docstring)
         rms = ((advantages ** 2 * mask).sum() / mask.sum().clamp(min=1.0)).sqrt()
@@ -108,19 +114,11 @@ def compute_loss(agent: nn.Module, batch: dict[str, torch.Tensor], initial_state
     return total, stats
 
 
-def linear_decay(total_steps: int, steps_per_update: int):
-    """LR multiplier for ``LambdaLR``: 1 at the start, 0 after ``total_steps`` env steps."""
-    def factor(update: int) -> float:
-        return max(0.0, 1.0 - min(update * steps_per_update, total_steps) / total_steps)
-    return factor
-
-
 def linear_decay_of_steps(total_steps: int, steps_trained: Callable[[], int]):
     """LR multiplier for ``LambdaLR`` that reads the env steps trained so far (``steps_trained()``)
     instead of counting updates: 1 at the start, 0 after ``total_steps``. In a learner group an
     update consumes the env steps of every learner that handed in gradients, a number that varies
-    with the group's size; for one learner it equals :func:`linear_decay`. Call ``scheduler.step()``
-    after adding the update's env steps to the count."""
+    with the group's size. Call ``scheduler.step()`` after adding the update's env steps to the count."""
     def factor(_update: int) -> float:
         return max(0.0, 1.0 - min(steps_trained(), total_steps) / total_steps)
     return factor
@@ -133,17 +131,6 @@ def make_optimizer(agent: nn.Module, lr: float, alpha: float, eps: float, moment
     if name == "adam":
         return torch.optim.Adam(agent.parameters(), lr=lr, eps=adam_eps)
     return torch.optim.RMSprop(agent.parameters(), lr=lr, alpha=alpha, eps=eps, momentum=momentum)
-
-
-def compute_gradients(agent: nn.Module, batch: dict[str, torch.Tensor], initial_state: tuple,
-                      cfg: LossConfig) -> tuple[torch.Tensor, dict[str, float]]:
-    """Loss and ``loss.backward()``: the gradients of the summed loss over the batch are *added* to
-    the parameters' ``.grad`` (which must be zero or None, see :func:`apply_gradients`).
-    Returns the loss (for the non-finite check) and its parts as floats."""
-    agent.train()
-    loss, stats = compute_loss(agent, batch, initial_state, cfg)
-    loss.backward()
-    return loss, stats
 
 
 def apply_gradients(agent: nn.Module, optimizer: torch.optim.Optimizer,
@@ -165,21 +152,6 @@ def apply_gradients(agent: nn.Module, optimizer: torch.optim.Optimizer,
     with warnings.catch_warnings():  # torch warns when the very first update was skipped
         warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
         scheduler.step()  # the schedule counts learner steps, skipped ones included
-    return stats
-
-
-def update(agent: nn.Module, optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler,
-           batch: dict[str, torch.Tensor], initial_state: tuple, cfg: LossConfig, grad_norm_clip: float,
-           guard: NonFiniteGuard) -> dict[str, float]:
-    """One learner step on its own: loss, backward, non-finite check, grad-norm clip, RMSProp, LR decay.
-
-    Returns the loss parts plus ``learner/grad_norm`` (before clipping), ``learner/lr`` (used for
-    this step) and ``learner/skipped`` (1.0 when the non-finite guard skipped it).
-    """
-    optimizer.zero_grad(set_to_none=True)
-    loss, stats = compute_gradients(agent, batch, initial_state, cfg)
-    stats.update(apply_gradients(agent, optimizer, scheduler, grad_norm_clip, step=guard.ok(loss, agent.parameters())))
-    optimizer.zero_grad(set_to_none=True)
     return stats
 
 
@@ -242,3 +214,177 @@ class LearnerThread:
             self._queue.put(None)
             self._thread.join()
         self._check()
+
+
+class Gradients(NamedTuple):
+    """What :meth:`Learner.learn` left in the parameters' ``.grad``: the gradient of the summed
+    loss over ``env_steps`` env steps, and whether loss and gradients are finite."""
+
+    finite: bool
+    env_steps: int
+    stats: dict
+
+
+@dataclasses.dataclass
+class GroupStep:
+    """One optimizer step: the gradients now in ``.grad`` and what they were computed on."""
+
+    env_steps: int  # env steps of all gradients averaged into this step (summed over a group's learners)
+    gradients: int  # batches averaged (0: nothing to apply, e.g. one learner's non-finite batch)
+    own_steps: int  # this learner's part of env_steps
+
+
+def loss_config(cfg: Any) -> LossConfig:
+    """The :class:`LossConfig` fields a trainer config (:class:`rfwp_rl.impala.config.ImpalaConfig`) sets."""
+    return LossConfig(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(LossConfig) if hasattr(cfg, f.name)})
+
+
+class Learner:
+    """The learner: the agent being trained, its optimizer, LR schedule, step counters and
+    non-finite guard.
+
+    - :meth:`learn`: V-trace loss of one batch, gradients added to ``.grad`` -> :class:`Gradients`;
+    - :meth:`apply`: one optimizer step on ``.grad`` (RMSProp or Adam; alone: this learner's gradients; in a
+      learner group: the group's weighted mean), counts it, queues its stats in ``learned`` and
+      hands the new parameters to the ``followers`` (:meth:`publish`: the actors' copy, remote actors);
+    - :meth:`state_dict` / :meth:`load_state_dict`: the checkpoint; :meth:`shared_state` /
+      :meth:`load_shared_state`: what a learner group hands a joining learner besides the parameters.
+
+    ``counters["step"]`` counts env steps trained (in a group: the group's), ``["updates"]``
+    optimizer steps; the LR decays linearly to 0 over ``cfg.total_steps`` env steps. ``lock``
+    guards the model, optimizer and counters (updates vs checkpoints vs the group's thread).
+    """
+
+    def __init__(self, agent: nn.Module, cfg: Any):
+        self.agent = agent
+        self.cfg = cfg
+        self.device = next(agent.parameters()).device
+        self.precision = getattr(cfg, "precision", "fp32")
+        self.steps_per_update = cfg.batch_size * cfg.unroll_length
+        self.counters = {"step": 0, "updates": 0}
+        self.optimizer = make_optimizer(agent, cfg.learning_rate, cfg.rmsprop_alpha, cfg.rmsprop_eps,
+                                        cfg.rmsprop_momentum, cfg.optimizer, cfg.adam_eps)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, linear_decay_of_steps(cfg.total_steps, self._steps_trained))
+        self.loss_cfg = loss_config(cfg)
+        self.guard = NonFiniteGuard(cfg.max_nonfinite)
+        self.lock = threading.Lock()
+        self.followers: list[Any] = []  # objects with follow(learner), told after every change of the model
+        self.learned: queue.SimpleQueue = queue.SimpleQueue()  # (step, stats) of updates not logged yet
+        self.loss_stats: dict[str, float] = {}  # of this learner's last batch, logged with the step that used it
+        self.adoptions = 0  # times the model was replaced by a group leader's
+
+    def _steps_trained(self) -> int:
+        return self.counters["step"]
+
+    @property
+    def step(self) -> int:
+        return self.counters["step"]
+
+    @property
+    def updates(self) -> int:
+        return self.counters["updates"]
+
+    def parameters(self) -> list[nn.Parameter]:
+        return list(self.agent.parameters())
+
+    def buffers(self) -> list[torch.Tensor]:
+        return list(self.agent.buffers())
+
+    def learn(self, batch: Any) -> Gradients:
+        """Add the gradients of the V-trace loss of ``batch`` (a
+        :class:`rfwp_rl.impala.actors.Rollout` of ``[T+1, B, ...]`` tensors) to ``.grad``."""
+        self.agent.train()
+        with autocast(self.device, self.precision):  # bf16: the torso's convolutions; the loss stays fp32
+            loss, stats = compute_loss(self.agent, batch.data, batch.state, self.loss_cfg)
+        loss.backward()
+        self.loss_stats = stats
+        finite = self.guard.ok(loss, self.agent.parameters())
+        return Gradients(finite, self.steps_per_update, stats)
+
+    def apply(self, step: GroupStep) -> None:
+        """One optimizer step on the gradients in ``.grad`` (grad-norm clip, RMSProp, LR schedule;
+        ``step.gradients == 0``: only the schedule advances). The caller holds ``lock`` and zeroes
+        the gradients afterwards."""
+        self.counters["step"] += step.env_steps
+        self.counters["updates"] += 1
+        stats = apply_gradients(self.agent, self.optimizer, self.scheduler, self.cfg.grad_norm_clip,
+                                step=step.gradients > 0)
+        if step.own_steps:
+            stats.update(self.loss_stats)
+        self.learned.put((self.counters["step"], stats))
+        self.publish()
+
+    def publish(self) -> None:
+        """Tell the followers (the actors' copy of the model, remote actors) that the parameters changed."""
+        for follower in self.followers:
+            follower.follow(self)
+
+    def state_dict(self) -> dict:
+        """Agent, optimizer, LR schedule and counters (``step``, ``updates``, ``skipped_updates``)."""
+        counters = {**self.counters, "skipped_updates": self.guard.skipped}
+        return {"agent": self.agent.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(), "counters": counters}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.agent.load_state_dict(state["agent"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.counters.update({k: state["counters"][k] for k in self.counters})
+        self.guard.skipped = state["counters"].get("skipped_updates", 0)
+
+    def shared_state(self) -> dict:
+        """What a group's leader hands a joining learner besides the parameters and buffers."""
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                "counters": dict(self.counters)}
+
+    def load_shared_state(self, state: dict) -> None:
+        """Take a leader's :meth:`shared_state` (moolib has copied its parameters already)."""
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.counters.update(state["counters"])
+        self.adoptions += 1
+        self.publish()
+
+
+class Learning:
+    """Turns full batches into gradients for the learner group: in the calling thread, or with
+    ``thread=True`` in a :class:`LearnerThread` while the actors go on with ``acting_agent``, a
+    copy of the model refreshed after each update (under ``acting_lock``)."""
+
+    def __init__(self, learner: Learner, group: Any, thread: bool = False):
+        self.learner, self.group = learner, group
+        self.thread = LearnerThread(self._learn) if thread else None
+        self.acting_agent = copy.deepcopy(learner.agent) if thread else learner.agent
+        self.acting_lock = threading.Lock()
+        if thread:
+            learner.followers.append(self)
+
+    def follow(self, learner: Learner) -> None:
+        with self.acting_lock:
+            self.acting_agent.load_state_dict(learner.agent.state_dict())
+
+    def submit(self, batch: Any) -> None:
+        """Learn on ``batch`` and hand the gradients in (with a thread: waits while the previous batch is learned)."""
+        if self.thread is not None:
+            self.thread.submit(batch)
+        else:
+            self._learn(batch)
+
+    def _learn(self, batch: Any) -> None:
+        with self.learner.lock:
+            self.group.hand_in(self.learner.learn(batch))
+
+    @property
+    def pending_steps(self) -> int:
+        """Env steps submitted to the learner thread and not yet handed in."""
+        return self.thread.pending * self.learner.steps_per_update if self.thread is not None else 0
+
+    def wait_idle(self) -> None:
+        if self.thread is not None:
+            self.thread.wait_idle()
+
+    def close(self) -> None:
+        """Finish the submitted batches (re-raises the learner thread's error, if any)."""
+        if self.thread is not None:
+            self.thread.close()

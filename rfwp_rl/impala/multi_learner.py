@@ -8,7 +8,7 @@ step of the group applies the same gradients on every learner, so their paramete
   full batch computes its gradients and hands them in (:meth:`LearnerGroup.hand_in`); one without
   lets the round go on without it (:meth:`LearnerGroup.idle`). moolib all-reduces the handed-in
   gradients; when the round is done every learner, whether it handed in or not, makes the same
-  optimizer step on the same averaged gradients (``apply``). Nothing here blocks the loop: actors
+  optimizer step on the same averaged gradients (:meth:`rfwp_rl.impala.learner.Learner.apply`). Nothing here blocks the loop: actors
   keep acting while a round is under way.
 - **Averaging.** The gradients are averaged weighted by the env steps they were computed on (see
   :func:`group_gradient_factor`), and the steps of a round are summed: ``counters["step"]`` and the
@@ -18,7 +18,7 @@ step of the group applies the same gradients on every learner, so their paramete
   stops with a one-line error if the env, agent or learner settings differ. Then it creates its
   Accumulator; moolib elects the member with the highest model version (update count) as leader,
   and the leader serves its parameters plus the shared state (optimizer, LR schedule, global
-  counters: :meth:`LearnerGroup.sync`, ``share_state``) to the newcomer (``adopt_state``). A learner
+  counters: :meth:`rfwp_rl.impala.learner.Learner.shared_state`) to the newcomer. A learner
   resumed from a checkpoint with more updates than the group becomes the leader.
 - **Leaving.** A heartbeat thread keeps this learner's membership alive while it computes. When a
   learner stops or dies, the broker drops it after moolib's group timeout (10 s without a heartbeat);
@@ -28,13 +28,12 @@ moolib 0.0.9b0 note: ``Accumulator.reduce_gradients(n)`` uses ``n`` only to deci
 enough data (``set_virtual_batch_size``); the reduced gradient is the plain mean over the number of
 hand-ins. The batch-size weighting is therefore done here, from ``get_gradient_stats()``.
 
-Without ``--broker`` the trainer uses :class:`Solo`, a pass-through with the same interface: a
-handed-in gradient is applied at once.
+Both take the :class:`rfwp_rl.impala.learner.Learner`. Without ``--broker`` the trainer uses
+:class:`Solo`, a pass-through with the same interface: handed-in gradients are applied at once.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import json
 import re
@@ -42,11 +41,13 @@ import socket
 import sys
 import threading
 import time
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import torch
 
 from rfwp_rl.errors import UserError
+from rfwp_rl.impala.learner import Gradients, GroupStep
+from rfwp_rl.impala.net import settings_mismatch
 
 GROUP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-/]{0,99}")
 INFO_FUNCTION = "rfwp_learner_info"
@@ -54,15 +55,6 @@ HANDSHAKE_SECONDS = 15.0  # a member that does not answer within this long is no
 HEARTBEAT_SECONDS = 0.5  # how often the heartbeat thread pings the broker (moolib pings every 4 s of these)
 LINGER_SECONDS = 1.5  # a finished learner stays this long so that the others receive the last round
 WAITING_NOTE_SECONDS = 30.0  # how often a learner not yet in its group says it is still waiting
-
-
-@dataclasses.dataclass
-class GroupStep:
-    """One optimizer step of the group: the gradients now in ``.grad`` and what they were computed on."""
-
-    env_steps: int  # env steps of all gradients averaged into this step (summed over the learners)
-    gradients: int  # batches averaged (0: nothing to apply, e.g. one learner's non-finite batch)
-    own_steps: int  # this learner's part of env_steps
 
 
 def group_gradient_factor(num_gradients: int, group_env_steps: int, steps_per_update: int) -> float:
@@ -86,7 +78,7 @@ def group_gradient_factor(num_gradients: int, group_env_steps: int, steps_per_up
 
 def check_group_args(broker: str, group: str) -> None:
     """One-line :class:`UserError` for ``--broker``/``--group`` values that cannot work."""
-    from rfwp_rl.impala.rollout_server import resolve_address
+    from rfwp_rl.impala.net import resolve_address
 
     if group and not broker:
         raise UserError(f"--group {group!r} needs --broker HOST:PORT (the moolib broker the group meets at: "
@@ -114,36 +106,26 @@ def unpack(data: torch.Tensor) -> Any:
     return torch.load(io.BytesIO(data.numpy().tobytes()), map_location="cpu", weights_only=True)
 
 
-def settings_mismatch(mine: dict, theirs: dict) -> str | None:
-    """``"key: theirs != mine"`` for the first setting that differs, else None (nested dicts compared key by key)."""
-    from rfwp_rl.impala.rollout_server import first_difference
-
-    diff = first_difference(mine, theirs)
-    if diff is None:
-        return None
-    key, a, b = diff
-    return f"{key} {b!r} there, {a!r} here"
-
-
 class Solo:
-    """No group: a pass-through. A handed-in gradient is this learner's step, applied at once."""
+    """No group: a pass-through. Handed-in gradients are this learner's step, applied at once."""
 
     size = 1
     in_flight = 0  # env steps handed in and not yet applied
 
-    def __init__(self, parameters: Iterable[torch.nn.Parameter]):
-        self.parameters = list(parameters)
+    def __init__(self, learner: Any):
+        self.learner = learner
 
-    def sync(self, apply: Callable[[GroupStep], None]) -> None:
+    def sync(self) -> None:
         """Nothing to synchronise."""
 
     def wants_gradients(self) -> bool:
         return True
 
-    def hand_in(self, env_steps: int, finite: bool, apply: Callable[[GroupStep], None]) -> None:
-        """Apply this learner's gradients (``finite=False``: skip the step, count its env steps)."""
-        apply(GroupStep(env_steps=env_steps, gradients=int(finite), own_steps=env_steps))
-        for p in self.parameters:
+    def hand_in(self, gradients: Gradients) -> None:
+        """Apply this learner's gradients (not finite: skip the step, count its env steps)."""
+        steps = gradients.env_steps
+        self.learner.apply(GroupStep(env_steps=steps, gradients=int(gradients.finite), own_steps=steps))
+        for p in self.learner.parameters():
             p.grad = None
 
     def idle(self) -> None:
@@ -160,44 +142,36 @@ class LearnerGroup:
     """This learner's membership of a moolib group, and the rounds of gradient averaging.
 
     Create it after the env pool (moolib forks there, and refuses to once Rpc threads exist).
-    :meth:`sync` runs on the training loop's thread and holds ``model_lock`` (it calls ``apply``,
-    ``share_state`` and ``adopt_state``, and moolib writes ``.grad`` and the parameters there);
-    :meth:`hand_in` is called with ``model_lock`` held (from the learner thread with
-    ``--learner-thread``). moolib calls are serialised by ``self._lock``.
+    :meth:`sync` runs on the training loop's thread and holds the learner's ``lock`` (it calls
+    :meth:`Learner.apply`, ``shared_state`` and ``load_shared_state``, and moolib writes ``.grad``
+    and the parameters there); :meth:`hand_in` is called with that lock held (from the learner
+    thread with ``--learner-thread``). moolib calls are serialised by ``self._lock``.
 
     Args:
         broker: the broker's ``HOST:PORT``.
         group: the group name.
-        parameters, buffers: the learner's model tensors (shared with moolib: the averaged gradients
-            land in the parameters' ``.grad``, a joining learner's tensors are overwritten in place).
-        steps_per_update: env steps of one of this learner's batches (B x T), the gradient scale.
+        learner: the :class:`rfwp_rl.impala.learner.Learner` (its parameters and buffers are shared
+            with moolib: the averaged gradients land in the parameters' ``.grad``, a joining
+            learner's tensors are overwritten in place; its ``steps_per_update`` is the gradient
+            scale and its update count the model version, the highest of which leads).
         settings: what every learner of the group must share (env, agent, learner settings).
-        share_state: the leader's state for a newcomer (optimizer, schedule, global counters).
-        adopt_state: loads such a state (after moolib copied the leader's parameters).
-        updates: this learner's update count (model version; the highest one leads).
         seed: this learner's ``--seed`` (a member with the same seed gets a warning).
-        model_lock: the trainer's lock over the model, optimizer and counters.
     """
 
-    def __init__(self, broker: str, group: str, parameters: Iterable[torch.nn.Parameter],
-                 buffers: Iterable[torch.Tensor], steps_per_update: int, settings: dict,
-                 share_state: Callable[[], dict], adopt_state: Callable[[dict], None], updates: int, seed: int,
-                 model_lock: threading.Lock | None = None):
-        from rfwp_rl.impala.actors import import_moolib
-        from rfwp_rl.impala.rollout_server import resolve_address
+    def __init__(self, broker: str, group: str, learner: Any, settings: dict, seed: int):
+        from rfwp_rl.impala.env_pool import import_moolib
+        from rfwp_rl.impala.net import resolve_address
 
         moolib = import_moolib()
         self.moolib, self.broker, self.group_name = moolib, broker, group
-        self.parameters = list(parameters)
-        self.buffers = list(buffers)
-        self.steps_per_update = int(steps_per_update)
+        self.learner = learner
+        self.parameters = learner.parameters()
+        self.steps_per_update = int(learner.steps_per_update)
         self.settings = json.loads(json.dumps(settings, sort_keys=True, default=str))  # as the others see it
-        self.share_state, self.adopt_state = share_state, adopt_state
-        self.updates, self.seed = int(updates), int(seed)
+        self.seed = int(seed)
         self._info_json = json.dumps({"settings": self.settings, "seed": self.seed}, sort_keys=True)
         self.name = f"learner-{socket.gethostname()}-s{seed}-{moolib.create_uid()[:6]}"
         self._lock = threading.Lock()
-        self.model_lock = model_lock if model_lock is not None else threading.Lock()
         self.rpc = moolib.Rpc()
         self.rpc.set_name(self.name)
         self.rpc.define(INFO_FUNCTION, self._info)
@@ -283,76 +257,83 @@ class LearnerGroup:
         for p in self.parameters:  # moolib needs every gradient allocated, always
             if p.requires_grad and p.grad is None:
                 p.grad = torch.zeros_like(p)
-        self.acc = self.moolib.Accumulator("model", self.parameters, self.buffers, group=self.group)
+        self.acc = self.moolib.Accumulator("model", self.parameters, self.learner.buffers(), group=self.group)
         self.acc.set_virtual_batch_size(1)  # a round ends as soon as any learner handed in a batch
-        self.acc.set_model_version(self.updates)
+        self.acc.set_model_version(self.learner.updates)
 
     # ---- the training loop's side
-    def sync(self, apply: Callable[[GroupStep], None]) -> None:
+    def sync(self) -> None:
         """Between env steps: membership, the shared state (serve it as leader, adopt the leader's),
-        and, when a round has finished, ``apply(step)`` on the averaged gradients in ``.grad``.
-        Returns at once, doing nothing, while the learner thread holds the model lock."""
-        if not self.model_lock.acquire(blocking=False):
+        and, when a round has finished, the learner's optimizer step on the averaged gradients in
+        ``.grad``. Returns at once, doing nothing, while the learner thread holds the learner's lock."""
+        if not self.learner.lock.acquire(blocking=False):
             return
         try:
-            self._sync(apply)
+            with self._lock:
+                self.group.update()
+                if self.acc is None:
+                    self._join()
+                else:
+                    self._sync()
         finally:
-            self.model_lock.release()
+            self.learner.lock.release()
 
-    def _sync(self, apply: Callable[[GroupStep], None]) -> None:
-        with self._lock:
-            self.group.update()
-            if self.acc is None:
-                if self._check_members():
-                    self._create_accumulator()
-                elif time.monotonic() - self._waiting_noted >= WAITING_NOTE_SECONDS:
-                    self._waiting_noted = time.monotonic()
-                    self._say(f"still waiting to join ({time.monotonic() - self._waiting_since:.0f} s): is "
-                              f"`rfwp-rl broker` running at {self.broker}? (training starts once this learner "
-                              "is in the group)")
-                return
-            version = self.acc.model_version()
-            try:
-                self.acc.update()
-            except RuntimeError as e:  # e.g. parameter shapes differ (settings checked, so unexpected)
-                raise UserError(f"group {self.group_name!r}: cannot take the group's model ({e})") from None
-            self._report_membership()
-            if self.in_flight and self.group.sync_id() != self._round_sync_id:
-                self.in_flight = 0  # the group changed: moolib abandoned the round (a learner came or went)
-                self.dropped_rounds += 1
-            adopted = False
-            if self.acc.has_new_state():
-                state = self.acc.state()
-                self.adopt_state(unpack(state["shared"]))
-                adopted = True
-                if not self._took_model or self.acc.model_version() != version:  # else the leader's periodic re-sync
-                    self._say(f"took the model of {state['leader']} at update {self.acc.model_version():,}")
-                self._took_model = True
-            if self.acc.has_gradients():
-                stats = self.acc.get_gradient_stats()
-                if not adopted and stats["num_gradients"] > 0:
-                    factor = group_gradient_factor(stats["num_gradients"], stats["batch_size"], self.steps_per_update)
-                    if factor != 1.0:
-                        for p in self.parameters:
-                            if p.grad is not None:
-                                p.grad.mul_(factor)
-                    self.last_gradients = stats["num_gradients"]
-                    apply(GroupStep(env_steps=stats["batch_size"], gradients=stats["num_gradients"],
-                                    own_steps=self.in_flight))
-                # else: the state adopted in this same update already includes the round
-                self.acc.zero_gradients()
-                self.in_flight = 0
-            if self.acc.wants_state():  # after any step: the served model and state belong together
-                self.acc.set_state({"shared": pack(self.share_state()), "leader": self.name})
+    def _join(self) -> None:
+        if self._check_members():
+            self._create_accumulator()
+        elif time.monotonic() - self._waiting_noted >= WAITING_NOTE_SECONDS:
+            self._waiting_noted = time.monotonic()
+            self._say(f"still waiting to join ({time.monotonic() - self._waiting_since:.0f} s): is "
+                      f"`rfwp-rl broker` running at {self.broker}? (training starts once this learner "
+                      "is in the group)")
+
+    def _sync(self) -> None:
+        version = self.acc.model_version()
+        try:
+            self.acc.update()
+        except RuntimeError as e:  # e.g. parameter shapes differ (settings checked, so unexpected)
+            raise UserError(f"group {self.group_name!r}: cannot take the group's model ({e})") from None
+        self._report_membership()
+        if self.in_flight and self.group.sync_id() != self._round_sync_id:
+            self.in_flight = 0  # the group changed: moolib abandoned the round (a learner came or went)
+            self.dropped_rounds += 1
+        adopted = self.acc.has_new_state()
+        if adopted:
+            state = self.acc.state()
+            self.learner.load_shared_state(unpack(state["shared"]))
+            if not self._took_model or self.acc.model_version() != version:  # else the leader's periodic re-sync
+                self._say(f"took the model of {state['leader']} at update {self.acc.model_version():,}")
+            self._took_model = True
+        if self.acc.has_gradients():
+            if not adopted:  # else: the state adopted in this same update already includes the round
+                self._step(self.acc.get_gradient_stats())
+            self.acc.zero_gradients()
+            self.in_flight = 0
+        if self.acc.wants_state():  # after any step: the served model and state belong together
+            self.acc.set_state({"shared": pack(self.learner.shared_state()), "leader": self.name})
+
+    def _step(self, stats: dict) -> None:
+        """The round's optimizer step: moolib's mean gradient, reweighted by env steps."""
+        if stats["num_gradients"] < 1:
+            return
+        factor = group_gradient_factor(stats["num_gradients"], stats["batch_size"], self.steps_per_update)
+        if factor != 1.0:
+            for p in self.parameters:
+                if p.grad is not None:
+                    p.grad.mul_(factor)
+        self.last_gradients = stats["num_gradients"]
+        self.learner.apply(GroupStep(env_steps=stats["batch_size"], gradients=stats["num_gradients"],
+                                     own_steps=self.in_flight))
 
     def wants_gradients(self) -> bool:
         """True when a round takes this learner's gradients now."""
         with self._lock:
             return self.acc is not None and self.acc.wants_gradients()
 
-    def hand_in(self, env_steps: int, finite: bool, apply: Callable[[GroupStep], None]) -> None:
-        """Hand this learner's gradients (in ``.grad``, of ``env_steps`` env steps) to the round under way;
-        ``finite=False``: leave this round without them. ``apply`` runs later, in :meth:`sync`."""
+    def hand_in(self, gradients: Gradients) -> None:
+        """Hand this learner's gradients (in ``.grad``) to the round under way; not finite: leave
+        this round without them. The optimizer step follows in :meth:`sync` once the round is done."""
+        env_steps, finite = gradients.env_steps, gradients.finite
         with self._lock:
             self._handed_in = True
             if self.acc is None or not self.acc.wants_gradients():  # the group changed since the check

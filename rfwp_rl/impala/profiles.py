@@ -25,10 +25,10 @@ from rfwp_rl.impala.config import DEFAULTS
 PROFILES = ("auto", "atari", "vector")
 # Options a profile sets; the command line's value wins wherever it gives one.
 PROFILE_OPTIONS = ("num_actors", "batch_size", "unroll_length", "optimizer", "learning_rate", "entropy_cost",
-                   "normalize_advantages")
+                   "normalize_advantages", "vtrace_lambda")
 ATARI = {k: getattr(DEFAULTS, k) for k in PROFILE_OPTIONS}
 VECTOR = {"num_actors": 32, "batch_size": 16, "unroll_length": None, "optimizer": "adam", "learning_rate": 5e-4,
-          "entropy_cost": 0.01, "normalize_advantages": True}
+          "entropy_cost": 0.01, "normalize_advantages": True, "vtrace_lambda": 0.9}
 MIN_UNROLL, MAX_UNROLL = 20, 128
 UNKNOWN_HORIZON = 50  # steps assumed when the env states neither a memory horizon nor an episode limit
 
@@ -72,5 +72,5 @@ def describe(cfg: Any, preset_source: str) -> str:
     return (f"settings ({d['profile']} profile): {d['num_actors']} envs, batch {d['batch_size']} x unroll "
             f"{d['unroll_length']}, {opt} (linear decay to 0), entropy {d['entropy_cost']:g}, baseline "
             f"{d['baseline_cost']:g}, discount {d['discount']:g}, reward clip {d['reward_clip']:g}, advantages "
-            f"{'normalised' if d['normalize_advantages'] else 'raw'}, grad clip {d['grad_norm_clip']:g}; "
+            f"{'normalised' if d['normalize_advantages'] else 'raw'}, V-trace lambda {d['vtrace_lambda']:g}, grad clip {d['grad_norm_clip']:g}; "
             f"agent preset {preset_source}")

@@ -21,7 +21,7 @@ reaches its step target the actor exits 0. Ctrl-C / SIGTERM stop it cleanly.
 Envs fail as in ``rfwp-rl train``: a failing env is replaced; an env batch without a result for
 ``--env-timeout`` seconds (a hung env) or a dead worker process ends the actor (exit 1: restart it).
 At any exit the env workers get a moment to finish their pending steps and are ended if they do
-not (:meth:`rfwp_rl.impala.actors.Actors.release`), so no hung worker outlives the actor.
+not (:meth:`rfwp_rl.impala.env_pool.EnvBatches.release`), so no hung worker outlives the actor.
 """
 
 from __future__ import annotations
@@ -38,14 +38,14 @@ import torch
 
 from rfwp_rl.errors import UserError
 from rfwp_rl.impala.config import DEFAULTS, ENV_BACKENDS
+from rfwp_rl.impala.setup import add_run_arguments
+from rfwp_rl.perf import PRECISIONS
 
 MAX_INFLIGHT = 2  # rollouts sent and not yet answered
 MAX_OUTBOX = 4  # completed rollouts held before the actor stops stepping (back-pressure)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from rfwp_rl.impala.train import DEFAULT_CORE
-
     d = DEFAULTS
     g = parser.add_argument_group("learner")
     g.add_argument("--connect", required=True, metavar="HOST:PORT", help="the learner's --listen address")
@@ -58,13 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--give-up-after", type=float, default=0.0,
                    help="exit 1 after this many seconds without the learner (default 0: retry forever)")
     g = parser.add_argument_group("agent (must match the learner's)")
-    g.add_argument("--env", default=d.env, help="gymnasium id or Atari game name (default %(default)s)")
-    g.add_argument("--core", default=None, help=f"core name (default {DEFAULT_CORE})")
-    g.add_argument("--preset", default=None, help="agent preset: a name in agents/ or a .toml file")
-    g.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    g.add_argument("--detach-state-every-step", action="store_true")
-    g.add_argument("--env-option", dest="env_options", action="append", default=[], metavar="KEY=VALUE")
-    g.add_argument("--env-config", default=None)
+    add_run_arguments(g, d.env)
     g = parser.add_argument_group("actors")
     g.add_argument("--num-actors", type=int, default=16, help="environments on this machine (default %(default)s)")
     g.add_argument("--num-env-batches", type=int, default=d.num_env_batches)
@@ -75,17 +69,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "hung: the actor ends its workers and exits 1 (default %(default)g; inf: never)")
     g.add_argument("--seed", type=int, default=d.seed)
     g.add_argument("--device", default="cpu", help="inference device")
-    g.add_argument("--torch-threads", type=int, default=1)
+    g.add_argument("--precision", choices=PRECISIONS, default=d.precision, help="bf16: the torso under bf16 autocast")
+    g.add_argument("--torch-threads", type=int, default=0,
+                   help="torch intra-op threads (default 0: chosen from the cores and env processes)")
     g.add_argument("--log-every", type=float, default=d.log_every, help="seconds between console lines")
 
 
-def run(args: argparse.Namespace) -> int:
-    from rfwp_rl import envs
-    from rfwp_rl.agent import Agent
-    from rfwp_rl.impala.actors import make_env_pool
-    from rfwp_rl.impala.rollout_server import compat_info, resolve_address
-    from rfwp_rl.impala.train import DEFAULT_CORE, env_options_from_args
-    from rfwp_rl.presets import resolve_preset
+def check_args(args: argparse.Namespace) -> str:
+    """One-line errors for bad actor options; returns the learner's address, resolved."""
+    from rfwp_rl.impala.net import resolve_address
 
     address = resolve_address(args.connect, "--connect")
     for flag in ("num_actors", "num_env_batches", "num_env_processes"):
@@ -94,27 +86,32 @@ def run(args: argparse.Namespace) -> int:
     for flag in ("rpc_timeout", "max_backoff", "env_timeout"):
         if not getattr(args, flag) > 0:
             raise UserError(f"--{flag.replace('_', '-')} {getattr(args, flag)} is invalid; allowed: seconds > 0")
-    resolved = envs.resolve_env_id(args.env)
-    preset = resolve_preset(args.core, args.preset, args.overrides, kind=resolved.kind,
-                            default_core=DEFAULT_CORE)
-    env_options = env_options_from_args(args, resolved.kind)
-    spec = envs.env_spec(args.env, **env_options)
-    if args.detach_state_every_step:
-        preset.core_config["detach_state_every_step"] = True
-    if args.torch_threads > 0:
-        torch.set_num_threads(args.torch_threads)
+    return address
+
+
+def run(args: argparse.Namespace) -> int:
+    from rfwp_rl.agent import ResNetTorso
+    from rfwp_rl.impala.config import trainer_keys
+    from rfwp_rl.impala.rollout_server import compat_info
+    from rfwp_rl.impala.setup import RunSpec
+    from rfwp_rl.perf import choose_torch_threads, set_torch_threads
+
+    address = check_args(args)
+    run_spec = RunSpec.from_args(args, trainer_keys())  # the learner's --set trainer keys are accepted (unused here)
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     name = args.name or f"actor-{socket.gethostname()}-{os.getpid()}"
 
     # The env pool first: moolib forks its workers here, and refuses to once Rpc threads exist.
-    pool = make_env_pool(args.env_backend, spec.env_id, env_options, args.seed, args.num_actors,
-                         args.num_env_batches, args.num_env_processes)
+    pool = run_spec.make_env_pool(args.env_backend, args.seed, args.num_actors, args.num_env_batches,
+                                  args.num_env_processes)
     device = torch.device(args.device)
-    agent = Agent(spec.obs_shape, spec.num_actions, preset.core, preset.core_config, preset.agent).to(device)
+    agent = run_spec.build_agent(device)
+    set_torch_threads(choose_torch_threads(args.torch_threads, args.num_env_processes,
+                                           isinstance(agent.torso, ResNetTorso))[0])
     agent.eval()
-    actor = RemoteActor(pool, agent, compat_info(spec, env_options, agent), address, name, args, device)
+    actor = RemoteActor(pool, agent, compat_info(run_spec, agent), address, name, args, device)
     try:
         return actor.run()
     finally:
@@ -133,7 +130,7 @@ class RemoteActor:
 
     def __init__(self, pool, agent: torch.nn.Module, info: dict, address: str, name: str,
                  args: argparse.Namespace, device: torch.device):
-        from rfwp_rl.impala.actors import import_moolib
+        from rfwp_rl.impala.env_pool import import_moolib
 
         self.moolib = import_moolib()
         self.pool, self.agent, self.info, self.address, self.name = pool, agent, info, address, name
@@ -200,7 +197,8 @@ class RemoteActor:
                     from rfwp_rl.impala.actors import Actors
 
                     self.actors = Actors(self.pool, self.agent, self.args.num_actors, self.args.num_env_batches,
-                                         unroll, self.device, env_timeout=self.args.env_timeout)
+                                         unroll, self.device, env_timeout=self.args.env_timeout,
+                                         precision=self.args.precision)
                     self.actors.should_stop = lambda: stop.requested  # also while waiting on envs
                     self.start_version = [-1] * self.args.num_env_batches
                 elif unroll != self.actors.batches[0].unroll_length:
@@ -301,8 +299,7 @@ class RemoteActor:
                 self._collect(block=True)
                 continue
             index = self.actors.next_batch
-            with torch.no_grad():
-                rollouts, episodes = self.actors.step()
+            rollouts, episodes = self.actors.step()  # inference under torch.inference_mode
             self.episodes += episodes
             self.returns.extend(r for r, _ in episodes)
             for rollout in rollouts:
@@ -322,7 +319,7 @@ class RemoteActor:
                 last_log, last_steps, last_sent = now, self.actors.env_steps, self.rollouts_sent
 
     def run(self) -> int:
-        from rfwp_rl.impala.actors import EnvPoolBroken
+        from rfwp_rl.impala.env_pool import EnvPoolBroken
         from rfwp_rl.safety import GracefulStop
 
         with GracefulStop() as stop:

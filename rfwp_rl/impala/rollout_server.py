@@ -37,76 +37,22 @@ from typing import Any, Callable
 import torch
 
 from rfwp_rl.errors import UserError
-from rfwp_rl.impala.actors import STEP_KEYS, Rollout, import_moolib
+from rfwp_rl.impala.actors import STEP_KEYS, Rollout
+from rfwp_rl.impala.env_pool import import_moolib
+from rfwp_rl.impala.net import first_mismatch, resolve_address
 
 LEARNER_NAME = "learner"
 PROTOCOL = 1
 ACTIVE_SECONDS = 30.0  # an actor counts as connected if it called within this many seconds
 
 
-def compat_info(spec: Any, env_options: dict, agent: Any) -> dict:
-    """What a remote actor must share with the learner: env, env options, core, core config,
-    agent options, action count and observation shape (JSON-normalised, so tuples == lists)."""
-    info = {"protocol": PROTOCOL, "env": spec.gym_id, "env_options": dict(env_options), "core": agent.core_name,
-            "core_config": dict(agent.core.config), "num_actions": int(spec.num_actions),
-            "obs_shape": list(spec.obs_shape), "agent": agent.config.to_dict()}
+def compat_info(run: Any, agent: Any) -> dict:
+    """What a remote actor must share with the learner: the run's :meth:`RunSpec.meta
+    <rfwp_rl.impala.setup.RunSpec.meta>` (env, env options, core, core config, agent options,
+    action count, observation shape) and the protocol version, JSON-normalised (tuples == lists)."""
+    info = {"protocol": PROTOCOL, **run.meta(agent)}
+    info.pop("trainer", None)
     return json.loads(json.dumps(info, sort_keys=True, default=str))
-
-
-def first_difference(ours: dict, theirs: dict, prefix: str = "") -> tuple[str, Any, Any] | None:
-    """``(dotted key, our value, their value)`` of the first key (sorted, nested dicts compared key
-    by key) where two settings dicts differ, else None; a missing key has the value "<missing>".
-    Plain values come before nested tables: a different core is named rather than the agent
-    options that follow from it."""
-    keys = sorted(set(ours) | set(theirs), key=lambda k: (isinstance(ours.get(k), dict), k))
-    for key in keys:
-        a, b = ours.get(key, "<missing>"), theirs.get(key, "<missing>")
-        if isinstance(a, dict) and isinstance(b, dict):
-            inner = first_difference(a, b, f"{prefix}{key}.")
-            if inner:
-                return inner
-        elif a != b:
-            return f"{prefix}{key}", a, b
-    return None
-
-
-def first_mismatch(learner: dict, actor: dict) -> str | None:
-    """One line naming the first key where ``actor`` differs from ``learner``, else None."""
-    diff = first_difference(learner, actor)
-    if diff is None:
-        return None
-    key, ours, theirs = diff
-    return (f"actor {key} {theirs!r} does not match the learner's {ours!r}; start the actor with the "
-            f"learner's --env/--core/--preset/--set/--env-option")
-
-
-def parse_address(text: str, flag: str) -> str:
-    """``HOST:PORT`` with a port in 1..65535, else a one-line UserError."""
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise UserError(f"{flag} {text!r} is invalid; allowed: HOST:PORT, e.g. 127.0.0.1:4431 or 0.0.0.0:4431")
-    return text
-
-
-def resolve_address(text: str, flag: str) -> str:
-    """``HOST:PORT`` with HOST resolved to an IP address (``[v6]:PORT`` for IPv6), as moolib needs it:
-    moolib 0.0.9b0 aborts the process on a host name (``localhost:4431`` is read as a URL scheme).
-    A name that does not resolve is a one-line UserError."""
-    import ipaddress
-    import socket
-
-    host, _, port = parse_address(text, flag).rpartition(":")
-    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    try:
-        ip = ipaddress.ip_address(bare)
-    except ValueError:
-        try:
-            infos = socket.getaddrinfo(bare, int(port), type=socket.SOCK_STREAM)
-        except OSError as e:
-            raise UserError(f"{flag} {text}: cannot resolve host {bare!r} ({e.strerror or e})") from None
-        infos.sort(key=lambda info: info[0] != socket.AF_INET)  # IPv4 first
-        ip = ipaddress.ip_address(infos[0][4][0])
-    return f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"
 
 
 def _safe(fn: Callable[..., dict]) -> Callable[..., dict]:
@@ -129,30 +75,31 @@ class RolloutServer:
     """Serves the learner's weights to remote actors and queues their rollouts.
 
     Create it after the env pool (moolib forks there, and refuses to once Rpc threads exist).
-    Thread-safe: handlers run on moolib threads, :meth:`publish` on the learner's thread,
-    :meth:`take` on the training loop's.
+    It follows the :class:`rfwp_rl.impala.learner.Learner`: after every change of the model the
+    learner calls :meth:`follow`, which makes a CPU copy of the parameters the served weights
+    (version: the learner's update count). Thread-safe: handlers run on moolib threads,
+    :meth:`follow` on the learner's thread, :meth:`take` on the training loop's.
 
     Args:
         address: ``HOST:PORT`` to listen on.
-        info: :func:`compat_info` of the learner's agent.
-        agent: the learner's agent (for the expected state shapes).
-        unroll_length: T (rollouts have T+1 entries).
+        learner: the learner (its agent gives the expected state shapes, its config the unroll
+            length T, its device where :meth:`take` puts rollouts).
+        info: :func:`compat_info` of the learner's run.
         max_pending: rollout entries (envs) held before ``put_rollout`` answers busy.
-        device: where :meth:`take` puts the rollouts.
     """
 
-    def __init__(self, address: str, info: dict, agent: Any, unroll_length: int, max_pending: int,
-                 device: torch.device | str = "cpu"):
+    def __init__(self, address: str, learner: Any, info: dict, max_pending: int):
         moolib = import_moolib()
         self.address = resolve_address(address, "--listen")
+        self.learner = learner
         self.info = info
-        self.unroll_length = int(unroll_length)
+        self.unroll_length = int(learner.cfg.unroll_length)
         self.max_pending = int(max_pending)
-        self.device = torch.device(device)
+        self.device = learner.device
         self.session = secrets.token_hex(6)
         self.obs_shape = tuple(info["obs_shape"])
         self.num_actions = int(info["num_actions"])
-        template = agent.initial_state(1)
+        template = learner.agent.initial_state(1)
         self.state_spec = [(tuple(s.shape[1:]), s.dtype) for s in template]
         self.finished = False
         self._lock = threading.Lock()
@@ -176,19 +123,21 @@ class RolloutServer:
             self.rpc.listen(self.address)
         except RuntimeError as e:
             raise UserError(f"--listen {address}: cannot listen there ({e})") from None
+        self.follow(learner)
+        learner.followers.append(self)
 
     # ---- learner thread
-    def publish(self, agent: torch.nn.Module, version: int) -> None:
-        """Make ``agent``'s current parameters the served weights (a CPU copy), as ``version``."""
-        state = {k: v.detach().to("cpu", copy=True) for k, v in agent.state_dict().items()}
+    def follow(self, learner: Any) -> None:
+        """Make the learner's current parameters the served weights (a CPU copy), as version ``learner.updates``."""
+        state = {k: v.detach().to("cpu", copy=True) for k, v in learner.agent.state_dict().items()}
         with self._lock:
-            self._weights = (int(version), state)
+            self._weights = (int(learner.updates), state)
 
-    def take(self, version: int, wait: float = 0.0) -> tuple[list[Rollout], list[tuple[float, int]]]:
+    def take(self, wait: float = 0.0) -> tuple[list[Rollout], list[tuple[float, int]]]:
         """All queued remote rollouts (moved to the device) and their finished episodes.
 
-        ``version``: the learner's current update count (for the policy lag). ``wait``: seconds
-        to wait for a rollout if none is queued (a learner without local actors)."""
+        ``wait``: seconds to wait for a rollout if none is queued (a learner without local actors).
+        The policy lag of a rollout is the learner's update count now minus the version it started with."""
         with self._arrived:
             if not self._inbox and wait > 0:
                 self._arrived.wait(wait)
@@ -196,13 +145,20 @@ class RolloutServer:
             self._inbox.clear()
             self._pending = 0
         rollouts, episodes = [], []
+        version = self.learner.updates
         for rollout, rollout_version, eps in items:
-            data = {k: v.to(self.device) for k, v in rollout.data.items()}
-            rollouts.append(Rollout(data, tuple(s.to(self.device) for s in rollout.state)))
+            data = {k: self._to_device(v) for k, v in rollout.data.items()}
+            rollouts.append(Rollout(data, tuple(self._to_device(s) for s in rollout.state)))
             episodes += eps
             if rollout_version is not None:
                 self._lags.append(version - rollout_version)
         return rollouts, episodes
+
+    def _to_device(self, t: torch.Tensor) -> torch.Tensor:
+        """CUDA: through page-locked memory, without blocking (torch keeps the staging buffer until the copy is done)."""
+        if self.device.type != "cuda":
+            return t.to(self.device)
+        return t.pin_memory().to(self.device, non_blocking=True)
 
     def pop_lags(self) -> list[int]:
         """Policy lags (updates) of the rollouts taken since the last call."""
@@ -329,6 +285,9 @@ class NoLocalActors:
 
     def step(self) -> tuple[list[Rollout], list[tuple[float, int]]]:
         return [], []
+
+    def release(self) -> None:
+        pass
 
     def drain(self) -> None:
         pass

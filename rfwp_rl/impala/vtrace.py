@@ -9,11 +9,14 @@ a_t), and arrived in x_{t+1}. ``values[t] = V(x_t)`` from the learner and
 The targets are (IMPALA Eq. 1, written recursively as in its Remark 1)::
 
     rho_t   = min(rho_bar, pi(a_t|x_t) / mu(a_t|x_t))
-    c_t     = min(c_bar,   pi(a_t|x_t) / mu(a_t|x_t))
+    c_t     = lambda * min(c_bar, pi(a_t|x_t) / mu(a_t|x_t))   (lambda: IMPALA Sec. 4.1, Remark 2)
     delta_t = rho_t * (r_t + gamma_t V(x_{t+1}) - V(x_t))
     v_t - V(x_t) = delta_t + gamma_t c_t (v_{t+1} - V(x_{t+1})),   v_T = V(x_T)
 
-and the policy-gradient advantage (IMPALA Sec. 4.2) is
+``lambda = 1`` is the paper's V-trace; ``lambda < 1`` shortens the traces like TD(lambda), to
+which V-trace reduces on-policy: the targets then carry less of the noise of far-away rewards.
+
+The policy-gradient advantage (IMPALA Sec. 4.2) is
 ``rho^pg_t * (r_t + gamma_t v_{t+1} - V(x_t))`` with ``rho^pg_t = min(rho_pg_bar, ratio)``.
 Everything here is computed without gradient (the targets are constants for the loss).
 
@@ -48,7 +51,7 @@ def from_importance_weights(log_rhos: torch.Tensor, discounts: torch.Tensor, rew
                             values: torch.Tensor, bootstrap_value: torch.Tensor,
                             clip_rho_threshold: float | None = 1.0, clip_c_threshold: float | None = 1.0,
                             clip_pg_rho_threshold: float | None = 1.0,
-                            mask: torch.Tensor | None = None) -> VTraceReturns:
+                            mask: torch.Tensor | None = None, lambda_: float = 1.0) -> VTraceReturns:
     """V-trace targets from log importance ratios.
 
     Args:
@@ -58,12 +61,13 @@ def from_importance_weights(log_rhos: torch.Tensor, discounts: torch.Tensor, rew
         clip_pg_rho_threshold: clipping of the ratio in the policy-gradient advantage.
         mask: ``[T, B]``, 0 where step t's action was never executed (the last observation of a
             time-limit-truncated episode, see the module docstring); None: all 1.
+        lambda_: the trace factor lambda in [0, 1] (1: the paper's V-trace).
     Returns:
         :class:`VTraceReturns` with ``vs`` and ``pg_advantages`` of shape ``[T, B]``.
     """
     rhos = torch.exp(log_rhos)
     clipped_rhos = rhos if clip_rho_threshold is None else rhos.clamp(max=clip_rho_threshold)
-    cs = rhos if clip_c_threshold is None else rhos.clamp(max=clip_c_threshold)
+    cs = lambda_ * (rhos if clip_c_threshold is None else rhos.clamp(max=clip_c_threshold))
 
     values_next = torch.cat([values[1:], bootstrap_value.unsqueeze(0)], dim=0)
     deltas = clipped_rhos * (rewards + discounts * values_next - values)  # IMPALA Eq. 1, delta_t V
@@ -91,11 +95,12 @@ def from_logits(behavior_policy_logits: torch.Tensor, target_policy_logits: torc
                 actions: torch.Tensor, discounts: torch.Tensor, rewards: torch.Tensor,
                 values: torch.Tensor, bootstrap_value: torch.Tensor,
                 clip_rho_threshold: float | None = 1.0, clip_c_threshold: float | None = 1.0,
-                clip_pg_rho_threshold: float | None = 1.0, mask: torch.Tensor | None = None) -> VTraceReturns:
+                clip_pg_rho_threshold: float | None = 1.0, mask: torch.Tensor | None = None,
+                lambda_: float = 1.0) -> VTraceReturns:
     """V-trace targets from the behaviour (actor) and target (learner) policy logits.
 
     Logits ``[T, B, A]``, actions ``[T, B]`` int64, the rest as in :func:`from_importance_weights`.
     """
     log_rhos = action_log_probs(target_policy_logits, actions) - action_log_probs(behavior_policy_logits, actions)
     return from_importance_weights(log_rhos, discounts, rewards, values, bootstrap_value,
-                                   clip_rho_threshold, clip_c_threshold, clip_pg_rho_threshold, mask)
+                                   clip_rho_threshold, clip_c_threshold, clip_pg_rho_threshold, mask, lambda_)

@@ -4,9 +4,9 @@ Pure Python (no torch import at module level, no build): the dispatch asks :func
 before it launches a kernel and falls back to the reference with the returned reason.
 
     >>> from rfwp_rl.kernels import cuda_limits as cl
-    >>> cl.check("rdn", "backward", 128, 128, 4, cl.H100)   # doctest: +ELLIPSIS
-    'rdn backward at d=128 float32 needs ... KB of shared memory; this GPU (H100, sm_90) allows 227 KB per block'
-    >>> cl.check("delta", "forward", 32, 32, 4, cl.A100) is None
+    >>> cl.check("delta_rnn", "backward", 128, 128, 8, cl.H100)
+    'delta_rnn backward at d=128 float64 needs 311 KB of shared memory; this GPU (H100, sm_90) allows 227 KB per block'
+    >>> cl.check("rdn", "backward", 128, 128, 4, cl.A100) is None
     True
 
 :func:`requirements` mirrors the launchers exactly (``csrc/cuda/*.cu``: ``*_smem_bytes``,
@@ -17,6 +17,7 @@ float32 once in the binding, so they need what float32 needs.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -37,14 +38,14 @@ WARP = 32
 # (needs nvcc; prints this table and the spill/stack numbers).
 RESOURCES: dict[tuple[str, int], dict[int, tuple[int, int]]] = {
     # (kernel, bytes): {arch: (registers, static smem bytes)}
-    ('delta_backward<delta>', 4): {80: (103, 0), 90: (126, 0)},
-    ('delta_backward<delta>', 8): {80: (126, 0), 90: (128, 0)},
-    ('delta_backward<lt>', 4): {80: (111, 0), 90: (116, 0)},
-    ('delta_backward<lt>', 8): {80: (121, 0), 90: (122, 0)},
-    ('delta_forward<delta>', 4): {80: (69, 0), 90: (70, 0)},
-    ('delta_forward<delta>', 8): {80: (79, 0), 90: (78, 0)},
+    ('delta_backward<delta>', 4): {80: (89, 0), 90: (94, 0)},
+    ('delta_backward<delta>', 8): {80: (98, 0), 90: (96, 0)},
+    ('delta_backward<lt>', 4): {80: (78, 0), 90: (89, 0)},
+    ('delta_backward<lt>', 8): {80: (82, 0), 90: (87, 0)},
+    ('delta_forward<delta>', 4): {80: (64, 0), 90: (72, 0)},
+    ('delta_forward<delta>', 8): {80: (65, 0), 90: (77, 0)},
     ('delta_forward<lt>', 4): {80: (63, 0), 90: (64, 0)},
-    ('delta_forward<lt>', 8): {80: (70, 0), 90: (70, 0)},
+    ('delta_forward<lt>', 8): {80: (64, 0), 90: (63, 0)},
     ('delta_rnn_backward', 4): {80: (110, 0), 90: (128, 0)},
     ('delta_rnn_backward', 8): {80: (124, 0), 90: (120, 0)},
     ('delta_rnn_forward', 4): {80: (94, 0), 90: (96, 0)},
@@ -112,6 +113,22 @@ class DeviceLimits:
                    regs_per_sm=int(regs_sm))
 
 
+@functools.lru_cache(maxsize=None)
+def _limits_of_index(index: int) -> DeviceLimits:
+    return DeviceLimits.from_torch(index)
+
+
+def limits_of(device: Any) -> DeviceLimits:
+    """:meth:`DeviceLimits.from_torch` of a CUDA ``torch.device`` (or index), cached per device
+    (cheap enough to call on every dispatch)."""
+    index = device if isinstance(device, int) else getattr(device, "index", None)
+    if index is None:
+        import torch
+
+        index = torch.cuda.current_device()
+    return _limits_of_index(int(index))
+
+
 # cudaDevAttrMaxSharedMemoryPerBlockOptin by compute capability (when torch does not report it)
 _OPTIN_BY_ARCH = {70: 96 * 1024, 75: 64 * 1024, 80: 163 * 1024, 86: 99 * 1024, 87: 163 * 1024,
                   89: 99 * 1024, 90: 227 * 1024, 100: 227 * 1024, 120: 99 * 1024}
@@ -160,8 +177,8 @@ def _smem_elems(op: str, direction: str, dk: int, dv: int, stage: bool) -> int:
     if op in ("lt", "delta"):
         if direction == "forward":
             return _mat(dv, dk) + 3 * (2 * dk + dv + 1) + 2 * dv
-        return (_mat(dv, dk) * (2 if stage else 1) + 3 * (dk + dv + 1) + 3 * (2 * dk + 3 * dv + 1)
-                + 5 * dv)
+        # two sweeps: G [dv, dk], then Wᵀ [dk, dv] in the same memory; nothing staged
+        return max(_mat(dv, dk), _mat(dk, dv)) + 3 * (2 * dk + 3 * dv + 1) + 3 * dv
     if op == "delta_rnn":
         if direction == "forward":
             return _mat(dv, dk) + _mat(dv, dv) + 3 * (2 * dk + 3 * dv + 2) + 6 * dv

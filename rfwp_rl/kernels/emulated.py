@@ -12,7 +12,7 @@ is logged (``launches``), so tests can compare what a launcher asks for with
 :mod:`rfwp_rl.kernels.cuda_limits`.
 
     be = EmulatedCuda(threads=32)
-    y, W = rfwp_rl.kernels.functions.delta(be, chunk, q, k, v, beta, W0, reset)
+    y, W = rfwp_rl.ops.spec("delta").fused(be, chunk, q, k, v, beta, W0, reset)
 """
 
 from __future__ import annotations
@@ -163,8 +163,11 @@ class EmulatedCuda:
         T, B, H, dk = q.shape
         dv = v.shape[-1]
         dims = (T, B, H, dk, dv, chunk)
+        # the CUDA lt/delta kernels keep the initial state and delta's (u, v - v̄) vectors
+        # instead of checkpoints (csrc/fastweight_params.h)
+        saved = B * H * dv * dk + (T * B * H * 2 * dv if op == "delta_forward" else 0) if chunk > 0 else 0
         out = {"y": q.new_empty(T, B, H, dv), "W": q.new_empty(B, H, dv, dk),
-               "ckpt": q.new_empty(_nck(T, chunk), B, H, dv, dk)}
+               "ckpt": q.new_empty(saved)}
         self._call(op, q.dtype, "DeltaFwdArgs",
                    dict(q=q, k=k, v=v, beta=beta, W0=W0, reset=self._reset(reset), **out), dims)
         return [out["y"], out["W"], out["ckpt"]]

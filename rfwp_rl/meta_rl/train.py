@@ -25,7 +25,6 @@ import argparse
 import csv
 import io
 import math
-import os
 import random
 import sys
 import time
@@ -37,13 +36,14 @@ import torch
 import torch.nn.functional as F
 
 from rfwp_rl import cores
-from rfwp_rl.checkpoint import Checkpointer, atomic_write_text, lock_run_dir, rng_state, set_rng_state
+from rfwp_rl.checkpoint import atomic_write_text
 from rfwp_rl.errors import UserError, check_choice
 from rfwp_rl.meta_rl import a2c, graph_env
 from rfwp_rl.meta_rl.graph_env import GraphBatchEnv
 from rfwp_rl.meta_rl.model import MetaRLAgent, count_parameters
-from rfwp_rl.runlog import RunLogger, format_duration, run_name
+from rfwp_rl.runlog import format_duration, run_name
 from rfwp_rl.safety import GracefulStop, NonFiniteGuard, TrainingAborted
+from rfwp_rl.scaffold import Trainer, run_trainer
 
 # Core configs used by ``--core NAME`` without a preset, where the paper fixes one
 # (FWM paper Sec. 4.2: LSTM of 32 units + 16x16x16 fast tensor, 3 reads). Same as
@@ -68,8 +68,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="agent preset TOML (core = \"...\" and a [core_config] table), e.g. "
                         "agents/meta_rl_lstm512.toml")
     g.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a core option, e.g. --set hidden_size=64 (or "
-                        "core_config.hidden_size=64); TOML values; repeatable")
+                   help="override a core option or a trainer setting, e.g. --set core_config.hidden_size=64 "
+                        "or --set entropy_coef=0.01; TOML values; repeatable")
     g = parser.add_argument_group("training (defaults: FWM paper App. I)")
     g.add_argument("--episodes", type=int, default=60_000,
                    help="total episodes = updates of the whole batch")
@@ -119,13 +119,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 # agent selection
 
 
-def resolve_agent(core: str | None, preset: str | None, overrides: list[str]) -> tuple[str, dict, str]:
+def resolve_agent(core: str | None, preset: str | None, overrides: list[str], trainer: Any = None,
+                  trainer_keys: Any = ()) -> tuple[str, dict, str]:
     """``(core name, core config, label)`` from ``--core``/``--preset``/``--set``.
 
     The label names the run directory: the preset file's name without ``meta_rl_``
-    (``lstm512``), else the core name. Bare ``--set`` keys are core options.
+    (``lstm512``), else the core name. ``--set`` takes ``core``, ``core_config.<option>`` and
+    the trainer's settings (``trainer_keys``, applied to ``trainer``); the agent has no other options.
     """
-    from rfwp_rl.presets import Preset, apply_overrides, load_preset
+    from rfwp_rl.overrides import apply_settings
+    from rfwp_rl.presets import Preset, load_preset
 
     if preset is not None:
         p = load_preset(preset)
@@ -137,13 +140,12 @@ def resolve_agent(core: str | None, preset: str | None, overrides: list[str]) ->
         name = core or "fwm"
         p = Preset(core=name, core_config=dict(META_RL_CORE_DEFAULTS.get(name, {})))
         label = name
-    items = [o if o.partition("=")[0].strip().startswith(("core_config.", "agent.")) or
-             o.partition("=")[0].strip() == "core" else f"core_config.{o}" for o in overrides]
-    p = apply_overrides(p, items)
+    specs = cores.available()
+    core_options = specs[p.core].defaults if p.core in specs else {}
+    p = apply_settings(overrides, p, trainer, trainer_keys, sections=("core_config",), core_options=core_options)
     if p.agent:
         raise UserError(f"the meta-RL agent has no [agent] options (got {sorted(p.agent)}); "
                         "use [core_config]")
-    specs = cores.available()
     check_choice("core", p.core, sorted(specs))
     for key in p.core_config:
         check_choice(f"option of core {p.core!r}:", key, sorted(specs[p.core].defaults))
@@ -234,7 +236,10 @@ def _interval_means(acc: dict[str, list[float]]) -> dict[str, float]:
     return {k: (float(np.mean(v)) if v else float("nan")) for k, v in acc.items()}
 
 
-def run(args: argparse.Namespace) -> int:
+TRAINER_EXCLUDE = ("core", "preset", "overrides", "run_dir")  # --set trainer keys: the other options
+
+
+def check_args(args: argparse.Namespace) -> None:
     for name in ("episodes", "eval_every", "log_every", "train_graphs", "test_graphs", "episode_steps",
                  "timeout_steps"):
         if getattr(args, name) < 1:
@@ -242,188 +247,209 @@ def run(args: argparse.Namespace) -> int:
     if args.batch_size is not None and args.batch_size < 1:
         raise UserError(f"--batch-size {args.batch_size} is invalid; allowed: >= 1")
     check_choice("eval policy", args.eval_policy, EVAL_POLICIES)
-    factored = check_choice("fwm implementation", args.fwm_impl, ("factored", "dense")) == "factored"
-    core_name, core_config, label = resolve_agent(args.core, args.preset, args.overrides)
-    run_dir = Path(args.run_dir) if args.run_dir else Path("runs/meta_rl") / run_name(label, f"s{args.seed}")
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
+    check_choice("fwm implementation", args.fwm_impl, ("factored", "dense"))
     try:
-        device = torch.device(args.device)
+        torch.device(args.device)
     except RuntimeError:
         raise UserError(f"--device {args.device!r} is not a torch device; allowed: cpu, cuda, cuda:N") from None
 
-    # seeds first, so that the model initialisation depends on --seed only
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
 
-    train_tables, test_tables = graph_env.graph_sets(args.data_seed, args.train_graphs, args.test_graphs)
-    batch = args.batch_size or len(train_tables)
-    env_kw = dict(episode_steps=args.episode_steps, goal_reward=args.goal_reward,
-                  invalid_penalty=args.invalid_penalty, timeout_steps=args.timeout_steps,
-                  reward_sum_scale=args.reward_sum_scale)
-    graph_rng = np.random.default_rng([args.seed, 1])
-    fixed_graphs = batch == len(train_tables)  # the paper: agent b on training graph b
-    train_env = GraphBatchEnv(train_tables if fixed_graphs else train_tables[:1].repeat(batch, 0),
-                              rng=np.random.default_rng([args.seed, 2]), **env_kw)
-    test_env = GraphBatchEnv(test_tables, rng=np.random.default_rng([args.seed, 3]), **env_kw)
-    obs_size, num_actions = train_env.obs_size, train_env.num_actions
+def run(args: argparse.Namespace) -> int:
+    from rfwp_rl.overrides import namespace_keys
 
-    agent = MetaRLAgent(core_name, core_config, obs_size, num_actions).to(device)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=args.lr, eps=args.adam_eps)
-    sample_gen = torch.Generator().manual_seed(args.seed)            # training actions
-    eval_gen = torch.Generator().manual_seed(args.seed + 7919)       # test actions
-    guard = NonFiniteGuard()
-    n_params = count_parameters(agent)
-    full_core_config = dict(getattr(agent.core, "config", core_config) or core_config)
+    keys = namespace_keys(vars(args), TRAINER_EXCLUDE)
+    core_name, core_config, label = resolve_agent(args.core, args.preset, args.overrides, args, keys)
+    check_args(args)
+    run_dir = Path(args.run_dir) if args.run_dir else Path("runs/meta_rl") / run_name(label, f"s{args.seed}")
+    return run_trainer(MetaRLTrainer(args, core_name, core_config, label, run_dir))
 
-    meta = {"trainer": "meta_rl", "core": core_name, "core_config": full_core_config,
-            "obs_size": obs_size, "num_actions": num_actions, "batch_size": batch,
-            "env": {"data_seed": args.data_seed, "train_graphs": args.train_graphs,
-                    "test_graphs": args.test_graphs, **env_kw,
-                    # only when not the default, so that checkpoints made before the option still load
-                    **({"time_limit": args.time_limit} if args.time_limit != "terminate" else {})}}
-    lock = lock_run_dir(run_dir)  # held until the run ends
-    ckpt = Checkpointer(run_dir, meta)
-    episode, history, wall = 0, [], 0.0
-    acc: dict[str, list[float]] = {k: [] for k in ("train_reward", "train_goals", "train_invalid", "loss",
-                                                   "policy_loss", "value_loss", "entropy")}
-    loaded = ckpt.load_latest()
-    if loaded is not None:
-        s = loaded["state"]
-        agent.load_state_dict(s["model"])
-        optimizer.load_state_dict(s["optimizer"])
-        episode, history, wall, acc = s["episode"], s["history"], s["wall_seconds"], s["interval"]
-        set_rng_state(s["rng"])
-        sample_gen.set_state(s["sample_gen"])
-        eval_gen.set_state(s["eval_gen"])
-        graph_rng.bit_generator.state = s["graph_rng"]
-        train_env.set_rng_state(s["train_env_rng"])
-        test_env.set_rng_state(s["test_env_rng"])
-        guard.skipped = s["skipped"]
-        print(f"resuming {run_dir} at episode {episode:,} ({loaded['path'].name})", flush=True)
-    else:
-        print(f"new run {run_dir}", flush=True)
-    print(f"core {core_name} {full_core_config} | {n_params:,} trainable weights | batch {batch} | "
-          f"{len(train_tables)} train / {len(test_tables)} test graphs | test policy {args.eval_policy}",
-          flush=True)
 
-    config = {**{k: v for k, v in vars(args).items() if not k.startswith("_")}, "core": core_name,
-              "core_config": full_core_config, "label": label, "batch_size": batch,
-              "num_parameters": n_params, "run_dir": str(run_dir)}
-    logger = RunLogger(run_dir, config, total=args.episodes, start=episode, unit="episodes",
-                       metrics=("test/total_reward_sampled", "test/total_reward_greedy",
-                                "train/total_reward"), print_every=args.print_every)
-    csv_path = run_dir / "metrics.csv"
+class MetaRLTrainer(Trainer):
+    """A2C meta-RL in the :mod:`rfwp_rl.scaffold`: one episode of the whole batch per update."""
 
-    def state_dict() -> dict:
-        return {"model": agent.state_dict(), "optimizer": optimizer.state_dict(), "episode": episode,
-                "history": history, "wall_seconds": wall + (time.monotonic() - t_start),
-                "interval": acc, "rng": rng_state(), "sample_gen": sample_gen.get_state(),
-                "eval_gen": eval_gen.get_state(), "graph_rng": graph_rng.bit_generator.state,
-                "train_env_rng": train_env.rng_state(), "test_env_rng": test_env.rng_state(),
-                "skipped": guard.skipped}
+    unit, step_name = "episodes", "episode"
+    metrics = ("test/total_reward_sampled", "test/total_reward_greedy", "train/total_reward")
 
-    def do_eval() -> None:
-        row: dict[str, Any] = {"episode": episode}
-        results = {}
-        for mode in (("sample", "greedy") if args.eval_policy == "both" else (args.eval_policy,)):
-            results[mode] = evaluate(agent, test_env, device, eval_gen, greedy=(mode == "greedy"),
-                                     factored_fwm=factored)
-        means = _interval_means(acc)
-        elapsed = wall + (time.monotonic() - t_start)
-        prev = history[-1] if history else None
+    def __init__(self, args: argparse.Namespace, core_name: str, core_config: dict, label: str, run_dir: Path):
+        self.args, self.label, self.run_dir = args, label, run_dir
+        self.total, self.print_every = args.episodes, args.print_every
+        self.factored = args.fwm_impl == "factored"
+        if args.threads > 0:
+            torch.set_num_threads(args.threads)
+        self.device = torch.device(args.device)
+        # seeds first, so that the model initialisation depends on --seed only
+        random.seed(args.seed)
+        np.random.seed(args.seed)
+        torch.manual_seed(args.seed)
+        self._make_envs(args)
+        self.agent = MetaRLAgent(core_name, core_config, self.obs_size, self.num_actions).to(self.device)
+        self.optimizer = torch.optim.Adam(self.agent.parameters(), lr=args.lr, eps=args.adam_eps)
+        self.sample_gen = torch.Generator().manual_seed(args.seed)            # training actions
+        self.eval_gen = torch.Generator().manual_seed(args.seed + 7919)       # test actions
+        self.guard = NonFiniteGuard()
+        self.core_name = core_name
+        self.core_config = dict(getattr(self.agent.core, "config", core_config) or core_config)
+        self.meta = {"trainer": "meta_rl", "core": core_name, "core_config": self.core_config,
+                     "obs_size": self.obs_size, "num_actions": self.num_actions, "batch_size": self.batch,
+                     "env": {"data_seed": args.data_seed, "train_graphs": args.train_graphs,
+                             "test_graphs": args.test_graphs, **self.env_kw,
+                             # only when not the default, so that checkpoints made before the option still load
+                             **({"time_limit": args.time_limit} if args.time_limit != "terminate" else {})}}
+        self.episode, self.history, self.wall = 0, [], 0.0
+        self.acc: dict[str, list[float]] = {k: [] for k in ("train_reward", "train_goals", "train_invalid", "loss",
+                                                            "policy_loss", "value_loss", "entropy")}
+        self.csv_path = run_dir / "metrics.csv"
+        self.t_start = time.monotonic()
+
+    def _make_envs(self, args: argparse.Namespace) -> None:
+        self.train_tables, test_tables = graph_env.graph_sets(args.data_seed, args.train_graphs, args.test_graphs)
+        self.batch = args.batch_size or len(self.train_tables)
+        self.env_kw = dict(episode_steps=args.episode_steps, goal_reward=args.goal_reward,
+                           invalid_penalty=args.invalid_penalty, timeout_steps=args.timeout_steps,
+                           reward_sum_scale=args.reward_sum_scale)
+        self.graph_rng = np.random.default_rng([args.seed, 1])
+        self.fixed_graphs = self.batch == len(self.train_tables)  # the paper: agent b on training graph b
+        tables = self.train_tables if self.fixed_graphs else self.train_tables[:1].repeat(self.batch, 0)
+        self.train_env = GraphBatchEnv(tables, rng=np.random.default_rng([args.seed, 2]), **self.env_kw)
+        self.test_env = GraphBatchEnv(test_tables, rng=np.random.default_rng([args.seed, 3]), **self.env_kw)
+        self.num_test_graphs = len(test_tables)
+        self.obs_size, self.num_actions = self.train_env.obs_size, self.train_env.num_actions
+
+    @property
+    def step(self) -> int:
+        return self.episode
+
+    def state_dict(self) -> dict:
+        return {"model": self.agent.state_dict(), "optimizer": self.optimizer.state_dict(), "episode": self.episode,
+                "history": self.history, "wall_seconds": self.wall + (time.monotonic() - self.t_start),
+                "interval": self.acc, "sample_gen": self.sample_gen.get_state(),
+                "eval_gen": self.eval_gen.get_state(), "graph_rng": self.graph_rng.bit_generator.state,
+                "train_env_rng": self.train_env.rng_state(), "test_env_rng": self.test_env.rng_state(),
+                "skipped": self.guard.skipped}
+
+    def load_state_dict(self, state: dict, path: Path, step: int) -> None:
+        self.agent.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.episode, self.history, self.wall, self.acc = (state["episode"], state["history"], state["wall_seconds"],
+                                                           state["interval"])
+        self.sample_gen.set_state(state["sample_gen"])
+        self.eval_gen.set_state(state["eval_gen"])
+        self.graph_rng.bit_generator.state = state["graph_rng"]
+        self.train_env.set_rng_state(state["train_env_rng"])
+        self.test_env.set_rng_state(state["test_env_rng"])
+        self.guard.skipped = state["skipped"]
+        print(f"resuming {self.run_dir} at episode {self.episode:,} ({path.name})", flush=True)
+
+    def prepare(self) -> str | None:
+        if not self.history and self.episode == 0:
+            print(f"new run {self.run_dir}", flush=True)
+        print(f"core {self.core_name} {self.core_config} | {count_parameters(self.agent):,} trainable weights | "
+              f"batch {self.batch} | {len(self.train_tables)} train / {self.num_test_graphs} test graphs | "
+              f"test policy {self.args.eval_policy}", flush=True)
+        self.t_start = time.monotonic()
+        return None
+
+    def hparams(self) -> dict:
+        return {**{k: v for k, v in vars(self.args).items() if not k.startswith("_")}, "core": self.core_name,
+                "core_config": self.core_config, "label": self.label, "batch_size": self.batch,
+                "num_parameters": count_parameters(self.agent), "run_dir": str(self.run_dir)}
+
+    # ---- the loop
+    def train(self, stop: GracefulStop) -> None:
+        """Evaluate on the test graphs every ``--eval-every`` episodes; in between, one A2C update per episode."""
+        recent: dict[str, float] = {"test_R": _test_reward(self.history[-1])} if self.history else {}
+        last_save = time.monotonic()
+        while True:
+            if (self.episode % self.args.eval_every == 0 or self.episode >= self.args.episodes) and \
+                    (not self.history or self.history[-1]["episode"] != self.episode):
+                self.test()
+                recent["test_R"] = _test_reward(self.history[-1])
+                self.logger.progress(self.episode, force=True, **recent)
+            if self.episode >= self.args.episodes or stop.requested:
+                return
+            recent["train_R"] = self.update()
+            self.logger.progress(self.episode, **recent)
+            if time.monotonic() - last_save > self.args.checkpoint_minutes * 60:
+                self.save()
+                last_save = time.monotonic()
+
+    def update(self) -> float:
+        """One training episode of the whole batch and its A2C update; returns the mean total reward."""
+        args = self.args
+        if not self.fixed_graphs:
+            self.train_env.tables = self.train_tables[self.graph_rng.integers(0, len(self.train_tables), self.batch)
+                                                      ].astype(np.int64)
+        out = rollout(self.agent, self.train_env, self.device, self.sample_gen, factored_fwm=self.factored,
+                      truncated=args.time_limit == "truncate")
+        losses = a2c.a2c_loss(out["logits"], out["values"], out["actions"], out["rewards"], gamma=args.gamma,
+                              value_coef=args.value_coef, entropy_coef=args.entropy_coef, bootstrap=out["bootstrap"])
+        self.optimizer.zero_grad(set_to_none=True)
+        losses["loss"].backward()
+        if args.max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(self.agent.parameters(), args.max_grad_norm)
+        if self.guard.ok(losses["loss"], self.agent.parameters()):
+            self.optimizer.step()
+        self.episode += 1
+        self._record(out, {k: float(losses[k].detach()) for k in ("loss", "policy_loss", "value_loss", "entropy")})
+        return float(out["total_reward"].mean())
+
+    def _record(self, out: dict, scal: dict[str, float]) -> None:
+        """Accumulate an update's numbers for the next evaluation row; TensorBoard every ``--log-every``."""
+        train_reward = float(out["total_reward"].mean())
+        self.acc["train_reward"].append(train_reward)
+        self.acc["train_goals"].append(float(out["goals"].mean()))
+        self.acc["train_invalid"].append(float(out["invalid"].mean()))
+        for k, v in scal.items():
+            self.acc[k].append(v)
+        if self.episode % self.args.log_every == 0:
+            self.logger.log(self.episode, {"train/total_reward": train_reward,
+                                           "train/goals": float(out["goals"].mean()),
+                                           "train/invalid_actions": float(out["invalid"].mean()),
+                                           "loss/total": scal["loss"], "loss/policy": scal["policy_loss"],
+                                           "loss/value": scal["value_loss"], "loss/entropy": scal["entropy"],
+                                           "perf/skipped_updates": self.guard.skipped,
+                                           "train/skipped_updates": self.guard.skipped})
+
+    def test(self) -> None:
+        """One episode on every test graph (sampled and/or greedy): a row of ``metrics.csv``."""
+        policy = self.args.eval_policy
+        results = {mode: evaluate(self.agent, self.test_env, self.device, self.eval_gen, greedy=(mode == "greedy"),
+                                  factored_fwm=self.factored)
+                   for mode in (("sample", "greedy") if policy == "both" else (policy,))}
+        means = _interval_means(self.acc)
+        elapsed = self.wall + (time.monotonic() - self.t_start)
+        prev = self.history[-1] if self.history else None
         rate = float("nan")
         if prev is not None and elapsed > prev["wall_minutes"] * 60:
-            rate = (episode - prev["episode"]) / (elapsed - prev["wall_minutes"] * 60)
+            rate = (self.episode - prev["episode"]) / (elapsed - prev["wall_minutes"] * 60)
         first = next(iter(results.values()))
-        row.update(wall_minutes=elapsed / 60, train_reward=means["train_reward"],
-                   test_reward_sampled=results.get("sample", {}).get("total_reward"),
-                   test_reward_greedy=results.get("greedy", {}).get("total_reward"),
-                   test_goals=first["goals"], train_goals=means["train_goals"],
-                   train_invalid=means["train_invalid"], loss=means["loss"],
-                   policy_loss=means["policy_loss"], value_loss=means["value_loss"],
-                   entropy=means["entropy"], episodes_per_s=rate, skipped_updates=guard.skipped)
-        history.append(row)
-        for v in acc.values():
+        self.history.append({
+            "episode": self.episode, "wall_minutes": elapsed / 60, "train_reward": means["train_reward"],
+            "test_reward_sampled": results.get("sample", {}).get("total_reward"),
+            "test_reward_greedy": results.get("greedy", {}).get("total_reward"), "test_goals": first["goals"],
+            "train_goals": means["train_goals"], "train_invalid": means["train_invalid"], "loss": means["loss"],
+            "policy_loss": means["policy_loss"], "value_loss": means["value_loss"], "entropy": means["entropy"],
+            "episodes_per_s": rate, "skipped_updates": self.guard.skipped})
+        for v in self.acc.values():
             v.clear()
-        write_csv(csv_path, history)
+        write_csv(self.csv_path, self.history)
         scalars = {f"test/total_reward_{'sampled' if m == 'sample' else 'greedy'}": r["total_reward"]
                    for m, r in results.items()}
         scalars["test/goals"] = first["goals"]
         if math.isfinite(rate):
             scalars["perf/episodes_per_s"] = rate
-        logger.log(episode, scalars)
+        self.logger.log(self.episode, scalars)
 
-    t_start = time.monotonic()
-    last_save = time.monotonic()
-    recent: dict[str, float] = {"test_R": _test_reward(history[-1])} if history else {}
-    with GracefulStop() as stop:  # held through the final save
-        try:
-            while True:
-                if (episode % args.eval_every == 0 or episode >= args.episodes) and \
-                        (not history or history[-1]["episode"] != episode):
-                    do_eval()
-                    recent["test_R"] = _test_reward(history[-1])
-                    logger.progress(episode, force=True, **recent)
-                if episode >= args.episodes or stop.requested:
-                    break
+    # ---- the end
+    def aborted(self, error: TrainingAborted, saved: Path | None) -> None:
+        print(f"error: training aborted at episode {self.episode:,}: {error}", file=sys.stderr, flush=True)
 
-                # ---- one training episode = one A2C update on the whole batch ----------
-                if not fixed_graphs:
-                    train_env.tables = train_tables[graph_rng.integers(0, len(train_tables), batch)].astype(np.int64)
-                out = rollout(agent, train_env, device, sample_gen, factored_fwm=factored,
-                              truncated=args.time_limit == "truncate")
-                losses = a2c.a2c_loss(out["logits"], out["values"], out["actions"], out["rewards"],
-                                      gamma=args.gamma, value_coef=args.value_coef,
-                                      entropy_coef=args.entropy_coef, bootstrap=out["bootstrap"])
-                optimizer.zero_grad(set_to_none=True)
-                losses["loss"].backward()
-                if args.max_grad_norm > 0:
-                    torch.nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-                if guard.ok(losses["loss"], agent.parameters()):
-                    optimizer.step()
-                episode += 1
-
-                train_reward = float(out["total_reward"].mean())
-                acc["train_reward"].append(train_reward)
-                acc["train_goals"].append(float(out["goals"].mean()))
-                acc["train_invalid"].append(float(out["invalid"].mean()))
-                scal = {k: float(losses[k].detach()) for k in ("loss", "policy_loss", "value_loss", "entropy")}
-                for k, v in scal.items():
-                    acc[k].append(v)
-                if episode % args.log_every == 0:
-                    logger.log(episode, {"train/total_reward": train_reward,
-                                         "train/goals": float(out["goals"].mean()),
-                                         "train/invalid_actions": float(out["invalid"].mean()),
-                                         "loss/total": scal["loss"],
-                                         "loss/policy": scal["policy_loss"],
-                                         "loss/value": scal["value_loss"],
-                                         "loss/entropy": scal["entropy"],
-                                         "perf/skipped_updates": guard.skipped,
-                                         "train/skipped_updates": guard.skipped})
-                recent["train_R"] = train_reward
-                logger.progress(episode, **recent)
-                if time.monotonic() - last_save > args.checkpoint_minutes * 60:
-                    logger.flush()  # TensorBoard on disk up to the checkpoint
-                    ckpt.save(state_dict(), episode)
-                    last_save = time.monotonic()
-            ckpt.save(state_dict(), episode)
-            if stop.requested:
-                print(f"stopped at episode {episode:,}; re-run the same command to resume", flush=True)
-        except TrainingAborted as e:
-            try:
-                ckpt.save(state_dict(), episode)  # the parameters are still the last finite ones
-            except TrainingAborted as e2:  # NonFiniteState: nothing written, the previous one is kept
-                print(f"error: {e2}", file=sys.stderr)
-            print(f"error: training aborted at episode {episode:,}: {e}", file=sys.stderr, flush=True)
-            return 1
-        finally:
-            logger.close()
-            lock.close()
-    if history:
-        r = history[-1]
-        print(f"episode {episode:,}: test total reward {_fmt(r['test_reward_sampled']) or '-'} (sampled), "
-              f"{_fmt(r['test_reward_greedy']) or '-'} (greedy); wall {format_duration(r['wall_minutes'] * 60)}; "
-              f"metrics in {csv_path}", flush=True)
-    return 0
+    def finish(self, code: int, saved: Path | None) -> int:
+        if code == 0 and self.episode < self.args.episodes:
+            print(f"stopped at episode {self.episode:,}; re-run the same command to resume", flush=True)
+        if code == 0 and self.history:
+            r = self.history[-1]
+            print(f"episode {self.episode:,}: test total reward {_fmt(r['test_reward_sampled']) or '-'} (sampled), "
+                  f"{_fmt(r['test_reward_greedy']) or '-'} (greedy); wall {format_duration(r['wall_minutes'] * 60)}; "
+                  f"metrics in {self.csv_path}", flush=True)
+        return code

@@ -10,7 +10,6 @@ lists the folders.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -23,7 +22,6 @@ from rfwp_rl.kernels.cuda_limits import DeviceLimits
 # what the fused kernels compute in: the extension converts float16/bfloat16 inputs to float32
 KERNEL_DTYPES = (torch.float32, torch.float64)
 HALF_DTYPES = (torch.float16, torch.bfloat16)
-DIRECTIONS = ("forward", "backward")
 
 
 @dataclass(frozen=True)
@@ -84,15 +82,6 @@ class OpSpec:
 
 # ---------------------------------------------------------------- the fused kernels' limits
 
-@functools.lru_cache(maxsize=None)
-def _limits_of(index: int) -> DeviceLimits:
-    return DeviceLimits.from_torch(index)
-
-
-def device_limits(device: torch.device) -> DeviceLimits:
-    """The launch limits of a CUDA device (queried once per device)."""
-    return _limits_of(device.index if device.index is not None else torch.cuda.current_device())
-
 
 def kernel_supported(name: str, dims: Dims, dtype: torch.dtype, device: torch.device | str,
                      limits: DeviceLimits | None = None) -> str | None:
@@ -113,9 +102,9 @@ def kernel_supported(name: str, dims: Dims, dtype: torch.dtype, device: torch.de
         return None
     if device.type != "cuda":
         return f"device {device.type!r} (fused kernels: cpu, cuda)"
-    limits = limits if limits is not None else device_limits(device)
+    limits = limits if limits is not None else cuda_limits.limits_of(device)
     elem = torch.empty((), dtype=dtype).element_size()   # 2: half types, computed in float32
-    for direction in DIRECTIONS:
+    for direction in cuda_limits.DIRECTIONS:
         why = cuda_limits.check(name, direction, dims.dk, dims.dv, elem, limits)
         if why is not None:
             return why

@@ -17,25 +17,23 @@ scores of the best weights, the step counts and the wall-clock time.
 from __future__ import annotations
 
 import argparse
-import ast
 import copy
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from rfwp_rl.checkpoint import (Checkpointer, atomic_torch_save, atomic_write_text, lock_run_dir, rng_state,
-                                set_rng_state)
+from rfwp_rl.checkpoint import atomic_torch_save, atomic_write_text
 from rfwp_rl.errors import UserError, check_choice
-from rfwp_rl.runlog import RunLogger, format_duration, run_name
-from rfwp_rl.safety import GracefulStop, NonFiniteGuard, TrainingAborted
+from rfwp_rl.runlog import format_duration, run_name
+from rfwp_rl.safety import GracefulStop, NonFiniteGuard
+from rfwp_rl.scaffold import Trainer, run_trainer
 from rfwp_rl.seq import tasks as T
 from rfwp_rl.seq.model import SeqModel, core_defaults, core_names
 
-# core config keys settable with their own flag (others: --core-option KEY=VALUE)
+# core config keys settable with their own flag (others: --set core_config.KEY=VALUE)
 CORE_FLAGS = ("hidden_size", "num_layers", "num_heads", "ff_size", "dropout", "feature_map")
 
 
@@ -57,8 +55,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--dropout", type=float, default=0.0,
                    help="dropout on embeddings and, if the core has it, inside the core")
     g.add_argument("--feature-map", help="elu_sum, softmax or dpfp (default: the core's)")
-    g.add_argument("--core-option", action="append", default=[], metavar="KEY=VALUE",
-                   help="any other core config key, e.g. fast_layers=3, backend=reference")
+    g.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="a core option (core_config.fast_layers=3, core_config.backend=reference; with --model "
+                        "memory: core_config.dpfp_nu=2) or a training setting (lr=1e-3); TOML values; repeatable")
+    g.add_argument("--core-option", action="append", default=[], help=argparse.SUPPRESS)  # replaced by --set
     g.add_argument("--positions", choices=("auto", "on", "off"), default="auto",
                    help="sinusoidal positions (auto: only for the transformer)")
     g = parser.add_argument_group("training")
@@ -105,19 +105,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 # ------------------------------------------------------------------------- setup helpers
 
-def parse_value(text: str) -> Any:
-    """``3`` -> 3, ``0.1`` -> 0.1, ``true`` -> True, anything else -> the string."""
-    low = text.lower()
-    if low in ("true", "false"):
-        return low == "true"
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        return text
-
-
-def core_config(args: argparse.Namespace) -> dict[str, Any]:
-    """The core config from the flags, checked against the core's keys."""
+def core_config(args: argparse.Namespace, extra: dict[str, Any]) -> dict[str, Any]:
+    """The core config from the flags and ``extra`` (``--set core_config.*``), checked against the core's keys."""
     defaults = core_defaults(args.core)
     config: dict[str, Any] = {}
     for key in CORE_FLAGS:
@@ -131,12 +120,7 @@ def core_config(args: argparse.Namespace) -> dict[str, Any]:
                 raise UserError(f"--{key.replace('_', '-')} does not apply to core {args.core!r}; "
                                 f"its options: {', '.join(defaults) or 'none'}")
             config[key] = value
-    for item in args.core_option:
-        if "=" not in item:
-            raise UserError(f"--core-option {item!r} is invalid; allowed: KEY=VALUE")
-        key, value = item.split("=", 1)
-        config[key.strip()] = parse_value(value.strip())
-    return config
+    return {**config, **extra}
 
 
 def make_task(args: argparse.Namespace):
@@ -161,19 +145,36 @@ def make_task(args: argparse.Namespace):
     return T.AssocTask(args.seed, args.num_keys, args.setting)
 
 
-def make_memory(args: argparse.Namespace, task):
-    """The Secretly-FWP Sec. 6.1 memory for ``--model memory``."""
+def make_memory(args: argparse.Namespace, task, extra: dict[str, Any]):
+    """The Secretly-FWP Sec. 6.1 memory for ``--model memory`` (``extra``: its ``--set core_config.*`` options)."""
     from rfwp_rl.seq.memory import AssocMemory
 
     if args.task != "assoc":
         raise UserError(f"--model memory is for --task assoc, not {args.task!r}; allowed: --model seq")
     options = {"dpfp_nu": 1, "backend": "auto"}
-    for item in args.core_option:
-        key, _, value = item.partition("=")
-        check_choice("memory option (--core-option)", key.strip(), options)
-        options[key.strip()] = parse_value(value.strip())
+    for key, value in extra.items():
+        check_choice("memory option (--set core_config.KEY=VALUE)", key, options)
+        options[key] = value
     return AssocMemory(task.num_classes, args.core, args.hidden_size or 64, args.emb_size,
                        args.feature_map or "elu_sum", **options)
+
+
+def apply_sets(args: argparse.Namespace) -> dict[str, Any]:
+    """``--set``: trainer keys into ``args``; returns the ``core_config.*`` options. The old
+    ``--core-option`` is a one-line error naming its replacement."""
+    from rfwp_rl.overrides import apply_settings, namespace_keys
+    from rfwp_rl.presets import Preset
+
+    if args.core_option:
+        key, _, value = args.core_option[0].partition("=")
+        raise UserError(f"--core-option {args.core_option[0]!r}: core options are set as --set core_config.KEY=VALUE, "
+                        f"e.g. --set core_config.{key.strip() or 'fast_layers'}={value.strip() or 3}")
+    keys = namespace_keys(vars(args), ("core", "model", "overrides", "core_option", "run_dir", "task"))
+    defaults = core_defaults(args.core) if args.core in core_names() else {}
+    preset = apply_settings(args.overrides, Preset(core=args.core), args, keys, sections=("core_config",),
+                            core_options=defaults)
+    args.core = preset.core
+    return preset.core_config
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -249,156 +250,167 @@ def early_stop_reason(args: argparse.Namespace, main: str, lower: bool, step: in
 # ------------------------------------------------------------------------- the run
 
 def run(args: argparse.Namespace) -> int:
+    extra = apply_sets(args)
     check_args(args)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
-    task = make_task(args)
-    if args.model == "memory":
-        model = make_memory(args, task)
-    else:
+    return run_trainer(SeqTrainer(args, extra))
+
+
+class SeqTrainer(Trainer):
+    """Sequence-task training in the :mod:`rfwp_rl.scaffold`; at the end the best weights are
+    evaluated on the full validation and test sets (``results.json``)."""
+
+    def __init__(self, args: argparse.Namespace, extra: dict[str, Any]):
+        self.args = args
+        self.total, self.print_every = args.steps, 5.0
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        torch.manual_seed(args.seed)
+        self.task = task = make_task(args)
+        self.model = self._make_model(args, task, extra).to(args.device)
+        n_params = sum(p.numel() for p in self.model.parameters())
+        self.settings = {**task.settings(), **self.model.describe(), "params": n_params}
+        self.config = {**self.settings, "steps": args.steps, "batch_size": args.batch_size, "lr": args.lr,
+                       "warmup": args.warmup, "clip": args.clip, "seed": args.seed}
+        self.run_dir = Path(args.run_dir or Path("runs") / "seq" / run_name(task.name, args.core, f"s{args.seed}"))
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=args.lr)
+        self.meta = {"trainer": "seq", **{k: v for k, v in self.config.items() if k != "steps"}}
+        self.main, self.lower = main_metric(task, args)
+        self.metrics = (f"valid/{self.main}",)
+        self.guard = NonFiniteGuard()
+        self.steps_done, self.carried, self.best, self.best_step, self.elapsed, self.early = 0, None, None, None, 0.0, None
+        self.t0 = time.monotonic()
+
+    @staticmethod
+    def _make_model(args: argparse.Namespace, task, extra: dict[str, Any]) -> torch.nn.Module:
+        if args.model == "memory":
+            return make_memory(args, task, extra)
         positions = {"auto": None, "on": True, "off": False}[args.positions]
-        model = SeqModel(args.core, task.field_sizes, task.num_classes, args.emb_size,
-                         core_config(args), dropout=args.dropout, positions=positions)
-    model = model.to(args.device)
-    if task.name == "lm" and not model.carries_state:
-        if args.context == "carried":
-            raise UserError(f"--context carried needs a model that carries its state from "
-                            f"segment to segment; core {args.core!r}"
-                            f"{' with sinusoidal positions' if model.positions else ''} does not. "
-                            "allowed: --context independent (evaluated with the sliding window)")
-        if args.eval_mode == "carried":
-            raise UserError(f"--eval-mode carried is not possible with core {args.core!r}; "
-                            "allowed: sliding or auto")
-    n_params = sum(p.numel() for p in model.parameters())
-    settings = {**task.settings(), **model.describe(), "params": n_params}
-    hparams = {**settings, "steps": args.steps, "batch_size": args.batch_size, "lr": args.lr,
-               "warmup": args.warmup, "clip": args.clip, "seed": args.seed}
-    run_dir = Path(args.run_dir or Path("runs") / "seq" / run_name(task.name, args.core, f"s{args.seed}"))
+        model = SeqModel(args.core, task.field_sizes, task.num_classes, args.emb_size, core_config(args, extra),
+                         dropout=args.dropout, positions=positions)
+        if task.name == "lm" and not model.carries_state:
+            if args.context == "carried":
+                raise UserError(f"--context carried needs a model that carries its state from "
+                                f"segment to segment; core {args.core!r}"
+                                f"{' with sinusoidal positions' if model.positions else ''} does not. "
+                                "allowed: --context independent (evaluated with the sliding window)")
+            if args.eval_mode == "carried":
+                raise UserError(f"--eval-mode carried is not possible with core {args.core!r}; "
+                                "allowed: sliding or auto")
+        return model
 
-    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
-    meta = {"trainer": "seq", **{k: v for k, v in hparams.items() if k != "steps"}}
-    ckpt = Checkpointer(run_dir, meta)
-    start, carried, best, best_step, elapsed, early, skipped = 0, None, None, None, 0.0, None, 0
-    loaded = ckpt.load_latest()
-    run_lock = lock_run_dir(run_dir)  # noqa: F841  one trainer per run directory, held until run() returns
-    if loaded is not None:
-        s = loaded["state"]
-        model.load_state_dict(s["model"])
-        optimizer.load_state_dict(s["optimizer"])
-        set_rng_state(s["rng"])
-        start, carried = loaded["step"], s["carried"]
-        best, best_step, elapsed, early = s["best"], s["best_step"], s["elapsed"], s["early"]
-        skipped = s.get("skipped", 0)
-        print(f"resuming {run_dir} from step {start:,}", flush=True)
-    main, lower = main_metric(task, args)
-    print(f"seq | task {task.name} | core {args.core} | {n_params:,} parameters | run dir {run_dir}",
-          flush=True)
-    logger = RunLogger(run_dir, hparams, total=args.steps, start=start, unit="steps",
-                       metrics=(f"valid/{main}",))
-    guard = NonFiniteGuard()
-    guard.skipped = skipped
+    @property
+    def step(self) -> int:
+        return self.steps_done
 
-    def checkpoint_state() -> dict:
-        return {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                "rng": rng_state(), "carried": carried, "best": best, "best_step": best_step,
-                "early": early, "elapsed": elapsed + time.monotonic() - t0, "skipped": guard.skipped}
+    def state_dict(self) -> dict:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "carried": self.carried,
+                "best": self.best, "best_step": self.best_step, "early": self.early,
+                "elapsed": self.elapsed + time.monotonic() - self.t0, "skipped": self.guard.skipped}
 
-    t0 = time.monotonic()
-    step = start
-    stopped = False
-    model.train()
-    with GracefulStop() as stop:  # held through the final save
-        try:
-            while step < args.steps and not early:
-                # ---- one training batch
-                if task.name == "lm":
-                    x, y, epoch_start = task.train_segment(step, args.batch_size)
-                    state = None if (task.context == "independent" or epoch_start) else carried
-                else:
-                    x, y = task.train_batch(step, args.batch_size)
-                    state = None
-                x, y = x.to(args.device), y.to(args.device)
-                for group in optimizer.param_groups:
-                    group["lr"] = args.lr * lr_factor(step, args.warmup)
-                logits, new_state = model(x, state)
-                loss = model.loss(logits, y)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                grad_norm = (torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
-                             if args.clip > 0 else None)
-                updated = guard.ok(loss, model.parameters())
-                if updated:
-                    optimizer.step()
-                if task.name == "lm" and task.context == "carried":
-                    # truncated BPTT; a skipped update restarts the context (its state may be NaN)
-                    carried = tuple(s.detach() for s in new_state) if updated else None
-                step += 1
+    def load_state_dict(self, state: dict, path: Path, step: int) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.steps_done = step
+        self.carried, self.best, self.best_step = state["carried"], state["best"], state["best_step"]
+        self.elapsed, self.early = state["elapsed"], state["early"]
+        self.guard.skipped = state.get("skipped", 0)
+        print(f"resuming {self.run_dir} from step {self.steps_done:,}", flush=True)
 
-                # ---- logging, validation, checkpoints
-                scalars = {"train/loss": float(loss.detach()), "train/lr": optimizer.param_groups[0]["lr"],
-                           "train/skipped_updates": guard.skipped}
-                if grad_norm is not None:
-                    scalars["train/grad_norm"] = float(grad_norm)
-                logger.log(step, scalars)
-                extra = ({"epoch": f"{task.epochs(step, args.batch_size):.2f}"}
-                         if hasattr(task, "epochs") else {})
-                logger.progress(step, loss=float(loss.detach()), **extra)
-                if step % args.eval_every == 0 or step == args.steps:
-                    limit = args.eval_max_tokens if task.name == "lm" else None
-                    metrics = evaluate(model, task, "valid", args, limit)
-                    logger.log(step, {f"valid/{k}": v for k, v in metrics.items()})
-                    if better(lower, metrics[main], best):
-                        best, best_step = metrics[main], step
-                        atomic_torch_save({"model": model.state_dict(), "step": step,
-                                           "settings": settings}, run_dir / "best.pt")
-                    print(f"step {step:,} | valid " + " | ".join(
-                        f"{k} {v:.4g}" for k, v in metrics.items()) +
-                        f" | best {main} {best:.4g} (step {best_step:,})", flush=True)
-                    early = early_stop_reason(args, main, lower, step, metrics[main], best_step)
-                if step % args.checkpoint_every == 0 or step == args.steps or early:
-                    logger.flush()  # TensorBoard on disk up to the checkpoint
-                    ckpt.save(checkpoint_state(), step)
-                if early:
-                    print(f"stopping early at step {step:,}: {early}", flush=True)
-                    break
-                if stop.requested:
-                    ckpt.save(checkpoint_state(), step)
-                    stopped = True
-                    break
-        except TrainingAborted as e:
-            try:  # the parameters are the last finite ones (non-finite updates were skipped)
-                ckpt.save(checkpoint_state(), step)
-                saved = f"checkpoint at step {step:,} saved"
-            except TrainingAborted as e2:  # NonFiniteState: nothing written
-                saved = f"{e2}"
-            print(f"error: training aborted: {e}; {saved}", file=sys.stderr)
-            logger.close()
-            return 1
-    train_time = elapsed + time.monotonic() - t0
-    logger.close()
-    if stopped:
-        print(f"stopped at step {step:,}; run the same command again to resume", flush=True)
+    def prepare(self) -> str | None:
+        n_params = self.settings["params"]
+        print(f"seq | task {self.task.name} | core {self.args.core} | {n_params:,} parameters | run dir "
+              f"{self.run_dir}", flush=True)
+        self.t0 = time.monotonic()
+        return None
+
+    def hparams(self) -> dict:
+        return self.config
+
+    # ---- the loop
+    def train(self, stop: GracefulStop) -> None:
+        """Until ``--steps``, an early stop (``--target``, ``--patience``) or a stop request."""
+        args = self.args
+        self.model.train()
+        while self.steps_done < args.steps and not self.early and not stop.requested:
+            loss, grad_norm = self.update()
+            self.steps_done += 1
+            step = self.steps_done
+            scalars = {"train/loss": loss, "train/lr": self.optimizer.param_groups[0]["lr"],
+                       "train/skipped_updates": self.guard.skipped}
+            if grad_norm is not None:
+                scalars["train/grad_norm"] = grad_norm
+            self.logger.log(step, scalars)
+            extra = ({"epoch": f"{self.task.epochs(step, args.batch_size):.2f}"}
+                     if hasattr(self.task, "epochs") else {})
+            self.logger.progress(step, loss=loss, **extra)
+            if step % args.eval_every == 0 or step == args.steps:
+                self.validate()
+            if step % args.checkpoint_every == 0 or step == args.steps or self.early:
+                self.save()
+        if self.early:
+            print(f"stopping early at step {self.steps_done:,}: {self.early}", flush=True)
+
+    def update(self) -> tuple[float, float | None]:
+        """One training batch and optimizer step; returns the loss and the gradient norm before clipping."""
+        args, task, model = self.args, self.task, self.model
+        if task.name == "lm":
+            x, y, epoch_start = task.train_segment(self.steps_done, args.batch_size)
+            state = None if (task.context == "independent" or epoch_start) else self.carried
+        else:
+            x, y = task.train_batch(self.steps_done, args.batch_size)
+            state = None
+        x, y = x.to(args.device), y.to(args.device)
+        for group in self.optimizer.param_groups:
+            group["lr"] = args.lr * lr_factor(self.steps_done, args.warmup)
+        logits, new_state = model(x, state)
+        loss = model.loss(logits, y)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip) if args.clip > 0 else None
+        updated = self.guard.ok(loss, model.parameters())
+        if updated:
+            self.optimizer.step()
+        if task.name == "lm" and task.context == "carried":
+            # truncated BPTT; a skipped update restarts the context (its state may be NaN)
+            self.carried = tuple(s.detach() for s in new_state) if updated else None
+        return float(loss.detach()), None if grad_norm is None else float(grad_norm)
+
+    def validate(self) -> None:
+        """Validation scores; the best weights so far go to ``best.pt``; decides an early stop."""
+        args, step, main = self.args, self.steps_done, self.main
+        metrics = evaluate(self.model, self.task, "valid", args, args.eval_max_tokens if self.task.name == "lm" else None)
+        self.logger.log(step, {f"valid/{k}": v for k, v in metrics.items()})
+        if better(self.lower, metrics[main], self.best):
+            self.best, self.best_step = metrics[main], step
+            atomic_torch_save({"model": self.model.state_dict(), "step": step, "settings": self.settings},
+                              self.run_dir / "best.pt")
+        print(f"step {step:,} | valid " + " | ".join(f"{k} {v:.4g}" for k, v in metrics.items()) +
+              f" | best {main} {self.best:.4g} (step {self.best_step:,})", flush=True)
+        self.early = early_stop_reason(args, main, self.lower, step, metrics[main], self.best_step)
+
+    # ---- the end: the best weights on the full validation and test sets
+    def finish(self, code: int, saved: Path | None) -> int:
+        if code != 0:
+            return code
+        if self.steps_done < self.args.steps and not self.early:
+            print(f"stopped at step {self.steps_done:,}; run the same command again to resume", flush=True)
+            return 0
+        args = self.args
+        train_time = self.elapsed + time.monotonic() - self.t0
+        t1 = time.monotonic()
+        final = copy.deepcopy(self.model)
+        final.load_state_dict(torch.load(self.run_dir / "best.pt", map_location=args.device,
+                                         weights_only=False)["model"])
+        results = {"settings": self.settings,
+                   "training": {k: self.config[k] for k in ("steps", "batch_size", "lr", "warmup", "clip", "seed")},
+                   "best_step": self.best_step, "steps_done": self.steps_done, "early_stop": self.early,
+                   "valid": evaluate(final, self.task, "valid", args), "test": evaluate(final, self.task, "test", args),
+                   "train_seconds": round(train_time, 1), "eval_seconds": round(time.monotonic() - t1, 1),
+                   "skipped_updates": self.guard.skipped, "torch_threads": torch.get_num_threads()}
+        if self.task.name == "lm":
+            results["eval_mode"] = args.eval_mode
+        atomic_write_text(self.run_dir / "results.json", json.dumps(results, indent=2) + "\n")
+        print(f"done in {format_duration(train_time)} | best valid {self.main} {self.best:.4g} at step "
+              f"{self.best_step:,} | test " + " | ".join(f"{k} {v:.4g}" for k, v in results["test"].items())
+              + f" | {self.run_dir / 'results.json'}", flush=True)
         return 0
-
-    # ---- final evaluation of the best weights on the full valid and test sets
-    t1 = time.monotonic()
-    best_weights = torch.load(run_dir / "best.pt", map_location=args.device, weights_only=False)
-    final = copy.deepcopy(model)
-    final.load_state_dict(best_weights["model"])
-    results = {"settings": settings, "training": {k: hparams[k] for k in
-                                                  ("steps", "batch_size", "lr", "warmup", "clip", "seed")},
-               "best_step": best_step, "steps_done": step, "early_stop": early,
-               "valid": evaluate(final, task, "valid", args),
-               "test": evaluate(final, task, "test", args),
-               "train_seconds": round(train_time, 1),
-               "eval_seconds": round(time.monotonic() - t1, 1),
-               "skipped_updates": guard.skipped,
-               "torch_threads": torch.get_num_threads()}
-    if task.name == "lm":
-        results["eval_mode"] = args.eval_mode
-    atomic_write_text(run_dir / "results.json", json.dumps(results, indent=2) + "\n")
-    print(f"done in {format_duration(train_time)} | best valid {main} {best:.4g} at step "
-          f"{best_step:,} | test " + " | ".join(f"{k} {v:.4g}" for k, v in results["test"].items())
-          + f" | {run_dir / 'results.json'}", flush=True)
-    return 0

@@ -139,7 +139,7 @@ def test_auto_falls_back_with_one_warning_naming_the_size(ext, monkeypatch, capl
     # 'auto'; at d = 32 it takes the kernel; 'kernel' refuses in one line naming the size
     monkeypatch.setattr(kernels, "_state", {"loaded": True, "ext": _CudaExt(ext), "why": "test",
                                             "build_seconds": 0.0})
-    monkeypatch.setattr(ops.base, "device_limits", lambda device: cuda_limits.H100)
+    monkeypatch.setattr(cuda_limits, "limits_of", lambda device: cuda_limits.H100)
     monkeypatch.setattr(dispatch, "VERIFY_DEVICE_TYPES", frozenset())
     cuda = torch.device("cuda", 0)
     d = _first_unsupported("rdn", torch.float32, cuda_limits.H100)

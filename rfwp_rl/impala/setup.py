@@ -1,0 +1,171 @@
+"""The run setup shared by ``rfwp-rl train``, ``actor``, ``eval`` and ``bench impala``.
+
+A :class:`RunSpec` is what an IMPALA run trains on: the environment (canonical id, options,
+observation and action spaces) and the agent preset. It is built once, from the command line
+(:meth:`RunSpec.from_args`) or from a checkpoint's meta (:meth:`RunSpec.from_meta`), and it
+builds everything that depends on it in one way: the agent (:func:`rfwp_rl.agent.build_agent`),
+the env pool, the checkpoint meta that a resume or a remote actor is compared against.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rfwp_rl.errors import UserError
+from rfwp_rl.presets import Preset
+
+DEFAULT_CORE = "rdn"  # the RFWP paper's main agent
+
+
+def add_run_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup, env_default: str) -> None:
+    """The options that say what a run trains on: ``--env``, ``--core``, ``--preset``, ``--set``,
+    ``--detach-state-every-step``, ``--env-option``, ``--env-config``."""
+    g = parser
+    g.add_argument("--env", default=env_default, help="gymnasium id, Atari game name or module:EnvId "
+                                                      "(default %(default)s)")
+    g.add_argument("--core", default=None, help="core name (rfwp-rl info); Atari envs use "
+                                                f"agents/atari_<core>.toml (default {DEFAULT_CORE})")
+    g.add_argument("--preset", default=None, help="agent preset: a name in agents/ or a .toml file")
+    g.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a preset value or a trainer setting, e.g. core_config.hidden_size=64, "
+                        "agent.use_prev_action=true or entropy_cost=0.001 (TOML values; repeatable)")
+    g.add_argument("--detach-state-every-step", action="store_true",
+                   help="1-step BPTT through the core state (the reference code's fast-weight agents), "
+                        "for comparison")
+    g.add_argument("--env-option", dest="env_options", action="append", default=[], metavar="KEY=VALUE",
+                   help="environment option, e.g. repeat_action_probability=0.25 (Atari) or max_episode_steps=200")
+    g.add_argument("--env-config", default=None,
+                   help="TOML file whose [atari] (Atari) or [env] table holds env options")
+
+
+def env_options_from_args(args: argparse.Namespace, kind: str) -> dict:
+    """``--env-config`` table, then the ``--env-option KEY=VALUE`` items (TOML values)."""
+    from rfwp_rl.envs import load_env_config
+
+    options = load_env_config(args.env_config, "atari" if kind == "atari" else "env") if args.env_config else {}
+    return {**options, **parse_env_options(args.env_options, "repeat_action_probability=0.25")}
+
+
+def parse_env_options(items: list[str], example: str) -> dict:
+    """``--env-option KEY=VALUE`` items as a dict (TOML values); a malformed item is a one-line error."""
+    from rfwp_rl.overrides import parse_value
+
+    options = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise UserError(f"--env-option {item!r}: expected key=value, e.g. {example}")
+        options[key.strip()] = parse_value(text.strip())
+    return options
+
+
+def canonical_env_id(env: str) -> str:
+    """The env id a run is recorded under: the gymnasium id (``Pong`` -> ``ALE/Pong-v5``), keeping
+    the module of a ``module:EnvId`` id (``mypkg.envs:Maze-v0``), so that eval and remote actors
+    can make the env from the record alone."""
+    from rfwp_rl.envs import resolve_env_id
+
+    gym_id = resolve_env_id(env).gym_id
+    module = env.rpartition(":")[0] if ":" in env else ""
+    return f"{module}:{gym_id}" if module else gym_id
+
+
+@dataclasses.dataclass
+class RunSpec:
+    """What an IMPALA run trains on (see the module docstring)."""
+
+    env: str  # canonical_env_id
+    kind: str  # 'atari' (uint8 [C, H, W], ResNet torso) or 'vector' (float32 [D], MLP torso)
+    obs_shape: tuple[int, ...]
+    obs_dtype: str
+    num_actions: int
+    env_options: dict
+    preset: Preset
+    memory_horizon: int | None = None  # steps a memory must span (memory tasks), for the vector profile
+    max_episode_steps: int | None = None
+    trainer_settings: list = dataclasses.field(default_factory=list)  # --set items for the trainer's config
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, trainer_keys: Any = ()) -> "RunSpec":
+        """From the options of :func:`add_run_arguments`. ``--set`` items with a key of ``trainer_keys``
+        are kept in ``trainer_settings`` for the trainer's config (:func:`rfwp_rl.overrides.apply_to_trainer`)."""
+        from rfwp_rl import envs
+        from rfwp_rl.overrides import apply_to_preset, split_settings
+        from rfwp_rl.presets import resolve_preset
+
+        resolved = envs.resolve_env_id(args.env)  # unknown env: one-line error with close matches
+        agent_settings, trainer_settings = split_settings(args.overrides, trainer_keys)
+        preset = resolve_preset(args.core, args.preset, (), kind=resolved.kind, default_core=DEFAULT_CORE)
+        preset = apply_to_preset(preset, agent_settings)
+        if args.detach_state_every_step:
+            from rfwp_rl.cores import available
+
+            core_spec = available().get(preset.core)  # an unknown core is reported when the agent is built
+            if core_spec is not None and "detach_state_every_step" not in core_spec.defaults:
+                raise UserError(f"--detach-state-every-step: core {preset.core!r} has no recurrent state")
+            preset.core_config["detach_state_every_step"] = True
+        options = env_options_from_args(args, resolved.kind)
+        spec = envs.env_spec(args.env, **options)
+        return cls(canonical_env_id(args.env), spec.kind, spec.obs_shape, spec.obs_dtype, spec.num_actions,
+                   options, preset, spec.memory_horizon, spec.max_episode_steps, trainer_settings)
+
+    @classmethod
+    def from_meta(cls, meta: dict, env_options: dict | None = None) -> "RunSpec":
+        """From a checkpoint's meta (:meth:`meta`); ``env_options`` replace the recorded ones."""
+        from rfwp_rl import envs
+
+        kind = envs.resolve_env_id(str(meta["env"])).kind
+        preset = Preset(core=meta["core"], core_config=dict(meta.get("core_config") or {}),
+                        agent=dict(meta.get("agent") or {}))
+        options = dict(meta.get("env_options") or {}) if env_options is None else env_options
+        return cls(str(meta["env"]), kind, tuple(meta["obs_shape"]), "uint8" if kind == "atari" else "float32",
+                   int(meta["num_actions"]), options, preset)
+
+    def build_agent(self, device: torch.device | str = "cpu") -> torch.nn.Module:
+        """The agent of this run (untrained) on ``device``."""
+        from rfwp_rl.agent import build_agent
+
+        return build_agent(self.preset, self.obs_shape, self.num_actions).to(device)
+
+    def meta(self, agent: torch.nn.Module) -> dict:
+        """What a checkpoint of this run records, and what a resume or a remote actor must match."""
+        return {"trainer": "impala", "env": self.env, "env_options": dict(self.env_options), "core": agent.core_name,
+                "core_config": dict(agent.core.config), "num_actions": self.num_actions,
+                "obs_shape": list(self.obs_shape), "agent": agent.config.to_dict()}
+
+    def legacy_meta(self, agent: torch.nn.Module) -> dict | None:
+        """The meta older versions recorded for a ``module:EnvId`` env (the id without its module),
+        which a resume still accepts; None for other envs."""
+        if ":" not in self.env:
+            return None
+        return {**self.meta(agent), "env": self.env.rpartition(":")[2]}
+
+    def make_env_pool(self, backend: str, seed: int, num_envs: int, num_batches: int, num_processes: int):
+        """The env pool (see :func:`rfwp_rl.impala.env_pool.make_env_pool`); an env slot that can never
+        make its env reports it as ``env_fatal`` (one line) instead of failing its worker."""
+        from rfwp_rl.impala.env_pool import make_env_pool
+
+        blank = np.zeros(self.obs_shape, self.obs_dtype)
+        return make_env_pool(backend, self.env, self.env_options, seed, num_envs, num_batches, num_processes,
+                             blank_obs=blank)
+
+
+def recorded_env(meta: dict, checkpoint: Path) -> str:
+    """The env a checkpoint was trained on. Checkpoints of older versions recorded a ``module:EnvId``
+    env without its module; the run's ``config.json`` still has the id as given, which is used then."""
+    env = str(meta["env"])
+    config = Path(checkpoint).parent / "config.json"
+    if ":" in env or not config.is_file():
+        return env
+    try:
+        given = str(json.loads(config.read_text()).get("env", ""))
+    except (OSError, ValueError):
+        return env
+    return given if ":" in given and given.rpartition(":")[2] in (env, env.rpartition("/")[2]) else env

@@ -1,0 +1,152 @@
+"""``--set KEY=VALUE``: the one override syntax of every trainer (train, actor, meta-rl, seq).
+
+Keys: ``core`` (the core's name), ``core_config.<option>`` (an option of the core),
+``agent.<option>`` (an agent option, where the trainer's agent has any) and the trainer's own
+settings by their plain name (``batch_size``, ``entropy_cost``, ``lr`` ...). Values are TOML
+(``64``, ``1e-3``, ``true``, ``'softmax'``, ``[32, 32]``); a bare word that is not TOML is a
+string. An unknown key is the same one-line error for every trainer.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any, Iterable, Mapping
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
+from rfwp_rl.errors import UserError, choices_hint
+
+PRESET_SECTIONS = ("core_config", "agent")
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One parsed ``--set`` item: ``key`` (dotted for a section), its ``value`` and the ``item`` as given."""
+
+    key: str
+    value: Any
+    item: str
+
+    @property
+    def section(self) -> str:
+        """``core_config``/``agent`` for a dotted key, else ``""``."""
+        return self.key.partition(".")[0] if "." in self.key else ""
+
+    @property
+    def option(self) -> str:
+        return self.key.partition(".")[2] if "." in self.key else self.key
+
+
+def parse_value(text: str) -> Any:
+    """A ``--set`` value in TOML syntax; a bare word that is not TOML is a string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def parse_settings(items: Iterable[str], flag: str = "--set") -> list[Setting]:
+    """``["core_config.hidden_size=64", ...]`` -> :class:`Setting` list; a malformed item is a one-line error."""
+    out = []
+    for item in items:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise UserError(f"{flag} {item!r}: expected key=value, e.g. core_config.hidden_size=64")
+        out.append(Setting(key, parse_value(text.strip()), item))
+    return out
+
+
+def unknown_key(setting: Setting, sections: Iterable[str], trainer_keys: Iterable[str],
+                core_options: Iterable[str] = ()) -> UserError:
+    """The one-line error for a key no trainer part takes (the same wording for every trainer)."""
+    allowed = ["core", *(f"{s}.<option>" for s in sections)]
+    keys = sorted(trainer_keys)
+    if keys:
+        allowed.append(f"a trainer setting ({', '.join(keys)})")
+    hint = ""
+    if setting.key in set(core_options):
+        hint = f"core options are set as --set core_config.{setting.key}={setting.item.partition('=')[2]}; "
+    elif keys and not setting.section:
+        hint = choices_hint(setting.key, keys).split("allowed:")[0]  # "did you mean 'x'? " or ""
+    return UserError(f"--set {setting.item!r}: unknown key {setting.key!r}; {hint}allowed: {', '.join(allowed)}")
+
+
+def coerce(setting: Setting, current: Any) -> Any:
+    """``setting.value`` in the type of the trainer setting's ``current`` value (ints may stand in for floats)."""
+    value = setting.value
+    if current is None or isinstance(current, str):
+        return value if current is None else str(value)
+    if isinstance(current, bool):
+        ok = isinstance(value, bool)
+    elif isinstance(current, int):
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif isinstance(current, float):
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        value = float(value) if ok else value
+    elif isinstance(current, (tuple, list)):
+        ok = isinstance(value, list)
+        value = type(current)(value) if ok else value
+    else:
+        ok = True
+    if not ok:
+        raise UserError(f"--set {setting.item!r}: {setting.key} takes a {type(current).__name__} "
+                        f"(like {current!r}), got {value!r}")
+    return value
+
+
+def split_settings(items: Iterable[str], trainer_keys: Iterable[str] = (), sections: Iterable[str] = PRESET_SECTIONS,
+                   core_options: Iterable[str] = ()) -> tuple[list[Setting], list[Setting]]:
+    """Parse ``--set`` items into (agent settings: ``core`` and ``<section>.<option>``, trainer
+    settings: ``trainer_keys``); any other key is the one-line :func:`unknown_key` error.
+    ``core_options``: the core's option names, only for a better error on a bare option name."""
+    sections, keys = tuple(sections), set(trainer_keys)
+    agent, trainer = [], []
+    for setting in parse_settings(items):
+        if setting.key == "core" or (setting.section in sections and setting.option):
+            agent.append(setting)
+        elif not setting.section and setting.key in keys:
+            trainer.append(setting)
+        else:
+            raise unknown_key(setting, sections, keys, core_options)
+    return agent, trainer
+
+
+def apply_to_preset(preset: Any, settings: Iterable[Setting]) -> Any:
+    """A copy of ``preset`` (:class:`rfwp_rl.presets.Preset`) with ``core``/``<section>.<option>`` settings."""
+    preset = copy.deepcopy(preset)
+    for setting in settings:
+        if setting.key == "core":
+            preset.core = str(setting.value)
+        else:
+            getattr(preset, setting.section)[setting.option] = setting.value
+    return preset
+
+
+def apply_to_trainer(trainer: Any, settings: Iterable[Setting]) -> None:
+    """Set trainer settings on ``trainer`` (a config dataclass or an ``argparse.Namespace``), each
+    value in the type of the current one."""
+    for setting in settings:
+        setattr(trainer, setting.key, coerce(setting, getattr(trainer, setting.key)))
+
+
+def apply_settings(items: Iterable[str], preset: Any = None, trainer: Any = None,
+                   trainer_keys: Iterable[str] = (), sections: Iterable[str] = PRESET_SECTIONS,
+                   core_options: Iterable[str] = ()) -> Any:
+    """Apply ``--set`` items: ``core``/``<section>.<option>`` to a copy of ``preset`` (returned),
+    trainer keys to ``trainer`` (changed in place). See :func:`split_settings`."""
+    agent, trainer_settings = split_settings(items, trainer_keys if trainer is not None else (), sections,
+                                             core_options)
+    apply_to_trainer(trainer, trainer_settings)
+    return apply_to_preset(preset, agent) if preset is not None else None
+
+
+def namespace_keys(values: Mapping[str, Any], exclude: Iterable[str] = ()) -> list[str]:
+    """The trainer keys of an ``argparse`` namespace's ``vars()``: its settings minus ``exclude``
+    (and private ``_`` keys)."""
+    skip = {"command", *exclude}  # "command": the CLI's subcommand
+    return [k for k in values if not k.startswith("_") and k not in skip]

@@ -1,0 +1,64 @@
+"""Learner defaults by env kind: the paper's for Atari, the vector profile for vector envs, and the
+command line's value wherever it gives one."""
+
+import argparse
+
+import pytest
+
+from rfwp_rl.errors import UserError
+from rfwp_rl.impala import profiles, train
+from rfwp_rl.impala.config import DEFAULTS
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    train.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_atari_keeps_the_paper_settings():
+    cfg = train.config_from_args(parse(), "atari")
+    assert cfg.profile == "atari"
+    assert (cfg.num_actors, cfg.batch_size, cfg.unroll_length) == (48, 32, 50)
+    assert (cfg.optimizer, cfg.learning_rate, cfg.rmsprop_eps, cfg.entropy_cost) == ("rmsprop", 6e-4, 0.01, 0.01)
+    assert not cfg.normalize_advantages and cfg.vtrace_lambda == 1.0 and cfg.discount == 0.99
+
+
+def test_vector_profile_matches_the_unroll_to_the_memory_horizon():
+    cfg = train.config_from_args(parse(), "vector", memory_horizon=33, max_episode_steps=34)
+    assert cfg.profile == "vector" and cfg.unroll_length == 66
+    assert (cfg.optimizer, cfg.normalize_advantages, cfg.vtrace_lambda) == ("adam", True, 0.9)
+    assert (cfg.num_actors, cfg.batch_size) == (profiles.VECTOR["num_actors"], profiles.VECTOR["batch_size"])
+    # no horizon: the episode limit; neither: the assumed 50 steps; always within the bounds
+    assert profiles.vector_unroll_length(None, 30) == 60
+    assert profiles.vector_unroll_length(None, None) == 2 * profiles.UNKNOWN_HORIZON
+    assert profiles.vector_unroll_length(3, 10) == profiles.MIN_UNROLL
+    assert profiles.vector_unroll_length(None, 500) == profiles.MAX_UNROLL
+
+
+def test_the_command_line_wins_over_the_profile():
+    cfg = train.config_from_args(parse("--unroll-length", "7", "--optimizer", "rmsprop", "--no-normalize-advantages",
+                                       "--vtrace-lambda", "1", "--lr", "1e-3"), "vector", memory_horizon=33)
+    assert (cfg.unroll_length, cfg.optimizer, cfg.normalize_advantages, cfg.vtrace_lambda, cfg.learning_rate) == \
+        (7, "rmsprop", False, 1.0, 1e-3)
+    # and a forced profile wins over the env kind
+    cfg = train.config_from_args(parse("--profile", "atari"), "vector", memory_horizon=33)
+    assert cfg.unroll_length == DEFAULTS.unroll_length and cfg.optimizer == "rmsprop"
+
+
+@pytest.mark.parametrize("argv,message", [
+    (("--vtrace-lambda", "1.5"), "--vtrace-lambda 1.5 is invalid; allowed: a number in [0, 1]"),
+    (("--lr", "0"), "--learning-rate 0 is invalid; allowed: a number > 0"),
+    (("--unroll-length", "0"), "--unroll-length 0 is invalid"),
+])
+def test_bad_values_are_one_line_errors(argv, message):
+    with pytest.raises(UserError) as e:
+        train.config_from_args(parse(*argv), "vector")
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_settings_line_names_every_learning_setting():
+    line = profiles.describe(train.config_from_args(parse(), "vector", memory_horizon=9), "agents/vector_rdn.toml")
+    for part in ("vector profile", "batch 16 x unroll 20", "adam lr 0.0005", "advantages normalised",
+                 "V-trace lambda 0.9", "entropy 0.01", "agents/vector_rdn.toml"):
+        assert part in line
