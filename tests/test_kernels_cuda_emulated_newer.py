@@ -101,3 +101,25 @@ def test_launches_are_what_cuda_limits_says(emu, name, dtype):
     if name == "srwm":
         assert log[0][1] == emu.srwm_threads(d, 0) == cuda_limits.block_threads("srwm", d, d)
     emu.threads = 32
+
+
+def test_emulated_srwm_unstaged_layout(emu):
+    # a device whose shared memory cannot hold the (3d + 4) x d matrix: the launchers keep dW and
+    # its gradient in global memory, with the same results
+    emu.threads = 32
+    d = 6
+    staged = [cuda_limits.smem_request("srwm", direction, d, d, 8) for direction in ("forward", "backward")]
+    optin = min(staged) - 1
+    unstaged = [cuda_limits.smem_request("srwm", direction, d, d, 8, smem_optin=optin)
+                for direction in ("forward", "backward")]
+    assert all(u < s for u, s in zip(unstaged, staged)) and max(unstaged) <= optin
+    args, reset = cases.make_inputs("srwm", T=5, B=2, H=2, d=d, reset_at=((2, 1),), seed=3)
+    emu.set_device_smem_optin(optin)
+    try:
+        emu.launches()
+        err, gerr = cases.max_errors("srwm", emulated(emu, "srwm", 2), args, reset)
+        log = emu.launches()
+    finally:
+        emu.set_device_smem_optin(None)
+    assert err < 1e-12 and gerr < 1e-12
+    assert [smem for _, _, smem in log] == unstaged + [0]     # then the batch sum

@@ -36,9 +36,10 @@ int launch_threads(int dk, int dv, int threads);
 std::size_t lt_delta_smem_bytes(const Dims& n, std::size_t elem, bool backward, bool stage);
 std::size_t delta_rnn_smem_bytes(const Dims& n, std::size_t elem, bool backward, bool stage);
 std::size_t rdn_smem_bytes(const Dims& n, std::size_t elem, bool backward, bool stage);
-// gated_delta / delta_product and srwm have one layout (`stage` is ignored): the forward keeps the
-// state, the backward the gradient of the state in shared memory, everything else is in global
-// memory; the shared memory of the product kernels does not depend on nh.
+// gated_delta / delta_product have one layout (`stage` is ignored): the forward keeps the state,
+// the backward the gradient of the state in shared memory, everything else is in global memory;
+// their shared memory does not depend on nh. srwm stages that matrix when it fits (else it stays
+// in global memory: srwm has no size limit).
 std::size_t product_smem_bytes(const Dims& n, std::size_t elem, bool backward, bool stage);
 std::size_t srwm_smem_bytes(const Dims& n, std::size_t elem, bool backward, bool stage);
 // What the launcher of `op` ("lt", "delta", "delta_rnn", "rdn", "gated_delta",

@@ -3,8 +3,10 @@
 // common.cuh for the thread layout and cpu/srwm_impl.h for the equations of the backward.
 //
 // The head's W = W_init + dW has R = 3d + 4 rows (y, q, k: d each; 4 learning-rate rows).
-// Forward, per step (dW in shared memory, W_init read from global memory: shared by the batch,
-// cache hits):
+// dW (forward) and G (backward) live in shared memory when they fit the device, else in their
+// output buffers in global memory (the same code: each element is touched by its owner lane,
+// and read by others only after a barrier); W_init is read from global memory (shared by the
+// batch: cache hits). Forward, per step:
 //   Row:   (checkpoint, reset) p_r = W_r . x_t, reduced over the row's lanes; y_t = p[0, d);
 //   Warp0: qs = softmax(p[d, 2d)), ks = softmax(p[2d, 3d)), sg = sigmoid(p[3d, 3d + 4)), qs - ks;
 //   Row:   e_r = W_r . (qs - ks);  dW_r += sg[block(r)] e_r ks.
@@ -34,14 +36,14 @@ __device__ inline int row_block(int r, int d) { return r < 3 * d ? r / d : 3; }
 // Vectors of one step kept by the backward's recomputation: qs, ks [d], sg [4], e [R].
 __host__ __device__ inline int step_vector_len(int d) { return 2 * d + kRates + srwm_rows(d); }
 
-// Shared memory of the forward: dW, then x, p, qs, ks, qs - ks, sg.
+// Shared memory of the forward: dW (when staged), then x, p, qs, ks, qs - ks, sg.
 template <typename S>
 struct FwdSmem {
   S *M, *x, *p, *qs, *ks, *df, *sg;
-  __device__ FwdSmem(void* base, int d) {
+  __device__ FwdSmem(void* base, int d, bool stage) {
     SmemCursor<S> cur(base);
     const int R = srwm_rows(d);
-    M = cur.mat(R, d);
+    M = stage ? cur.mat(R, d) : nullptr;
     x = cur.take(d);
     p = cur.take(R);
     qs = cur.take(d);
@@ -96,15 +98,18 @@ __device__ inline void write_rows(const Lanes& rows, int d, const S* Wi, const S
   }
 }
 
+// `stage`: dW in shared memory, else in the output a.dW itself (global memory; every element is
+// only ever touched by the lane that owns it, so the kernel is the same).
 template <typename S>
-RFWP_KERNEL srwm_forward_kernel(SrwmFwdArgs<S> a) {
+RFWP_KERNEL srwm_forward_kernel(SrwmFwdArgs<S> a, bool stage) {
   const Dims n = a.n;
   const BlockIdx blk(n, blockIdx.x);
-  const int tid = threadIdx.x, nt = blockDim.x, d = n.dv, R = srwm_rows(d), ld = padded_ld(d);
-  const int mat = R * d;
+  const int tid = threadIdx.x, nt = blockDim.x, d = n.dv, R = srwm_rows(d);
+  const int mat = R * d, ld = stage ? padded_ld(d) : d;
   RFWP_DYNAMIC_SHARED(smem_raw);
-  const FwdSmem<S> sm(smem_raw, d);
-  S* dW = sm.M;
+  const FwdSmem<S> sm(smem_raw, d, stage);
+  S* out = a.dW + blk.mat(mat);
+  S* dW = stage ? sm.M : out;
   const Lanes rows(R, nt, tid);
   ResetFlags flags(a.reset, n, blk.b);
   const S* Wi = a.Winit + static_cast<std::size_t>(blk.h) * mat;
@@ -130,21 +135,24 @@ RFWP_KERNEL srwm_forward_kernel(SrwmFwdArgs<S> a) {
     write_rows(rows, d, Wi, sm.df, sm.sg, [&](int r, int c) { return dW[r * ld + c]; },
                [&](int r, int c, S u) { dW[r * ld + c] += u * sm.ks[c]; }, [](int, S) {});
   }
-  S* out = a.dW + blk.mat(mat);
-  for (int r = rows.group; r < R; r += rows.groups)
-    for (int c = rows.lane; c < d; c += rows.width) out[r * d + c] = dW[r * ld + c];
+  if (stage)
+    for (int r = rows.group; r < R; r += rows.groups)
+      for (int c = rows.lane; c < d; c += rows.width) out[r * d + c] = dW[r * ld + c];
 }
 
+// `stage`: G in shared memory, else in the output a.gdW0 itself (global memory; its column
+// phases read it after a barrier, like the shared copy).
 template <typename S>
-RFWP_KERNEL srwm_backward_kernel(SrwmBwdArgs<S> a, S* work) {
+RFWP_KERNEL srwm_backward_kernel(SrwmBwdArgs<S> a, S* work, bool stage) {
   const Dims n = a.n;
   const BlockIdx blk(n, blockIdx.x);
   const int tid = threadIdx.x, nt = blockDim.x, wl = tid & (kWarp - 1);
-  const int d = n.dv, R = srwm_rows(d), ld = padded_ld(d), mat = R * d, C = n.chunk;
+  const int d = n.dv, R = srwm_rows(d), mat = R * d, C = n.chunk, ld = stage ? padded_ld(d) : d;
   const int L = step_vector_len(d);
   RFWP_DYNAMIC_SHARED(smem_raw);
   SmemCursor<S> cur(smem_raw);
-  S* G = cur.mat(R, d);
+  S* gdW0 = a.gdW0 + blk.mat(mat);
+  S* G = stage ? cur.mat(R, d) : gdW0;
   S* x = cur.take(d);
   S* gy = cur.take(d);
   S* vec = cur.take(L);              // qs | ks | sg | e of the step
@@ -279,10 +287,9 @@ RFWP_KERNEL srwm_backward_kernel(SrwmBwdArgs<S> a, S* work) {
         }
     }
   }
-  __syncthreads();
-  S* gdW0 = a.gdW0 + blk.mat(mat);
-  for (int r = rows.group; r < R; r += rows.groups)
-    for (int c = rows.lane; c < d; c += rows.width) gdW0[r * d + c] = G[r * ld + c];
+  if (stage)
+    for (int r = rows.group; r < R; r += rows.groups)
+      for (int c = rows.lane; c < d; c += rows.width) gdW0[r * d + c] = G[r * ld + c];
 }
 
 // out[h][e] = Σ_b part[b][h][e], b in order (deterministic; zero for B = 0).
@@ -298,10 +305,10 @@ __global__ void __launch_bounds__(kSumThreads) batch_sum_kernel(const S* part, S
 
 }  // namespace
 
-std::size_t srwm_smem_bytes(const Dims& n, std::size_t elem, bool backward, bool) {
+std::size_t srwm_smem_bytes(const Dims& n, std::size_t elem, bool backward, bool stage) {
   const int d = n.dv, R = srwm_rows(d);
   SmemSize s;
-  s.mat(R, d);
+  if (stage) s.mat(R, d);
   if (backward) s.vec(2LL * d + step_vector_len(d) + d + 3LL * R + 2LL * d + kRates);
   else s.vec(d + R + 3LL * d + kRates);
   return s.n * elem;
@@ -315,16 +322,21 @@ std::size_t srwm_workspace_elems(const Dims& n) {
 
 int srwm_threads(const Dims& n, int threads) { return launch_threads(n.dv, srwm_rows(n.dv), threads); }
 
+// The staged layout (the matrix in shared memory) when it fits the device, else the matrix in
+// global memory (smem_request).
 template <typename S>
 int srwm_forward(const SrwmFwdArgs<S>& a, int threads, cudaStream_t stream) {
-  return launch_per_head(srwm_forward_kernel<S>, a.n, srwm_smem_bytes(a.n, sizeof(S), false, false),
-                         srwm_threads(a.n, threads), stream, a);
+  const std::size_t smem = smem_request("srwm", a.n, sizeof(S), false, device_smem_optin());
+  const bool stage = smem == srwm_smem_bytes(a.n, sizeof(S), false, true);
+  return launch_per_head(srwm_forward_kernel<S>, a.n, smem, srwm_threads(a.n, threads), stream, a, stage);
 }
 
 template <typename S>
 int srwm_backward(const SrwmBwdArgs<S>& a, S* work, int threads, cudaStream_t stream) {
-  int err = launch_per_head(srwm_backward_kernel<S>, a.n, srwm_smem_bytes(a.n, sizeof(S), true, false),
-                            srwm_threads(a.n, threads), stream, a, work);
+  const std::size_t smem = smem_request("srwm", a.n, sizeof(S), true, device_smem_optin());
+  const bool stage = smem == srwm_smem_bytes(a.n, sizeof(S), true, true);
+  int err = launch_per_head(srwm_backward_kernel<S>, a.n, smem, srwm_threads(a.n, threads), stream, a,
+                            work, stage);
   if (err != 0) return err;
   const int len = srwm_rows(a.n.dv) * a.n.dv;
   if (a.n.H == 0 || len == 0) return 0;

@@ -94,7 +94,7 @@ void srwm_forward(const SrwmFwdArgs<S>& a, const at::Tensor& like, int64_t threa
   const int err = rfwp::cuda::srwm_forward(a, static_cast<int>(threads),
                                            c10::cuda::getCurrentCUDAStream().stream());
   if (err != 0)
-    check(err, "srwm_forward", rfwp::cuda::srwm_smem_bytes(a.n, sizeof(S), false, false),
+    check(err, "srwm_forward", rfwp::cuda::smem_request("srwm", a.n, sizeof(S), false, rfwp::cuda::device_smem_optin()),
           rfwp::cuda::srwm_threads(a.n, static_cast<int>(threads)));
 }
 template <typename S>
@@ -104,7 +104,7 @@ void srwm_backward(const SrwmBwdArgs<S>& a, const at::Tensor& like, int64_t thre
   const int err = rfwp::cuda::srwm_backward(a, work.data_ptr<S>(), static_cast<int>(threads),
                                             c10::cuda::getCurrentCUDAStream().stream());
   if (err != 0)
-    check(err, "srwm_backward", rfwp::cuda::srwm_smem_bytes(a.n, sizeof(S), true, false),
+    check(err, "srwm_backward", rfwp::cuda::smem_request("srwm", a.n, sizeof(S), true, rfwp::cuda::device_smem_optin()),
           rfwp::cuda::srwm_threads(a.n, static_cast<int>(threads)));
 }
 

@@ -58,10 +58,10 @@ RESOURCES: dict[tuple[str, int], dict[int, tuple[int, int]]] = {
     ('rdn_backward', 8): {80: (124, 0), 90: (124, 0)},
     ('rdn_forward', 4): {80: (72, 0), 90: (96, 0)},
     ('rdn_forward', 8): {80: (91, 0), 90: (107, 0)},
-    ('srwm_backward', 4): {80: (86, 0), 90: (87, 0)},
-    ('srwm_backward', 8): {80: (124, 0), 90: (128, 0)},
-    ('srwm_forward', 4): {80: (56, 0), 90: (64, 0)},
-    ('srwm_forward', 8): {80: (56, 0), 90: (80, 0)},
+    ('srwm_backward', 4): {80: (60, 0), 90: (90, 0)},
+    ('srwm_backward', 8): {80: (103, 0), 90: (128, 0)},
+    ('srwm_forward', 4): {80: (56, 0), 90: (72, 0)},
+    ('srwm_forward', 8): {80: (64, 0), 90: (96, 0)},
 }
 
 
@@ -186,11 +186,12 @@ def _smem_elems(op: str, direction: str, dk: int, dv: int, stage: bool) -> int:
                 + 3 * (2 * dk + 7 * dv + 2) + 13 * dv)
     if op in PRODUCT_OPS:   # the state (or its gradient) only: the same for every n_h
         return _mat(dv, dk) + (3 * dv if direction == "backward" else 0)
-    if op == "srwm":        # dk == dv == d; the matrix has R = 3d + 4 rows
+    if op == "srwm":        # dk == dv == d; the matrix (R = 3d + 4 rows) only when staged
         d, R = dk, srwm_rows(dk)
+        m = _mat(R, d) if stage else 0
         if direction == "forward":
-            return _mat(R, d) + d + R + 3 * d + 4
-        return _mat(R, d) + 2 * d + (2 * d + 4 + R) + d + 3 * R + 2 * d + 4
+            return m + d + R + 3 * d + 4
+        return m + 2 * d + (2 * d + 4 + R) + d + 3 * R + 2 * d + 4
     d = dk   # rdn: dk == dv
     if direction == "forward":
         return _mat(d, d) + (_mat(3 * d, d) if stage else 0) + d + 2 * (3 * d + 1) + 6 * d + 1
