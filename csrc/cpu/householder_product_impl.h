@@ -38,6 +38,19 @@ struct ProductTask : Task {
   size_t sub_scal(int t, int j) const { return vec(t, nh) + j; }
 };
 
+// Consecutive steps of a task are B*H vectors apart (a page or more): the loops over time fetch
+// the vectors of the step kPrefetchSteps ahead (q and y [dk | dv], the nh keys and values [nh
+// dk | nh dv]; null pointers skipped).
+template <typename S>
+RFWP_INLINE void prefetch_ahead(const S* q, const S* k, const S* v, const S* y, const ProductTask& tk,
+                                int T, int t, int dk, int dv) {
+  if (t < 0 || t >= T) return;
+  if (q != nullptr) prefetch_vec(q + tk.vec(t, dk), dk);
+  if (y != nullptr) prefetch_vec(y + tk.vec(t, dv), dv);
+  if (k != nullptr) prefetch_vec(k + tk.vec(t, tk.nh * dk), tk.nh * dk);
+  if (v != nullptr) prefetch_vec(v + tk.vec(t, tk.nh * dv), tk.nh * dv);
+}
+
 // The forward keeps W column-major, WT [dk][dv] (column c contiguous): every read
 // r = W c = Σ_c c_c W[:, c] and every write W = s W + u (x) k are vector multiply-adds over
 // the rows without horizontal sums, and the write of sub-step j is applied in the same pass as
@@ -54,6 +67,7 @@ void product_forward_task(const ProductFwdArgs<S>& a, int bh, AlignedVector<S>& 
   S* u = r + dv;
   transpose(a.W0 + tk.mat(mat), dv, dk, WT);
   for (int t = 0; t < n.T; ++t) {
+    prefetch_ahead(a.q, a.k, a.v, a.y, tk, n.T, t + kPrefetchSteps, dk, dv);
     if (n.chunk > 0 && t % n.chunk == 0) transpose(WT, dk, dv, a.ckpt + tk.ckpt(t / n.chunk, mat));
     if (tk.reset(a.reset, t)) zero_n(WT, mat);
     const S alpha = a.alpha != nullptr ? a.alpha[tk.scal(t)] : S(1);
@@ -120,6 +134,8 @@ void product_backward_task(const ProductBwdArgs<S>& a, int bh, ProductScratch<S>
     copy_n(a.ckpt + tk.ckpt(c, mat), mat, run);
     for (int t = t0; t < t1; ++t) {   // recompute the states before every write, u, v - vb
       const int jt = t - t0;
+      if (t + kPrefetchSteps < t1)
+        prefetch_ahead<S>(nullptr, a.k, a.v, nullptr, tk, n.T, t + kPrefetchSteps, dk, dv);
       if (tk.reset(a.reset, t)) zero_n(run, mat);
       if (decay) {                                       // Gated DeltaNet Eq. 10: P_0 = alpha W
         const S alpha = a.alpha[tk.scal(t)];
@@ -137,6 +153,10 @@ void product_backward_task(const ProductBwdArgs<S>& a, int bh, ProductScratch<S>
     }
     for (int t = t1 - 1; t >= t0; --t) {
       const int jt = t - t0;
+      if (t - kPrefetchSteps >= t0) {   // read: q, k, gy; written: gq, gk, gv
+        prefetch_ahead<S>(a.q, a.k, nullptr, a.gy, tk, n.T, t - kPrefetchSteps, dk, dv);
+        prefetch_ahead<S>(a.gq, a.gk, a.gv, nullptr, tk, n.T, t - kPrefetchSteps, dk, dv);
+      }
       for (int j = nh - 1; j >= 0; --j) {   // the read y_t = W_t q_t belongs to the last write
         const bool last = j == nh - 1;
         a.gbeta[tk.sub_scal(t, j)] = backward_step<S, D>(
