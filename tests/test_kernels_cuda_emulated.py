@@ -19,11 +19,12 @@ import numpy as np
 import pytest
 import torch
 
-from rfwp_rl.kernels import _build, cases, cuda_limits, functions
+from rfwp_rl import ops
+from rfwp_rl.kernels import _build, cuda_limits
 from rfwp_rl.kernels.emulated import EmulatedCuda, EmulationError
-from rfwp_rl.ops import reference as ref
+from rfwp_rl.ops import cases
 
-OPS = cases.OPS
+OPS = tuple(ops.OPS)
 ELEM = {torch.float32: 4, torch.float64: 8}
 # relative tolerance against the float64 reference (cases.max_errors scales by the largest value)
 TOL = {torch.float32: 2e-5, torch.float64: 1e-12}
@@ -109,7 +110,7 @@ def test_cuda_torch_binding_compiles():
 # ------------------------------------------------------------------- emulated = reference
 
 def emulated(emu, name, chunk):
-    return lambda *a: functions.FUSED[name](emu, chunk, *a)
+    return lambda *a: ops.spec(name).fused(emu, chunk, *a)
 
 
 @pytest.mark.parametrize("name", OPS)
@@ -213,8 +214,8 @@ def test_emulated_inference_without_checkpoints(emu, name):
     emu.threads = 32
     args, reset = cases.make_inputs(name, T=4, B=2, H=1, d=5, reset_at=((1, 0),))
     with torch.no_grad():
-        out = functions.FUSED[name](emu, 3, *args, reset)   # no grad needed: chunk 0 inside
-    torch.testing.assert_close(out, getattr(ref, name)(*args, reset), rtol=1e-12, atol=1e-12)
+        out = ops.spec(name).fused(emu, 3, *args, reset)   # no grad needed: chunk 0 inside
+    torch.testing.assert_close(out, ops.naive(name)(*args, reset), rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("name", OPS)
@@ -223,7 +224,7 @@ def test_emulated_empty_sequence(emu, name):
     # gradients are those of the final states, every other gradient is zero or empty
     emu.threads = 32
     args, reset = cases.make_inputs(name, T=0, B=2, H=2, d=5)
-    states = cases.STATE_ARGS[name][:2 if name == "rdn" else len(cases.STATE_ARGS[name])]
+    states = ops.spec(name).state_args[:2 if name == "rdn" else len(ops.spec(name).state_args)]
     states = states[:2] if name == "delta_rnn" else states[:1]   # the final states returned
     g = torch.Generator().manual_seed(7)
     shapes = [(0, 2, 2, 5)] + [args[s].shape for s in states]
@@ -316,7 +317,7 @@ def test_launch_beyond_the_device_is_refused_and_cleared(device_limits):
     assert emu.pending_error() == 0
     emu.set_device_smem_optin(None)
     small, reset = cases.make_inputs("delta", T=2, B=1, H=1, d=4)
-    torch.testing.assert_close(emu.delta_forward(*small, reset, 0)[0], ref.delta(*small, reset)[0],
+    torch.testing.assert_close(emu.delta_forward(*small, reset, 0)[0], ops.naive("delta")(*small, reset)[0],
                                rtol=1e-12, atol=1e-12)
 
 
@@ -375,8 +376,8 @@ def test_half_inputs_computed_in_float32_by_the_binding(name, dtype):
     args, reset = cases.make_inputs(name, T=5, B=2, H=1, d=8, seed=4, reset_at=((2, 0),))
     halves = [a.to(dtype) for a in args]
     # the reference on the same (rounded) inputs, in float64
-    ref_out, ref_grad = cases.forward_backward(getattr(ref, name), [h.double() for h in halves], reset)
-    out, grad = cases.forward_backward(lambda *a: functions.FUSED[name](ext, 2, *a), halves, reset)
+    ref_out, ref_grad = cases.forward_backward(ops.naive(name), [h.double() for h in halves], reset)
+    out, grad = cases.forward_backward(lambda *a: ops.spec(name).fused(ext, 2, *a), halves, reset)
     eps = torch.finfo(dtype).eps
     for x, y in zip(ref_out + ref_grad, out + grad):
         assert y.dtype == dtype

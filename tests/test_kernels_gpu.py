@@ -8,21 +8,21 @@ import pytest
 import torch
 
 from rfwp_rl import kernels
-from rfwp_rl.kernels import cases, functions
-from rfwp_rl.ops import reference as ref
+from rfwp_rl import ops
+from rfwp_rl.ops import cases
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device (torch.cuda.is_available() is False)"),
 ]
 
-OPS = cases.OPS
+OPS = tuple(ops.OPS)
 
 
 @pytest.fixture(scope="module")
 def ext():
     backend, why = kernels.status()
-    ext = kernels._load()[0]
+    ext = kernels.load()[0]
     if backend != "kernel" or not ext.has_cuda():
         pytest.fail(f"CUDA kernels are not available although a GPU is: {why}")
     return ext
@@ -46,7 +46,7 @@ def test_cuda_equals_reference_float64(ext, name, d, threads):
                                     reset_at=((0, 1), (3, 2), (5, 0)))
     be = _Threads(ext, threads)
     for chunk in (1, 4):
-        fn = lambda *a: functions.FUSED[name](be, chunk, *a)  # noqa: E731
+        fn = lambda *a: ops.spec(name).fused(be, chunk, *a)  # noqa: E731
         err, gerr = cases.max_errors(name, fn, args, reset)
         assert err < 1e-12 and gerr < 1e-12, (chunk, err, gerr)
 
@@ -55,8 +55,8 @@ def test_cuda_equals_reference_float64(ext, name, d, threads):
 def test_cuda_float32_atari_size(ext, name):
     args, reset = cases.make_inputs(name, T=51, B=32, H=4, d=32, device="cuda", seed=3,
                                     reset_at=((17, 1), (30, 31)))
-    true_out, true_grad = cases.forward_backward(getattr(ref, name), args, reset)
-    out, grad = cases.forward_backward(kernels.get(name, required=True), [a.float() for a in args], reset)
+    true_out, true_grad = cases.forward_backward(ops.naive(name), args, reset)
+    out, grad = cases.forward_backward(ops.get(name, "kernel"), [a.float() for a in args], reset)
     for x, y in zip(true_out + true_grad, out + grad):
         torch.testing.assert_close(y.double(), x, rtol=1e-4, atol=1e-4 * float(x.abs().max()))
 
@@ -66,7 +66,7 @@ def test_cuda_deterministic_and_side_effect_free(ext, name):
     args, reset = cases.make_inputs(name, T=12, B=4, H=2, d=32, device="cuda", dtype=torch.float32,
                                     reset_at=((5, 1),))
     before = [a.clone() for a in args]
-    fn = kernels.get(name, required=True)
+    fn = ops.get(name, "kernel")
     (o1, g1), (o2, g2) = cases.forward_backward(fn, args, reset), cases.forward_backward(fn, args, reset)
     for x, y in zip(o1 + g1, o2 + g2):
         assert torch.equal(x, y)
@@ -77,7 +77,7 @@ def test_cuda_deterministic_and_side_effect_free(ext, name):
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 def test_device_guard_second_gpu(ext):
     args, reset = cases.make_inputs("delta", T=6, B=2, H=2, d=8, device="cuda:1", reset_at=((2, 0),))
-    err, gerr = cases.max_errors("delta", kernels.get("delta", required=True), args, reset)
+    err, gerr = cases.max_errors("delta", ops.get("delta", "kernel"), args, reset)
     assert err < 1e-12 and gerr < 1e-12
 
 
@@ -100,7 +100,7 @@ def test_cuda_head_sizes_or_a_clean_refusal(ext, name, d, dk, dtype):
            or cuda_limits.check(name, "backward", dk, d, dtype.itemsize, limits))
     args, reset = cases.make_inputs(name, T=20, B=3, H=2, d=d, dk=dk, device="cuda", seed=d,
                                     dtype=dtype, reset_at=((3, 1), (11, 0), (12, 2)))
-    fn = lambda *a: functions.FUSED[name](ext, 8, *a)  # noqa: E731
+    fn = lambda *a: ops.spec(name).fused(ext, 8, *a)  # noqa: E731
     if why is not None:
         with pytest.raises(NotImplementedError, match="cannot run on this GPU"):
             cases.forward_backward(fn, args, reset)
@@ -116,8 +116,8 @@ def test_cuda_half_inputs(ext, name, dtype):
     args, reset = cases.make_inputs(name, T=9, B=3, H=2, d=32, device="cuda", seed=2,
                                     reset_at=((4, 1),))
     halves = [a.to(dtype) for a in args]
-    ref_out, ref_grad = cases.forward_backward(getattr(ref, name), [h.double() for h in halves], reset)
-    out, grad = cases.forward_backward(lambda *a: functions.FUSED[name](ext, 4, *a), halves, reset)
+    ref_out, ref_grad = cases.forward_backward(ops.naive(name), [h.double() for h in halves], reset)
+    out, grad = cases.forward_backward(lambda *a: ops.spec(name).fused(ext, 4, *a), halves, reset)
     eps = torch.finfo(dtype).eps
     for x, y in zip(ref_out + ref_grad, out + grad):
         assert y.dtype == dtype
@@ -128,17 +128,17 @@ def test_cuda_half_inputs(ext, name, dtype):
 def test_cuda_empty_sequence_and_odd_requests(ext, name):
     # T = 0 keeps the states; absurd block sizes are clamped; non-contiguous inputs are copied
     args, reset = cases.make_inputs(name, T=0, B=2, H=2, d=8, device="cuda")
-    out = functions.FUSED[name](ext, 4, *args, reset)
+    out = ops.spec(name).fused(ext, 4, *args, reset)
     assert out[0].shape[0] == 0
-    assert torch.equal(out[1], args[cases.STATE_ARGS[name][0]])
+    assert torch.equal(out[1], args[ops.spec(name).state_args[0]])
     args, reset = cases.make_inputs(name, T=7, B=2, H=2, d=8, device="cuda", reset_at=((3, 0),))
     be = _Threads(ext, 100000)
-    err, gerr = cases.max_errors(name, lambda *a: functions.FUSED[name](be, 4, *a), args, reset)
+    err, gerr = cases.max_errors(name, lambda *a: ops.spec(name).fused(be, 4, *a), args, reset)
     assert err < 1e-12 and gerr < 1e-12
     strided = [a.transpose(-1, -2).contiguous().transpose(-1, -2) if a.dim() >= 2 else a for a in args]
     with torch.no_grad():
         y = getattr(ext, f"{name}_forward")(*strided, reset, 0)[0]
-    torch.testing.assert_close(y, getattr(ref, name)(*args, reset)[0], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(y, ops.naive(name)(*args, reset)[0], rtol=1e-12, atol=1e-12)
 
 
 def test_cuda_limits_match_the_device():

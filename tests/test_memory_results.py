@@ -23,9 +23,10 @@ def fake_run(root, core, seed, returns, minutes=2.0, checkpoint=True, env=ENV):
     for i, r in enumerate(returns):
         logger.log(1000 * (i + 1), {"episode/return_mean100": r})
     logger.close()
-    if checkpoint:
-        Checkpointer(run_dir, {"trainer": "impala"}).save(
-            {"counters": {"train_seconds": minutes * 60, "step": 1000 * len(returns)}}, 1000 * len(returns))
+    if checkpoint:  # an older one first: the numbers must come from the newest
+        ckpt = Checkpointer(run_dir, {"trainer": "impala"})
+        ckpt.save({"counters": {"train_seconds": 1.0, "step": 1000}}, 1000)
+        ckpt.save({"counters": {"train_seconds": minutes * 60, "step": 1000 * len(returns)}}, 1000 * len(returns))
     return run_dir
 
 
@@ -46,6 +47,7 @@ def test_runs_summary_table_and_curves(tmp_path):
     assert [(r["core"], r["seed"]) for r in rows] == [("lstm", "1"), ("lstm", "2"), ("rdn", "1")]
     assert float(rows[1]["normalized"]) == pytest.approx(0.5, abs=1e-4)
     assert float(rows[0]["minutes"]) == pytest.approx(2.0) and math.isnan(float(rows[2]["minutes"]))
+    assert rows[0]["steps"] == "3000"
     lstm = next(r for r in summary if r["core"] == "lstm")
     # mean 0.75; sd = 0.3536; half-width t(0.975, 1) * sd / sqrt(2) = 12.706 * 0.25
     assert lstm["normalized_mean"] == pytest.approx(0.75)

@@ -12,7 +12,7 @@ is logged (``launches``), so tests can compare what a launcher asks for with
 :mod:`rfwp_rl.kernels.cuda_limits`.
 
     be = EmulatedCuda(threads=32)
-    y, W = rfwp_rl.kernels.functions.delta(be, chunk, q, k, v, beta, W0, reset)
+    y, W = rfwp_rl.ops.spec("delta").fused(be, chunk, q, k, v, beta, W0, reset)
 """
 
 from __future__ import annotations

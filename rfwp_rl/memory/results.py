@@ -87,9 +87,9 @@ def read_run(run_dir: Path) -> Run | None:
     minutes, steps = float("nan"), curve[-1][0]
     from rfwp_rl.checkpoint import list_checkpoints, read_checkpoint
 
-    checkpoints = list_checkpoints(run_dir)
+    checkpoints = list_checkpoints(run_dir)  # newest first
     if checkpoints:
-        counters = read_checkpoint(checkpoints[-1])["state"]["counters"]
+        counters = read_checkpoint(checkpoints[0])["state"]["counters"]
         minutes, steps = counters["train_seconds"] / 60.0, int(counters["step"])
     return Run(run_dir, env, str(config["core"]), int(config.get("seed", 0)), int(config.get("num_params", 0)),
                int(config.get("total_steps", 0)), steps, minutes, float(curve[-1][1]), curve)
