@@ -381,6 +381,142 @@ std::vector<Tensor> rdn_backward_impl(const Tensor& Rq, const Tensor& Rk, const 
   return {gxq, gxk, gxv, gxb, gRq, gRk, gRv, grb, gW0, gy0};
 }
 
+
+// ------------------------------------------------------------- gated_delta / delta_product
+
+// One kernel serves both: gated_delta is nh = 1 with a decay alpha (its k, v, beta have no nh
+// dimension, the same memory as nh = 1), delta_product has no decay and nh = k.size(3).
+struct ProductShapes {
+  Dims n;
+  int nh;
+};
+
+ProductShapes check_product_inputs(bool gated, const Tensor& q, const Tensor& k, const Tensor& v,
+                                   const optional<Tensor>& alpha, const Tensor& beta,
+                                   int64_t chunk, bool forward) {
+  const int64_t vdim = gated ? 4 : 5;
+  TORCH_CHECK(k.dim() == vdim && v.dim() == vdim, gated ? "k and v must be [T, B, H, d]"
+              : "k and v must be [T, B, H, n_h, d]", ", got ", k.sizes(), " and ", v.sizes());
+  const Dims n = make_dims(q, v.size(vdim - 1), chunk, forward);
+  const int64_t nh = gated ? 1 : k.size(3);
+  TORCH_CHECK(nh >= 1, "n_h must be >= 1, got ", nh);
+  check_tensor(q, "q", q, {n.T, n.B, n.H, n.dk});
+  if (gated) {
+    check_tensor(k, "k", q, {n.T, n.B, n.H, n.dk});
+    check_tensor(v, "v", q, {n.T, n.B, n.H, n.dv});
+    TORCH_CHECK(alpha.has_value() && alpha->defined(), "alpha is missing");
+    check_tensor(*alpha, "alpha", q, {n.T, n.B, n.H});
+    check_tensor(beta, "beta", q, {n.T, n.B, n.H});
+  } else {
+    check_tensor(k, "k", q, {n.T, n.B, n.H, nh, n.dk});
+    check_tensor(v, "v", q, {n.T, n.B, n.H, nh, n.dv});
+    check_tensor(beta, "beta", q, {n.T, n.B, n.H, nh});
+  }
+  return {n, static_cast<int>(nh)};
+}
+
+std::vector<Tensor> product_forward_impl(bool gated, const Tensor& q, const Tensor& k,
+                                         const Tensor& v, const optional<Tensor>& alpha,
+                                         const Tensor& beta, const Tensor& W0,
+                                         const optional<Tensor>& reset, int64_t chunk,
+                                         int64_t threads) {
+  const ProductShapes sh = check_product_inputs(gated, q, k, v, alpha, beta, chunk, true);
+  const Dims n = sh.n;
+  const int nh = sh.nh;
+  check_tensor(W0, "W0", q, {n.B, n.H, n.dv, n.dk});
+  const uint8_t* rst = reset_ptr(reset, n, q);
+  Tensor y = empty_like_shape(q, {n.T, n.B, n.H, n.dv});
+  Tensor W = empty_like_shape(q, {n.B, n.H, n.dv, n.dk});
+  Tensor ckpt = empty_like_shape(q, {nck(n), n.B, n.H, n.dv, n.dk});
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "product_forward", [&] {
+    using S = scalar_t;
+    rfwp::ProductFwdArgs<S> a{ptr<S>(q), ptr<S>(k), ptr<S>(v), ptr_or_null<S>(alpha), ptr<S>(beta),
+                              ptr<S>(W0), rst, out<S>(y), out<S>(W), out<S>(ckpt), n, nh};
+    RFWP_RUN(product_forward, a, q, threads);
+  });
+  return {y, W, ckpt};
+}
+
+std::vector<Tensor> product_backward_impl(bool gated, const Tensor& q, const Tensor& k,
+                                          const Tensor& v, const optional<Tensor>& alpha,
+                                          const Tensor& beta, const optional<Tensor>& reset,
+                                          const Tensor& ckpt, const Tensor& gy,
+                                          const optional<Tensor>& gW, int64_t chunk,
+                                          int64_t threads) {
+  const ProductShapes sh = check_product_inputs(gated, q, k, v, alpha, beta, chunk, false);
+  const Dims n = sh.n;
+  const int nh = sh.nh;
+  check_tensor(ckpt, "ckpt", q, {nck(n), n.B, n.H, n.dv, n.dk});
+  check_tensor(gy, "grad y", q, {n.T, n.B, n.H, n.dv});
+  check_optional(gW, "grad W", q, {n.B, n.H, n.dv, n.dk});
+  const uint8_t* rst = reset_ptr(reset, n, q);
+  Tensor gq = at::empty_like(q), gk = at::empty_like(k), gv = at::empty_like(v);
+  Tensor galpha = gated ? at::empty_like(*alpha) : at::empty({0}, q.options());
+  Tensor gbeta = at::empty_like(beta);
+  Tensor gW0 = empty_like_shape(q, {n.B, n.H, n.dv, n.dk});
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "product_backward", [&] {
+    using S = scalar_t;
+    rfwp::ProductBwdArgs<S> a{ptr<S>(q), ptr<S>(k), ptr<S>(v), ptr_or_null<S>(alpha), ptr<S>(beta),
+                              rst, ptr<S>(ckpt), ptr<S>(gy), ptr_or_null<S>(gW), out<S>(gq),
+                              out<S>(gk), out<S>(gv), gated ? out<S>(galpha) : nullptr,
+                              out<S>(gbeta), out<S>(gW0), n, nh};
+    RFWP_RUN(product_backward, a, q, threads);
+  });
+  if (gated) return {gq, gk, gv, galpha, gbeta, gW0};
+  return {gq, gk, gv, gbeta, gW0};
+}
+
+// ------------------------------------------------------------------------------------ srwm
+
+Dims check_srwm_inputs(const Tensor& x, const Tensor& Winit, int64_t chunk, bool forward) {
+  const Dims n = make_dims(x, x.size(3), chunk, forward);
+  check_tensor(x, "x", x, {n.T, n.B, n.H, n.dk});
+  check_tensor(Winit, "W_init", x, {n.H, 3LL * n.dv + 4, n.dk});
+  return n;
+}
+
+std::vector<Tensor> srwm_forward_impl(const Tensor& x, const Tensor& Winit, const Tensor& dW0,
+                                      const optional<Tensor>& reset, int64_t chunk,
+                                      int64_t threads) {
+  const Dims n = check_srwm_inputs(x, Winit, chunk, true);
+  const int64_t R = 3LL * n.dv + 4;
+  check_tensor(dW0, "dW0", x, {n.B, n.H, R, n.dk});
+  const uint8_t* rst = reset_ptr(reset, n, x);
+  Tensor y = empty_like_shape(x, {n.T, n.B, n.H, n.dv});
+  Tensor dW = empty_like_shape(x, {n.B, n.H, R, n.dk});
+  Tensor ckpt = empty_like_shape(x, {nck(n), n.B, n.H, R, n.dk});
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "srwm_forward", [&] {
+    using S = scalar_t;
+    rfwp::SrwmFwdArgs<S> a{ptr<S>(x), ptr<S>(Winit), ptr<S>(dW0), rst, out<S>(y), out<S>(dW),
+                           out<S>(ckpt), n};
+    RFWP_RUN(srwm_forward, a, x, threads);
+  });
+  return {y, dW, ckpt};
+}
+
+std::vector<Tensor> srwm_backward_impl(const Tensor& x, const Tensor& Winit,
+                                       const optional<Tensor>& reset, const Tensor& ckpt,
+                                       const Tensor& gy, const optional<Tensor>& gdW,
+                                       int64_t chunk, int64_t threads) {
+  const Dims n = check_srwm_inputs(x, Winit, chunk, false);
+  const int64_t R = 3LL * n.dv + 4;
+  check_tensor(ckpt, "ckpt", x, {nck(n), n.B, n.H, R, n.dk});
+  check_tensor(gy, "grad y", x, {n.T, n.B, n.H, n.dv});
+  check_optional(gdW, "grad dW", x, {n.B, n.H, R, n.dk});
+  const uint8_t* rst = reset_ptr(reset, n, x);
+  Tensor gx = at::empty_like(x), gWinit = at::empty_like(Winit);
+  Tensor part = empty_like_shape(x, {n.B, n.H, R, n.dk});   // per-(b, h) gradients of W_init
+  Tensor gdW0 = empty_like_shape(x, {n.B, n.H, R, n.dk});
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "srwm_backward", [&] {
+    using S = scalar_t;
+    rfwp::SrwmBwdArgs<S> a{ptr<S>(x), ptr<S>(Winit), rst, ptr<S>(ckpt), ptr<S>(gy),
+                           ptr_or_null<S>(gdW), out<S>(gx), out<S>(part), out<S>(gWinit),
+                           out<S>(gdW0), n};
+    RFWP_RUN(srwm_backward, a, x, threads);
+  });
+  return {gx, gWinit, gdW0};
+}
+
 // ------------------------------------------------------------------ entry points (dtype, layout)
 
 bool is_half(const Tensor& x) {
@@ -498,6 +634,62 @@ std::vector<Tensor> rdn_backward(const Tensor& Rq, const Tensor& Rk, const Tenso
   return h ? to_dtype_all(outs, Rq.scalar_type()) : outs;
 }
 
+std::vector<Tensor> gated_delta_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                        const Tensor& alpha, const Tensor& beta, const Tensor& W0,
+                                        const optional<Tensor>& reset, int64_t chunk, int64_t threads) {
+  same_dtype(q, {{"k", &k}, {"v", &v}, {"alpha", &alpha}, {"beta", &beta}, {"W0", &W0}});
+  const bool h = is_half(q);
+  auto outs = product_forward_impl(true, prep(q, h), prep(k, h), prep(v, h), prep(optional<Tensor>(alpha), h),
+                                   prep(beta, h), prep(W0, h), prep(reset, false), chunk, threads);
+  return h ? to_dtype(outs, {0, 1}, q.scalar_type()) : outs;
+}
+std::vector<Tensor> gated_delta_backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                         const Tensor& alpha, const Tensor& beta,
+                                         const optional<Tensor>& reset, const Tensor& ckpt,
+                                         const Tensor& gy, const optional<Tensor>& gW, int64_t chunk,
+                                         int64_t threads) {
+  const bool h = is_half(q);
+  auto outs = product_backward_impl(true, prep(q, h), prep(k, h), prep(v, h),
+                                    prep(optional<Tensor>(alpha), h), prep(beta, h), prep(reset, false),
+                                    prep(ckpt, h), prep(gy, h), prep(gW, h), chunk, threads);
+  return h ? to_dtype_all(outs, q.scalar_type()) : outs;
+}
+std::vector<Tensor> delta_product_forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                          const Tensor& beta, const Tensor& W0,
+                                          const optional<Tensor>& reset, int64_t chunk, int64_t threads) {
+  same_dtype(q, {{"k", &k}, {"v", &v}, {"beta", &beta}, {"W0", &W0}});
+  const bool h = is_half(q);
+  auto outs = product_forward_impl(false, prep(q, h), prep(k, h), prep(v, h), c10::nullopt,
+                                   prep(beta, h), prep(W0, h), prep(reset, false), chunk, threads);
+  return h ? to_dtype(outs, {0, 1}, q.scalar_type()) : outs;
+}
+std::vector<Tensor> delta_product_backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                                           const Tensor& beta, const optional<Tensor>& reset,
+                                           const Tensor& ckpt, const Tensor& gy,
+                                           const optional<Tensor>& gW, int64_t chunk, int64_t threads) {
+  const bool h = is_half(q);
+  auto outs = product_backward_impl(false, prep(q, h), prep(k, h), prep(v, h), c10::nullopt,
+                                    prep(beta, h), prep(reset, false), prep(ckpt, h), prep(gy, h),
+                                    prep(gW, h), chunk, threads);
+  return h ? to_dtype_all(outs, q.scalar_type()) : outs;
+}
+std::vector<Tensor> srwm_forward(const Tensor& x, const Tensor& Winit, const Tensor& dW0,
+                                 const optional<Tensor>& reset, int64_t chunk, int64_t threads) {
+  same_dtype(x, {{"W_init", &Winit}, {"dW0", &dW0}});
+  const bool h = is_half(x);
+  auto outs = srwm_forward_impl(prep(x, h), prep(Winit, h), prep(dW0, h), prep(reset, false), chunk,
+                                threads);
+  return h ? to_dtype(outs, {0, 1}, x.scalar_type()) : outs;
+}
+std::vector<Tensor> srwm_backward(const Tensor& x, const Tensor& Winit, const optional<Tensor>& reset,
+                                  const Tensor& ckpt, const Tensor& gy, const optional<Tensor>& gdW,
+                                  int64_t chunk, int64_t threads) {
+  const bool h = is_half(x);
+  auto outs = srwm_backward_impl(prep(x, h), prep(Winit, h), prep(reset, false), prep(ckpt, h),
+                                 prep(gy, h), prep(gdW, h), chunk, threads);
+  return h ? to_dtype_all(outs, x.scalar_type()) : outs;
+}
+
 // exp / tanh of the CPU kernels (cpu/vec_math.h) elementwise, for accuracy tests.
 Tensor vec_math(const Tensor& x, const std::string& fn) {
   TORCH_CHECK(x.device().is_cpu() && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble),
@@ -527,7 +719,8 @@ bool has_cuda() {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   namespace py = pybind11;
-  m.doc() = "rfwp_rl fused fast-weight recurrences (lt, delta, delta_rnn, rdn), forward and backward";
+  m.doc() = "rfwp_rl fused fast-weight recurrences (lt, delta, delta_rnn, rdn, gated_delta, "
+          "delta_product, srwm), forward and backward";
   m.def("has_cuda", &has_cuda, "whether this build includes the CUDA kernels");
   m.def("_vec_math", &vec_math, "the CPU kernels' exp or tanh, elementwise (for tests)");
   m.def("lt_forward", &lt_forward, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("W0"),
@@ -554,4 +747,19 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("rb"), py::arg("h"), py::arg("q"), py::arg("k"), py::arg("v"),
         py::arg("beta"), py::arg("reset"), py::arg("ckpt"), py::arg("gy"), py::arg("gW"),
         py::arg("chunk"), py::arg("threads") = 0);
+  m.def("gated_delta_forward", &gated_delta_forward, py::arg("q"), py::arg("k"), py::arg("v"),
+        py::arg("alpha"), py::arg("beta"), py::arg("W0"), py::arg("reset"), py::arg("chunk"),
+        py::arg("threads") = 0);
+  m.def("gated_delta_backward", &gated_delta_backward, py::arg("q"), py::arg("k"), py::arg("v"),
+        py::arg("alpha"), py::arg("beta"), py::arg("reset"), py::arg("ckpt"), py::arg("gy"),
+        py::arg("gW"), py::arg("chunk"), py::arg("threads") = 0);
+  m.def("delta_product_forward", &delta_product_forward, py::arg("q"), py::arg("k"), py::arg("v"),
+        py::arg("beta"), py::arg("W0"), py::arg("reset"), py::arg("chunk"), py::arg("threads") = 0);
+  m.def("delta_product_backward", &delta_product_backward, py::arg("q"), py::arg("k"),
+        py::arg("v"), py::arg("beta"), py::arg("reset"), py::arg("ckpt"), py::arg("gy"),
+        py::arg("gW"), py::arg("chunk"), py::arg("threads") = 0);
+  m.def("srwm_forward", &srwm_forward, py::arg("x"), py::arg("W_init"), py::arg("dW0"),
+        py::arg("reset"), py::arg("chunk"), py::arg("threads") = 0);
+  m.def("srwm_backward", &srwm_backward, py::arg("x"), py::arg("W_init"), py::arg("reset"),
+        py::arg("ckpt"), py::arg("gy"), py::arg("gdW"), py::arg("chunk"), py::arg("threads") = 0);
 }

@@ -107,4 +107,49 @@ struct RdnBwdArgs {
   Dims n;
 };
 
+// gated_delta (alpha set, nh = 1) and delta_product (alpha == nullptr): per input t the state
+// W [dv, dk] is decayed by alpha_t, then written by nh delta-rule steps with keys
+// k [T, B, H, nh, dk], values v [T, B, H, nh, dv] and strengths beta [T, B, H, nh];
+// y_t = W_t q_t. Checkpoints hold W.
+template <typename S>
+struct ProductFwdArgs {
+  const S *q, *k, *v, *alpha, *beta, *W0;
+  const uint8_t* reset;
+  S *y, *W, *ckpt;
+  Dims n;
+  int nh;   // Householder (delta-rule) steps per input
+};
+
+template <typename S>
+struct ProductBwdArgs {
+  const S *q, *k, *v, *alpha, *beta;
+  const uint8_t* reset;
+  const S *ckpt, *gy, *gW;
+  S *gq, *gk, *gv, *galpha, *gbeta, *gW0;   // galpha unused without alpha
+  Dims n;
+  int nh;
+};
+
+// srwm (softmax feature map): x [T, B, H, d] (through the feature map), the slow initial
+// weights Winit [H, 3d + 4, d], the state dW [B, H, 3d + 4, d] (W = Winit + dW), y [T, B, H, d].
+// dk == dv == d. Checkpoints hold dW.
+template <typename S>
+struct SrwmFwdArgs {
+  const S *x, *Winit, *dW0;
+  const uint8_t* reset;
+  S *y, *dW, *ckpt;
+  Dims n;
+};
+
+// gWinit_part [B, H, 3d + 4, d] receives per-(b, h) partial gradients; gWinit [H, 3d + 4, d]
+// their sum over b, taken in order b = 0, 1, ..., B-1 (deterministic).
+template <typename S>
+struct SrwmBwdArgs {
+  const S *x, *Winit;
+  const uint8_t* reset;
+  const S *ckpt, *gy, *gdW;
+  S *gx, *gWinit_part, *gWinit, *gdW0;
+  Dims n;
+};
+
 }  // namespace rfwp

@@ -16,8 +16,11 @@ from rfwp_rl.errors import UserError
 
 D = torch.float64
 IN = 5
-BUILTIN = ("ff", "lstm", "lt", "delta", "delta_rnn", "rdn", "fwm")
-RECURRENT = ("lstm", "lt", "delta", "delta_rnn", "rdn", "fwm")
+BUILTIN = ("ff", "lstm", "lt", "delta", "delta_rnn", "rdn", "fwm", "gated_delta", "delta_product",
+           "srwm")
+RECURRENT = ("lstm", "lt", "delta", "delta_rnn", "rdn", "fwm", "gated_delta", "delta_product",
+             "srwm")
+NEWER = ("gated_delta", "delta_product", "srwm")
 FAST = ("lt", "delta", "delta_rnn", "rdn")
 ALL = tuple(cores.available())          # every registered core, built-in or added by a module
 
@@ -31,10 +34,14 @@ SMALL = {
     "delta_lstm": FW_SMALL,
     "delta_mlp": {**FW_SMALL, "fast_layers": 2},
     "delta_delta": FW_SMALL,
+    "gated_delta": FW_SMALL,                                   # short conv of 4, output gate
+    "delta_product": {**FW_SMALL, "num_householder": 2},
+    "srwm": FW_SMALL,
 }
 # state tensors per core for its SMALL config (checked when listed)
 N_STATE = {"ff": 0, "lstm": 2, "fwm": 3, "lt": 2, "delta": 2, "delta_rnn": 6, "rdn": 4,
-           "delta_lstm": 8, "delta_mlp": 4, "delta_delta": 4}
+           "delta_lstm": 8, "delta_mlp": 4, "delta_delta": 4,
+           "gated_delta": 4, "delta_product": 4, "srwm": 2}     # (S, conv) or (ΔW,) per layer
 # (core, extra config) combinations: every core as configured in SMALL, plus every feature map
 VARIANTS = [(n, {}) for n in ALL] + [
     ("lt", {"feature_map": "dpfp", "dpfp_nu": 2}), ("delta", {"feature_map": "softmax"}),
@@ -44,6 +51,11 @@ VARIANTS = [(n, {}) for n in ALL] + [
     ("delta_mlp", {"feature_map": "elu_sum", "fast_layers": 3}),
     ("delta_delta", {"feature_map": "softmax"}),
     ("delta_delta", {"feature_map": "dpfp", "dpfp_nu": 2}),
+    ("gated_delta", {"conv_size": 0, "output_gate": False}),
+    ("gated_delta", {"conv_size": 2}),
+    ("delta_product", {"num_householder": 3, "allow_negative_eigenvalues": True}),
+    ("delta_product", {"num_householder": 1, "conv_size": 0}),
+    ("srwm", {"feature_map": "elu_sum"}), ("srwm", {"feature_map": "dpfp", "dpfp_nu": 2}),
 ]
 
 

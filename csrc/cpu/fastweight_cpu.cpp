@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "fastweight_cpu_impl.h"
+#include "householder_product_impl.h"
+#include "srwm_impl.h"
 
 namespace rfwp {
 namespace cpu {
@@ -115,6 +117,45 @@ template <typename S> void rdn_backward(const RdnBwdArgs<S>& a) {
   });
 }
 
+template <typename S> void product_forward(const ProductFwdArgs<S>& a) {
+  with_head_size(a.n, [&](auto D) {
+    for_each_task<AlignedVector<S>>(a.n, [&](int bh, AlignedVector<S>& W) {
+      product_forward_task<S, decltype(D)::value>(a, bh, W);
+    });
+  });
+}
+template <typename S> void product_backward(const ProductBwdArgs<S>& a) {
+  with_head_size(a.n, [&](auto D) {
+    for_each_task<ProductScratch<S>>(a.n, [&](int bh, ProductScratch<S>& s) {
+      product_backward_task<S, decltype(D)::value>(a, bh, s);
+    });
+  });
+}
+template <typename S> void srwm_forward(const SrwmFwdArgs<S>& a) {
+  with_head_size(a.n, [&](auto D) {
+    for_each_task<SrwmScratch<S>>(a.n, [&](int bh, SrwmScratch<S>& s) {
+      srwm_forward_task<S, decltype(D)::value>(a, bh, s);
+    });
+  });
+}
+template <typename S> void srwm_backward(const SrwmBwdArgs<S>& a) {
+  with_head_size(a.n, [&](auto D) {
+    for_each_task<SrwmScratch<S>>(a.n, [&](int bh, SrwmScratch<S>& s) {
+      srwm_backward_task<S, decltype(D)::value>(a, bh, s);
+    });
+  });
+  // slow-weight gradients: sum the per-(b, h) partials over b in a fixed order
+  const size_t mat = static_cast<size_t>(srwm_rows(a.n.dv)) * a.n.dv;
+  if (a.n.B == 0) {
+    zero_n(a.gWinit, static_cast<size_t>(a.n.H) * mat);
+    return;
+  }
+  at::parallel_for(0, a.n.H, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t h = begin; h < end; ++h)
+      sum_over_batch(a.gWinit_part, a.gWinit, a.n.B, a.n.H, mat, static_cast<int>(h));
+  });
+}
+
 #define RFWP_INSTANTIATE(S)                                          \
   template void lt_forward<S>(const DeltaFwdArgs<S>&);               \
   template void lt_backward<S>(const DeltaBwdArgs<S>&);              \
@@ -123,7 +164,11 @@ template <typename S> void rdn_backward(const RdnBwdArgs<S>& a) {
   template void delta_rnn_forward<S>(const DeltaRnnFwdArgs<S>&);     \
   template void delta_rnn_backward<S>(const DeltaRnnBwdArgs<S>&);    \
   template void rdn_forward<S>(const RdnFwdArgs<S>&);                \
-  template void rdn_backward<S>(const RdnBwdArgs<S>&);
+  template void rdn_backward<S>(const RdnBwdArgs<S>&);                \
+  template void product_forward<S>(const ProductFwdArgs<S>&);        \
+  template void product_backward<S>(const ProductBwdArgs<S>&);       \
+  template void srwm_forward<S>(const SrwmFwdArgs<S>&);              \
+  template void srwm_backward<S>(const SrwmBwdArgs<S>&);
 RFWP_INSTANTIATE(float)
 RFWP_INSTANTIATE(double)
 #undef RFWP_INSTANTIATE

@@ -15,6 +15,11 @@ template <typename S> void delta_rnn_forward(const DeltaRnnFwdArgs<S>& a);
 template <typename S> void delta_rnn_backward(const DeltaRnnBwdArgs<S>& a);
 template <typename S> void rdn_forward(const RdnFwdArgs<S>& a);
 template <typename S> void rdn_backward(const RdnBwdArgs<S>& a);
+// gated_delta (a.alpha set, a.nh == 1) and delta_product (a.alpha == nullptr)
+template <typename S> void product_forward(const ProductFwdArgs<S>& a);
+template <typename S> void product_backward(const ProductBwdArgs<S>& a);
+template <typename S> void srwm_forward(const SrwmFwdArgs<S>& a);
+template <typename S> void srwm_backward(const SrwmBwdArgs<S>& a);
 
 }  // namespace cpu
 }  // namespace rfwp

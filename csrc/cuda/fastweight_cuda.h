@@ -1,4 +1,5 @@
-// Launcher interface of the CUDA recurrences (defined in lt_delta.cu, delta_rnn.cu, rdn.cu).
+// Launcher interface of the CUDA recurrences (defined in lt_delta.cu, delta_rnn.cu, rdn.cu,
+// householder_product.cu, srwm.cu).
 //
 // Needs neither torch nor the CUDA headers: the argument blocks are plain structs of device
 // pointers (fastweight_params.h) and the stream is CUDA's opaque `cudaStream_t`.
@@ -35,7 +36,14 @@ int launch_threads(int dk, int dv, int threads);
 std::size_t lt_delta_smem_bytes(const Dims& n, std::size_t elem, bool backward, bool stage);
 std::size_t delta_rnn_smem_bytes(const Dims& n, std::size_t elem, bool backward, bool stage);
 std::size_t rdn_smem_bytes(const Dims& n, std::size_t elem, bool backward, bool stage);
-// What the launcher of `op` ("lt", "delta", "delta_rnn", "rdn") requests on a device whose
+// gated_delta / delta_product have one layout (`stage` is ignored): the forward keeps the state,
+// the backward the gradient of the state in shared memory, everything else is in global memory;
+// their shared memory does not depend on nh. srwm stages that matrix when it fits (else it stays
+// in global memory: srwm has no size limit).
+std::size_t product_smem_bytes(const Dims& n, std::size_t elem, bool backward, bool stage);
+std::size_t srwm_smem_bytes(const Dims& n, std::size_t elem, bool backward, bool stage);
+// What the launcher of `op` ("lt", "delta", "delta_rnn", "rdn", "gated_delta",
+// "delta_product", "srwm") requests on a device whose
 // opt-in limit is `optin` bytes (static shared memory not included).
 std::size_t smem_request(const char* op, const Dims& n, std::size_t elem, bool backward, std::size_t optin);
 // The current device's opt-in shared memory per block (bytes), or 0 if it cannot be read.
@@ -44,6 +52,10 @@ std::size_t device_smem_optin();
 std::size_t lt_delta_workspace_elems(const Dims& n);
 std::size_t delta_rnn_workspace_elems(const Dims& n);
 std::size_t rdn_workspace_elems(const Dims& n);
+std::size_t product_workspace_elems(const Dims& n, int nh);
+std::size_t srwm_workspace_elems(const Dims& n);
+// Block size of the srwm kernels: launch_threads for its (3d + 4) x d matrix.
+int srwm_threads(const Dims& n, int threads);
 
 template <typename S> int lt_forward(const DeltaFwdArgs<S>& a, int threads, cudaStream_t stream);
 template <typename S> int lt_backward(const DeltaBwdArgs<S>& a, S* workspace, int threads, cudaStream_t stream);
@@ -53,6 +65,12 @@ template <typename S> int delta_rnn_forward(const DeltaRnnFwdArgs<S>& a, int thr
 template <typename S> int delta_rnn_backward(const DeltaRnnBwdArgs<S>& a, S* workspace, int threads, cudaStream_t stream);
 template <typename S> int rdn_forward(const RdnFwdArgs<S>& a, int threads, cudaStream_t stream);
 template <typename S> int rdn_backward(const RdnBwdArgs<S>& a, S* workspace, int threads, cudaStream_t stream);
+// gated_delta (a.alpha set, a.nh == 1) and delta_product (a.alpha == nullptr)
+template <typename S> int product_forward(const ProductFwdArgs<S>& a, int threads, cudaStream_t stream);
+template <typename S> int product_backward(const ProductBwdArgs<S>& a, S* workspace, int threads, cudaStream_t stream);
+// srwm_backward also sums the per-(b, h) W_init gradients over b (a second launch)
+template <typename S> int srwm_forward(const SrwmFwdArgs<S>& a, int threads, cudaStream_t stream);
+template <typename S> int srwm_backward(const SrwmBwdArgs<S>& a, S* workspace, int threads, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace rfwp

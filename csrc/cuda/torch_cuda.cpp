@@ -68,6 +68,46 @@ RFWP_BACKWARD(rdn_backward, RdnBwdArgs, "rdn", rdn_workspace_elems)
 #undef RFWP_FORWARD
 #undef RFWP_BACKWARD
 
+// gated_delta / delta_product (one kernel) and srwm: their own workspace sizes and block sizes
+template <typename S>
+void product_forward(const ProductFwdArgs<S>& a, const at::Tensor& like, int64_t threads) {
+  const c10::cuda::CUDAGuard guard(like.device());
+  const int err = rfwp::cuda::product_forward(a, static_cast<int>(threads),
+                                              c10::cuda::getCurrentCUDAStream().stream());
+  if (err != 0)
+    check(err, "product_forward", rfwp::cuda::product_smem_bytes(a.n, sizeof(S), false, false),
+          rfwp::cuda::launch_threads(a.n.dk, a.n.dv, static_cast<int>(threads)));
+}
+template <typename S>
+void product_backward(const ProductBwdArgs<S>& a, const at::Tensor& like, int64_t threads) {
+  const c10::cuda::CUDAGuard guard(like.device());
+  at::Tensor work = workspace(rfwp::cuda::product_workspace_elems(a.n, a.nh), like);
+  const int err = rfwp::cuda::product_backward(a, work.data_ptr<S>(), static_cast<int>(threads),
+                                               c10::cuda::getCurrentCUDAStream().stream());
+  if (err != 0)
+    check(err, "product_backward", rfwp::cuda::product_smem_bytes(a.n, sizeof(S), true, false),
+          rfwp::cuda::launch_threads(a.n.dk, a.n.dv, static_cast<int>(threads)));
+}
+template <typename S>
+void srwm_forward(const SrwmFwdArgs<S>& a, const at::Tensor& like, int64_t threads) {
+  const c10::cuda::CUDAGuard guard(like.device());
+  const int err = rfwp::cuda::srwm_forward(a, static_cast<int>(threads),
+                                           c10::cuda::getCurrentCUDAStream().stream());
+  if (err != 0)
+    check(err, "srwm_forward", rfwp::cuda::smem_request("srwm", a.n, sizeof(S), false, rfwp::cuda::device_smem_optin()),
+          rfwp::cuda::srwm_threads(a.n, static_cast<int>(threads)));
+}
+template <typename S>
+void srwm_backward(const SrwmBwdArgs<S>& a, const at::Tensor& like, int64_t threads) {
+  const c10::cuda::CUDAGuard guard(like.device());
+  at::Tensor work = workspace(rfwp::cuda::srwm_workspace_elems(a.n), like);
+  const int err = rfwp::cuda::srwm_backward(a, work.data_ptr<S>(), static_cast<int>(threads),
+                                            c10::cuda::getCurrentCUDAStream().stream());
+  if (err != 0)
+    check(err, "srwm_backward", rfwp::cuda::smem_request("srwm", a.n, sizeof(S), true, rfwp::cuda::device_smem_optin()),
+          rfwp::cuda::srwm_threads(a.n, static_cast<int>(threads)));
+}
+
 #define RFWP_INSTANTIATE(S)                                                                 \
   template void lt_forward<S>(const DeltaFwdArgs<S>&, const at::Tensor&, int64_t);          \
   template void lt_backward<S>(const DeltaBwdArgs<S>&, const at::Tensor&, int64_t);         \
@@ -76,7 +116,11 @@ RFWP_BACKWARD(rdn_backward, RdnBwdArgs, "rdn", rdn_workspace_elems)
   template void delta_rnn_forward<S>(const DeltaRnnFwdArgs<S>&, const at::Tensor&, int64_t); \
   template void delta_rnn_backward<S>(const DeltaRnnBwdArgs<S>&, const at::Tensor&, int64_t); \
   template void rdn_forward<S>(const RdnFwdArgs<S>&, const at::Tensor&, int64_t);           \
-  template void rdn_backward<S>(const RdnBwdArgs<S>&, const at::Tensor&, int64_t);
+  template void rdn_backward<S>(const RdnBwdArgs<S>&, const at::Tensor&, int64_t);          \
+  template void product_forward<S>(const ProductFwdArgs<S>&, const at::Tensor&, int64_t);   \
+  template void product_backward<S>(const ProductBwdArgs<S>&, const at::Tensor&, int64_t);  \
+  template void srwm_forward<S>(const SrwmFwdArgs<S>&, const at::Tensor&, int64_t);         \
+  template void srwm_backward<S>(const SrwmBwdArgs<S>&, const at::Tensor&, int64_t);
 RFWP_INSTANTIATE(float)
 RFWP_INSTANTIATE(double)
 #undef RFWP_INSTANTIATE

@@ -17,6 +17,10 @@ template <typename S> void delta_rnn_forward(const DeltaRnnFwdArgs<S>& a, const 
 template <typename S> void delta_rnn_backward(const DeltaRnnBwdArgs<S>& a, const at::Tensor& like, int64_t threads);
 template <typename S> void rdn_forward(const RdnFwdArgs<S>& a, const at::Tensor& like, int64_t threads);
 template <typename S> void rdn_backward(const RdnBwdArgs<S>& a, const at::Tensor& like, int64_t threads);
+template <typename S> void product_forward(const ProductFwdArgs<S>& a, const at::Tensor& like, int64_t threads);
+template <typename S> void product_backward(const ProductBwdArgs<S>& a, const at::Tensor& like, int64_t threads);
+template <typename S> void srwm_forward(const SrwmFwdArgs<S>& a, const at::Tensor& like, int64_t threads);
+template <typename S> void srwm_backward(const SrwmBwdArgs<S>& a, const at::Tensor& like, int64_t threads);
 
 }  // namespace cuda_torch
 }  // namespace rfwp

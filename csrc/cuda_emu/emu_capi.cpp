@@ -1,6 +1,7 @@
 // C interface of the emulated CUDA kernels (built with cuda_emulation.h force-included, see
 // rfwp_rl/kernels/_build.py) for ctypes: each op takes the pointers of its argument block in
-// field order (fastweight_params.h), the dims {T, B, H, dk, dv, chunk} and the block size.
+// field order (fastweight_params.h), the dims {T, B, H, dk, dv, chunk} (the product ops add
+// nh as a seventh) and the block size.
 // Returns the launcher's CUDA error code (0: success).
 #include <cstddef>
 #include <cstring>
@@ -50,17 +51,43 @@ rfwp::Dims dims_of(const int* d) { return rfwp::Dims{d[0], d[1], d[2], d[3], d[4
 RFWP_EMU_ALL(float, f32)
 RFWP_EMU_ALL(double, f64)
 
+// gated_delta / delta_product: the argument blocks end with nh (dims[6])
+template <typename Args>
+Args make_product(void* const* ptrs, const int* dims) {
+  Args a = make<Args>(ptrs, dims);
+  a.nh = dims[6];
+  return a;
+}
+#define RFWP_EMU_NEWER(S, suffix)                                                                  \
+  extern "C" int rfwp_emu_product_forward_##suffix(void* const* p, const int* dims, int threads) {  \
+    return rfwp::cuda::product_forward(make_product<rfwp::ProductFwdArgs<S>>(p, dims), threads, nullptr); \
+  }                                                                                                \
+  extern "C" int rfwp_emu_product_backward_##suffix(void* const* p, const int* dims, void* work,   \
+                                                    int threads) {                                 \
+    return rfwp::cuda::product_backward(make_product<rfwp::ProductBwdArgs<S>>(p, dims),            \
+                                        static_cast<S*>(work), threads, nullptr);                  \
+  }                                                                                                \
+  RFWP_EMU_FWD(srwm_forward, SrwmFwdArgs, S, suffix)                                               \
+  RFWP_EMU_BWD(srwm_backward, SrwmBwdArgs, S, suffix)
+RFWP_EMU_NEWER(float, f32)
+RFWP_EMU_NEWER(double, f64)
+
 // Number of pointer fields of an argument block, to check the caller's field lists.
 extern "C" int rfwp_emu_num_pointers(const char* block) {
   const char* names[] = {"DeltaFwdArgs", "DeltaBwdArgs", "DeltaRnnFwdArgs", "DeltaRnnBwdArgs",
-                         "RdnFwdArgs", "RdnBwdArgs"};
+                         "RdnFwdArgs", "RdnBwdArgs", "ProductFwdArgs", "ProductBwdArgs",
+                         "SrwmFwdArgs", "SrwmBwdArgs"};
   const std::size_t counts[] = {num_pointers<rfwp::DeltaFwdArgs<float>>(),
                                 num_pointers<rfwp::DeltaBwdArgs<float>>(),
                                 num_pointers<rfwp::DeltaRnnFwdArgs<float>>(),
                                 num_pointers<rfwp::DeltaRnnBwdArgs<float>>(),
                                 num_pointers<rfwp::RdnFwdArgs<float>>(),
-                                num_pointers<rfwp::RdnBwdArgs<float>>()};
-  for (int i = 0; i < 6; ++i)
+                                num_pointers<rfwp::RdnBwdArgs<float>>(),
+                                num_pointers<rfwp::ProductFwdArgs<float>>(),
+                                num_pointers<rfwp::ProductBwdArgs<float>>(),
+                                num_pointers<rfwp::SrwmFwdArgs<float>>(),
+                                num_pointers<rfwp::SrwmBwdArgs<float>>()};
+  for (int i = 0; i < 10; ++i)
     if (std::strcmp(block, names[i]) == 0) return static_cast<int>(counts[i]);
   return -1;
 }
@@ -70,6 +97,8 @@ extern "C" std::size_t rfwp_emu_workspace_elems(const char* op, const int* dims)
   if (std::strcmp(op, "lt") == 0 || std::strcmp(op, "delta") == 0) return rfwp::cuda::lt_delta_workspace_elems(n);
   if (std::strcmp(op, "delta_rnn") == 0) return rfwp::cuda::delta_rnn_workspace_elems(n);
   if (std::strcmp(op, "rdn") == 0) return rfwp::cuda::rdn_workspace_elems(n);
+  if (std::strcmp(op, "product") == 0) return rfwp::cuda::product_workspace_elems(n, dims[6]);
+  if (std::strcmp(op, "srwm") == 0) return rfwp::cuda::srwm_workspace_elems(n);
   return 0;
 }
 
@@ -77,13 +106,18 @@ extern "C" int rfwp_emu_default_threads(int dk, int dv) { return rfwp::cuda::def
 extern "C" int rfwp_emu_launch_threads(int dk, int dv, int threads) {
   return rfwp::cuda::launch_threads(dk, dv, threads);
 }
+extern "C" int rfwp_emu_srwm_threads(int d, int threads) {
+  return rfwp::cuda::srwm_threads(rfwp::Dims{1, 1, 1, d, d, 1}, threads);
+}
 
 // Dynamic shared memory the launcher of `op` requests on a device with `optin` bytes of
 // opt-in shared memory per block (0: unlimited); -1 for an unknown op.
 extern "C" long long rfwp_emu_smem_request(const char* op, int backward, const int* dims, int elem,
                                            long long optin) {
   const std::string name(op);
-  if (name != "lt" && name != "delta" && name != "delta_rnn" && name != "rdn") return -1;
+  if (name != "lt" && name != "delta" && name != "delta_rnn" && name != "rdn" &&
+      name != "gated_delta" && name != "delta_product" && name != "srwm")
+    return -1;
   return static_cast<long long>(rfwp::cuda::smem_request(op, dims_of(dims), static_cast<std::size_t>(elem),
                                                          backward != 0, static_cast<std::size_t>(optin)));
 }

@@ -18,6 +18,8 @@
 namespace rfwp::cuda {
 std::size_t delta_rnn_smem_bytes(const Dims&, std::size_t, bool, bool) { return 0; }
 std::size_t rdn_smem_bytes(const Dims&, std::size_t, bool, bool) { return 0; }
+std::size_t product_smem_bytes(const Dims&, std::size_t, bool, bool) { return 0; }
+std::size_t srwm_smem_bytes(const Dims&, std::size_t, bool, bool) { return 0; }
 }  // namespace rfwp::cuda
 #endif
 
@@ -82,6 +84,25 @@ int run(int T, int B, int H, int d, int threads) {
                    p.out(hm), p.out(hm), p.out(hm), p.out(static_cast<std::size_t>(H) * d),
                    p.out(mat), p.out(st), n};
   err |= cuda::rdn_backward(db, p.out(cuda::rdn_workspace_elems(n)), threads, nullptr);
+  // gated_delta (alpha, nh = 1) and delta_product (nh = 2)
+  for (int nh = 1; nh <= 2; ++nh) {
+    const std::size_t vn = vec * nh, sn = sc * nh;
+    ProductFwdArgs<S> pf{p.rnd(vec), p.rnd(vn), p.rnd(vn), nh == 1 ? p.rnd(sc) : nullptr, p.rnd(sn),
+                         p.rnd(mat), reset.data(), p.out(vec), p.out(mat), p.out(ck), n, nh};
+    err |= cuda::product_forward(pf, threads, nullptr);
+    ProductBwdArgs<S> pb{pf.q, pf.k, pf.v, pf.alpha, pf.beta, reset.data(), pf.ckpt, p.rnd(vec),
+                         p.rnd(mat), p.out(vec), p.out(vn), p.out(vn), nh == 1 ? p.out(sc) : nullptr,
+                         p.out(sn), p.out(mat), n, nh};
+    err |= cuda::product_backward(pb, p.out(cuda::product_workspace_elems(n, nh)), threads, nullptr);
+  }
+  // srwm: W_init [H, 3d + 4, d], dW [B, H, 3d + 4, d]
+  const std::size_t R = 3 * static_cast<std::size_t>(d) + 4, wm = static_cast<std::size_t>(B) * H * R * d;
+  SrwmFwdArgs<S> sf{p.rnd(vec), p.rnd(static_cast<std::size_t>(H) * R * d), p.rnd(wm), reset.data(),
+                    p.out(vec), p.out(wm), p.out(static_cast<std::size_t>(num_chunks(T, chunk)) * wm), n};
+  err |= cuda::srwm_forward(sf, threads, nullptr);
+  SrwmBwdArgs<S> sb{sf.x, sf.Winit, reset.data(), sf.ckpt, p.rnd(vec), p.rnd(wm), p.out(vec),
+                    p.out(wm), p.out(static_cast<std::size_t>(H) * R * d), p.out(wm), n};
+  err |= cuda::srwm_backward(sb, p.out(cuda::srwm_workspace_elems(n)), threads, nullptr);
 #endif
   return err;
 }

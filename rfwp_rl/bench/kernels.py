@@ -10,7 +10,13 @@ agent has 2 layers, i.e. calls the op twice per unroll.
 Flop count per step and (batch, head), multiply-add = 2 flops, for dk = dv = d:
   forward   lt 4d² (write v⊗k, read Wq) | delta 6d² (+ v̄ = Wk) | delta_rnn 12d² (W and R)
             | rdn 12d² (delta 6d² + Rq h, Rk h, Rv h)
+            | gated_delta 7d² (delta + the decay) | delta_product 4 n_h d² + 2d² (n_h = 2 in the
+            benchmark: 10d²) | srwm 7Rd ≈ 21d² (R = 3d + 4 rows ≈ 3d: W = W_init + ΔW, W x,
+            W (φ(q) - φ(k)), the write)
   backward  lt 8d² | delta 12d² | delta_rnn 24d² | rdn 24d² (delta 12d², Rᵀ·3 and ∂R·3)
+            | gated_delta 15d² (delta + ∂α and the decay of ∂W) | delta_product 8 n_h d² + 4d²
+            (20d²) | srwm 13Rd ≈ 39d² (G k, Gᵀ u, Wᵀ ge, Wᵀ gp, the rank-2 update of G and of
+            the W_init gradient)
 The recomputation of the forward inside checkpoint chunks is not counted (it is overhead).
 
 Writes ``results/bench/kernels_cpu.csv`` (atomically) and prints a table. The machine may be
@@ -40,8 +46,10 @@ SIZES = {
     "atari": dict(T=51, B=32, H=4, d=32),     # IMPALA unroll 50 (+1), batch 32, 4 heads of 32
     "lm": dict(T=256, B=8, H=8, d=16),        # language modelling span 256, 8 heads of 16
 }
-FWD_FLOPS = {"lt": 4, "delta": 6, "delta_rnn": 12, "rdn": 12}      # × d² per step per (b, h)
-BWD_FLOPS = {"lt": 8, "delta": 12, "delta_rnn": 24, "rdn": 24}
+FWD_FLOPS = {"lt": 4, "delta": 6, "delta_rnn": 12, "rdn": 12,      # × d² per step per (b, h)
+             "gated_delta": 7, "delta_product": 10, "srwm": 21}
+BWD_FLOPS = {"lt": 8, "delta": 12, "delta_rnn": 24, "rdn": 24,
+             "gated_delta": 15, "delta_product": 20, "srwm": 39}
 DEFAULT_OUT = Path("results/bench/kernels_cpu.csv")
 
 

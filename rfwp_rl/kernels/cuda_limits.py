@@ -22,7 +22,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-OPS = ("lt", "delta", "delta_rnn", "rdn")
+OPS = ("lt", "delta", "delta_rnn", "rdn", "gated_delta", "delta_product", "srwm")
+PRODUCT_OPS = ("gated_delta", "delta_product")   # one kernel (csrc/cuda/householder_product.cu)
 DIRECTIONS = ("forward", "backward")
 
 # Largest block the kernels are compiled for: __launch_bounds__(MAX_THREADS) in
@@ -49,10 +50,18 @@ RESOURCES: dict[tuple[str, int], dict[int, tuple[int, int]]] = {
     ('delta_rnn_backward', 8): {80: (124, 0), 90: (120, 0)},
     ('delta_rnn_forward', 4): {80: (94, 0), 90: (96, 0)},
     ('delta_rnn_forward', 8): {80: (94, 0), 90: (106, 0)},
+    ('product_backward', 4): {80: (124, 0), 90: (126, 0)},
+    ('product_backward', 8): {80: (128, 0), 90: (128, 0)},
+    ('product_forward', 4): {80: (48, 0), 90: (54, 0)},
+    ('product_forward', 8): {80: (52, 0), 90: (58, 0)},
     ('rdn_backward', 4): {80: (114, 0), 90: (124, 0)},
     ('rdn_backward', 8): {80: (124, 0), 90: (124, 0)},
     ('rdn_forward', 4): {80: (72, 0), 90: (96, 0)},
     ('rdn_forward', 8): {80: (91, 0), 90: (107, 0)},
+    ('srwm_backward', 4): {80: (60, 0), 90: (90, 0)},
+    ('srwm_backward', 8): {80: (103, 0), 90: (128, 0)},
+    ('srwm_forward', 4): {80: (56, 0), 90: (72, 0)},
+    ('srwm_forward', 8): {80: (64, 0), 90: (96, 0)},
 }
 
 
@@ -60,6 +69,8 @@ def kernel_name(op: str, direction: str) -> str:
     """Name of the kernel (template instance) that runs ``op`` in ``direction``."""
     if op in ("lt", "delta"):
         return f"delta_{direction}<{op}>"
+    if op in PRODUCT_OPS:
+        return f"product_{direction}"
     return f"{op}_{direction}"
 
 
@@ -146,6 +157,16 @@ def launch_threads(dk: int, dv: int, threads: int = 0) -> int:
     return _round_up(max(threads, WARP), WARP)
 
 
+def srwm_rows(d: int) -> int:
+    """Rows of the srwm matrix of head size d: y, q, k (d each) and 4 learning rates."""
+    return 3 * d + 4
+
+
+def block_threads(op: str, dk: int, dv: int, threads: int = 0) -> int:
+    """Block size of op's kernels: :func:`launch_threads` for its matrix (srwm: (3d + 4) x d)."""
+    return launch_threads(dk, srwm_rows(dv), threads) if op == "srwm" else launch_threads(dk, dv, threads)
+
+
 def _mat(rows: int, cols: int) -> int:
     return rows * _padded_ld(cols)
 
@@ -163,6 +184,14 @@ def _smem_elems(op: str, direction: str, dk: int, dv: int, stage: bool) -> int:
             return _mat(dv, dk) + _mat(dv, dv) + 3 * (2 * dk + 3 * dv + 2) + 6 * dv
         return ((_mat(dv, dk) + _mat(dv, dv)) * (2 if stage else 1) + 3 * (dk + 3 * dv + 2)
                 + 3 * (2 * dk + 7 * dv + 2) + 13 * dv)
+    if op in PRODUCT_OPS:   # the state (or its gradient) only: the same for every n_h
+        return _mat(dv, dk) + (3 * dv if direction == "backward" else 0)
+    if op == "srwm":        # dk == dv == d; the matrix (R = 3d + 4 rows) only when staged
+        d, R = dk, srwm_rows(dk)
+        m = _mat(R, d) if stage else 0
+        if direction == "forward":
+            return m + d + R + 3 * d + 4
+        return m + 2 * d + (2 * d + 4 + R) + d + 3 * R + 2 * d + 4
     d = dk   # rdn: dk == dv
     if direction == "forward":
         return _mat(d, d) + (_mat(3 * d, d) if stage else 0) + d + 2 * (3 * d + 1) + 6 * d + 1
@@ -197,8 +226,8 @@ def _validate(op: str, direction: str, dk: int, dv: int) -> None:
         raise ValueError(f"direction {direction!r} is invalid; allowed: {', '.join(DIRECTIONS)}")
     if dk < 1 or dv < 1:
         raise ValueError(f"head sizes must be >= 1, got dk={dk}, dv={dv}")
-    if op == "rdn" and dk != dv:
-        raise ValueError(f"rdn needs dk == dv, got dk={dk}, dv={dv}")
+    if op in ("rdn", "srwm") and dk != dv:
+        raise ValueError(f"{op} needs dk == dv, got dk={dk}, dv={dv}")
 
 
 def registers(op: str, direction: str, dtype_bytes: int, arch: int | None = None) -> tuple[int, int]:
@@ -225,7 +254,7 @@ def requirements(op: str, direction: str, dk: int, dv: int, dtype_bytes: int, *,
     _validate(op, direction, dk, dv)
     regs, static = registers(op, direction, dtype_bytes, arch)
     return Requirements(smem_dynamic=smem_request(op, direction, dk, dv, dtype_bytes, smem_optin),
-                        smem_static=static, threads_per_block=launch_threads(dk, dv, threads),
+                        smem_static=static, threads_per_block=block_threads(op, dk, dv, threads),
                         regs_per_thread=regs)
 
 
@@ -279,7 +308,7 @@ def table(sizes: tuple[int, ...] = (16, 32, 64, 128), dtypes: tuple[int, ...] = 
             for elem in dtypes:
                 for d in sizes:
                     row = {"op": op, "direction": direction, "d": d, "dtype": _dtype_name(elem),
-                           "threads": launch_threads(d, d)}
+                           "threads": block_threads(op, d, d)}
                     for dev in devices:
                         req = requirements(op, direction, d, d, elem, arch=dev.arch,
                                            smem_optin=dev.smem_optin_bytes)
@@ -372,17 +401,19 @@ def resources_table(rows: list[dict[str, Any]]) -> dict[tuple[str, int], dict[in
     by: dict[tuple[str, int], dict[int, tuple[int, int]]] = {}
     for r in rows:
         name, _, size = r["kernel"].rpartition("/")
-        if name.startswith("outer_sum") or not size.isdigit():
+        if name.startswith(("outer_sum", "batch_sum")) or not size.isdigit():
             continue
         by.setdefault((name, int(size)), {})[r["arch"]] = (r["registers"], r["smem_static"])
     return by
 
 
-CU_FILES = ("cuda/lt_delta.cu", "cuda/delta_rnn.cu", "cuda/rdn.cu")
+CU_FILES = ("cuda/lt_delta.cu", "cuda/delta_rnn.cu", "cuda/rdn.cu", "cuda/householder_product.cu",
+            "cuda/srwm.cu")
 
 
 def _demangle(symbol: str) -> str:
-    """Short kernel name: 'delta_forward<lt>/4', 'rdn_backward/8', 'outer_sum/4'."""
+    """Short kernel name: 'delta_forward<lt>/4', 'rdn_backward/8', 'outer_sum/4',
+    'product_forward/4' (gated_delta, delta_product), 'srwm_backward/8'."""
     import re
     import subprocess
 

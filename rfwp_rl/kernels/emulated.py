@@ -40,6 +40,12 @@ FIELDS = {
     "RdnBwdArgs": ("Rq", "Rk", "Rv", "rb", "h", "q", "k", "v", "beta", "reset", "ckpt", "gy",
                    "gW", "gxq", "gxk", "gxv", "gxb", "gRq_part", "gRk_part", "gRv_part",
                    "grb_part", "gRq", "gRk", "gRv", "grb", "gW0", "gy0"),
+    "ProductFwdArgs": ("q", "k", "v", "alpha", "beta", "W0", "reset", "y", "W", "ckpt"),
+    "ProductBwdArgs": ("q", "k", "v", "alpha", "beta", "reset", "ckpt", "gy", "gW", "gq", "gk",
+                       "gv", "galpha", "gbeta", "gW0"),
+    "SrwmFwdArgs": ("x", "Winit", "dW0", "reset", "y", "dW", "ckpt"),
+    "SrwmBwdArgs": ("x", "Winit", "reset", "ckpt", "gy", "gdW", "gx", "gWinit_part", "gWinit",
+                    "gdW0"),
 }
 
 
@@ -78,6 +84,10 @@ class EmulatedCuda:
     def launch_threads(self, dk: int, dv: int, threads: int | None = None) -> int:
         """Block size the launchers use for a request (default: this backend's)."""
         return self.lib.rfwp_emu_launch_threads(dk, dv, self.threads if threads is None else threads)
+
+    def srwm_threads(self, d: int, threads: int | None = None) -> int:
+        """Block size the srwm launchers use (their matrix is (3d + 4) x d)."""
+        return self.lib.rfwp_emu_srwm_threads(d, self.threads if threads is None else threads)
 
     def smem_request(self, op: str, direction: str, dk: int, dv: int, dtype_bytes: int,
                      optin: int | None = None) -> int:
@@ -127,7 +137,7 @@ class EmulatedCuda:
             if t is not None:
                 assert t.is_contiguous() and t.device.type == "cpu", name
                 ptrs[i] = t.data_ptr()
-        cdims = (ctypes.c_int * 6)(*dims)
+        cdims = (ctypes.c_int * len(dims))(*dims)
         suffix = {torch.float32: "f32", torch.float64: "f64"}.get(dtype)
         if suffix is None:
             raise EmulationError(f"the emulated kernels take float32/float64, got {dtype}")
@@ -140,7 +150,7 @@ class EmulatedCuda:
             raise EmulationError(f"emulated CUDA kernel {op} failed with CUDA error {err}")
 
     def _workspace(self, op: str, dims: tuple, like: Tensor) -> Tensor:
-        n = self.lib.rfwp_emu_workspace_elems(op.encode(), (ctypes.c_int * 6)(*dims))
+        n = self.lib.rfwp_emu_workspace_elems(op.encode(), (ctypes.c_int * len(dims))(*dims))
         return torch.full((max(int(n), 1),), float("nan"), dtype=like.dtype)
 
     @staticmethod
@@ -248,3 +258,64 @@ class EmulatedCuda:
                         reset=self._reset(reset), ckpt=ckpt, gy=gy, gW=gW, **out, **part), dims,
                    self._workspace("rdn", dims, q))
         return [out[x] for x in ("gxq", "gxk", "gxv", "gxb", "gRq", "gRk", "gRv", "grb", "gW0", "gy0")]
+
+    # ------------------------------------------------------- gated_delta / delta_product
+
+    def _product_forward(self, q, k, v, alpha, beta, W0, reset, chunk):
+        T, B, H, dk = q.shape
+        dv = v.shape[-1]
+        dims = (T, B, H, dk, dv, chunk, 1 if k.dim() == 4 else k.shape[3])
+        out = {"y": q.new_empty(T, B, H, dv), "W": q.new_empty(B, H, dv, dk),
+               "ckpt": q.new_empty(_nck(T, chunk), B, H, dv, dk)}
+        self._call("product_forward", q.dtype, "ProductFwdArgs",
+                   dict(q=q, k=k, v=v, alpha=alpha, beta=beta, W0=W0, reset=self._reset(reset),
+                        **out), dims)
+        return [out["y"], out["W"], out["ckpt"]]
+
+    def _product_backward(self, q, k, v, alpha, beta, reset, ckpt, gy, gW, chunk):
+        T, B, H, dk = q.shape
+        dv = v.shape[-1]
+        dims = (T, B, H, dk, dv, chunk, 1 if k.dim() == 4 else k.shape[3])
+        out = {"gq": torch.empty_like(q), "gk": torch.empty_like(k), "gv": torch.empty_like(v),
+               "galpha": torch.empty_like(alpha) if alpha is not None else None,
+               "gbeta": torch.empty_like(beta), "gW0": q.new_empty(B, H, dv, dk)}
+        self._call("product_backward", q.dtype, "ProductBwdArgs",
+                   dict(q=q, k=k, v=v, alpha=alpha, beta=beta, reset=self._reset(reset), ckpt=ckpt,
+                        gy=gy, gW=gW, **out), dims, self._workspace("product", dims, q))
+        names = ("gq", "gk", "gv") + (("galpha",) if alpha is not None else ()) + ("gbeta", "gW0")
+        return [out[x] for x in names]
+
+    def gated_delta_forward(self, q, k, v, alpha, beta, W0, reset, chunk, threads=0):
+        return self._product_forward(q, k, v, alpha, beta, W0, reset, chunk)
+
+    def gated_delta_backward(self, q, k, v, alpha, beta, reset, ckpt, gy, gW, chunk, threads=0):
+        return self._product_backward(q, k, v, alpha, beta, reset, ckpt, gy, gW, chunk)
+
+    def delta_product_forward(self, q, k, v, beta, W0, reset, chunk, threads=0):
+        return self._product_forward(q, k, v, None, beta, W0, reset, chunk)
+
+    def delta_product_backward(self, q, k, v, beta, reset, ckpt, gy, gW, chunk, threads=0):
+        return self._product_backward(q, k, v, None, beta, reset, ckpt, gy, gW, chunk)
+
+    # ----------------------------------------------------------------------------- srwm
+
+    def srwm_forward(self, x, W_init, dW0, reset, chunk, threads=0):
+        T, B, H, d = x.shape
+        R = W_init.shape[1]
+        dims = (T, B, H, d, d, chunk)
+        out = {"y": torch.empty_like(x), "dW": torch.empty_like(dW0),
+               "ckpt": x.new_empty(_nck(T, chunk), B, H, R, d)}
+        self._call("srwm_forward", x.dtype, "SrwmFwdArgs",
+                   dict(x=x, Winit=W_init, dW0=dW0, reset=self._reset(reset), **out), dims)
+        return [out["y"], out["dW"], out["ckpt"]]
+
+    def srwm_backward(self, x, W_init, reset, ckpt, gy, gdW, chunk, threads=0):
+        T, B, H, d = x.shape
+        R = W_init.shape[1]
+        dims = (T, B, H, d, d, chunk)
+        out = {"gx": torch.empty_like(x), "gWinit_part": x.new_empty(B, H, R, d),
+               "gWinit": torch.empty_like(W_init), "gdW0": x.new_empty(B, H, R, d)}
+        self._call("srwm_backward", x.dtype, "SrwmBwdArgs",
+                   dict(x=x, Winit=W_init, reset=self._reset(reset), ckpt=ckpt, gy=gy, gdW=gdW,
+                        **out), dims, self._workspace("srwm", dims, x))
+        return [out["gx"], out["gWinit"], out["gdW0"]]

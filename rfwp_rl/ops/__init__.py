@@ -1,6 +1,7 @@
 """Fast-weight recurrences: the sequential part of each fast-weight core.
 
-One folder per op (``lt``, ``delta``, ``delta_rnn``, ``rdn``): ``naive.py`` (the plain
+One folder per op (``lt``, ``delta``, ``delta_rnn``, ``rdn``, ``gated_delta``,
+``delta_product``, ``srwm``): ``naive.py`` (the plain
 PyTorch reference), ``fused.py`` (its autograd Function over the C++/CUDA kernels of
 ``csrc/``, and ``supported``: the sizes the fused kernel runs) and ``__init__.py`` (its
 :class:`~rfwp_rl.ops.base.OpSpec`). Layers: cores -> ops -> kernels (build, load).
@@ -24,6 +25,12 @@ same dtype/device; ``reset`` is bool ``[T, B]``: True zeroes entry b's state *be
 - ``rdn(xq, xk, xv, xb, Rq, Rk, Rv, rb, W0, y0, reset) -> (y, W)``: the slow
   projections xq, xk, xv ``[T,B,H,d]``, xb ``[T,B,H]``; recurrent slow weights Rq, Rk, Rv
   ``[H,d,d]``, rb ``[H,d]``; W0 ``[B,H,d,d]``, y0 ``[B,H,d]``.
+- ``gated_delta(q, k, v, alpha, beta, S0, reset) -> (o, S)``: as ``delta`` plus the decays
+  alpha ``[T,B,H]``.
+- ``delta_product(q, k, v, beta, S0, reset) -> (o, S)``: n_h keys, values and β per step:
+  k ``[T,B,H,n_h,dk]``, v ``[T,B,H,n_h,dv]``, beta ``[T,B,H,n_h]``.
+- ``srwm(x, W_init, dW0, reset) -> (y, dW)``: x ``[T,B,H,D]``, the slow initial weights
+  W_init ``[H,3d+4,D]``, the state dW0 ``[B,H,3d+4,D]`` (the change from W_init).
 """
 
 from __future__ import annotations
@@ -40,7 +47,8 @@ def _register(*names: str) -> dict[str, OpSpec]:
     return {name: importlib.import_module(f"rfwp_rl.ops.{name}").OP for name in names}
 
 
-OPS: dict[str, OpSpec] = _register("lt", "delta", "delta_rnn", "rdn")
+OPS: dict[str, OpSpec] = _register("lt", "delta", "delta_rnn", "rdn", "gated_delta",
+                                   "delta_product", "srwm")
 """Every op by name; adding an op adds its folder's name here."""
 
 __all__ = ["BACKENDS", "Dims", "OPS", "OpSpec", "get", "naive", "resolve", "spec"]

@@ -12,7 +12,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["reset_steps", "zero_entries", "read", "outer", "delta_update", "softmax"]
+__all__ = ["reset_steps", "zero_entries", "read", "outer", "delta_update", "softmax",
+           "unit_vectors"]
+
+UNIT_EPS = 1e-6
+"""Added to the squared length in :func:`unit_vectors` (a zero vector stays finite)."""
 
 
 def reset_steps(reset: Tensor | None, T: int) -> list[bool]:
@@ -64,3 +68,11 @@ def delta_update(W: Tensor, k: Tensor, v: Tensor, beta: Tensor) -> Tensor:
 def softmax(x: Tensor) -> Tensor:
     """Softmax over the last dimension. ``[..., d] -> [..., d]``."""
     return torch.softmax(x, dim=-1)
+
+
+def unit_vectors(x: Tensor) -> Tensor:
+    """L2 normalisation over the last dimension, ``x / sqrt(|x|² + 1e-6)``: the queries and
+    keys of Gated DeltaNet and DeltaProduct (Gated DeltaNet paper §3.4), which keeps every
+    Householder factor ``I - β k kᵀ`` of the delta rule's state transition at eigenvalues
+    ``1 - β |k|²`` in (-1, 1] for β in (0, 2). ``[..., d] -> [..., d]``."""
+    return x * torch.rsqrt(x.square().sum(-1, keepdim=True) + UNIT_EPS)

@@ -182,7 +182,7 @@ def test_inference_without_checkpoints(ext, name, backend):
     assert all(o.grad_fn is None for o in out)
     torch.testing.assert_close(out, naive(name)(*args, reset), rtol=1e-12, atol=1e-12)
     forward = getattr(ext, f"{name}_forward")(*args, reset, 0)
-    ckpt = forward[2 if name in ("lt", "delta", "rdn") else 3]
+    ckpt = forward[3 if name == "delta_rnn" else 2]
     assert ckpt.shape[0] == 0
     with pytest.raises(ValueError, match="checkpoint interval must be >= 1"):
         fused(ext, name, 0)(*[a.clone().requires_grad_() for a in args], reset)
