@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Code execution (RFWP paper Sec. 4.2, App. B.1) with 3 variables: Linear Transformer vs the
-# delta-rule family (Delta Net, Delta RNN, RDN), sized for a 2-core CPU: programs of
+# delta-rule family (Delta Net, Delta RNN, RDN, and the newer Gated DeltaNet, DeltaProduct,
+# SRWM), sized for a 2-core CPU: programs of
 # STATEMENTS statements (paper: 100), a 2-layer model of width 64 with 4 heads (paper: 4 layers,
 # width 256, 16 heads), STEPS Adam steps (paper: 200 epochs). Metrics: sequence accuracy (every
 # output token of a program right) and print accuracy (the printed values), on 500 test
 # programs, with the weights of the best validation sequence accuracy.
 #
-#   bash launch/seq_code_exec.sh                       # lt delta delta_rnn rdn, one after another
+#   bash launch/seq_code_exec.sh                       # the seven cores, one after another
 #   CORES="delta lstm" STATEMENTS=100 STEPS=30000 bash launch/seq_code_exec.sh   # closer to the paper
 #
 # Each run resumes if started again (Ctrl-C saves a checkpoint); results:
@@ -16,7 +17,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-CORES=${CORES:-"lt delta delta_rnn rdn"}
+CORES=${CORES:-"lt delta delta_rnn rdn gated_delta delta_product srwm"}
 STATEMENTS=${STATEMENTS:-20}
 STEPS=${STEPS:-3000}
 SEED=${SEED:-1}

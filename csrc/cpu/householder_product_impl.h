@@ -6,9 +6,8 @@
 // Per input t (after the reset of step t), with the state W [dv][dk] row-major:
 //   P_0 = alpha_t W_{t-1};  for j = 1..nh:  vb_j = P_{j-1} k_j,  u_j = beta_j (v_j - vb_j),
 //   P_j = P_{j-1} + u_j (x) k_j;   W_t = P_nh,  y_t = W_t q_t.
-// Every row of W evolves on its own within a step (row i needs only row i): the backward's
-// recomputation makes one pass over the rows per step; the forward works on columns instead
-// (see product_forward_task).
+// The forward works on W column-major (product_forward_task); the backward recomputes the states
+// row-major and runs the delta rule's backward step once per sub-step.
 //
 // D > 0: dk == dv == D known at compile time (16, 32, 64: the row loops unroll and vectorise);
 // D == 0: any sizes.
@@ -18,9 +17,8 @@
 //   for j = nh..1 (G = dL/dP_j):  gu = G k_j;  gv_j = beta_j gu;  gbeta_j = gu . (v_j - vb_j);
 //     gvb = -beta_j gu;  gk_j = G^T u_j + P_{j-1}^T gvb;  G += gvb (x) k_j   (now dL/dP_{j-1});
 //   galpha_t = <G, W_{t-1}>;  G = alpha_t G;  and G = 0 across a reset at t.
-// The backward recomputes, inside one checkpoint chunk at a time, W_{t-1} (after the reset)
-// and P_1..P_{nh-1} of every step (nh matrices per step; P_0 = alpha W_{t-1} is formed on the
-// fly) with the u_j and v_j - vb_j.
+// The backward recomputes, inside one checkpoint chunk at a time, P_0..P_{nh-1} of every step
+// (and W_{t-1} with a decay) with the u_j and v_j - vb_j.
 #pragma once
 
 #include <cstddef>
@@ -40,32 +38,17 @@ struct ProductTask : Task {
   size_t sub_scal(int t, int j) const { return vec(t, nh) + j; }
 };
 
-// One input step on the rows of W (in place): decay, nh delta-rule steps, read with q.
-// When `keep` is not null it receives P_1..P_{nh-1} (matrices 1..nh-1 of its nh slots; slot 0
-// is the caller's copy of W_{t-1}) and `uv` the u_j and v_j - vb_j ([nh][2][dv]).
-template <typename S, int D>
-inline void product_step(const ProductFwdArgs<S>& a, const ProductTask& tk, int t, S* W,
-                         S* keep, S* uv, S* y) {
-  const int dk = D > 0 ? D : a.n.dk, dv = D > 0 ? D : a.n.dv, nh = a.nh;
-  const size_t mat = static_cast<size_t>(dv) * dk;
-  const S alpha = a.alpha != nullptr ? a.alpha[tk.scal(t)] : S(1);
-  for (int i = 0; i < dv; ++i) {
-    S* Wi = W + static_cast<size_t>(i) * dk;
-    if (a.alpha != nullptr)                            // Gated DeltaNet Eq. 10: the decay
-      for (int c = 0; c < dk; ++c) Wi[c] *= alpha;
-    for (int j = 0; j < nh; ++j) {
-      if (keep != nullptr && j > 0) copy_n(Wi, dk, keep + j * mat + static_cast<size_t>(i) * dk);
-      const S* k = a.k + tk.sub(t, j, dk);
-      const S diff = a.v[tk.sub(t, j, dv) + i] - dot(Wi, k, dk);   // v - vb, vb = P k
-      const S u = a.beta[tk.sub_scal(t, j)] * diff;                 // the delta rule
-      axpy(u, k, Wi, dk);                                            // P += u (x) k
-      if (uv != nullptr) {
-        uv[(2 * j) * dv + i] = u;
-        uv[(2 * j + 1) * dv + i] = diff;
-      }
-    }
-    if (y != nullptr) y[i] = dot(Wi, a.q + tk.vec(t, dk), dk);      // y = W_t q
-  }
+// Consecutive steps of a task are B*H vectors apart (a page or more): the loops over time fetch
+// the vectors of the step kPrefetchSteps ahead (q and y [dk | dv], the nh keys and values [nh
+// dk | nh dv]; null pointers skipped).
+template <typename S>
+RFWP_INLINE void prefetch_ahead(const S* q, const S* k, const S* v, const S* y, const ProductTask& tk,
+                                int T, int t, int dk, int dv) {
+  if (t < 0 || t >= T) return;
+  if (q != nullptr) prefetch_vec(q + tk.vec(t, dk), dk);
+  if (y != nullptr) prefetch_vec(y + tk.vec(t, dv), dv);
+  if (k != nullptr) prefetch_vec(k + tk.vec(t, tk.nh * dk), tk.nh * dk);
+  if (v != nullptr) prefetch_vec(v + tk.vec(t, tk.nh * dv), tk.nh * dv);
 }
 
 // The forward keeps W column-major, WT [dk][dv] (column c contiguous): every read
@@ -84,6 +67,7 @@ void product_forward_task(const ProductFwdArgs<S>& a, int bh, AlignedVector<S>& 
   S* u = r + dv;
   transpose(a.W0 + tk.mat(mat), dv, dk, WT);
   for (int t = 0; t < n.T; ++t) {
+    prefetch_ahead(a.q, a.k, a.v, a.y, tk, n.T, t + kPrefetchSteps, dk, dv);
     if (n.chunk > 0 && t % n.chunk == 0) transpose(WT, dk, dv, a.ckpt + tk.ckpt(t / n.chunk, mat));
     if (tk.reset(a.reset, t)) zero_n(WT, mat);
     const S alpha = a.alpha != nullptr ? a.alpha[tk.scal(t)] : S(1);
@@ -116,86 +100,82 @@ void product_forward_task(const ProductFwdArgs<S>& a, int bh, AlignedVector<S>& 
 
 template <typename S>
 struct ProductScratch {
-  AlignedVector<S> G, states, uv, acc;
+  AlignedVector<S> G, states, uv, run, zeros, gq, acc;
 };
 
+// The backward reuses the delta rule's recomputation and backward steps (recompute_step,
+// backward_step of fastweight_cpu_impl.h: register rows for D = 16/32/64) once per sub-step.
+// Per step of a chunk it keeps P_0 = alpha W_{t-1}, P_1..P_{nh-1} (the states before each
+// write) and, with a decay, W_{t-1} for galpha; the running state W_t is kept apart.
 template <typename S, int D>
 void product_backward_task(const ProductBwdArgs<S>& a, int bh, ProductScratch<S>& s) {
   const Dims& n = a.n;
   const int dk = D > 0 ? D : n.dk, dv = D > 0 ? D : n.dv, nh = a.nh, C = n.chunk;
   const ProductTask tk(n, bh, nh);
   const size_t mat = static_cast<size_t>(dv) * dk;
+  const bool decay = a.alpha != nullptr;
+  const int per_step = nh + (decay ? 1 : 0);            // matrices kept per step
+  const size_t slots = static_cast<size_t>(C > 0 ? C : 1);
   s.G.resize(mat);
-  s.states.resize(static_cast<size_t>(C > 0 ? C : 1) * nh * mat + mat);   // + the running state
-  s.uv.resize(static_cast<size_t>(C > 0 ? C : 1) * nh * 2 * dv);
+  s.states.resize(slots * per_step * mat);
+  s.uv.resize(slots * nh * 2 * dv);
+  s.run.resize(mat);
+  s.zeros.assign(dv, S(0));
+  s.gq.resize(dk);
   s.acc.resize(2 * static_cast<size_t>(dk));
   S* G = s.G.data();
-  S* run = s.states.data() + static_cast<size_t>(C > 0 ? C : 1) * nh * mat;
-  S* gq_acc = s.acc.data();
-  S* gk_acc = s.acc.data() + dk;
+  S* run = s.run.data();
+  auto P = [&](int jt, int j) { return s.states.data() + (static_cast<size_t>(jt) * per_step + j) * mat; };
+  auto u_of = [&](int jt, int j) { return s.uv.data() + (static_cast<size_t>(jt) * nh + j) * 2 * dv; };
   if (a.gW != nullptr) copy_n(a.gW + tk.mat(mat), mat, G);
   else zero_n(G, mat);
-  // the forward's step function, for the recomputation
-  const ProductFwdArgs<S> f{a.q, a.k, a.v, a.alpha, a.beta, nullptr, a.reset, nullptr, nullptr,
-                            nullptr, n, nh};
   for (int c = num_chunks(n.T, C) - 1; c >= 0; --c) {
     const int t0 = c * C, t1 = t0 + C < n.T ? t0 + C : n.T;
     copy_n(a.ckpt + tk.ckpt(c, mat), mat, run);
-    for (int t = t0; t < t1; ++t) {   // recompute W_{t-1}, P_1..P_{nh-1}, u, v - vb
-      S* keep = s.states.data() + static_cast<size_t>(t - t0) * nh * mat;
+    for (int t = t0; t < t1; ++t) {   // recompute the states before every write, u, v - vb
+      const int jt = t - t0;
+      if (t + kPrefetchSteps < t1)
+        prefetch_ahead<S>(nullptr, a.k, a.v, nullptr, tk, n.T, t + kPrefetchSteps, dk, dv);
       if (tk.reset(a.reset, t)) zero_n(run, mat);
-      copy_n(run, mat, keep);
-      product_step<S, D>(f, tk, t, run, keep, s.uv.data() + static_cast<size_t>(t - t0) * nh * 2 * dv,
-                   static_cast<S*>(nullptr));
+      if (decay) {                                       // Gated DeltaNet Eq. 10: P_0 = alpha W
+        const S alpha = a.alpha[tk.scal(t)];
+        copy_n(run, mat, P(jt, nh));
+        S* p0 = P(jt, 0);
+#pragma omp simd
+        for (size_t e = 0; e < mat; ++e) p0[e] = alpha * run[e];
+      } else {
+        copy_n(run, mat, P(jt, 0));
+      }
+      for (int j = 0; j < nh; ++j)
+        recompute_step<S, D>(P(jt, j), j + 1 < nh ? P(jt, j + 1) : run, a.k + tk.sub(t, j, dk),
+                             a.v + tk.sub(t, j, dv), a.beta[tk.sub_scal(t, j)], dk, dv, u_of(jt, j),
+                             u_of(jt, j) + dv);
     }
     for (int t = t1 - 1; t >= t0; --t) {
-      const S* keep = s.states.data() + static_cast<size_t>(t - t0) * nh * mat;
-      const S* uv = s.uv.data() + static_cast<size_t>(t - t0) * nh * 2 * dv;
-      const S alpha = a.alpha != nullptr ? a.alpha[tk.scal(t)] : S(1);
-      const S* q = a.q + tk.vec(t, dk);
-      const S* gy = a.gy + tk.vec(t, dv);
-      zero_n(gq_acc, dk);
-      S ugy = 0, galpha = 0;
-      for (int j = nh - 1; j >= 0; --j) {
-        const S* k = a.k + tk.sub(t, j, dk);
-        const S* u = uv + (2 * j) * dv;
-        const S* diff = uv + (2 * j + 1) * dv;
-        const S beta = a.beta[tk.sub_scal(t, j)];
-        const bool last = j == nh - 1;
-        // P_{j}: a kept matrix, or P_0 = alpha W_{t-1} (slot 0) scaled on the fly
-        const S* P = keep + static_cast<size_t>(j) * mat;
-        const S pscale = j == 0 ? alpha : S(1);
-        zero_n(gk_acc, dk);
-        S gbeta = 0;
-        for (int i = 0; i < dv; ++i) {
-          S* Gi = G + static_cast<size_t>(i) * dk;
-          const S* Pi = P + static_cast<size_t>(i) * dk;
-          if (last) {                                   // the read y_t = W_t q_t
-            axpy(gy[i], q, Gi, dk);
-            axpy(gy[i] * pscale, Pi, gq_acc, dk);
-            ugy += u[i] * gy[i];
-          }
-          const S gu = dot(Gi, k, dk);
-          const S gvb = -beta * gu;
-          a.gv[tk.sub(t, j, dv) + i] = beta * gu;
-          gbeta += gu * diff[i];
-          axpy(u[i], Gi, gk_acc, dk);                   // G^T u
-          axpy(gvb * pscale, Pi, gk_acc, dk);           // P^T gvb
-          axpy(gvb, k, Gi, dk);                         // now dL/dP_{j-1}
-          if (j == 0 && a.alpha != nullptr) {           // P_0 = alpha W_{t-1}
-            galpha += dot(Gi, Pi, dk);
-            for (int col = 0; col < dk; ++col) Gi[col] *= alpha;
-          }
-        }
-        a.gbeta[tk.sub_scal(t, j)] = gbeta;
-        copy_n(gk_acc, dk, a.gk + tk.sub(t, j, dk));
-        if (last) {
-          const S* kl = a.k + tk.sub(t, nh - 1, dk);
-          S* gq = a.gq + tk.vec(t, dk);
-          for (int col = 0; col < dk; ++col) gq[col] = gq_acc[col] + kl[col] * ugy;
-        }
+      const int jt = t - t0;
+      if (t - kPrefetchSteps >= t0) {   // read: q, k, gy; written: gq, gk, gv
+        prefetch_ahead<S>(a.q, a.k, nullptr, a.gy, tk, n.T, t - kPrefetchSteps, dk, dv);
+        prefetch_ahead<S>(a.gq, a.gk, a.gv, nullptr, tk, n.T, t - kPrefetchSteps, dk, dv);
       }
-      if (a.alpha != nullptr) a.galpha[tk.scal(t)] = galpha;
+      for (int j = nh - 1; j >= 0; --j) {   // the read y_t = W_t q_t belongs to the last write
+        const bool last = j == nh - 1;
+        a.gbeta[tk.sub_scal(t, j)] = backward_step<S, D>(
+            G, P(jt, j), a.k + tk.sub(t, j, dk), a.q + tk.vec(t, dk), u_of(jt, j), u_of(jt, j) + dv,
+            a.beta[tk.sub_scal(t, j)], last ? a.gy + tk.vec(t, dv) : s.zeros.data(), dk, dv,
+            last ? a.gq + tk.vec(t, dk) : s.gq.data(), a.gk + tk.sub(t, j, dk),
+            a.gv + tk.sub(t, j, dv), s.acc.data());
+      }
+      if (decay) {                                       // G = dL/dP_0: galpha, then dL/dW_{t-1}
+        const S alpha = a.alpha[tk.scal(t)];
+        const S* Wp = P(jt, nh);
+        S ga = 0;
+#pragma omp simd reduction(+ : ga)
+        for (size_t e = 0; e < mat; ++e) {
+          ga += G[e] * Wp[e];
+          G[e] *= alpha;
+        }
+        a.galpha[tk.scal(t)] = ga;
+      }
       if (tk.reset(a.reset, t)) zero_n(G, mat);          // no gradient crosses a reset
     }
   }

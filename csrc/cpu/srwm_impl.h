@@ -85,6 +85,7 @@ void srwm_forward_task(const SrwmFwdArgs<S>& a, int bh, SrwmScratch<S>& s) {
   const SrwmStepVectors<S> sv(s.vecs.data(), d);
   copy_n(a.dW0 + tk.mat(mat), mat, dW);
   for (int t = 0; t < n.T; ++t) {
+    prefetch_step<S, 2>(tk, n.T, t + kPrefetchSteps, d, {a.x, a.y});   // steps are pages apart
     if (n.chunk > 0 && t % n.chunk == 0) copy_n(dW, mat, a.ckpt + tk.ckpt(t / n.chunk, mat));
     if (tk.reset(a.reset, t)) zero_n(dW, mat);
     srwm_step<S, D>(Winit, dW, a.x + tk.vec(t, d), d, s.w.data(), s.tmp.data(), s.tmp.data() + R,
@@ -124,12 +125,14 @@ void srwm_backward_task(const SrwmBwdArgs<S>& a, int bh, SrwmScratch<S>& s) {
     const int t0 = c * C, t1 = t0 + C < n.T ? t0 + C : n.T;
     copy_n(a.ckpt + tk.ckpt(c, mat), mat, s.dW.data());
     for (int t = t0; t < t1; ++t) {   // recompute W_{t-1} and the step's vectors
+      if (t + kPrefetchSteps < t1) prefetch_step<S, 1>(tk, n.T, t + kPrefetchSteps, d, {a.x});
       if (tk.reset(a.reset, t)) zero_n(s.dW.data(), mat);
       srwm_step<S, D>(Winit, s.dW.data(), a.x + tk.vec(t, d), d, s.w.data() + (t - t0) * mat, p,
                       diff, SrwmStepVectors<S>(s.vecs.data() + (t - t0) * nv, d),
                       static_cast<S*>(nullptr));
     }
     for (int t = t1 - 1; t >= t0; --t) {
+      if (t - kPrefetchSteps >= t0) prefetch_step<S, 3>(tk, n.T, t - kPrefetchSteps, d, {a.x, a.gy, a.gx});
       const S* W = s.w.data() + (t - t0) * mat;
       const SrwmStepVectors<S> sv(s.vecs.data() + (t - t0) * nv, d);
       const S* x = a.x + tk.vec(t, d);

@@ -32,7 +32,8 @@ from rfwp_rl.checkpoint import atomic_write_bytes, atomic_write_text
 from rfwp_rl.errors import UserError
 from rfwp_rl.memory import suite
 
-CORE_ORDER = ("ff", "lstm", "lt", "delta", "delta_rnn", "rdn", "fwm")
+CORE_ORDER = ("ff", "lstm", "lt", "delta", "delta_rnn", "rdn", "fwm", "gated_delta", "delta_product",
+              "srwm")
 CURVE_TAG = "episode/return_mean100"
 TABLE_BEGIN, TABLE_END = "<!-- memory-table -->", "<!-- /memory-table -->"
 # two-sided 95% Student t quantiles t_{0.975, df}, df = seeds - 1
