@@ -11,10 +11,12 @@ measures, side by side in one process (one env pool, so the numbers share the ma
   in inference, in learning (loss, backward, optimizer) and elsewhere (rollouts, logging), plus
   the env worker processes' CPU time per wall second (``env_cpu``, in cores);
 - **the compute bound** of the same model in plain fp32 NCHW PyTorch (no autocast, default
-  memory format, ``torch.no_grad`` acting) at the run's sizes:
+  memory format, ``torch.no_grad`` acting) at the run's sizes, with the same thread count:
   ``1 / (act forward per frame + learn forward+backward per frame)``, where acting runs one step
   of an env batch (``num_actors / num_env_batches`` frames) and learning a batch of
-  ``batch_size`` x ``unroll_length`` frames; and the ratio ``e2e_sps / compute_bound_sps``.
+  ``batch_size`` x ``unroll_length`` frames, measured once after every timed update of the loop
+  (so that a shared machine's drifting load weighs on both sides alike); and the ratio
+  ``e2e_sps / compute_bound_sps``.
 
 A ratio above 1 means the loop runs faster than the plain model could even compute, with the
 envs for free: what channels_last, inference mode, bf16 and the overlap of env stepping with
@@ -55,7 +57,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--unroll-length", type=int, default=20, help="paper: 50")
     parser.add_argument("--updates", type=int, default=3, help="timed updates per end-to-end run")
     parser.add_argument("--warmup-updates", type=int, default=1, help="updates before timing starts")
-    parser.add_argument("--compute-repeats", type=int, default=3, help="timed repeats of the compute-bound passes")
     parser.add_argument("--torch-threads", type=int, default=0, help="0: the trainer's default choice")
     parser.add_argument("--device", default="cpu", help="where the model runs (cpu, cuda)")
     parser.add_argument("--out", default="results/bench/impala.csv")
@@ -83,83 +84,91 @@ def _random_batch(run, T1: int, B: int, g: torch.Generator) -> dict[str, torch.T
             "prev_action": torch.randint(A, (T1, B), generator=g), "policy_logits": torch.randn(T1, B, A, generator=g)}
 
 
-def compute_bound(run, cfg, repeats: int) -> tuple[float, float]:
-    """(act forward, learn forward+backward) seconds per frame of the run's model in plain fp32
-    NCHW PyTorch, at the run's env-batch size and learner batch."""
-    from rfwp_rl.agent import ResNetTorso
-    from rfwp_rl.impala.learner import compute_loss, loss_config
+class PlainModel:
+    """The run's model in plain fp32 NCHW PyTorch (no autocast, default memory format, ``no_grad``
+    acting) on random data of the run's sizes: one env batch to act on, one learner batch."""
 
-    torch.manual_seed(0)
-    device = torch.device(cfg.device)
-    agent = run.build_agent(device)
-    if isinstance(agent.torso, ResNetTorso):
-        agent.torso.use_memory_format(torch.contiguous_format)
-    g = torch.Generator().manual_seed(0)
-    n = cfg.num_actors // cfg.num_env_batches
-    act = {k: v[:1, :n].to(device) for k, v in _random_batch(run, 1, n, g).items()}
-    state = agent.initial_state(n, device)
-    batch = {k: v.to(device) for k, v in _random_batch(run, cfg.unroll_length + 1, cfg.batch_size, g).items()}
-    learn_state = agent.initial_state(cfg.batch_size, device)
-    loss_cfg = loss_config(cfg)
+    def __init__(self, run, cfg):
+        from rfwp_rl.agent import ResNetTorso
+        from rfwp_rl.impala.learner import loss_config
 
-    def act_once() -> None:
-        with torch.no_grad():
-            agent(act["obs"], act["reward"], act["done"], state, prev_action=act["prev_action"])
+        torch.manual_seed(0)
+        self.device = torch.device(cfg.device)
+        self.agent = run.build_agent(self.device)
+        if isinstance(self.agent.torso, ResNetTorso):
+            self.agent.torso.use_memory_format(torch.contiguous_format)
+        g = torch.Generator().manual_seed(0)
+        self.n = cfg.num_actors // cfg.num_env_batches  # frames per acting step
+        self.frames = cfg.unroll_length * cfg.batch_size  # frames per update
+        self.act_batch = {k: v.to(self.device) for k, v in _random_batch(run, 1, self.n, g).items()}
+        self.act_state = self.agent.initial_state(self.n, self.device)
+        self.batch = {k: v.to(self.device) for k, v in
+                      _random_batch(run, cfg.unroll_length + 1, cfg.batch_size, g).items()}
+        self.state = self.agent.initial_state(cfg.batch_size, self.device)
+        self.loss_cfg = loss_config(cfg)
+        self.measure()  # warm-up
 
-    def learn_once() -> None:
-        agent.zero_grad(set_to_none=True)
-        compute_loss(agent, batch, learn_state, loss_cfg)[0].backward()
+    def measure(self, act_repeats: int = 4) -> tuple[float, float]:
+        """(act forward, learn forward+backward) seconds per frame, timed once each (acting: the mean
+        of ``act_repeats`` steps)."""
+        from rfwp_rl.impala.learner import compute_loss
 
-    act_s = _best_time(act_once, repeats * 4, device) / n
-    learn_s = _best_time(learn_once, repeats, device) / (cfg.unroll_length * cfg.batch_size)
-    return act_s, learn_s
+        a = self.act_batch
+        t0 = self._now()
+        for _ in range(act_repeats):
+            with torch.no_grad():
+                self.agent(a["obs"], a["reward"], a["done"], self.act_state, prev_action=a["prev_action"])
+        t1 = self._now()
+        self.agent.zero_grad(set_to_none=True)
+        compute_loss(self.agent, self.batch, self.state, self.loss_cfg)[0].backward()
+        t2 = self._now()
+        return (t1 - t0) / (act_repeats * self.n), (t2 - t1) / self.frames
+
+    def _now(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter()
 
 
-def _best_time(fn, repeats: int, device: torch.device) -> float:
-    """The fastest of ``repeats`` timed calls after one warm-up (the machine may be shared)."""
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    fn()
-    best = math.inf
-    for _ in range(repeats):
-        sync()
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
-def end_to_end(run, cfg, pool, updates: int, warmup: int) -> dict[str, float]:
-    """The training loop on ``pool`` for ``warmup`` + ``updates`` updates; rates and wall-time shares of the timed part."""
+def side_by_side(run, cfg, pool, updates: int, warmup: int) -> dict[str, float]:
+    """The training loop on ``pool`` (``warmup`` updates, then ``updates`` timed ones) and, after each
+    timed update, one pass of :class:`PlainModel`: both sides see the same share of the machine's
+    drifting load. Returns the rates, the compute bound and the loop's wall-time shares."""
     from rfwp_rl.impala.train import ImpalaTrainer
     from rfwp_rl.runlog import RunLogger
 
     with tempfile.TemporaryDirectory(prefix="rfwp-bench-") as tmp:
-        trainer = ImpalaTrainer(cfg, run, Path(tmp), pool=pool)
+        trainer = ImpalaTrainer(cfg, run, Path(tmp), pool=pool)  # sets the trainer's thread count
         trainer.prepare()
         trainer.logger = RunLogger(tmp, {}, total=cfg.total_steps, print_every=math.inf)
+        plain = PlainModel(run, cfg)
+        wall = act_s = learn_s = 0.0
         try:
             while trainer.learner.updates < warmup:
                 trainer.iterate()
                 trainer.bookkeeping()
             trainer.timers.reset()
-            t0, steps0, cpu0 = time.perf_counter(), trainer.actors.env_steps, trainer.actors.envs.worker_cpu_seconds()
-            while trainer.learner.updates < warmup + updates:
-                trainer.iterate()
-                trainer.bookkeeping()
-            wall = time.perf_counter() - t0
+            steps0, cpu0 = trainer.actors.env_steps, trainer.actors.envs.worker_cpu_seconds()
+            for _ in range(updates):
+                t0, target = time.perf_counter(), trainer.learner.updates + 1
+                while trainer.learner.updates < target:
+                    trainer.iterate()
+                    trainer.bookkeeping()
+                wall += time.perf_counter() - t0
+                a, l = plain.measure()
+                act_s, learn_s = act_s + a / updates, learn_s + l / updates
             cpu1 = trainer.actors.envs.worker_cpu_seconds()
         finally:
             trainer.actors.drain()  # the next run uses the same pool
             trainer.logger.close()
         shares = {k: v / wall for k, v in trainer.timers.seconds.items()}
-    return {"e2e_sps": updates * cfg.batch_size * cfg.unroll_length / wall,
-            "e2e_env_sps": (trainer.actors.env_steps - steps0) / wall,
+    bound = 1.0 / (act_s + learn_s)
+    e2e = updates * cfg.batch_size * cfg.unroll_length / wall
+    return {"e2e_sps": e2e, "e2e_env_sps": (trainer.actors.env_steps - steps0) / wall, "compute_bound_sps": bound,
+            "ratio": e2e / bound, "act_ms_per_frame": 1e3 * act_s, "learn_ms_per_frame": 1e3 * learn_s,
             "share_env_wait": shares.get("env", 0.0), "share_inference": shares.get("inference", 0.0),
-            "share_learning": shares.get("learning", 0.0),
-            "share_other": max(0.0, 1.0 - sum(shares.values())),
-            "env_cpu": (cpu1 - cpu0) / wall if cpu0 is not None else float("nan"),
-            "torch_threads": trainer.threads}
+            "share_learning": shares.get("learning", 0.0), "share_other": max(0.0, 1.0 - sum(shares.values())),
+            "env_cpu": (cpu1 - cpu0) / wall if cpu0 is not None else float("nan"), "torch_threads": trainer.threads}
 
 
 def _run_spec(core: str, args: argparse.Namespace):
@@ -220,29 +229,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _bench_core(core: str, spec, args: argparse.Namespace, precisions: list[str], pool) -> list[dict]:
-    """The end-to-end runs of one core (one per precision), each next to the compute bound measured
-    around it with the same thread count."""
-    from rfwp_rl.perf import choose_torch_threads, set_torch_threads
-
-    env_processes = args.num_env_processes if args.env_backend == "moolib" else 0
-    set_torch_threads(choose_torch_threads(args.torch_threads, env_processes, spec.kind == "atari")[0])  # as the trainer
+    """The side-by-side runs of one core, one per precision."""
     rows = []
     for precision in precisions:
-        cfg = _config(args, precision)
-        # the compute bound just before and just after the end-to-end run, averaged: a shared machine's
-        # load drifts, and both sides of the ratio should see the same
-        before = compute_bound(spec, cfg, args.compute_repeats)
-        e2e = end_to_end(spec, cfg, pool, args.updates, args.warmup_updates)
-        after = compute_bound(spec, cfg, args.compute_repeats)
-        act_s, learn_s = (before[0] + after[0]) / 2, (before[1] + after[1]) / 2
-        bound = 1.0 / (act_s + learn_s)
-        params = sum(p.numel() for p in spec.build_agent().parameters())
-        row = {"core": core, "precision": precision, "params": params, **e2e, "compute_bound_sps": bound,
-               "ratio": e2e["e2e_sps"] / bound, "act_ms_per_frame": 1e3 * act_s, "learn_ms_per_frame": 1e3 * learn_s,
+        row = {"core": core, "precision": precision, "params": sum(p.numel() for p in spec.build_agent().parameters()),
+               **side_by_side(spec, _config(args, precision), pool, args.updates, args.warmup_updates),
                "updates": args.updates, "env": spec.env, "num_actors": args.num_actors,
                "num_env_batches": args.num_env_batches, "num_env_processes": args.num_env_processes,
                "batch_size": args.batch_size, "unroll_length": args.unroll_length, "env_backend": args.env_backend}
         rows.append(row)
-        print(f"  {core} {precision}: end to end {row['e2e_sps']:,.0f} SPS, compute bound (fp32 NCHW) {bound:,.0f} "
-              f"SPS, ratio {row['ratio']:.2f}x", flush=True)
+        print(f"  {core} {precision}: end to end {row['e2e_sps']:,.0f} SPS, compute bound (fp32 NCHW) "
+              f"{row['compute_bound_sps']:,.0f} SPS, ratio {row['ratio']:.2f}x", flush=True)
     return rows

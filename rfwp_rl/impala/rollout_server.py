@@ -52,6 +52,7 @@ def compat_info(run: Any, agent: Any) -> dict:
     action count, observation shape) and the protocol version, JSON-normalised (tuples == lists)."""
     info = {"protocol": PROTOCOL, **run.meta(agent)}
     info.pop("trainer", None)
+    info["env"] = info["env"].rpartition(":")[2]  # the env's id; where its module lives may differ per machine
     return json.loads(json.dumps(info, sort_keys=True, default=str))
 
 

@@ -68,12 +68,14 @@ def parse_env_options(items: list[str], example: str) -> dict:
 
 def canonical_env_id(env: str) -> str:
     """The env id a run is recorded under: the gymnasium id (``Pong`` -> ``ALE/Pong-v5``), keeping
-    the module of a ``module:EnvId`` id (``mypkg.envs:Maze-v0``), so that eval and remote actors
-    can make the env from the record alone."""
+    the module of a ``module:EnvId`` id (``mypkg.envs:Maze-v0``; a file by its absolute path), so
+    that eval and remote actors can make the env from the record alone."""
     from rfwp_rl.envs import resolve_env_id
 
     gym_id = resolve_env_id(env).gym_id
     module = env.rpartition(":")[0] if ":" in env else ""
+    if module.endswith(".py") or Path(module).is_file():  # a file: recorded by absolute path (eval may run elsewhere)
+        module = str(Path(module).resolve())
     return f"{module}:{gym_id}" if module else gym_id
 
 

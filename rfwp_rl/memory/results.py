@@ -196,8 +196,9 @@ def plot_curves(runs: list[Run], path: Path, points: int = 100) -> None:
             rs = by_core[core]
             end = min(r.curve[-1][0] for r in rs)
             grid = np.linspace(0, end, points)
-            ys = np.array([np.interp(grid, [s for s, _ in r.curve], [suite.normalized_return(env, v) for _, v in r.curve])
-                           for r in rs])
+            # nothing before a run's first logged point (no extrapolation back to step 0)
+            ys = np.array([np.interp(grid, [s for s, _ in r.curve], [suite.normalized_return(env, v) for _, v in r.curve],
+                                     left=np.nan) for r in rs])
             mean = ys.mean(0)
             line, = ax.plot(grid / 1e6, mean, label=f"{core} ({len(rs)})")
             if len(rs) > 1:
