@@ -300,7 +300,7 @@ def test_repeat_previous_episode_by_hand():
 
 def test_count_recall_episode_by_hand():
     env = raw("rfwp/CountRecall-easy-v0", n_symbols=3, max_count=2, n_show=4, n_queries=2)
-    assert env.observation_space.shape == (7,) and env.action_space.n == 3
+    assert env.observation_space.shape == (4,) and env.action_space.n == 3
     assert (env.max_episode_steps, env.memory_horizon, env.random_return) == (6, 5, 1 / 3)
     answers = []
     for seed in range(30):
@@ -308,13 +308,13 @@ def test_count_recall_episode_by_hand():
         stream = []
         for t in range(4):  # the stream: one shown symbol, no query
             stream.append(assert_one_hot(obs[0:3]))
-            assert not obs[3:].any()
+            assert obs[3] == 0
             obs, r, term, trunc, _ = env.step(0)
             assert (r, term, trunc) == (0.0, False, False)
         asked = []
         for j in range(2):
-            assert not obs[0:3].any() and obs[6] == 1
-            q = assert_one_hot(obs[3:6])
+            assert obs[3] == 1  # the query flag, and the asked symbol in the symbol slots
+            q = assert_one_hot(obs[0:3])
             asked.append(q)
             count = stream.count(q)  # counted by hand
             assert count <= 2 and env.optimal_action() == count
@@ -437,6 +437,10 @@ def test_cue_grid_episode_by_hand():
         seen.add(cue)
         np.testing.assert_array_equal(obs, grid_obs(env, 2, 2, cue))
         toward, away = (LEFT, RIGHT) if cue == 0 else (RIGHT, LEFT)
+        # the cue step: no action moves the agent, the cue is gone afterwards
+        obs, r, term, trunc, _ = env.step(toward)
+        np.testing.assert_array_equal(obs, grid_obs(env, 2, 2, None))
+        assert (r, term, trunc) == (0.0, False, False)
         # two steps toward the cued side, one into the side wall (no move), then up twice
         path = [(toward, 1), (toward, 0), (toward, 0), (UP, 0), (UP, 0)]
         x = 2
@@ -449,25 +453,25 @@ def test_cue_grid_episode_by_hand():
             assert (r, term, trunc) == ((1.0, True, False) if i == 4 else (0.0, False, False))
         # the other goal: -1 / (n_goals - 1) = -1
         env.reset(seed=seed)
-        rewards = [env.step(a)[1] for a in (away, away, UP, UP)]
-        assert rewards == [0.0, 0.0, 0.0, -1.0]
+        rewards = [env.step(a)[1] for a in (UP, away, away, UP, UP)]
+        assert rewards == [0.0, 0.0, 0.0, 0.0, -1.0]
     assert seen == {0, 1}
 
 
 def test_cue_grid_truncates_at_the_step_limit():
-    env = raw("rfwp/CueGrid-medium-v0", max_steps=6)
-    assert env.wrong_goal_reward == pytest.approx(-1 / 3) and env.max_episode_steps == 6
+    env = raw("rfwp/CueGrid-medium-v0", max_steps=7)
+    assert env.wrong_goal_reward == pytest.approx(-1 / 3) and env.max_episode_steps == 7
     env.reset(seed=0)
-    for t in range(6):  # up and down in the middle, never at a goal
+    for t in range(7):  # up and down in the middle, never at a goal
         obs, r, term, trunc, _ = env.step(0 if t % 2 == 0 else 2)
-        assert (r, term, trunc) == (0.0, False, t == 5)
+        assert (r, term, trunc) == (0.0, False, t == 6)
     with pytest.raises(RuntimeError, match="episode is over"):
         env.step(0)
     # through make_env: the truncation arrives as such (no TimeLimit of gymnasium on top)
-    wrapped = make_env("rfwp/CueGrid-easy-v0", seed=1, max_steps=4)
+    wrapped = make_env("rfwp/CueGrid-easy-v0", seed=1, max_steps=5)
     wrapped.reset()
-    out = [wrapped.step(a)[2:4] for a in (0, 2, 0, 2)]
-    assert out == [(False, False)] * 3 + [(False, True)]
+    out = [wrapped.step(a)[2:4] for a in (0, 2, 0, 2, 0)]
+    assert out == [(False, False)] * 4 + [(False, True)]
 
 
 def test_cue_grid_a_cue_blind_policy_scores_zero_on_average():
@@ -490,14 +494,37 @@ def test_cue_grid_a_cue_blind_policy_scores_zero_on_average():
     assert abs(returns.mean()) < 4.5 * returns.std() / np.sqrt(len(returns))
 
 
+def test_cue_grid_a_memoryless_policy_cannot_carry_the_cue():
+    # the policy of a feedforward agent that saw the cue: "move toward the cued side", then,
+    # without memory, "walk to the goal on the side I stand on". Without the cue step it
+    # would score 1; the cue step leaves it at the start, so it scores 0 on average.
+    env = raw("rfwp/CueGrid-easy-v0")
+    returns = []
+    for seed in range(400):
+        obs, _ = env.reset(seed=seed)
+        total, done = 0.0, False
+        while not done:
+            x = int(np.argmax(obs[2:7]))
+            if obs[0:2].any():
+                action = 3 if obs[0] else 1  # toward the cued side
+            else:
+                action = 0 if x in (0, 4) else (3 if x <= 2 else 1)  # to the nearer side, then up
+            obs, r, term, trunc, _ = env.step(action)
+            total, done = total + r, term or trunc
+        returns.append(total)
+    returns = np.array(returns)
+    assert set(returns) == {1.0, -1.0}  # always goal 0 (x = 2 is walked left): right half the time
+    assert abs(returns.mean()) < 4.5 * returns.std() / np.sqrt(len(returns))
+
+
 def test_cue_grid_bad_settings():
     with pytest.raises(UserError, match=r"^CueGrid: size 6 is invalid \(the start is the centre cell\); "
                                         r"allowed: an odd integer >= 3$"):
         raw("rfwp/CueGrid-easy-v0", size=6)
     with pytest.raises(UserError, match=r"^CueGrid: n_goals 5 is invalid; allowed: an integer in 2..4$"):
         raw("rfwp/CueGrid-easy-v0", n_goals=5)
-    with pytest.raises(UserError, match=r"^CueGrid: max_steps 3 is invalid; allowed: an integer >= 4$"):
-        raw("rfwp/CueGrid-easy-v0", max_steps=3)
+    with pytest.raises(UserError, match=r"^CueGrid: max_steps 4 is invalid; allowed: an integer >= 5$"):
+        raw("rfwp/CueGrid-easy-v0", max_steps=4)
 
 
 def test_envs_readme_table_matches_the_suite():

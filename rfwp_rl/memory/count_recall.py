@@ -25,8 +25,9 @@ class CountRecall(SequenceTask):
     makes small counts rare late in an episode, and a frequent count a good blind guess).
     Filler symbols may be shown any number of times; they are never asked.
 
-    Observation ``float32 [2n + 1]``: ``[0:n]`` one-hot shown symbol (stream steps);
-    ``[n:2n]`` one-hot query symbol (query steps); ``[2n]`` query flag.
+    Observation ``float32 [n + 1]``: ``[0:n]`` one-hot symbol (shown on stream steps, asked
+    on query steps: the same input, so a query looks like the symbol it asks about);
+    ``[n]`` query flag.
     Action ``Discrete(M + 1)``: the count 0..M.
 
     Levels: easy ``n=4, M=3, S=10, Q=2`` (12 steps); medium ``n=6, M=5, S=30, Q=4``
@@ -52,8 +53,8 @@ class CountRecall(SequenceTask):
                             f"max_count {self.max_count}; allowed: n_show >= n_queries * max_count "
                             f"= {self.n_queries * self.max_count}")
         n = self.n_symbols
-        self.layout = {"symbol": slice(0, n), "query_symbol": slice(n, 2 * n), "query": 2 * n}
-        self.observation_space = spaces.Box(0.0, 1.0, shape=(2 * n + 1,), dtype=np.float32)
+        self.layout = {"symbol": slice(0, n), "query": n}
+        self.observation_space = spaces.Box(0.0, 1.0, shape=(n + 1,), dtype=np.float32)
         self.action_space = spaces.Discrete(self.max_count + 1)
 
     @property
@@ -66,7 +67,7 @@ class CountRecall(SequenceTask):
 
     def _generate(self) -> Episode:
         n, S, Q, rng = self.n_symbols, self.n_show, self.n_queries, self.np_random
-        ep = Episode.empty(S + Q, 2 * n + 1)
+        ep = Episode.empty(S + Q, n + 1)
         order = rng.permutation(n)
         asked, fillers = order[:Q], order[Q:]
         counts = rng.integers(self.max_count + 1, size=Q)
@@ -74,8 +75,8 @@ class CountRecall(SequenceTask):
                                  rng.choice(fillers, size=S - int(counts.sum()))])
         stream = rng.permutation(stream)
         ep.obs[np.arange(S), stream] = 1.0
-        ep.obs[np.arange(S, S + Q), n + asked] = 1.0
-        ep.obs[S:, 2 * n] = 1.0
+        ep.obs[np.arange(S, S + Q), asked] = 1.0
+        ep.obs[S:, n] = 1.0
         ep.target[S:] = counts
         ep.reward[S:] = 1.0 / Q
         return ep

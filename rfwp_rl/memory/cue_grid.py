@@ -22,11 +22,14 @@ class CueGrid(MemoryEnv):
     Dynamics (``S = size`` odd, ``G = n_goals``, ``L = max_steps``): goal cells in this
     order: top-left ``(0, 0)``, top-right ``(S-1, 0)``, bottom-left ``(0, S-1)``,
     bottom-right ``(S-1, S-1)`` (the first ``G`` of them; ``(x, y)``, ``y`` down). The agent
-    starts at ``(S//2, S//2)``; the cued goal is uniform in ``0..G-1``. Each action moves one
-    cell; a move into the outer wall leaves the agent where it is. Entering the cued goal
-    gives +1, entering another goal ``-1 / (G - 1)``; either terminates the episode. After
-    ``L`` steps without a goal the episode is truncated (``truncated=True``,
-    ``terminated=False``, reward 0): a time limit, not a terminal state.
+    starts at ``(S//2, S//2)``; the cued goal is uniform in ``0..G-1``. Step 0 is the cue
+    step: the cue is shown and the action does not move the agent (as at a T-maze's cue
+    cell), so the agent stands on the start cell, without the cue, at step 1 whatever the
+    cue was. From then on each action moves one cell; a move into the outer wall leaves the
+    agent where it is. Entering the cued goal gives +1, entering another goal
+    ``-1 / (G - 1)``; either terminates the episode. After ``L`` steps without a goal the
+    episode is truncated (``truncated=True``, ``terminated=False``, reward 0): a time limit,
+    not a terminal state.
 
     Observation ``float32 [G + 2S + 4]``: ``[0:G]`` one-hot cue (step 0 only);
     ``[G:G+S]`` one-hot x; ``[G+S:G+2S]`` one-hot y; ``[G+2S:G+2S+4]`` wall flags next to
@@ -34,15 +37,17 @@ class CueGrid(MemoryEnv):
 
     Levels: easy ``S=5, G=2, L=20``; medium ``S=7, G=4, L=40``; hard ``S=11, G=4, L=80``.
     Every goal is ``S - 1`` moves from the start. Keyword arguments ``size`` (odd, >= 3),
-    ``n_goals`` (2..4) and ``max_steps`` (>= S - 1) override.
+    ``n_goals`` (2..4) and ``max_steps`` (>= S: the cue step and ``S - 1`` moves) override.
 
     Returns: optimal 1 (the shortest path to the cued goal never crosses another goal).
-    Random 0, exactly, for every level: a policy that does not see the cue reaches each goal
-    ``g`` with some probability ``h_g`` that does not depend on the cue, so its expected
-    return is ``sum_g h_g (1/G - (G-1)/G * 1/(G-1)) = 0`` (the -1/(G-1) penalty is chosen
-    for this: guessing a goal is worth exactly as much as never reaching one). Memory
-    horizon ``L - 1`` (an agent may need the cue until its last step; an optimal one until
-    step ``S - 2``).
+    Random 0, exactly, for every level, and for every policy without memory: from step 1 on
+    its observations depend on the agent's cell only, and the cell at step 1 is the start
+    whatever the cue, so it reaches each goal ``g`` with a probability ``h_g`` that does not
+    depend on the cue; its expected return is ``sum_g h_g (1/G - (G-1)/G * 1/(G-1)) = 0``
+    (the -1/(G-1) penalty is chosen for this: guessing a goal is worth exactly as much as
+    never reaching one). Without the cue step, a memoryless agent would write the cue into
+    its first move and read it back from its cell. Memory horizon ``L - 1`` (an agent may
+    need the cue until its last step; an optimal one until step ``S - 1``).
     """
 
     task = "CueGrid"
@@ -55,7 +60,7 @@ class CueGrid(MemoryEnv):
             raise UserError(f"{self.task}: size {self.size} is invalid (the start is the centre cell); "
                             "allowed: an odd integer >= 3")
         self.n_goals = check_int(self.task, "n_goals", p["n_goals"], 2, 4)
-        self.max_steps = check_int(self.task, "max_steps", p["max_steps"], self.size - 1)
+        self.max_steps = check_int(self.task, "max_steps", p["max_steps"], self.size)
         s, g = self.size, self.n_goals
         self.goals = [(0, 0), (s - 1, 0), (0, s - 1), (s - 1, s - 1)][:g]
         self.start = (s // 2, s // 2)
@@ -140,7 +145,7 @@ class CueGrid(MemoryEnv):
         action = self._check_action(action)
         if self._done:
             raise RuntimeError(f"{self.task}: the episode is over (or never started); call reset()")
-        dx, dy = _MOVES[action]
+        dx, dy = _MOVES[action] if self._t > 0 else (0, 0)  # the cue step does not move
         x, y = self._pos[0] + dx, self._pos[1] + dy
         if self._inside(x, y):
             self._pos = (x, y)
@@ -157,6 +162,8 @@ class CueGrid(MemoryEnv):
         """A move along a shortest path to the cued goal that crosses no other goal."""
         if self._done:
             raise RuntimeError(f"{self.task}: the episode is over (or never started); call reset()")
+        if self._t == 0:
+            return 0  # the cue step: no action moves the agent
         dist = self._distance[self._cue]
         x, y = self._pos
         for a, (dx, dy) in enumerate(_MOVES):
