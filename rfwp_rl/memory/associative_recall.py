@@ -110,7 +110,7 @@ class AssociativeRecallReassign(AssociativeRecall):
     Observation ``float32 [K + V + 1]`` and actions as in :class:`AssociativeRecall`.
 
     Levels: easy ``K=4, V=4, N=6, R=2, Q=3`` (4 keys, 9 steps); medium
-    ``K=32, V=8, N=40, R=8, Q=8`` (32 keys, 48 steps); hard ``K=48, V=16, N=64, R=16, Q=16``
+    ``K=8, V=8, N=12, R=4, Q=4`` (8 keys, 16 steps); hard ``K=48, V=16, N=64, R=16, Q=16``
     (48 keys, 80 steps). Keyword arguments ``n_keys`` (>= 1), ``n_values`` (>= 2),
     ``n_pairs``, ``n_reassign`` (1..N-1, with ``N - R <= K``) and ``n_queries``
     (1..N-R) override.

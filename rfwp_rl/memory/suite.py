@@ -63,7 +63,7 @@ LEVEL_PARAMS: dict[str, dict[str, dict[str, Any]]] = {
     },
     "AssociativeRecallReassign": {
         "easy": {"n_keys": 4, "n_values": 4, "n_pairs": 6, "n_reassign": 2, "n_queries": 3},
-        "medium": {"n_keys": 32, "n_values": 8, "n_pairs": 40, "n_reassign": 8, "n_queries": 8},
+        "medium": {"n_keys": 8, "n_values": 8, "n_pairs": 12, "n_reassign": 4, "n_queries": 4},
         "hard": {"n_keys": 48, "n_values": 16, "n_pairs": 64, "n_reassign": 16, "n_queries": 16},
     },
     "CueGrid": {
@@ -126,7 +126,7 @@ _NUMBERS: list[tuple[str, str, float, float, int, int]] = [
     ("AssociativeRecall", "hard", 1 / 16, 1.0, 64, 63),
     # AssociativeRecallReassign: as AssociativeRecall
     ("AssociativeRecallReassign", "easy", 1 / 4, 1.0, 9, 8),
-    ("AssociativeRecallReassign", "medium", 1 / 8, 1.0, 48, 47),
+    ("AssociativeRecallReassign", "medium", 1 / 8, 1.0, 16, 15),
     ("AssociativeRecallReassign", "hard", 1 / 16, 1.0, 80, 79),
     # CueGrid: random 0 exactly (wrong goal -1/(n_goals-1)), optimal 1, step limit max_steps
     # (truncated there), horizon max_steps - 1
