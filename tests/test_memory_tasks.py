@@ -477,19 +477,14 @@ def test_cue_grid_truncates_at_the_step_limit():
 def test_cue_grid_a_cue_blind_policy_scores_zero_on_average():
     # walking straight to goal 0 whatever the cue: +1 with probability 1/4, else -1/3
     env = raw("rfwp/CueGrid-medium-v0")
-    returns = []
-    for seed in range(400):
-        env.reset(seed=seed)
+
+    def to_goal_0(env) -> int:
         cue, env._cue = env._cue, 0  # the oracle of goal 0
-        total, done = 0.0, False
-        while not done:
-            action = env.optimal_action()
-            env._cue = cue
-            _, r, term, trunc, _ = env.step(action)
-            env._cue = 0
-            total, done = total + r, term or trunc
-        returns.append(total)
-    returns = np.array(returns)
+        action = env.optimal_action()
+        env._cue = cue
+        return action
+
+    returns = np.array([sum(play(env, to_goal_0, seed)[1]) for seed in range(400)])
     assert set(np.round(returns, 6)) == {1.0, round(-1 / 3, 6)}
     assert abs(returns.mean()) < 4.5 * returns.std() / np.sqrt(len(returns))
 
@@ -499,20 +494,15 @@ def test_cue_grid_a_memoryless_policy_cannot_carry_the_cue():
     # without memory, "walk to the goal on the side I stand on". Without the cue step it
     # would score 1; the cue step leaves it at the start, so it scores 0 on average.
     env = raw("rfwp/CueGrid-easy-v0")
-    returns = []
-    for seed in range(400):
-        obs, _ = env.reset(seed=seed)
-        total, done = 0.0, False
-        while not done:
-            x = int(np.argmax(obs[2:7]))
-            if obs[0:2].any():
-                action = 3 if obs[0] else 1  # toward the cued side
-            else:
-                action = 0 if x in (0, 4) else (3 if x <= 2 else 1)  # to the nearer side, then up
-            obs, r, term, trunc, _ = env.step(action)
-            total, done = total + r, term or trunc
-        returns.append(total)
-    returns = np.array(returns)
+
+    def memoryless(env) -> int:
+        obs = env._obs()  # what the agent sees now, nothing else
+        x = int(np.argmax(obs[2:7]))
+        if obs[0:2].any():
+            return 3 if obs[0] else 1  # toward the cued side
+        return 0 if x in (0, 4) else (3 if x <= 2 else 1)  # to the nearer side, then up
+
+    returns = np.array([sum(play(env, memoryless, seed)[1]) for seed in range(400)])
     assert set(returns) == {1.0, -1.0}  # always goal 0 (x = 2 is walked left): right half the time
     assert abs(returns.mean()) < 4.5 * returns.std() / np.sqrt(len(returns))
 

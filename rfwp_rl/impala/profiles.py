@@ -11,7 +11,7 @@ recurrent agents learn memory tasks with small vector observations.
   probability (U - h) / U, hence U = 2h gives at least one half. Advantages are normalised, so
   that a sparse +-1 at the end of an episode is not drowned by an entropy bonus sized for Atari's
   dense clipped rewards; Adam replaces RMSProp with Atari's large epsilon. The agent preset is
-  ``agents/vector_<core>.toml`` (MLP torso, previous action as input).
+  ``agents/vector_<core>.toml`` (MLP torso, previous action as input except for ``ff``).
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ from rfwp_rl.errors import check_choice
 from rfwp_rl.impala.config import DEFAULTS
 
 PROFILES = ("auto", "atari", "vector")
-# Options a profile sets; the command line's value wins wherever it gives one.
-PROFILE_OPTIONS = ("num_actors", "batch_size", "unroll_length", "optimizer", "learning_rate", "entropy_cost",
-                   "normalize_advantages", "vtrace_lambda")
-ATARI = {k: getattr(DEFAULTS, k) for k in PROFILE_OPTIONS}
+# The vector profile's values (unroll_length: from the env, see vector_unroll_length); its keys are
+# the options every profile sets, the command line's value winning wherever it gives one.
 VECTOR = {"num_actors": 32, "batch_size": 16, "unroll_length": None, "optimizer": "adam", "learning_rate": 5e-4,
           "entropy_cost": 0.01, "normalize_advantages": True, "vtrace_lambda": 0.9}
+PROFILE_OPTIONS = tuple(VECTOR)
+ATARI = {k: getattr(DEFAULTS, k) for k in PROFILE_OPTIONS}
 MIN_UNROLL, MAX_UNROLL = 20, 128
 UNKNOWN_HORIZON = 50  # steps assumed when the env states neither a memory horizon nor an episode limit
 
