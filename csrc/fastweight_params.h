@@ -152,4 +152,56 @@ struct SrwmBwdArgs {
   Dims n;
 };
 
+// fwm (FWM paper Eq. 3-4 and 7), dk == dv == m: per step the write keys k1, k2 and value v
+// [T, B, H, m], the strength beta [T, B, H], the first read key n0 [T, B, H, m] and the read
+// keys e [T, B, H, nr, m]; the fast tensor F [B, H, m, m, m] (first key, second key, value);
+// y [T, B, H, m] = n^(nr). The CPU kernel keeps F as a dense base plus the low-rank tail of
+// the writes since the base (cpu/fwm_impl.h); a tail of `fold` terms is folded into a new
+// base. saved [B, H, T, fwm_saved_size(m, nr)] (per task contiguous): what the backward needs
+// of every step; bases [B, H, fwm_max_folds(T, fold), m, m, m]: the folded bases. Both are
+// null in an inference forward.
+RFWP_HOST_DEVICE inline int fwm_saved_size(int m, int nr) { return (2 + nr) * m + nr + 2; }
+// The longest tail before it is folded into a dense base: a lookup costs about L m (tail)
+// against m³ (base), so up to L = m² the tail is the cheaper form.
+RFWP_HOST_DEVICE inline int fwm_tail_capacity(int m) { return m * m > 16 ? m * m : 16; }
+// Row stride of the tail's key columns (cpu/fwm_impl.h): a whole number of 64-byte lines.
+RFWP_HOST_DEVICE inline int fwm_stride(int cap) { return (cap + 15) / 16 * 16; }
+RFWP_HOST_DEVICE inline int fwm_max_folds(int T, int fold) { return T > 0 ? (T - 1) / fold : 0; }
+
+template <typename S>
+struct FwmFwdArgs {
+  const S *k1, *k2, *v, *beta, *n0, *e, *F0;
+  const uint8_t* reset;
+  S *y, *F, *saved, *bases;
+  Dims n;     // dk == dv == m
+  int nr;     // reads N_r
+  int fold;   // tail length folded into a dense base (>= 1)
+};
+
+// gF may be null (no gradient of the final state); gF0 may be null (not needed: no work spent
+// on the gradient of the initial tensor's base).
+template <typename S>
+struct FwmBwdArgs {
+  const S *k1, *k2, *v, *beta, *n0, *e, *F0;
+  const uint8_t* reset;
+  const S *saved, *bases, *gy, *gF;
+  S *gk1, *gk2, *gv, *gbeta, *gn0, *ge, *gF0;
+  Dims n;
+  int nr, fold;
+};
+
+// The incremental (inference) stepper's state, per (b, h): the tail's keys k1t, k2t [m][cap]
+// (a column per term), increments z [cap][m], scales q [cap]; scal = (||F||^2, scale of the
+// base); meta = (tail length, has a base); base [m, m, m]. Updated in place by fwm_step.
+template <typename S>
+struct FwmStepArgs {
+  const S *k1, *k2, *v, *beta, *n0, *e;   // [B, H, m] ... (one step; e [B, H, nr, m])
+  const uint8_t* reset;                   // [B] or null
+  S *k1t, *k2t, *z, *q, *scal, *base;
+  int32_t* meta;
+  S* y;                                   // [B, H, m]
+  Dims n;                                 // T = 1
+  int nr, cap;
+};
+
 }  // namespace rfwp

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "fastweight_cpu_impl.h"
+#include "fwm_impl.h"
 #include "householder_product_impl.h"
 #include "srwm_impl.h"
 
@@ -156,6 +157,28 @@ template <typename S> void srwm_backward(const SrwmBwdArgs<S>& a) {
   });
 }
 
+template <typename S> void fwm_forward(const FwmFwdArgs<S>& a) {
+  with_head_size(a.n, [&](auto D) {
+    for_each_task<FwmForwardScratch<S>>(a.n, [&](int bh, FwmForwardScratch<S>& s) {
+      fwm_forward_task<S, decltype(D)::value>(a, bh, s);
+    });
+  });
+}
+template <typename S> void fwm_backward(const FwmBwdArgs<S>& a) {
+  with_head_size(a.n, [&](auto D) {
+    for_each_task<FwmBackwardScratch<S>>(a.n, [&](int bh, FwmBackwardScratch<S>& s) {
+      fwm_backward_task<S, decltype(D)::value>(a, bh, s);
+    });
+  });
+}
+template <typename S> void fwm_step(const FwmStepArgs<S>& a) {
+  with_head_size(a.n, [&](auto D) {
+    for_each_task<AlignedVector<S>>(a.n, [&](int bh, AlignedVector<S>& work) {
+      fwm_step_task<S, decltype(D)::value>(a, bh, work);
+    });
+  });
+}
+
 #define RFWP_INSTANTIATE(S)                                          \
   template void lt_forward<S>(const DeltaFwdArgs<S>&);               \
   template void lt_backward<S>(const DeltaBwdArgs<S>&);              \
@@ -168,7 +191,10 @@ template <typename S> void srwm_backward(const SrwmBwdArgs<S>& a) {
   template void product_forward<S>(const ProductFwdArgs<S>&);        \
   template void product_backward<S>(const ProductBwdArgs<S>&);       \
   template void srwm_forward<S>(const SrwmFwdArgs<S>&);              \
-  template void srwm_backward<S>(const SrwmBwdArgs<S>&);
+  template void srwm_backward<S>(const SrwmBwdArgs<S>&);             \
+  template void fwm_forward<S>(const FwmFwdArgs<S>&);                \
+  template void fwm_backward<S>(const FwmBwdArgs<S>&);               \
+  template void fwm_step<S>(const FwmStepArgs<S>&);
 RFWP_INSTANTIATE(float)
 RFWP_INSTANTIATE(double)
 #undef RFWP_INSTANTIATE

@@ -20,6 +20,10 @@ template <typename S> void product_forward(const ProductFwdArgs<S>& a);
 template <typename S> void product_backward(const ProductBwdArgs<S>& a);
 template <typename S> void srwm_forward(const SrwmFwdArgs<S>& a);
 template <typename S> void srwm_backward(const SrwmBwdArgs<S>& a);
+template <typename S> void fwm_forward(const FwmFwdArgs<S>& a);
+template <typename S> void fwm_backward(const FwmBwdArgs<S>& a);
+// one step of the incremental stepper, in place on its state; tasks over (b, h) of a.n
+template <typename S> void fwm_step(const FwmStepArgs<S>& a);
 
 }  // namespace cpu
 }  // namespace rfwp

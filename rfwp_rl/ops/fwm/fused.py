@@ -1,0 +1,114 @@
+"""Fused ``fwm`` over the C++ CPU kernel of ``csrc/cpu/fwm_impl.h``: forward and backward in
+one kernel call each, and an incremental stepper for acting without gradients.
+
+The kernel keeps the fast tensor as a dense base plus the low-rank tail of the writes since the
+base, so a step costs O(L m) for a tail of L terms instead of O(m³) (the base, when non-zero,
+adds O(m³)); a tail of ``chunk`` terms (at most m²) is folded into a new dense base, which the
+forward keeps for the backward like a checkpoint. The forward also keeps O(N_r m) numbers per
+step; the backward recomputes no step. There is no CUDA kernel: ``supported`` sends CUDA
+inputs to the reference.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+from torch import Tensor
+from torch.autograd.function import FunctionCtx, once_differentiable
+
+from rfwp_rl.kernels.cuda_limits import DeviceLimits
+from rfwp_rl.ops.base import (KERNEL_DTYPES, Dims, contiguous as _c, kernel_supported, needs_grad,
+                              reset_mask)
+
+F0_ARG = 6
+"""Position of the initial tensor F0 in the op's arguments (signature order)."""
+
+
+class FwmFunction(torch.autograd.Function):
+    """Autograd node of the fused ``fwm`` (``be``: a kernel backend; once-differentiable)."""
+
+    @staticmethod
+    def forward(ctx: FunctionCtx, be: Any, chunk: int, k1: Tensor, k2: Tensor, v: Tensor,
+                beta: Tensor, n0: Tensor, e: Tensor, F0: Tensor,
+                reset: Tensor | None) -> tuple[Tensor, Tensor]:
+        y, F, saved, bases = be.fwm_forward(k1, k2, v, beta, n0, e, F0, reset, chunk)
+        ctx.be, ctx.chunk = be, chunk
+        ctx.save_for_backward(k1, k2, v, beta, n0, e, F0, reset, saved, bases)
+        return y, F
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, gy: Tensor | None, gF: Tensor | None) -> tuple:
+        k1, k2, v, beta, n0, e, F0, reset, saved, bases = ctx.saved_tensors
+        gy = torch.zeros_like(k1) if gy is None else _c(gy)
+        # the gradient of F0 costs O(m³) per step of its segment: only when autograd wants it
+        need_gF0 = ctx.needs_input_grad[2 + F0_ARG]
+        *grads, gF0 = ctx.be.fwm_backward(k1, k2, v, beta, n0, e, F0, reset, saved, bases, gy,
+                                          _c(gF), need_gF0, ctx.chunk)
+        return (None, None, *grads, gF0 if need_gF0 else None, None)
+
+
+def fwm(be: Any, chunk: int, k1: Tensor, k2: Tensor, v: Tensor, beta: Tensor, n0: Tensor,
+        e: Tensor, F0: Tensor, reset: Tensor | None) -> tuple[Tensor, Tensor]:
+    """Fused :func:`rfwp_rl.ops.fwm.naive.fwm` on kernel backend ``be`` (float32/float64):
+    ``(y [T, B, H, m], F_T [B, H, m, m, m])``; ``chunk``: the longest low-rank tail (the
+    kernel caps it at m²)."""
+    args = tuple(_c(x) for x in (k1, k2, v, beta, n0, e, F0))
+    if not needs_grad(chunk, *args):
+        return tuple(be.fwm_forward(*args, reset_mask(reset), 0)[:2])
+    return FwmFunction.apply(be, chunk, *args, reset_mask(reset))
+
+
+class Stepper:
+    """The fused forward one step at a time, without gradients (acting): the low-rank state
+    lives in the kernel's own layout (``fwm_step_state``) and each step appends one term, so a
+    step costs O(L m), not a pass over a dense [m, m, m] tensor per (b, h).
+
+    ``step(k1, k2, v, beta, n0, e, reset=None) -> y``: one step of
+    :func:`rfwp_rl.ops.fwm.naive.fwm` (shapes without the time dimension; reset ``[B]``).
+    """
+
+    def __init__(self, be: Any, F0: Tensor) -> None:
+        self.be = be
+        with torch.no_grad():
+            self.state = be.fwm_step_state(_c(F0))
+
+    @torch.no_grad()
+    def step(self, k1: Tensor, k2: Tensor, v: Tensor, beta: Tensor, n0: Tensor, e: Tensor,
+             reset: Tensor | None = None) -> Tensor:
+        if reset is not None:
+            reset = reset.to(torch.bool).contiguous()
+        return self.be.fwm_step(_c(k1), _c(k2), _c(v), _c(beta), _c(n0), _c(e), reset, self.state)
+
+    def dense(self) -> Tensor:
+        """The fast tensor now, ``[B, H, m, m, m]`` (materialised: O(L m³))."""
+        k1t, k2t, z, q, scal, meta, base = self.state
+        cap = z.shape[2]
+        with torch.no_grad():
+            live = torch.arange(cap, device=z.device) < meta[..., :1].long()   # [B, H, cap]
+            k1t, k2t = (torch.where(live[:, :, None], x[..., :cap], 0.0) for x in (k1t, k2t))
+            z = torch.where(live[..., None], z, 0.0)
+            w = torch.where(live, q[..., :cap], 0.0)
+            F = torch.einsum("bhaj,bhcj,bhj,bhjd->bhacd", k1t, k2t, w, z)
+            has_base = meta[..., 1].bool()[..., None, None, None]
+            return F + torch.where(has_base, scal[..., 1, None, None, None] * base, 0.0)
+
+
+def supported(dims: Dims, dtype: torch.dtype, device: torch.device | str,
+              limits: DeviceLimits | None = None) -> str | None:
+    """None when the fused ``fwm`` runs these sizes, else why not (CUDA has no fwm kernel)."""
+    if dims.dk != dims.dv:
+        return f"fwm with {dims} (a fast tensor has one size m)"
+    return kernel_supported("fwm", dims, dtype, device, limits)
+
+
+def stepper_supported(dtype: torch.dtype, device: torch.device | str) -> bool:
+    """Whether :class:`Stepper` runs inputs of this dtype and device."""
+    return torch.device(device).type == "cpu" and dtype in KERNEL_DTYPES
+
+
+def dims_of(args: Sequence[Any], options: dict) -> Dims:
+    """Sizes of one call ``(k1, k2, v, beta, n0, e, F0, reset)``: key and value size m."""
+    m = args[0].shape[-1]
+    return Dims(dk=m, dv=m)
