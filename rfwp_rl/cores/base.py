@@ -16,9 +16,10 @@ Acting one step at a time from a zero state (the next input depends on the outpu
     stepper = core.stepper(batch_size)     # state starts at core.initial_state(batch_size)
     y = stepper.step(x)                     # x [B, input_size] -> y [B, output_size]
 
-A core may return a cheaper stepper that computes the same values and gradients (``fwm``
-does: its low-rank form, :mod:`rfwp_rl.cores.fwm_factored`); ``specialised=False`` asks
-for the generic one, which calls ``core(x[None], state)``.
+A core may return a cheaper stepper that computes the same values (``fwm`` does when the
+stepper is made without gradients, for acting: the fused op's incremental stepper, which
+refuses to step with gradients enabled); ``specialised=False`` asks for the generic one, which
+calls ``core(x[None], state)`` and gives the same values and gradients as one call.
 """
 
 from __future__ import annotations
@@ -169,7 +170,8 @@ class Core(nn.Module):
         """A one-step-at-a-time runner from ``initial_state(batch_size)`` (module docstring).
 
         Subclasses with a cheaper exact stepping override this and return it when
-        ``specialised`` is True; the result must equal the generic stepper's.
+        ``specialised`` is True; its values must equal the generic stepper's (and its
+        gradients, unless it refuses to step with gradients enabled).
         """
         return CoreStepper(self, batch_size, device)
 

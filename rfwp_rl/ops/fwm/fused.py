@@ -103,9 +103,17 @@ def supported(dims: Dims, dtype: torch.dtype, device: torch.device | str,
     return kernel_supported("fwm", dims, dtype, device, limits)
 
 
-def stepper_supported(dtype: torch.dtype, device: torch.device | str) -> bool:
-    """Whether :class:`Stepper` runs inputs of this dtype and device."""
-    return torch.device(device).type == "cpu" and dtype in KERNEL_DTYPES
+def stepper(F0: Tensor, backend: str = "auto") -> Stepper | None:
+    """The incremental :class:`Stepper` from ``F0 [B, H, m, m, m]`` on the built kernels, or
+    None where it does not run (backend ``'reference'``, no kernels, a device or dtype the CPU
+    kernel does not take: the caller then steps through the op)."""
+    if (backend == "reference" or torch.device(F0.device).type != "cpu"
+            or F0.dtype not in KERNEL_DTYPES):
+        return None
+    from rfwp_rl import kernels
+
+    ext, _ = kernels.load()
+    return None if ext is None else Stepper(ext, F0)
 
 
 def dims_of(args: Sequence[Any], options: dict) -> Dims:
