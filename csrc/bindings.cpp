@@ -521,23 +521,29 @@ std::vector<Tensor> srwm_backward_impl(const Tensor& x, const Tensor& Winit,
 
 // The CPU kernel only (cpu/fwm_impl.h); the op's `supported` sends CUDA inputs to the reference.
 struct FwmShapes {
-  Dims n;
+  Dims n;     // dk == dv == m
   int nr, fold;
 };
 
-FwmShapes check_fwm_inputs(const Tensor& k1, const Tensor& k2, const Tensor& v, const Tensor& beta,
-                           const Tensor& n0, const Tensor& e, int64_t chunk, bool forward) {
-  TORCH_CHECK(!k1.is_cuda(), "fwm has no CUDA kernel (the op runs CUDA inputs on the reference)");
-  TORCH_CHECK(e.dim() == 5, "e must be [T, B, H, N_r, m], got ", e.sizes());
-  const Dims n = make_dims(k1, k1.size(3), chunk, forward);
-  const int64_t nr = e.size(3);
-  TORCH_CHECK(nr >= 1, "N_r must be >= 1, got ", nr);
-  check_tensor(k1, "k1", k1, {n.T, n.B, n.H, n.dk});
-  check_tensor(k2, "k2", k1, {n.T, n.B, n.H, n.dk});
-  check_tensor(v, "v", k1, {n.T, n.B, n.H, n.dk});
-  check_tensor(beta, "beta", k1, {n.T, n.B, n.H});
-  check_tensor(n0, "n0", k1, {n.T, n.B, n.H, n.dk});
-  check_tensor(e, "e", k1, {n.T, n.B, n.H, nr, n.dk});
+// m and N_r from w [.., 3m + 1] and r [.., (1 + N_r) m].
+std::pair<int64_t, int64_t> fwm_sizes(const Tensor& w, const Tensor& r) {
+  TORCH_CHECK(w.dim() >= 1 && r.dim() == w.dim(), "w and r must have the same number of dimensions, got ",
+              w.sizes(), " and ", r.sizes());
+  const int64_t m = (w.size(-1) - 1) / 3;
+  TORCH_CHECK(m >= 1 && w.size(-1) == 3 * m + 1, "w must be [..., 3m + 1], got ", w.sizes());
+  TORCH_CHECK(r.size(-1) % m == 0 && r.size(-1) / m >= 2, "r must be [..., (1 + N_r) m] with m = ",
+              m, " and N_r >= 1, got ", r.sizes());
+  return {m, r.size(-1) / m - 1};
+}
+
+FwmShapes check_fwm_inputs(const Tensor& w, const Tensor& r, int64_t chunk, bool forward) {
+  TORCH_CHECK(!w.is_cuda(), "fwm has no CUDA kernel (the op runs CUDA inputs on the reference)");
+  TORCH_CHECK(w.dim() == 4, "w must be [T, B, H, 3m + 1], got ", w.sizes());
+  const auto [m, nr] = fwm_sizes(w, r);
+  Dims n = make_dims(w, m, chunk, forward);
+  n.dk = static_cast<int>(m);
+  check_tensor(w, "w", w, {n.T, n.B, n.H, 3 * m + 1});
+  check_tensor(r, "r", w, {n.T, n.B, n.H, (1 + nr) * m});
   // chunk: the longest tail kept low-rank (0, inference: the kernel's own limit)
   const int cap = rfwp::fwm_tail_capacity(n.dk);
   const int fold = chunk > 0 ? static_cast<int>(std::min<int64_t>(chunk, cap)) : cap;
@@ -546,117 +552,147 @@ FwmShapes check_fwm_inputs(const Tensor& k1, const Tensor& k2, const Tensor& v, 
 
 std::vector<int64_t> fwm_cube(const Dims& n) { return {n.B, n.H, n.dk, n.dk, n.dk}; }
 
-std::vector<Tensor> fwm_forward_impl(const Tensor& k1, const Tensor& k2, const Tensor& v,
-                                     const Tensor& beta, const Tensor& n0, const Tensor& e,
-                                     const Tensor& F0, const optional<Tensor>& reset, int64_t chunk) {
-  const FwmShapes sh = check_fwm_inputs(k1, k2, v, beta, n0, e, chunk, true);
+std::vector<Tensor> fwm_forward_impl(const Tensor& w, const Tensor& r, const Tensor& F0,
+                                     const optional<Tensor>& reset, int64_t chunk) {
+  const FwmShapes sh = check_fwm_inputs(w, r, chunk, true);
   const Dims n = sh.n;
-  check_tensor(F0, "F0", k1, fwm_cube(n));
-  const uint8_t* rst = reset_ptr(reset, n, k1);
+  check_tensor(F0, "F0", w, fwm_cube(n));
+  const uint8_t* rst = reset_ptr(reset, n, w);
   const bool keep = chunk > 0;
-  Tensor y = empty_like_shape(k1, {n.T, n.B, n.H, n.dk});
-  Tensor F = empty_like_shape(k1, fwm_cube(n));
-  Tensor saved = empty_like_shape(k1, {keep ? n.B : 0, n.H, n.T, rfwp::fwm_saved_size(n.dk, sh.nr)});
+  Tensor y = empty_like_shape(w, {n.T, n.B, n.H, n.dk});
+  Tensor F = empty_like_shape(w, fwm_cube(n));
+  Tensor saved = empty_like_shape(w, {keep ? n.B : 0, n.H, n.T, rfwp::fwm_saved_size(n.dk, sh.nr)});
   const int64_t folds = keep ? rfwp::fwm_max_folds(n.T, sh.fold) : 0;
-  Tensor bases = empty_like_shape(k1, {n.B, n.H, folds, n.dk, n.dk, n.dk});
-  AT_DISPATCH_FLOATING_TYPES(k1.scalar_type(), "fwm_forward", [&] {
+  Tensor bases = empty_like_shape(w, {n.B, n.H, folds, n.dk, n.dk, n.dk});
+  AT_DISPATCH_FLOATING_TYPES(w.scalar_type(), "fwm_forward", [&] {
     using S = scalar_t;
-    rfwp::FwmFwdArgs<S> a{ptr<S>(k1), ptr<S>(k2), ptr<S>(v), ptr<S>(beta), ptr<S>(n0), ptr<S>(e),
-                          ptr<S>(F0), rst, out<S>(y), out<S>(F), keep ? out<S>(saved) : nullptr,
-                          keep ? out<S>(bases) : nullptr, n, sh.nr, sh.fold};
+    rfwp::FwmFwdArgs<S> a{ptr<S>(w), ptr<S>(r), ptr<S>(F0), rst, out<S>(y), out<S>(F),
+                          keep ? out<S>(saved) : nullptr, keep ? out<S>(bases) : nullptr, n, sh.nr,
+                          sh.fold};
     rfwp::cpu::fwm_forward(a);
   });
   return {y, F, saved, bases};
 }
 
-std::vector<Tensor> fwm_backward_impl(const Tensor& k1, const Tensor& k2, const Tensor& v,
-                                      const Tensor& beta, const Tensor& n0, const Tensor& e,
-                                      const Tensor& F0, const optional<Tensor>& reset,
-                                      const Tensor& saved, const Tensor& bases, const Tensor& gy,
+std::vector<Tensor> fwm_backward_impl(const Tensor& w, const Tensor& r, const Tensor& F0,
+                                      const optional<Tensor>& reset, const Tensor& saved,
+                                      const Tensor& bases, const Tensor& gy,
                                       const optional<Tensor>& gF, bool need_gF0, int64_t chunk) {
-  const FwmShapes sh = check_fwm_inputs(k1, k2, v, beta, n0, e, chunk, false);
+  const FwmShapes sh = check_fwm_inputs(w, r, chunk, false);
   const Dims n = sh.n;
-  check_tensor(F0, "F0", k1, fwm_cube(n));
-  check_tensor(saved, "saved", k1, {n.B, n.H, n.T, rfwp::fwm_saved_size(n.dk, sh.nr)});
-  check_tensor(bases, "bases", k1, {n.B, n.H, rfwp::fwm_max_folds(n.T, sh.fold), n.dk, n.dk, n.dk});
-  check_tensor(gy, "grad y", k1, {n.T, n.B, n.H, n.dk});
-  check_optional(gF, "grad F", k1, fwm_cube(n));
-  const uint8_t* rst = reset_ptr(reset, n, k1);
-  Tensor gk1 = at::empty_like(k1), gk2 = at::empty_like(k2), gv = at::empty_like(v);
-  Tensor gbeta = at::empty_like(beta), gn0 = at::empty_like(n0), ge = at::empty_like(e);
-  Tensor gF0 = need_gF0 ? at::empty_like(F0) : at::empty({0}, k1.options());
-  AT_DISPATCH_FLOATING_TYPES(k1.scalar_type(), "fwm_backward", [&] {
+  check_tensor(F0, "F0", w, fwm_cube(n));
+  check_tensor(saved, "saved", w, {n.B, n.H, n.T, rfwp::fwm_saved_size(n.dk, sh.nr)});
+  check_tensor(bases, "bases", w, {n.B, n.H, rfwp::fwm_max_folds(n.T, sh.fold), n.dk, n.dk, n.dk});
+  check_tensor(gy, "grad y", w, {n.T, n.B, n.H, n.dk});
+  check_optional(gF, "grad F", w, fwm_cube(n));
+  const uint8_t* rst = reset_ptr(reset, n, w);
+  Tensor gw = at::empty_like(w), gr = at::empty_like(r);
+  Tensor gF0 = need_gF0 ? at::empty_like(F0) : at::empty({0}, w.options());
+  AT_DISPATCH_FLOATING_TYPES(w.scalar_type(), "fwm_backward", [&] {
     using S = scalar_t;
-    rfwp::FwmBwdArgs<S> a{ptr<S>(k1), ptr<S>(k2), ptr<S>(v), ptr<S>(beta), ptr<S>(n0), ptr<S>(e),
-                          ptr<S>(F0), rst, ptr<S>(saved), ptr<S>(bases), ptr<S>(gy),
-                          ptr_or_null<S>(gF), out<S>(gk1), out<S>(gk2), out<S>(gv), out<S>(gbeta),
-                          out<S>(gn0), out<S>(ge), need_gF0 ? out<S>(gF0) : nullptr, n, sh.nr,
-                          sh.fold};
+    rfwp::FwmBwdArgs<S> a{ptr<S>(w), ptr<S>(r), ptr<S>(F0), rst, ptr<S>(saved), ptr<S>(bases),
+                          ptr<S>(gy), ptr_or_null<S>(gF), out<S>(gw), out<S>(gr),
+                          need_gF0 ? out<S>(gF0) : nullptr, n, sh.nr, sh.fold};
     rfwp::cpu::fwm_backward(a);
   });
-  return {gk1, gk2, gv, gbeta, gn0, ge, gF0};
+  return {gw, gr, gF0};
 }
 
-// The incremental stepper's state from the tensor F0 [B, H, m, m, m] it starts from (as
-// FwmStepArgs): {k1t, k2t, z, q, scal, meta, base}. A zero F0 (per (b, h)) is no base.
-std::vector<Tensor> fwm_step_state(const Tensor& F0) {
-  TORCH_CHECK(!F0.is_cuda(), "fwm has no CUDA kernel");
-  TORCH_CHECK(F0.dim() == 5 && F0.size(2) == F0.size(3) && F0.size(2) == F0.size(4),
-              "F0 must be [B, H, m, m, m], got ", F0.sizes());
-  TORCH_CHECK(F0.scalar_type() == at::kFloat || F0.scalar_type() == at::kDouble,
-              "fused kernels support float32 and float64, got ", F0.scalar_type());
-  const int64_t B = F0.size(0), H = F0.size(1), m = F0.size(2);
-  const int64_t cap = rfwp::fwm_tail_capacity(static_cast<int>(m)), stride = rfwp::fwm_stride(static_cast<int>(cap));
-  Tensor base = F0.contiguous().clone();
-  Tensor flat = base.view({B, H, m * m * m});
-  Tensor scal = at::stack({flat.square().sum(-1), at::ones({B, H}, F0.options())}, -1).contiguous();
-  Tensor meta = at::stack({at::zeros({B, H}, F0.options().dtype(at::kInt)),
-                           flat.ne(0).any(-1).to(at::kInt)}, -1).contiguous();
-  return {at::empty({B, H, m, stride}, F0.options()), at::empty({B, H, m, stride}, F0.options()),
-          at::empty({B, H, cap, m}, F0.options()), at::empty({B, H, stride}, F0.options()), scal,
-          meta, base};
+// The incremental stepper's state (as FwmStepArgs) for B x H memories of size m in the dtype
+// and device of `like`, starting from F0 [B, H, m, m, m] (None: zero, nothing allocated to
+// hold it), with room for `capacity` tail terms (at most the fold length):
+// {k1t, k2t, z, q, scal, meta, base}. A zero F0 of a (b, h) is no base.
+std::vector<Tensor> fwm_step_state(int64_t B, int64_t H, int64_t m, const Tensor& like,
+                                   const optional<Tensor>& F0, int64_t capacity) {
+  TORCH_CHECK(!like.is_cuda(), "fwm has no CUDA kernel");
+  TORCH_CHECK(like.scalar_type() == at::kFloat || like.scalar_type() == at::kDouble,
+              "fused kernels support float32 and float64, got ", like.scalar_type());
+  TORCH_CHECK(B >= 1 && H >= 1 && m >= 1 && capacity >= 1, "sizes must be >= 1, got B = ", B,
+              ", H = ", H, ", m = ", m, ", capacity = ", capacity);
+  const auto opt = like.options();
+  const int64_t cap = std::min<int64_t>(capacity, rfwp::fwm_tail_capacity(static_cast<int>(m)));
+  const int64_t stride = rfwp::fwm_stride(static_cast<int>(cap));
+  Tensor scal = at::zeros({B, H, 2}, opt);
+  scal.select(2, 1).fill_(1);
+  Tensor meta = at::zeros({B, H, 2}, opt.dtype(at::kInt));
+  Tensor base;
+  if (F0.has_value() && F0->defined()) {
+    check_tensor(F0->contiguous(), "F0", like, {B, H, m, m, m});
+    base = F0->clone(at::MemoryFormat::Contiguous);
+    Tensor flat = base.view({B, H, m * m * m});
+    scal.select(2, 0).copy_(flat.square().sum(-1));
+    meta.select(2, 1).copy_(flat.ne(0).any(-1));
+  } else {
+    base = at::empty({B, H, m, m, m}, opt);   // written by the first fold
+  }
+  return {at::empty({B, H, m, stride}, opt), at::empty({B, H, m, stride}, opt),
+          at::empty({B, H, cap, m}, opt), at::empty({B, H, stride}, opt), scal, meta, base};
 }
 
-// One step (k1, k2, v, n0 [B, H, m], beta [B, H], e [B, H, N_r, m], reset [B] or None) of the
-// stepper whose state (fwm_step_state) it updates in place; returns y [B, H, m].
-Tensor fwm_step(const Tensor& k1, const Tensor& k2, const Tensor& v, const Tensor& beta,
-                const Tensor& n0, const Tensor& e, const optional<Tensor>& reset,
+// The stepper state with room for `capacity` tail terms (at most the fold length), its terms
+// copied; the same state when it has that room already.
+std::vector<Tensor> fwm_step_grow(std::vector<Tensor> state, int64_t capacity) {
+  TORCH_CHECK(state.size() == 7, "the stepper state has 7 tensors (fwm_step_state), got ", state.size());
+  const int64_t m = state[2].size(3), old = state[2].size(2);
+  const int64_t cap = std::min<int64_t>(capacity, rfwp::fwm_tail_capacity(static_cast<int>(m)));
+  if (cap <= old) return state;
+  const int64_t stride = rfwp::fwm_stride(static_cast<int>(cap));
+  auto widen = [](const Tensor& x, int64_t dim, int64_t size) {
+    std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+    shape[dim] = size;
+    Tensor y = at::zeros(shape, x.options());
+    y.narrow(dim, 0, x.size(dim)).copy_(x);
+    return y;
+  };
+  state[0] = widen(state[0], 3, stride);
+  state[1] = widen(state[1], 3, stride);
+  state[2] = widen(state[2], 2, cap);
+  state[3] = widen(state[3], 2, stride);
+  return state;
+}
+
+// One step (w [B, H, 3m + 1], r [B, H, (1 + N_r) m], reset [B] or None) of the stepper whose
+// state (fwm_step_state) it updates in place; returns y [B, H, m].
+Tensor fwm_step(const Tensor& w, const Tensor& r, const optional<Tensor>& reset,
                 std::vector<Tensor> state) {
   TORCH_CHECK(state.size() == 7, "the stepper state has 7 tensors (fwm_step_state), got ", state.size());
-  TORCH_CHECK(k1.dim() == 3 && e.dim() == 4, "expected k1 [B, H, m] and e [B, H, N_r, m], got ",
-              k1.sizes(), " and ", e.sizes());
-  Dims n = make_dims(k1.unsqueeze(0), k1.size(2), 0, true);
-  const int64_t nr = e.size(2), m = n.dk;
+  TORCH_CHECK(!w.is_cuda(), "fwm has no CUDA kernel");
+  TORCH_CHECK(w.dim() == 3, "w must be [B, H, 3m + 1], got ", w.sizes());
+  const auto [m, nr] = fwm_sizes(w, r);
+  Dims n = make_dims(w.unsqueeze(0), m, 0, true);
+  n.dk = static_cast<int>(m);
   const Tensor& base = state[6];
   const int64_t cap = state[2].size(2), stride = state[3].size(2);
-  TORCH_CHECK(!k1.is_cuda(), "fwm has no CUDA kernel");
-  check_tensor(k1, "k1", k1, {n.B, n.H, m});
-  check_tensor(k2, "k2", k1, {n.B, n.H, m});
-  check_tensor(v, "v", k1, {n.B, n.H, m});
-  check_tensor(beta, "beta", k1, {n.B, n.H});
-  check_tensor(n0, "n0", k1, {n.B, n.H, m});
-  check_tensor(e, "e", k1, {n.B, n.H, nr, m});
-  check_tensor(state[0], "k1t", k1, {n.B, n.H, m, stride});
-  check_tensor(state[1], "k2t", k1, {n.B, n.H, m, stride});
-  check_tensor(state[2], "z", k1, {n.B, n.H, cap, m});
-  check_tensor(state[3], "q", k1, {n.B, n.H, rfwp::fwm_stride(static_cast<int>(cap))});
-  check_tensor(state[4], "scal", k1, {n.B, n.H, 2});
+  const int fold = rfwp::fwm_tail_capacity(static_cast<int>(m));
+  check_tensor(w, "w", w, {n.B, n.H, 3 * m + 1});
+  check_tensor(r, "r", w, {n.B, n.H, (1 + nr) * m});
+  check_tensor(state[0], "k1t", w, {n.B, n.H, m, stride});
+  check_tensor(state[1], "k2t", w, {n.B, n.H, m, stride});
+  check_tensor(state[2], "z", w, {n.B, n.H, cap, m});
+  check_tensor(state[3], "q", w, {n.B, n.H, rfwp::fwm_stride(static_cast<int>(cap))});
+  check_tensor(state[4], "scal", w, {n.B, n.H, 2});
   TORCH_CHECK(state[5].scalar_type() == at::kInt && state[5].is_contiguous() &&
               state[5].sizes() == at::IntArrayRef({n.B, n.H, 2}), "meta must be int32 [B, H, 2]");
-  check_tensor(base, "base", k1, fwm_cube(n));
+  check_tensor(base, "base", w, fwm_cube(n));
+  {   // every tail has room for this step's term, or is folded first (fwm_step_grow)
+    const int32_t* meta = state[5].data_ptr<int32_t>();
+    for (int64_t i = 0; i < n.B * n.H; ++i)
+      TORCH_CHECK(meta[2 * i] < cap || meta[2 * i] == fold, "the stepper state is full (",
+                  cap, " terms): grow it with fwm_step_grow");
+  }
   const uint8_t* rst = nullptr;
   if (reset.has_value() && reset->defined()) {
     TORCH_CHECK(reset->scalar_type() == at::kBool && reset->is_contiguous() &&
                 reset->sizes() == at::IntArrayRef({n.B}), "reset must be a contiguous bool [B] tensor");
     rst = reinterpret_cast<const uint8_t*>(reset->data_ptr());
   }
-  Tensor y = empty_like_shape(k1, {n.B, n.H, m});
-  AT_DISPATCH_FLOATING_TYPES(k1.scalar_type(), "fwm_step", [&] {
+  Tensor y = empty_like_shape(w, {n.B, n.H, m});
+  AT_DISPATCH_FLOATING_TYPES(w.scalar_type(), "fwm_step", [&] {
     using S = scalar_t;
-    rfwp::FwmStepArgs<S> a{ptr<S>(k1), ptr<S>(k2), ptr<S>(v), ptr<S>(beta), ptr<S>(n0), ptr<S>(e), rst,
-                           out<S>(state[0]), out<S>(state[1]), out<S>(state[2]), out<S>(state[3]),
-                           out<S>(state[4]), out<S>(state[6]), state[5].data_ptr<int32_t>(), out<S>(y),
-                           n, static_cast<int>(nr), static_cast<int>(cap)};
+    rfwp::FwmStepArgs<S> a{ptr<S>(w), ptr<S>(r), rst, out<S>(state[0]), out<S>(state[1]),
+                           out<S>(state[2]), out<S>(state[3]), out<S>(state[4]), out<S>(state[6]),
+                           state[5].data_ptr<int32_t>(), out<S>(y), n, static_cast<int>(nr),
+                           static_cast<int>(cap), fold};
     rfwp::cpu::fwm_step(a);
   });
   return y;
@@ -835,25 +871,22 @@ std::vector<Tensor> srwm_backward(const Tensor& x, const Tensor& Winit, const op
   return h ? to_dtype_all(outs, x.scalar_type()) : outs;
 }
 
-std::vector<Tensor> fwm_forward(const Tensor& k1, const Tensor& k2, const Tensor& v, const Tensor& beta,
-                                const Tensor& n0, const Tensor& e, const Tensor& F0,
+std::vector<Tensor> fwm_forward(const Tensor& w, const Tensor& r, const Tensor& F0,
                                 const optional<Tensor>& reset, int64_t chunk, int64_t threads) {
-  same_dtype(k1, {{"k2", &k2}, {"v", &v}, {"beta", &beta}, {"n0", &n0}, {"e", &e}, {"F0", &F0}});
-  const bool h = is_half(k1);
-  auto outs = fwm_forward_impl(prep(k1, h), prep(k2, h), prep(v, h), prep(beta, h), prep(n0, h),
-                               prep(e, h), prep(F0, h), prep(reset, false), chunk);
-  return h ? to_dtype(outs, {0, 1}, k1.scalar_type()) : outs;
+  same_dtype(w, {{"r", &r}, {"F0", &F0}});
+  const bool h = is_half(w);
+  auto outs = fwm_forward_impl(prep(w, h), prep(r, h), prep(F0, h), prep(reset, false), chunk);
+  return h ? to_dtype(outs, {0, 1}, w.scalar_type()) : outs;
 }
-std::vector<Tensor> fwm_backward(const Tensor& k1, const Tensor& k2, const Tensor& v, const Tensor& beta,
-                                 const Tensor& n0, const Tensor& e, const Tensor& F0,
+std::vector<Tensor> fwm_backward(const Tensor& w, const Tensor& r, const Tensor& F0,
                                  const optional<Tensor>& reset, const Tensor& saved, const Tensor& bases,
                                  const Tensor& gy, const optional<Tensor>& gF, bool need_gF0,
                                  int64_t chunk, int64_t threads) {
-  const bool h = is_half(k1);
-  auto outs = fwm_backward_impl(prep(k1, h), prep(k2, h), prep(v, h), prep(beta, h), prep(n0, h),
-                                prep(e, h), prep(F0, h), prep(reset, false), prep(saved, h),
-                                prep(bases, h), prep(gy, h), prep(gF, h), need_gF0, chunk);
-  return h ? to_dtype_all(outs, k1.scalar_type()) : outs;
+  const bool h = is_half(w);
+  auto outs = fwm_backward_impl(prep(w, h), prep(r, h), prep(F0, h), prep(reset, false),
+                                prep(saved, h), prep(bases, h), prep(gy, h), prep(gF, h), need_gF0,
+                                chunk);
+  return h ? to_dtype_all(outs, w.scalar_type()) : outs;
 }
 
 // exp / tanh of the CPU kernels (cpu/vec_math.h) elementwise, for accuracy tests.
@@ -928,16 +961,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("reset"), py::arg("chunk"), py::arg("threads") = 0);
   m.def("srwm_backward", &srwm_backward, py::arg("x"), py::arg("W_init"), py::arg("reset"),
         py::arg("ckpt"), py::arg("gy"), py::arg("gdW"), py::arg("chunk"), py::arg("threads") = 0);
-  m.def("fwm_forward", &fwm_forward, py::arg("k1"), py::arg("k2"), py::arg("v"), py::arg("beta"),
-        py::arg("n0"), py::arg("e"), py::arg("F0"), py::arg("reset"), py::arg("chunk"),
-        py::arg("threads") = 0);
-  m.def("fwm_backward", &fwm_backward, py::arg("k1"), py::arg("k2"), py::arg("v"), py::arg("beta"),
-        py::arg("n0"), py::arg("e"), py::arg("F0"), py::arg("reset"), py::arg("saved"),
-        py::arg("bases"), py::arg("gy"), py::arg("gF"), py::arg("need_gF0"), py::arg("chunk"),
-        py::arg("threads") = 0);
-  m.def("fwm_step_state", &fwm_step_state, py::arg("F0"),
-        "the fwm stepper's state starting from F0 [B, H, m, m, m]");
-  m.def("fwm_step", &fwm_step, py::arg("k1"), py::arg("k2"), py::arg("v"), py::arg("beta"),
-        py::arg("n0"), py::arg("e"), py::arg("reset"), py::arg("state"),
+  m.def("fwm_forward", &fwm_forward, py::arg("w"), py::arg("r"), py::arg("F0"), py::arg("reset"),
+        py::arg("chunk"), py::arg("threads") = 0);
+  m.def("fwm_backward", &fwm_backward, py::arg("w"), py::arg("r"), py::arg("F0"), py::arg("reset"),
+        py::arg("saved"), py::arg("bases"), py::arg("gy"), py::arg("gF"), py::arg("need_gF0"),
+        py::arg("chunk"), py::arg("threads") = 0);
+  m.def("fwm_step_state", &fwm_step_state, py::arg("B"), py::arg("H"), py::arg("m"),
+        py::arg("like"), py::arg("F0"), py::arg("capacity"),
+        "the fwm stepper's state, from F0 [B, H, m, m, m] or zero");
+  m.def("fwm_step_grow", &fwm_step_grow, py::arg("state"), py::arg("capacity"),
+        "the fwm stepper's state with room for `capacity` tail terms");
+  m.def("fwm_step", &fwm_step, py::arg("w"), py::arg("r"), py::arg("reset"), py::arg("state"),
         "one fwm step (inference), updating the stepper state in place");
 }

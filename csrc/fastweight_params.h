@@ -152,10 +152,10 @@ struct SrwmBwdArgs {
   Dims n;
 };
 
-// fwm (FWM paper Eq. 3-4 and 7), dk == dv == m: per step the write keys k1, k2 and value v
-// [T, B, H, m], the strength beta [T, B, H], the first read key n0 [T, B, H, m] and the read
-// keys e [T, B, H, nr, m]; the fast tensor F [B, H, m, m, m] (first key, second key, value);
-// y [T, B, H, m] = n^(nr). The CPU kernel keeps F as a dense base plus the low-rank tail of
+// fwm (FWM paper Eq. 1-7), dk == dv == m: per step the slow projections w [T, B, H, 3m + 1]
+// (the write keys k1, k2 and value v before tanh, the strength beta before the sigmoid) and
+// r [T, B, H, (1 + nr) m] (the read keys n0, e_1..e_nr before tanh); the fast tensor
+// F [B, H, m, m, m] (first key, second key, value); y [T, B, H, m] = n^(nr). The CPU kernel keeps F as a dense base plus the low-rank tail of
 // the writes since the base (cpu/fwm_impl.h); a tail of `fold` terms is folded into a new
 // base. saved [B, H, T, fwm_saved_size(m, nr)] (per task contiguous): what the backward needs
 // of every step; bases [B, H, fwm_max_folds(T, fold), m, m, m]: the folded bases. Both are
@@ -170,7 +170,7 @@ RFWP_HOST_DEVICE inline int fwm_max_folds(int T, int fold) { return T > 0 ? (T -
 
 template <typename S>
 struct FwmFwdArgs {
-  const S *k1, *k2, *v, *beta, *n0, *e, *F0;
+  const S *w, *r, *F0;
   const uint8_t* reset;
   S *y, *F, *saved, *bases;
   Dims n;     // dk == dv == m
@@ -182,26 +182,28 @@ struct FwmFwdArgs {
 // on the gradient of the initial tensor's base).
 template <typename S>
 struct FwmBwdArgs {
-  const S *k1, *k2, *v, *beta, *n0, *e, *F0;
+  const S *w, *r, *F0;
   const uint8_t* reset;
   const S *saved, *bases, *gy, *gF;
-  S *gk1, *gk2, *gv, *gbeta, *gn0, *ge, *gF0;
+  S *gw, *gr, *gF0;
   Dims n;
   int nr, fold;
 };
 
-// The incremental (inference) stepper's state, per (b, h): the tail's keys k1t, k2t [m][cap]
-// (a column per term), increments z [cap][m], scales q [cap]; scal = (||F||^2, scale of the
-// base); meta = (tail length, has a base); base [m, m, m]. Updated in place by fwm_step.
+// The incremental (inference) stepper's state, per (b, h): the tail's keys k1t, k2t
+// [m][stride] (a column per term), increments z [cap][m], scales q [stride]; scal = (||F||^2,
+// scale of the base); meta = (tail length, has a base); base [m, m, m]. Updated in place by
+// fwm_step. `cap` terms are allocated (the caller grows it up to `fold`, the tail length that
+// is folded into the base), so that a task's live state stays compact.
 template <typename S>
 struct FwmStepArgs {
-  const S *k1, *k2, *v, *beta, *n0, *e;   // [B, H, m] ... (one step; e [B, H, nr, m])
+  const S *w, *r;                         // one step: [B, H, 3m + 1], [B, H, (1 + nr) m]
   const uint8_t* reset;                   // [B] or null
   S *k1t, *k2t, *z, *q, *scal, *base;
   int32_t* meta;
   S* y;                                   // [B, H, m]
   Dims n;                                 // T = 1
-  int nr, cap;
+  int nr, cap, fold;
 };
 
 }  // namespace rfwp

@@ -35,6 +35,8 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "../fastweight_params.h"
@@ -48,6 +50,24 @@ constexpr double kFwmLnEps = 1e-5;
 
 template <int M>
 RFWP_INLINE int msize(int m) { return M > 0 ? M : m; }
+
+// Loops over the tail's terms j run a whole vector of terms at a time (the tail is short, 30
+// terms in the meta-RL task: a compiler's vector loop with a scalar remainder would run almost
+// all of it in the remainder). Arrays indexed by j therefore have `stride` entries (a multiple
+// of the vector lanes), and the entries past the live terms stay finite: the forward zeroes a
+// new block of columns when the tail enters it; in the backward they hold later terms.
+template <typename S>
+using Vec = typename VecType<S>::type;
+template <typename S>
+constexpr int kLanes = VecType<S>::lanes;
+template <typename S>
+RFWP_INLINE Vec<S> vload(const S* p) {
+  return *reinterpret_cast<const typename VecType<S>::unaligned*>(p);
+}
+template <typename S>
+RFWP_INLINE void vstore(S* p, Vec<S> v) {
+  *reinterpret_cast<typename VecType<S>::unaligned*>(p) = v;
+}
 
 // What one step keeps for the backward (a [saved_size] slice): z, v_old [m]; the normalised
 // reads n_1..n_Nr [nr][m]; their 1/std [nr]; ||F'||², C.
@@ -66,15 +86,26 @@ template <typename S, int M>
 RFWP_INLINE void column_dots(const S* __restrict__ XT, int stride, const S* __restrict__ x, int m_,
                              int L, S* __restrict__ out) {
   const int m = msize<M>(m_);
-  const S x0 = x[0];
-#pragma omp simd
-  for (int j = 0; j < L; ++j) out[j] = x0 * XT[j];
-  for (int a = 1; a < m; ++a) {
-    const S xa = x[a];
-    const S* __restrict__ col = XT + static_cast<size_t>(a) * stride;
-#pragma omp simd
-    for (int j = 0; j < L; ++j) out[j] += xa * col[j];
+  for (int j = 0; j < L; j += kLanes<S>) {
+    Vec<S> acc[4] = {};   // four chains over a: the sum is latency-bound, not throughput-bound
+    int a = 0;
+    for (; a + 3 < m; a += 4)
+      for (int u = 0; u < 4; ++u) acc[u] += x[a + u] * vload(XT + static_cast<size_t>(a + u) * stride + j);
+    for (; a < m; ++a) acc[0] += x[a] * vload(XT + static_cast<size_t>(a) * stride + j);
+    vstore(out + j, (acc[0] + acc[1]) + (acc[2] + acc[3]));
   }
+}
+
+// s = Σ_{j<L} x[j] (exactly the live terms: the padding of x may hold later terms).
+template <typename S>
+RFWP_INLINE S sum_terms(const S* x, int L) {
+  Vec<S> acc{};
+  int j = 0;
+  for (; j + kLanes<S> <= L; j += kLanes<S>) acc += vload(x + j);
+  S s = 0;
+  for (int i = 0; i < kLanes<S>; ++i) s += acc[i];
+  for (; j < L; ++j) s += x[j];
+  return s;
 }
 
 // out += Σ_{j<L} c_j X[j] (X [L][m], a row per tail term).
@@ -83,14 +114,12 @@ RFWP_INLINE void add_rows(const S* __restrict__ X, const S* __restrict__ c, int 
                           S* __restrict__ out) {
   if constexpr (M > 0) {
     using R = Row<S, M>;
-    R a0 = R::load(out), a1 = R::zero();   // two accumulators: half the dependency chain
+    R acc[4] = {R::load(out), R::zero(), R::zero(), R::zero()};   // four dependency chains
     int j = 0;
-    for (; j + 1 < L; j += 2) {
-      a0.fma(c[j], R::load(X + static_cast<size_t>(j) * M));
-      a1.fma(c[j + 1], R::load(X + static_cast<size_t>(j + 1) * M));
-    }
-    if (j < L) a0.fma(c[j], R::load(X + static_cast<size_t>(j) * M));
-    (a0 + a1).store(out);
+    for (; j + 3 < L; j += 4)
+      for (int u = 0; u < 4; ++u) acc[u].fma(c[j + u], R::load(X + static_cast<size_t>(j + u) * M));
+    for (; j < L; ++j) acc[0].fma(c[j], R::load(X + static_cast<size_t>(j) * M));
+    ((acc[0] + acc[1]) + (acc[2] + acc[3])).store(out);
   } else {
     for (int j = 0; j < L; ++j) axpy(c[j], X + static_cast<size_t>(j) * m_, out, m_);
   }
@@ -174,17 +203,30 @@ template <typename S, int M>
 void materialize(const Tail<S>& tl, int m_, S* dst, S* pa) {
   const int m = msize<M>(m_), L = tl.L;
   for (int a = 0; a < m; ++a) {
-    for (int j = 0; j < L; ++j) pa[j] = tl.q[j] * tl.k1t[static_cast<size_t>(a) * tl.stride + j];
+    for (int j = 0; j < L; j += kLanes<S>)
+      vstore(pa + j, vload(tl.q + j) * vload(tl.k1t + static_cast<size_t>(a) * tl.stride + j));
     for (int b = 0; b < m; ++b) {
       const size_t row = (static_cast<size_t>(a) * m + b) * m;
       const S* k2b = tl.k2t + static_cast<size_t>(b) * tl.stride;
       S* out = dst + row;
-      if (tl.base != nullptr) {
-        for (int c = 0; c < m; ++c) out[c] = tl.qD * tl.base[row + c];
+      if constexpr (M > 0) {
+        using R = Row<S, M>;
+        R acc0 = tl.base != nullptr ? R::load(tl.base + row) * tl.qD : R::zero(), acc1 = R::zero();
+        int j = 0;
+        for (; j + 1 < L; j += 2) {
+          acc0.fma(pa[j] * k2b[j], R::load(tl.z + static_cast<size_t>(j) * M));
+          acc1.fma(pa[j + 1] * k2b[j + 1], R::load(tl.z + static_cast<size_t>(j + 1) * M));
+        }
+        if (j < L) acc0.fma(pa[j] * k2b[j], R::load(tl.z + static_cast<size_t>(j) * M));
+        (acc0 + acc1).store(out);
       } else {
-        zero_n(out, m);
+        if (tl.base != nullptr) {
+          for (int c = 0; c < m; ++c) out[c] = tl.qD * tl.base[row + c];
+        } else {
+          zero_n(out, m);
+        }
+        for (int j = 0; j < L; ++j) axpy(pa[j] * k2b[j], tl.z + static_cast<size_t>(j) * m, out, m);
       }
-      for (int j = 0; j < L; ++j) axpy(pa[j] * k2b[j], tl.z + static_cast<size_t>(j) * m, out, m);
     }
   }
 }
@@ -196,16 +238,40 @@ S squared_norm(const S* x, size_t n) {
   return s;
 }
 
+// Whether every element is +0 or -0 (an OR of the bit patterns without the sign: no branch
+// per element, so the loop vectorises).
 template <typename S>
 bool all_zero(const S* x, size_t n) {
-  for (size_t i = 0; i < n; ++i)
-    if (x[i] != S(0)) return false;
-  return true;
+  using Bits = std::conditional_t<sizeof(S) == 4, uint32_t, uint64_t>;
+  const Bits magnitude = ~(Bits(1) << (8 * sizeof(S) - 1));
+  Bits any = 0;
+#pragma omp simd reduction(| : any)
+  for (size_t i = 0; i < n; ++i) {
+    Bits b;
+    std::memcpy(&b, x + i, sizeof(S));
+    any |= b & magnitude;
+  }
+  return any == 0;
+}
+
+template <typename S, int M>
+RFWP_INLINE Row<S, M> splat(S a) {
+  Row<S, M> r;
+  for (int c = 0; c < Row<S, M>::C; ++c) r.v[c] = Vec<S>{} + a;
+  return r;
 }
 
 // out = LN(r) without affine map; returns 1 / std.
-template <typename S>
+template <typename S, int M>
 RFWP_INLINE S layer_norm(const S* r, int m, S* out) {
+  if constexpr (M > 0) {
+    using R = Row<S, M>;
+    const R x = R::load(r);
+    const R d = x - splat<S, M>(x.dot(splat<S, M>(S(1))) / M);
+    const S rstd = S(1) / std::sqrt(d.dot(d) / M + S(kFwmLnEps));
+    (d * rstd).store(out);
+    return rstd;
+  }
   S mean = 0;
   for (int i = 0; i < m; ++i) mean += r[i];
   mean /= m;
@@ -217,8 +283,15 @@ RFWP_INLINE S layer_norm(const S* r, int m, S* out) {
 }
 
 // gr = ∂L/∂r of n = LN(r) given gn = ∂L/∂n: rstd (gn - mean(gn) - n mean(gn ⊙ n)).
-template <typename S>
+template <typename S, int M>
 RFWP_INLINE void layer_norm_backward(const S* nhat, S rstd, const S* gn, int m, S* gr) {
+  if constexpr (M > 0) {
+    using R = Row<S, M>;
+    const R g = R::load(gn), n = R::load(nhat);
+    const S mg = g.dot(splat<S, M>(S(1))) / M, mgn = g.dot(n) / M;
+    ((g - splat<S, M>(mg) - n * mgn) * rstd).store(gr);
+    return;
+  }
   S mg = 0, mgn = 0;
   for (int i = 0; i < m; ++i) {
     mg += gn[i];
@@ -249,8 +322,7 @@ void memory_step(Tail<S>& tl, const S* k1, const S* k2, const S* v, S beta, cons
   // v_old = F_{t-1} vec(k1 ⊗ k2): the value now associated with k1 ⊗ k2 (FWM §3.1.1)
   column_dots<S, M>(tl.k1t, tl.stride, k1, m, L, a);
   column_dots<S, M>(tl.k2t, tl.stride, k2, m, L, b);
-#pragma omp simd
-  for (int j = 0; j < L; ++j) c[j] = tl.q[j] * a[j] * b[j];
+  for (int j = 0; j < L; j += kLanes<S>) vstore(c + j, vload(tl.q + j) * vload(a + j) * vload(b + j));
   zero_n(vold, m);
   add_rows<S, M>(tl.z, c, m, L, vold);
   if (tl.base != nullptr) {
@@ -264,6 +336,13 @@ void memory_step(Tail<S>& tl, const S* k1, const S* k2, const S* v, S beta, cons
   const S sq = tl.norm2 + S(2) * dot(z, vold, m) + dot(k1, k1, m) * dot(k2, k2, m) * dot(z, z, m);
   // FWM Eq. 4: F_t = F' / max(1, ||F'||)
   const S C = sq > S(1) ? std::sqrt(sq) : S(1);
+  if (L % kLanes<S> == 0) {   // a new block of terms: its padding must be finite (zero)
+    for (int i = 0; i < m; ++i) {
+      zero_n(tl.k1t + static_cast<size_t>(i) * tl.stride + L, kLanes<S>);
+      zero_n(tl.k2t + static_cast<size_t>(i) * tl.stride + L, kLanes<S>);
+    }
+    zero_n(tl.q + L, kLanes<S>);
+  }
   for (int i = 0; i < m; ++i) {
     tl.k1t[static_cast<size_t>(i) * tl.stride + L] = k1[i];
     tl.k2t[static_cast<size_t>(i) * tl.stride + L] = k2[i];
@@ -273,8 +352,7 @@ void memory_step(Tail<S>& tl, const S* k1, const S* k2, const S* v, S beta, cons
   tl.L = L + 1;
   if (C > S(1)) {
     const S inv = S(1) / C;
-#pragma omp simd
-    for (int j = 0; j <= L; ++j) tl.q[j] *= inv;
+    for (int j = 0; j <= L; j += kLanes<S>) vstore(tl.q + j, vload(tl.q + j) * inv);
     tl.qD *= inv;
     tl.norm2 = S(1);
   } else {
@@ -287,8 +365,7 @@ void memory_step(Tail<S>& tl, const S* k1, const S* k2, const S* v, S beta, cons
     const S* ei = e + static_cast<size_t>(i) * m;
     column_dots<S, M>(tl.k1t, tl.stride, n, m, L + 1, a);
     column_dots<S, M>(tl.k2t, tl.stride, ei, m, L + 1, b);
-#pragma omp simd
-    for (int j = 0; j <= L; ++j) c[j] = tl.q[j] * a[j] * b[j];
+    for (int j = 0; j <= L; j += kLanes<S>) vstore(c + j, vload(tl.q + j) * vload(a + j) * vload(b + j));
     zero_n(r, m);
     add_rows<S, M>(tl.z, c, m, L + 1, r);
     if (tl.base != nullptr) {
@@ -296,7 +373,7 @@ void memory_step(Tail<S>& tl, const S* k1, const S* k2, const S* v, S beta, cons
       axpy(tl.qD, tmp, r, m);
     }
     S* out = saved != nullptr ? sv.nhat + static_cast<size_t>(i) * m : nbuf;
-    const S rstd = layer_norm(r, m, out);
+    const S rstd = layer_norm<S, M>(r, m, out);
     if (saved != nullptr) sv.rstd[i] = rstd;
     n = out;
   }
@@ -309,9 +386,21 @@ void memory_step(Tail<S>& tl, const S* k1, const S* k2, const S* v, S beta, cons
   }
 }
 
+// The activated inputs of one step from its slow projections w [3m + 1] and r [(1 + nr) m]:
+// act = [k1 | k2 | v | n0 | e_1 .. e_nr] (m each, through tanh: FWM Eq. 1, 5, 6); returns β
+// (through the sigmoid: FWM Eq. 2).
+template <typename S, int M>
+RFWP_INLINE S activate(const S* w, const S* r, int m_, int nr, S* act) {
+  const int m = msize<M>(m_);
+  vtanh_n<S, 3 * M>(w, act, 3 * m);
+  vtanh_n<S>(r, act + 3 * m, (1 + nr) * m);
+  return vsigmoid(w[3 * m]);
+}
+inline size_t act_size(int m, int nr) { return static_cast<size_t>(4 + nr) * m; }
+
 template <typename S>
 struct FwmForwardScratch {
-  AlignedVector<S> k1t, k2t, z, q, work, base;
+  AlignedVector<S> k1t, k2t, z, q, work, base, act;
 };
 
 template <typename S, int M>
@@ -328,6 +417,9 @@ void fwm_forward_task(const FwmFwdArgs<S>& a, int bh, FwmForwardScratch<S>& s) {
   s.z.resize(static_cast<size_t>(cap) * m);
   s.q.resize(stride);
   s.work.resize(step_work_size(stride, m));
+  s.act.resize(act_size(m, nr));
+  S* act = s.act.data();
+  const int wsize = 3 * m + 1, rsize = (1 + nr) * m;
   Tail<S> tl{s.k1t.data(), s.k2t.data(), s.z.data(), s.q.data(), stride, cap, 0, nullptr, S(1), S(0)};
   const S* F0 = a.F0 + tk.mat(cube);
   if (!all_zero(F0, cube)) {
@@ -336,6 +428,10 @@ void fwm_forward_task(const FwmFwdArgs<S>& a, int bh, FwmForwardScratch<S>& s) {
   }
   int folds = 0;
   for (int t = 0; t < T; ++t) {
+    // the steps of a task are B*H vectors apart in the inputs (a page each): fetch ahead
+    prefetch_step<S, 1>(tk, T, t + kPrefetchSteps, wsize, {a.w});
+    prefetch_step<S, 1>(tk, T, t + kPrefetchSteps, rsize, {a.r});
+    prefetch_step<S, 1>(tk, T, t + kPrefetchSteps, m, {static_cast<const S*>(a.y)});
     if (tk.reset(a.reset, t)) {
       tl.clear();
     } else if (tl.L == a.fold) {   // fold the tail into a dense base
@@ -352,9 +448,9 @@ void fwm_forward_task(const FwmFwdArgs<S>& a, int bh, FwmForwardScratch<S>& s) {
       tl.L = 0;
       ++folds;
     }
-    const size_t o = tk.vec(t, m);
-    memory_step<S, M>(tl, a.k1 + o, a.k2 + o, a.v + o, a.beta[tk.scal(t)], a.n0 + o,
-                      a.e + tk.vec(t, nr * m), m, nr, a.y + o,
+    const S beta = activate<S, M>(a.w + tk.vec(t, wsize), a.r + tk.vec(t, rsize), m, nr, act);
+    memory_step<S, M>(tl, act, act + m, act + 2 * m, beta, act + 3 * m, act + 4 * m, m, nr,
+                      a.y + tk.vec(t, m),
                       a.saved != nullptr ? a.saved + (static_cast<size_t>(bh) * T + t) * A : nullptr,
                       s.work.data());
   }
@@ -374,18 +470,20 @@ void fwm_step_task(const FwmStepArgs<S>& a, int bh, AlignedVector<S>& work) {
   Tail<S> tl{a.k1t + static_cast<size_t>(bh) * m * stride, a.k2t + static_cast<size_t>(bh) * m * stride,
              a.z + static_cast<size_t>(bh) * a.cap * m, a.q + static_cast<size_t>(bh) * stride,
              stride, a.cap, meta[0], meta[1] ? base : nullptr, scal[1], scal[0]};
-  work.resize(step_work_size(stride, m));
+  work.resize(step_work_size(stride, m) + act_size(m, nr));
+  S* act = work.data() + step_work_size(stride, m);
   if (a.reset != nullptr && a.reset[b]) {
     tl.clear();
-  } else if (tl.L == a.cap) {   // fold the tail into the base, in place
+  } else if (tl.L == a.fold) {   // fold the tail into the base, in place
     materialize<S, M>(tl, m, base, work.data());
     tl.base = base;
     tl.qD = S(1);
     tl.L = 0;
   }
-  const size_t o = static_cast<size_t>(bh) * m;
-  memory_step<S, M>(tl, a.k1 + o, a.k2 + o, a.v + o, a.beta[bh], a.n0 + o,
-                    a.e + static_cast<size_t>(bh) * nr * m, m, nr, a.y + o, nullptr, work.data());
+  const S beta = activate<S, M>(a.w + static_cast<size_t>(bh) * (3 * m + 1),
+                                a.r + static_cast<size_t>(bh) * (1 + nr) * m, m, nr, act);
+  memory_step<S, M>(tl, act, act + m, act + 2 * m, beta, act + 3 * m, act + 4 * m, m, nr,
+                    a.y + static_cast<size_t>(bh) * m, nullptr, work.data());
   meta[0] = tl.L;
   meta[1] = tl.base != nullptr;
   scal[0] = tl.norm2;
@@ -396,7 +494,7 @@ void fwm_step_task(const FwmStepArgs<S>& a, int bh, AlignedVector<S>& work) {
 
 template <typename S>
 struct FwmBackwardScratch {
-  AlignedVector<S> rows, cols, scal, gbase0, gbase1, vecs;
+  AlignedVector<S> rows, cols, scal, gbase0, gbase1, vecs, act;
   std::vector<int> seg_start, seg_kind;
 };
 
@@ -419,12 +517,13 @@ void lookup_backward(BackTail<S>& bt, const S* q, S qD, int L, const S* base, S*
   column_dots<S, M>(bt.K1T, bt.stride, x, m, L, bt.x1);   // <k1_j, x>
   column_dots<S, M>(bt.K2T, bt.stride, y, m, L, bt.x2);   // <k2_j, y>
   column_dots<S, M>(bt.ZT, bt.stride, g, m, L, bt.x3);    // <z_j, g>
-#pragma omp simd
-  for (int j = 0; j < L; ++j) {
-    bt.c1[j] = q[j] * bt.x1[j] * bt.x2[j];   // ∂r/∂z_j
-    bt.c2[j] = q[j] * bt.x2[j] * bt.x3[j];   // ∂/∂<k1_j, x>
-    bt.c3[j] = q[j] * bt.x1[j] * bt.x3[j];   // ∂/∂<k2_j, y>
-    bt.A[j] += bt.c1[j] * bt.x3[j];
+  for (int j = 0; j < L; j += kLanes<S>) {
+    const Vec<S> qj = vload(q + j), x1 = vload(bt.x1 + j), x2 = vload(bt.x2 + j), x3 = vload(bt.x3 + j);
+    const Vec<S> c1 = qj * x1 * x2;
+    vstore(bt.c1 + j, c1);                   // ∂r/∂z_j
+    vstore(bt.c2 + j, qj * x2 * x3);         // ∂/∂<k1_j, x>
+    vstore(bt.c3 + j, qj * x1 * x3);         // ∂/∂<k2_j, y>
+    vstore(bt.A + j, vload(bt.A + j) + c1 * x3);
   }
   add_to_rows<S, M>(bt.gZ, bt.c1, g, m, L);
   add_rows<S, M>(bt.K1, bt.c2, m, L, gx);
@@ -484,6 +583,9 @@ void fwm_backward_task(const FwmBwdArgs<S>& a, int bh, FwmBackwardScratch<S>& s)
   s.cols.resize(3 * static_cast<size_t>(m) * stride);
   s.scal.resize(10 * static_cast<size_t>(stride));
   s.vecs.resize(12 * static_cast<size_t>(m));
+  s.act.resize(act_size(m, nr));
+  S* act = s.act.data();
+  const int wsize = 3 * m + 1, rsize = (1 + nr) * m;
   BackTail<S> bt;
   {
     S* r = s.rows.data();
@@ -532,11 +634,12 @@ void fwm_backward_task(const FwmBwdArgs<S>& a, int bh, FwmBackwardScratch<S>& s)
     // the segment's terms, in both layouts
     for (int j = 0; j < len; ++j) {
       const int t = s0 + j;
+      prefetch_step<S, 1>(tk, T, t + kPrefetchSteps, wsize, {a.w});
       const FwmSaved<const S> sv(a.saved + (static_cast<size_t>(bh) * T + t) * A, m, nr);
-      const S* k1 = a.k1 + tk.vec(t, m);
-      const S* k2 = a.k2 + tk.vec(t, m);
-      copy_n(k1, m, bt.K1 + static_cast<size_t>(j) * m);
-      copy_n(k2, m, bt.K2 + static_cast<size_t>(j) * m);
+      S* k1 = bt.K1 + static_cast<size_t>(j) * m;
+      S* k2 = bt.K2 + static_cast<size_t>(j) * m;
+      vtanh_n<S, M>(a.w + tk.vec(t, wsize), k1, m);       // FWM Eq. 1
+      vtanh_n<S, M>(a.w + tk.vec(t, wsize) + m, k2, m);
       copy_n(sv.z, m, bt.Z + static_cast<size_t>(j) * m);
       for (int i = 0; i < m; ++i) {
         bt.K1T[static_cast<size_t>(i) * stride + j] = k1[i];
@@ -548,7 +651,7 @@ void fwm_backward_task(const FwmBwdArgs<S>& a, int bh, FwmBackwardScratch<S>& s)
     zero_n(bt.gK1, static_cast<size_t>(len) * m);
     zero_n(bt.gK2, static_cast<size_t>(len) * m);
     zero_n(bt.gZ, static_cast<size_t>(len) * m);
-    zero_n(bt.A, static_cast<size_t>(len));
+    zero_n(bt.A, static_cast<size_t>(stride));
     S AD = 0;
     // the dense tensor the segment ends in: F = qD base + Σ_j q_j k1_j ⊗ k2_j ⊗ z_j
     if (gEnd != nullptr) {
@@ -566,34 +669,43 @@ void fwm_backward_task(const FwmBwdArgs<S>& a, int bh, FwmBackwardScratch<S>& s)
     }
     for (int t = s1 - 1; t >= s0; --t) {
       const int Lt = t - s0 + 1;   // terms of F_t
+      const int ahead = t - kPrefetchSteps;   // the steps' vectors are pages apart: fetch ahead
+      prefetch_step<S, 2>(tk, T, ahead, wsize, {a.w, a.gw});
+      prefetch_step<S, 2>(tk, T, ahead, rsize, {a.r, a.gr});
+      prefetch_step<S, 1>(tk, T, ahead, m, {a.gy});
       const FwmSaved<const S> sv(a.saved + (static_cast<size_t>(bh) * T + t) * A, m, nr);
       const size_t o = tk.vec(t, m);
+      const S* w = a.w + tk.vec(t, wsize);
+      S* gw = a.gw + tk.vec(t, wsize);   // [gk1 | gk2 | gv | gβ] until the activations' factor
+      S* gr = a.gr + tk.vec(t, rsize);   // [gn0 | ge_1 .. ge_nr] likewise
+      const S beta = activate<S, M>(w, a.r + tk.vec(t, rsize), m, nr, act);
       const S qDcur = scales(bt.invC, Lt, bt.qcur);
-      const S qDprev = scales(bt.invC, Lt - 1, bt.qprev);
+      // F_{t-1}'s scales: before step t's rescaling (one factor, so no underflow to undo)
+      const S Ct = sv.norm[1];
+      for (int j = 0; j < Lt - 1; j += kLanes<S>) vstore(bt.qprev + j, vload(bt.qcur + j) * Ct);
+      const S qDprev = Lt > 1 ? bt.qprev[0] : S(1);
       // FWM Eq. 7 backwards: n_i = LN(r_i), r_i = F_t vec(n_{i-1} ⊗ e_i)
       copy_n(a.gy + o, m, gn);
       for (int i = nr - 1; i >= 0; --i) {
-        layer_norm_backward(sv.nhat + static_cast<size_t>(i) * m, sv.rstd[i], gn, m, gr);
-        const S* nin = i == 0 ? a.n0 + o : sv.nhat + static_cast<size_t>(i - 1) * m;
-        const S* ei = a.e + tk.vec(t, nr * m) + static_cast<size_t>(i) * m;
-        S* gei = a.ge + tk.vec(t, nr * m) + static_cast<size_t>(i) * m;
+        layer_norm_backward<S, M>(sv.nhat + static_cast<size_t>(i) * m, sv.rstd[i], gn, m, gr);
+        const S* nin = i == 0 ? act + 3 * m : sv.nhat + static_cast<size_t>(i - 1) * m;
+        const S* ei = act + static_cast<size_t>(4 + i) * m;
+        S* gei = gr + static_cast<size_t>(1 + i) * m;
         zero_n(gnin, m);
         zero_n(gei, m);
         lookup_backward<S, M>(bt, bt.qcur, qDcur, Lt, base, gbase, nin, ei, gr, m, gnin, gei, AD, u);
         copy_n(gnin, m, gn);
       }
-      copy_n(gn, m, a.gn0 + o);
+      copy_n(gn, m, gr);
       // FWM Eq. 4: every scale of F_t divided by C_t = max(1, ||F'_t||)
-      S sumA = AD;
-      for (int j = 0; j < Lt; ++j) sumA += bt.A[j];
-      const S sq = sv.norm[0], C = sv.norm[1];
+      const S sumA = AD + sum_terms(bt.A, Lt);
+      const S sq = sv.norm[0], C = Ct;
       // ∂L/∂||F'||²: through ln C = ln ||F'|| when clamped (then ||F_t||² = 1, a constant)
       const S gsq = C > S(1) ? -sumA / (S(2) * sq) : gS;
       // ||F'||² = ||F||² + 2 <z, v_old> + |k1|² |k2|² |z|²
-      const S* k1 = a.k1 + o;
-      const S* k2 = a.k2 + o;
-      const S* v = a.v + o;
-      const S beta = a.beta[tk.scal(t)];
+      const S* k1 = act;
+      const S* k2 = act + m;
+      const S* v = act + 2 * m;
       const S k11 = dot(k1, k1, m), k22 = dot(k2, k2, m), zz = dot(sv.z, sv.z, m);
       copy_n(bt.gZ + static_cast<size_t>(Lt - 1) * m, m, gz);    // term t's own adjoints
       copy_n(bt.gK1 + static_cast<size_t>(Lt - 1) * m, m, gk1);
@@ -609,15 +721,19 @@ void fwm_backward_task(const FwmBwdArgs<S>& a, int bh, FwmBackwardScratch<S>& s)
       S gbeta = 0;
       for (int i = 0; i < m; ++i) {
         gbeta += gz[i] * (v[i] - sv.vold[i]);
-        a.gv[o + i] = beta * gz[i];
+        gw[2 * m + i] = beta * gz[i];
         gvold[i] -= beta * gz[i];
       }
-      a.gbeta[tk.scal(t)] = gbeta;
+      gw[3 * m] = gbeta;
       // v_old = F_{t-1} vec(k1 ⊗ k2) (FWM §3.1.1), F_{t-1} = the first Lt - 1 terms
       lookup_backward<S, M>(bt, bt.qprev, qDprev, Lt - 1, base, gbase, k1, k2, gvold, m, gk1, gk2,
                             AD, u);
-      copy_n(gk1, m, a.gk1 + o);
-      copy_n(gk2, m, a.gk2 + o);
+      copy_n(gk1, m, gw);
+      copy_n(gk2, m, gw + m);
+      // through the activations: tanh' = 1 - tanh² (FWM Eq. 1, 5, 6), σ' = σ (1 - σ) (Eq. 2)
+      for (int i = 0; i < 3 * m; ++i) gw[i] *= S(1) - act[i] * act[i];
+      gw[3 * m] *= beta * (S(1) - beta);
+      for (int i = 0; i < rsize; ++i) gr[i] *= S(1) - act[3 * m + i] * act[3 * m + i];
     }
     // the segment's start: what F was before its first step
     if (kind == 1) {          // a reset: no gradient crosses it

@@ -89,19 +89,12 @@ class FWMCore(Core):
         # with backend 'kernel' a one-line error now if the fused kernel cannot run these sizes
         self.op = ops.resolve("fwm", backend, ops.Dims(dk=m, dv=m))
 
-    def project(self, h: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-        """Slow projections of LSTM outputs ``h [..., hidden_size]``, as the op takes them (one
-        memory: a head dimension of 1).
-
-        Returns the write keys and value k1, k2, v ``[..., 1, m]``, the write strength β
-        ``[..., 1]`` and the read keys n_0 ``[..., 1, m]``, e ``[..., 1, num_reads, m]``.
-        """
-        m = self.m
-        w = self.write(h).unsqueeze(-2)
-        k1, k2, v = torch.tanh(w[..., :3 * m]).split(m, dim=-1)              # FWM Eq. 1
-        beta = torch.sigmoid(w[..., 3 * m])                                   # FWM Eq. 2
-        r = torch.tanh(self.read(h)).unflatten(-1, (1, 1 + self.num_reads, m))  # FWM Eq. 5-6
-        return k1, k2, v, beta, r[..., 0, :], r[..., 1:, :]
+    def project(self, h: Tensor) -> tuple[Tensor, Tensor]:
+        """The slow projections of LSTM outputs ``h [..., hidden_size]`` as the op takes them
+        (one memory: a head dimension of 1): ``[W_write; W_β] h`` ``[..., 1, 3m + 1]`` and
+        ``[W_n; W_e^1..N_r] h`` ``[..., 1, (1 + num_reads) m]``; the op applies tanh and σ
+        (FWM Eq. 1-2, 5-6)."""
+        return self.write(h).unsqueeze(-2), self.read(h).unsqueeze(-2)
 
     def stepper(self, batch_size: int, device: torch.device | str | None = None,
                 specialised: bool = True) -> CoreStepper | FWMStepper:
@@ -109,9 +102,8 @@ class FWMCore(Core):
         here (see :class:`FWMStepper`); otherwise, or with ``specialised=False``, the generic one."""
         if specialised and not torch.is_grad_enabled() and self.backend != "reference":
             p = next(self.parameters())
-            F0 = torch.zeros(batch_size, 1, self.m, self.m, self.m, dtype=p.dtype,
-                             device=device if device is not None else p.device)
-            memory = fwm_op.stepper(F0, self.backend)
+            like = p.detach() if device is None else p.detach().to(device)
+            memory = fwm_op.stepper(batch_size, 1, self.m, like, backend=self.backend)
             if memory is not None:
                 return FWMStepper(self, memory)
         return super().stepper(batch_size, device)
@@ -123,7 +115,7 @@ class FWMCore(Core):
     def _forward(self, x: Tensor, state: State, reset: Tensor | None) -> tuple[Tensor, State]:
         h0, c0, Fm = state
         hs, h, c = run_lstm(self.lstm, x, h0[None].contiguous(), c0[None].contiguous(), reset)
-        n, Fm = self.op(*self.project(hs), Fm.unsqueeze(1), reset)   # FWM Eq. 3-4, 7
+        n, Fm = self.op(*self.project(hs), Fm.unsqueeze(1), reset)   # FWM Eq. 1-7
         y = hs + self.out(n.squeeze(2))                               # FWM Eq. 8 + residual
         return y, (h[0], c[0], Fm.squeeze(1))
 

@@ -31,9 +31,9 @@ same dtype/device; ``reset`` is bool ``[T, B]``: True zeroes entry b's state *be
   k ``[T,B,H,n_h,dk]``, v ``[T,B,H,n_h,dv]``, beta ``[T,B,H,n_h]``.
 - ``srwm(x, W_init, dW0, reset) -> (y, dW)``: x ``[T,B,H,D]``, the slow initial weights
   W_init ``[H,3d+4,D]``, the state dW0 ``[B,H,3d+4,D]`` (the change from W_init).
-- ``fwm(k1, k2, v, beta, n0, e, F0, reset) -> (y, F)``: the FWM's write keys and value k1, k2,
-  v ``[T,B,H,m]``, beta ``[T,B,H]``, read keys n0 ``[T,B,H,m]``, e ``[T,B,H,N_r,m]``, the fast
-  tensor F0 ``[B,H,m,m,m]``; y ``[T,B,H,m]``. Fused on CPU only (no CUDA kernel).
+- ``fwm(w, r, F0, reset) -> (y, F)``: the FWM controller's slow projections w ``[T,B,H,3m+1]``
+  (write keys, value, strength) and r ``[T,B,H,(1+N_r)m]`` (read keys), before tanh / σ; the
+  fast tensor F0 ``[B,H,m,m,m]``; y ``[T,B,H,m]``. Fused on CPU only (no CUDA kernel).
 """
 
 from __future__ import annotations

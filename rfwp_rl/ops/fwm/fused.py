@@ -21,7 +21,7 @@ from rfwp_rl.kernels.cuda_limits import DeviceLimits
 from rfwp_rl.ops.base import (KERNEL_DTYPES, Dims, contiguous as _c, kernel_supported, needs_grad,
                               reset_mask)
 
-F0_ARG = 6
+F0_ARG = 2
 """Position of the initial tensor F0 in the op's arguments (signature order)."""
 
 
@@ -29,35 +29,39 @@ class FwmFunction(torch.autograd.Function):
     """Autograd node of the fused ``fwm`` (``be``: a kernel backend; once-differentiable)."""
 
     @staticmethod
-    def forward(ctx: FunctionCtx, be: Any, chunk: int, k1: Tensor, k2: Tensor, v: Tensor,
-                beta: Tensor, n0: Tensor, e: Tensor, F0: Tensor,
+    def forward(ctx: FunctionCtx, be: Any, chunk: int, w: Tensor, r: Tensor, F0: Tensor,
                 reset: Tensor | None) -> tuple[Tensor, Tensor]:
-        y, F, saved, bases = be.fwm_forward(k1, k2, v, beta, n0, e, F0, reset, chunk)
+        y, F, saved, bases = be.fwm_forward(w, r, F0, reset, chunk)
         ctx.be, ctx.chunk = be, chunk
-        ctx.save_for_backward(k1, k2, v, beta, n0, e, F0, reset, saved, bases)
+        # an unused output (the final tensor, usually) gets None, not zeros: its gradient would
+        # cost O(m³) per tail term
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(w, r, F0, reset, saved, bases)
         return y, F
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, gy: Tensor | None, gF: Tensor | None) -> tuple:
-        k1, k2, v, beta, n0, e, F0, reset, saved, bases = ctx.saved_tensors
-        gy = torch.zeros_like(k1) if gy is None else _c(gy)
+        w, r, F0, reset, saved, bases = ctx.saved_tensors
+        if gy is None:   # only the final tensor is used
+            gy = w.new_zeros(*w.shape[:3], F0.shape[-1])
+        gy = _c(gy)
         # the gradient of F0 costs O(m³) per step of its segment: only when autograd wants it
         need_gF0 = ctx.needs_input_grad[2 + F0_ARG]
-        *grads, gF0 = ctx.be.fwm_backward(k1, k2, v, beta, n0, e, F0, reset, saved, bases, gy,
-                                          _c(gF), need_gF0, ctx.chunk)
-        return (None, None, *grads, gF0 if need_gF0 else None, None)
+        gw, gr, gF0 = ctx.be.fwm_backward(w, r, F0, reset, saved, bases, gy, _c(gF), need_gF0,
+                                          ctx.chunk)
+        return None, None, gw, gr, gF0 if need_gF0 else None, None
 
 
-def fwm(be: Any, chunk: int, k1: Tensor, k2: Tensor, v: Tensor, beta: Tensor, n0: Tensor,
-        e: Tensor, F0: Tensor, reset: Tensor | None) -> tuple[Tensor, Tensor]:
+def fwm(be: Any, chunk: int, w: Tensor, r: Tensor, F0: Tensor,
+        reset: Tensor | None) -> tuple[Tensor, Tensor]:
     """Fused :func:`rfwp_rl.ops.fwm.naive.fwm` on kernel backend ``be`` (float32/float64):
     ``(y [T, B, H, m], F_T [B, H, m, m, m])``; ``chunk``: the longest low-rank tail (the
     kernel caps it at m²)."""
-    args = tuple(_c(x) for x in (k1, k2, v, beta, n0, e, F0))
-    if not needs_grad(chunk, *args):
-        return tuple(be.fwm_forward(*args, reset_mask(reset), 0)[:2])
-    return FwmFunction.apply(be, chunk, *args, reset_mask(reset))
+    w, r, F0 = _c(w), _c(r), _c(F0)
+    if not needs_grad(chunk, w, r, F0):
+        return tuple(be.fwm_forward(w, r, F0, reset_mask(reset), 0)[:2])
+    return FwmFunction.apply(be, chunk, w, r, F0, reset_mask(reset))
 
 
 class Stepper:
@@ -65,21 +69,31 @@ class Stepper:
     lives in the kernel's own layout (``fwm_step_state``) and each step appends one term, so a
     step costs O(L m), not a pass over a dense [m, m, m] tensor per (b, h).
 
-    ``step(k1, k2, v, beta, n0, e, reset=None) -> y``: one step of
-    :func:`rfwp_rl.ops.fwm.naive.fwm` (shapes without the time dimension; reset ``[B]``).
+    ``B, H, m``: memories and their size; ``like``: a tensor of the dtype and device; ``F0``:
+    the tensor to start from ``[B, H, m, m, m]`` (None: zero).
+    ``step(w, r, reset=None) -> y``: one step of :func:`rfwp_rl.ops.fwm.naive.fwm` (shapes
+    without the time dimension; reset ``[B]``).
     """
 
-    def __init__(self, be: Any, F0: Tensor) -> None:
+    INITIAL_CAPACITY = 32
+    """Tail terms the state has room for at first; doubled when needed (up to the kernel's
+    fold length): a task's live state stays a few cache lines."""
+
+    def __init__(self, be: Any, B: int, H: int, m: int, like: Tensor,
+                 F0: Tensor | None = None) -> None:
         self.be = be
+        self.steps = 0
         with torch.no_grad():
-            self.state = be.fwm_step_state(_c(F0))
+            self.state = be.fwm_step_state(B, H, m, like, F0, self.INITIAL_CAPACITY)
 
     @torch.no_grad()
-    def step(self, k1: Tensor, k2: Tensor, v: Tensor, beta: Tensor, n0: Tensor, e: Tensor,
-             reset: Tensor | None = None) -> Tensor:
+    def step(self, w: Tensor, r: Tensor, reset: Tensor | None = None) -> Tensor:
+        self.steps += 1   # no tail is longer than the steps taken
+        if self.steps > self.state[2].shape[2]:
+            self.state = self.be.fwm_step_grow(self.state, 2 * self.state[2].shape[2])
         if reset is not None:
             reset = reset.to(torch.bool).contiguous()
-        return self.be.fwm_step(_c(k1), _c(k2), _c(v), _c(beta), _c(n0), _c(e), reset, self.state)
+        return self.be.fwm_step(_c(w), _c(r), reset, self.state)
 
     def dense(self) -> Tensor:
         """The fast tensor now, ``[B, H, m, m, m]`` (materialised: O(L m³))."""
@@ -103,20 +117,20 @@ def supported(dims: Dims, dtype: torch.dtype, device: torch.device | str,
     return kernel_supported("fwm", dims, dtype, device, limits)
 
 
-def stepper(F0: Tensor, backend: str = "auto") -> Stepper | None:
-    """The incremental :class:`Stepper` from ``F0 [B, H, m, m, m]`` on the built kernels, or
-    None where it does not run (backend ``'reference'``, no kernels, a device or dtype the CPU
-    kernel does not take: the caller then steps through the op)."""
-    if (backend == "reference" or torch.device(F0.device).type != "cpu"
-            or F0.dtype not in KERNEL_DTYPES):
+def stepper(B: int, H: int, m: int, like: Tensor, F0: Tensor | None = None,
+            backend: str = "auto") -> Stepper | None:
+    """The incremental :class:`Stepper` on the built kernels, or None where it does not run
+    (backend ``'reference'``, no kernels, a device or dtype the CPU kernel does not take: the
+    caller then steps through the op)."""
+    if backend == "reference" or like.device.type != "cpu" or like.dtype not in KERNEL_DTYPES:
         return None
     from rfwp_rl import kernels
 
     ext, _ = kernels.load()
-    return None if ext is None else Stepper(ext, F0)
+    return None if ext is None else Stepper(ext, B, H, m, like, F0)
 
 
 def dims_of(args: Sequence[Any], options: dict) -> Dims:
-    """Sizes of one call ``(k1, k2, v, beta, n0, e, F0, reset)``: key and value size m."""
-    m = args[0].shape[-1]
+    """Sizes of one call ``(w, r, F0, reset)``: key and value size m (from F0)."""
+    m = args[F0_ARG].shape[-1]
     return Dims(dk=m, dv=m)

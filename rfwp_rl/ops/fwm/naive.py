@@ -51,45 +51,50 @@ def read(Fm: Tensor, n: Tensor, e: Tensor) -> Tensor:
     return n
 
 
-def fwm(k1: Tensor, k2: Tensor, v: Tensor, beta: Tensor, n0: Tensor, e: Tensor, F0: Tensor,
-        reset: Tensor | None) -> tuple[Tensor, Tensor]:
-    """Fast Weight Memory (Schlag, Munkhdalai, Schmidhuber, ICLR 2021, Eq. 3-4 and 7): per step
-    the write, then the N_r chained reads of the updated tensor (Eq. 7 reads F_t)::
+def activate(w: Tensor, r: Tensor, m: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The keys, value and strengths from the slow projections ``w [..., 3m + 1]``,
+    ``r [..., (1 + N_r) m]``: ``(k1, k2, v [..., m], β [...], n0 [..., m], e [..., N_r, m])``."""
+    k1, k2, v = torch.tanh(w[..., :3 * m]).split(m, dim=-1)    # FWM Eq. 1 (φ = tanh)
+    beta = torch.sigmoid(w[..., 3 * m])                         # FWM Eq. 2
+    keys = torch.tanh(r).unflatten(-1, (-1, m))                 # FWM Eq. 5-6
+    return k1, k2, v, beta, keys[..., 0, :], keys[..., 1:, :]
 
+
+def fwm(w: Tensor, r: Tensor, F0: Tensor, reset: Tensor | None) -> tuple[Tensor, Tensor]:
+    """Fast Weight Memory (Schlag, Munkhdalai, Schmidhuber, ICLR 2021, Eq. 1-7) on the slow
+    projections of the controller's output: per step the write, then the N_r chained reads of
+    the updated tensor (Eq. 7 reads F_t)::
+
+        [k1, k2, v] = tanh(w[:3m]);  β = σ(w[3m]);  n_0 = tanh(r[:m]);  e_i = tanh(r[im:(i+1)m])
         v_old = F_{t-1} vec(k1 ⊗ k2);  F'_t = F_{t-1} + β vec(k1 ⊗ k2) ⊗ (v - v_old)
         F_t = F'_t / max(1, ||F'_t||);  n_i = LN(F_t vec(n_{i-1} ⊗ e_i)),  y_t = n_{N_r}
 
     Args:
-        k1, k2, v: ``[T, B, H, m]`` write keys and value (through tanh, Eq. 1).
-        beta: ``[T, B, H]`` write strength (through the sigmoid, Eq. 2).
-        n0: ``[T, B, H, m]`` first read key (Eq. 5).
-        e: ``[T, B, H, N_r, m]`` read keys (Eq. 6).
+        w: ``[T, B, H, 3m + 1]`` W_write h and W_β h (Eq. 1-2 before φ and σ).
+        r: ``[T, B, H, (1 + N_r) m]`` W_n h and W_e^(1..N_r) h (Eq. 5-6 before φ).
         F0: ``[B, H, m, m, m]`` the tensor before step 0.
         reset: ``[T, B]`` bool or None; ``reset[t, b]`` zeroes entry b's F before step t.
     Returns:
         y ``[T, B, H, m]`` (n^(N_r) of every step) and ``F_T [B, H, m, m, m]``.
     """
-    T, B, H, m = k1.shape
+    T, B, H = w.shape[:3]
+    m = F0.shape[-1]
     N = B * H
+    k1, k2, v, beta, n0, e = (x.reshape(T, N, *x.shape[3:]) for x in activate(w, r, m))
     flags = reset_steps(reset, T)
     Fm = F0.reshape(N, m, m, m)
     ys = []
     for t in range(T):
         if flags[t]:
             Fm = zero_entries(Fm, reset[t].repeat_interleave(H))
-        Fm = write(Fm, k1[t].reshape(N, m), k2[t].reshape(N, m), v[t].reshape(N, m),
-                   beta[t].reshape(N))
-        ys.append(read(Fm, n0[t].reshape(N, m), e[t].reshape(N, -1, m)).view(B, H, m))
+        Fm = write(Fm, k1[t], k2[t], v[t], beta[t])       # FWM Eq. 3-4
+        ys.append(read(Fm, n0[t], e[t]).view(B, H, m))    # FWM Eq. 7
     return torch.stack(ys), Fm.view(B, H, m, m, m)
 
 
 def example_inputs(rand: Rand, T: int, B: int, H: int, d: int, dk: int) -> list[Tensor]:
-    """Random ``(k1, k2, v, beta, n0, e, F0)`` with memory size m = d and N_r = 3 reads: keys,
-    values and read keys in (-1, 1) (through tanh, as the core hands them), β in (0, 1), a
-    non-zero F0 of norm about ``rand.state_scale`` (the core's states have norm <= 1);
-    ``dk`` is ignored (every size is m)."""
-    def keys(*shape: int) -> Tensor:
-        return torch.tanh(rand.normal(*shape))
-
-    return [keys(T, B, H, d), keys(T, B, H, d), keys(T, B, H, d), rand.sig(T, B, H),
-            keys(T, B, H, d), keys(T, B, H, 3, d), rand.state(B, H, d, d, d) / d ** 1.5]
+    """Random ``(w, r, F0)`` with memory size m = d and N_r = 3 reads: slow projections
+    N(0, 1) (their tanh spans (-1, 1)), a non-zero F0 of norm about ``rand.state_scale`` (the
+    core's states have norm <= 1); ``dk`` is ignored (every size is m)."""
+    return [rand.normal(T, B, H, 3 * d + 1), rand.normal(T, B, H, 4 * d),
+            rand.state(B, H, d, d, d) / d ** 1.5]
