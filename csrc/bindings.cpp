@@ -552,6 +552,12 @@ FwmShapes check_fwm_inputs(const Tensor& w, const Tensor& r, int64_t chunk, bool
 
 std::vector<int64_t> fwm_cube(const Dims& n) { return {n.B, n.H, n.dk, n.dk, n.dk}; }
 
+// The kernel's groups of tasks: W (the vector lanes of the dtype) and G = ceil(B H / W).
+std::pair<int64_t, int64_t> fwm_groups(at::ScalarType dtype, int64_t BH) {
+  const int64_t W = dtype == at::kDouble ? rfwp::cpu::fwm_lanes<double>() : rfwp::cpu::fwm_lanes<float>();
+  return {W, (BH + W - 1) / W};
+}
+
 std::vector<Tensor> fwm_forward_impl(const Tensor& w, const Tensor& r, const Tensor& F0,
                                      const optional<Tensor>& reset, int64_t chunk) {
   const FwmShapes sh = check_fwm_inputs(w, r, chunk, true);
@@ -559,11 +565,13 @@ std::vector<Tensor> fwm_forward_impl(const Tensor& w, const Tensor& r, const Ten
   check_tensor(F0, "F0", w, fwm_cube(n));
   const uint8_t* rst = reset_ptr(reset, n, w);
   const bool keep = chunk > 0;
+  const auto [W, G] = fwm_groups(w.scalar_type(), static_cast<int64_t>(n.B) * n.H);
+  const int64_t cube = static_cast<int64_t>(n.dk) * n.dk * n.dk;
   Tensor y = empty_like_shape(w, {n.T, n.B, n.H, n.dk});
   Tensor F = empty_like_shape(w, fwm_cube(n));
-  Tensor saved = empty_like_shape(w, {keep ? n.B : 0, n.H, n.T, rfwp::fwm_saved_size(n.dk, sh.nr)});
+  Tensor saved = empty_like_shape(w, {keep ? G : 0, n.T, rfwp::fwm_saved_size(n.dk, sh.nr), W});
   const int64_t folds = keep ? rfwp::fwm_max_folds(n.T, sh.fold) : 0;
-  Tensor bases = empty_like_shape(w, {n.B, n.H, folds, n.dk, n.dk, n.dk});
+  Tensor bases = empty_like_shape(w, {G, folds, cube, W});
   AT_DISPATCH_FLOATING_TYPES(w.scalar_type(), "fwm_forward", [&] {
     using S = scalar_t;
     rfwp::FwmFwdArgs<S> a{ptr<S>(w), ptr<S>(r), ptr<S>(F0), rst, out<S>(y), out<S>(F),
@@ -581,8 +589,10 @@ std::vector<Tensor> fwm_backward_impl(const Tensor& w, const Tensor& r, const Te
   const FwmShapes sh = check_fwm_inputs(w, r, chunk, false);
   const Dims n = sh.n;
   check_tensor(F0, "F0", w, fwm_cube(n));
-  check_tensor(saved, "saved", w, {n.B, n.H, n.T, rfwp::fwm_saved_size(n.dk, sh.nr)});
-  check_tensor(bases, "bases", w, {n.B, n.H, rfwp::fwm_max_folds(n.T, sh.fold), n.dk, n.dk, n.dk});
+  const auto [W, G] = fwm_groups(w.scalar_type(), static_cast<int64_t>(n.B) * n.H);
+  const int64_t cube = static_cast<int64_t>(n.dk) * n.dk * n.dk;
+  check_tensor(saved, "saved", w, {G, n.T, rfwp::fwm_saved_size(n.dk, sh.nr), W});
+  check_tensor(bases, "bases", w, {G, rfwp::fwm_max_folds(n.T, sh.fold), cube, W});
   check_tensor(gy, "grad y", w, {n.T, n.B, n.H, n.dk});
   check_optional(gF, "grad F", w, fwm_cube(n));
   const uint8_t* rst = reset_ptr(reset, n, w);
@@ -598,10 +608,42 @@ std::vector<Tensor> fwm_backward_impl(const Tensor& w, const Tensor& r, const Te
   return {gw, gr, gF0};
 }
 
-// The incremental stepper's state (as FwmStepArgs) for B x H memories of size m in the dtype
-// and device of `like`, starting from F0 [B, H, m, m, m] (None: zero, nothing allocated to
-// hold it), with room for `capacity` tail terms (at most the fold length):
-// {k1t, k2t, z, q, scal, meta, base}. A zero F0 of a (b, h) is no base.
+// The incremental stepper (cpu/fwm_impl.h; FwmStepArgs): its state is {k1, k2, z, q, scal, meta,
+// base} in the kernel's groups of W tasks.
+struct FwmStepShape {
+  int64_t B, H, m, W, G, cap;
+};
+
+FwmStepShape fwm_step_shape(const std::vector<Tensor>& state, int64_t B, int64_t H) {
+  TORCH_CHECK(state.size() == 7, "the stepper state has 7 tensors (fwm_step_state), got ", state.size());
+  const Tensor& z = state[2];
+  TORCH_CHECK(z.dim() == 4, "the stepper state is not one of fwm_step_state");
+  const auto [W, G] = fwm_groups(z.scalar_type(), B * H);
+  const int64_t cap = z.size(1), m = z.size(2);
+  const int64_t cube = m * m * m;
+  check_tensor(state[0], "k1", z, {G, cap, m, W});
+  check_tensor(state[1], "k2", z, {G, cap, m, W});
+  check_tensor(z, "z", z, {G, cap, m, W});
+  check_tensor(state[3], "q", z, {G, cap, W});
+  check_tensor(state[4], "scal", z, {G, 2, W});
+  TORCH_CHECK(state[5].scalar_type() == at::kInt && state[5].is_contiguous() &&
+              state[5].sizes() == at::IntArrayRef({G, 2}), "meta must be int32 [G, 2]");
+  check_tensor(state[6], "base", z, {G, cube, W});
+  return {B, H, m, W, G, cap};
+}
+
+template <typename S>
+rfwp::FwmStepArgs<S> fwm_step_args(std::vector<Tensor>& state, const FwmStepShape& sh) {
+  Dims n{1, static_cast<int>(sh.B), static_cast<int>(sh.H), static_cast<int>(sh.m),
+         static_cast<int>(sh.m), 0};
+  return rfwp::FwmStepArgs<S>{nullptr, nullptr, nullptr, out<S>(state[0]), out<S>(state[1]),
+                              out<S>(state[2]), out<S>(state[3]), out<S>(state[4]), out<S>(state[6]),
+                              state[5].data_ptr<int32_t>(), nullptr, n, 0, static_cast<int>(sh.cap),
+                              rfwp::fwm_tail_capacity(static_cast<int>(sh.m))};
+}
+
+// The stepper's state for B x H memories of size m in the dtype and device of `like`, from
+// F0 [B, H, m, m, m] (None: zero), with room for `capacity` tail terms (at most the fold length).
 std::vector<Tensor> fwm_step_state(int64_t B, int64_t H, int64_t m, const Tensor& like,
                                    const optional<Tensor>& F0, int64_t capacity) {
   TORCH_CHECK(!like.is_cuda(), "fwm has no CUDA kernel");
@@ -610,44 +652,38 @@ std::vector<Tensor> fwm_step_state(int64_t B, int64_t H, int64_t m, const Tensor
   TORCH_CHECK(B >= 1 && H >= 1 && m >= 1 && capacity >= 1, "sizes must be >= 1, got B = ", B,
               ", H = ", H, ", m = ", m, ", capacity = ", capacity);
   const auto opt = like.options();
+  const auto [W, G] = fwm_groups(like.scalar_type(), B * H);
   const int64_t cap = std::min<int64_t>(capacity, rfwp::fwm_tail_capacity(static_cast<int>(m)));
-  const int64_t stride = rfwp::fwm_stride(static_cast<int>(cap));
-  Tensor scal = at::zeros({B, H, 2}, opt);
-  scal.select(2, 1).fill_(1);
-  Tensor meta = at::zeros({B, H, 2}, opt.dtype(at::kInt));
-  Tensor base;
+  std::vector<Tensor> state = {at::empty({G, cap, m, W}, opt), at::empty({G, cap, m, W}, opt),
+                               at::empty({G, cap, m, W}, opt), at::empty({G, cap, W}, opt),
+                               at::empty({G, 2, W}, opt), at::empty({G, 2}, opt.dtype(at::kInt)),
+                               at::empty({G, m * m * m, W}, opt)};
+  Tensor F0c;
   if (F0.has_value() && F0->defined()) {
     check_tensor(F0->contiguous(), "F0", like, {B, H, m, m, m});
-    base = F0->clone(at::MemoryFormat::Contiguous);
-    Tensor flat = base.view({B, H, m * m * m});
-    scal.select(2, 0).copy_(flat.square().sum(-1));
-    meta.select(2, 1).copy_(flat.ne(0).any(-1));
-  } else {
-    base = at::empty({B, H, m, m, m}, opt);   // written by the first fold
+    F0c = F0->contiguous();
   }
-  return {at::empty({B, H, m, stride}, opt), at::empty({B, H, m, stride}, opt),
-          at::empty({B, H, cap, m}, opt), at::empty({B, H, stride}, opt), scal, meta, base};
+  const FwmStepShape sh = fwm_step_shape(state, B, H);
+  AT_DISPATCH_FLOATING_TYPES(like.scalar_type(), "fwm_step_state", [&] {
+    rfwp::cpu::fwm_step_init(fwm_step_args<scalar_t>(state, sh), F0c.defined() ? ptr<scalar_t>(F0c) : nullptr);
+  });
+  return state;
 }
 
 // The stepper state with room for `capacity` tail terms (at most the fold length), its terms
 // copied; the same state when it has that room already.
 std::vector<Tensor> fwm_step_grow(std::vector<Tensor> state, int64_t capacity) {
   TORCH_CHECK(state.size() == 7, "the stepper state has 7 tensors (fwm_step_state), got ", state.size());
-  const int64_t m = state[2].size(3), old = state[2].size(2);
+  const int64_t m = state[2].size(2), old = state[2].size(1);
   const int64_t cap = std::min<int64_t>(capacity, rfwp::fwm_tail_capacity(static_cast<int>(m)));
   if (cap <= old) return state;
-  const int64_t stride = rfwp::fwm_stride(static_cast<int>(cap));
-  auto widen = [](const Tensor& x, int64_t dim, int64_t size) {
-    std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
-    shape[dim] = size;
-    Tensor y = at::zeros(shape, x.options());
-    y.narrow(dim, 0, x.size(dim)).copy_(x);
-    return y;
-  };
-  state[0] = widen(state[0], 3, stride);
-  state[1] = widen(state[1], 3, stride);
-  state[2] = widen(state[2], 2, cap);
-  state[3] = widen(state[3], 2, stride);
+  for (int i = 0; i < 4; ++i) {
+    std::vector<int64_t> shape(state[i].sizes().begin(), state[i].sizes().end());
+    shape[1] = cap;
+    Tensor y = at::empty(shape, state[i].options());
+    y.narrow(1, 0, old).copy_(state[i]);
+    state[i] = y;
+  }
   return state;
 }
 
@@ -655,47 +691,51 @@ std::vector<Tensor> fwm_step_grow(std::vector<Tensor> state, int64_t capacity) {
 // state (fwm_step_state) it updates in place; returns y [B, H, m].
 Tensor fwm_step(const Tensor& w, const Tensor& r, const optional<Tensor>& reset,
                 std::vector<Tensor> state) {
-  TORCH_CHECK(state.size() == 7, "the stepper state has 7 tensors (fwm_step_state), got ", state.size());
   TORCH_CHECK(!w.is_cuda(), "fwm has no CUDA kernel");
   TORCH_CHECK(w.dim() == 3, "w must be [B, H, 3m + 1], got ", w.sizes());
   const auto [m, nr] = fwm_sizes(w, r);
-  Dims n = make_dims(w.unsqueeze(0), m, 0, true);
-  n.dk = static_cast<int>(m);
-  const Tensor& base = state[6];
-  const int64_t cap = state[2].size(2), stride = state[3].size(2);
-  const int fold = rfwp::fwm_tail_capacity(static_cast<int>(m));
-  check_tensor(w, "w", w, {n.B, n.H, 3 * m + 1});
-  check_tensor(r, "r", w, {n.B, n.H, (1 + nr) * m});
-  check_tensor(state[0], "k1t", w, {n.B, n.H, m, stride});
-  check_tensor(state[1], "k2t", w, {n.B, n.H, m, stride});
-  check_tensor(state[2], "z", w, {n.B, n.H, cap, m});
-  check_tensor(state[3], "q", w, {n.B, n.H, rfwp::fwm_stride(static_cast<int>(cap))});
-  check_tensor(state[4], "scal", w, {n.B, n.H, 2});
-  TORCH_CHECK(state[5].scalar_type() == at::kInt && state[5].is_contiguous() &&
-              state[5].sizes() == at::IntArrayRef({n.B, n.H, 2}), "meta must be int32 [B, H, 2]");
-  check_tensor(base, "base", w, fwm_cube(n));
+  const int64_t B = w.size(0), H = w.size(1);
+  TORCH_CHECK(w.scalar_type() == state[2].scalar_type(), "w has dtype ", w.scalar_type(),
+              ", the stepper state ", state[2].scalar_type());
+  const FwmStepShape sh = fwm_step_shape(state, B, H);
+  TORCH_CHECK(sh.m == m, "the stepper state has memory size ", sh.m, ", w has m = ", m);
+  check_tensor(w, "w", w, {B, H, 3 * m + 1});
+  check_tensor(r, "r", w, {B, H, (1 + nr) * m});
   {   // every tail has room for this step's term, or is folded first (fwm_step_grow)
     const int32_t* meta = state[5].data_ptr<int32_t>();
-    for (int64_t i = 0; i < n.B * n.H; ++i)
-      TORCH_CHECK(meta[2 * i] < cap || meta[2 * i] == fold, "the stepper state is full (",
-                  cap, " terms): grow it with fwm_step_grow");
+    const int fold = rfwp::fwm_tail_capacity(static_cast<int>(m));
+    for (int64_t g = 0; g < sh.G; ++g)
+      TORCH_CHECK(meta[2 * g] < sh.cap || meta[2 * g] == fold, "the stepper state is full (",
+                  sh.cap, " terms): grow it with fwm_step_grow");
   }
   const uint8_t* rst = nullptr;
   if (reset.has_value() && reset->defined()) {
     TORCH_CHECK(reset->scalar_type() == at::kBool && reset->is_contiguous() &&
-                reset->sizes() == at::IntArrayRef({n.B}), "reset must be a contiguous bool [B] tensor");
+                reset->sizes() == at::IntArrayRef({B}), "reset must be a contiguous bool [B] tensor");
     rst = reinterpret_cast<const uint8_t*>(reset->data_ptr());
   }
-  Tensor y = empty_like_shape(w, {n.B, n.H, m});
+  Tensor y = empty_like_shape(w, {B, H, m});
   AT_DISPATCH_FLOATING_TYPES(w.scalar_type(), "fwm_step", [&] {
     using S = scalar_t;
-    rfwp::FwmStepArgs<S> a{ptr<S>(w), ptr<S>(r), rst, out<S>(state[0]), out<S>(state[1]),
-                           out<S>(state[2]), out<S>(state[3]), out<S>(state[4]), out<S>(state[6]),
-                           state[5].data_ptr<int32_t>(), out<S>(y), n, static_cast<int>(nr),
-                           static_cast<int>(cap), fold};
+    rfwp::FwmStepArgs<S> a = fwm_step_args<S>(state, sh);
+    a.w = ptr<S>(w);
+    a.r = ptr<S>(r);
+    a.reset = rst;
+    a.y = out<S>(y);
+    a.nr = static_cast<int>(nr);
     rfwp::cpu::fwm_step(a);
   });
   return y;
+}
+
+// The fast tensors of a stepper of B x H memories now, F [B, H, m, m, m] (materialised).
+Tensor fwm_step_dense(std::vector<Tensor> state, int64_t B, int64_t H) {
+  const FwmStepShape sh = fwm_step_shape(state, B, H);
+  Tensor F = at::empty({B, H, sh.m, sh.m, sh.m}, state[2].options());
+  AT_DISPATCH_FLOATING_TYPES(F.scalar_type(), "fwm_step_dense", [&] {
+    rfwp::cpu::fwm_step_dense(fwm_step_args<scalar_t>(state, sh), out<scalar_t>(F));
+  });
+  return F;
 }
 
 // ------------------------------------------------------------------ entry points (dtype, layout)
@@ -973,4 +1013,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "the fwm stepper's state with room for `capacity` tail terms");
   m.def("fwm_step", &fwm_step, py::arg("w"), py::arg("r"), py::arg("reset"), py::arg("state"),
         "one fwm step (inference), updating the stepper state in place");
+  m.def("fwm_step_dense", &fwm_step_dense, py::arg("state"), py::arg("B"), py::arg("H"),
+        "the fast tensors of an fwm stepper now, [B, H, m, m, m]");
 }

@@ -155,17 +155,17 @@ struct SrwmBwdArgs {
 // fwm (FWM paper Eq. 1-7), dk == dv == m: per step the slow projections w [T, B, H, 3m + 1]
 // (the write keys k1, k2 and value v before tanh, the strength beta before the sigmoid) and
 // r [T, B, H, (1 + nr) m] (the read keys n0, e_1..e_nr before tanh); the fast tensor
-// F [B, H, m, m, m] (first key, second key, value); y [T, B, H, m] = n^(nr). The CPU kernel keeps F as a dense base plus the low-rank tail of
-// the writes since the base (cpu/fwm_impl.h); a tail of `fold` terms is folded into a new
-// base. saved [B, H, T, fwm_saved_size(m, nr)] (per task contiguous): what the backward needs
-// of every step; bases [B, H, fwm_max_folds(T, fold), m, m, m]: the folded bases. Both are
-// null in an inference forward.
+// F [B, H, m, m, m] (first key, second key, value); y [T, B, H, m] = n^(nr). The CPU kernel
+// keeps F as a dense base plus the low-rank tail of the writes since the base, and runs the
+// (b, h) tasks in groups of W (the vector lanes), one number of each task per vector
+// (cpu/fwm_impl.h): its own buffers are [G = ceil(B H / W)] groups of [..][W]. saved
+// [G, T, fwm_saved_size(m, nr), W]: what the backward needs of every step; bases
+// [G, fwm_max_folds(T, fold), m³, W]: the tails folded into dense bases every `fold` steps.
+// Both are null in an inference forward.
 RFWP_HOST_DEVICE inline int fwm_saved_size(int m, int nr) { return (2 + nr) * m + nr + 2; }
 // The longest tail before it is folded into a dense base: a lookup costs about L m (tail)
 // against m³ (base), so up to L = m² the tail is the cheaper form.
 RFWP_HOST_DEVICE inline int fwm_tail_capacity(int m) { return m * m > 16 ? m * m : 16; }
-// Row stride of the tail's key columns (cpu/fwm_impl.h): a whole number of 64-byte lines.
-RFWP_HOST_DEVICE inline int fwm_stride(int cap) { return (cap + 15) / 16 * 16; }
 RFWP_HOST_DEVICE inline int fwm_max_folds(int T, int fold) { return T > 0 ? (T - 1) / fold : 0; }
 
 template <typename S>
@@ -190,16 +190,16 @@ struct FwmBwdArgs {
   int nr, fold;
 };
 
-// The incremental (inference) stepper's state, per (b, h): the tail's keys k1t, k2t
-// [m][stride] (a column per term), increments z [cap][m], scales q [stride]; scal = (||F||^2,
-// scale of the base); meta = (tail length, has a base); base [m, m, m]. Updated in place by
-// fwm_step. `cap` terms are allocated (the caller grows it up to `fold`, the tail length that
-// is folded into the base), so that a task's live state stays compact.
+// The incremental (inference) stepper: one step (w [B, H, 3m + 1], r [B, H, (1 + nr) m],
+// reset [B] or null) on its state, updated in place, in groups of W tasks: the tail's k1, k2, z
+// [G, cap, m, W], scales q [G, cap, W], scal [G, 2, W] (||F||², the base's scale), meta [G, 2]
+// (tail length, has a base), base [G, m³, W]. `cap` terms are allocated (the caller grows it up
+// to `fold`, the tail length folded into the base).
 template <typename S>
 struct FwmStepArgs {
-  const S *w, *r;                         // one step: [B, H, 3m + 1], [B, H, (1 + nr) m]
-  const uint8_t* reset;                   // [B] or null
-  S *k1t, *k2t, *z, *q, *scal, *base;
+  const S *w, *r;
+  const uint8_t* reset;
+  S *k1, *k2, *z, *q, *scal, *base;
   int32_t* meta;
   S* y;                                   // [B, H, m]
   Dims n;                                 // T = 1

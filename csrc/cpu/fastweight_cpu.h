@@ -22,8 +22,13 @@ template <typename S> void srwm_forward(const SrwmFwdArgs<S>& a);
 template <typename S> void srwm_backward(const SrwmBwdArgs<S>& a);
 template <typename S> void fwm_forward(const FwmFwdArgs<S>& a);
 template <typename S> void fwm_backward(const FwmBwdArgs<S>& a);
-// one step of the incremental stepper, in place on its state; tasks over (b, h) of a.n
+// the incremental stepper: its state from F0 [B, H, m, m, m] rows (null: zero); one step, in
+// place on the state; every task's F into rows F [B, H, m, m, m]
+template <typename S> void fwm_step_init(const FwmStepArgs<S>& a, const S* F0);
 template <typename S> void fwm_step(const FwmStepArgs<S>& a);
+template <typename S> void fwm_step_dense(const FwmStepArgs<S>& a, S* F);
+// tasks per group of the fwm kernel: the vector lanes of S
+template <typename S> int fwm_lanes();
 
 }  // namespace cpu
 }  // namespace rfwp

@@ -1,34 +1,45 @@
 // CPU Fast Weight Memory (Schlag, Munkhdalai, Schmidhuber, ICLR 2021, "Learning Associative
-// Inference Using Fast Weight Memory"; "FWM" below): the write of FWM Eq. 3-4 and the N_r
-// chained reads of FWM Eq. 7, one (batch, head) task at a time, no torch.
+// Inference Using Fast Weight Memory"; "FWM" below): the activations of FWM Eq. 1-2 and 5-6, the
+// write of Eq. 3-4 and the N_r chained reads of Eq. 7. No torch.
 //
-// Representation. The fast tensor F [m][m][m] (first key, second key, value) is a dense base
-// D plus the low-rank tail of the writes made since the base:
+// Representation. The fast tensor F [m][m][m] (first key, second key, value) of a task is a
+// dense base D plus the low-rank tail of the writes made since the base:
 //     F = qD D + Σ_{j<L} q_j (k1_j ⊗ k2_j ⊗ z_j),
 // z_j = β_j (v_j - v_old_j) the increment of the write of step j (FWM Eq. 3), q_j (qD) the
 // product of the FWM Eq. 4 rescalings since term j (since the base). A lookup of F is a sum
 // over the tail, F vec(x ⊗ y) = qD D vec(x ⊗ y) + Σ_j q_j <k1_j, x> <k2_j, y> z_j (fast weights
 // and their factors are dual, Secretly-FWP Sec. 2): O(L m) instead of O(m³), and ||F'||² has a
 // scalar recurrence, so a step touches no dense tensor unless there is a base. The base is the
-// initial state (skipped when it is zero: every meta-RL episode, every segment after a reset)
-// or the fold of a tail that reached `fold` terms into a dense tensor (kept for the backward,
-// like a checkpoint; it bounds the tail, and so the cost of a step, on long sequences).
+// initial state (skipped when it is zero, as in every meta-RL episode) or the fold of a tail
+// that reached `fold` terms into a dense tensor (kept for the backward like a checkpoint; it
+// bounds the tail, and so the cost of a step, on long sequences).
 //
-// Forward of step t (after its reset or fold), `memory_step`:
+// Lanes. A vector register holds one number of each of W tasks (W = the vector lanes: 16
+// floats or 8 doubles with AVX-512): a group of W consecutive (b, h) tasks runs as one, every
+// quantity of the formulas below a vector of W values ("lane vector"; an array of n of them is
+// [n][W]). The m-dimensional dot products and layer norms are then vertical arithmetic (no
+// horizontal sums) and W independent tasks hide every latency. The tails of a group are
+// aligned: term j of every lane is step (fold start + j). A reset of lane l before step t
+// multiplies its q_j (j < t), qD and ||F||² by 0 (its old terms and base vanish from every
+// lookup); folds happen at the same steps for all lanes (every `fold` steps).
+//
+// Forward of step t, `group_step` (after the fold and the resets of step t):
+//   [k1, k2, v] = tanh(w), β = σ(w), n0, e_i = tanh(r)         FWM Eq. 1-2, 5-6
 //   v_old = F_{t-1} vec(k1 ⊗ k2)                              FWM §3.1.1
 //   z = β (v - v_old);  F' = F_{t-1} + vec(k1 ⊗ k2) ⊗ z        FWM Eq. 3 (a new tail term)
 //   ||F'||² = ||F||² + 2 <z, v_old> + |k1|² |k2|² |z|²         (<F, vec(k1 ⊗ k2) ⊗ z> = <z, v_old>)
 //   C = max(1, ||F'||);  F_t = F' / C  (every q_j and qD / C)  FWM Eq. 4
 //   n_i = LN(F_t vec(n_{i-1} ⊗ e_i)), i = 1..N_r;  y = n_{N_r} FWM Eq. 7 (LN without affine map)
 // The forward saves z, v_old, the normalised reads, their 1/std, ||F'||² and C of every step
-// (O(N_r m) per step), so the backward recomputes nothing but dot products.
+// (O(N_r m) per step), so the backward recomputes nothing but the activations and dot products.
 //
-// Backward: reverse mode through these formulas, one segment (steps between resets and
-// folds) at a time, last to first, with adjoints of every tail term (gk1_j, gk2_j, gz_j) and of
-// ||F||². A rescaling enters through ∂L/∂ln C_t = -(Σ_{j<=t} A_j + A_D), where A_j collects
-// (∂L/∂q_j) q_j over the uses of term j's scale at steps >= t (q_j at step s is the product of
-// 1 / C over steps j..s). The gradient of a dense tensor that a segment ends in (the final
-// state, or the next segment's base) is looked up term by term (O(m³) per term).
+// Backward: reverse mode through these formulas, one fold segment at a time, last to first,
+// with adjoints of every tail term (gk1_j, gk2_j, gz_j) and of ||F||². A rescaling enters
+// through ∂L/∂ln C_t = -(Σ_{j<=t} A_j + A_D), where A_j collects (∂L/∂q_j) q_j over the uses of
+// term j's scale at steps >= t; the scales q_j at step t are rebuilt from the saved C (and the
+// reset masks) as products over steps j..t, never by undoing a rescaling. The gradient of a
+// dense tensor that a segment ends in (the final state, or the next segment's base) is looked
+// up term by term (O(m³) per term).
 #pragma once
 
 #include <algorithm>
@@ -36,7 +47,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <type_traits>
 #include <vector>
 
 #include "../fastweight_params.h"
@@ -48,705 +58,755 @@ namespace cpu {
 // ε of the layer norm of FWM Eq. 7 (torch.nn.functional.layer_norm's default)
 constexpr double kFwmLnEps = 1e-5;
 
-template <int M>
-RFWP_INLINE int msize(int m) { return M > 0 ? M : m; }
-
-// Loops over the tail's terms j run a whole vector of terms at a time (the tail is short, 30
-// terms in the meta-RL task: a compiler's vector loop with a scalar remainder would run almost
-// all of it in the remainder). Arrays indexed by j therefore have `stride` entries (a multiple
-// of the vector lanes), and the entries past the live terms stay finite: the forward zeroes a
-// new block of columns when the tail enters it; in the backward they hold later terms.
 template <typename S>
 using Vec = typename VecType<S>::type;
 template <typename S>
 constexpr int kLanes = VecType<S>::lanes;
+
+template <int M>
+RFWP_INLINE int msize(int m) { return M > 0 ? M : m; }
+
+// lane vector i of the array p ([n][W])
 template <typename S>
-RFWP_INLINE Vec<S> vload(const S* p) {
-  return *reinterpret_cast<const typename VecType<S>::unaligned*>(p);
+RFWP_INLINE Vec<S> ld(const S* p, size_t i) {
+  return *reinterpret_cast<const typename VecType<S>::unaligned*>(p + i * kLanes<S>);
 }
 template <typename S>
-RFWP_INLINE void vstore(S* p, Vec<S> v) {
-  *reinterpret_cast<typename VecType<S>::unaligned*>(p) = v;
+RFWP_INLINE void st(S* p, size_t i, Vec<S> v) {
+  *reinterpret_cast<typename VecType<S>::unaligned*>(p + i * kLanes<S>) = v;
+}
+template <typename S>
+RFWP_INLINE Vec<S> splat(S a) { return Vec<S>{} + a; }
+
+// Σ_i x[i] y[i] over m lane vectors, four chains.
+template <typename S, int M>
+RFWP_INLINE Vec<S> ldot(const S* x, const S* y, int m_) {
+  const int m = msize<M>(m_);
+  Vec<S> a0{}, a1{}, a2{}, a3{};
+  int i = 0;
+  for (; i + 3 < m; i += 4) {
+    a0 += ld(x, i) * ld(y, i);
+    a1 += ld(x, i + 1) * ld(y, i + 1);
+    a2 += ld(x, i + 2) * ld(y, i + 2);
+    a3 += ld(x, i + 3) * ld(y, i + 3);
+  }
+  for (; i < m; ++i) a0 += ld(x, i) * ld(y, i);
+  return (a0 + a1) + (a2 + a3);
 }
 
-// What one step keeps for the backward (a [saved_size] slice): z, v_old [m]; the normalised
-// reads n_1..n_Nr [nr][m]; their 1/std [nr]; ||F'||², C.
+// y[i] += c x[i] over m lane vectors
+template <typename S, int M>
+RFWP_INLINE void laxpy(Vec<S> c, const S* x, S* y, int m_) {
+  const int m = msize<M>(m_);
+  for (int i = 0; i < m; ++i) st(y, i, ld(y, i) + c * ld(x, i));
+}
+
+// What one step keeps for the backward: [A][W], A = fwm_saved_size(m, nr) lane vectors:
+// z, v_old [m]; the normalised reads n_1..n_Nr [nr][m]; their 1/std [nr]; ||F'||², C.
 template <typename P>
 struct FwmSaved {
   P *z, *vold, *nhat, *rstd, *norm;
-  FwmSaved(P* p, int m, int nr)
-      : z(p), vold(p + m), nhat(p + 2 * m), rstd(p + (2 + nr) * m), norm(p + (2 + nr) * m + nr) {}
+  FwmSaved(P* p, int m, int nr, int W)
+      : z(p), vold(p + static_cast<size_t>(m) * W), nhat(p + 2 * static_cast<size_t>(m) * W),
+        rstd(p + static_cast<size_t>(2 + nr) * m * W), norm(rstd + static_cast<size_t>(nr) * W) {}
 };
 
-// ------------------------------------------------------------------------ tail operations
+// ------------------------------------------------------------------------ rows <-> lanes
 
-// out[j] = <x, X[:, j]> for j < L; XT [m][stride] holds the columns (a column per tail term),
-// so the L dot products are m vector multiply-adds over j, without horizontal sums.
-template <typename S, int M>
-RFWP_INLINE void column_dots(const S* __restrict__ XT, int stride, const S* __restrict__ x, int m_,
-                             int L, S* __restrict__ out) {
-  const int m = msize<M>(m_);
-  for (int j = 0; j < L; j += kLanes<S>) {
-    Vec<S> acc[4] = {};   // four chains over a: the sum is latency-bound, not throughput-bound
-    int a = 0;
-    for (; a + 3 < m; a += 4)
-      for (int u = 0; u < 4; ++u) acc[u] += x[a + u] * vload(XT + static_cast<size_t>(a + u) * stride + j);
-    for (; a < m; ++a) acc[0] += x[a] * vload(XT + static_cast<size_t>(a) * stride + j);
-    vstore(out + j, (acc[0] + acc[1]) + (acc[2] + acc[3]));
-  }
-}
-
-// s = Σ_{j<L} x[j] (exactly the live terms: the padding of x may hold later terms).
+// dst [n][W] (lanes) from `rows` consecutive rows of n scalars at src (lanes beyond: 0).
 template <typename S>
-RFWP_INLINE S sum_terms(const S* x, int L) {
-  Vec<S> acc{};
-  int j = 0;
-  for (; j + kLanes<S> <= L; j += kLanes<S>) acc += vload(x + j);
-  S s = 0;
-  for (int i = 0; i < kLanes<S>; ++i) s += acc[i];
-  for (; j < L; ++j) s += x[j];
-  return s;
+inline void rows_to_lanes(const S* src, int rows, int n, S* dst, S* pad) {
+  constexpr int W = kLanes<S>;
+  if (rows == W) {
+    transpose(src, W, n, dst);
+    return;
+  }
+  zero_n(pad, static_cast<size_t>(W) * n);
+  copy_n(src, static_cast<size_t>(rows) * n, pad);
+  transpose(pad, W, n, dst);
+}
+// `rows` consecutive rows of n scalars at dst from src [n][W] (lanes).
+template <typename S>
+inline void lanes_to_rows(const S* src, int rows, int n, S* dst, S* pad) {
+  constexpr int W = kLanes<S>;
+  if (rows == W) {
+    transpose(src, n, W, dst);
+    return;
+  }
+  transpose(src, n, W, pad);
+  copy_n(pad, static_cast<size_t>(rows) * n, dst);
 }
 
-// out += Σ_{j<L} c_j X[j] (X [L][m], a row per tail term).
+// The activated inputs of one step from the slow projections, in lanes: act = [k1 | k2 | v |
+// n0 | e_1 .. e_nr] ([m] lane vectors each, through tanh: FWM Eq. 1, 5, 6) and beta [W]
+// (through the sigmoid: FWM Eq. 2). wl [3m + 1][W], rl [(1 + nr) m][W].
 template <typename S, int M>
-RFWP_INLINE void add_rows(const S* __restrict__ X, const S* __restrict__ c, int m_, int L,
-                          S* __restrict__ out) {
-  if constexpr (M > 0) {
-    using R = Row<S, M>;
-    R acc[4] = {R::load(out), R::zero(), R::zero(), R::zero()};   // four dependency chains
-    int j = 0;
-    for (; j + 3 < L; j += 4)
-      for (int u = 0; u < 4; ++u) acc[u].fma(c[j + u], R::load(X + static_cast<size_t>(j + u) * M));
-    for (; j < L; ++j) acc[0].fma(c[j], R::load(X + static_cast<size_t>(j) * M));
-    ((acc[0] + acc[1]) + (acc[2] + acc[3])).store(out);
-  } else {
-    for (int j = 0; j < L; ++j) axpy(c[j], X + static_cast<size_t>(j) * m_, out, m_);
-  }
-}
-
-// Y[j] += c_j x for j < L (adjoints of the tail terms, a row per term).
-template <typename S, int M>
-RFWP_INLINE void add_to_rows(S* __restrict__ Y, const S* __restrict__ c, const S* __restrict__ x,
-                             int m_, int L) {
-  if constexpr (M > 0) {
-    using R = Row<S, M>;
-    const R xr = R::load(x);
-    for (int j = 0; j < L; ++j) {
-      R y = R::load(Y + static_cast<size_t>(j) * M);
-      y.fma(c[j], xr);
-      y.store(Y + static_cast<size_t>(j) * M);
-    }
-  } else {
-    for (int j = 0; j < L; ++j) axpy(c[j], x, Y + static_cast<size_t>(j) * m_, m_);
-  }
+RFWP_INLINE void activate(const S* wl, const S* rl, int m_, int nr, S* act, S* beta) {
+  constexpr int W = kLanes<S>;
+  const int m = msize<M>(m_);
+  vtanh_n<S>(wl, act, 3 * m * W);
+  vtanh_n<S>(rl, act + static_cast<size_t>(3) * m * W, (1 + nr) * m * W);
+  const S* wb = wl + static_cast<size_t>(3) * m * W;
+#pragma omp simd
+  for (int l = 0; l < W; ++l) beta[l] = vsigmoid(wb[l]);
 }
 
 // --------------------------------------------------------------------- dense [m][m][m] tensors
 
-// u = X vec(x ⊗ y), i.e. u[c] = Σ_{a,b} x_a y_b X[a][b][c]. With g (not null) also the
-// gradients of that lookup with cotangent g, scaled by s: gx[a] += s Σ_b y_b <X[a][b], g>,
+// u = X vec(x ⊗ y), i.e. u[c] = Σ_{a,b} x_a y_b X[a][b][c] (lanes). With g (not null) also
+// the gradients of that lookup with cotangent g, scaled by s: gx[a] += s Σ_b y_b <X[a][b], g>,
 // gy[b] += s Σ_a x_a <X[a][b], g>.
 template <typename S, int M>
 void dense_lookup(const S* X, const S* x, const S* y, int m_, S* u, const S* g = nullptr,
-                  S s = 0, S* gx = nullptr, S* gy = nullptr) {
+                  const S* s = nullptr, S* gx = nullptr, S* gy = nullptr) {
   const int m = msize<M>(m_);
-  zero_n(u, m);
+  for (int c = 0; c < m; ++c) st(u, c, Vec<S>{});
   for (int a = 0; a < m; ++a) {
-    const S* Xa = X + static_cast<size_t>(a) * m * m;
-    S gxa = 0;
+    Vec<S> gxa{};
     for (int b = 0; b < m; ++b) {
-      const S* row = Xa + static_cast<size_t>(b) * m;
-      axpy(x[a] * y[b], row, u, m);
+      const S* row = X + (static_cast<size_t>(a) * m + b) * m * kLanes<S>;
+      laxpy<S, M>(ld(x, a) * ld(y, b), row, u, m);
       if (g != nullptr) {
-        const S d = dot(row, g, m);
-        gxa += y[b] * d;
-        gy[b] += s * x[a] * d;
+        const Vec<S> d = ldot<S, M>(row, g, m);
+        gxa += ld(y, b) * d;
+        st(gy, b, ld(gy, b) + ld(s, 0) * ld(x, a) * d);
       }
     }
-    if (g != nullptr) gx[a] += s * gxa;
+    if (g != nullptr) st(gx, a, ld(gx, a) + ld(s, 0) * gxa);
   }
 }
 
-// X += s x ⊗ y ⊗ g
+// X += s x ⊗ y ⊗ g (lanes)
 template <typename S, int M>
-void dense_add_outer(S* X, S s, const S* x, const S* y, const S* g, int m_) {
+void dense_add_outer(S* X, Vec<S> s, const S* x, const S* y, const S* g, int m_) {
   const int m = msize<M>(m_);
   for (int a = 0; a < m; ++a)
     for (int b = 0; b < m; ++b)
-      axpy(s * x[a] * y[b], g, X + (static_cast<size_t>(a) * m + b) * m, m);
+      laxpy<S, M>(s * ld(x, a) * ld(y, b), g, X + (static_cast<size_t>(a) * m + b) * m * kLanes<S>, m);
 }
 
-// ----------------------------------------------------------------- the forward of one task
+// ----------------------------------------------------------------- the forward of one group
 
-// F = qD base + Σ_{j<L} q_j (k1_j ⊗ k2_j ⊗ z_j) of one (b, h) (see the top of this file).
+// The tails of the W tasks of a group (see the top of this file), lane layout.
 template <typename S>
-struct Tail {
-  S *k1t, *k2t;   // [m][stride]: column j = k1_j, k2_j
-  S* z;           // [cap][m]
-  S* q;           // [cap]
-  int stride, cap, L;
-  const S* base;  // [m][m][m] or null (a zero base)
-  S qD, norm2;    // the base's scale; ||F||²
-
-  void clear() {
-    L = 0;
-    base = nullptr;
-    qD = S(1);
-    norm2 = S(0);
-  }
+struct LaneTail {
+  S *K1, *K2, *Z;   // [cap][m] lane vectors: term j's k1, k2, z
+  S* q;             // [cap]
+  S* qD;            // [1]: the base's scale
+  S* norm2;         // [1]: ||F||²
+  const S* base;    // [m³] lane vectors or null (a zero base)
+  int L, cap;
 };
 
-// dst = F, dense. dst may be tl.base: each (a, b) row of the base is read before it is written.
-// pa: scratch of `cap` scalars.
+// r = F vec(x ⊗ y) with the first L terms at scales q ([L] lane vectors) and the base at qD.
 template <typename S, int M>
-void materialize(const Tail<S>& tl, int m_, S* dst, S* pa) {
-  const int m = msize<M>(m_), L = tl.L;
+RFWP_INLINE void tail_lookup(const LaneTail<S>& tl, const S* q, Vec<S> qD, int L, const S* x,
+                             const S* y, int m_, S* r, S* tmp) {
+  constexpr int W = kLanes<S>;
+  const int m = msize<M>(m_);
+  const size_t mw = static_cast<size_t>(m) * W;
+  for (int c = 0; c < m; ++c) st(r, c, Vec<S>{});
+  for (int j = 0; j < L; ++j) {
+    const Vec<S> cj = ld(q, j) * ldot<S, M>(tl.K1 + j * mw, x, m) * ldot<S, M>(tl.K2 + j * mw, y, m);
+    laxpy<S, M>(cj, tl.Z + j * mw, r, m);
+  }
+  if (tl.base != nullptr) {
+    dense_lookup<S, M>(tl.base, x, y, m, tmp);
+    laxpy<S, M>(qD, tmp, r, m);
+  }
+}
+
+// dst = F, dense (lanes [m³]). dst may be tl.base: each (a, b) row is read before it is written.
+// pa: scratch of `cap` lane vectors.
+template <typename S, int M>
+void materialize(const LaneTail<S>& tl, int m_, S* dst, S* pa) {
+  constexpr int W = kLanes<S>;
+  const int m = msize<M>(m_);
+  const size_t mw = static_cast<size_t>(m) * W;
+  const Vec<S> qD = ld(tl.qD, 0);
   for (int a = 0; a < m; ++a) {
-    for (int j = 0; j < L; j += kLanes<S>)
-      vstore(pa + j, vload(tl.q + j) * vload(tl.k1t + static_cast<size_t>(a) * tl.stride + j));
+    for (int j = 0; j < tl.L; ++j) st(pa, j, ld(tl.q, j) * ld(tl.K1 + j * mw, a));
     for (int b = 0; b < m; ++b) {
-      const size_t row = (static_cast<size_t>(a) * m + b) * m;
-      const S* k2b = tl.k2t + static_cast<size_t>(b) * tl.stride;
-      S* out = dst + row;
-      if constexpr (M > 0) {
-        using R = Row<S, M>;
-        R acc0 = tl.base != nullptr ? R::load(tl.base + row) * tl.qD : R::zero(), acc1 = R::zero();
-        int j = 0;
-        for (; j + 1 < L; j += 2) {
-          acc0.fma(pa[j] * k2b[j], R::load(tl.z + static_cast<size_t>(j) * M));
-          acc1.fma(pa[j + 1] * k2b[j + 1], R::load(tl.z + static_cast<size_t>(j + 1) * M));
+      S* out = dst + (static_cast<size_t>(a) * m + b) * mw;
+      const S* in = tl.base != nullptr ? tl.base + (static_cast<size_t>(a) * m + b) * mw : nullptr;
+      if constexpr (M > 0) {   // the row's M lane vectors stay in registers over the terms
+        Vec<S> acc[M];
+        for (int c = 0; c < M; ++c) acc[c] = in != nullptr ? qD * ld(in, c) : Vec<S>{};
+        for (int j = 0; j < tl.L; ++j) {
+          const Vec<S> coef = ld(pa, j) * ld(tl.K2 + j * mw, b);
+          const S* zj = tl.Z + j * mw;
+          for (int c = 0; c < M; ++c) acc[c] += coef * ld(zj, c);
         }
-        if (j < L) acc0.fma(pa[j] * k2b[j], R::load(tl.z + static_cast<size_t>(j) * M));
-        (acc0 + acc1).store(out);
+        for (int c = 0; c < M; ++c) st(out, c, acc[c]);
       } else {
-        if (tl.base != nullptr) {
-          for (int c = 0; c < m; ++c) out[c] = tl.qD * tl.base[row + c];
-        } else {
-          zero_n(out, m);
-        }
-        for (int j = 0; j < L; ++j) axpy(pa[j] * k2b[j], tl.z + static_cast<size_t>(j) * m, out, m);
+        for (int c = 0; c < m; ++c) st(out, c, in != nullptr ? qD * ld(in, c) : Vec<S>{});
+        for (int j = 0; j < tl.L; ++j) laxpy<S, M>(ld(pa, j) * ld(tl.K2 + j * mw, b), tl.Z + j * mw, out, m);
       }
     }
   }
 }
 
-template <typename S>
-S squared_norm(const S* x, size_t n) {
-  S s = 0;
-  for (size_t i = 0; i < n; ++i) s += x[i] * x[i];
-  return s;
-}
-
-// Whether every element is +0 or -0 (an OR of the bit patterns without the sign: no branch
-// per element, so the loop vectorises).
-template <typename S>
-bool all_zero(const S* x, size_t n) {
-  using Bits = std::conditional_t<sizeof(S) == 4, uint32_t, uint64_t>;
-  const Bits magnitude = ~(Bits(1) << (8 * sizeof(S) - 1));
-  Bits any = 0;
-#pragma omp simd reduction(| : any)
-  for (size_t i = 0; i < n; ++i) {
-    Bits b;
-    std::memcpy(&b, x + i, sizeof(S));
-    any |= b & magnitude;
-  }
-  return any == 0;
-}
-
+// out = LN(r) without affine map (lanes [m]); returns 1 / std.
 template <typename S, int M>
-RFWP_INLINE Row<S, M> splat(S a) {
-  Row<S, M> r;
-  for (int c = 0; c < Row<S, M>::C; ++c) r.v[c] = Vec<S>{} + a;
-  return r;
-}
-
-// out = LN(r) without affine map; returns 1 / std.
-template <typename S, int M>
-RFWP_INLINE S layer_norm(const S* r, int m, S* out) {
-  if constexpr (M > 0) {
-    using R = Row<S, M>;
-    const R x = R::load(r);
-    const R d = x - splat<S, M>(x.dot(splat<S, M>(S(1))) / M);
-    const S rstd = S(1) / std::sqrt(d.dot(d) / M + S(kFwmLnEps));
-    (d * rstd).store(out);
-    return rstd;
-  }
-  S mean = 0;
-  for (int i = 0; i < m; ++i) mean += r[i];
-  mean /= m;
-  S var = 0;
-  for (int i = 0; i < m; ++i) var += (r[i] - mean) * (r[i] - mean);
-  const S rstd = S(1) / std::sqrt(var / m + S(kFwmLnEps));
-  for (int i = 0; i < m; ++i) out[i] = (r[i] - mean) * rstd;
+RFWP_INLINE Vec<S> layer_norm(const S* r, int m_, S* out) {
+  constexpr int W = kLanes<S>;
+  const int m = msize<M>(m_);
+  Vec<S> mean{};
+  for (int c = 0; c < m; ++c) mean += ld(r, c);
+  mean *= S(1) / m;
+  Vec<S> var{};
+  for (int c = 0; c < m; ++c) var += (ld(r, c) - mean) * (ld(r, c) - mean);
+  var = var * (S(1) / m) + S(kFwmLnEps);
+  Vec<S> rstd;
+  for (int l = 0; l < W; ++l) rstd[l] = S(1) / std::sqrt(var[l]);
+  for (int c = 0; c < m; ++c) st(out, c, (ld(r, c) - mean) * rstd);
   return rstd;
 }
 
-// gr = ∂L/∂r of n = LN(r) given gn = ∂L/∂n: rstd (gn - mean(gn) - n mean(gn ⊙ n)).
+// gr = ∂L/∂r of n = LN(r) given gn = ∂L/∂n: rstd (gn - mean(gn) - n mean(gn ⊙ n)) (lanes).
 template <typename S, int M>
-RFWP_INLINE void layer_norm_backward(const S* nhat, S rstd, const S* gn, int m, S* gr) {
-  if constexpr (M > 0) {
-    using R = Row<S, M>;
-    const R g = R::load(gn), n = R::load(nhat);
-    const S mg = g.dot(splat<S, M>(S(1))) / M, mgn = g.dot(n) / M;
-    ((g - splat<S, M>(mg) - n * mgn) * rstd).store(gr);
-    return;
+RFWP_INLINE void layer_norm_backward(const S* nhat, Vec<S> rstd, const S* gn, int m_, S* gr) {
+  const int m = msize<M>(m_);
+  Vec<S> mg{}, mgn{};
+  for (int c = 0; c < m; ++c) {
+    mg += ld(gn, c);
+    mgn += ld(gn, c) * ld(nhat, c);
   }
-  S mg = 0, mgn = 0;
-  for (int i = 0; i < m; ++i) {
-    mg += gn[i];
-    mgn += gn[i] * nhat[i];
-  }
-  mg /= m;
-  mgn /= m;
-  for (int i = 0; i < m; ++i) gr[i] = rstd * (gn[i] - mg - nhat[i] * mgn);
+  mg *= S(1) / m;
+  mgn *= S(1) / m;
+  for (int c = 0; c < m; ++c) st(gr, c, rstd * (ld(gn, c) - mg - ld(nhat, c) * mgn));
 }
 
-// Scratch of memory_step: 3 arrays of `stride` scalars and 5 vectors of m.
-inline size_t step_work_size(int stride, int m) { return 3 * static_cast<size_t>(stride) + 5 * m; }
+// Scratch of group_step, in lane vectors: v_old, z, r, a lookup's base part, a read's output.
+inline size_t step_work_size(int m) { return 5 * static_cast<size_t>(m); }
 
-// One step on tl (after the caller's reset or fold): the write, then the N_r chained reads;
-// y = n_{N_r}. saved (nullable) receives the step's FwmSaved. The caller ensures tl.L < tl.cap.
+// One step of a group on tl (after the caller's fold): the resets (keep: [W], 0 where the task
+// resets before this step; null: none), the write, then the N_r chained reads. act, beta: the
+// activated inputs (activate). y [m] lanes. saved ([A] lanes, nullable) receives FwmSaved.
+// The caller ensures tl.L < tl.cap.
 template <typename S, int M>
-void memory_step(Tail<S>& tl, const S* k1, const S* k2, const S* v, S beta, const S* n0,
-                 const S* e, int m_, int nr, S* y, S* saved, S* work) {
+void group_step(LaneTail<S>& tl, const S* keep, const S* act, const S* beta, int m_, int nr,
+                S* y, S* saved, S* work) {
+  constexpr int W = kLanes<S>;
   const int m = msize<M>(m_), L = tl.L;
-  S* a = work;
-  S* b = a + tl.stride;
-  S* c = b + tl.stride;
-  S* vold = c + tl.stride;
-  S* z = vold + m;
-  S* r = z + m;
-  S* tmp = r + m;
-  S* nbuf = tmp + m;   // the reads' outputs when nothing is saved
-  // v_old = F_{t-1} vec(k1 ⊗ k2): the value now associated with k1 ⊗ k2 (FWM §3.1.1)
-  column_dots<S, M>(tl.k1t, tl.stride, k1, m, L, a);
-  column_dots<S, M>(tl.k2t, tl.stride, k2, m, L, b);
-  for (int j = 0; j < L; j += kLanes<S>) vstore(c + j, vload(tl.q + j) * vload(a + j) * vload(b + j));
-  zero_n(vold, m);
-  add_rows<S, M>(tl.z, c, m, L, vold);
-  if (tl.base != nullptr) {
-    dense_lookup<S, M>(tl.base, k1, k2, m, tmp);
-    axpy(tl.qD, tmp, vold, m);
+  const size_t mw = static_cast<size_t>(m) * W;
+  const S *k1 = act, *k2 = act + mw, *v = act + 2 * mw, *n0 = act + 3 * mw, *e = act + 4 * mw;
+  S* vold = work;
+  S* z = vold + mw;
+  S* r = z + mw;
+  S* tmp = r + mw;
+  S* nbuf = tmp + mw;
+  if (keep != nullptr) {   // a reset empties its lane: old terms, base and norm vanish
+    const Vec<S> kp = ld(keep, 0);
+    for (int j = 0; j < L; ++j) st(tl.q, j, ld(tl.q, j) * kp);
+    st(tl.qD, 0, ld(tl.qD, 0) * kp);
+    st(tl.norm2, 0, ld(tl.norm2, 0) * kp);
   }
+  // v_old = F_{t-1} vec(k1 ⊗ k2): the value now associated with k1 ⊗ k2 (FWM §3.1.1)
+  tail_lookup<S, M>(tl, tl.q, ld(tl.qD, 0), L, k1, k2, m, vold, tmp);
   // FWM Eq. 3: F' = F_{t-1} + β vec(k1 ⊗ k2) ⊗ (v - v_old), the new tail term (k1, k2, z)
-  for (int i = 0; i < m; ++i) z[i] = beta * (v[i] - vold[i]);
+  const Vec<S> b = ld(beta, 0);
+  for (int c = 0; c < m; ++c) st(z, c, b * (ld(v, c) - ld(vold, c)));
   // ||F'||² = ||F||² + 2 <F, vec(k1 ⊗ k2) ⊗ z> + |vec(k1 ⊗ k2) ⊗ z|², and
   // <F, vec(k1 ⊗ k2) ⊗ z> = <z, F vec(k1 ⊗ k2)> = <z, v_old>
-  const S sq = tl.norm2 + S(2) * dot(z, vold, m) + dot(k1, k1, m) * dot(k2, k2, m) * dot(z, z, m);
+  const Vec<S> sq = ld(tl.norm2, 0) + S(2) * ldot<S, M>(z, vold, m) +
+                    ldot<S, M>(k1, k1, m) * ldot<S, M>(k2, k2, m) * ldot<S, M>(z, z, m);
   // FWM Eq. 4: F_t = F' / max(1, ||F'||)
-  const S C = sq > S(1) ? std::sqrt(sq) : S(1);
-  if (L % kLanes<S> == 0) {   // a new block of terms: its padding must be finite (zero)
-    for (int i = 0; i < m; ++i) {
-      zero_n(tl.k1t + static_cast<size_t>(i) * tl.stride + L, kLanes<S>);
-      zero_n(tl.k2t + static_cast<size_t>(i) * tl.stride + L, kLanes<S>);
-    }
-    zero_n(tl.q + L, kLanes<S>);
+  Vec<S> C, inv, norm2;
+  for (int l = 0; l < W; ++l) {
+    C[l] = sq[l] > S(1) ? std::sqrt(sq[l]) : S(1);
+    inv[l] = S(1) / C[l];
+    norm2[l] = sq[l] > S(1) ? S(1) : sq[l];
   }
-  for (int i = 0; i < m; ++i) {
-    tl.k1t[static_cast<size_t>(i) * tl.stride + L] = k1[i];
-    tl.k2t[static_cast<size_t>(i) * tl.stride + L] = k2[i];
-  }
-  copy_n(z, m, tl.z + static_cast<size_t>(L) * m);
-  tl.q[L] = S(1);
+  copy_n(k1, mw, tl.K1 + L * mw);
+  copy_n(k2, mw, tl.K2 + L * mw);
+  copy_n(z, mw, tl.Z + L * mw);
+  st(tl.q, L, splat<S>(1));
   tl.L = L + 1;
-  if (C > S(1)) {
-    const S inv = S(1) / C;
-    for (int j = 0; j <= L; j += kLanes<S>) vstore(tl.q + j, vload(tl.q + j) * inv);
-    tl.qD *= inv;
-    tl.norm2 = S(1);
-  } else {
-    tl.norm2 = sq;
-  }
+  for (int j = 0; j <= L; ++j) st(tl.q, j, ld(tl.q, j) * inv);
+  st(tl.qD, 0, ld(tl.qD, 0) * inv);
+  st(tl.norm2, 0, norm2);
   // FWM Eq. 7: n_i = LN(F_t vec(n_{i-1} ⊗ e_i)), i = 1..N_r (F_t includes this step's write)
-  const FwmSaved<S> sv(saved, m, nr);
+  const FwmSaved<S> sv(saved, m, nr, W);
   const S* n = n0;
   for (int i = 0; i < nr; ++i) {
-    const S* ei = e + static_cast<size_t>(i) * m;
-    column_dots<S, M>(tl.k1t, tl.stride, n, m, L + 1, a);
-    column_dots<S, M>(tl.k2t, tl.stride, ei, m, L + 1, b);
-    for (int j = 0; j <= L; j += kLanes<S>) vstore(c + j, vload(tl.q + j) * vload(a + j) * vload(b + j));
-    zero_n(r, m);
-    add_rows<S, M>(tl.z, c, m, L + 1, r);
-    if (tl.base != nullptr) {
-      dense_lookup<S, M>(tl.base, n, ei, m, tmp);
-      axpy(tl.qD, tmp, r, m);
-    }
-    S* out = saved != nullptr ? sv.nhat + static_cast<size_t>(i) * m : nbuf;
-    const S rstd = layer_norm<S, M>(r, m, out);
-    if (saved != nullptr) sv.rstd[i] = rstd;
+    tail_lookup<S, M>(tl, tl.q, ld(tl.qD, 0), L + 1, n, e + i * mw, m, r, tmp);
+    S* out = saved != nullptr ? sv.nhat + i * mw : nbuf;
+    const Vec<S> rstd = layer_norm<S, M>(r, m, out);
+    if (saved != nullptr) st(sv.rstd, i, rstd);
     n = out;
   }
-  copy_n(n, m, y);
+  copy_n(n, mw, y);
   if (saved != nullptr) {
-    copy_n(z, m, sv.z);
-    copy_n(vold, m, sv.vold);
-    sv.norm[0] = sq;
-    sv.norm[1] = C;
+    copy_n(z, mw, sv.z);
+    copy_n(vold, mw, sv.vold);
+    st(sv.norm, 0, sq);
+    st(sv.norm, 1, C);
   }
 }
 
-// The activated inputs of one step from its slow projections w [3m + 1] and r [(1 + nr) m]:
-// act = [k1 | k2 | v | n0 | e_1 .. e_nr] (m each, through tanh: FWM Eq. 1, 5, 6); returns β
-// (through the sigmoid: FWM Eq. 2).
-template <typename S, int M>
-RFWP_INLINE S activate(const S* w, const S* r, int m_, int nr, S* act) {
-  const int m = msize<M>(m_);
-  vtanh_n<S, 3 * M>(w, act, 3 * m);
-  vtanh_n<S>(r, act + 3 * m, (1 + nr) * m);
-  return vsigmoid(w[3 * m]);
+// The rows of one step of a group in the [T, B, H, n] inputs and outputs: tasks g W .. are
+// consecutive rows.
+template <typename S>
+RFWP_INLINE size_t group_rows(int T_index, int BH, int g, int n) {
+  return (static_cast<size_t>(T_index) * BH + static_cast<size_t>(g) * kLanes<S>) * n;
 }
+
+template <typename S>
+RFWP_INLINE void prefetch_rows(const S* p, int rows, int n) {
+  prefetch_vec(p, rows * n);
+}
+
+// Lane masks of the resets of step t (0: the task resets): true when any lane of the group resets.
+template <typename S>
+RFWP_INLINE bool group_keep(const uint8_t* reset, int t, int B, int H, int g, int lanes, S* keep) {
+  constexpr int W = kLanes<S>;
+  bool any = false;
+  for (int l = 0; l < W; ++l) {
+    const int bh = g * W + l;
+    const bool r = reset != nullptr && l < lanes && reset[static_cast<size_t>(t) * B + bh / H] != 0;
+    keep[l] = r ? S(0) : S(1);
+    any |= r;
+  }
+  return any;
+}
+
 inline size_t act_size(int m, int nr) { return static_cast<size_t>(4 + nr) * m; }
 
 template <typename S>
 struct FwmForwardScratch {
-  AlignedVector<S> k1t, k2t, z, q, work, base, act;
+  AlignedVector<S> tail, q, scal, act, raw, pad, work, base0, foldbase, y;
 };
 
+// The dense F0 of a group in lanes (base0 [m³] lanes) and its ||F0||² per lane; false when it
+// is zero in every lane (then nothing is written but norm2 = 0).
+template <typename S>
+bool load_base(const S* F0, int lanes, size_t cube, S* base0, S* norm2, S* pad) {
+  constexpr int W = kLanes<S>;
+  bool any = false;
+  for (int l = 0; l < W; ++l) {
+    S s = 0;
+    if (l < lanes) {
+      const S* f = F0 + l * cube;
+#pragma omp simd reduction(+ : s)
+      for (size_t i = 0; i < cube; ++i) s += f[i] * f[i];
+    }
+    norm2[l] = s;
+    any |= s != S(0);
+  }
+  if (any) rows_to_lanes(F0, lanes, static_cast<int>(cube), base0, pad);
+  return any;
+}
+
 template <typename S, int M>
-void fwm_forward_task(const FwmFwdArgs<S>& a, int bh, FwmForwardScratch<S>& s) {
+void fwm_forward_group(const FwmFwdArgs<S>& a, int g, FwmForwardScratch<S>& s) {
+  constexpr int W = kLanes<S>;
   const Dims& n = a.n;
-  const Task tk(n, bh);
-  const int m = msize<M>(n.dv), nr = a.nr, T = n.T;
-  const int cap = std::max(1, std::min(T, a.fold)), stride = fwm_stride(cap);
-  const size_t cube = static_cast<size_t>(m) * m * m;
+  const int m = msize<M>(n.dv), nr = a.nr, T = n.T, BH = n.B * n.H;
+  const int lanes = std::min(W, BH - g * W);
+  const int cap = std::max(1, std::min(T, a.fold));
+  const size_t mw = static_cast<size_t>(m) * W, cube = static_cast<size_t>(m) * m * m;
+  const int wsize = 3 * m + 1, rsize = (1 + nr) * m;
   const size_t A = fwm_saved_size(m, nr);
   const int max_folds = fwm_max_folds(T, a.fold);
-  s.k1t.resize(static_cast<size_t>(m) * stride);
-  s.k2t.resize(static_cast<size_t>(m) * stride);
-  s.z.resize(static_cast<size_t>(cap) * m);
-  s.q.resize(stride);
-  s.work.resize(step_work_size(stride, m));
-  s.act.resize(act_size(m, nr));
+  s.tail.resize(3 * cap * mw);
+  s.q.resize(static_cast<size_t>(cap) * W);
+  s.scal.resize(3 * W);
+  s.act.resize(act_size(m, nr) * W + W);
+  s.raw.resize(static_cast<size_t>(wsize + rsize) * W);
+  s.pad.resize(static_cast<size_t>(std::max<size_t>(cube, wsize + rsize)) * W);
+  s.work.resize(step_work_size(m) * W + static_cast<size_t>(cap) * W);
+  s.y.resize(mw);
+  S* qD = s.scal.data();
+  S* norm2 = qD + W;
+  S* keep = norm2 + W;
   S* act = s.act.data();
-  const int wsize = 3 * m + 1, rsize = (1 + nr) * m;
-  Tail<S> tl{s.k1t.data(), s.k2t.data(), s.z.data(), s.q.data(), stride, cap, 0, nullptr, S(1), S(0)};
-  const S* F0 = a.F0 + tk.mat(cube);
-  if (!all_zero(F0, cube)) {
-    tl.base = F0;
-    tl.norm2 = squared_norm(F0, cube);
-  }
+  S* beta = act + act_size(m, nr) * W;
+  S* wl = s.raw.data();
+  S* rl = wl + static_cast<size_t>(wsize) * W;
+  LaneTail<S> tl{s.tail.data(), s.tail.data() + cap * mw, s.tail.data() + 2 * cap * mw, s.q.data(),
+                 qD, norm2, nullptr, 0, cap};
+  for (int l = 0; l < W; ++l) qD[l] = S(1);
+  s.base0.resize(cube * W);
+  if (load_base(a.F0 + static_cast<size_t>(g) * W * cube, lanes, cube, s.base0.data(), norm2, s.pad.data()))
+    tl.base = s.base0.data();
   int folds = 0;
   for (int t = 0; t < T; ++t) {
-    // the steps of a task are B*H vectors apart in the inputs (a page each): fetch ahead
-    prefetch_step<S, 1>(tk, T, t + kPrefetchSteps, wsize, {a.w});
-    prefetch_step<S, 1>(tk, T, t + kPrefetchSteps, rsize, {a.r});
-    prefetch_step<S, 1>(tk, T, t + kPrefetchSteps, m, {static_cast<const S*>(a.y)});
-    if (tk.reset(a.reset, t)) {
-      tl.clear();
-    } else if (tl.L == a.fold) {   // fold the tail into a dense base
+    if (t + kPrefetchSteps < T) {   // a group's steps are B*H rows apart: fetch ahead
+      prefetch_rows(a.w + group_rows<S>(t + kPrefetchSteps, BH, g, wsize), lanes, wsize);
+      prefetch_rows(a.r + group_rows<S>(t + kPrefetchSteps, BH, g, rsize), lanes, rsize);
+    }
+    if (tl.L == a.fold) {   // fold the tail into a dense base (before this step's resets)
       S* dst;
       if (a.bases != nullptr) {
-        dst = a.bases + (static_cast<size_t>(bh) * max_folds + folds) * cube;
+        dst = a.bases + (static_cast<size_t>(g) * max_folds + folds) * cube * W;
       } else {
-        s.base.resize(cube);
-        dst = s.base.data();
+        s.foldbase.resize(cube * W);
+        dst = s.foldbase.data();
       }
-      materialize<S, M>(tl, m, dst, s.work.data());
+      materialize<S, M>(tl, m, dst, s.work.data() + step_work_size(m) * W);
       tl.base = dst;
-      tl.qD = S(1);
+      for (int l = 0; l < W; ++l) qD[l] = S(1);
       tl.L = 0;
       ++folds;
     }
-    const S beta = activate<S, M>(a.w + tk.vec(t, wsize), a.r + tk.vec(t, rsize), m, nr, act);
-    memory_step<S, M>(tl, act, act + m, act + 2 * m, beta, act + 3 * m, act + 4 * m, m, nr,
-                      a.y + tk.vec(t, m),
-                      a.saved != nullptr ? a.saved + (static_cast<size_t>(bh) * T + t) * A : nullptr,
-                      s.work.data());
+    const bool resets = group_keep(a.reset, t, n.B, n.H, g, lanes, keep);
+    rows_to_lanes(a.w + group_rows<S>(t, BH, g, wsize), lanes, wsize, wl, s.pad.data());
+    rows_to_lanes(a.r + group_rows<S>(t, BH, g, rsize), lanes, rsize, rl, s.pad.data());
+    activate<S, M>(wl, rl, m, nr, act, beta);
+    group_step<S, M>(tl, resets ? keep : nullptr, act, beta, m, nr, s.y.data(),
+                     a.saved != nullptr ? a.saved + (static_cast<size_t>(g) * T + t) * A * W : nullptr,
+                     s.work.data());
+    lanes_to_rows(s.y.data(), lanes, m, a.y + group_rows<S>(t, BH, g, m), s.pad.data());
   }
-  materialize<S, M>(tl, m, a.F + tk.mat(cube), s.work.data());
+  s.foldbase.resize(cube * W);
+  materialize<S, M>(tl, m, s.foldbase.data(), s.work.data() + step_work_size(m) * W);
+  lanes_to_rows(s.foldbase.data(), lanes, static_cast<int>(cube), a.F + static_cast<size_t>(g) * W * cube,
+                s.pad.data());
 }
 
-// One step of the incremental (inference) stepper, in place on its state (FwmStepArgs).
-template <typename S, int M>
-void fwm_step_task(const FwmStepArgs<S>& a, int bh, AlignedVector<S>& work) {
-  const Dims& n = a.n;
-  const int m = msize<M>(n.dv), nr = a.nr, b = bh / n.H;
-  const int stride = fwm_stride(a.cap);
+// ----------------------------------------------------------------------- the incremental stepper
+
+// Layout of the stepper state of group g (FwmStepArgs): K1, K2, Z [cap][m] lanes, q [cap] lanes,
+// scal [2] lanes (||F||², qD), meta [2] (tail length, has a base), base [m³] lanes.
+template <typename S>
+struct StepGroup {
+  LaneTail<S> tl;
+  int32_t* meta;
+  S* base;
+  StepGroup(const FwmStepArgs<S>& a, int g, int m) {
+    constexpr int W = kLanes<S>;
+    const size_t mw = static_cast<size_t>(m) * W, cube = static_cast<size_t>(m) * m * m;
+    const size_t terms = static_cast<size_t>(a.cap) * mw;
+    meta = a.meta + 2 * static_cast<size_t>(g);
+    base = a.base + static_cast<size_t>(g) * cube * W;
+    S* scal = a.scal + 2 * static_cast<size_t>(g) * W;
+    tl = LaneTail<S>{a.k1 + g * terms, a.k2 + g * terms, a.z + g * terms,
+                     a.q + static_cast<size_t>(g) * a.cap * W, scal + W, scal,
+                     meta[1] ? base : nullptr, meta[0], a.cap};
+  }
+};
+
+// The state of group g from F0 [B, H, m, m, m] rows (null: zero).
+template <typename S>
+void fwm_step_init_group(const FwmStepArgs<S>& a, const S* F0, int g, AlignedVector<S>& pad) {
+  constexpr int W = kLanes<S>;
+  const int m = a.n.dv, BH = a.n.B * a.n.H, lanes = std::min(W, BH - g * W);
   const size_t cube = static_cast<size_t>(m) * m * m;
-  int32_t* meta = a.meta + 2 * static_cast<size_t>(bh);   // tail length, has a base
-  S* scal = a.scal + 2 * static_cast<size_t>(bh);          // ||F||², the base's scale
-  S* base = a.base + static_cast<size_t>(bh) * cube;
-  Tail<S> tl{a.k1t + static_cast<size_t>(bh) * m * stride, a.k2t + static_cast<size_t>(bh) * m * stride,
-             a.z + static_cast<size_t>(bh) * a.cap * m, a.q + static_cast<size_t>(bh) * stride,
-             stride, a.cap, meta[0], meta[1] ? base : nullptr, scal[1], scal[0]};
-  work.resize(step_work_size(stride, m) + act_size(m, nr));
-  S* act = work.data() + step_work_size(stride, m);
-  if (a.reset != nullptr && a.reset[b]) {
-    tl.clear();
-  } else if (tl.L == a.fold) {   // fold the tail into the base, in place
-    materialize<S, M>(tl, m, base, work.data());
-    tl.base = base;
-    tl.qD = S(1);
+  StepGroup<S> sg(a, g, m);
+  S* qD = sg.tl.qD;
+  S* norm2 = sg.tl.norm2;
+  for (int l = 0; l < W; ++l) {
+    qD[l] = S(1);
+    norm2[l] = S(0);
+  }
+  sg.meta[0] = 0;
+  sg.meta[1] = 0;
+  if (F0 != nullptr) {
+    pad.resize(cube * W);
+    sg.meta[1] = load_base(F0 + static_cast<size_t>(g) * W * cube, lanes, cube, sg.base, norm2, pad.data());
+  }
+}
+
+template <typename S, int M>
+void fwm_step_group(const FwmStepArgs<S>& a, int g, AlignedVector<S>& work) {
+  constexpr int W = kLanes<S>;
+  const int m = msize<M>(a.n.dv), nr = a.nr, BH = a.n.B * a.n.H;
+  const int lanes = std::min(W, BH - g * W);
+  const size_t mw = static_cast<size_t>(m) * W;
+  const int wsize = 3 * m + 1, rsize = (1 + nr) * m;
+  const size_t acts = act_size(m, nr) * W + W, raws = static_cast<size_t>(wsize + rsize) * W;
+  const size_t pads = std::max<size_t>(raws, mw), steps = step_work_size(m) * W;
+  work.resize(acts + raws + pads + steps + static_cast<size_t>(a.cap) * W + mw + W);
+  S* act = work.data();
+  S* beta = act + act_size(m, nr) * W;
+  S* wl = act + acts;
+  S* rl = wl + static_cast<size_t>(wsize) * W;
+  S* pad = wl + raws;
+  S* sw = pad + pads;
+  S* pa = sw + steps;
+  S* y = pa + static_cast<size_t>(a.cap) * W;
+  S* keep = y + mw;
+  StepGroup<S> sg(a, g, m);
+  LaneTail<S>& tl = sg.tl;
+  if (tl.L == a.fold) {   // fold the tail into the base, in place
+    materialize<S, M>(tl, m, sg.base, pa);
+    tl.base = sg.base;
+    for (int l = 0; l < W; ++l) tl.qD[l] = S(1);
     tl.L = 0;
   }
-  const S beta = activate<S, M>(a.w + static_cast<size_t>(bh) * (3 * m + 1),
-                                a.r + static_cast<size_t>(bh) * (1 + nr) * m, m, nr, act);
-  memory_step<S, M>(tl, act, act + m, act + 2 * m, beta, act + 3 * m, act + 4 * m, m, nr,
-                    a.y + static_cast<size_t>(bh) * m, nullptr, work.data());
-  meta[0] = tl.L;
-  meta[1] = tl.base != nullptr;
-  scal[0] = tl.norm2;
-  scal[1] = tl.qD;
+  bool resets = false;
+  for (int l = 0; l < W; ++l) {
+    const bool r = a.reset != nullptr && l < lanes && a.reset[(g * W + l) / a.n.H] != 0;
+    keep[l] = r ? S(0) : S(1);
+    resets |= r;
+  }
+  rows_to_lanes(a.w + static_cast<size_t>(g) * W * wsize, lanes, wsize, wl, pad);
+  rows_to_lanes(a.r + static_cast<size_t>(g) * W * rsize, lanes, rsize, rl, pad);
+  activate<S, M>(wl, rl, m, nr, act, beta);
+  group_step<S, M>(tl, resets ? keep : nullptr, act, beta, m, nr, y, nullptr, sw);
+  lanes_to_rows(y, lanes, m, a.y + static_cast<size_t>(g) * W * m, pad);
+  sg.meta[0] = tl.L;
+  sg.meta[1] = tl.base != nullptr;
 }
 
-// ---------------------------------------------------------------- the backward of one task
+// F of every task of group g into rows dst [B, H, m, m, m] (materialised).
+template <typename S, int M>
+void fwm_step_dense_group(const FwmStepArgs<S>& a, int g, S* dst, AlignedVector<S>& work) {
+  constexpr int W = kLanes<S>;
+  const int m = msize<M>(a.n.dv), BH = a.n.B * a.n.H, lanes = std::min(W, BH - g * W);
+  const size_t cube = static_cast<size_t>(m) * m * m;
+  work.resize(2 * cube * W + static_cast<size_t>(a.cap) * W);
+  StepGroup<S> sg(a, g, m);
+  materialize<S, M>(sg.tl, m, work.data(), work.data() + 2 * cube * W);
+  lanes_to_rows(work.data(), lanes, static_cast<int>(cube), dst + static_cast<size_t>(g) * W * cube,
+                work.data() + cube * W);
+}
+
+// ---------------------------------------------------------------- the backward of one group
 
 template <typename S>
 struct FwmBackwardScratch {
-  AlignedVector<S> rows, cols, scal, gbase0, gbase1, vecs, act;
-  std::vector<int> seg_start, seg_kind;
+  AlignedVector<S> tail, grads, scal, act, raw, pad, vecs, base0, gbase0, gbase1, gend, keep;
 };
 
-// The tail of one segment, in both layouts, with the adjoints of its terms.
+// The tail of one segment with the adjoints of its terms (lanes).
 template <typename S>
 struct BackTail {
-  S *K1, *K2, *Z;        // [cap][m] rows
-  S *gK1, *gK2, *gZ;     // [cap][m] adjoints of the terms' k1, k2, z
-  S *K1T, *K2T, *ZT;     // [m][stride] columns
-  S *invC, *qcur, *qprev, *A, *x1, *x2, *x3, *c1, *c2, *c3;   // [stride]
-  int stride;
+  S *K1, *K2, *Z;        // [len][m]
+  S *gK1, *gK2, *gZ;     // [len][m] adjoints of the terms' k1, k2, z
+  S *invC, *keep, *qcur, *qv, *A;   // [len]: 1 / C; the reset masks; scales of F_t, of F_{t-1}
+                                    // after step t's resets; scale uses
 };
 
 // Adjoints of one lookup r = Σ_{j<L} q_j <k1_j, x> <k2_j, y> z_j + qD base vec(x ⊗ y) with
 // cotangent g: into gx, gy (added), the terms' adjoints, their scale uses A_j and the base's AD;
 // gbase (nullable) += qD x ⊗ y ⊗ g.
 template <typename S, int M>
-void lookup_backward(BackTail<S>& bt, const S* q, S qD, int L, const S* base, S* gbase,
-                     const S* x, const S* y, const S* g, int m, S* gx, S* gy, S& AD, S* u) {
-  column_dots<S, M>(bt.K1T, bt.stride, x, m, L, bt.x1);   // <k1_j, x>
-  column_dots<S, M>(bt.K2T, bt.stride, y, m, L, bt.x2);   // <k2_j, y>
-  column_dots<S, M>(bt.ZT, bt.stride, g, m, L, bt.x3);    // <z_j, g>
-  for (int j = 0; j < L; j += kLanes<S>) {
-    const Vec<S> qj = vload(q + j), x1 = vload(bt.x1 + j), x2 = vload(bt.x2 + j), x3 = vload(bt.x3 + j);
-    const Vec<S> c1 = qj * x1 * x2;
-    vstore(bt.c1 + j, c1);                   // ∂r/∂z_j
-    vstore(bt.c2 + j, qj * x2 * x3);         // ∂/∂<k1_j, x>
-    vstore(bt.c3 + j, qj * x1 * x3);         // ∂/∂<k2_j, y>
-    vstore(bt.A + j, vload(bt.A + j) + c1 * x3);
+void lookup_backward(BackTail<S>& bt, const S* q, Vec<S> qD, int L, const S* base, S* gbase,
+                     const S* x, const S* y, const S* g, int m_, S* gx, S* gy, S* AD, S* u) {
+  constexpr int W = kLanes<S>;
+  const int m = msize<M>(m_);
+  const size_t mw = static_cast<size_t>(m) * W;
+  for (int j = 0; j < L; ++j) {
+    const S* K1 = bt.K1 + j * mw;
+    const S* K2 = bt.K2 + j * mw;
+    const Vec<S> x1 = ldot<S, M>(K1, x, m), x2 = ldot<S, M>(K2, y, m), x3 = ldot<S, M>(bt.Z + j * mw, g, m);
+    const Vec<S> qj = ld(q, j);
+    const Vec<S> c1 = qj * x1 * x2;   // ∂r/∂z_j
+    const Vec<S> c2 = qj * x2 * x3;   // ∂/∂<k1_j, x>
+    const Vec<S> c3 = qj * x1 * x3;   // ∂/∂<k2_j, y>
+    st(bt.A, j, ld(bt.A, j) + c1 * x3);
+    laxpy<S, M>(c1, g, bt.gZ + j * mw, m);
+    laxpy<S, M>(c2, K1, gx, m);
+    laxpy<S, M>(c2, x, bt.gK1 + j * mw, m);
+    laxpy<S, M>(c3, K2, gy, m);
+    laxpy<S, M>(c3, y, bt.gK2 + j * mw, m);
   }
-  add_to_rows<S, M>(bt.gZ, bt.c1, g, m, L);
-  add_rows<S, M>(bt.K1, bt.c2, m, L, gx);
-  add_to_rows<S, M>(bt.gK1, bt.c2, x, m, L);
-  add_rows<S, M>(bt.K2, bt.c3, m, L, gy);
-  add_to_rows<S, M>(bt.gK2, bt.c3, y, m, L);
   if (base != nullptr) {
-    dense_lookup<S, M>(base, x, y, m, u, g, qD, gx, gy);
-    AD += qD * dot(u, g, m);
+    S qDa[kLanes<S>];
+    st(qDa, 0, qD);
+    dense_lookup<S, M>(base, x, y, m, u, g, qDa, gx, gy);
+    st(AD, 0, ld(AD, 0) + qD * ldot<S, M>(u, g, m));
   }
   if (gbase != nullptr) dense_add_outer<S, M>(gbase, qD, x, y, g, m);
 }
 
-// q[j] = Π_{i=j}^{L-1} invC[i]: the scales of the first L terms after the rescaling of term
-// L-1's step. Returns the scale of the base (that of term 0; 1 when L == 0).
-template <typename S>
-RFWP_INLINE S scales(const S* invC, int L, S* q) {
-  S run = S(1);
-  for (int j = L - 1; j >= 0; --j) {
-    run *= invC[j];
-    q[j] = run;
-  }
-  return run;
-}
-
 template <typename S, int M>
-void fwm_backward_task(const FwmBwdArgs<S>& a, int bh, FwmBackwardScratch<S>& s) {
+void fwm_backward_group(const FwmBwdArgs<S>& a, int g, FwmBackwardScratch<S>& s) {
+  constexpr int W = kLanes<S>;
   const Dims& n = a.n;
-  const Task tk(n, bh);
-  const int m = msize<M>(n.dv), nr = a.nr, T = n.T;
-  const size_t cube = static_cast<size_t>(m) * m * m, A = fwm_saved_size(m, nr);
+  const int m = msize<M>(n.dv), nr = a.nr, T = n.T, BH = n.B * n.H;
+  const int lanes = std::min(W, BH - g * W);
+  const size_t mw = static_cast<size_t>(m) * W, cube = static_cast<size_t>(m) * m * m;
+  const size_t cw = cube * W, A = fwm_saved_size(m, nr);
+  const int wsize = 3 * m + 1, rsize = (1 + nr) * m;
   const int max_folds = fwm_max_folds(T, a.fold);
-  const S* F0 = a.F0 + tk.mat(cube);
-  S* gF0 = a.gF0 != nullptr ? a.gF0 + tk.mat(cube) : nullptr;
+  S* gF0 = a.gF0 != nullptr ? a.gF0 + static_cast<size_t>(g) * W * cube : nullptr;
+  s.pad.resize(std::max<size_t>(cube, wsize + rsize) * W);
   if (T == 0) {
     if (gF0 != nullptr) {
-      if (a.gF != nullptr) copy_n(a.gF + tk.mat(cube), cube, gF0);
-      else zero_n(gF0, cube);
+      if (a.gF != nullptr) copy_n(a.gF + static_cast<size_t>(g) * W * cube, lanes * cube, gF0);
+      else zero_n(gF0, lanes * cube);
     }
     return;
   }
-  // segments, by the forward's rule: 0 = starts at t = 0 on F0, 1 = after a reset, 2 = after a fold
-  s.seg_start.clear();
-  s.seg_kind.clear();
-  int L = 0, longest = 0;
-  for (int t = 0; t < T; ++t) {
-    const bool rst = tk.reset(a.reset, t);
-    if (t == 0 || rst || L == a.fold) {
-      s.seg_start.push_back(t);
-      s.seg_kind.push_back(rst ? 1 : (t == 0 ? 0 : 2));
-      L = 0;
-    }
-    longest = std::max(longest, ++L);
-  }
-  const int cap = longest, stride = fwm_stride(cap);
-  s.rows.resize(6 * static_cast<size_t>(cap) * m);
-  s.cols.resize(3 * static_cast<size_t>(m) * stride);
-  s.scal.resize(10 * static_cast<size_t>(stride));
-  s.vecs.resize(12 * static_cast<size_t>(m));
-  s.act.resize(act_size(m, nr));
-  S* act = s.act.data();
-  const int wsize = 3 * m + 1, rsize = (1 + nr) * m;
+  const int seg = std::min(T, a.fold), nseg = (T + a.fold - 1) / a.fold;
+  s.tail.resize(3 * static_cast<size_t>(seg) * mw);
+  s.grads.resize(3 * static_cast<size_t>(seg) * mw);
+  s.scal.resize(5 * static_cast<size_t>(seg) * W + W);
+  s.act.resize(act_size(m, nr) * W + W);
+  s.raw.resize(static_cast<size_t>(wsize + rsize) * W);
+  s.vecs.resize(10 * mw);
+  s.keep.resize(static_cast<size_t>(T) * W);
   BackTail<S> bt;
-  {
-    S* r = s.rows.data();
-    const size_t rm = static_cast<size_t>(cap) * m;
-    bt.K1 = r; bt.K2 = r + rm; bt.Z = r + 2 * rm; bt.gK1 = r + 3 * rm; bt.gK2 = r + 4 * rm; bt.gZ = r + 5 * rm;
-    S* c = s.cols.data();
-    const size_t cm = static_cast<size_t>(m) * stride;
-    bt.K1T = c; bt.K2T = c + cm; bt.ZT = c + 2 * cm;
-    S* q = s.scal.data();
-    S** arrays[] = {&bt.invC, &bt.qcur, &bt.qprev, &bt.A, &bt.x1, &bt.x2, &bt.x3, &bt.c1, &bt.c2, &bt.c3};
-    for (int i = 0; i < 10; ++i) *arrays[i] = q + static_cast<size_t>(i) * stride;
-    bt.stride = stride;
-  }
+  bt.K1 = s.tail.data(); bt.K2 = bt.K1 + seg * mw; bt.Z = bt.K2 + seg * mw;
+  bt.gK1 = s.grads.data(); bt.gK2 = bt.gK1 + seg * mw; bt.gZ = bt.gK2 + seg * mw;
+  bt.invC = s.scal.data(); bt.keep = bt.invC + seg * W; bt.qcur = bt.keep + seg * W;
+  bt.qv = bt.qcur + seg * W; bt.A = bt.qv + seg * W;
+  S* AD = bt.A + seg * W;
+  S* act = s.act.data();
+  S* beta = act + act_size(m, nr) * W;
+  S* wl = s.raw.data();
+  S* rl = wl + static_cast<size_t>(wsize) * W;
   S* gn = s.vecs.data();
-  S* gr = gn + m;
-  S* gnin = gr + m;
-  S* gz = gnin + m;
-  S* gk1 = gz + m;
-  S* gk2 = gk1 + m;
-  S* gvold = gk2 + m;
-  S* u = gvold + m;
-  const bool any_fold = std::find(s.seg_kind.begin(), s.seg_kind.end(), 2) != s.seg_kind.end();
-  if (any_fold || gF0 != nullptr) {
-    s.gbase0.resize(cube);
-    s.gbase1.resize(cube);
+  S* gr = gn + mw;
+  S* gnin = gr + mw;
+  S* gz = gnin + mw;
+  S* gk1 = gz + mw;
+  S* gk2 = gk1 + mw;
+  S* gvold = gk2 + mw;
+  S* u = gvold + mw;
+  S* gyl = u + mw;
+  S* gwl = wl;   // the step's gradients replace its slow projections (same layout)
+  S* grl = rl;
+  for (int t = 0; t < T; ++t) group_keep(a.reset, t, n.B, n.H, g, lanes, s.keep.data() + t * W);
+  // F0 (a zero F0 is no base) and the gradient the last segment ends in
+  S norm0[kLanes<S>];
+  s.base0.resize(cw);
+  const bool F0_nonzero = load_base(a.F0 + static_cast<size_t>(g) * W * cube, lanes, cube,
+                                    s.base0.data(), norm0, s.pad.data());
+  s.gbase0.resize(cw);
+  s.gbase1.resize(cw);
+  const S* gEnd = nullptr;
+  if (a.gF != nullptr) {
+    s.gend.resize(cw);
+    rows_to_lanes(a.gF + static_cast<size_t>(g) * W * cube, lanes, static_cast<int>(cube), s.gend.data(),
+                  s.pad.data());
+    gEnd = s.gend.data();
   }
-  const S* gEnd = a.gF != nullptr ? a.gF + tk.mat(cube) : nullptr;   // ∂L/∂(the segment's last F)
-  S gS = 0;                                                          // ∂L/∂||F||² after the step
-  int fold_index = 0;
-  for (size_t k = 0; k < s.seg_kind.size(); ++k) fold_index += s.seg_kind[k] == 2;
-  for (int k = static_cast<int>(s.seg_start.size()) - 1; k >= 0; --k) {
-    const int s0 = s.seg_start[k];
-    const int s1 = k + 1 < static_cast<int>(s.seg_start.size()) ? s.seg_start[k + 1] : T;
-    const int kind = s.seg_kind[k], len = s1 - s0;
-    const S* base = nullptr;
+  Vec<S> gS{};   // ∂L/∂||F||² after the step being walked
+  for (int k = nseg - 1; k >= 0; --k) {
+    const int s0 = k * a.fold, s1 = std::min(T, s0 + a.fold), len = s1 - s0;
+    const S* base = k == 0 ? (F0_nonzero ? s.base0.data() : nullptr)
+                           : a.bases + (static_cast<size_t>(g) * max_folds + (k - 1)) * cw;
     S* gbase = nullptr;
-    if (kind == 0) {
-      base = all_zero(F0, cube) ? nullptr : F0;
-      if (gF0 != nullptr) gbase = (gEnd == s.gbase0.data()) ? s.gbase1.data() : s.gbase0.data();
-    } else if (kind == 2) {
-      --fold_index;
-      base = a.bases + (static_cast<size_t>(bh) * max_folds + fold_index) * cube;
-      gbase = (gEnd == s.gbase0.data()) ? s.gbase1.data() : s.gbase0.data();
+    if (k > 0 || gF0 != nullptr) {
+      gbase = gEnd == s.gbase0.data() ? s.gbase1.data() : s.gbase0.data();
+      zero_n(gbase, cw);
     }
-    if (gbase != nullptr) zero_n(gbase, cube);
-    // the segment's terms, in both layouts
+    // the segment's terms: keys through tanh again, z and C saved
     for (int j = 0; j < len; ++j) {
       const int t = s0 + j;
-      prefetch_step<S, 1>(tk, T, t + kPrefetchSteps, wsize, {a.w});
-      const FwmSaved<const S> sv(a.saved + (static_cast<size_t>(bh) * T + t) * A, m, nr);
-      S* k1 = bt.K1 + static_cast<size_t>(j) * m;
-      S* k2 = bt.K2 + static_cast<size_t>(j) * m;
-      vtanh_n<S, M>(a.w + tk.vec(t, wsize), k1, m);       // FWM Eq. 1
-      vtanh_n<S, M>(a.w + tk.vec(t, wsize) + m, k2, m);
-      copy_n(sv.z, m, bt.Z + static_cast<size_t>(j) * m);
-      for (int i = 0; i < m; ++i) {
-        bt.K1T[static_cast<size_t>(i) * stride + j] = k1[i];
-        bt.K2T[static_cast<size_t>(i) * stride + j] = k2[i];
-        bt.ZT[static_cast<size_t>(i) * stride + j] = sv.z[i];
-      }
-      bt.invC[j] = S(1) / sv.norm[1];
+      rows_to_lanes(a.w + group_rows<S>(t, BH, g, wsize), lanes, wsize, wl, s.pad.data());
+      vtanh_n<S>(wl, act, 2 * m * W);   // FWM Eq. 1: k1, k2
+      copy_n(act, mw, bt.K1 + j * mw);
+      copy_n(act + mw, mw, bt.K2 + j * mw);
+      const FwmSaved<const S> sv(a.saved + (static_cast<size_t>(g) * T + t) * A * W, m, nr, W);
+      copy_n(sv.z, mw, bt.Z + j * mw);
+      const Vec<S> C = ld(sv.norm, 1);
+      st(bt.invC, j, S(1) / C);
+      st(bt.keep, j, ld(s.keep.data(), t));
     }
-    zero_n(bt.gK1, static_cast<size_t>(len) * m);
-    zero_n(bt.gK2, static_cast<size_t>(len) * m);
-    zero_n(bt.gZ, static_cast<size_t>(len) * m);
-    zero_n(bt.A, static_cast<size_t>(stride));
-    S AD = 0;
-    // the dense tensor the segment ends in: F = qD base + Σ_j q_j k1_j ⊗ k2_j ⊗ z_j
-    if (gEnd != nullptr) {
-      const S qD = scales(bt.invC, len, bt.qcur);
+    zero_n(bt.gK1, static_cast<size_t>(len) * mw);
+    zero_n(bt.gK2, static_cast<size_t>(len) * mw);
+    zero_n(bt.gZ, static_cast<size_t>(len) * mw);
+    zero_n(bt.A, static_cast<size_t>(len) * W);
+    zero_n(AD, W);
+    // q_j of F_t (term j <-> step s0 + j; lanes reset at a step lose the older terms)
+    auto scales = [&](int Lt) {
+      st(bt.qcur, Lt - 1, ld(bt.invC, Lt - 1));
+      for (int j = Lt - 2; j >= 0; --j) st(bt.qcur, j, ld(bt.qcur, j + 1) * ld(bt.invC, j) * ld(bt.keep, j + 1));
+      return ld(bt.qcur, 0) * ld(bt.keep, 0);   // the base: also gone after a reset at s0
+    };
+    if (gEnd != nullptr) {   // the dense tensor the segment ends in
+      const Vec<S> qD = scales(len);
       for (int j = 0; j < len; ++j) {
-        const S* zj = bt.Z + static_cast<size_t>(j) * m;
-        dense_lookup<S, M>(gEnd, bt.K1 + static_cast<size_t>(j) * m, bt.K2 + static_cast<size_t>(j) * m,
-                           m, u, zj, bt.qcur[j], bt.gK1 + static_cast<size_t>(j) * m,
-                           bt.gK2 + static_cast<size_t>(j) * m);
-        axpy(bt.qcur[j], u, bt.gZ + static_cast<size_t>(j) * m, m);
-        bt.A[j] += bt.qcur[j] * dot(u, zj, m);
+        const S* Zj = bt.Z + j * mw;
+        S qj[kLanes<S>];
+        st(qj, 0, ld(bt.qcur, j));
+        dense_lookup<S, M>(gEnd, bt.K1 + j * mw, bt.K2 + j * mw, m, u, Zj, qj, bt.gK1 + j * mw,
+                           bt.gK2 + j * mw);
+        laxpy<S, M>(ld(bt.qcur, j), u, bt.gZ + j * mw, m);
+        st(bt.A, j, ld(bt.A, j) + ld(bt.qcur, j) * ldot<S, M>(u, Zj, m));
       }
-      if (gbase != nullptr) axpy(qD, gEnd, gbase, cube);
-      if (base != nullptr) AD += qD * dot(gEnd, base, cube);
+      if (gbase != nullptr)
+        for (size_t i = 0; i < cube; ++i) st(gbase, i, ld(gbase, i) + qD * ld(gEnd, i));
+      if (base != nullptr) {
+        Vec<S> acc{};
+        for (size_t i = 0; i < cube; ++i) acc += ld(gEnd, i) * ld(base, i);
+        st(AD, 0, ld(AD, 0) + qD * acc);
+      }
     }
     for (int t = s1 - 1; t >= s0; --t) {
       const int Lt = t - s0 + 1;   // terms of F_t
-      const int ahead = t - kPrefetchSteps;   // the steps' vectors are pages apart: fetch ahead
-      prefetch_step<S, 2>(tk, T, ahead, wsize, {a.w, a.gw});
-      prefetch_step<S, 2>(tk, T, ahead, rsize, {a.r, a.gr});
-      prefetch_step<S, 1>(tk, T, ahead, m, {a.gy});
-      const FwmSaved<const S> sv(a.saved + (static_cast<size_t>(bh) * T + t) * A, m, nr);
-      const size_t o = tk.vec(t, m);
-      const S* w = a.w + tk.vec(t, wsize);
-      S* gw = a.gw + tk.vec(t, wsize);   // [gk1 | gk2 | gv | gβ] until the activations' factor
-      S* gr = a.gr + tk.vec(t, rsize);   // [gn0 | ge_1 .. ge_nr] likewise
-      const S beta = activate<S, M>(w, a.r + tk.vec(t, rsize), m, nr, act);
-      const S qDcur = scales(bt.invC, Lt, bt.qcur);
-      // F_{t-1}'s scales: before step t's rescaling (one factor, so no underflow to undo)
-      const S Ct = sv.norm[1];
-      for (int j = 0; j < Lt - 1; j += kLanes<S>) vstore(bt.qprev + j, vload(bt.qcur + j) * Ct);
-      const S qDprev = Lt > 1 ? bt.qprev[0] : S(1);
+      if (t - kPrefetchSteps >= s0) {   // the steps' rows are B*H rows apart: fetch ahead
+        prefetch_rows(a.r + group_rows<S>(t - kPrefetchSteps, BH, g, rsize), lanes, rsize);
+        prefetch_rows(a.gy + group_rows<S>(t - kPrefetchSteps, BH, g, m), lanes, m);
+      }
+      const FwmSaved<const S> sv(a.saved + (static_cast<size_t>(g) * T + t) * A * W, m, nr, W);
+      const Vec<S> qDcur = scales(Lt);
+      const Vec<S> C = ld(sv.norm, 1);
+      // F_{t-1} after step t's resets, as v_old saw it: one rescaling less
+      for (int j = 0; j < Lt - 1; ++j) st(bt.qv, j, ld(bt.qcur, j) * C);
+      const Vec<S> qDv = qDcur * C;
+      rows_to_lanes(a.w + group_rows<S>(t, BH, g, wsize), lanes, wsize, wl, s.pad.data());
+      rows_to_lanes(a.r + group_rows<S>(t, BH, g, rsize), lanes, rsize, rl, s.pad.data());
+      activate<S, M>(wl, rl, m, nr, act, beta);
+      rows_to_lanes(a.gy + group_rows<S>(t, BH, g, m), lanes, m, gyl, s.pad.data());
       // FWM Eq. 7 backwards: n_i = LN(r_i), r_i = F_t vec(n_{i-1} ⊗ e_i)
-      copy_n(a.gy + o, m, gn);
+      copy_n(gyl, mw, gn);
       for (int i = nr - 1; i >= 0; --i) {
-        layer_norm_backward<S, M>(sv.nhat + static_cast<size_t>(i) * m, sv.rstd[i], gn, m, gr);
-        const S* nin = i == 0 ? act + 3 * m : sv.nhat + static_cast<size_t>(i - 1) * m;
-        const S* ei = act + static_cast<size_t>(4 + i) * m;
-        S* gei = gr + static_cast<size_t>(1 + i) * m;
-        zero_n(gnin, m);
-        zero_n(gei, m);
+        layer_norm_backward<S, M>(sv.nhat + i * mw, ld(sv.rstd, i), gn, m, gr);
+        const S* nin = i == 0 ? act + 3 * mw : sv.nhat + (i - 1) * mw;
+        const S* ei = act + (4 + i) * mw;
+        S* gei = grl + (1 + i) * mw;
+        zero_n(gnin, mw);
+        zero_n(gei, mw);
         lookup_backward<S, M>(bt, bt.qcur, qDcur, Lt, base, gbase, nin, ei, gr, m, gnin, gei, AD, u);
-        copy_n(gnin, m, gn);
+        copy_n(gnin, mw, gn);
       }
-      copy_n(gn, m, gr);
+      copy_n(gn, mw, grl);
       // FWM Eq. 4: every scale of F_t divided by C_t = max(1, ||F'_t||)
-      const S sumA = AD + sum_terms(bt.A, Lt);
-      const S sq = sv.norm[0], C = Ct;
-      // ∂L/∂||F'||²: through ln C = ln ||F'|| when clamped (then ||F_t||² = 1, a constant)
-      const S gsq = C > S(1) ? -sumA / (S(2) * sq) : gS;
-      // ||F'||² = ||F||² + 2 <z, v_old> + |k1|² |k2|² |z|²
+      Vec<S> sumA = ld(AD, 0);
+      for (int j = 0; j < Lt; ++j) sumA += ld(bt.A, j);
+      const Vec<S> sq = ld(sv.norm, 0);
+      Vec<S> gsq;   // ∂L/∂||F'||²: through ln C = ln ||F'|| when clamped (||F_t||² = 1 then)
+      for (int l = 0; l < W; ++l) gsq[l] = C[l] > S(1) ? -sumA[l] / (S(2) * sq[l]) : gS[l];
+      // ||F'||² = keep ||F_{t-1}||² + 2 <z, v_old> + |k1|² |k2|² |z|²
       const S* k1 = act;
-      const S* k2 = act + m;
-      const S* v = act + 2 * m;
-      const S k11 = dot(k1, k1, m), k22 = dot(k2, k2, m), zz = dot(sv.z, sv.z, m);
-      copy_n(bt.gZ + static_cast<size_t>(Lt - 1) * m, m, gz);    // term t's own adjoints
-      copy_n(bt.gK1 + static_cast<size_t>(Lt - 1) * m, m, gk1);
-      copy_n(bt.gK2 + static_cast<size_t>(Lt - 1) * m, m, gk2);
-      for (int i = 0; i < m; ++i) {
-        gz[i] += S(2) * gsq * (sv.vold[i] + k11 * k22 * sv.z[i]);
-        gvold[i] = S(2) * gsq * sv.z[i];
-        gk1[i] += S(2) * gsq * k22 * zz * k1[i];
-        gk2[i] += S(2) * gsq * k11 * zz * k2[i];
+      const S* k2 = act + mw;
+      const S* v = act + 2 * mw;
+      const Vec<S> k11 = ldot<S, M>(k1, k1, m), k22 = ldot<S, M>(k2, k2, m), zz = ldot<S, M>(sv.z, sv.z, m);
+      copy_n(bt.gZ + (Lt - 1) * mw, mw, gz);    // term t's own adjoints
+      copy_n(bt.gK1 + (Lt - 1) * mw, mw, gk1);
+      copy_n(bt.gK2 + (Lt - 1) * mw, mw, gk2);
+      for (int c = 0; c < m; ++c) {
+        st(gz, c, ld(gz, c) + S(2) * gsq * (ld(sv.vold, c) + k11 * k22 * ld(sv.z, c)));
+        st(gvold, c, S(2) * gsq * ld(sv.z, c));
+        st(gk1, c, ld(gk1, c) + S(2) * gsq * k22 * zz * ld(k1, c));
+        st(gk2, c, ld(gk2, c) + S(2) * gsq * k11 * zz * ld(k2, c));
       }
-      gS = gsq;
+      gS = gsq * ld(bt.keep, Lt - 1);
       // FWM Eq. 3: z = β (v - v_old)
-      S gbeta = 0;
-      for (int i = 0; i < m; ++i) {
-        gbeta += gz[i] * (v[i] - sv.vold[i]);
-        gw[2 * m + i] = beta * gz[i];
-        gvold[i] -= beta * gz[i];
+      const Vec<S> b = ld(beta, 0);
+      Vec<S> gbeta{};
+      for (int c = 0; c < m; ++c) {
+        gbeta += ld(gz, c) * (ld(v, c) - ld(sv.vold, c));
+        st(gwl, 2 * m + c, b * ld(gz, c));
+        st(gvold, c, ld(gvold, c) - b * ld(gz, c));
       }
-      gw[3 * m] = gbeta;
       // v_old = F_{t-1} vec(k1 ⊗ k2) (FWM §3.1.1), F_{t-1} = the first Lt - 1 terms
-      lookup_backward<S, M>(bt, bt.qprev, qDprev, Lt - 1, base, gbase, k1, k2, gvold, m, gk1, gk2,
-                            AD, u);
-      copy_n(gk1, m, gw);
-      copy_n(gk2, m, gw + m);
+      lookup_backward<S, M>(bt, bt.qv, qDv, Lt - 1, base, gbase, k1, k2, gvold, m, gk1, gk2, AD, u);
       // through the activations: tanh' = 1 - tanh² (FWM Eq. 1, 5, 6), σ' = σ (1 - σ) (Eq. 2)
-      for (int i = 0; i < 3 * m; ++i) gw[i] *= S(1) - act[i] * act[i];
-      gw[3 * m] *= beta * (S(1) - beta);
-      for (int i = 0; i < rsize; ++i) gr[i] *= S(1) - act[3 * m + i] * act[3 * m + i];
+      copy_n(gk1, mw, gwl);
+      copy_n(gk2, mw, gwl + mw);
+      for (int i = 0; i < 3 * m; ++i) st(gwl, i, ld(gwl, i) * (S(1) - ld(act, i) * ld(act, i)));
+      st(gwl, 3 * m, gbeta * b * (S(1) - b));
+      for (int i = 0; i < rsize; ++i)
+        st(grl, i, ld(grl, i) * (S(1) - ld(act, 3 * m + i) * ld(act, 3 * m + i)));
+      lanes_to_rows(gwl, lanes, wsize, a.gw + group_rows<S>(t, BH, g, wsize), s.pad.data());
+      lanes_to_rows(grl, lanes, rsize, a.gr + group_rows<S>(t, BH, g, rsize), s.pad.data());
     }
-    // the segment's start: what F was before its first step
-    if (kind == 1) {          // a reset: no gradient crosses it
-      gS = 0;
-      gEnd = nullptr;
-    } else if (kind == 2) {   // a fold: the previous segment ends in this base; ||F||² goes on
+    // the segment's start: a fold (the previous segment ends in this base; ||F||² goes on), or F0
+    if (k > 0) {
       gEnd = gbase;
-    } else if (gF0 != nullptr) {   // F0, with ||F0||² the first ||F||²
-      if (gbase != nullptr) copy_n(gbase, cube, gF0);
-      for (size_t i = 0; i < cube; ++i) gF0[i] += S(2) * gS * F0[i];
+    } else if (gF0 != nullptr) {   // ||F0||² was the first ||F||²
+      for (size_t i = 0; i < cube; ++i)
+        st(gbase, i, ld(gbase, i) + (F0_nonzero ? S(2) * gS * ld(s.base0.data(), i) : Vec<S>{}));
+      lanes_to_rows(gbase, lanes, static_cast<int>(cube), gF0, s.pad.data());
     }
   }
-  if (gF0 != nullptr && s.seg_kind[0] == 1) zero_n(gF0, cube);   // reset at t = 0
 }
 
 }  // namespace cpu

@@ -128,7 +128,7 @@ class FWMStepper:
 
     def __init__(self, core: FWMCore, memory: fwm_op.fused.Stepper) -> None:
         self.core, self.memory = core, memory
-        B = memory.state[0].shape[0]
+        B = memory.B
         p = next(core.parameters())
         self.h = torch.zeros(1, B, core.hidden_size, dtype=p.dtype, device=p.device)
         self.c = torch.zeros_like(self.h)

@@ -135,7 +135,7 @@ def test_inference_without_checkpoints(ext, name, backend):  # noqa: F811 (as ab
     assert all(o.grad_fn is None for o in out)
     assert cases.relative_error(naive.fwm(*args, reset), out) < _reference_noise(args, reset)[0]
     y, F, saved, bases = ext.fwm_forward(*args, reset, 0)
-    assert saved.shape[0] == 0 and bases.shape[2] == 0
+    assert saved.shape[0] == 0 and bases.shape[1] == 0
     with pytest.raises(ValueError, match="checkpoint interval must be >= 1"):
         fused.fwm(ext, 0, *[a.clone().requires_grad_() for a in args], reset)
 
@@ -199,10 +199,9 @@ def test_stepper_equals_one_call(ext, d, T):
     ys = torch.stack([stepper.step(args[0][t], args[1][t], reset[t]) for t in range(T)])
     torch.testing.assert_close(ys, y, rtol=1e-11, atol=1e-12)
     torch.testing.assert_close(stepper.dense(), F, rtol=1e-11, atol=1e-12)
-    tail_length, has_base = stepper.state[5].unbind(-1)
-    assert has_base[2].all()                         # F0 (and folds of the tail into it)
-    assert bool(has_base[:2].any()) == (d == 3)       # after a reset no base until a fold
-    assert (int(tail_length.max()) < T) == (d == 3)   # folded: a shorter tail
+    tail_length, has_base = stepper.state[5].unbind(-1)   # per group of tasks
+    assert has_base.all()                                   # F0, and folds of the tail
+    assert (int(tail_length.max()) < T) == (d == 3)         # folded: a shorter tail
 
 
 def test_gradient_of_F0_only_when_needed(ext, monkeypatch):

@@ -81,7 +81,7 @@ class Stepper:
 
     def __init__(self, be: Any, B: int, H: int, m: int, like: Tensor,
                  F0: Tensor | None = None) -> None:
-        self.be = be
+        self.be, self.B, self.H = be, B, H
         self.steps = 0
         with torch.no_grad():
             self.state = be.fwm_step_state(B, H, m, like, F0, self.INITIAL_CAPACITY)
@@ -89,24 +89,15 @@ class Stepper:
     @torch.no_grad()
     def step(self, w: Tensor, r: Tensor, reset: Tensor | None = None) -> Tensor:
         self.steps += 1   # no tail is longer than the steps taken
-        if self.steps > self.state[2].shape[2]:
-            self.state = self.be.fwm_step_grow(self.state, 2 * self.state[2].shape[2])
+        if self.steps > self.state[2].shape[1]:
+            self.state = self.be.fwm_step_grow(self.state, 2 * self.state[2].shape[1])
         if reset is not None:
             reset = reset.to(torch.bool).contiguous()
         return self.be.fwm_step(_c(w), _c(r), reset, self.state)
 
     def dense(self) -> Tensor:
         """The fast tensor now, ``[B, H, m, m, m]`` (materialised: O(L m³))."""
-        k1t, k2t, z, q, scal, meta, base = self.state
-        cap = z.shape[2]
-        with torch.no_grad():
-            live = torch.arange(cap, device=z.device) < meta[..., :1].long()   # [B, H, cap]
-            k1t, k2t = (torch.where(live[:, :, None], x[..., :cap], 0.0) for x in (k1t, k2t))
-            z = torch.where(live[..., None], z, 0.0)
-            w = torch.where(live, q[..., :cap], 0.0)
-            F = torch.einsum("bhaj,bhcj,bhj,bhjd->bhacd", k1t, k2t, w, z)
-            has_base = meta[..., 1].bool()[..., None, None, None]
-            return F + torch.where(has_base, scal[..., 1, None, None, None] * base, 0.0)
+        return self.be.fwm_step_dense(self.state, self.B, self.H)
 
 
 def supported(dims: Dims, dtype: torch.dtype, device: torch.device | str,
