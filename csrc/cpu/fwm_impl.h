@@ -47,6 +47,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "../fastweight_params.h"
@@ -101,6 +102,68 @@ RFWP_INLINE void laxpy(Vec<S> c, const S* x, S* y, int m_) {
   for (int i = 0; i < m; ++i) st(y, i, ld(y, i) + c * ld(x, i));
 }
 
+// out[j] = <X_j, x> for j < L (X [L][m] lanes). M > 0: x stays in registers, only the term
+// rows are loaded (a lookup is bound by its loads otherwise).
+template <typename S, int M>
+RFWP_INLINE void term_dots(const S* X, const S* x, int L, int m_, S* out) {
+  constexpr int W = kLanes<S>;
+  if constexpr (M > 0 && M % 4 == 0) {
+    Vec<S> xr[M];
+    for (int i = 0; i < M; ++i) xr[i] = ld(x, i);
+    for (int j = 0; j < L; ++j) {
+      const S* Xj = X + static_cast<size_t>(j) * M * W;
+      Vec<S> a0{}, a1{}, a2{}, a3{};
+      for (int i = 0; i < M; i += 4) {
+        a0 += ld(Xj, i) * xr[i];
+        a1 += ld(Xj, i + 1) * xr[i + 1];
+        a2 += ld(Xj, i + 2) * xr[i + 2];
+        a3 += ld(Xj, i + 3) * xr[i + 3];
+      }
+      st(out, j, (a0 + a1) + (a2 + a3));
+    }
+  } else {
+    const int m = msize<M>(m_);
+    for (int j = 0; j < L; ++j) st(out, j, ldot<S, M>(X + static_cast<size_t>(j) * m * W, x, m));
+  }
+}
+
+// Y_j += c_j x for j < L (Y [L][m] lanes); M > 0: x in registers.
+template <typename S, int M>
+RFWP_INLINE void add_to_terms(S* Y, const S* c, const S* x, int L, int m_) {
+  constexpr int W = kLanes<S>;
+  if constexpr (M > 0) {
+    Vec<S> xr[M];
+    for (int i = 0; i < M; ++i) xr[i] = ld(x, i);
+    for (int j = 0; j < L; ++j) {
+      S* Yj = Y + static_cast<size_t>(j) * M * W;
+      const Vec<S> cj = ld(c, j);
+      for (int i = 0; i < M; ++i) st(Yj, i, ld(Yj, i) + cj * xr[i]);
+    }
+  } else {
+    const int m = msize<M>(m_);
+    for (int j = 0; j < L; ++j) laxpy<S, M>(ld(c, j), x, Y + static_cast<size_t>(j) * m * W, m);
+  }
+}
+
+// out += Σ_{j<L} c_j X_j (lanes: X [L][m]); M > 0: the sum in registers.
+template <typename S, int M>
+RFWP_INLINE void add_terms(const S* X, const S* c, int L, int m_, S* out) {
+  constexpr int W = kLanes<S>;
+  const int m = msize<M>(m_);
+  if constexpr (M > 0) {
+    Vec<S> acc[M];
+    for (int i = 0; i < M; ++i) acc[i] = ld(out, i);
+    for (int j = 0; j < L; ++j) {
+      const Vec<S> cj = ld(c, j);
+      const S* x = X + static_cast<size_t>(j) * M * W;
+      for (int i = 0; i < M; ++i) acc[i] += cj * ld(x, i);
+    }
+    for (int i = 0; i < M; ++i) st(out, i, acc[i]);
+  } else {
+    for (int j = 0; j < L; ++j) laxpy<S, M>(ld(c, j), X + static_cast<size_t>(j) * m * W, out, m);
+  }
+}
+
 // What one step keeps for the backward: [A][W], A = fwm_saved_size(m, nr) lane vectors:
 // z, v_old [m]; the normalised reads n_1..n_Nr [nr][m]; their 1/std [nr]; ||F'||², C.
 template <typename P>
@@ -137,6 +200,27 @@ inline void lanes_to_rows(const S* src, int rows, int n, S* dst, S* pad) {
   copy_n(pad, static_cast<size_t>(rows) * n, dst);
 }
 
+// tanh of the activations. float: from one exp, tanh|x| = (1 - e^{-2|x|}) / (1 + e^{-2|x|})
+// (absolute error about 1e-7, the inputs' own rounding; half the work of vtanh, which also
+// evaluates a Taylor branch for a few-ulp relative error near 0). double, the precision the
+// kernels are checked in: vtanh.
+template <typename S>
+RFWP_INLINE S act_tanh(S x) {
+  if constexpr (std::is_same_v<S, float>) {
+    const S a = x < S(0) ? -x : x;
+    const S t = vexp(S(-2) * a);
+    const S r = (S(1) - t) / (S(1) + t);
+    return x < S(0) ? -r : r;
+  } else {
+    return vtanh(x);
+  }
+}
+template <typename S>
+inline void act_tanh_n(const S* __restrict__ x, S* __restrict__ out, int n) {
+#pragma omp simd
+  for (int j = 0; j < n; ++j) out[j] = act_tanh(x[j]);
+}
+
 // The activated inputs of one step from the slow projections, in lanes: act = [k1 | k2 | v |
 // n0 | e_1 .. e_nr] ([m] lane vectors each, through tanh: FWM Eq. 1, 5, 6) and beta [W]
 // (through the sigmoid: FWM Eq. 2). wl [3m + 1][W], rl [(1 + nr) m][W].
@@ -144,8 +228,8 @@ template <typename S, int M>
 RFWP_INLINE void activate(const S* wl, const S* rl, int m_, int nr, S* act, S* beta) {
   constexpr int W = kLanes<S>;
   const int m = msize<M>(m_);
-  vtanh_n<S>(wl, act, 3 * m * W);
-  vtanh_n<S>(rl, act + static_cast<size_t>(3) * m * W, (1 + nr) * m * W);
+  act_tanh_n<S>(wl, act, 3 * m * W);
+  act_tanh_n<S>(rl, act + static_cast<size_t>(3) * m * W, (1 + nr) * m * W);
   const S* wb = wl + static_cast<size_t>(3) * m * W;
 #pragma omp simd
   for (int l = 0; l < W; ++l) beta[l] = vsigmoid(wb[l]);
@@ -199,17 +283,18 @@ struct LaneTail {
 };
 
 // r = F vec(x ⊗ y) with the first L terms at scales q ([L] lane vectors) and the base at qD.
+// coef: scratch of 2 cap lane vectors.
 template <typename S, int M>
 RFWP_INLINE void tail_lookup(const LaneTail<S>& tl, const S* q, Vec<S> qD, int L, const S* x,
-                             const S* y, int m_, S* r, S* tmp) {
-  constexpr int W = kLanes<S>;
+                             const S* y, int m_, S* r, S* tmp, S* coef) {
   const int m = msize<M>(m_);
-  const size_t mw = static_cast<size_t>(m) * W;
+  S* a = coef;
+  S* b = coef + static_cast<size_t>(tl.cap) * kLanes<S>;
+  term_dots<S, M>(tl.K1, x, L, m, a);   // <k1_j, x>
+  term_dots<S, M>(tl.K2, y, L, m, b);   // <k2_j, y>
+  for (int j = 0; j < L; ++j) st(a, j, ld(q, j) * ld(a, j) * ld(b, j));
   for (int c = 0; c < m; ++c) st(r, c, Vec<S>{});
-  for (int j = 0; j < L; ++j) {
-    const Vec<S> cj = ld(q, j) * ldot<S, M>(tl.K1 + j * mw, x, m) * ldot<S, M>(tl.K2 + j * mw, y, m);
-    laxpy<S, M>(cj, tl.Z + j * mw, r, m);
-  }
+  add_terms<S, M>(tl.Z, a, L, m, r);
   if (tl.base != nullptr) {
     dense_lookup<S, M>(tl.base, x, y, m, tmp);
     laxpy<S, M>(qD, tmp, r, m);
@@ -277,8 +362,9 @@ RFWP_INLINE void layer_norm_backward(const S* nhat, Vec<S> rstd, const S* gn, in
   for (int c = 0; c < m; ++c) st(gr, c, rstd * (ld(gn, c) - mg - ld(nhat, c) * mgn));
 }
 
-// Scratch of group_step, in lane vectors: v_old, z, r, a lookup's base part, a read's output.
-inline size_t step_work_size(int m) { return 5 * static_cast<size_t>(m); }
+// Scratch of group_step, in lane vectors: v_old, z, r, a lookup's base part, a read's output,
+// then a lookup's coefficients (2 cap).
+inline size_t step_work_size(int m, int cap) { return 5 * static_cast<size_t>(m) + 2 * static_cast<size_t>(cap); }
 
 // One step of a group on tl (after the caller's fold): the resets (keep: [W], 0 where the task
 // resets before this step; null: none), the write, then the N_r chained reads. act, beta: the
@@ -296,6 +382,7 @@ void group_step(LaneTail<S>& tl, const S* keep, const S* act, const S* beta, int
   S* r = z + mw;
   S* tmp = r + mw;
   S* nbuf = tmp + mw;
+  S* coef = nbuf + mw;
   if (keep != nullptr) {   // a reset empties its lane: old terms, base and norm vanish
     const Vec<S> kp = ld(keep, 0);
     for (int j = 0; j < L; ++j) st(tl.q, j, ld(tl.q, j) * kp);
@@ -303,7 +390,7 @@ void group_step(LaneTail<S>& tl, const S* keep, const S* act, const S* beta, int
     st(tl.norm2, 0, ld(tl.norm2, 0) * kp);
   }
   // v_old = F_{t-1} vec(k1 ⊗ k2): the value now associated with k1 ⊗ k2 (FWM §3.1.1)
-  tail_lookup<S, M>(tl, tl.q, ld(tl.qD, 0), L, k1, k2, m, vold, tmp);
+  tail_lookup<S, M>(tl, tl.q, ld(tl.qD, 0), L, k1, k2, m, vold, tmp, coef);
   // FWM Eq. 3: F' = F_{t-1} + β vec(k1 ⊗ k2) ⊗ (v - v_old), the new tail term (k1, k2, z)
   const Vec<S> b = ld(beta, 0);
   for (int c = 0; c < m; ++c) st(z, c, b * (ld(v, c) - ld(vold, c)));
@@ -330,7 +417,7 @@ void group_step(LaneTail<S>& tl, const S* keep, const S* act, const S* beta, int
   const FwmSaved<S> sv(saved, m, nr, W);
   const S* n = n0;
   for (int i = 0; i < nr; ++i) {
-    tail_lookup<S, M>(tl, tl.q, ld(tl.qD, 0), L + 1, n, e + i * mw, m, r, tmp);
+    tail_lookup<S, M>(tl, tl.q, ld(tl.qD, 0), L + 1, n, e + i * mw, m, r, tmp, coef);
     S* out = saved != nullptr ? sv.nhat + i * mw : nbuf;
     const Vec<S> rstd = layer_norm<S, M>(r, m, out);
     if (saved != nullptr) st(sv.rstd, i, rstd);
@@ -415,7 +502,7 @@ void fwm_forward_group(const FwmFwdArgs<S>& a, int g, FwmForwardScratch<S>& s) {
   s.act.resize(act_size(m, nr) * W + W);
   s.raw.resize(static_cast<size_t>(wsize + rsize) * W);
   s.pad.resize(static_cast<size_t>(std::max<size_t>(cube, wsize + rsize)) * W);
-  s.work.resize(step_work_size(m) * W + static_cast<size_t>(cap) * W);
+  s.work.resize(step_work_size(m, cap) * W + static_cast<size_t>(cap) * W);
   s.y.resize(mw);
   S* qD = s.scal.data();
   S* norm2 = qD + W;
@@ -444,7 +531,7 @@ void fwm_forward_group(const FwmFwdArgs<S>& a, int g, FwmForwardScratch<S>& s) {
         s.foldbase.resize(cube * W);
         dst = s.foldbase.data();
       }
-      materialize<S, M>(tl, m, dst, s.work.data() + step_work_size(m) * W);
+      materialize<S, M>(tl, m, dst, s.work.data() + step_work_size(m, cap) * W);
       tl.base = dst;
       for (int l = 0; l < W; ++l) qD[l] = S(1);
       tl.L = 0;
@@ -460,7 +547,7 @@ void fwm_forward_group(const FwmFwdArgs<S>& a, int g, FwmForwardScratch<S>& s) {
     lanes_to_rows(s.y.data(), lanes, m, a.y + group_rows<S>(t, BH, g, m), s.pad.data());
   }
   s.foldbase.resize(cube * W);
-  materialize<S, M>(tl, m, s.foldbase.data(), s.work.data() + step_work_size(m) * W);
+  materialize<S, M>(tl, m, s.foldbase.data(), s.work.data() + step_work_size(m, cap) * W);
   lanes_to_rows(s.foldbase.data(), lanes, static_cast<int>(cube), a.F + static_cast<size_t>(g) * W * cube,
                 s.pad.data());
 }
@@ -516,7 +603,7 @@ void fwm_step_group(const FwmStepArgs<S>& a, int g, AlignedVector<S>& work) {
   const size_t mw = static_cast<size_t>(m) * W;
   const int wsize = 3 * m + 1, rsize = (1 + nr) * m;
   const size_t acts = act_size(m, nr) * W + W, raws = static_cast<size_t>(wsize + rsize) * W;
-  const size_t pads = std::max<size_t>(raws, mw), steps = step_work_size(m) * W;
+  const size_t pads = std::max<size_t>(raws, mw), steps = step_work_size(m, a.cap) * W;
   work.resize(acts + raws + pads + steps + static_cast<size_t>(a.cap) * W + mw + W);
   S* act = work.data();
   S* beta = act + act_size(m, nr) * W;
@@ -577,6 +664,7 @@ struct BackTail {
   S *gK1, *gK2, *gZ;     // [len][m] adjoints of the terms' k1, k2, z
   S *invC, *keep, *qcur, *qv, *A;   // [len]: 1 / C; the reset masks; scales of F_t, of F_{t-1}
                                     // after step t's resets; scale uses
+  S *x1, *x2, *x3, *c1, *c2, *c3;   // [len]: a lookup's dot products and coefficients
 };
 
 // Adjoints of one lookup r = Σ_{j<L} q_j <k1_j, x> <k2_j, y> z_j + qD base vec(x ⊗ y) with
@@ -585,24 +673,24 @@ struct BackTail {
 template <typename S, int M>
 void lookup_backward(BackTail<S>& bt, const S* q, Vec<S> qD, int L, const S* base, S* gbase,
                      const S* x, const S* y, const S* g, int m_, S* gx, S* gy, S* AD, S* u) {
-  constexpr int W = kLanes<S>;
   const int m = msize<M>(m_);
-  const size_t mw = static_cast<size_t>(m) * W;
+  // one query vector in registers per pass over the terms
+  term_dots<S, M>(bt.K1, x, L, m, bt.x1);   // <k1_j, x>
+  term_dots<S, M>(bt.K2, y, L, m, bt.x2);   // <k2_j, y>
+  term_dots<S, M>(bt.Z, g, L, m, bt.x3);    // <z_j, g>
   for (int j = 0; j < L; ++j) {
-    const S* K1 = bt.K1 + j * mw;
-    const S* K2 = bt.K2 + j * mw;
-    const Vec<S> x1 = ldot<S, M>(K1, x, m), x2 = ldot<S, M>(K2, y, m), x3 = ldot<S, M>(bt.Z + j * mw, g, m);
-    const Vec<S> qj = ld(q, j);
-    const Vec<S> c1 = qj * x1 * x2;   // ∂r/∂z_j
-    const Vec<S> c2 = qj * x2 * x3;   // ∂/∂<k1_j, x>
-    const Vec<S> c3 = qj * x1 * x3;   // ∂/∂<k2_j, y>
-    st(bt.A, j, ld(bt.A, j) + c1 * x3);
-    laxpy<S, M>(c1, g, bt.gZ + j * mw, m);
-    laxpy<S, M>(c2, K1, gx, m);
-    laxpy<S, M>(c2, x, bt.gK1 + j * mw, m);
-    laxpy<S, M>(c3, K2, gy, m);
-    laxpy<S, M>(c3, y, bt.gK2 + j * mw, m);
+    const Vec<S> qj = ld(q, j), x1 = ld(bt.x1, j), x2 = ld(bt.x2, j), x3 = ld(bt.x3, j);
+    const Vec<S> c1 = qj * x1 * x2;         // ∂r/∂z_j
+    st(bt.c1, j, c1);
+    st(bt.c2, j, qj * x2 * x3);             // ∂/∂<k1_j, x>
+    st(bt.c3, j, qj * x1 * x3);             // ∂/∂<k2_j, y>
+    st(bt.A, j, ld(bt.A, j) + c1 * x3);     // the use of q_j
   }
+  add_to_terms<S, M>(bt.gZ, bt.c1, g, L, m);
+  add_to_terms<S, M>(bt.gK1, bt.c2, x, L, m);
+  add_to_terms<S, M>(bt.gK2, bt.c3, y, L, m);
+  add_terms<S, M>(bt.K1, bt.c2, L, m, gx);
+  add_terms<S, M>(bt.K2, bt.c3, L, m, gy);
   if (base != nullptr) {
     S qDa[kLanes<S>];
     st(qDa, 0, qD);
@@ -634,7 +722,7 @@ void fwm_backward_group(const FwmBwdArgs<S>& a, int g, FwmBackwardScratch<S>& s)
   const int seg = std::min(T, a.fold), nseg = (T + a.fold - 1) / a.fold;
   s.tail.resize(3 * static_cast<size_t>(seg) * mw);
   s.grads.resize(3 * static_cast<size_t>(seg) * mw);
-  s.scal.resize(5 * static_cast<size_t>(seg) * W + W);
+  s.scal.resize(11 * static_cast<size_t>(seg) * W + W);
   s.act.resize(act_size(m, nr) * W + W);
   s.raw.resize(static_cast<size_t>(wsize + rsize) * W);
   s.vecs.resize(10 * mw);
@@ -644,7 +732,9 @@ void fwm_backward_group(const FwmBwdArgs<S>& a, int g, FwmBackwardScratch<S>& s)
   bt.gK1 = s.grads.data(); bt.gK2 = bt.gK1 + seg * mw; bt.gZ = bt.gK2 + seg * mw;
   bt.invC = s.scal.data(); bt.keep = bt.invC + seg * W; bt.qcur = bt.keep + seg * W;
   bt.qv = bt.qcur + seg * W; bt.A = bt.qv + seg * W;
-  S* AD = bt.A + seg * W;
+  bt.x1 = bt.A + seg * W; bt.x2 = bt.x1 + seg * W; bt.x3 = bt.x2 + seg * W;
+  bt.c1 = bt.x3 + seg * W; bt.c2 = bt.c1 + seg * W; bt.c3 = bt.c2 + seg * W;
+  S* AD = bt.c3 + seg * W;
   S* act = s.act.data();
   S* beta = act + act_size(m, nr) * W;
   S* wl = s.raw.data();
@@ -689,7 +779,7 @@ void fwm_backward_group(const FwmBwdArgs<S>& a, int g, FwmBackwardScratch<S>& s)
     for (int j = 0; j < len; ++j) {
       const int t = s0 + j;
       rows_to_lanes(a.w + group_rows<S>(t, BH, g, wsize), lanes, wsize, wl, s.pad.data());
-      vtanh_n<S>(wl, act, 2 * m * W);   // FWM Eq. 1: k1, k2
+      act_tanh_n<S>(wl, act, 2 * m * W);   // FWM Eq. 1: k1, k2
       copy_n(act, mw, bt.K1 + j * mw);
       copy_n(act + mw, mw, bt.K2 + j * mw);
       const FwmSaved<const S> sv(a.saved + (static_cast<size_t>(g) * T + t) * A * W, m, nr, W);
