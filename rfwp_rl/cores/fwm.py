@@ -28,9 +28,9 @@ Choices (documented because the paper leaves them open or the reference code dif
   code feeds them raw and scales every write by 1/m; neither is in the paper; not done here.)
 
 ``F`` is stored as ``[B, m, m, m]`` indexed (first key, second key, value). The LSTM and the
-slow projections (W_write, W_β, W_n, W_e^i) run on the whole unroll at once; the write and the
-reads are the ``fwm`` op (:mod:`rfwp_rl.ops.fwm`: its PyTorch reference, or its fused CPU
-kernel, chosen once at construction by ``backend`` as for the other cores). Acting one step at
+slow projections (W_write, W_β, W_n, W_e^i) run on the whole unroll at once; tanh / σ of Eq. 1-2,
+5-6, the write and the reads are the ``fwm`` op (:mod:`rfwp_rl.ops.fwm`: its PyTorch reference,
+or its fused CPU kernel, chosen once at construction by ``backend`` as for the other cores). Acting one step at
 a time without gradients (``stepper`` under ``torch.no_grad()``) uses the op's incremental
 stepper, which appends one low-rank term per step instead of rewriting the dense tensor.
 """
@@ -64,6 +64,7 @@ class FWMCore(Core):
     """
 
     name = "fwm"
+    act_without_gradients = True   # the incremental stepper: O(t m) per step, no dense tensor
 
     def __init__(self, input_size: int, hidden_size: int = 32, memory_size: int = 16,
                  num_reads: int = 3, detach_state_every_step: bool = False,

@@ -163,27 +163,29 @@ def rollout(agent: MetaRLAgent, env: GraphBatchEnv, device: torch.device,
     ``truncated``, i.e. the episode's end is a time limit; else None) and the per-agent totals
     ``total_reward``, ``goals``, ``invalid`` [B] (numpy).
 
-    Acting runs the core one step at a time without gradients (the next observation depends on
-    the action; for ``fwm`` the fused op's incremental stepper). With gradients enabled (a
-    training update) the logits and values returned come from one call of the agent on the
-    whole episode from the zero state: the same numbers as acting (the cores' stepping
-    contract), with full BPTT over the episode through one LSTM call and one fused FWM call
-    instead of an autograd graph of 30 steps. Without gradients they are the acting ones.
+    The core runs one step at a time (the next observation depends on the action), carrying
+    its state, so with gradients enabled (a training update) the backward pass is full BPTT over
+    the episode. A core whose stepper is much cheaper without gradients
+    (``core.act_without_gradients``: ``fwm``, the fused op's incremental stepper) acts without
+    them; the logits and values returned then come from one call of the agent on the whole
+    episode from the zero state: the same numbers (the cores' stepping contract), with
+    gradients through one LSTM call and one fused FWM call.
     """
     train = torch.is_grad_enabled()
+    recompute = train and agent.core.act_without_gradients
     obs = env.reset()
     obs_t, logits_t, values_t, actions_t, rewards_t = [], [], [], [], []
     bootstrap = None
-    with torch.no_grad():
+    with torch.set_grad_enabled(train and not recompute):
         stepper = agent.stepper(env.num_envs, device=device)
         done = False
         while not done:
             x = torch.from_numpy(obs).to(device)
             logits, value = stepper.step(x)
             if greedy:
-                action = logits.argmax(-1).cpu()
+                action = logits.detach().argmax(-1).cpu()
             else:
-                probs = F.softmax(logits.float(), dim=-1).cpu()
+                probs = F.softmax(logits.detach().float(), dim=-1).cpu()
                 action = torch.multinomial(probs, 1, generator=generator).squeeze(1)
             obs, reward, done = env.step(action.numpy())
             obs_t.append(x)
@@ -191,9 +193,10 @@ def rollout(agent: MetaRLAgent, env: GraphBatchEnv, device: torch.device,
             values_t.append(value)
             actions_t.append(action)
             rewards_t.append(torch.from_numpy(reward))
-        if truncated:  # a time limit is not a terminal state: the return goes on from V(last observation)
+    if truncated:  # a time limit is not a terminal state: the return goes on from V(last observation)
+        with torch.no_grad():
             bootstrap = stepper.step(torch.from_numpy(obs).to(device))[1]
-    if train:
+    if recompute:
         logits, values, _ = agent(torch.stack(obs_t), agent.initial_state(env.num_envs, device))
     else:
         logits, values = torch.stack(logits_t), torch.stack(values_t)
