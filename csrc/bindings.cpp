@@ -517,6 +517,227 @@ std::vector<Tensor> srwm_backward_impl(const Tensor& x, const Tensor& Winit,
   return {gx, gWinit, gdW0};
 }
 
+// ------------------------------------------------------------------------------------- fwm
+
+// The CPU kernel only (cpu/fwm_impl.h); the op's `supported` sends CUDA inputs to the reference.
+struct FwmShapes {
+  Dims n;     // dk == dv == m
+  int nr, fold;
+};
+
+// m and N_r from w [.., 3m + 1] and r [.., (1 + N_r) m].
+std::pair<int64_t, int64_t> fwm_sizes(const Tensor& w, const Tensor& r) {
+  TORCH_CHECK(w.dim() >= 1 && r.dim() == w.dim(), "w and r must have the same number of dimensions, got ",
+              w.sizes(), " and ", r.sizes());
+  const int64_t m = (w.size(-1) - 1) / 3;
+  TORCH_CHECK(m >= 1 && w.size(-1) == 3 * m + 1, "w must be [..., 3m + 1], got ", w.sizes());
+  TORCH_CHECK(r.size(-1) % m == 0 && r.size(-1) / m >= 2, "r must be [..., (1 + N_r) m] with m = ",
+              m, " and N_r >= 1, got ", r.sizes());
+  return {m, r.size(-1) / m - 1};
+}
+
+FwmShapes check_fwm_inputs(const Tensor& w, const Tensor& r, int64_t chunk, bool forward) {
+  TORCH_CHECK(!w.is_cuda(), "fwm has no CUDA kernel (the op runs CUDA inputs on the reference)");
+  TORCH_CHECK(w.dim() == 4, "w must be [T, B, H, 3m + 1], got ", w.sizes());
+  const auto [m, nr] = fwm_sizes(w, r);
+  Dims n = make_dims(w, m, chunk, forward);
+  n.dk = static_cast<int>(m);
+  check_tensor(w, "w", w, {n.T, n.B, n.H, 3 * m + 1});
+  check_tensor(r, "r", w, {n.T, n.B, n.H, (1 + nr) * m});
+  // chunk: the longest tail kept low-rank (0, inference: the kernel's own limit)
+  const int cap = rfwp::fwm_tail_capacity(n.dk);
+  const int fold = chunk > 0 ? static_cast<int>(std::min<int64_t>(chunk, cap)) : cap;
+  return {n, static_cast<int>(nr), fold};
+}
+
+std::vector<int64_t> fwm_cube(const Dims& n) { return {n.B, n.H, n.dk, n.dk, n.dk}; }
+
+// The kernel's groups of tasks: W (the vector lanes of the dtype) and G = ceil(B H / W).
+std::pair<int64_t, int64_t> fwm_groups(at::ScalarType dtype, int64_t BH) {
+  const int64_t W = dtype == at::kDouble ? rfwp::cpu::fwm_lanes<double>() : rfwp::cpu::fwm_lanes<float>();
+  return {W, (BH + W - 1) / W};
+}
+
+std::vector<Tensor> fwm_forward_impl(const Tensor& w, const Tensor& r, const Tensor& F0,
+                                     const optional<Tensor>& reset, int64_t chunk) {
+  const FwmShapes sh = check_fwm_inputs(w, r, chunk, true);
+  const Dims n = sh.n;
+  check_tensor(F0, "F0", w, fwm_cube(n));
+  const uint8_t* rst = reset_ptr(reset, n, w);
+  const bool keep = chunk > 0;
+  const auto [W, G] = fwm_groups(w.scalar_type(), static_cast<int64_t>(n.B) * n.H);
+  const int64_t cube = static_cast<int64_t>(n.dk) * n.dk * n.dk;
+  Tensor y = empty_like_shape(w, {n.T, n.B, n.H, n.dk});
+  Tensor F = empty_like_shape(w, fwm_cube(n));
+  Tensor saved = empty_like_shape(w, {keep ? G : 0, n.T, rfwp::fwm_saved_size(n.dk, sh.nr), W});
+  const int64_t folds = keep ? rfwp::fwm_max_folds(n.T, sh.fold) : 0;
+  Tensor bases = empty_like_shape(w, {G, folds, cube, W});
+  AT_DISPATCH_FLOATING_TYPES(w.scalar_type(), "fwm_forward", [&] {
+    using S = scalar_t;
+    rfwp::FwmFwdArgs<S> a{ptr<S>(w), ptr<S>(r), ptr<S>(F0), rst, out<S>(y), out<S>(F),
+                          keep ? out<S>(saved) : nullptr, keep ? out<S>(bases) : nullptr, n, sh.nr,
+                          sh.fold};
+    rfwp::cpu::fwm_forward(a);
+  });
+  return {y, F, saved, bases};
+}
+
+std::vector<Tensor> fwm_backward_impl(const Tensor& w, const Tensor& r, const Tensor& F0,
+                                      const optional<Tensor>& reset, const Tensor& saved,
+                                      const Tensor& bases, const Tensor& gy,
+                                      const optional<Tensor>& gF, bool need_gF0, int64_t chunk) {
+  const FwmShapes sh = check_fwm_inputs(w, r, chunk, false);
+  const Dims n = sh.n;
+  check_tensor(F0, "F0", w, fwm_cube(n));
+  const auto [W, G] = fwm_groups(w.scalar_type(), static_cast<int64_t>(n.B) * n.H);
+  const int64_t cube = static_cast<int64_t>(n.dk) * n.dk * n.dk;
+  check_tensor(saved, "saved", w, {G, n.T, rfwp::fwm_saved_size(n.dk, sh.nr), W});
+  check_tensor(bases, "bases", w, {G, rfwp::fwm_max_folds(n.T, sh.fold), cube, W});
+  check_tensor(gy, "grad y", w, {n.T, n.B, n.H, n.dk});
+  check_optional(gF, "grad F", w, fwm_cube(n));
+  const uint8_t* rst = reset_ptr(reset, n, w);
+  Tensor gw = at::empty_like(w), gr = at::empty_like(r);
+  Tensor gF0 = need_gF0 ? at::empty_like(F0) : at::empty({0}, w.options());
+  AT_DISPATCH_FLOATING_TYPES(w.scalar_type(), "fwm_backward", [&] {
+    using S = scalar_t;
+    rfwp::FwmBwdArgs<S> a{ptr<S>(w), ptr<S>(r), ptr<S>(F0), rst, ptr<S>(saved), ptr<S>(bases),
+                          ptr<S>(gy), ptr_or_null<S>(gF), out<S>(gw), out<S>(gr),
+                          need_gF0 ? out<S>(gF0) : nullptr, n, sh.nr, sh.fold};
+    rfwp::cpu::fwm_backward(a);
+  });
+  return {gw, gr, gF0};
+}
+
+// The incremental stepper (cpu/fwm_impl.h; FwmStepArgs): its state is {k1, k2, z, q, scal, meta,
+// base} in the kernel's groups of W tasks.
+struct FwmStepShape {
+  int64_t B, H, m, W, G, cap;
+};
+
+FwmStepShape fwm_step_shape(const std::vector<Tensor>& state, int64_t B, int64_t H) {
+  TORCH_CHECK(state.size() == 7, "the stepper state has 7 tensors (fwm_step_state), got ", state.size());
+  const Tensor& z = state[2];
+  TORCH_CHECK(z.dim() == 4, "the stepper state is not one of fwm_step_state");
+  const auto [W, G] = fwm_groups(z.scalar_type(), B * H);
+  const int64_t cap = z.size(1), m = z.size(2);
+  const int64_t cube = m * m * m;
+  check_tensor(state[0], "k1", z, {G, cap, m, W});
+  check_tensor(state[1], "k2", z, {G, cap, m, W});
+  check_tensor(z, "z", z, {G, cap, m, W});
+  check_tensor(state[3], "q", z, {G, cap, W});
+  check_tensor(state[4], "scal", z, {G, 2, W});
+  TORCH_CHECK(state[5].scalar_type() == at::kInt && state[5].is_contiguous() &&
+              state[5].sizes() == at::IntArrayRef({G, 2}), "meta must be int32 [G, 2]");
+  check_tensor(state[6], "base", z, {G, cube, W});
+  return {B, H, m, W, G, cap};
+}
+
+template <typename S>
+rfwp::FwmStepArgs<S> fwm_step_args(std::vector<Tensor>& state, const FwmStepShape& sh) {
+  Dims n{1, static_cast<int>(sh.B), static_cast<int>(sh.H), static_cast<int>(sh.m),
+         static_cast<int>(sh.m), 0};
+  return rfwp::FwmStepArgs<S>{nullptr, nullptr, nullptr, out<S>(state[0]), out<S>(state[1]),
+                              out<S>(state[2]), out<S>(state[3]), out<S>(state[4]), out<S>(state[6]),
+                              state[5].data_ptr<int32_t>(), nullptr, n, 0, static_cast<int>(sh.cap),
+                              rfwp::fwm_tail_capacity(static_cast<int>(sh.m))};
+}
+
+// The stepper's state for B x H memories of size m in the dtype and device of `like`, from
+// F0 [B, H, m, m, m] (None: zero), with room for `capacity` tail terms (at most the fold length).
+std::vector<Tensor> fwm_step_state(int64_t B, int64_t H, int64_t m, const Tensor& like,
+                                   const optional<Tensor>& F0, int64_t capacity) {
+  TORCH_CHECK(!like.is_cuda(), "fwm has no CUDA kernel");
+  TORCH_CHECK(like.scalar_type() == at::kFloat || like.scalar_type() == at::kDouble,
+              "fused kernels support float32 and float64, got ", like.scalar_type());
+  TORCH_CHECK(B >= 1 && H >= 1 && m >= 1 && capacity >= 1, "sizes must be >= 1, got B = ", B,
+              ", H = ", H, ", m = ", m, ", capacity = ", capacity);
+  const auto opt = like.options();
+  const auto [W, G] = fwm_groups(like.scalar_type(), B * H);
+  const int64_t cap = std::min<int64_t>(capacity, rfwp::fwm_tail_capacity(static_cast<int>(m)));
+  std::vector<Tensor> state = {at::empty({G, cap, m, W}, opt), at::empty({G, cap, m, W}, opt),
+                               at::empty({G, cap, m, W}, opt), at::empty({G, cap, W}, opt),
+                               at::empty({G, 2, W}, opt), at::empty({G, 2}, opt.dtype(at::kInt)),
+                               at::empty({G, m * m * m, W}, opt)};
+  Tensor F0c;
+  if (F0.has_value() && F0->defined()) {
+    check_tensor(F0->contiguous(), "F0", like, {B, H, m, m, m});
+    F0c = F0->contiguous();
+  }
+  const FwmStepShape sh = fwm_step_shape(state, B, H);
+  AT_DISPATCH_FLOATING_TYPES(like.scalar_type(), "fwm_step_state", [&] {
+    rfwp::cpu::fwm_step_init(fwm_step_args<scalar_t>(state, sh), F0c.defined() ? ptr<scalar_t>(F0c) : nullptr);
+  });
+  return state;
+}
+
+// The stepper state with room for `capacity` tail terms (at most the fold length), its terms
+// copied; the same state when it has that room already.
+std::vector<Tensor> fwm_step_grow(std::vector<Tensor> state, int64_t capacity) {
+  TORCH_CHECK(state.size() == 7, "the stepper state has 7 tensors (fwm_step_state), got ", state.size());
+  const int64_t m = state[2].size(2), old = state[2].size(1);
+  const int64_t cap = std::min<int64_t>(capacity, rfwp::fwm_tail_capacity(static_cast<int>(m)));
+  if (cap <= old) return state;
+  for (int i = 0; i < 4; ++i) {
+    std::vector<int64_t> shape(state[i].sizes().begin(), state[i].sizes().end());
+    shape[1] = cap;
+    Tensor y = at::empty(shape, state[i].options());
+    y.narrow(1, 0, old).copy_(state[i]);
+    state[i] = y;
+  }
+  return state;
+}
+
+// One step (w [B, H, 3m + 1], r [B, H, (1 + N_r) m], reset [B] or None) of the stepper whose
+// state (fwm_step_state) it updates in place; returns y [B, H, m].
+Tensor fwm_step(const Tensor& w, const Tensor& r, const optional<Tensor>& reset,
+                std::vector<Tensor> state) {
+  TORCH_CHECK(!w.is_cuda(), "fwm has no CUDA kernel");
+  TORCH_CHECK(w.dim() == 3, "w must be [B, H, 3m + 1], got ", w.sizes());
+  const auto [m, nr] = fwm_sizes(w, r);
+  const int64_t B = w.size(0), H = w.size(1);
+  TORCH_CHECK(w.scalar_type() == state[2].scalar_type(), "w has dtype ", w.scalar_type(),
+              ", the stepper state ", state[2].scalar_type());
+  const FwmStepShape sh = fwm_step_shape(state, B, H);
+  TORCH_CHECK(sh.m == m, "the stepper state has memory size ", sh.m, ", w has m = ", m);
+  check_tensor(w, "w", w, {B, H, 3 * m + 1});
+  check_tensor(r, "r", w, {B, H, (1 + nr) * m});
+  {   // every tail has room for this step's term, or is folded first (fwm_step_grow)
+    const int32_t* meta = state[5].data_ptr<int32_t>();
+    const int fold = rfwp::fwm_tail_capacity(static_cast<int>(m));
+    for (int64_t g = 0; g < sh.G; ++g)
+      TORCH_CHECK(meta[2 * g] < sh.cap || meta[2 * g] == fold, "the stepper state is full (",
+                  sh.cap, " terms): grow it with fwm_step_grow");
+  }
+  const uint8_t* rst = nullptr;
+  if (reset.has_value() && reset->defined()) {
+    TORCH_CHECK(reset->scalar_type() == at::kBool && reset->is_contiguous() &&
+                reset->sizes() == at::IntArrayRef({B}), "reset must be a contiguous bool [B] tensor");
+    rst = reinterpret_cast<const uint8_t*>(reset->data_ptr());
+  }
+  Tensor y = empty_like_shape(w, {B, H, m});
+  AT_DISPATCH_FLOATING_TYPES(w.scalar_type(), "fwm_step", [&] {
+    using S = scalar_t;
+    rfwp::FwmStepArgs<S> a = fwm_step_args<S>(state, sh);
+    a.w = ptr<S>(w);
+    a.r = ptr<S>(r);
+    a.reset = rst;
+    a.y = out<S>(y);
+    a.nr = static_cast<int>(nr);
+    rfwp::cpu::fwm_step(a);
+  });
+  return y;
+}
+
+// The fast tensors of a stepper of B x H memories now, F [B, H, m, m, m] (materialised).
+Tensor fwm_step_dense(std::vector<Tensor> state, int64_t B, int64_t H) {
+  const FwmStepShape sh = fwm_step_shape(state, B, H);
+  Tensor F = at::empty({B, H, sh.m, sh.m, sh.m}, state[2].options());
+  AT_DISPATCH_FLOATING_TYPES(F.scalar_type(), "fwm_step_dense", [&] {
+    rfwp::cpu::fwm_step_dense(fwm_step_args<scalar_t>(state, sh), out<scalar_t>(F));
+  });
+  return F;
+}
+
 // ------------------------------------------------------------------ entry points (dtype, layout)
 
 bool is_half(const Tensor& x) {
@@ -690,6 +911,24 @@ std::vector<Tensor> srwm_backward(const Tensor& x, const Tensor& Winit, const op
   return h ? to_dtype_all(outs, x.scalar_type()) : outs;
 }
 
+std::vector<Tensor> fwm_forward(const Tensor& w, const Tensor& r, const Tensor& F0,
+                                const optional<Tensor>& reset, int64_t chunk, int64_t threads) {
+  same_dtype(w, {{"r", &r}, {"F0", &F0}});
+  const bool h = is_half(w);
+  auto outs = fwm_forward_impl(prep(w, h), prep(r, h), prep(F0, h), prep(reset, false), chunk);
+  return h ? to_dtype(outs, {0, 1}, w.scalar_type()) : outs;
+}
+std::vector<Tensor> fwm_backward(const Tensor& w, const Tensor& r, const Tensor& F0,
+                                 const optional<Tensor>& reset, const Tensor& saved, const Tensor& bases,
+                                 const Tensor& gy, const optional<Tensor>& gF, bool need_gF0,
+                                 int64_t chunk, int64_t threads) {
+  const bool h = is_half(w);
+  auto outs = fwm_backward_impl(prep(w, h), prep(r, h), prep(F0, h), prep(reset, false),
+                                prep(saved, h), prep(bases, h), prep(gy, h), prep(gF, h), need_gF0,
+                                chunk);
+  return h ? to_dtype_all(outs, w.scalar_type()) : outs;
+}
+
 // exp / tanh of the CPU kernels (cpu/vec_math.h) elementwise, for accuracy tests.
 Tensor vec_math(const Tensor& x, const std::string& fn) {
   TORCH_CHECK(x.device().is_cpu() && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble),
@@ -720,7 +959,7 @@ bool has_cuda() {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   namespace py = pybind11;
   m.doc() = "rfwp_rl fused fast-weight recurrences (lt, delta, delta_rnn, rdn, gated_delta, "
-          "delta_product, srwm), forward and backward";
+          "delta_product, srwm, fwm), forward and backward";
   m.def("has_cuda", &has_cuda, "whether this build includes the CUDA kernels");
   m.def("_vec_math", &vec_math, "the CPU kernels' exp or tanh, elementwise (for tests)");
   m.def("lt_forward", &lt_forward, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("W0"),
@@ -762,4 +1001,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("reset"), py::arg("chunk"), py::arg("threads") = 0);
   m.def("srwm_backward", &srwm_backward, py::arg("x"), py::arg("W_init"), py::arg("reset"),
         py::arg("ckpt"), py::arg("gy"), py::arg("gdW"), py::arg("chunk"), py::arg("threads") = 0);
+  m.def("fwm_forward", &fwm_forward, py::arg("w"), py::arg("r"), py::arg("F0"), py::arg("reset"),
+        py::arg("chunk"), py::arg("threads") = 0);
+  m.def("fwm_backward", &fwm_backward, py::arg("w"), py::arg("r"), py::arg("F0"), py::arg("reset"),
+        py::arg("saved"), py::arg("bases"), py::arg("gy"), py::arg("gF"), py::arg("need_gF0"),
+        py::arg("chunk"), py::arg("threads") = 0);
+  m.def("fwm_step_state", &fwm_step_state, py::arg("B"), py::arg("H"), py::arg("m"),
+        py::arg("like"), py::arg("F0"), py::arg("capacity"),
+        "the fwm stepper's state, from F0 [B, H, m, m, m] or zero");
+  m.def("fwm_step_grow", &fwm_step_grow, py::arg("state"), py::arg("capacity"),
+        "the fwm stepper's state with room for `capacity` tail terms");
+  m.def("fwm_step", &fwm_step, py::arg("w"), py::arg("r"), py::arg("reset"), py::arg("state"),
+        "one fwm step (inference), updating the stepper state in place");
+  m.def("fwm_step_dense", &fwm_step_dense, py::arg("state"), py::arg("B"), py::arg("H"),
+        "the fast tensors of an fwm stepper now, [B, H, m, m, m]");
 }

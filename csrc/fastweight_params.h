@@ -152,4 +152,58 @@ struct SrwmBwdArgs {
   Dims n;
 };
 
+// fwm (FWM paper Eq. 1-7), dk == dv == m: per step the slow projections w [T, B, H, 3m + 1]
+// (the write keys k1, k2 and value v before tanh, the strength beta before the sigmoid) and
+// r [T, B, H, (1 + nr) m] (the read keys n0, e_1..e_nr before tanh); the fast tensor
+// F [B, H, m, m, m] (first key, second key, value); y [T, B, H, m] = n^(nr). The CPU kernel
+// keeps F as a dense base plus the low-rank tail of the writes since the base, and runs the
+// (b, h) tasks in groups of W (the vector lanes), one number of each task per vector
+// (cpu/fwm_impl.h): its own buffers are [G = ceil(B H / W)] groups of [..][W]. saved
+// [G, T, fwm_saved_size(m, nr), W]: what the backward needs of every step; bases
+// [G, fwm_max_folds(T, fold), m³, W]: the tails folded into dense bases every `fold` steps.
+// Both are null in an inference forward.
+RFWP_HOST_DEVICE inline int fwm_saved_size(int m, int nr) { return (2 + nr) * m + nr + 2; }
+// The longest tail before it is folded into a dense base: a lookup costs about L m (tail)
+// against m³ (base), so up to L = m² the tail is the cheaper form.
+RFWP_HOST_DEVICE inline int fwm_tail_capacity(int m) { return m * m > 16 ? m * m : 16; }
+RFWP_HOST_DEVICE inline int fwm_max_folds(int T, int fold) { return T > 0 ? (T - 1) / fold : 0; }
+
+template <typename S>
+struct FwmFwdArgs {
+  const S *w, *r, *F0;
+  const uint8_t* reset;
+  S *y, *F, *saved, *bases;
+  Dims n;     // dk == dv == m
+  int nr;     // reads N_r
+  int fold;   // tail length folded into a dense base (>= 1)
+};
+
+// gF may be null (no gradient of the final state); gF0 may be null (not needed: no work spent
+// on the gradient of the initial tensor's base).
+template <typename S>
+struct FwmBwdArgs {
+  const S *w, *r, *F0;
+  const uint8_t* reset;
+  const S *saved, *bases, *gy, *gF;
+  S *gw, *gr, *gF0;
+  Dims n;
+  int nr, fold;
+};
+
+// The incremental (inference) stepper: one step (w [B, H, 3m + 1], r [B, H, (1 + nr) m],
+// reset [B] or null) on its state, updated in place, in groups of W tasks: the tail's k1, k2, z
+// [G, cap, m, W], scales q [G, cap, W], scal [G, 2, W] (||F||², the base's scale), meta [G, 2]
+// (tail length, has a base), base [G, m³, W]. `cap` terms are allocated (the caller grows it up
+// to `fold`, the tail length folded into the base).
+template <typename S>
+struct FwmStepArgs {
+  const S *w, *r;
+  const uint8_t* reset;
+  S *k1, *k2, *z, *q, *scal, *base;
+  int32_t* meta;
+  S* y;                                   // [B, H, m]
+  Dims n;                                 // T = 1
+  int nr, cap, fold;
+};
+
 }  // namespace rfwp

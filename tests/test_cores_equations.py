@@ -14,7 +14,7 @@ import torch
 
 from rfwp_rl import cores, ops
 from rfwp_rl.cores import feature_maps
-from rfwp_rl.cores.fwm import fwm_read, fwm_write
+from rfwp_rl.ops.fwm.naive import read as fwm_read, write as fwm_write
 
 D = torch.float64
 

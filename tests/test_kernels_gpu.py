@@ -9,6 +9,7 @@ import torch
 
 from rfwp_rl import kernels
 from rfwp_rl import ops
+from rfwp_rl.kernels import cuda_limits
 from rfwp_rl.ops import cases
 
 pytestmark = [
@@ -16,7 +17,17 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device (torch.cuda.is_available() is False)"),
 ]
 
-OPS = tuple(ops.OPS)
+OPS = tuple(n for n in ops.OPS if n in cuda_limits.OPS)   # the ops with CUDA kernels
+
+
+def test_op_without_cuda_kernel_runs_the_reference_on_the_gpu():
+    # fwm has no CUDA kernel: 'auto' computes CUDA inputs with the reference, 'kernel' refuses
+    from rfwp_rl.errors import UserError
+
+    args, reset = cases.make_inputs("fwm", T=4, B=2, H=1, d=8, reset_at=((2, 1),), device="cuda")
+    torch.testing.assert_close(ops.get("fwm", "auto")(*args, reset), ops.naive("fwm")(*args, reset))
+    with pytest.raises(UserError, match="fwm has no CUDA kernel"):
+        ops.get("fwm", "kernel")(*args, reset)
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +94,6 @@ def test_device_guard_second_gpu(ext):
 
 # ------------------------------------------------------- sizes, limits, dtypes, edge cases
 
-from rfwp_rl.kernels import cuda_limits  # noqa: E402
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])

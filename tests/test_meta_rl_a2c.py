@@ -1,5 +1,5 @@
 """A2C meta-RL: the loss against a hand computation, every core through the trainer, a short
-learning run, resume, CLI errors. (The factored FWM stepper is tested in test_core_steppers.py.)"""
+learning run, resume, CLI errors. (The FWM core and its stepper are tested in test_fwm_core.py.)"""
 
 import csv
 import math
@@ -124,6 +124,24 @@ def test_every_core_trains_one_episode(name):
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in agent.parameters())
     # the value head gets a gradient from the whole episode
     assert agent.value.weight.grad.abs().sum() > 0
+
+
+def test_rollout_trains_on_the_logits_it_acted_with():
+    # acting steps the core without gradients; a training rollout then calls the agent once on
+    # the whole episode: the same logits and values, now with gradients through all 30 steps
+    torch.manual_seed(0)
+    train_t, _ = graph_env.graph_sets()
+    agent = MetaRLAgent("fwm", {"hidden_size": 16, "memory_size": 8}, 17, 3)
+    outs = []
+    for grad in (False, True):
+        env = graph_env.GraphBatchEnv(train_t[:4], rng=0)
+        with torch.set_grad_enabled(grad):
+            outs.append(train.rollout(agent, env, torch.device("cpu"), torch.Generator().manual_seed(0)))
+    acted, trained = outs
+    assert torch.equal(acted["actions"], trained["actions"])
+    assert trained["logits"].requires_grad and not acted["logits"].requires_grad
+    torch.testing.assert_close(trained["logits"], acted["logits"], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(trained["values"], acted["values"], rtol=1e-5, atol=1e-6)
 
 
 # ------------------------------------------------------------------------------- the trainer

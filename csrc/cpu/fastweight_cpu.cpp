@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "fastweight_cpu_impl.h"
+#include "fwm_impl.h"
 #include "householder_product_impl.h"
 #include "srwm_impl.h"
 
@@ -156,6 +157,51 @@ template <typename S> void srwm_backward(const SrwmBwdArgs<S>& a) {
   });
 }
 
+// fwm: one task per group of W (b, h) pairs (the vector lanes, cpu/fwm_impl.h)
+template <typename S, typename Scratch, typename Fn>
+void for_each_group(const Dims& n, Fn fn) {
+  const int64_t groups = (static_cast<int64_t>(n.B) * n.H + kLanes<S> - 1) / kLanes<S>;
+  at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
+    Scratch scratch;
+    for (int64_t g = begin; g < end; ++g) fn(static_cast<int>(g), scratch);
+  });
+}
+
+template <typename S> int fwm_lanes() { return kLanes<S>; }
+template <typename S> void fwm_forward(const FwmFwdArgs<S>& a) {
+  with_head_size(a.n, [&](auto D) {
+    for_each_group<S, FwmForwardScratch<S>>(a.n, [&](int g, FwmForwardScratch<S>& s) {
+      fwm_forward_group<S, decltype(D)::value>(a, g, s);
+    });
+  });
+}
+template <typename S> void fwm_backward(const FwmBwdArgs<S>& a) {
+  with_head_size(a.n, [&](auto D) {
+    for_each_group<S, FwmBackwardScratch<S>>(a.n, [&](int g, FwmBackwardScratch<S>& s) {
+      fwm_backward_group<S, decltype(D)::value>(a, g, s);
+    });
+  });
+}
+template <typename S> void fwm_step_init(const FwmStepArgs<S>& a, const S* F0) {
+  for_each_group<S, AlignedVector<S>>(a.n, [&](int g, AlignedVector<S>& pad) {
+    fwm_step_init_group(a, F0, g, pad);
+  });
+}
+template <typename S> void fwm_step(const FwmStepArgs<S>& a) {
+  with_head_size(a.n, [&](auto D) {
+    for_each_group<S, AlignedVector<S>>(a.n, [&](int g, AlignedVector<S>& work) {
+      fwm_step_group<S, decltype(D)::value>(a, g, work);
+    });
+  });
+}
+template <typename S> void fwm_step_dense(const FwmStepArgs<S>& a, S* F) {
+  with_head_size(a.n, [&](auto D) {
+    for_each_group<S, AlignedVector<S>>(a.n, [&](int g, AlignedVector<S>& work) {
+      fwm_step_dense_group<S, decltype(D)::value>(a, g, F, work);
+    });
+  });
+}
+
 #define RFWP_INSTANTIATE(S)                                          \
   template void lt_forward<S>(const DeltaFwdArgs<S>&);               \
   template void lt_backward<S>(const DeltaBwdArgs<S>&);              \
@@ -168,7 +214,13 @@ template <typename S> void srwm_backward(const SrwmBwdArgs<S>& a) {
   template void product_forward<S>(const ProductFwdArgs<S>&);        \
   template void product_backward<S>(const ProductBwdArgs<S>&);       \
   template void srwm_forward<S>(const SrwmFwdArgs<S>&);              \
-  template void srwm_backward<S>(const SrwmBwdArgs<S>&);
+  template void srwm_backward<S>(const SrwmBwdArgs<S>&);             \
+  template void fwm_forward<S>(const FwmFwdArgs<S>&);                \
+  template void fwm_backward<S>(const FwmBwdArgs<S>&);               \
+  template void fwm_step<S>(const FwmStepArgs<S>&);                   \
+  template void fwm_step_init<S>(const FwmStepArgs<S>&, const S*);     \
+  template void fwm_step_dense<S>(const FwmStepArgs<S>&, S*);          \
+  template int fwm_lanes<S>();
 RFWP_INSTANTIATE(float)
 RFWP_INSTANTIATE(double)
 #undef RFWP_INSTANTIATE

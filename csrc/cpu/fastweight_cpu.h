@@ -20,6 +20,15 @@ template <typename S> void product_forward(const ProductFwdArgs<S>& a);
 template <typename S> void product_backward(const ProductBwdArgs<S>& a);
 template <typename S> void srwm_forward(const SrwmFwdArgs<S>& a);
 template <typename S> void srwm_backward(const SrwmBwdArgs<S>& a);
+template <typename S> void fwm_forward(const FwmFwdArgs<S>& a);
+template <typename S> void fwm_backward(const FwmBwdArgs<S>& a);
+// the incremental stepper: its state from F0 [B, H, m, m, m] rows (null: zero); one step, in
+// place on the state; every task's F into rows F [B, H, m, m, m]
+template <typename S> void fwm_step_init(const FwmStepArgs<S>& a, const S* F0);
+template <typename S> void fwm_step(const FwmStepArgs<S>& a);
+template <typename S> void fwm_step_dense(const FwmStepArgs<S>& a, S* F);
+// tasks per group of the fwm kernel: the vector lanes of S
+template <typename S> int fwm_lanes();
 
 }  // namespace cpu
 }  // namespace rfwp

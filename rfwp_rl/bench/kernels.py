@@ -18,6 +18,8 @@ Flop count per step and (batch, head), multiply-add = 2 flops, for dk = dv = d:
             (20d²) | srwm 13Rd ≈ 39d² (G k, Gᵀ u, Wᵀ ge, Wᵀ gp, the rank-2 update of G and of
             the W_init gradient)
 The recomputation of the forward inside checkpoint chunks is not counted (it is overhead).
+``fwm`` is not here: its work depends on the low-rank tail, not on d² (its speed is measured in
+its setting by ``rfwp-rl bench meta_rl``).
 
 Writes ``results/bench/kernels_cpu.csv`` (atomically) and prints a table. The machine may be
 shared with other processes: ratios are measured back to back, and the load average is
@@ -55,7 +57,7 @@ DEFAULT_OUT = Path("results/bench/kernels_cpu.csv")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sizes", default="atari,lm", help=f"comma list of {', '.join(SIZES)}")
-    parser.add_argument("--ops", default=",".join(ops.OPS), help="comma list of ops")
+    parser.add_argument("--ops", default=",".join(FWD_FLOPS), help="comma list of ops")
     n = torch.get_num_threads()
     parser.add_argument("--threads", default="1" if n == 1 else f"1,{n}",
                         help="comma list of torch thread counts to measure (default: 1 and all "
@@ -137,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
     from rfwp_rl import kernels
 
     sizes = _parse_list(args.sizes, SIZES, "size")
-    names = _parse_list(args.ops, tuple(ops.OPS), "op")
+    names = _parse_list(args.ops, tuple(FWD_FLOPS), "op")
     try:
         threads = [int(x) for x in args.threads.split(",") if x.strip()]
     except ValueError:

@@ -11,8 +11,8 @@
 T calls of one step carrying the state; gradients flow through the whole call unless
 ``detach_state_every_step=True`` (every recurrent core accepts it). ``stepper`` gives the same
 values and gradients as one call on the whole sequence (:mod:`rfwp_rl.cores.base` has the full
-contract; ``fwm`` returns its cheaper exact low-rank stepper,
-:mod:`rfwp_rl.cores.fwm_factored`).
+contract; made without gradients, for acting, ``fwm`` returns the fused op's incremental
+stepper).
 
 ``available()`` lists every core with its equations and default config. Other modules add
 cores with ``register(spec, cls)`` where ``cls(input_size, **config)`` builds the core;

@@ -16,9 +16,12 @@ Acting one step at a time from a zero state (the next input depends on the outpu
     stepper = core.stepper(batch_size)     # state starts at core.initial_state(batch_size)
     y = stepper.step(x)                     # x [B, input_size] -> y [B, output_size]
 
-A core may return a cheaper stepper that computes the same values and gradients (``fwm``
-does: its low-rank form, :mod:`rfwp_rl.cores.fwm_factored`); ``specialised=False`` asks
-for the generic one, which calls ``core(x[None], state)``.
+A core may return a cheaper stepper that computes the same values (``fwm`` does when the
+stepper is made without gradients, for acting: the fused op's incremental stepper, which
+refuses to step with gradients enabled); ``specialised=False`` asks for the generic one, which
+calls ``core(x[None], state)`` and gives the same values and gradients as one call. A core
+with ``act_without_gradients`` (``fwm``) tells trainers to act without gradients and then call
+it once on the whole episode.
 """
 
 from __future__ import annotations
@@ -92,6 +95,11 @@ class Core(nn.Module):
     input_size: int
     output_size: int
     detach_state_every_step: bool = False
+    act_without_gradients: bool = False
+    """True when the stepper made without gradients is much cheaper than stepping with them
+    (``fwm``: the fused incremental stepper): a trainer that needs gradients of an episode it
+    acts then steps without gradients and calls the core once on the whole episode (the same
+    numbers) instead of stepping with gradients."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -169,7 +177,8 @@ class Core(nn.Module):
         """A one-step-at-a-time runner from ``initial_state(batch_size)`` (module docstring).
 
         Subclasses with a cheaper exact stepping override this and return it when
-        ``specialised`` is True; the result must equal the generic stepper's.
+        ``specialised`` is True; its values must equal the generic stepper's (and its
+        gradients, unless it refuses to step with gradients enabled).
         """
         return CoreStepper(self, batch_size, device)
 

@@ -27,20 +27,25 @@ Choices (documented because the paper leaves them open or the reference code dif
 - As the paper states (Eq. 5-6), the read keys pass through tanh. (The published meta-RL
   code feeds them raw and scales every write by 1/m; neither is in the paper; not done here.)
 
-``F`` is stored as ``[B, m, m, m]`` indexed (first key, second key, value).
-Slow projections (W_write, W_β, W_n, W_e^i) are computed for the whole unroll at once;
-only the fast tensor is updated in the Python loop.
+``F`` is stored as ``[B, m, m, m]`` indexed (first key, second key, value). The LSTM and the
+slow projections (W_write, W_β, W_n, W_e^i) run on the whole unroll at once; tanh / σ of Eq. 1-2,
+5-6, the write and the reads are the ``fwm`` op (:mod:`rfwp_rl.ops.fwm`: its PyTorch reference,
+or its fused CPU kernel, chosen once at construction by ``backend`` as for the other cores). Acting one step at
+a time without gradients (``stepper`` under ``torch.no_grad()``) uses the op's incremental
+stepper, which appends one low-rank term per step instead of rewriting the dense tensor.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rfwp_rl.cores.base import (Core, CoreSpec, State, check_bool, check_positive_int,
-                                reset_steps, zero_entries)
+from rfwp_rl import ops
+from rfwp_rl.cores.base import (Core, CoreSpec, CoreStepper, State, check_backend, check_bool,
+                                check_positive_int)
 from rfwp_rl.cores.lstm import run_lstm
+from rfwp_rl.errors import UserError
+from rfwp_rl.ops import fwm as fwm_op
 
 SPEC = CoreSpec(
     name="fwm",
@@ -48,38 +53,8 @@ SPEC = CoreSpec(
                 "num_reads chained reads; y = h + W_o n",
     equations="FWM paper Eq. 1-8 (§3.1)",
     defaults={"hidden_size": 32, "memory_size": 16, "num_reads": 3,
-              "detach_state_every_step": False},
+              "detach_state_every_step": False, "backend": "auto"},
 )
-
-
-def fwm_write(Fm: Tensor, k1: Tensor, k2: Tensor, v: Tensor, beta: Tensor) -> Tensor:
-    """One FWM write (FWM paper Eq. 3-4). Fm ``[B,m,m,m]``, k1/k2/v ``[B,m]``, beta ``[B]``.
-
-    With F viewed as a matrix ``[B, m*m, m]`` (rows vec(k1 ⊗ k2), columns values) the write
-    is a rank-one update and the lookup of v_old a vector-matrix product.
-    """
-    B, m = v.shape
-    key = (k1[:, :, None] * k2[:, None, :]).reshape(B, 1, m * m)       # vec(k1 ⊗ k2)
-    Fmat = Fm.reshape(B, m * m, m)
-    v_old = torch.bmm(key, Fmat)                                        # [B, 1, m]
-    dv = beta[:, None, None] * (v[:, None, :] - v_old)                  # β (v - v_old)
-    Fp = torch.baddbmm(Fmat, key.transpose(1, 2), dv)                   # Eq. 3
-    scale = torch.linalg.vector_norm(Fp, dim=(1, 2)).clamp(min=1.0)    # max(1, ||F'||)
-    return (Fp * scale.reciprocal()[:, None, None]).view(B, m, m, m)    # Eq. 4
-
-
-def fwm_read(Fm: Tensor, n: Tensor, es: Tensor) -> Tensor:
-    """Chained reads (FWM paper Eq. 7). Fm ``[B,m,m,m]``, n ``[B,m]``, es ``[B,N_r,m]`` -> ``[B,m]``.
-
-    ``n_i = LN(F vec(n_{i-1} ⊗ e_i))`` with LayerNorm without affine parameters.
-    """
-    B, m = n.shape
-    Fmat = Fm.reshape(B, m * m, m)
-    for i in range(es.shape[1]):
-        query = (n[:, :, None] * es[:, None, i, :]).reshape(B, 1, m * m)  # vec(n ⊗ e_i)
-        n = torch.bmm(query, Fmat).squeeze(1)
-        n = F.layer_norm(n, (m,))
-    return n
 
 
 class FWMCore(Core):
@@ -89,9 +64,11 @@ class FWMCore(Core):
     """
 
     name = "fwm"
+    act_without_gradients = True   # the incremental stepper: O(t m) per step, no dense tensor
 
     def __init__(self, input_size: int, hidden_size: int = 32, memory_size: int = 16,
-                 num_reads: int = 3, detach_state_every_step: bool = False) -> None:
+                 num_reads: int = 3, detach_state_every_step: bool = False,
+                 backend: str = "auto") -> None:
         super().__init__()
         self.input_size = check_positive_int("input_size", input_size)
         self.output_size = self.hidden_size = check_positive_int("hidden_size", hidden_size)
@@ -99,8 +76,10 @@ class FWMCore(Core):
         self.num_reads = check_positive_int("num_reads", num_reads)
         self.detach_state_every_step = check_bool("detach_state_every_step",
                                                   detach_state_every_step)
+        self.backend = check_backend(backend)
         self.config = {"hidden_size": hidden_size, "memory_size": memory_size,
-                       "num_reads": num_reads, "detach_state_every_step": detach_state_every_step}
+                       "num_reads": num_reads, "detach_state_every_step": detach_state_every_step,
+                       "backend": backend}
         m = memory_size
         self.lstm = nn.LSTM(input_size, hidden_size)
         self.write = nn.Linear(hidden_size, 3 * m + 1)            # [W_write; W_β], Eq. 1-2
@@ -108,27 +87,26 @@ class FWMCore(Core):
         self.out = nn.Linear(m, hidden_size)                      # W_o, Eq. 8
         with torch.no_grad():
             self.write.bias[3 * m].fill_(1.0)                     # β starts near σ(1)
+        # with backend 'kernel' a one-line error now if the fused kernel cannot run these sizes
+        self.op = ops.resolve("fwm", backend, ops.Dims(dk=m, dv=m))
 
-    def project(self, h: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-        """Slow projections of LSTM outputs ``h [..., hidden_size]``.
-
-        Returns the write keys and value k1, k2, v ``[..., m]``, the write strength β ``[...]``
-        and the read keys r ``[..., 1 + num_reads, m]`` (r[..., 0] = n_0, r[..., i] = e_i).
-        """
-        m = self.m
-        w = self.write(h)
-        k1, k2, v = torch.tanh(w[..., :3 * m]).split(m, dim=-1)     # FWM Eq. 1
-        beta = torch.sigmoid(w[..., 3 * m])                          # FWM Eq. 2
-        r = torch.tanh(self.read(h)).unflatten(-1, (1 + self.num_reads, m))  # FWM Eq. 5-6
-        return k1, k2, v, beta, r
+    def project(self, h: Tensor) -> tuple[Tensor, Tensor]:
+        """The slow projections of LSTM outputs ``h [..., hidden_size]`` as the op takes them
+        (one memory: a head dimension of 1): ``[W_write; W_β] h`` ``[..., 1, 3m + 1]`` and
+        ``[W_n; W_e^1..N_r] h`` ``[..., 1, (1 + num_reads) m]``; the op applies tanh and σ
+        (FWM Eq. 1-2, 5-6)."""
+        return self.write(h).unsqueeze(-2), self.read(h).unsqueeze(-2)
 
     def stepper(self, batch_size: int, device: torch.device | str | None = None,
-                specialised: bool = True):
-        """The exact low-rank stepper (:mod:`rfwp_rl.cores.fwm_factored`) unless
-        ``specialised`` is False or the core detaches its state every step."""
-        if specialised and not self.detach_state_every_step:
-            from rfwp_rl.cores.fwm_factored import FactoredFWMStepper
-            return FactoredFWMStepper(self, batch_size, device)
+                specialised: bool = True) -> CoreStepper | FWMStepper:
+        """Made without gradients (acting), the op's incremental fused stepper when it runs
+        here (see :class:`FWMStepper`); otherwise, or with ``specialised=False``, the generic one."""
+        if specialised and not torch.is_grad_enabled() and self.backend != "reference":
+            p = next(self.parameters())
+            like = p.detach() if device is None else p.detach().to(device)
+            memory = fwm_op.stepper(batch_size, 1, self.m, like, backend=self.backend)
+            if memory is not None:
+                return FWMStepper(self, memory)
         return super().stepper(batch_size, device)
 
     def state_shapes(self, batch_size: int) -> list[tuple[int, ...]]:
@@ -136,16 +114,31 @@ class FWMCore(Core):
         return [(B, self.hidden_size), (B, self.hidden_size), (B, m, m, m)]
 
     def _forward(self, x: Tensor, state: State, reset: Tensor | None) -> tuple[Tensor, State]:
-        T = x.shape[0]
         h0, c0, Fm = state
         hs, h, c = run_lstm(self.lstm, x, h0[None].contiguous(), c0[None].contiguous(), reset)
-        k1, k2, v, beta, r = self.project(hs)                        # whole unroll at once
-        flags = reset_steps(reset, T)
-        ns = []
-        for t in range(T):
-            if flags[t]:
-                Fm = zero_entries(Fm, reset[t])
-            Fm = fwm_write(Fm, k1[t], k2[t], v[t], beta[t])          # FWM Eq. 3-4
-            ns.append(fwm_read(Fm, r[t, :, 0], r[t, :, 1:]))         # FWM Eq. 7
-        y = hs + self.out(torch.stack(ns))                           # FWM Eq. 8 + residual
-        return y, (h[0], c[0], Fm)
+        n, Fm = self.op(*self.project(hs), Fm.unsqueeze(1), reset)   # FWM Eq. 1-7
+        y = hs + self.out(n.squeeze(2))                               # FWM Eq. 8 + residual
+        return y, (h[0], c[0], Fm.squeeze(1))
+
+
+class FWMStepper:
+    """``step(x [B, input_size]) -> y [B, hidden_size]`` from the zero state, without gradients
+    (acting): the LSTM one step at a time, the memory in the op's incremental stepper (O(t m)
+    per step from the zero state). Equal to one call of the core on the whole sequence;
+    stepping with gradients enabled is refused, as it would silently lose the memory's part."""
+
+    def __init__(self, core: FWMCore, memory: fwm_op.fused.Stepper) -> None:
+        self.core, self.memory = core, memory
+        B = memory.B
+        p = next(core.parameters())
+        self.h = torch.zeros(1, B, core.hidden_size, dtype=p.dtype, device=p.device)
+        self.c = torch.zeros_like(self.h)
+
+    def step(self, x: Tensor) -> Tensor:
+        if torch.is_grad_enabled():
+            raise UserError("core 'fwm': this stepper was made without gradients (acting); make "
+                            "it with gradients enabled to backpropagate through its steps")
+        hs, (self.h, self.c) = self.core.lstm(x.unsqueeze(0), (self.h, self.c))
+        h = hs[0]
+        n = self.memory.step(*self.core.project(h))                   # FWM Eq. 1-7
+        return h + self.core.out(n.squeeze(1))                        # FWM Eq. 8 + residual

@@ -1,10 +1,13 @@
 """Time of one A2C meta-RL update per agent: ``python -m rfwp_rl.meta_rl.bench``.
 
-One update = rollout of ``--batch-size`` agents for 30 steps (one core step at a time) +
-loss + backward + Adam step, on the paper's training graphs. Prints a table and writes
-``results/meta_rl/update_time.csv``. Reports CPU time of this process (``time.process_time``)
-next to wall time, because the machine may be shared: CPU time is what the update costs,
-wall time what it took here. Has ``add_arguments``/``run`` like the ``rfwp-rl bench`` modules.
+One update = rollout of ``--batch-size`` agents for 30 steps (acting one core step at a time
+without gradients, then the training forward over the whole episode) + loss + backward + Adam
+step, on the paper's training graphs, as ``rfwp-rl meta-rl`` runs it. The FWM agent is timed
+with the ``fwm`` op on its PyTorch reference and on its fused CPU kernel, side by side in one
+run (the ratio is printed). Prints a table and writes ``results/meta_rl/update_time.csv``.
+Reports CPU time of this process (``time.process_time``) next to wall time, because the machine
+may be shared: CPU time is what the update costs, wall time what it took here. Has
+``add_arguments``/``run`` like the ``rfwp-rl bench`` modules.
 """
 
 from __future__ import annotations
@@ -20,16 +23,16 @@ from rfwp_rl.meta_rl import a2c, graph_env
 from rfwp_rl.meta_rl.model import MetaRLAgent, count_parameters
 from rfwp_rl.meta_rl.train import rollout
 
-CASES = {  # name -> (core, config, factored fwm)
-    "fwm (factored)": ("fwm", {}, True),
-    "fwm (dense core)": ("fwm", {}, False),
-    "lstm512": ("lstm", {"hidden_size": 512}, True),
-    "lstm1024": ("lstm", {"hidden_size": 1024}, True),
+CASES = {  # name -> (core, config)
+    "fwm (reference)": ("fwm", {"backend": "reference"}),
+    "fwm (fused)": ("fwm", {"backend": "kernel"}),
+    "lstm512": ("lstm", {"hidden_size": 512}),
+    "lstm1024": ("lstm", {"hidden_size": 1024}),
 }
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--cases", default="fwm (factored),fwm (dense core),lstm512",
+    parser.add_argument("--cases", default="fwm (reference),fwm (fused),lstm512",
                         help=f"comma-separated, from: {', '.join(CASES)}")
     parser.add_argument("--batch-size", type=int, default=600)
     parser.add_argument("--updates", type=int, default=3, help="timed updates per case (after 1 warm-up)")
@@ -39,7 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="results/meta_rl/update_time.csv")
 
 
-def time_updates(core: str, config: dict, factored: bool, batch: int, updates: int) -> dict:
+def time_updates(core: str, config: dict, batch: int, updates: int) -> dict:
+    """Mean CPU and wall seconds of ``updates`` A2C updates (after one warm-up) of ``batch``
+    agents on ``core``, and its number of weights."""
     train_tables, _ = graph_env.graph_sets()
     env = graph_env.GraphBatchEnv(train_tables[:batch] if batch <= len(train_tables)
                                   else train_tables[torch.arange(batch) % len(train_tables)], rng=0)
@@ -50,7 +55,7 @@ def time_updates(core: str, config: dict, factored: bool, batch: int, updates: i
     cpu, wall = [], []
     for i in range(updates + 1):
         c0, w0 = time.process_time(), time.perf_counter()
-        out = rollout(agent, env, torch.device("cpu"), gen, factored_fwm=factored)
+        out = rollout(agent, env, torch.device("cpu"), gen)
         loss = a2c.a2c_loss(out["logits"], out["values"], out["actions"], out["rewards"])["loss"]
         opt.zero_grad()
         loss.backward()
@@ -76,11 +81,16 @@ def run(args: argparse.Namespace) -> int:
     for n in names:
         for prec in precisions:
             torch.set_float32_matmul_precision(prec)
-            core, config, factored = CASES[n]
-            r = time_updates(core, config, factored, args.batch_size, args.updates)
+            core, config = CASES[n]
+            r = time_updates(core, config, args.batch_size, args.updates)
             rows.append({"case": n, "precision": prec, **r})
             print(f"{n:<18} {prec:<8} {r['params']:>11,} {r['cpu_s']:>13.3f} {r['wall_s']:>14.3f}", flush=True)
     torch.set_float32_matmul_precision("highest")
+    for prec in precisions:
+        cpu = {r["case"]: r["cpu_s"] for r in rows if r["precision"] == prec}
+        if "fwm (reference)" in cpu and "fwm (fused)" in cpu:
+            print(f"fwm, {prec}: fused {cpu['fwm (fused)']:.3f} CPU s/update vs reference "
+                  f"{cpu['fwm (reference)']:.3f}: {cpu['fwm (reference)'] / cpu['fwm (fused)']:.1f}x fewer")
     buf = io.StringIO()
     buf.write("case,matmul_precision,weights,batch_size,threads,cpu_seconds_per_update,wall_seconds_per_update\n")
     for r in rows:

@@ -7,8 +7,8 @@ logits and ``Linear(out, 1)`` for the value.
 Acting needs one core step at a time (the next observation depends on the action);
 :meth:`MetaRLAgent.stepper` returns an object with ``step(obs [B, obs_size]) -> (logits
 [B, A], value [B])`` that carries the state from a zero start, built on the core's own
-stepper (``core.stepper``, :mod:`rfwp_rl.cores.base`): for the ``fwm`` core that is the exact
-low-rank form of :mod:`rfwp_rl.cores.fwm_factored` (same weights, much cheaper).
+stepper (``core.stepper``, :mod:`rfwp_rl.cores.base`): made without gradients, the ``fwm``
+core's is the fused op's incremental stepper. Training calls the agent on whole episodes.
 """
 
 from __future__ import annotations
@@ -52,11 +52,9 @@ class MetaRLAgent(nn.Module):
         """Core output ``[..., out]`` -> ``(logits [..., A], value [...])``."""
         return self.policy(y), self.value(y).squeeze(-1)
 
-    def stepper(self, batch_size: int, device: torch.device | str | None = None,
-                factored_fwm: bool = True) -> "AgentStepper":
-        """A fresh one-step-at-a-time runner from the zero state (see module docstring).
-        ``factored_fwm=False`` forces the generic (dense) core path for the ``fwm`` core."""
-        return AgentStepper(self, self.core.stepper(batch_size, device, specialised=factored_fwm))
+    def stepper(self, batch_size: int, device: torch.device | str | None = None) -> "AgentStepper":
+        """A fresh one-step-at-a-time runner from the zero state (see module docstring)."""
+        return AgentStepper(self, self.core.stepper(batch_size, device))
 
 
 class AgentStepper:

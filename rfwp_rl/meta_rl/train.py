@@ -109,9 +109,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--run-dir", default=None, help="default runs/meta_rl/<name>_s<seed>")
     g.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch default)")
     g.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
-    g.add_argument("--fwm-impl", default="factored", choices=("factored", "dense"),
-                   help="fwm core only: exact low-rank stepping (fast, default) or the core's dense "
-                        "[B, m, m, m] tensor; same results up to float rounding")
     g.add_argument("--print-every", type=float, default=10.0, help="seconds between progress lines")
 
 
@@ -157,39 +154,54 @@ def resolve_agent(core: str | None, preset: str | None, overrides: list[str], tr
 
 
 def rollout(agent: MetaRLAgent, env: GraphBatchEnv, device: torch.device,
-            generator: torch.Generator, greedy: bool = False, factored_fwm: bool = True,
+            generator: torch.Generator, greedy: bool = False,
             truncated: bool = False) -> dict[str, Any]:
-    """Play one episode with every agent of ``env`` (grad enabled unless the caller disables it).
+    """Play one episode with every agent of ``env``.
 
     Returns ``logits [T, B, A]``, ``values [T, B]``, ``actions [T, B]`` int64, ``rewards
     [T, B]`` float32, ``bootstrap`` (``[B]``, detached: the value of the last observation when
     ``truncated``, i.e. the episode's end is a time limit; else None) and the per-agent totals
-    ``total_reward``, ``goals``, ``invalid`` [B] (numpy). The core runs one step at a time (the
-    next observation depends on the action) and the state is carried with its graph, so the
-    backward pass is full BPTT.
+    ``total_reward``, ``goals``, ``invalid`` [B] (numpy).
+
+    The core runs one step at a time (the next observation depends on the action), carrying
+    its state, so with gradients enabled (a training update) the backward pass is full BPTT over
+    the episode. A core whose stepper is much cheaper without gradients
+    (``core.act_without_gradients``: ``fwm``, the fused op's incremental stepper) acts without
+    them; the logits and values returned then come from one call of the agent on the whole
+    episode from the zero state: the same numbers (the cores' stepping contract), with
+    gradients through one LSTM call and one fused FWM call.
     """
+    train = torch.is_grad_enabled()
+    recompute = train and agent.core.act_without_gradients
     obs = env.reset()
-    stepper = agent.stepper(env.num_envs, device=device, factored_fwm=factored_fwm)
-    logits_t, values_t, actions_t, rewards_t = [], [], [], []
-    done = False
-    while not done:
-        logits, value = stepper.step(torch.from_numpy(obs).to(device))
-        if greedy:
-            action = logits.detach().argmax(-1).cpu()
-        else:
-            probs = F.softmax(logits.detach().float(), dim=-1).cpu()
-            action = torch.multinomial(probs, 1, generator=generator).squeeze(1)
-        obs, reward, done = env.step(action.numpy())
-        logits_t.append(logits)
-        values_t.append(value)
-        actions_t.append(action)
-        rewards_t.append(torch.from_numpy(reward))
-    rewards = torch.stack(rewards_t)
+    obs_t, logits_t, values_t, actions_t, rewards_t = [], [], [], [], []
     bootstrap = None
+    with torch.set_grad_enabled(train and not recompute):
+        stepper = agent.stepper(env.num_envs, device=device)
+        done = False
+        while not done:
+            x = torch.from_numpy(obs).to(device)
+            logits, value = stepper.step(x)
+            if greedy:
+                action = logits.detach().argmax(-1).cpu()
+            else:
+                probs = F.softmax(logits.detach().float(), dim=-1).cpu()
+                action = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+            obs, reward, done = env.step(action.numpy())
+            obs_t.append(x)
+            logits_t.append(logits)
+            values_t.append(value)
+            actions_t.append(action)
+            rewards_t.append(torch.from_numpy(reward))
     if truncated:  # a time limit is not a terminal state: the return goes on from V(last observation)
         with torch.no_grad():
-            bootstrap = stepper.step(torch.from_numpy(obs).to(device))[1].detach()
-    return {"logits": torch.stack(logits_t), "values": torch.stack(values_t),
+            bootstrap = stepper.step(torch.from_numpy(obs).to(device))[1]
+    if recompute:
+        logits, values, _ = agent(torch.stack(obs_t), agent.initial_state(env.num_envs, device))
+    else:
+        logits, values = torch.stack(logits_t), torch.stack(values_t)
+    rewards = torch.stack(rewards_t)
+    return {"logits": logits, "values": values,
             "actions": torch.stack(actions_t).to(device), "rewards": rewards.to(device), "bootstrap": bootstrap,
             "total_reward": rewards.sum(0).numpy(), "goals": env.goals.copy(),
             "invalid": env.invalid.copy()}
@@ -197,11 +209,11 @@ def rollout(agent: MetaRLAgent, env: GraphBatchEnv, device: torch.device,
 
 @torch.no_grad()
 def evaluate(agent: MetaRLAgent, env: GraphBatchEnv, device: torch.device,
-             generator: torch.Generator, greedy: bool, factored_fwm: bool = True) -> dict[str, float]:
+             generator: torch.Generator, greedy: bool) -> dict[str, float]:
     """Mean total reward, goals and invalid actions per episode on ``env``'s graphs."""
     was_training = agent.training
     agent.eval()
-    out = rollout(agent, env, device, generator, greedy=greedy, factored_fwm=factored_fwm)
+    out = rollout(agent, env, device, generator, greedy=greedy)
     agent.train(was_training)
     return {"total_reward": float(out["total_reward"].mean()), "goals": float(out["goals"].mean()),
             "invalid": float(out["invalid"].mean())}
@@ -247,7 +259,6 @@ def check_args(args: argparse.Namespace) -> None:
     if args.batch_size is not None and args.batch_size < 1:
         raise UserError(f"--batch-size {args.batch_size} is invalid; allowed: >= 1")
     check_choice("eval policy", args.eval_policy, EVAL_POLICIES)
-    check_choice("fwm implementation", args.fwm_impl, ("factored", "dense"))
     try:
         torch.device(args.device)
     except RuntimeError:
@@ -273,7 +284,6 @@ class MetaRLTrainer(Trainer):
     def __init__(self, args: argparse.Namespace, core_name: str, core_config: dict, label: str, run_dir: Path):
         self.args, self.label, self.run_dir = args, label, run_dir
         self.total, self.print_every = args.episodes, args.print_every
-        self.factored = args.fwm_impl == "factored"
         if args.threads > 0:
             torch.set_num_threads(args.threads)
         self.device = torch.device(args.device)
@@ -379,7 +389,7 @@ class MetaRLTrainer(Trainer):
         if not self.fixed_graphs:
             self.train_env.tables = self.train_tables[self.graph_rng.integers(0, len(self.train_tables), self.batch)
                                                       ].astype(np.int64)
-        out = rollout(self.agent, self.train_env, self.device, self.sample_gen, factored_fwm=self.factored,
+        out = rollout(self.agent, self.train_env, self.device, self.sample_gen,
                       truncated=args.time_limit == "truncate")
         losses = a2c.a2c_loss(out["logits"], out["values"], out["actions"], out["rewards"], gamma=args.gamma,
                               value_coef=args.value_coef, entropy_coef=args.entropy_coef, bootstrap=out["bootstrap"])
@@ -413,8 +423,7 @@ class MetaRLTrainer(Trainer):
     def test(self) -> None:
         """One episode on every test graph (sampled and/or greedy): a row of ``metrics.csv``."""
         policy = self.args.eval_policy
-        results = {mode: evaluate(self.agent, self.test_env, self.device, self.eval_gen, greedy=(mode == "greedy"),
-                                  factored_fwm=self.factored)
+        results = {mode: evaluate(self.agent, self.test_env, self.device, self.eval_gen, greedy=(mode == "greedy"))
                    for mode in (("sample", "greedy") if policy == "both" else (policy,))}
         means = _interval_means(self.acc)
         elapsed = self.wall + (time.monotonic() - self.t_start)

@@ -1,7 +1,7 @@
 """Fast-weight recurrences: the sequential part of each fast-weight core.
 
 One folder per op (``lt``, ``delta``, ``delta_rnn``, ``rdn``, ``gated_delta``,
-``delta_product``, ``srwm``): ``naive.py`` (the plain
+``delta_product``, ``srwm``, ``fwm``): ``naive.py`` (the plain
 PyTorch reference), ``fused.py`` (its autograd Function over the C++/CUDA kernels of
 ``csrc/``, and ``supported``: the sizes the fused kernel runs) and ``__init__.py`` (its
 :class:`~rfwp_rl.ops.base.OpSpec`). Layers: cores -> ops -> kernels (build, load).
@@ -31,6 +31,9 @@ same dtype/device; ``reset`` is bool ``[T, B]``: True zeroes entry b's state *be
   k ``[T,B,H,n_h,dk]``, v ``[T,B,H,n_h,dv]``, beta ``[T,B,H,n_h]``.
 - ``srwm(x, W_init, dW0, reset) -> (y, dW)``: x ``[T,B,H,D]``, the slow initial weights
   W_init ``[H,3d+4,D]``, the state dW0 ``[B,H,3d+4,D]`` (the change from W_init).
+- ``fwm(w, r, F0, reset) -> (y, F)``: the FWM controller's slow projections w ``[T,B,H,3m+1]``
+  (write keys, value, strength) and r ``[T,B,H,(1+N_r)m]`` (read keys), before tanh / σ; the
+  fast tensor F0 ``[B,H,m,m,m]``; y ``[T,B,H,m]``. Fused on CPU only (no CUDA kernel).
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ def _register(*names: str) -> dict[str, OpSpec]:
 
 
 OPS: dict[str, OpSpec] = _register("lt", "delta", "delta_rnn", "rdn", "gated_delta",
-                                   "delta_product", "srwm")
+                                   "delta_product", "srwm", "fwm")
 """Every op by name; adding an op adds its folder's name here."""
 
 __all__ = ["BACKENDS", "Dims", "OPS", "OpSpec", "get", "naive", "resolve", "spec"]

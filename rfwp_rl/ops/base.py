@@ -102,6 +102,8 @@ def kernel_supported(name: str, dims: Dims, dtype: torch.dtype, device: torch.de
         return None
     if device.type != "cuda":
         return f"device {device.type!r} (fused kernels: cpu, cuda)"
+    if name not in cuda_limits.OPS:
+        return f"{name} has no CUDA kernel (fused on cpu only)"
     limits = limits if limits is not None else cuda_limits.limits_of(device)
     elem = torch.empty((), dtype=dtype).element_size()   # 2: half types, computed in float32
     for direction in cuda_limits.DIRECTIONS:
