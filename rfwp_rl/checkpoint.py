@@ -84,10 +84,16 @@ def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
 
 
+# Keys of a meta (at any depth) that choose an implementation, not the numbers: a run may resume
+# on another kernel backend, and checkpoints made before a core had the option still load.
+IMPLEMENTATION_KEYS = frozenset({"backend"})
+
+
 def meta_differences(saved: dict, expected: dict, prefix: str = "") -> list[str]:
-    """Human-readable differences between two (nested) meta dicts, e.g. ``core: 'lstm' != 'rdn'``."""
+    """Human-readable differences between two (nested) meta dicts, e.g. ``core: 'lstm' != 'rdn'``
+    (keys in :data:`IMPLEMENTATION_KEYS` are not compared)."""
     diffs = []
-    for key in sorted(set(saved) | set(expected)):
+    for key in sorted((set(saved) | set(expected)) - IMPLEMENTATION_KEYS):
         name = f"{prefix}{key}"
         a, b = saved.get(key, "<missing>"), expected.get(key, "<missing>")
         if isinstance(a, dict) and isinstance(b, dict):

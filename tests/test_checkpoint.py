@@ -75,6 +75,17 @@ def test_mismatched_meta_is_refused_naming_the_difference(tmp_path):
         Checkpointer(tmp_path, nested).load_latest()
 
 
+def test_a_run_resumes_on_another_kernel_backend(tmp_path):
+    # the backend chooses an implementation, not the numbers: a checkpoint made before the core
+    # had the option, or on another backend, loads; any other difference is still refused
+    Checkpointer(tmp_path, META).save(_state(1), 1)
+    for backend in ("auto", "reference"):
+        run = dict(META, core_config={"hidden_size": 16, "backend": backend})
+        assert Checkpointer(tmp_path, run).load_latest()["step"] == 1
+    with pytest.raises(UserError, match=r"core_config\.hidden_size: checkpoint has 16, this run has 8"):
+        Checkpointer(tmp_path, dict(META, core_config={"hidden_size": 8, "backend": "auto"})).load_latest()
+
+
 def test_snapshots_are_not_pruned(tmp_path):
     ck = Checkpointer(tmp_path, META)
     snap = ck.snapshot(_state(5), 5)
