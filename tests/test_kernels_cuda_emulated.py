@@ -375,13 +375,9 @@ def test_half_inputs_computed_in_float32_by_the_binding(name, dtype):
         pytest.skip(f"CPU extension not available: {e}")
     args, reset = cases.make_inputs(name, T=5, B=2, H=1, d=8, seed=4, reset_at=((2, 0),))
     halves = [a.to(dtype) for a in args]
-    # the reference on the same (rounded) inputs, in float64
-    ref_out, ref_grad = cases.forward_backward(ops.naive(name), [h.double() for h in halves], reset)
-    out, grad = cases.forward_backward(lambda *a: ops.spec(name).fused(ext, 2, *a), halves, reset)
-    eps = torch.finfo(dtype).eps
-    for x, y in zip(ref_out + ref_grad, out + grad):
-        assert y.dtype == dtype
-        assert float((x - y.double()).abs().max()) <= 4 * eps * max(1.0, float(x.abs().max()))
+    dtypes, worst = cases.half_precision_errors(name, lambda *a: ops.spec(name).fused(ext, 2, *a), halves,
+                                                reset)
+    assert dtypes == {dtype} and worst <= 4, (dtypes, worst)  # within 4 eps of the float64 reference
 
 
 # ------------------------------------------------------------------ races, emulator itself

@@ -126,12 +126,9 @@ def test_cuda_half_inputs(ext, name, dtype):
     args, reset = cases.make_inputs(name, T=9, B=3, H=2, d=32, device="cuda", seed=2,
                                     reset_at=((4, 1),))
     halves = [a.to(dtype) for a in args]
-    ref_out, ref_grad = cases.forward_backward(ops.naive(name), [h.double() for h in halves], reset)
-    out, grad = cases.forward_backward(lambda *a: ops.spec(name).fused(ext, 4, *a), halves, reset)
-    eps = torch.finfo(dtype).eps
-    for x, y in zip(ref_out + ref_grad, out + grad):
-        assert y.dtype == dtype
-        assert float((x - y.double()).abs().max()) <= 4 * eps * max(1.0, float(x.abs().max()))
+    dtypes, worst = cases.half_precision_errors(name, lambda *a: ops.spec(name).fused(ext, 4, *a), halves,
+                                                reset)
+    assert dtypes == {dtype} and worst <= 4, (dtypes, worst)  # within 4 eps of the float64 reference
 
 
 @pytest.mark.parametrize("name", OPS)

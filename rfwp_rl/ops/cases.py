@@ -88,3 +88,16 @@ def max_errors(name: str, fn: Callable, args: Sequence[Tensor], reset: Tensor | 
     ref_out, ref_grad = forward_backward(_spec(name).naive, args, reset)
     out, grad = forward_backward(fn, args, reset, cotangents=None)
     return relative_error(ref_out, out), relative_error(ref_grad, grad)
+
+
+def half_precision_errors(name: str, fn: Callable, halves: Sequence[Tensor], reset: Tensor | None,
+                          ) -> tuple[set[torch.dtype], float]:
+    """``fn`` on float16/bfloat16 inputs against the reference run in float64 on the same
+    (rounded) inputs: (the dtypes of ``fn``'s outputs and gradients, the largest
+    ``|difference| / max(1, max |reference|)`` over them, in units of the inputs' epsilon)."""
+    ref_out, ref_grad = forward_backward(_spec(name).naive, [h.double() for h in halves], reset)
+    out, grad = forward_backward(fn, halves, reset)
+    eps = torch.finfo(halves[0].dtype).eps
+    worst = max(float((x - y.double()).abs().max()) / (eps * max(1.0, float(x.abs().max())))
+                for x, y in zip(ref_out + ref_grad, out + grad))
+    return {y.dtype for y in out + grad}, worst
