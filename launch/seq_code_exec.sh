@@ -9,6 +9,8 @@
 #
 #   bash launch/seq_code_exec.sh                       # the seven cores, one after another
 #   CORES="delta lstm" STATEMENTS=100 STEPS=30000 bash launch/seq_code_exec.sh   # closer to the paper
+#   CORES="delta delta_rnn" DROPOUT=0.1 TRAIN=10000 STEPS=12000 bash launch/seq_code_exec.sh
+#                                      # the paper's regularisation: dropout 0.1, 10,000 programs
 #
 # Each run resumes if started again (Ctrl-C saves a checkpoint); results:
 # runs/seq/code_exec_v3_n$STATEMENTS/<core>/results.json, then
@@ -21,12 +23,17 @@ CORES=${CORES:-"lt delta delta_rnn rdn gated_delta delta_product srwm"}
 STATEMENTS=${STATEMENTS:-20}
 STEPS=${STEPS:-3000}
 SEED=${SEED:-1}
-ROOT=runs/seq/code_exec_v3_n${STATEMENTS}
-OUT=results/seq/code_exec_v3_n${STATEMENTS}_steps${STEPS}
+DROPOUT=${DROPOUT:-0}
+TRAIN=${TRAIN:-5000}
+# The unregularised runs keep their original folder; regularised ones get their own.
+TAG=""
+if [ "$DROPOUT" != "0" ] || [ "$TRAIN" != "5000" ]; then TAG="_drop${DROPOUT}_train${TRAIN}"; fi
+ROOT=runs/seq/code_exec_v3_n${STATEMENTS}${TAG}
+OUT=results/seq/code_exec_v3_n${STATEMENTS}${TAG}_steps${STEPS}
 
 for CORE in $CORES; do
   nice -n 10 rfwp-rl seq --task code_exec --num-vars 3 --num-statements "$STATEMENTS" \
-    --data-sizes 5000,500,500 --core "$CORE" --emb-size 64 --hidden-size 64 --num-layers 2 \
+    --data-sizes "$TRAIN,500,500" --dropout "$DROPOUT" --core "$CORE" --emb-size 64 --hidden-size 64 --num-layers 2 \
     --num-heads 4 --ff-size 256 --batch-size 32 --lr 1e-3 --steps "$STEPS" --eval-every 250 \
     --checkpoint-every 250 --target 1.0 --seed "$SEED" --threads 1 \
     --run-dir "$ROOT/$CORE" "$@"

@@ -21,7 +21,7 @@ from rfwp_rl.checkpoint import atomic_write_bytes, atomic_write_text
 from rfwp_rl.errors import UserError
 
 SETTING_KEYS = ("task", "core", "num_keys", "setting", "num_vars", "num_statements", "depth",
-                "level", "context", "seg_len", "emb_size", "params")
+                "level", "context", "seg_len", "emb_size", "dropout", "data_sizes", "params")
 CORE_KEYS = ("hidden_size", "num_layers", "num_heads", "ff_size", "feature_map")
 
 
@@ -29,6 +29,8 @@ def flatten(res: dict, run_dir: str) -> dict:
     """One results.json as a flat row."""
     s, cc = res["settings"], res["settings"].get("core_config", {})
     row = {k: s.get(k, "") for k in SETTING_KEYS}
+    if isinstance(row["data_sizes"], list):
+        row["data_sizes"] = "/".join(map(str, row["data_sizes"]))
     row.update({k: cc.get(k, "") for k in CORE_KEYS})
     row.update({k: v for k, v in res.get("training", {}).items()})
     row["best_step"] = res.get("best_step")

@@ -88,6 +88,10 @@ class FixedSetTask(TaggingTask):
 
     splits: dict[str, FixedSet]
 
+    def settings(self) -> dict:
+        # The set sizes change what is learned, so they belong to what a resumed run must match.
+        return {**super().settings(), "data_sizes": [len(self.splits[s]) for s in ("train", "valid", "test")]}
+
     def train_batch(self, step: int, batch_size: int) -> tuple[Tensor, Tensor]:
         train = self.splits["train"]
         per_epoch = max(len(train) // batch_size, 1)
