@@ -39,4 +39,4 @@ for CORE in $CORES; do
     --run-dir "$ROOT/$CORE" "$@"
 done
 
-python -m rfwp_rl.seq.results "$ROOT" "$OUT.csv"
+python -m rfwp_rl.seq.results "$ROOT" "$OUT.csv" --curves "${OUT}_curves.png"

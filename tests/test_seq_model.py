@@ -271,6 +271,29 @@ def test_results_collects_runs_into_csv_and_plot(tmp_path):
     assert results.main([str(tmp_path / "empty"), str(out)]) == 2
 
 
+def test_results_record_set_sizes_and_draw_training_curves(tmp_path):
+    from rfwp_rl.seq import results
+
+    argv = ["--task", "code_exec", "--num-statements", "5", "--data-sizes", "40,8,8", "--dropout",
+            "0.1", "--core", "delta", "--num-layers", "1", "--hidden-size", "16", "--num-heads", "2",
+            "--ff-size", "32", "--emb-size", "16", "--steps", "4", "--eval-every", "2",
+            "--threads", "1", "--run-dir", str(tmp_path / "runs" / "delta")]
+    assert train.run(parse(argv)) == 0
+    out = tmp_path / "out.csv"
+    assert results.main([str(tmp_path / "runs"), str(out), "--curves", str(tmp_path / "c.png")]) == 0
+    header, row = out.read_text().splitlines()
+    values = dict(zip(header.split(","), row.split(",")))
+    assert values["data_sizes"] == "40/8/8" and values["dropout"] == "0.1"
+    lines = (tmp_path / "c.csv").read_text().splitlines()
+    assert lines[0] == "run,tag,step,value"
+    assert [tuple(x.split(",")[:3]) for x in lines[1:]] == [
+        ("delta", "valid/seq_acc", "2"), ("delta", "valid/seq_acc", "4"),
+        ("delta", "valid/loss", "2"), ("delta", "valid/loss", "4")]
+    assert (tmp_path / "c.png").stat().st_size > 1000
+    assert results.main([str(tmp_path / "runs"), str(out), "--curves", str(tmp_path / "c.png"),
+                         "--curve-tags", "nope"]) == 2
+
+
 def test_bench_seq_writes_a_row_per_core(tmp_path):
     from rfwp_rl.bench import seq as bench
 

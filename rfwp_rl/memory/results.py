@@ -31,6 +31,7 @@ from pathlib import Path
 from rfwp_rl.checkpoint import atomic_write_bytes, atomic_write_text
 from rfwp_rl.errors import UserError
 from rfwp_rl.memory import suite
+from rfwp_rl.runlog import read_scalars
 
 CORE_ORDER = ("ff", "lstm", "lt", "delta", "delta_rnn", "rdn", "fwm", "gated_delta", "delta_product",
               "srwm")
@@ -60,18 +61,6 @@ class Run:
         return suite.normalized_return(self.env, self.final_return)
 
 
-def read_curve(run_dir: Path, tag: str = CURVE_TAG) -> list[tuple[int, float]]:
-    """``[(step, value)]`` of one TensorBoard scalar of a run (empty if it was never logged)."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    ea = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0})
-    ea.Reload()
-    if tag not in ea.Tags().get("scalars", []):
-        return []
-    by_step = {e.step: e.value for e in ea.Scalars(tag)}  # a resumed run may log a step twice
-    return sorted(by_step.items())
-
-
 def read_run(run_dir: Path) -> Run | None:
     """A suite run's numbers, or None if ``run_dir`` is not an IMPALA run on a suite env or has
     no episodes logged yet."""
@@ -82,7 +71,7 @@ def read_run(run_dir: Path) -> Run | None:
     env = config.get("env")
     if env not in suite.SUITE or "core" not in config:
         return None
-    curve = read_curve(run_dir)
+    curve = read_scalars(run_dir, CURVE_TAG)
     if not curve:
         return None
     minutes, steps = float("nan"), curve[-1][0]

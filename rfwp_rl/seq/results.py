@@ -6,7 +6,9 @@ Every ``results.json`` under ``RUNS_ROOT`` becomes one row with its settings (ta
 task options), the best step, the validation and test scores (prefixed ``valid_`` /
 ``test_``) and the wall-clock seconds. With ``--plot``, the test (or validation) metric
 ``--y`` is drawn against the setting ``--x`` with one line per ``--group`` value (e.g. the
-associative-retrieval capacity curve: x = num_keys, y = test_seq_acc, group = core).
+associative-retrieval capacity curve: x = num_keys, y = test_seq_acc, group = core). With
+``--curves OUT.png``, the training curves of every run (TensorBoard scalars ``--curve-tags``,
+one panel each, one line per run) are drawn, and written as ``OUT.csv`` (run, tag, step, value).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 
 from rfwp_rl.checkpoint import atomic_write_bytes, atomic_write_text
 from rfwp_rl.errors import UserError
+from rfwp_rl.runlog import read_scalars
 
 SETTING_KEYS = ("task", "core", "num_keys", "setting", "num_vars", "num_statements", "depth",
                 "level", "context", "seg_len", "emb_size", "dropout", "data_sizes", "params")
@@ -92,6 +95,39 @@ def plot(rows: list[dict], path: str | Path, x: str, y: str, group: str, title: 
     atomic_write_bytes(path, buf.getvalue())
 
 
+def curves(rows: list[dict], root: str | Path, path: str | Path, tags: list[str]) -> None:
+    """The scalars ``tags`` of every run over steps: ``path`` (png, one panel per tag, one
+    line per run, named by its folder under ``root``) and the same numbers as a csv beside it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = {str(Path(r["run_dir"]).relative_to(root)): r["run_dir"] for r in rows}
+    data = {(name, tag): read_scalars(run_dir, tag) for name, run_dir in runs.items() for tag in tags}
+    if not any(data.values()):
+        raise UserError(f"none of the tags {tags} was logged by the runs under {root}")
+    buf = io.StringIO()
+    buf.write("run,tag,step,value\n")
+    for (name, tag), points in data.items():
+        buf.writelines(f"{name},{tag},{step},{value:.6g}\n" for step, value in points)
+    atomic_write_text(Path(path).with_suffix(".csv"), buf.getvalue())
+    fig, axes = plt.subplots(1, len(tags), figsize=(5 * len(tags), 3.6), squeeze=False)
+    for ax, tag in zip(axes[0], tags):
+        for name in runs:
+            points = data[(name, tag)]
+            ax.plot([p[0] for p in points], [p[1] for p in points], label=name)
+        ax.set_xlabel("step")
+        ax.set_ylabel(tag)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    out = io.BytesIO()
+    fig.savefig(out, format="png", dpi=120)
+    plt.close(fig)
+    atomic_write_bytes(path, out.getvalue())
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m rfwp_rl.seq.results", description=__doc__.splitlines()[0])
     p.add_argument("root")
@@ -104,6 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--xline", type=float, help="draw a vertical line at this x")
     p.add_argument("--xline-label")
     p.add_argument("--logy", action="store_true")
+    p.add_argument("--curves", help="png of the runs' training curves (and a csv beside it)")
+    p.add_argument("--curve-tags", default="valid/seq_acc,valid/loss",
+                   help="comma-separated TensorBoard scalars for --curves")
     args = p.parse_args(argv)
     try:
         rows = collect(args.root)
@@ -111,10 +150,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.plot:
             plot(rows, args.plot, args.x, args.y, args.group, args.title, args.xline,
                  args.xline_label, args.logy)
+        if args.curves:
+            curves(rows, args.root, args.curves, [t.strip() for t in args.curve_tags.split(",") if t.strip()])
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"{len(rows)} runs -> {args.csv}" + (f", {args.plot}" if args.plot else ""))
+    print(f"{len(rows)} runs -> {args.csv}" + "".join(f", {f}" for f in (args.plot, args.curves) if f))
     return 0
 
 
