@@ -57,6 +57,18 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
         pass
 
 
+def atomic_write_figure(path: str | os.PathLike, fig, dpi: float | None = None) -> None:
+    """Render the matplotlib figure ``fig`` as a png to ``path`` atomically, then close it."""
+    import io
+
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())
+
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     """Atomic text write (JSON/CSV results, configs)."""
     atomic_write_bytes(path, text.encode("utf-8"))

@@ -36,7 +36,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Sequence
 
-from rfwp_rl.checkpoint import atomic_write_bytes, atomic_write_text
+from rfwp_rl.checkpoint import atomic_write_figure, atomic_write_text
 from rfwp_rl.errors import UserError, choices_hint
 from rfwp_rl.scores import (METRICS, MODEL_LABELS, PAPER_GAMES, PAPER_TABLES, Score, canonical_game,
                             canonical_model, format_steps, game_label, load_paper, load_runs,
@@ -374,11 +374,8 @@ def plot(c: Comparison, path: str | Path, clip: float = 200.0, footer: str = "")
     if footer:
         fig.text(0.01, 0.005, footer, fontsize=6, color="#555555", va="bottom")
     fig.tight_layout(rect=(0, 0.03 if footer else 0, 1, 1))
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    plt.close(fig)
     path = Path(path)
-    atomic_write_bytes(path, buf.getvalue())
+    atomic_write_figure(path, fig)
     return path
 
 

@@ -28,7 +28,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rfwp_rl.checkpoint import atomic_write_bytes, atomic_write_text
+from rfwp_rl.checkpoint import atomic_write_figure, atomic_write_text
 from rfwp_rl.errors import UserError
 from rfwp_rl.memory import suite
 from rfwp_rl.runlog import read_scalars
@@ -203,10 +203,7 @@ def plot_curves(runs: list[Run], path: Path, points: int = 100) -> None:
     for ax in list(axes.flat)[len(envs):]:
         ax.axis("off")
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90)
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
+    atomic_write_figure(path, fig, dpi=90)
 
 
 def update_readme(path: Path, table: str) -> None:

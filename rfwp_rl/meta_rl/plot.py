@@ -24,7 +24,7 @@ import json
 import math
 from pathlib import Path
 
-from rfwp_rl.checkpoint import atomic_write_bytes, atomic_write_text
+from rfwp_rl.checkpoint import atomic_write_figure, atomic_write_text
 
 # Published logs of the FWM paper's meta-RL experiment (Fig. 5): FWM test total reward near
 # 45 at the start, 90 after ~29k episodes, 100 after ~42k, ending near 107 (we do not know the
@@ -137,10 +137,7 @@ def plot(runs: list[tuple[str, list[dict]]], path: Path) -> None:
     axes[1].legend(loc="lower right", fontsize=8)
     fig.suptitle("A2C meta-RL on random POMDP graphs (FWM paper Sec. 4.2)")
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
+    atomic_write_figure(path, fig, dpi=110)
 
 
 def _csv_text(rows: list[dict], columns: list[str]) -> str:

@@ -19,7 +19,7 @@ import json
 import sys
 from pathlib import Path
 
-from rfwp_rl.checkpoint import atomic_write_bytes, atomic_write_text
+from rfwp_rl.checkpoint import atomic_write_figure, atomic_write_text
 from rfwp_rl.errors import UserError
 from rfwp_rl.runlog import read_scalars
 
@@ -89,10 +89,7 @@ def plot(rows: list[dict], path: str | Path, x: str, y: str, group: str, title: 
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=120)
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
+    atomic_write_figure(path, fig, dpi=120)
 
 
 def curves(rows: list[dict], root: str | Path, path: str | Path, tags: list[str]) -> None:
@@ -122,10 +119,7 @@ def curves(rows: list[dict], root: str | Path, path: str | Path, tags: list[str]
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    out = io.BytesIO()
-    fig.savefig(out, format="png", dpi=120)
-    plt.close(fig)
-    atomic_write_bytes(path, out.getvalue())
+    atomic_write_figure(path, fig, dpi=120)
 
 
 def main(argv: list[str] | None = None) -> int:
