@@ -175,3 +175,15 @@ def test_bad_inputs_give_one_line_errors(ext):
         ops.get(OP, "kernel")(*bad, reset)
     with pytest.raises(UserError, match=r"^unknown backend 'fused'"):
         cores.make("lstm", 3, backend="fused")
+
+
+def test_auto_runs_nn_lstm_above_the_size_where_the_kernel_is_faster(ext):
+    # 'auto' takes the kernel up to AUTO_MAX_HIDDEN (measured faster there), nn.LSTM above;
+    # 'kernel' takes it at every size, 'reference' never
+    like = torch.zeros(1)
+    big = fused.AUTO_MAX_HIDDEN + 1
+    assert fused.layer("auto", like, fused.AUTO_MAX_HIDDEN) is not None
+    assert fused.layer("auto", like, big) is None
+    assert fused.layer("kernel", like, big) is not None
+    assert fused.layer("reference", like, 8) is None
+    assert fused.layer("auto", like.to("meta"), 8) is None            # not the CPU: nn.LSTM

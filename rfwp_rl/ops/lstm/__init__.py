@@ -7,8 +7,9 @@ h0, c0 ``[B, H]``, w_ih ``[4H, I]``, w_hh ``[4H, H]``, b_ih, b_hh ``[4H]``; y ``
 Fused on CPU only (CUDA inputs run on the reference; the cores use cuDNN's nn.LSTM there).
 Its :class:`~rfwp_rl.ops.base.Dims` are the input size (``dk``) and the hidden size (``dv``).
 
-``layer(backend, like) -> op | None``: the fused op where it runs inputs like ``like``, else
-None (the caller runs ``nn.LSTM``).
+``layer(backend, like, hidden_size) -> op | None``: the fused op where it runs inputs like
+``like`` (and, for backend ``'auto'``, where it is the faster: hidden sizes up to
+``fused.AUTO_MAX_HIDDEN``), else None (the caller runs ``nn.LSTM``).
 """
 
 from rfwp_rl.ops.base import Dims, OpSpec

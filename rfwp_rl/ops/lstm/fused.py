@@ -23,6 +23,12 @@ from rfwp_rl.ops.base import (HALF_DTYPES, KERNEL_DTYPES, Dims, contiguous as _c
 H0_ARG, C0_ARG = 1, 2
 """Positions of the initial state (h0, c0) in the op's arguments (signature order)."""
 
+AUTO_MAX_HIDDEN = 64
+"""The largest hidden size backend ``'auto'`` runs on the fused kernel. Above it torch's
+nn.LSTM (oneDNN) is as fast or faster, because the GEMMs dominate and oneDNN's are better
+blocked (forward + backward, 1 thread: 2.0x faster at H = 32 (T 30, B 600), 1.1-1.3x at H = 64,
+0.87-1.0x at H = 128, 256, 512 (B 32 or 600, T 30-80)); ``'kernel'`` runs it at every size."""
+
 
 class LstmFunction(torch.autograd.Function):
     """Autograd node of the fused ``lstm`` (``be``: a kernel backend; once-differentiable)."""
@@ -80,14 +86,16 @@ def _kernel_op() -> Callable[..., tuple]:
     return ops.get("lstm", "kernel")
 
 
-def layer(backend: str, like: Tensor) -> Callable[..., tuple] | None:
+def layer(backend: str, like: Tensor, hidden_size: int) -> Callable[..., tuple] | None:
     """The op on its fused kernel for inputs like ``like`` (the signature of
     :func:`rfwp_rl.ops.lstm.naive.lstm`), or None where the caller should run torch's
     ``nn.LSTM`` instead: backend ``'reference'``, a device other than the CPU (cuDNN there), a
-    dtype the kernel does not take, or no built kernels (with backend ``'kernel'`` that is a
-    one-line :class:`~rfwp_rl.errors.UserError`)."""
+    dtype the kernel does not take, backend ``'auto'`` above :data:`AUTO_MAX_HIDDEN`, or no
+    built kernels (with backend ``'kernel'`` that is a one-line
+    :class:`~rfwp_rl.errors.UserError`)."""
     if (backend == "reference" or like.device.type != "cpu"
-            or like.dtype not in KERNEL_DTYPES + HALF_DTYPES):
+            or like.dtype not in KERNEL_DTYPES + HALF_DTYPES
+            or (backend == "auto" and hidden_size > AUTO_MAX_HIDDEN)):
         return None
     from rfwp_rl import kernels, ops
 
