@@ -14,6 +14,7 @@
 // gradients of the initial outputs (and gradients of the initial states equal to those of
 // the final states).
 #include <torch/extension.h>
+#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -23,6 +24,7 @@
 #include <vector>
 
 #include "cpu/fastweight_cpu.h"
+#include "cpu/lstm_impl.h"
 #include "cpu/vec_math.h"
 #include "fastweight_params.h"
 #ifdef RFWP_WITH_CUDA
@@ -738,6 +740,157 @@ Tensor fwm_step_dense(std::vector<Tensor> state, int64_t B, int64_t H) {
   return F;
 }
 
+// ------------------------------------------------------------------------------------ lstm
+
+// One LSTM layer on the CPU: the matrix products here (ATen GEMMs), the pointwise part of each
+// step in cpu/lstm_impl.h (the equations are there). No CUDA kernel: the cores run torch's
+// nn.LSTM (cuDNN) on a GPU. chunk 0: inference (nothing kept for a backward); any other value
+// keeps the activations of every step (O(5 H) numbers per step and row: no checkpoints).
+struct LstmShapes {
+  int64_t T, B, I, H;
+};
+
+LstmShapes check_lstm_inputs(const Tensor& x, const Tensor& h0, const Tensor& c0,
+                             const Tensor& w_ih, const Tensor& w_hh) {
+  TORCH_CHECK(!x.is_cuda(), "lstm has no CUDA kernel (run torch's nn.LSTM on a GPU)");
+  TORCH_CHECK(x.dim() == 3, "x must be [T, B, I], got ", x.sizes());
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble,
+              "fused kernels support float32 and float64, got ", x.scalar_type());
+  TORCH_CHECK(w_hh.dim() == 2 && w_hh.size(1) >= 1 && w_hh.size(0) == 4 * w_hh.size(1),
+              "w_hh must be [4H, H] with H >= 1, got ", w_hh.sizes());
+  const LstmShapes s{x.size(0), x.size(1), x.size(2), w_hh.size(1)};
+  TORCH_CHECK(s.I >= 1, "x must have an input size >= 1, got ", x.sizes());
+  TORCH_CHECK(s.T <= INT32_MAX && s.B <= INT32_MAX && 4 * s.H <= INT32_MAX,
+              "sizes beyond the kernels' 32-bit range: ", x.sizes(), ", H = ", s.H);
+  check_tensor(w_ih, "w_ih", x, {4 * s.H, s.I});
+  check_tensor(w_hh, "w_hh", x, {4 * s.H, s.H});
+  check_tensor(h0, "h0", x, {s.B, s.H});
+  check_tensor(c0, "c0", x, {s.B, s.H});
+  return s;
+}
+
+const uint8_t* lstm_reset(const optional<Tensor>& reset, const LstmShapes& s, const Tensor& like) {
+  Dims n;
+  n.T = static_cast<int>(s.T);
+  n.B = static_cast<int>(s.B);
+  return reset_ptr(reset, n, like);
+}
+
+// the pointwise part of a step over the batch rows, split over the intra-op threads
+template <typename Fn>
+void lstm_rows(const LstmShapes& s, Fn fn) {
+  const int64_t grain = std::max<int64_t>(1, 2048 / s.H);
+  at::parallel_for(0, s.B, grain, [&](int64_t b0, int64_t b1) {
+    fn(static_cast<int>(b0), static_cast<int>(b1));
+  });
+}
+
+// {y [T, B, H], h_T, c_T [B, H], activations [T, B, 4H], c [T, B, H]} (the last two empty when
+// chunk is 0).
+std::vector<Tensor> lstm_forward_impl(const Tensor& x, const Tensor& h0, const Tensor& c0,
+                                      const Tensor& w_ih, const Tensor& w_hh, const Tensor& b_ih,
+                                      const Tensor& b_hh, const optional<Tensor>& reset,
+                                      int64_t chunk) {
+  TORCH_CHECK(chunk >= 0, "checkpoint interval must be >= 0, got ", chunk);
+  const LstmShapes s = check_lstm_inputs(x, h0, c0, w_ih, w_hh);
+  check_tensor(b_ih, "b_ih", x, {4 * s.H});
+  check_tensor(b_hh, "b_hh", x, {4 * s.H});
+  const uint8_t* rst = lstm_reset(reset, s, x);
+  const int64_t T = s.T, B = s.B, H = s.H;
+  // the input projection of every step in one GEMM; each step adds its recurrent product
+  Tensor gates = at::addmm(b_ih + b_hh, x.reshape({T * B, s.I}), w_ih.t()).view({T, B, 4 * H});
+  Tensor y = empty_like_shape(x, {T, B, H}), c = empty_like_shape(x, {T, B, H});
+  const Tensor w_hh_t = w_hh.t();
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "lstm_forward", [&] {
+    using S = scalar_t;
+    for (int64_t t = 0; t < T; ++t) {
+      const uint8_t* rt = rst != nullptr ? rst + t * B : nullptr;
+      Tensor h_prev = t == 0 ? h0 : y[t - 1];
+      if (rt != nullptr && std::any_of(rt, rt + B, [](uint8_t r) { return r != 0; }))
+        h_prev = h_prev.masked_fill((*reset)[t].to(at::kBool).unsqueeze(1), 0);
+      Tensor g = gates[t];
+      g.addmm_(h_prev, w_hh_t);
+      const S* c_prev = t == 0 ? ptr<S>(c0) : ptr<S>(c) + (t - 1) * B * H;
+      S* ga = out<S>(g);
+      S* ct = out<S>(c) + t * B * H;
+      S* ht = out<S>(y) + t * B * H;
+      lstm_rows(s, [&](int b0, int b1) {
+        rfwp::cpu::lstm_step_forward<S>(ga, c_prev, rt, ct, ht, b0, b1, static_cast<int>(H));
+      });
+    }
+  });
+  Tensor hT = T > 0 ? y[T - 1].clone() : h0.clone();
+  Tensor cT = T > 0 ? c[T - 1].clone() : c0.clone();
+  if (chunk == 0) return {y, hT, cT, empty_like_shape(x, {0}), empty_like_shape(x, {0})};
+  return {y, hT, cT, gates, c};
+}
+
+// {gx, gh0, gc0, gw_ih, gw_hh, gb} (gb: the gradient of b_ih and of b_hh; gx empty unless
+// need_gx). y, acts, c: what the forward returned; gy, ghT, gcT: gradients of its outputs
+// (undefined: zero).
+std::vector<Tensor> lstm_backward_impl(const Tensor& x, const Tensor& h0, const Tensor& c0,
+                                       const Tensor& w_ih, const Tensor& w_hh,
+                                       const optional<Tensor>& reset, const Tensor& y,
+                                       const Tensor& acts, const Tensor& c,
+                                       const optional<Tensor>& gy, const optional<Tensor>& ghT,
+                                       const optional<Tensor>& gcT, bool need_gx) {
+  const LstmShapes s = check_lstm_inputs(x, h0, c0, w_ih, w_hh);
+  const int64_t T = s.T, B = s.B, H = s.H;
+  check_tensor(y, "y", x, {T, B, H});
+  check_tensor(acts, "activations", x, {T, B, 4 * H});
+  check_tensor(c, "c", x, {T, B, H});
+  check_optional(gy, "grad y", x, {T, B, H});
+  check_optional(ghT, "grad h_T", x, {B, H});
+  check_optional(gcT, "grad c_T", x, {B, H});
+  const uint8_t* rst = lstm_reset(reset, s, x);
+  const bool has_gy = gy.has_value() && gy->defined();
+  Tensor da = empty_like_shape(x, {T, B, 4 * H});
+  // dh: ∂L/∂h_t through the later steps (W_hhᵀ da_{t+1}), dc: ∂L/∂c_t, walked from t = T - 1
+  Tensor dh = (ghT.has_value() && ghT->defined()) ? ghT->clone() : at::zeros({B, H}, x.options());
+  Tensor dc = (gcT.has_value() && gcT->defined()) ? gcT->clone() : at::zeros({B, H}, x.options());
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "lstm_backward", [&] {
+    using S = scalar_t;
+    for (int64_t t = T - 1; t >= 0; --t) {
+      const uint8_t* rt = rst != nullptr ? rst + t * B : nullptr;
+      const uint8_t* rn = (rst != nullptr && t + 1 < T) ? rst + (t + 1) * B : nullptr;
+      const S* c_prev = t == 0 ? ptr<S>(c0) : ptr<S>(c) + (t - 1) * B * H;
+      const S* a = ptr<S>(acts) + t * B * 4 * H;
+      const S* ct = ptr<S>(c) + t * B * H;
+      const S* gyt = has_gy ? ptr<S>(*gy) + t * B * H : nullptr;
+      S* dhp = out<S>(dh);
+      S* dcp = out<S>(dc);
+      S* dat = out<S>(da) + t * B * 4 * H;
+      lstm_rows(s, [&](int b0, int b1) {
+        rfwp::cpu::lstm_step_backward<S>(a, ct, c_prev, rt, rn, gyt, dhp, dcp, dat, b0, b1,
+                                         static_cast<int>(H));
+      });
+      at::mm_out(dh, da[t], w_hh);   // ∂L/∂h_{t-1} through step t
+    }
+  });
+  // no gradient into the zeroed state of an entry that resets before step 0
+  if (rst != nullptr && T > 0) dh.masked_fill_((*reset)[0].to(at::kBool).unsqueeze(1), 0);
+  // the weight gradients of all steps: one GEMM each over the (t, b) rows
+  const Tensor da2 = da.view({T * B, 4 * H});
+  Tensor gx = need_gx ? at::mm(da2, w_ih).view({T, B, s.I}) : empty_like_shape(x, {0});
+  Tensor gw_ih = at::mm(da2.t(), x.reshape({T * B, s.I}));
+  // Σ_t da_t ⊗ h_{t-1}: h_{t-1} is y[t - 1] (h0 at t = 0), zero in rows that reset before t
+  Tensor gw_hh;
+  if (T == 0) {
+    gw_hh = at::zeros_like(w_hh);
+  } else if (rst == nullptr) {
+    gw_hh = at::mm(da[0].t(), h0);
+    if (T > 1) gw_hh.addmm_(da2.narrow(0, B, (T - 1) * B).t(), y.narrow(0, 0, T - 1).reshape({(T - 1) * B, H}));
+  } else {
+    Tensor h_prev = empty_like_shape(x, {T, B, H});
+    h_prev[0].copy_(h0);
+    h_prev.narrow(0, 1, T - 1).copy_(y.narrow(0, 0, T - 1));
+    h_prev.masked_fill_(reset->to(at::kBool).unsqueeze(2), 0);
+    gw_hh = at::mm(da2.t(), h_prev.view({T * B, H}));
+  }
+  Tensor gb = da2.sum(0);
+  return {gx, dh, dc, gw_ih, gw_hh, gb};
+}
+
 // ------------------------------------------------------------------ entry points (dtype, layout)
 
 bool is_half(const Tensor& x) {
@@ -929,6 +1082,33 @@ std::vector<Tensor> fwm_backward(const Tensor& w, const Tensor& r, const Tensor&
   return h ? to_dtype_all(outs, w.scalar_type()) : outs;
 }
 
+// The forward also returns y in the compute dtype (the same tensor when that is the inputs'
+// dtype), for the backward's recurrent-weight gradient.
+std::vector<Tensor> lstm_forward(const Tensor& x, const Tensor& h0, const Tensor& c0,
+                                 const Tensor& w_ih, const Tensor& w_hh, const Tensor& b_ih,
+                                 const Tensor& b_hh, const optional<Tensor>& reset, int64_t chunk,
+                                 int64_t threads) {
+  same_dtype(x, {{"h0", &h0}, {"c0", &c0}, {"w_ih", &w_ih}, {"w_hh", &w_hh}, {"b_ih", &b_ih},
+                 {"b_hh", &b_hh}});
+  const bool h = is_half(x);
+  auto outs = lstm_forward_impl(prep(x, h), prep(h0, h), prep(c0, h), prep(w_ih, h), prep(w_hh, h),
+                                prep(b_ih, h), prep(b_hh, h), prep(reset, false), chunk);
+  outs.push_back(outs[0]);
+  return h ? to_dtype(outs, {0, 1, 2}, x.scalar_type()) : outs;
+}
+std::vector<Tensor> lstm_backward(const Tensor& x, const Tensor& h0, const Tensor& c0,
+                                  const Tensor& w_ih, const Tensor& w_hh,
+                                  const optional<Tensor>& reset, const Tensor& y,
+                                  const Tensor& acts, const Tensor& c, const optional<Tensor>& gy,
+                                  const optional<Tensor>& ghT, const optional<Tensor>& gcT,
+                                  bool need_gx, int64_t threads) {
+  const bool h = is_half(x);
+  auto outs = lstm_backward_impl(prep(x, h), prep(h0, h), prep(c0, h), prep(w_ih, h),
+                                 prep(w_hh, h), prep(reset, false), prep(y, h), prep(acts, h),
+                                 prep(c, h), prep(gy, h), prep(ghT, h), prep(gcT, h), need_gx);
+  return h ? to_dtype_all(outs, x.scalar_type()) : outs;
+}
+
 // exp / tanh of the CPU kernels (cpu/vec_math.h) elementwise, for accuracy tests.
 Tensor vec_math(const Tensor& x, const std::string& fn) {
   TORCH_CHECK(x.device().is_cpu() && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble),
@@ -959,7 +1139,7 @@ bool has_cuda() {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   namespace py = pybind11;
   m.doc() = "rfwp_rl fused fast-weight recurrences (lt, delta, delta_rnn, rdn, gated_delta, "
-          "delta_product, srwm, fwm), forward and backward";
+          "delta_product, srwm, fwm) and the CPU LSTM layer (lstm), forward and backward";
   m.def("has_cuda", &has_cuda, "whether this build includes the CUDA kernels");
   m.def("_vec_math", &vec_math, "the CPU kernels' exp or tanh, elementwise (for tests)");
   m.def("lt_forward", &lt_forward, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("W0"),
@@ -1006,6 +1186,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("fwm_backward", &fwm_backward, py::arg("w"), py::arg("r"), py::arg("F0"), py::arg("reset"),
         py::arg("saved"), py::arg("bases"), py::arg("gy"), py::arg("gF"), py::arg("need_gF0"),
         py::arg("chunk"), py::arg("threads") = 0);
+  m.def("lstm_forward", &lstm_forward, py::arg("x"), py::arg("h0"), py::arg("c0"),
+        py::arg("w_ih"), py::arg("w_hh"), py::arg("b_ih"), py::arg("b_hh"), py::arg("reset"),
+        py::arg("chunk"), py::arg("threads") = 0);
+  m.def("lstm_backward", &lstm_backward, py::arg("x"), py::arg("h0"), py::arg("c0"),
+        py::arg("w_ih"), py::arg("w_hh"), py::arg("reset"), py::arg("y"), py::arg("acts"),
+        py::arg("c"), py::arg("gy"), py::arg("ghT"), py::arg("gcT"), py::arg("need_gx"),
+        py::arg("threads") = 0);
   m.def("fwm_step_state", &fwm_step_state, py::arg("B"), py::arg("H"), py::arg("m"),
         py::arg("like"), py::arg("F0"), py::arg("capacity"),
         "the fwm stepper's state, from F0 [B, H, m, m, m] or zero");

@@ -308,7 +308,7 @@ def test_available_lists_the_builtin_cores_with_defaults():
                      ("rdn", "softmax")):
         assert specs[name].defaults == {**fw, "feature_map": fm}
     assert specs["lstm"].defaults == {"hidden_size": 256, "num_layers": 1,
-                                      "detach_state_every_step": False}
+                                      "detach_state_every_step": False, "backend": "auto"}
     assert specs["fwm"].defaults == {"hidden_size": 32, "memory_size": 16, "num_reads": 3,
                                      "detach_state_every_step": False, "backend": "auto"}
     assert specs["ff"].defaults == {}

@@ -115,7 +115,8 @@ class FWMCore(Core):
 
     def _forward(self, x: Tensor, state: State, reset: Tensor | None) -> tuple[Tensor, State]:
         h0, c0, Fm = state
-        hs, h, c = run_lstm(self.lstm, x, h0[None].contiguous(), c0[None].contiguous(), reset)
+        hs, h, c = run_lstm(self.lstm, x, h0[None].contiguous(), c0[None].contiguous(), reset,
+                            self.backend)
         n, Fm = self.op(*self.project(hs), Fm.unsqueeze(1), reset)   # FWM Eq. 1-7
         y = hs + self.out(n.squeeze(2))                               # FWM Eq. 8 + residual
         return y, (h[0], c[0], Fm.squeeze(1))
@@ -138,7 +139,8 @@ class FWMStepper:
         if torch.is_grad_enabled():
             raise UserError("core 'fwm': this stepper was made without gradients (acting); make "
                             "it with gradients enabled to backpropagate through its steps")
-        hs, (self.h, self.c) = self.core.lstm(x.unsqueeze(0), (self.h, self.c))
+        hs, self.h, self.c = run_lstm(self.core.lstm, x.unsqueeze(0), self.h, self.c, None,
+                                      self.core.backend)
         h = hs[0]
         n = self.memory.step(*self.core.project(h))                   # FWM Eq. 1-7
         return h + self.core.out(n.squeeze(1))                        # FWM Eq. 8 + residual

@@ -1,7 +1,7 @@
 """Fast-weight recurrences: the sequential part of each fast-weight core.
 
 One folder per op (``lt``, ``delta``, ``delta_rnn``, ``rdn``, ``gated_delta``,
-``delta_product``, ``srwm``, ``fwm``): ``naive.py`` (the plain
+``delta_product``, ``srwm``, ``fwm``, and the LSTM layer ``lstm``): ``naive.py`` (the plain
 PyTorch reference), ``fused.py`` (its autograd Function over the C++/CUDA kernels of
 ``csrc/``, and ``supported``: the sizes the fused kernel runs) and ``__init__.py`` (its
 :class:`~rfwp_rl.ops.base.OpSpec`). Layers: cores -> ops -> kernels (build, load).
@@ -34,6 +34,10 @@ same dtype/device; ``reset`` is bool ``[T, B]``: True zeroes entry b's state *be
 - ``fwm(w, r, F0, reset) -> (y, F)``: the FWM controller's slow projections w ``[T,B,H,3m+1]``
   (write keys, value, strength) and r ``[T,B,H,(1+N_r)m]`` (read keys), before tanh / σ; the
   fast tensor F0 ``[B,H,m,m,m]``; y ``[T,B,H,m]``. Fused on CPU only (no CUDA kernel).
+- ``lstm(x, h0, c0, w_ih, w_hh, b_ih, b_hh, reset) -> (y, h, c)``: one LSTM layer with
+  torch.nn.LSTM's parameters (gates i, f, g, o): x ``[T,B,I]``, h0, c0 ``[B,H]``, w_ih
+  ``[4H,I]``, w_hh ``[4H,H]``, b_ih, b_hh ``[4H]``; y ``[T,B,H]``; Dims (dk, dv) = (I, H).
+  Fused on CPU only (on a GPU the cores run cuDNN's nn.LSTM).
 """
 
 from __future__ import annotations
@@ -51,7 +55,7 @@ def _register(*names: str) -> dict[str, OpSpec]:
 
 
 OPS: dict[str, OpSpec] = _register("lt", "delta", "delta_rnn", "rdn", "gated_delta",
-                                   "delta_product", "srwm", "fwm")
+                                   "delta_product", "srwm", "fwm", "lstm")
 """Every op by name; adding an op adds its folder's name here."""
 
 __all__ = ["BACKENDS", "Dims", "OPS", "OpSpec", "get", "naive", "resolve", "spec"]

@@ -1,0 +1,106 @@
+"""Fused ``lstm`` over the CPU kernel of ``csrc/cpu/lstm_impl.h`` and its GEMMs in
+``csrc/bindings.cpp``: the forward is one GEMM for the input projection of every step, then per
+step one GEMM (the recurrent product) and one pointwise pass; it keeps the activations of every
+step (O(5 H) numbers per step and row, no checkpoints). The backward walks the steps in reverse
+(a pointwise pass and one GEMM for ∂L/∂h_{t-1} per step), then forms the gradients of x, W_ih,
+W_hh and the biases as one GEMM (or sum) each over all steps. There is no CUDA kernel (cuDNN's
+LSTM is the one to use there): ``supported`` sends CUDA inputs to the reference.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import Tensor
+from torch.autograd.function import FunctionCtx, once_differentiable
+
+from rfwp_rl.kernels.cuda_limits import DeviceLimits
+from rfwp_rl.ops.base import (HALF_DTYPES, KERNEL_DTYPES, Dims, contiguous as _c,
+                              kernel_supported, needs_grad, reset_mask)
+
+H0_ARG, C0_ARG = 1, 2
+"""Positions of the initial state (h0, c0) in the op's arguments (signature order)."""
+
+AUTO_MAX_HIDDEN = 64
+"""The largest hidden size backend ``'auto'`` runs on the fused kernel. Above it torch's
+nn.LSTM (oneDNN) is as fast or faster, because the GEMMs dominate and oneDNN's are better
+blocked (forward + backward, 1 thread: 2.0x faster at H = 32 (T 30, B 600), 1.1-1.3x at H = 64,
+0.87-1.0x at H = 128, 256, 512 (B 32 or 600, T 30-80)); ``'kernel'`` runs it at every size."""
+
+
+class LstmFunction(torch.autograd.Function):
+    """Autograd node of the fused ``lstm`` (``be``: a kernel backend; once-differentiable)."""
+
+    @staticmethod
+    def forward(ctx: FunctionCtx, be: Any, x: Tensor, h0: Tensor, c0: Tensor, w_ih: Tensor,
+                w_hh: Tensor, b_ih: Tensor, b_hh: Tensor,
+                reset: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+        y, h, c, acts, cs, hs = be.lstm_forward(x, h0, c0, w_ih, w_hh, b_ih, b_hh, reset, 1)
+        ctx.be = be
+        ctx.set_materialize_grads(False)   # unused outputs (h_T, c_T, usually) cost nothing
+        ctx.save_for_backward(x, h0, c0, w_ih, w_hh, reset, hs, acts, cs)
+        return y, h, c
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, gy: Tensor | None, gh: Tensor | None, gc: Tensor | None) -> tuple:
+        x, h0, c0, w_ih, w_hh, reset, hs, acts, cs = ctx.saved_tensors
+        # the gradient of x costs a GEMM: only when autograd wants it (not for observations)
+        need_gx = ctx.needs_input_grad[1]
+        gx, gh0, gc0, gw_ih, gw_hh, gb = ctx.be.lstm_backward(
+            x, h0, c0, w_ih, w_hh, reset, hs, acts, cs, _c(gy), _c(gh), _c(gc), need_gx)
+        # b_ih and b_hh enter as their sum: the same gradient (a copy: two parameters'
+        # .grad must not share storage)
+        return None, gx if need_gx else None, gh0, gc0, gw_ih, gw_hh, gb, gb.clone(), None
+
+
+def lstm(be: Any, chunk: int, x: Tensor, h0: Tensor, c0: Tensor, w_ih: Tensor, w_hh: Tensor,
+         b_ih: Tensor, b_hh: Tensor, reset: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    """Fused :func:`rfwp_rl.ops.lstm.naive.lstm` on kernel backend ``be`` (float32/float64;
+    half types computed in float32): ``(y [T, B, H], h_T [B, H], c_T [B, H])``. ``chunk`` only
+    says whether gradients may be needed (the kernel keeps every step's activations)."""
+    args = [_c(a) for a in (x, h0, c0, w_ih, w_hh, b_ih, b_hh)]
+    if not needs_grad(chunk, *args):
+        return tuple(be.lstm_forward(*args, reset_mask(reset), 0)[:3])
+    return LstmFunction.apply(be, *args, reset_mask(reset))
+
+
+def supported(dims: Dims, dtype: torch.dtype, device: torch.device | str,
+              limits: DeviceLimits | None = None) -> str | None:
+    """None when the fused ``lstm`` runs these sizes (every size on the CPU), else why not
+    (CUDA has no lstm kernel)."""
+    return kernel_supported("lstm", dims, dtype, device, limits)
+
+
+def dims_of(args: Sequence[Any], options: dict) -> Dims:
+    """Sizes of one call ``(x, h0, c0, ...)``: input size (as the key size) and hidden size."""
+    return Dims(dk=args[0].shape[-1], dv=args[H0_ARG].shape[-1])
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel_op() -> Callable[..., tuple]:
+    from rfwp_rl import ops
+
+    return ops.get("lstm", "kernel")
+
+
+def layer(backend: str, like: Tensor, hidden_size: int) -> Callable[..., tuple] | None:
+    """The op on its fused kernel for inputs like ``like`` (the signature of
+    :func:`rfwp_rl.ops.lstm.naive.lstm`), or None where the caller should run torch's
+    ``nn.LSTM`` instead: backend ``'reference'``, a device other than the CPU (cuDNN there), a
+    dtype the kernel does not take, backend ``'auto'`` above :data:`AUTO_MAX_HIDDEN`, or no
+    built kernels (with backend ``'kernel'`` that is a one-line
+    :class:`~rfwp_rl.errors.UserError`)."""
+    if (backend == "reference" or like.device.type != "cpu"
+            or like.dtype not in KERNEL_DTYPES + HALF_DTYPES
+            or (backend == "auto" and hidden_size > AUTO_MAX_HIDDEN)):
+        return None
+    from rfwp_rl import kernels, ops
+
+    if kernels.load()[0] is None:
+        if backend == "kernel":
+            ops.resolve("lstm", "kernel")   # raises the one-line error naming why
+        return None
+    return _kernel_op()
