@@ -187,6 +187,53 @@ def test_cli_language_model_with_carried_context(tmp_path):
     assert 1.0 < res["test"]["ppl"] < 40
 
 
+@pytest.mark.parametrize("core", ("delta", "lstm"))
+def test_context_blocks_carried_sum_to_one_pass_and_restarted_blocks_start_fresh(core):
+    from rfwp_rl.seq.context_blocks import block_nll
+
+    model = model_for(core)
+    data = tokens(50)
+    ref = one_pass_nll(model, data)                       # 49 predictions, one pass
+    carried = block_nll(model, data, seg_len=7, block=14, restart=False)
+    assert [n for _, n in carried] == [14, 14, 14, 7]
+    assert sum(nll for nll, _ in carried) == pytest.approx(float(ref.sum()), rel=1e-10)
+    restarted = block_nll(model, data, seg_len=7, block=14, restart=True)
+    for i, (nll, n) in enumerate(restarted):              # block i alone, from the zero state
+        alone = one_pass_nll(model, data[14 * i:14 * i + n + 1])
+        assert nll == pytest.approx(float(alone.sum()), rel=1e-10)
+    assert restarted[0][0] == pytest.approx(carried[0][0], rel=1e-12)
+    assert restarted[1][0] != pytest.approx(carried[1][0], rel=1e-6)   # the state matters
+
+
+def test_context_blocks_cli_reads_a_run_and_refuses_bad_blocks(tmp_path, capsys):
+    from rfwp_rl.seq import context_blocks
+
+    data = tmp_path / "corpus"
+    data.mkdir()
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 200), ("valid", 30), ("test", 10)):
+        (data / f"{split}.txt").write_text(
+            "\n".join(" ".join(rng.choice(["a", "b", "c", "d"], 6)) for _ in range(n)) + "\n")
+    argv = ["--task", "lm", "--data", str(data), "--core", "lstm", "--hidden-size", "8",
+            "--emb-size", "8", "--seg-len", "16", "--batch-size", "4", "--steps", "4",
+            "--eval-every", "4", "--context", "carried", "--threads", "1",
+            "--run-dir", str(tmp_path / "run")]
+    assert train.run(parse(argv)) == 0
+    out = tmp_path / "blocks.csv"
+    assert context_blocks.main([str(tmp_path / "run"), "--block", "64", "--min-count", "1",
+                                "--out", str(out)]) == 0
+    rows = out.read_text().splitlines()
+    assert rows[0] == "core,state,block,first_token,tokens,ppl"
+    valid_tokens = 30 * 7 - 1
+    blocks = -(-valid_tokens // 64)
+    assert len(rows) == 1 + 2 * blocks
+    assert sum(int(r.split(",")[4]) for r in rows[1:1 + blocks]) == valid_tokens
+    with pytest.raises(SystemExit, match="--block 40 is invalid"):
+        context_blocks.main([str(tmp_path / "run"), "--block", "40", "--min-count", "1"])
+    with pytest.raises(SystemExit, match="vocabulary"):
+        context_blocks.main([str(tmp_path / "run"), "--min-count", "1000"])
+
+
 def test_cli_refuses_carried_context_for_the_transformer(tmp_path):
     argv = ["--task", "lm", "--data", str(tmp_path), "--core", "transformer", "--context", "carried"]
     for split in ("train", "valid", "test"):
