@@ -590,7 +590,10 @@ std::vector<Tensor> fwm_backward_impl(const Tensor& w, const Tensor& r, const Te
                                       const optional<Tensor>& gF, bool need_gF0, int64_t chunk) {
   const FwmShapes sh = check_fwm_inputs(w, r, chunk, false);
   const Dims n = sh.n;
-  check_tensor(F0, "F0", w, fwm_cube(n));
+  // an empty F0: the zero tensor (a replay of the stepper from zero), no gradient of it
+  const bool F0_zero = F0.numel() == 0;
+  TORCH_CHECK(!(F0_zero && need_gF0), "the gradient of an empty (zero) F0 cannot be asked for");
+  if (!F0_zero) check_tensor(F0, "F0", w, fwm_cube(n));
   const auto [W, G] = fwm_groups(w.scalar_type(), static_cast<int64_t>(n.B) * n.H);
   const int64_t cube = static_cast<int64_t>(n.dk) * n.dk * n.dk;
   check_tensor(saved, "saved", w, {G, n.T, rfwp::fwm_saved_size(n.dk, sh.nr), W});
@@ -602,7 +605,7 @@ std::vector<Tensor> fwm_backward_impl(const Tensor& w, const Tensor& r, const Te
   Tensor gF0 = need_gF0 ? at::empty_like(F0) : at::empty({0}, w.options());
   AT_DISPATCH_FLOATING_TYPES(w.scalar_type(), "fwm_backward", [&] {
     using S = scalar_t;
-    rfwp::FwmBwdArgs<S> a{ptr<S>(w), ptr<S>(r), ptr<S>(F0), rst, ptr<S>(saved), ptr<S>(bases),
+    rfwp::FwmBwdArgs<S> a{ptr<S>(w), ptr<S>(r), F0_zero ? nullptr : ptr<S>(F0), rst, ptr<S>(saved), ptr<S>(bases),
                           ptr<S>(gy), ptr_or_null<S>(gF), out<S>(gw), out<S>(gr),
                           need_gF0 ? out<S>(gF0) : nullptr, n, sh.nr, sh.fold};
     rfwp::cpu::fwm_backward(a);
@@ -640,7 +643,7 @@ rfwp::FwmStepArgs<S> fwm_step_args(std::vector<Tensor>& state, const FwmStepShap
          static_cast<int>(sh.m), 0};
   return rfwp::FwmStepArgs<S>{nullptr, nullptr, nullptr, out<S>(state[0]), out<S>(state[1]),
                               out<S>(state[2]), out<S>(state[3]), out<S>(state[4]), out<S>(state[6]),
-                              state[5].data_ptr<int32_t>(), nullptr, n, 0, static_cast<int>(sh.cap),
+                              state[5].data_ptr<int32_t>(), nullptr, nullptr, n, 0, static_cast<int>(sh.cap),
                               rfwp::fwm_tail_capacity(static_cast<int>(sh.m))};
 }
 
@@ -690,9 +693,11 @@ std::vector<Tensor> fwm_step_grow(std::vector<Tensor> state, int64_t capacity) {
 }
 
 // One step (w [B, H, 3m + 1], r [B, H, (1 + N_r) m], reset [B] or None) of the stepper whose
-// state (fwm_step_state) it updates in place; returns y [B, H, m].
-Tensor fwm_step(const Tensor& w, const Tensor& r, const optional<Tensor>& reset,
-                std::vector<Tensor> state) {
+// state (fwm_step_state) it updates in place; returns {y [B, H, m], saved}: with `record`, what
+// fwm_forward keeps of this step for fwm_backward ([G, A, W]; the steps stacked on dim 1 are
+// fwm_forward's `saved` as long as no tail was folded), else an empty tensor.
+std::vector<Tensor> fwm_step(const Tensor& w, const Tensor& r, const optional<Tensor>& reset,
+                             std::vector<Tensor> state, bool record) {
   TORCH_CHECK(!w.is_cuda(), "fwm has no CUDA kernel");
   TORCH_CHECK(w.dim() == 3, "w must be [B, H, 3m + 1], got ", w.sizes());
   const auto [m, nr] = fwm_sizes(w, r);
@@ -717,6 +722,7 @@ Tensor fwm_step(const Tensor& w, const Tensor& r, const optional<Tensor>& reset,
     rst = reinterpret_cast<const uint8_t*>(reset->data_ptr());
   }
   Tensor y = empty_like_shape(w, {B, H, m});
+  Tensor saved = empty_like_shape(w, {record ? sh.G : 0, rfwp::fwm_saved_size(static_cast<int>(m), static_cast<int>(nr)), sh.W});
   AT_DISPATCH_FLOATING_TYPES(w.scalar_type(), "fwm_step", [&] {
     using S = scalar_t;
     rfwp::FwmStepArgs<S> a = fwm_step_args<S>(state, sh);
@@ -724,10 +730,11 @@ Tensor fwm_step(const Tensor& w, const Tensor& r, const optional<Tensor>& reset,
     a.r = ptr<S>(r);
     a.reset = rst;
     a.y = out<S>(y);
+    a.saved = record ? out<S>(saved) : nullptr;
     a.nr = static_cast<int>(nr);
     rfwp::cpu::fwm_step(a);
   });
-  return y;
+  return {y, saved};
 }
 
 // The fast tensors of a stepper of B x H memories now, F [B, H, m, m, m] (materialised).
@@ -1199,7 +1206,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("fwm_step_grow", &fwm_step_grow, py::arg("state"), py::arg("capacity"),
         "the fwm stepper's state with room for `capacity` tail terms");
   m.def("fwm_step", &fwm_step, py::arg("w"), py::arg("r"), py::arg("reset"), py::arg("state"),
-        "one fwm step (inference), updating the stepper state in place");
+        py::arg("record") = false,
+        "one fwm step (inference), updating the stepper state in place: [y, saved]");
+  m.def("fwm_fold_length", [](int64_t m) { return rfwp::fwm_tail_capacity(static_cast<int>(m)); },
+        py::arg("m"), "the longest low-rank tail of an fwm memory of size m before it is folded");
   m.def("fwm_step_dense", &fwm_step_dense, py::arg("state"), py::arg("B"), py::arg("H"),
         "the fast tensors of an fwm stepper now, [B, H, m, m, m]");
 }

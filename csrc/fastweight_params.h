@@ -202,6 +202,7 @@ struct FwmStepArgs {
   S *k1, *k2, *z, *q, *scal, *base;
   int32_t* meta;
   S* y;                                   // [B, H, m]
+  S* saved;                               // null, or this step's record for the backward [G][A][W]
   Dims n;                                 // T = 1
   int nr, cap, fold;
 };

@@ -74,3 +74,28 @@ def test_acting_stepper_refuses_gradients(ext):
         stepper.step(torch.randn(2, 5))
     with pytest.raises(UserError, match="made without gradients"):
         stepper.step(torch.randn(2, 5))
+
+
+def test_recording_stepper_replays_one_call_in_values_and_gradients(ext):
+    # acting with record keeps what the fused backward passes need; the replay is the core's
+    # output over the steps with the gradients of one call (paper size, Eq. 4 active, float64)
+    core = _paper_core("kernel")
+    x = torch.randn(30, 5, IN, dtype=D, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        stepper = core.stepper(5, record=True)
+        y_steps = torch.stack([stepper.step(x[t]) for t in range(30)])
+    y = stepper.replay()
+    y_ref, _ = core(x, None)
+    torch.testing.assert_close(y, y_steps, rtol=1e-12, atol=1e-14)  # the steps' numbers (W_o n in one GEMM)
+    torch.testing.assert_close(y, y_ref, rtol=1e-10, atol=1e-12)
+    w = torch.randn(y.shape, dtype=D, generator=torch.Generator().manual_seed(5))
+    for a, b in zip(torch.autograd.grad((y * w).sum(), list(core.parameters())),
+                    torch.autograd.grad((y_ref * w).sum(), list(core.parameters()))):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
+    with torch.no_grad():
+        plain = core.stepper(5)
+        plain.step(x[0])
+    assert plain.replay() is None                                      # no record asked for
+    reference = cores.make("fwm", IN, backend="reference")
+    with torch.no_grad():
+        assert reference.stepper(5, record=True).replay() is None      # generic stepper

@@ -144,6 +144,39 @@ def test_rollout_trains_on_the_logits_it_acted_with():
     torch.testing.assert_close(trained["values"], acted["values"], rtol=1e-5, atol=1e-6)
 
 
+def test_training_rollout_replays_the_acting_steps_with_the_gradients_of_one_call(ext):
+    # on the fused ops the training rollout replays what acting recorded (no second forward);
+    # the loss gradient equals the one through one call of the agent on the episode (float32:
+    # the environment's observations)
+    from rfwp_rl.cores.fwm import FWMCore
+
+    train_t, _ = graph_env.graph_sets()
+    grads = {}
+    for record in (True, False):
+        torch.manual_seed(0)
+        agent = MetaRLAgent("fwm", {"hidden_size": 16, "memory_size": 8, "backend": "kernel"}, 17, 3)
+        env = graph_env.GraphBatchEnv(train_t[:6], rng=0)
+        made = []
+        stepper = FWMCore.stepper
+
+        def spy(self, *a, record=False, **k):
+            s = stepper(self, *a, record=record and RECORD, **k)
+            made.append(s)
+            return s
+        RECORD = record
+        FWMCore.stepper = spy
+        try:
+            out = train.rollout(agent, env, torch.device("cpu"), torch.Generator().manual_seed(0))
+        finally:
+            FWMCore.stepper = stepper
+        assert (made[0].replay() is not None) == record     # the record is what was used
+        loss = a2c.a2c_loss(out["logits"], out["values"], out["actions"], out["rewards"])["loss"]
+        grads[record] = (out["logits"], torch.autograd.grad(loss, list(agent.parameters())))
+    torch.testing.assert_close(grads[True][0], grads[False][0], rtol=1e-5, atol=1e-6)
+    for a, b in zip(grads[True][1], grads[False][1]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
 # ------------------------------------------------------------------------------- the trainer
 
 def _rows(run_dir):

@@ -631,7 +631,9 @@ void fwm_step_group(const FwmStepArgs<S>& a, int g, AlignedVector<S>& work) {
   rows_to_lanes(a.w + static_cast<size_t>(g) * W * wsize, lanes, wsize, wl, pad);
   rows_to_lanes(a.r + static_cast<size_t>(g) * W * rsize, lanes, rsize, rl, pad);
   activate<S, M>(wl, rl, m, nr, act, beta);
-  group_step<S, M>(tl, resets ? keep : nullptr, act, beta, m, nr, y, nullptr, sw);
+  group_step<S, M>(tl, resets ? keep : nullptr, act, beta, m, nr, y,
+                   a.saved != nullptr ? a.saved + static_cast<size_t>(g) * fwm_saved_size(m, nr) * W : nullptr,
+                   sw);
   lanes_to_rows(y, lanes, m, a.y + static_cast<size_t>(g) * W * m, pad);
   sg.meta[0] = tl.L;
   sg.meta[1] = tl.base != nullptr;
@@ -754,8 +756,8 @@ void fwm_backward_group(const FwmBwdArgs<S>& a, int g, FwmBackwardScratch<S>& s)
   // F0 (a zero F0 is no base) and the gradient the last segment ends in
   S norm0[kLanes<S>];
   s.base0.resize(cw);
-  const bool F0_nonzero = load_base(a.F0 + static_cast<size_t>(g) * W * cube, lanes, cube,
-                                    s.base0.data(), norm0, s.pad.data());
+  const bool F0_nonzero = a.F0 != nullptr && load_base(a.F0 + static_cast<size_t>(g) * W * cube, lanes,
+                                                       cube, s.base0.data(), norm0, s.pad.data());
   s.gbase0.resize(cw);
   s.gbase1.resize(cw);
   const S* gEnd = nullptr;

@@ -173,12 +173,15 @@ class Core(nn.Module):
         return state, reset
 
     def stepper(self, batch_size: int, device: torch.device | str | None = None,
-                specialised: bool = True) -> "CoreStepper":
+                specialised: bool = True, record: bool = False) -> "CoreStepper":
         """A one-step-at-a-time runner from ``initial_state(batch_size)`` (module docstring).
 
         Subclasses with a cheaper exact stepping override this and return it when
         ``specialised`` is True; its values must equal the generic stepper's (and its
-        gradients, unless it refuses to step with gradients enabled).
+        gradients, unless it refuses to step with gradients enabled). ``record`` asks a stepper
+        made without gradients to keep what its ``replay()`` needs (the outputs of the steps
+        taken, with gradients, without computing them again); ``replay()`` returns None where
+        there is no record, as for the generic stepper.
         """
         return CoreStepper(self, batch_size, device)
 
@@ -200,6 +203,10 @@ class CoreStepper:
     def step(self, x: Tensor) -> Tensor:
         y, self.state = self.core(x.unsqueeze(0), self.state)
         return y[0]
+
+    def replay(self) -> None:
+        """No record: the caller runs the core on the whole sequence instead."""
+        return None
 
 
 def check_backend(backend: Any) -> str:

@@ -46,6 +46,7 @@ from rfwp_rl.cores.base import (Core, CoreSpec, CoreStepper, State, check_backen
 from rfwp_rl.cores.lstm import run_lstm
 from rfwp_rl.errors import UserError
 from rfwp_rl.ops import fwm as fwm_op
+from rfwp_rl.ops import lstm as lstm_op
 
 SPEC = CoreSpec(
     name="fwm",
@@ -98,16 +99,23 @@ class FWMCore(Core):
         return self.write(h).unsqueeze(-2), self.read(h).unsqueeze(-2)
 
     def stepper(self, batch_size: int, device: torch.device | str | None = None,
-                specialised: bool = True) -> CoreStepper | FWMStepper:
+                specialised: bool = True, record: bool = False) -> CoreStepper | FWMStepper:
         """Made without gradients (acting), the op's incremental fused stepper when it runs
-        here (see :class:`FWMStepper`); otherwise, or with ``specialised=False``, the generic one."""
+        here (see :class:`FWMStepper`; ``record``: for its ``replay``); otherwise, or with
+        ``specialised=False``, the generic one."""
         if specialised and not torch.is_grad_enabled() and self.backend != "reference":
             p = next(self.parameters())
             like = p.detach() if device is None else p.detach().to(device)
-            memory = fwm_op.stepper(batch_size, 1, self.m, like, backend=self.backend)
+            memory = fwm_op.stepper(batch_size, 1, self.m, like, backend=self.backend,
+                                    record=record)
             if memory is not None:
-                return FWMStepper(self, memory)
+                return FWMStepper(self, memory, record)
         return super().stepper(batch_size, device)
+
+    def output(self, h: Tensor, n: Tensor) -> Tensor:
+        """y = h + W_o n (FWM Eq. 8 and the residual of §3.1): LSTM output h ``[..., hidden]``,
+        last read n ``[..., 1, m]`` (one memory)."""
+        return h + self.out(n.squeeze(-2))
 
     def state_shapes(self, batch_size: int) -> list[tuple[int, ...]]:
         B, m = batch_size, self.m
@@ -118,29 +126,51 @@ class FWMCore(Core):
         hs, h, c = run_lstm(self.lstm, x, h0[None].contiguous(), c0[None].contiguous(), reset,
                             self.backend)
         n, Fm = self.op(*self.project(hs), Fm.unsqueeze(1), reset)   # FWM Eq. 1-7
-        y = hs + self.out(n.squeeze(2))                               # FWM Eq. 8 + residual
-        return y, (h[0], c[0], Fm.squeeze(1))
+        return self.output(hs, n), (h[0], c[0], Fm.squeeze(1))
 
 
 class FWMStepper:
     """``step(x [B, input_size]) -> y [B, hidden_size]`` from the zero state, without gradients
     (acting): the LSTM one step at a time, the memory in the op's incremental stepper (O(t m)
     per step from the zero state). Equal to one call of the core on the whole sequence;
-    stepping with gradients enabled is refused, as it would silently lose the memory's part."""
+    stepping with gradients enabled is refused, as it would silently lose the memory's part.
 
-    def __init__(self, core: FWMCore, memory: fwm_op.fused.Stepper) -> None:
+    With ``record`` (and the fused ``lstm`` op running the LSTM) the steps keep what the fused
+    backward passes need, and :meth:`replay` turns the steps taken into the core's output over
+    the whole sequence with gradients, without computing the LSTM and the memory again: the
+    acting forward doubles as the training forward."""
+
+    def __init__(self, core: FWMCore, memory: fwm_op.fused.Stepper, record: bool = False) -> None:
         self.core, self.memory = core, memory
         B = memory.B
         p = next(core.parameters())
         self.h = torch.zeros(1, B, core.hidden_size, dtype=p.dtype, device=p.device)
         self.c = torch.zeros_like(self.h)
+        self.lstm = lstm_op.recorder(core.backend, p, core.hidden_size, self.h[0],
+                                     self.c[0]) if record and memory.record else None
+
+    def _lstm_weights(self) -> list[Tensor]:
+        return [getattr(self.core.lstm, f"{n}_l0") for n in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")]
 
     def step(self, x: Tensor) -> Tensor:
         if torch.is_grad_enabled():
             raise UserError("core 'fwm': this stepper was made without gradients (acting); make "
                             "it with gradients enabled to backpropagate through its steps")
-        hs, self.h, self.c = run_lstm(self.core.lstm, x.unsqueeze(0), self.h, self.c, None,
-                                      self.core.backend)
-        h = hs[0]
+        if self.lstm is not None:
+            h = self.lstm.step(x, *self._lstm_weights())
+        else:
+            hs, self.h, self.c = run_lstm(self.core.lstm, x.unsqueeze(0), self.h, self.c, None,
+                                          self.core.backend)
+            h = hs[0]
         n = self.memory.step(*self.core.project(h))                   # FWM Eq. 1-7
-        return h + self.core.out(n.squeeze(1))                        # FWM Eq. 8 + residual
+        return self.core.output(h, n)
+
+    def replay(self) -> Tensor | None:
+        """The core's output ``[T, B, hidden_size]`` over the steps taken, with gradients to its
+        weights: equal to the core on the stacked inputs from the zero state (call with
+        gradients enabled, before the weights change). None without a record (see the class)."""
+        if self.lstm is None or not self.memory.record:
+            return None
+        hs = self.lstm.replay(*self._lstm_weights())
+        n = self.memory.replay(*self.core.project(hs))               # FWM Eq. 1-7, recorded
+        return None if n is None else self.core.output(hs, n)

@@ -52,9 +52,11 @@ class MetaRLAgent(nn.Module):
         """Core output ``[..., out]`` -> ``(logits [..., A], value [...])``."""
         return self.policy(y), self.value(y).squeeze(-1)
 
-    def stepper(self, batch_size: int, device: torch.device | str | None = None) -> "AgentStepper":
-        """A fresh one-step-at-a-time runner from the zero state (see module docstring)."""
-        return AgentStepper(self, self.core.stepper(batch_size, device))
+    def stepper(self, batch_size: int, device: torch.device | str | None = None,
+                record: bool = False) -> "AgentStepper":
+        """A fresh one-step-at-a-time runner from the zero state (see module docstring);
+        ``record``: see :meth:`rfwp_rl.cores.base.Core.stepper`."""
+        return AgentStepper(self, self.core.stepper(batch_size, device, record=record))
 
 
 class AgentStepper:
@@ -67,6 +69,12 @@ class AgentStepper:
     def step(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Advances the state by one step."""
         return self.agent.heads(self.core_stepper.step(obs))
+
+    def replay(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``(logits [T, B, A], values [T, B])`` of the steps taken, with gradients, from a
+        recording core stepper; None without a record."""
+        y = self.core_stepper.replay()
+        return None if y is None else self.agent.heads(y)
 
 
 def count_parameters(module: nn.Module) -> int:

@@ -169,7 +169,8 @@ def rollout(agent: MetaRLAgent, env: GraphBatchEnv, device: torch.device,
     (``core.act_without_gradients``: ``fwm``, the fused op's incremental stepper) acts without
     them; the logits and values returned then come from one call of the agent on the whole
     episode from the zero state: the same numbers (the cores' stepping contract), with
-    gradients through one LSTM call and one fused FWM call.
+    gradients through one LSTM call and one fused FWM call; where the stepper recorded its steps
+    (``fwm`` on the fused ops) that call is its replay, which computes nothing again.
     """
     train = torch.is_grad_enabled()
     recompute = train and agent.core.act_without_gradients
@@ -177,7 +178,8 @@ def rollout(agent: MetaRLAgent, env: GraphBatchEnv, device: torch.device,
     obs_t, logits_t, values_t, actions_t, rewards_t = [], [], [], [], []
     bootstrap = None
     with torch.set_grad_enabled(train and not recompute):
-        stepper = agent.stepper(env.num_envs, device=device)
+        # no record when a bootstrap step follows: the replay would include it
+        stepper = agent.stepper(env.num_envs, device=device, record=recompute and not truncated)
         done = False
         while not done:
             x = torch.from_numpy(obs).to(device)
@@ -196,7 +198,10 @@ def rollout(agent: MetaRLAgent, env: GraphBatchEnv, device: torch.device,
     if truncated:  # a time limit is not a terminal state: the return goes on from V(last observation)
         with torch.no_grad():
             bootstrap = stepper.step(torch.from_numpy(obs).to(device))[1]
-    if recompute:
+    replayed = stepper.replay() if recompute else None
+    if replayed is not None:
+        logits, values = replayed
+    elif recompute:
         logits, values, _ = agent(torch.stack(obs_t), agent.initial_state(env.num_envs, device))
     else:
         logits, values = torch.stack(logits_t), torch.stack(values_t)

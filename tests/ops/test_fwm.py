@@ -204,6 +204,43 @@ def test_stepper_equals_one_call(ext, d, T):
     assert (int(tail_length.max()) < T) == (d == 3)         # folded: a shorter tail
 
 
+@pytest.mark.parametrize("d, T", [(3, 12), (16, 30)])
+def test_recorded_steps_replay_one_call_with_resets(ext, d, T):
+    # a recording stepper from the zero tensor: the replay's outputs are the steps' and its
+    # gradients of w and r equal the reference's, resets mid-sequence included
+    args, reset = cases.make_inputs(OP, T=T, B=3, H=2, d=d, reset_at=((2, 1), (5, 0)), seed=d)
+    w, r = (a.detach().requires_grad_() for a in args[:2])
+    F0 = torch.zeros_like(args[2])
+    stepper = fused.Stepper(ext, 3, 2, d, w.detach(), record=True)
+    with torch.no_grad():
+        ys = torch.stack([stepper.step(w[t], r[t], reset[t]) for t in range(T)])
+    y = stepper.replay(w, r)
+    y_ref, _ = naive.fwm(w, r, F0, reset)
+    torch.testing.assert_close(y, ys, rtol=0, atol=0)
+    # float64 rounding of the dense reference vs the factored kernel, amplified by LN (Eq. 7)
+    torch.testing.assert_close(y, y_ref, rtol=1e-9, atol=1e-10)
+    g = torch.randn_like(y)
+    for a, b in zip(torch.autograd.grad((y * g).sum(), (w, r)),
+                    torch.autograd.grad((y_ref * g).sum(), (w, r))):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
+
+
+def test_no_replay_from_F0_or_after_a_fold(ext):
+    args, _ = cases.make_inputs(OP, T=20, B=2, H=1, d=3, seed=1)
+    from_F0 = fused.Stepper(ext, 2, 1, 3, args[2], args[2], record=True)
+    long = fused.Stepper(ext, 2, 1, 3, args[2], record=True)
+    assert long.fold == 16
+    with torch.no_grad():
+        from_F0.step(args[0][0], args[1][0])
+        for t in range(16):
+            long.step(args[0][t], args[1][t])
+    assert from_F0.replay(args[0][:1], args[1][:1]) is None
+    assert long.replay(args[0][:16], args[1][:16]) is not None     # 16 terms: no fold yet
+    with torch.no_grad():
+        long.step(args[0][16], args[1][16])                         # the 17th step folds
+    assert long.replay(args[0][:17], args[1][:17]) is None
+
+
 def test_gradient_of_F0_only_when_needed(ext, monkeypatch):
     # the gradient of a zero F0 costs O(m³) per step: not computed when F0 needs no gradient
     args, reset = cases.make_inputs(OP, T=5, B=2, H=1, d=8, reset_at=((3, 0),), seed=1)

@@ -155,6 +155,26 @@ def test_acting_steps_equal_one_call(ext):
     torch.testing.assert_close(steps, y, rtol=1e-12, atol=1e-13)
 
 
+def test_recorded_steps_replay_one_call_in_values_and_gradients(ext):
+    # steps without gradients that keep the activations, then one autograd node over them:
+    # the reference's outputs and weight gradients, from a non-zero state
+    torch.manual_seed(1)
+    lstm = nn.LSTM(5, 8).double()
+    x = torch.randn(7, 3, 5, dtype=D)
+    h0, c0 = torch.randn(3, 8, dtype=D), torch.randn(3, 8, dtype=D)
+    rec = fused.Recorder(ext, h0, c0)
+    with torch.no_grad():
+        ys = torch.stack([rec.step(x[t], *_params(lstm)) for t in range(7)])
+    y = rec.replay(*_params(lstm))
+    y_ref, _, _ = naive.lstm(x, h0, c0, *_params(lstm), None)
+    torch.testing.assert_close(y, ys, rtol=0, atol=0)
+    torch.testing.assert_close(y, y_ref, rtol=1e-12, atol=1e-13)
+    g = torch.randn_like(y)
+    for a, b in zip(torch.autograd.grad((y * g).sum(), _params(lstm)),
+                    torch.autograd.grad((y_ref * g).sum(), _params(lstm))):
+        torch.testing.assert_close(a, b, rtol=1e-11, atol=1e-12)
+
+
 # ---------------------------------------------------------------------------- bad inputs
 
 def test_bad_inputs_give_one_line_errors(ext):

@@ -64,13 +64,39 @@ def fwm(be: Any, chunk: int, w: Tensor, r: Tensor, F0: Tensor,
     return FwmFunction.apply(be, chunk, w, r, F0, reset_mask(reset))
 
 
+class FwmReplay(torch.autograd.Function):
+    """Autograd node over steps a recording :class:`Stepper` took from the zero tensor: the
+    forward returns their outputs (no recomputation), the backward is :class:`FwmFunction`'s on
+    the records of those steps (what the fused forward keeps of each step)."""
+
+    @staticmethod
+    def forward(ctx: FunctionCtx, be: Any, w: Tensor, r: Tensor, ys: list[Tensor],
+                saved: list[Tensor], reset: Tensor | None) -> Tensor:
+        ctx.be = be
+        ctx.save_for_backward(w, r, torch.stack(saved, 1), reset)
+        return torch.stack(ys)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, gy: Tensor) -> tuple:
+        w, r, saved, reset = ctx.saved_tensors
+        T, m = w.shape[0], gy.shape[-1]
+        # no tail was folded (Stepper.replay checks): one segment of T steps, no dense bases;
+        # the empty F0 is the zero tensor the steps started from
+        bases = saved.new_empty(saved.shape[0], 0, m ** 3, saved.shape[-1])
+        gw, gr, _ = ctx.be.fwm_backward(w, r, w.new_empty(0), reset, saved, bases, _c(gy), None,
+                                        False, T)
+        return None, gw, gr, None, None, None
+
+
 class Stepper:
     """The fused forward one step at a time, without gradients (acting): the low-rank state
     lives in the kernel's own layout (``fwm_step_state``) and each step appends one term, so a
     step costs O(L m), not a pass over a dense [m, m, m] tensor per (b, h).
 
     ``B, H, m``: memories and their size; ``like``: a tensor of the dtype and device; ``F0``:
-    the tensor to start from ``[B, H, m, m, m]`` (None: zero).
+    the tensor to start from ``[B, H, m, m, m]`` (None: zero); ``record``: keep what the fused
+    backward needs of each step (O(N_r m) numbers per step and memory) for :meth:`replay`.
     ``step(w, r, reset=None) -> y``: one step of :func:`rfwp_rl.ops.fwm.naive.fwm` (shapes
     without the time dimension; reset ``[B]``).
     """
@@ -80,9 +106,15 @@ class Stepper:
     fold length): a task's live state stays a few cache lines."""
 
     def __init__(self, be: Any, B: int, H: int, m: int, like: Tensor,
-                 F0: Tensor | None = None) -> None:
+                 F0: Tensor | None = None, record: bool = False) -> None:
         self.be, self.B, self.H = be, B, H
         self.steps = 0
+        # a replay needs the zero start and no folded tail (one segment for the backward)
+        self.record = record and F0 is None
+        self.fold = be.fwm_fold_length(m)
+        self.ys: list[Tensor] = []
+        self.saved: list[Tensor] = []
+        self.resets: list[Tensor | None] = []
         with torch.no_grad():
             self.state = be.fwm_step_state(B, H, m, like, F0, self.INITIAL_CAPACITY)
 
@@ -93,7 +125,29 @@ class Stepper:
             self.state = self.be.fwm_step_grow(self.state, 2 * self.state[2].shape[1])
         if reset is not None:
             reset = reset.to(torch.bool).contiguous()
-        return self.be.fwm_step(_c(w), _c(r), reset, self.state)
+        self.record = self.record and self.steps <= self.fold
+        y, saved = self.be.fwm_step(_c(w), _c(r), reset, self.state, self.record)
+        if self.record:
+            self.ys.append(y)
+            self.saved.append(saved)
+            self.resets.append(reset)
+        return y
+
+    def replay(self, w: Tensor, r: Tensor) -> Tensor | None:
+        """y ``[T, B, H, m]`` of the recorded steps as a function of their inputs w
+        ``[T, B, H, 3m + 1]``, r ``[T, B, H, (1 + N_r) m]`` (the same numbers the steps took,
+        computed again with gradients): one autograd node, equal to the fused op on the whole
+        sequence from the zero tensor. None without a record (made without ``record``, from an
+        F0, or a tail was folded: more steps than the fold length)."""
+        if not self.record or not self.ys:
+            return None
+        if w.shape[0] != len(self.ys):
+            raise ValueError(f"replay of {len(self.ys)} steps got inputs of {w.shape[0]} steps")
+        reset = None
+        if any(x is not None for x in self.resets):
+            reset = torch.stack([torch.zeros(self.B, dtype=torch.bool, device=w.device) if x is None
+                                 else x for x in self.resets])
+        return FwmReplay.apply(self.be, _c(w), _c(r), self.ys, self.saved, reset)
 
     def dense(self) -> Tensor:
         """The fast tensor now, ``[B, H, m, m, m]`` (materialised: O(L m³))."""
@@ -109,7 +163,7 @@ def supported(dims: Dims, dtype: torch.dtype, device: torch.device | str,
 
 
 def stepper(B: int, H: int, m: int, like: Tensor, F0: Tensor | None = None,
-            backend: str = "auto") -> Stepper | None:
+            backend: str = "auto", record: bool = False) -> Stepper | None:
     """The incremental :class:`Stepper` on the built kernels, or None where it does not run
     (backend ``'reference'``, no kernels, a device or dtype the CPU kernel does not take: the
     caller then steps through the op)."""
@@ -118,7 +172,7 @@ def stepper(B: int, H: int, m: int, like: Tensor, F0: Tensor | None = None,
     from rfwp_rl import kernels
 
     ext, _ = kernels.load()
-    return None if ext is None else Stepper(ext, B, H, m, like, F0)
+    return None if ext is None else Stepper(ext, B, H, m, like, F0, record)
 
 
 def dims_of(args: Sequence[Any], options: dict) -> Dims:

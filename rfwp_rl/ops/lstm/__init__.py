@@ -10,11 +10,13 @@ Its :class:`~rfwp_rl.ops.base.Dims` are the input size (``dk``) and the hidden s
 ``layer(backend, like, hidden_size) -> op | None``: the fused op where it runs inputs like
 ``like`` (and, for backend ``'auto'``, where it is the faster: hidden sizes up to
 ``fused.AUTO_MAX_HIDDEN``), else None (the caller runs ``nn.LSTM``).
+``recorder(backend, like, hidden_size, h0, c0) -> Recorder | None``: steps without gradients
+that keep what the backward needs, then ``replay``: their outputs as one autograd node.
 """
 
 from rfwp_rl.ops.base import Dims, OpSpec
 from rfwp_rl.ops.lstm import fused, naive
-from rfwp_rl.ops.lstm.fused import layer
+from rfwp_rl.ops.lstm.fused import layer, recorder
 
 OP = OpSpec(
     name="lstm", naive=naive.lstm, fused=fused.lstm, supported=fused.supported,
@@ -23,4 +25,4 @@ OP = OpSpec(
     time_args=(0,), final_state=lambda out: (out[1], out[2]), key_size_free=True,
     cpu_checkpoints=False)
 
-__all__ = ["OP", "Dims", "layer"]
+__all__ = ["OP", "Dims", "layer", "recorder"]

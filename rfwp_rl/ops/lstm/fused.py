@@ -46,14 +46,78 @@ class LstmFunction(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, gy: Tensor | None, gh: Tensor | None, gc: Tensor | None) -> tuple:
-        x, h0, c0, w_ih, w_hh, reset, hs, acts, cs = ctx.saved_tensors
-        # the gradient of x costs a GEMM: only when autograd wants it (not for observations)
-        need_gx = ctx.needs_input_grad[1]
-        gx, gh0, gc0, gw_ih, gw_hh, gb = ctx.be.lstm_backward(
-            x, h0, c0, w_ih, w_hh, reset, hs, acts, cs, _c(gy), _c(gh), _c(gc), need_gx)
-        # b_ih and b_hh enter as their sum: the same gradient (a copy: two parameters'
-        # .grad must not share storage)
-        return None, gx if need_gx else None, gh0, gc0, gw_ih, gw_hh, gb, gb.clone(), None
+        return _backward(ctx, gy, gh, gc)
+
+
+def _backward(ctx: Any, gy: Tensor | None, gh: Tensor | None, gc: Tensor | None) -> tuple:
+    """Gradients of (be, x, h0, c0, w_ih, w_hh, b_ih, b_hh, reset) from what the forward saved:
+    (x, h0, c0, w_ih, w_hh, reset, hs, acts, cs)."""
+    x, h0, c0, w_ih, w_hh, reset, hs, acts, cs = ctx.saved_tensors
+    # the gradient of x costs a GEMM: only when autograd wants it (not for observations)
+    need_gx = ctx.needs_input_grad[1]
+    gx, gh0, gc0, gw_ih, gw_hh, gb = ctx.be.lstm_backward(
+        x, h0, c0, w_ih, w_hh, reset, hs, acts, cs, _c(gy), _c(gh), _c(gc), need_gx)
+    # b_ih and b_hh enter as their sum: the same gradient (a copy: two parameters'
+    # .grad must not share storage)
+    return None, gx if need_gx else None, gh0, gc0, gw_ih, gw_hh, gb, gb.clone(), None
+
+
+class LstmReplay(torch.autograd.Function):
+    """Autograd node over steps a :class:`Recorder` took: the forward returns their outputs (no
+    recomputation), the backward is :class:`LstmFunction`'s on their recorded activations."""
+
+    @staticmethod
+    def forward(ctx: FunctionCtx, be: Any, x: Tensor, h0: Tensor, c0: Tensor, w_ih: Tensor,
+                w_hh: Tensor, b_ih: Tensor, b_hh: Tensor, ys: list[Tensor], acts: list[Tensor],
+                cs: list[Tensor]) -> Tensor:
+        y = torch.cat(ys)
+        ctx.be = be
+        ctx.save_for_backward(x, h0, c0, w_ih, w_hh, None, y, torch.cat(acts), torch.cat(cs))
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, gy: Tensor) -> tuple:
+        return (*_backward(ctx, gy, None, None)[:8], None, None, None)
+
+
+class Recorder:
+    """One layer stepped without gradients (acting) on the fused kernel, keeping what its
+    backward needs (O(5 H) numbers per step and row), then :meth:`replay`: the outputs of those
+    steps as one autograd node over the weights, equal to a call of the op on the whole
+    sequence from the same start, without computing it again.
+
+    ``be``: a kernel backend; h0, c0 ``[B, H]``: the state before the first step.
+    """
+
+    def __init__(self, be: Any, h0: Tensor, c0: Tensor) -> None:
+        self.be, self.h0, self.c0 = be, h0, c0
+        self.h, self.c = h0, c0
+        self.xs: list[Tensor] = []
+        self.ys: list[Tensor] = []
+        self.acts: list[Tensor] = []
+        self.cs: list[Tensor] = []
+
+    @torch.no_grad()
+    def step(self, x: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih: Tensor, b_hh: Tensor) -> Tensor:
+        """One step: x ``[B, I]`` -> h ``[B, H]`` (nn.LSTM's weights of the layer)."""
+        x = _c(x.unsqueeze(0))
+        y, self.h, self.c, acts, cs, _ = self.be.lstm_forward(
+            x, self.h, self.c, *(_c(p) for p in (w_ih, w_hh, b_ih, b_hh)), None, 1)
+        self.xs.append(x)
+        self.ys.append(y)
+        self.acts.append(acts)
+        self.cs.append(cs)
+        return y[0]
+
+    def replay(self, w_ih: Tensor, w_hh: Tensor, b_ih: Tensor, b_hh: Tensor) -> Tensor:
+        """y ``[T, B, H]`` of the steps taken, with gradients to the weights (the same weights
+        the steps used; the inputs get none)."""
+        if not self.ys:
+            raise ValueError("no steps to replay")
+        return LstmReplay.apply(self.be, torch.cat(self.xs), self.h0, self.c0,
+                                *(_c(p) for p in (w_ih, w_hh, b_ih, b_hh)), self.ys, self.acts,
+                                self.cs)
 
 
 def lstm(be: Any, chunk: int, x: Tensor, h0: Tensor, c0: Tensor, w_ih: Tensor, w_hh: Tensor,
@@ -84,6 +148,16 @@ def _kernel_op() -> Callable[..., tuple]:
     from rfwp_rl import ops
 
     return ops.get("lstm", "kernel")
+
+
+def recorder(backend: str, like: Tensor, hidden_size: int, h0: Tensor,
+             c0: Tensor) -> Recorder | None:
+    """A :class:`Recorder` where :func:`layer` runs the fused op, else None."""
+    if layer(backend, like, hidden_size) is None:
+        return None
+    from rfwp_rl import kernels
+
+    return Recorder(kernels.load()[0], h0, c0)
 
 
 def layer(backend: str, like: Tensor, hidden_size: int) -> Callable[..., tuple] | None:
