@@ -323,3 +323,18 @@ def test_plot_summarises_runs_at_equal_episodes(tmp_path):
     assert float(lstm["test_at_common_episode"]) == pytest.approx((50 + 50 + 52 + 54 + 56) / 5)
     assert lstm["episodes_to_test_90"] == "" and float(fwm["test_reward_last"]) == pytest.approx(102)
     assert (tmp_path / "out" / "curves.png").stat().st_size > 10_000
+
+
+def test_bench_meta_rl_writes_a_row_per_case(tmp_path, capsys):
+    from rfwp_rl.meta_rl import bench
+
+    out = tmp_path / "update_time.csv"
+    assert main(["bench", "meta_rl", "--cases", "fwm (fused),fwm (fused) no replay", "--batch-size", "4",
+                 "--updates", "1", "--out", str(out)]) == 0
+    rows = list(csv.DictReader(out.open()))
+    assert [r["case"] for r in rows] == ["fwm (fused)", "fwm (fused) no replay"]
+    assert all(float(r["cpu_seconds_per_update"]) > 0 and r["batch_size"] == "4" for r in rows)
+    assert "replaying the acting steps" in capsys.readouterr().out
+    assert main(["bench", "meta_rl", "--cases", "fwm (fast)", "--out", str(out)]) == 2
+    assert "unknown case 'fwm (fast)'" in capsys.readouterr().err
+    assert bench.CASES["fwm (fused)"][2] and not bench.CASES["fwm (fused) no replay"][2]

@@ -23,16 +23,17 @@ from rfwp_rl.meta_rl import a2c, graph_env
 from rfwp_rl.meta_rl.model import MetaRLAgent, count_parameters
 from rfwp_rl.meta_rl.train import rollout
 
-CASES = {  # name -> (core, config)
-    "fwm (reference)": ("fwm", {"backend": "reference"}),
-    "fwm (fused)": ("fwm", {"backend": "kernel"}),
-    "lstm512": ("lstm", {"hidden_size": 512}),
-    "lstm1024": ("lstm", {"hidden_size": 1024}),
+CASES = {  # name -> (core, config, replay the acting steps for training)
+    "fwm (reference)": ("fwm", {"backend": "reference"}, True),
+    "fwm (fused)": ("fwm", {"backend": "kernel"}, True),
+    "fwm (fused) no replay": ("fwm", {"backend": "kernel"}, False),
+    "lstm512": ("lstm", {"hidden_size": 512}, True),
+    "lstm1024": ("lstm", {"hidden_size": 1024}, True),
 }
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--cases", default="fwm (reference),fwm (fused),lstm512",
+    parser.add_argument("--cases", default="fwm (reference),fwm (fused),fwm (fused) no replay,lstm512",
                         help=f"comma-separated, from: {', '.join(CASES)}")
     parser.add_argument("--batch-size", type=int, default=600)
     parser.add_argument("--updates", type=int, default=3, help="timed updates per case (after 1 warm-up)")
@@ -42,9 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="results/meta_rl/update_time.csv")
 
 
-def time_updates(core: str, config: dict, batch: int, updates: int) -> dict:
+def time_updates(core: str, config: dict, batch: int, updates: int, replay: bool = True) -> dict:
     """Mean CPU and wall seconds of ``updates`` A2C updates (after one warm-up) of ``batch``
-    agents on ``core``, and its number of weights."""
+    agents on ``core``, and its number of weights (``replay``: see ``train.rollout``)."""
     train_tables, _ = graph_env.graph_sets()
     env = graph_env.GraphBatchEnv(train_tables[:batch] if batch <= len(train_tables)
                                   else train_tables[torch.arange(batch) % len(train_tables)], rng=0)
@@ -55,7 +56,7 @@ def time_updates(core: str, config: dict, batch: int, updates: int) -> dict:
     cpu, wall = [], []
     for i in range(updates + 1):
         c0, w0 = time.process_time(), time.perf_counter()
-        out = rollout(agent, env, torch.device("cpu"), gen)
+        out = rollout(agent, env, torch.device("cpu"), gen, replay=replay)
         loss = a2c.a2c_loss(out["logits"], out["values"], out["actions"], out["rewards"])["loss"]
         opt.zero_grad()
         loss.backward()
@@ -81,8 +82,8 @@ def run(args: argparse.Namespace) -> int:
     for n in names:
         for prec in precisions:
             torch.set_float32_matmul_precision(prec)
-            core, config = CASES[n]
-            r = time_updates(core, config, args.batch_size, args.updates)
+            core, config, replay = CASES[n]
+            r = time_updates(core, config, args.batch_size, args.updates, replay)
             rows.append({"case": n, "precision": prec, **r})
             print(f"{n:<18} {prec:<8} {r['params']:>11,} {r['cpu_s']:>13.3f} {r['wall_s']:>14.3f}", flush=True)
     torch.set_float32_matmul_precision("highest")
@@ -91,6 +92,9 @@ def run(args: argparse.Namespace) -> int:
         if "fwm (reference)" in cpu and "fwm (fused)" in cpu:
             print(f"fwm, {prec}: fused {cpu['fwm (fused)']:.3f} CPU s/update vs reference "
                   f"{cpu['fwm (reference)']:.3f}: {cpu['fwm (reference)'] / cpu['fwm (fused)']:.1f}x fewer")
+        if "fwm (fused) no replay" in cpu and "fwm (fused)" in cpu:
+            print(f"fwm, {prec}: replaying the acting steps {cpu['fwm (fused)']:.3f} vs a second forward "
+                  f"{cpu['fwm (fused) no replay']:.3f}: {cpu['fwm (fused) no replay'] / cpu['fwm (fused)']:.2f}x fewer")
     buf = io.StringIO()
     buf.write("case,matmul_precision,weights,batch_size,threads,cpu_seconds_per_update,wall_seconds_per_update\n")
     for r in rows:

@@ -155,7 +155,7 @@ def resolve_agent(core: str | None, preset: str | None, overrides: list[str], tr
 
 def rollout(agent: MetaRLAgent, env: GraphBatchEnv, device: torch.device,
             generator: torch.Generator, greedy: bool = False,
-            truncated: bool = False) -> dict[str, Any]:
+            truncated: bool = False, replay: bool = True) -> dict[str, Any]:
     """Play one episode with every agent of ``env``.
 
     Returns ``logits [T, B, A]``, ``values [T, B]``, ``actions [T, B]`` int64, ``rewards
@@ -170,7 +170,8 @@ def rollout(agent: MetaRLAgent, env: GraphBatchEnv, device: torch.device,
     them; the logits and values returned then come from one call of the agent on the whole
     episode from the zero state: the same numbers (the cores' stepping contract), with
     gradients through one LSTM call and one fused FWM call; where the stepper recorded its steps
-    (``fwm`` on the fused ops) that call is its replay, which computes nothing again.
+    (``fwm`` on the fused ops) that call is its replay, which computes nothing again
+    (``replay=False``: the call instead, to compare).
     """
     train = torch.is_grad_enabled()
     recompute = train and agent.core.act_without_gradients
@@ -179,7 +180,7 @@ def rollout(agent: MetaRLAgent, env: GraphBatchEnv, device: torch.device,
     bootstrap = None
     with torch.set_grad_enabled(train and not recompute):
         # no record when a bootstrap step follows: the replay would include it
-        stepper = agent.stepper(env.num_envs, device=device, record=recompute and not truncated)
+        stepper = agent.stepper(env.num_envs, device=device, record=replay and recompute and not truncated)
         done = False
         while not done:
             x = torch.from_numpy(obs).to(device)
