@@ -189,20 +189,18 @@ def test_cli_language_model_with_carried_context(tmp_path):
 
 @pytest.mark.parametrize("core", ("delta", "lstm"))
 def test_context_blocks_carried_sum_to_one_pass_and_restarted_blocks_start_fresh(core):
-    from rfwp_rl.seq.context_blocks import block_nll
-
     model = model_for(core)
     data = tokens(50)
     ref = one_pass_nll(model, data)                       # 49 predictions, one pass
-    carried = block_nll(model, data, seg_len=7, block=14, restart=False)
-    assert [n for _, n in carried] == [14, 14, 14, 7]
-    assert sum(nll for nll, _ in carried) == pytest.approx(float(ref.sum()), rel=1e-10)
-    restarted = block_nll(model, data, seg_len=7, block=14, restart=True)
-    for i, (nll, n) in enumerate(restarted):              # block i alone, from the zero state
-        alone = one_pass_nll(model, data[14 * i:14 * i + n + 1])
-        assert nll == pytest.approx(float(alone.sum()), rel=1e-10)
-    assert restarted[0][0] == pytest.approx(carried[0][0], rel=1e-12)
-    assert restarted[1][0] != pytest.approx(carried[1][0], rel=1e-6)   # the state matters
+    carried = lm.carried_blocks(model, model.initial_state, data, seg_len=7, block=14)
+    assert [b.tokens for b in carried] == [14, 14, 14, 7]
+    assert sum(b.nll for b in carried) == pytest.approx(float(ref.sum()), rel=1e-10)
+    restarted = lm.carried_blocks(model, model.initial_state, data, seg_len=7, block=14, restart=True)
+    for i, b in enumerate(restarted):                     # block i alone, from the zero state
+        alone = one_pass_nll(model, data[14 * i:14 * i + b.tokens + 1])
+        assert b.nll == pytest.approx(float(alone.sum()), rel=1e-10)
+    assert restarted[0].nll == pytest.approx(carried[0].nll, rel=1e-12)
+    assert restarted[1].nll != pytest.approx(carried[1].nll, rel=1e-6)   # the state matters
 
 
 def test_context_blocks_cli_reads_a_run_and_refuses_bad_blocks(tmp_path, capsys):

@@ -109,7 +109,7 @@ class FWMCore(Core):
             memory = fwm_op.stepper(batch_size, 1, self.m, like, backend=self.backend,
                                     record=record)
             if memory is not None:
-                return FWMStepper(self, memory, record)
+                return FWMStepper(self, memory)
         return super().stepper(batch_size, device)
 
     def output(self, h: Tensor, n: Tensor) -> Tensor:
@@ -135,19 +135,20 @@ class FWMStepper:
     per step from the zero state). Equal to one call of the core on the whole sequence;
     stepping with gradients enabled is refused, as it would silently lose the memory's part.
 
-    With ``record`` (and the fused ``lstm`` op running the LSTM) the steps keep what the fused
-    backward passes need, and :meth:`replay` turns the steps taken into the core's output over
-    the whole sequence with gradients, without computing the LSTM and the memory again: the
-    acting forward doubles as the training forward."""
+    When the memory records (the op's stepper made with ``record``) and the fused ``lstm`` op
+    runs the LSTM, the steps keep what the fused backward passes need, and :meth:`replay` turns
+    the steps taken into the core's output over the whole sequence with gradients, without
+    computing the LSTM and the memory again: the acting forward doubles as the training
+    forward."""
 
-    def __init__(self, core: FWMCore, memory: fwm_op.fused.Stepper, record: bool = False) -> None:
+    def __init__(self, core: FWMCore, memory: fwm_op.fused.Stepper) -> None:
         self.core, self.memory = core, memory
         B = memory.B
         p = next(core.parameters())
         self.h = torch.zeros(1, B, core.hidden_size, dtype=p.dtype, device=p.device)
         self.c = torch.zeros_like(self.h)
         self.lstm = lstm_op.recorder(core.backend, p, core.hidden_size, self.h[0],
-                                     self.c[0]) if record and memory.record else None
+                                     self.c[0]) if memory.record else None
 
     def _lstm_weights(self) -> list[Tensor]:
         return [getattr(self.core.lstm, f"{n}_l0") for n in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")]

@@ -15,37 +15,14 @@ import json
 import math
 from pathlib import Path
 
-import numpy as np
 import torch
-import torch.nn.functional as F
 
 from rfwp_rl.checkpoint import atomic_write_text
 from rfwp_rl.errors import UserError
 from rfwp_rl.seq.model import SeqModel
-from rfwp_rl.seq.tasks.lm import SPLITS, load_corpus, segments
+from rfwp_rl.seq.tasks.lm import SPLITS, carried_blocks, load_corpus
 
 STATES = ("carried", "restarted")
-
-
-@torch.no_grad()
-def block_nll(model: SeqModel, data: np.ndarray, seg_len: int, block: int,
-              restart: bool) -> list[tuple[float, int]]:
-    """Summed next-token NLL and token count per block of ``block`` predictions over ``data``
-    (read once in order, batch 1, segments of ``seg_len``; ``block`` a multiple of it); the
-    state is carried throughout, or with ``restart`` begins from the initial state at every
-    block."""
-    model.eval()
-    out: list[tuple[float, int]] = []
-    state = model.initial_state(1)
-    for pos, x, y in segments(data.reshape(-1, 1), seg_len):
-        if pos % block == 0:
-            out.append((0.0, 0))
-            if restart:
-                state = model.initial_state(1)
-        logits, state = model(x, state, None)
-        nll = float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="sum"))
-        out[-1] = (out[-1][0] + nll, out[-1][1] + y.numel())
-    return out
 
 
 def load_run(run_dir: Path, min_count: int) -> tuple[SeqModel, dict, object]:
@@ -64,6 +41,7 @@ def load_run(run_dir: Path, min_count: int) -> tuple[SeqModel, dict, object]:
     model = SeqModel(cfg["core"], (corpus.vocab_size,), corpus.vocab_size, cfg["emb_size"],
                      cfg["core_config"], dropout=cfg["dropout"], positions=cfg["positions"])
     model.load_state_dict(torch.load(best, map_location="cpu", weights_only=False)["model"])
+    model.eval()
     if not model.carries_state:
         raise UserError(f"core {cfg['core']!r} does not carry a state from segment to segment; "
                         "allowed: a recurrent or fast-weight core")
@@ -91,8 +69,10 @@ def main(argv: list[str] | None = None) -> int:
                                 f"the run's segment length {cfg['seg_len']}")
             data = corpus.split(args.split)
             for state in STATES:
-                for i, (nll, n) in enumerate(block_nll(model, data, cfg["seg_len"], args.block, state == "restarted")):
-                    rows.append((cfg["core"], state, i + 1, i * args.block, n, math.exp(nll / n)))
+                blocks = carried_blocks(model, model.initial_state, data, cfg["seg_len"], args.block,
+                                        restart=state == "restarted")
+                for i, score in enumerate(blocks):
+                    rows.append((cfg["core"], state, i + 1, i * args.block, score.tokens, math.exp(score.loss)))
     except UserError as e:
         raise SystemExit(f"error: {e}") from None
     buf = io.StringIO()

@@ -13,7 +13,7 @@ Training (``segments``): the token stream is cut into ``batch_size`` contiguous 
 (state reset at each) or, for "full context" (App. A.1 "+ full context"), the state at the
 end of a segment initialises the next one (gradients stop at segment borders).
 
-Evaluation, batch size 1 (``evaluate_carried`` / ``evaluate_sliding``):
+Evaluation, batch size 1 (``evaluate_carried`` / ``evaluate_sliding``; ``carried_blocks`` per block):
 - carried context: the whole text is read in segments with the state carried over;
 - sliding window of ``seg_len``: each window is computed from scratch, only its last
   position is scored, except the first window where every position is (App. A.1). Windows
@@ -167,20 +167,34 @@ class LMScore:
 
 
 @torch.no_grad()
+def carried_blocks(model: Model, initial_state: Callable[[int], tuple], data: np.ndarray,
+                   seg_len: int, block: int | None = None, restart: bool = False,
+                   device: str | torch.device = "cpu") -> list[LMScore]:
+    """Carried context, batch 1: read ``data`` in segments of ``seg_len`` with the state
+    carried over, every next-token prediction scored; one score per block of ``block``
+    predictions (a multiple of ``seg_len``; None: one block). With ``restart`` the state starts
+    again from ``initial_state`` at every block."""
+    state = initial_state(1)
+    scores: list[LMScore] = []
+    for pos, x, y in segments(data.reshape(-1, 1), seg_len):
+        if not scores or (block is not None and pos % block == 0):
+            if scores and restart:
+                state = initial_state(1)
+            scores.append(LMScore(0.0, 0))
+        logits, state = model(x.to(device), state, None)
+        scores[-1].nll += float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]).cpu(), y.reshape(-1), reduction="sum"))
+        scores[-1].tokens += y.numel()
+    return scores
+
+
 def evaluate_carried(model: Model, initial_state: Callable[[int], tuple], data: np.ndarray,
                      seg_len: int, max_tokens: int | None = None,
                      device: str | torch.device = "cpu") -> LMScore:
-    """Carried context, batch 1: read ``data`` in segments of ``seg_len`` with the state
-    carried over; every next-token prediction is scored."""
+    """Carried context, batch 1, over the whole of ``data`` (or its first ``max_tokens``
+    predictions): see :func:`carried_blocks`."""
     data = data if max_tokens is None else data[:max_tokens + 1]
-    stream = data.reshape(-1, 1)
-    state = initial_state(1)
-    nll, count = 0.0, 0
-    for _, x, y in segments(stream, seg_len):
-        logits, state = model(x.to(device), state, None)
-        nll += float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]).cpu(), y.reshape(-1), reduction="sum"))
-        count += y.numel()
-    return LMScore(nll, count)
+    blocks = carried_blocks(model, initial_state, data, seg_len, device=device)
+    return blocks[0] if blocks else LMScore(0.0, 0)
 
 
 @torch.no_grad()
