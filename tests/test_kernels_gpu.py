@@ -103,8 +103,8 @@ def test_device_guard_second_gpu(ext):
 def test_cuda_head_sizes_or_a_clean_refusal(ext, name, d, dk, dtype):
     # every size either equals the reference or is refused with NotImplementedError exactly
     # when cuda_limits says this GPU cannot run it
-    if name == "rdn" and dk != d:
-        pytest.skip("the fused rdn kernel is softmax-only (DPFP rdn runs on the reference)")
+    if name in ("rdn", "srwm") and dk != d:
+        pytest.skip(f"{name} has keys of the head size only (its DPFP form runs on the reference)")
     limits = cuda_limits.DeviceLimits.from_torch(torch.cuda.current_device())
     why = (cuda_limits.check(name, "forward", dk, d, dtype.itemsize, limits)
            or cuda_limits.check(name, "backward", dk, d, dtype.itemsize, limits))

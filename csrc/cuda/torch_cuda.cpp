@@ -5,6 +5,8 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_runtime.h>
 
+#include <cstdio>
+
 #include "fastweight_cuda.h"
 
 namespace rfwp {
@@ -20,10 +22,15 @@ void check(int err, const char* op, std::size_t smem, int threads) {
   const bool config = e == cudaErrorInvalidConfiguration || e == cudaErrorInvalidValue ||
                       e == cudaErrorLaunchOutOfResources || e == cudaErrorNoKernelImageForDevice ||
                       e == cudaErrorInvalidDeviceFunction;
-  TORCH_CHECK_NOT_IMPLEMENTED(!config, "rfwp_rl CUDA kernel ", op, " cannot run on this GPU: ",
-                              cudaGetErrorString(e), " (block of ", threads, " threads, ", smem,
-                              " bytes of dynamic shared memory)");
-  TORCH_CHECK(false, "rfwp_rl CUDA kernel ", op, " failed: ", cudaGetErrorString(e));
+  // The message is formatted with snprintf, not streamed: streaming the numbers into c10::str
+  // crashed this error path on an H200 machine (torch 2.11+cu130; SIGSEGV inside
+  // std::ostream::_M_insert<long>), turning a clean refusal into a dead process.
+  char msg[384];
+  std::snprintf(msg, sizeof msg, "rfwp_rl CUDA kernel %s %s: %s (block of %d threads, %zu bytes of "
+                "dynamic shared memory)", op, config ? "cannot run on this GPU" : "failed",
+                cudaGetErrorString(e), threads, smem);
+  TORCH_CHECK_NOT_IMPLEMENTED(!config, static_cast<const char*>(msg));
+  TORCH_CHECK(false, static_cast<const char*>(msg));
 }
 
 at::Tensor workspace(std::size_t elems, const at::Tensor& like) {

@@ -1,4 +1,4 @@
-"""``rfwp-rl bench kernels``: fused CPU kernels against the PyTorch reference.
+"""``rfwp-rl bench kernels``: fused CPU (or, with ``--device cuda``, CUDA) kernels against the PyTorch reference.
 
 For each recurrence and size: wall time of the forward pass (no grad) and of forward+backward
 (gradients of every input), median of ``--repeats`` runs after a warm-up, reference and fused
@@ -21,7 +21,7 @@ The recomputation of the forward inside checkpoint chunks is not counted (it is 
 ``fwm`` is not here: its work depends on the low-rank tail, not on d² (its speed is measured in
 its setting by ``rfwp-rl bench meta_rl``).
 
-Writes ``results/bench/kernels_cpu.csv`` (atomically) and prints a table. The machine may be
+Writes ``results/bench/kernels_<cpu|cuda>.csv`` (atomically) and prints a table. The machine may be
 shared with other processes: ratios are measured back to back, and the load average is
 recorded; run under ``nice`` on shared machines.
 """
@@ -42,6 +42,7 @@ import torch
 from rfwp_rl.checkpoint import atomic_write_text
 from rfwp_rl.errors import UserError, check_choice
 from rfwp_rl import ops
+from rfwp_rl.kernels import cuda_limits
 from rfwp_rl.ops import cases
 
 SIZES = {
@@ -52,7 +53,7 @@ FWD_FLOPS = {"lt": 4, "delta": 6, "delta_rnn": 12, "rdn": 12,      # × d² per 
              "gated_delta": 7, "delta_product": 10, "srwm": 21}
 BWD_FLOPS = {"lt": 8, "delta": 12, "delta_rnn": 24, "rdn": 24,
              "gated_delta": 15, "delta_product": 20, "srwm": 39}
-DEFAULT_OUT = Path("results/bench/kernels_cpu.csv")
+DEFAULT_OUT = {"cpu": Path("results/bench/kernels_cpu.csv"), "cuda": Path("results/bench/kernels_cuda.csv")}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -65,30 +66,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "use 1: OpenMP threads then wait for each other and both the "
                              "reference and the kernels slow down erratically")
     parser.add_argument("--repeats", type=int, default=7, help="timed runs per measurement (median)")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="CSV file to write")
+    parser.add_argument("--device", default="cpu", help="cpu (the C++ kernels) or cuda (the CUDA kernels; "
+                        "--threads is then ignored)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="CSV file to write (default results/bench/kernels_<cpu|cuda>.csv)")
 
 
-def _median_ms(fn: Callable[[], object], repeats: int, warmup: int = 1) -> tuple[float, float]:
+def _median_ms(fn: Callable[[], object], repeats: int, warmup: int = 1,
+               sync: Callable[[], None] = lambda: None) -> tuple[float, float]:
     """(median wall ms, median process CPU ms) over ``repeats`` runs after ``warmup`` runs.
 
     CPU time (all threads of this process) is less sensitive than wall time to other
-    processes taking the cores; with one thread it is the op's own work.
+    processes taking the cores; with one thread it is the op's own work. ``sync`` waits for
+    queued device work (CUDA launches are asynchronous), before and after each timed run.
     """
     for _ in range(warmup):
         fn()
     wall, cpu = [], []
     for _ in range(repeats):
+        sync()
         t, c = time.perf_counter(), time.process_time()
         fn()
+        sync()
         wall.append(time.perf_counter() - t)
         cpu.append(time.process_time() - c)
     return 1e3 * statistics.median(wall), 1e3 * statistics.median(cpu)
 
 
-def matmul_gflops(repeats: int, n: int = 1024) -> float:
+def _sync(device: str) -> Callable[[], None]:
+    return torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+
+
+def matmul_gflops(repeats: int, n: int = 1024, device: str = "cpu") -> float:
     """GFLOP/s of a float32 n x n matrix product (torch.mm, current thread setting)."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    ms = _median_ms(lambda: torch.mm(a, b), max(repeats, 5), warmup=2)[0]
+    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+    ms = _median_ms(lambda: torch.mm(a, b), max(repeats, 5), warmup=2, sync=_sync(device))[0]
     return 2 * n ** 3 / (ms * 1e-3) / 1e9
 
 
@@ -109,18 +121,19 @@ def _passes(fn: Callable, args: list[torch.Tensor], reset: torch.Tensor):
     return forward, forward_backward
 
 
-def measure(name: str, size: str, repeats: int, fused: Callable) -> dict:
+def measure(name: str, size: str, repeats: int, fused: Callable, device: str = "cpu") -> dict:
     s = SIZES[size]
     T, B, H, d = s["T"], s["B"], s["H"], s["d"]
     args, reset = cases.make_inputs(name, T=T, B=B, H=H, d=d, dtype=torch.float32, seed=0,
-                                    reset_at=((T // 2, 0),))
+                                    reset_at=((T // 2, 0),), device=device)
     ref_f, ref_fb = _passes(ops.naive(name), args, reset)
     fus_f, fus_fb = _passes(fused, args, reset)
-    row = {"size": size, "op": name, "T": T, "B": B, "H": H, "d": d, "dtype": "float32"}
-    row["ref_fwd_ms"], row["ref_fwd_cpu_ms"] = _median_ms(ref_f, repeats)
-    row["fused_fwd_ms"], row["fused_fwd_cpu_ms"] = _median_ms(fus_f, repeats)
-    row["ref_fwdbwd_ms"], row["ref_fwdbwd_cpu_ms"] = _median_ms(ref_fb, repeats)
-    row["fused_fwdbwd_ms"], row["fused_fwdbwd_cpu_ms"] = _median_ms(fus_fb, repeats)
+    sync = _sync(device)
+    row = {"size": size, "op": name, "T": T, "B": B, "H": H, "d": d, "dtype": "float32", "device": device}
+    row["ref_fwd_ms"], row["ref_fwd_cpu_ms"] = _median_ms(ref_f, repeats, sync=sync)
+    row["fused_fwd_ms"], row["fused_fwd_cpu_ms"] = _median_ms(fus_f, repeats, sync=sync)
+    row["ref_fwdbwd_ms"], row["ref_fwdbwd_cpu_ms"] = _median_ms(ref_fb, repeats, sync=sync)
+    row["fused_fwdbwd_ms"], row["fused_fwdbwd_cpu_ms"] = _median_ms(fus_fb, repeats, sync=sync)
     work = T * B * H * d * d
     row["fused_fwd_gflops"] = FWD_FLOPS[name] * work / (row["fused_fwd_ms"] * 1e-3) / 1e9
     row["fused_fwdbwd_gflops"] = ((FWD_FLOPS[name] + BWD_FLOPS[name]) * work
@@ -148,11 +161,19 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--threads {args.threads!r} is not a comma list of positive integers")
     if args.repeats < 1:
         raise UserError(f"--repeats {args.repeats} must be >= 1")
+    device = check_choice("--device", args.device.split(":")[0], ("cpu", "cuda"))
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise UserError("--device cuda: no CUDA device is visible to torch (torch.cuda.is_available() is False)")
+        threads = threads[:1]
+        names = [n for n in names if n in cuda_limits.OPS]   # ops with CUDA kernels
+    out = args.out or DEFAULT_OUT[device]
     backend, why = kernels.status()
-    if backend != "kernel":
-        print(f"error: fused kernels unavailable, nothing to compare: {why}")
+    if backend != "kernel" or (device == "cuda" and not kernels.load()[0].has_cuda()):
+        print(f"error: fused {device} kernels unavailable, nothing to compare: {why}")
         return 1
-    print(f"rfwp-rl bench kernels: {why}")
+    print(f"rfwp-rl bench kernels ({device}"
+          f"{': ' + torch.cuda.get_device_name() if device == 'cuda' else ''}): {why}")
     print(f"per layer (one op call); float32; median of {args.repeats}; "
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (shared machine: "
           "ratios are measured back to back)")
@@ -161,8 +182,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         for nt in threads:
             torch.set_num_threads(nt)
-            mm = matmul_gflops(args.repeats)
-            print(f"\nthreads {nt}: matmul 1024x1024 float32 {mm:.1f} GFLOP/s")
+            mm = matmul_gflops(args.repeats, n=4096 if device == "cuda" else 1024, device=device)
+            print(f"\nthreads {nt}: matmul {'4096' if device == 'cuda' else '1024'}^2 float32 {mm:.1f} GFLOP/s")
             header = (f"{'size':6s} {'op':10s} | {'fwd ref':>9s} {'fused':>8s} {'x':>6s} | "
                       f"{'fwd+bwd ref':>11s} {'fused':>8s} {'x':>6s} {'x cpu':>6s} | "
                       f"{'GFLOP/s':>7s} {'%mm':>5s}")
@@ -170,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
             print("-" * len(header))
             for size in sizes:
                 for name in names:
-                    row = measure(name, size, args.repeats, ops.get(name, "kernel"))
+                    row = measure(name, size, args.repeats, ops.get(name, "kernel"), device)
                     row.update(threads=nt, matmul_gflops=mm,
                                fwd_speedup=row["ref_fwd_ms"] / row["fused_fwd_ms"],
                                fwdbwd_speedup=row["ref_fwdbwd_ms"] / row["fused_fwdbwd_ms"],
@@ -185,7 +206,7 @@ def run(args: argparse.Namespace) -> int:
                           f"{row['fused_fwdbwd_gflops']:7.1f} {100 * row['fwdbwd_fraction_of_matmul']:4.0f}%")
     finally:
         torch.set_num_threads(before)
-    fields = ["size", "op", "T", "B", "H", "d", "dtype", "threads", "ref_fwd_ms", "fused_fwd_ms",
+    fields = ["size", "op", "T", "B", "H", "d", "dtype", "device", "threads", "ref_fwd_ms", "fused_fwd_ms",
               "fwd_speedup", "ref_fwdbwd_ms", "fused_fwdbwd_ms", "fwdbwd_speedup",
               "ref_fwd_cpu_ms", "fused_fwd_cpu_ms", "ref_fwdbwd_cpu_ms", "fused_fwdbwd_cpu_ms",
               "fwdbwd_cpu_speedup", "fused_fwd_gflops", "fused_fwdbwd_gflops", "matmul_gflops",
@@ -196,6 +217,6 @@ def run(args: argparse.Namespace) -> int:
     for row in rows:
         writer.writerow({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in row.items()
                          if k in fields})
-    atomic_write_text(args.out, buf.getvalue())
-    print(f"\nwrote {args.out}")
+    atomic_write_text(out, buf.getvalue())
+    print(f"\nwrote {out}")
     return 0
