@@ -71,6 +71,12 @@ LEVEL_PARAMS: dict[str, dict[str, dict[str, Any]]] = {
         "medium": {"size": 7, "n_goals": 4, "max_steps": 40},
         "hard": {"size": 11, "n_goals": 4, "max_steps": 80},
     },
+    # control with hidden velocities (CONTROL below, not a sequence task of SUITE)
+    "PositionOnlyCartPole": {
+        "easy": {"max_steps": 200},
+        "medium": {"max_steps": 400},
+        "hard": {"max_steps": 600},
+    },
 }
 
 DESCRIPTIONS: dict[str, str] = {
@@ -143,6 +149,26 @@ SUITE: dict[str, SuiteEntry] = {
 }
 
 
+# Dense-reward control that needs a short memory (velocities from successive positions). Its
+# random return is an estimate, not exact: the random policy's mean episode length on CartPole is
+# 22.26 steps (40,000 episodes, standard error 0.06; no random episode reaches 200 steps), and
+# the return is the fraction of max_steps survived. Optimal: balanced to the step limit.
+CONTROL_ENTRY_POINTS: dict[str, str] = {
+    "PositionOnlyCartPole": "rfwp_rl.memory.position_cartpole:PositionOnlyCartPole",
+}
+RANDOM_CARTPOLE_STEPS = 22.26
+CONTROL: dict[str, SuiteEntry] = {
+    env_id("PositionOnlyCartPole", level): SuiteEntry(
+        env_id("PositionOnlyCartPole", level), "PositionOnlyCartPole", level,
+        RANDOM_CARTPOLE_STEPS / steps, 1.0, steps, 1,
+        f"PositionOnlyCartPole ({level}): CartPole with the velocities zeroed in the observation, "
+        f"reward 1/{steps} a step (1.0 = balanced for {steps} steps)")
+    for level, steps in (("easy", 200), ("medium", 400), ("hard", 600))
+}
+#: every id with reference numbers (the memory suite, then the control tasks)
+ALL: dict[str, SuiteEntry] = {**SUITE, **CONTROL}
+
+
 def suite_ids(level: str | None = None) -> list[str]:
     """Every registered id, or those of one level (``easy``, ``medium``, ``hard``)."""
     if level is None:
@@ -152,9 +178,9 @@ def suite_ids(level: str | None = None) -> list[str]:
 
 
 def entry(env_id: str) -> SuiteEntry:
-    """The reference numbers of a suite id (unknown id: one-line UserError)."""
-    check_choice("memory-suite id", env_id, SUITE)
-    return SUITE[env_id]
+    """The reference numbers of a suite or control id (unknown id: one-line UserError)."""
+    check_choice("memory-suite id", env_id, ALL)
+    return ALL[env_id]
 
 
 def normalized_return(env_id: str, value: float) -> float:
@@ -176,6 +202,7 @@ def register() -> None:
     """
     import gymnasium
 
-    for env_id_, e in SUITE.items():
+    for env_id_, e in ALL.items():
         if env_id_ not in gymnasium.registry:
-            gymnasium.register(id=env_id_, entry_point=ENTRY_POINTS[e.task], kwargs={"level": e.level})
+            entry_point = ENTRY_POINTS.get(e.task) or CONTROL_ENTRY_POINTS[e.task]
+            gymnasium.register(id=env_id_, entry_point=entry_point, kwargs={"level": e.level})
