@@ -156,3 +156,20 @@ def test_lambda_on_policy_is_td_lambda():
                                          bootstrap, lambda_=0.0)
     nxt = torch.cat([values[1:], bootstrap.view(1, 1)])
     assert torch.allclose(td0.vs, rewards + gamma * nxt)
+
+
+def test_advantage_scale_is_the_rms_with_a_floor_relative_to_the_targets():
+    from rfwp_rl.impala.learner import advantage_scale
+
+    adv = torch.tensor([[3.0, 4.0], [0.0, 100.0]])
+    targets = torch.tensor([[10.0, 10.0], [10.0, 50.0]])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])   # the 100 / 50 step is masked out
+    # RMS of (3, 4, 0) = sqrt(25 / 3) = 2.887; targets' RMS = 10
+    assert float(advantage_scale(adv, targets, mask, 0.0)) == pytest.approx((25 / 3) ** 0.5)
+    assert float(advantage_scale(adv, targets, mask, 0.1)) == pytest.approx((25 / 3) ** 0.5)
+    assert float(advantage_scale(adv, targets, mask, 0.5)) == pytest.approx(5.0)
+    # a solved task: advantages are noise of size 1e-3 on returns of size 1, kept at 1e-2, not 1
+    noise = torch.full((4, 3), 1e-3)
+    ones = torch.ones(4, 3)
+    assert float((noise / advantage_scale(noise, ones, ones, 0.1)).abs().max()) == pytest.approx(1e-2)
+    assert float(advantage_scale(torch.zeros(2, 2), torch.zeros(2, 2), torch.ones(2, 2), 0.1)) == pytest.approx(1e-8)

@@ -52,7 +52,8 @@ class ImpalaConfig:
     vtrace_lambda: float = 1.0  # V-trace trace factor (1: the paper's)
     optimizer: str = "rmsprop"  # rmsprop (paper) or adam
     adam_eps: float = 1e-8
-    normalize_advantages: bool = False  # policy-gradient advantages divided by their batch std
+    normalize_advantages: bool = False  # policy-gradient advantages divided by their batch RMS
+    advantage_floor: float = 0.1  # that divisor is at least this x the RMS of the V-trace targets
     profile: str = "atari"  # which defaults filled the options the command line left unset
     device: str = "cpu"
     learner_thread: bool = False  # updates in a thread; actors act with a copy of the model meanwhile

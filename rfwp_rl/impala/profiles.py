@@ -72,5 +72,5 @@ def describe(cfg: Any, preset_source: str) -> str:
     return (f"settings ({d['profile']} profile): {d['num_actors']} envs, batch {d['batch_size']} x unroll "
             f"{d['unroll_length']}, {opt} (linear decay to 0), entropy {d['entropy_cost']:g}, baseline "
             f"{d['baseline_cost']:g}, discount {d['discount']:g}, reward clip {d['reward_clip']:g}, advantages "
-            f"{'normalised' if d['normalize_advantages'] else 'raw'}, V-trace lambda {d['vtrace_lambda']:g}, grad clip {d['grad_norm_clip']:g}; "
+            f"{'normalised (floor %g x target RMS)' % d['advantage_floor'] if d['normalize_advantages'] else 'raw'}, V-trace lambda {d['vtrace_lambda']:g}, grad clip {d['grad_norm_clip']:g}; "
             f"agent preset {preset_source}")

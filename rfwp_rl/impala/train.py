@@ -48,7 +48,7 @@ METRICS = ("episode/return", "episode/return_mean100")
 # Settings every learner of a group must share (checked when a learner joins), besides the env and agent.
 GROUP_SETTINGS = ("total_steps", "batch_size", "unroll_length", "learning_rate", "rmsprop_alpha", "rmsprop_eps",
                   "rmsprop_momentum", "grad_norm_clip", "entropy_cost", "baseline_cost", "discount", "reward_clip",
-                  "clip_rho", "clip_c", "optimizer", "adam_eps", "normalize_advantages", "vtrace_lambda")
+                  "clip_rho", "clip_c", "optimizer", "adam_eps", "normalize_advantages", "advantage_floor", "vtrace_lambda")
 MAX_WAITING_BATCHES = 4  # full batches held while a learner group takes no gradients (joining); older ones are dropped
 
 
@@ -133,7 +133,11 @@ def _add_learner_arguments(g: argparse._ArgumentGroup) -> None:
                    help=f"V-trace trace factor lambda in [0, 1] (IMPALA Remark 2): atari {d.vtrace_lambda:g} (the "
                         f"paper), vector {profiles.VECTOR['vtrace_lambda']:g}")
     g.add_argument("--normalize-advantages", action=argparse.BooleanOptionalAction, default=None,
-                   help="divide the policy-gradient advantages by their batch std (atari no, vector yes)")
+                   help="divide the policy-gradient advantages by their batch RMS (atari no, vector yes)")
+    g.add_argument("--advantage-floor", type=float, default=d.advantage_floor,
+                   help="with --normalize-advantages the divisor is at least this times the RMS of the "
+                        "V-trace targets, so that noise around a solved task is not blown up to unit "
+                        "size (default %(default)s; 0: plain RMS)")
     g.add_argument("--baseline-cost", type=float, default=d.baseline_cost)
     g.add_argument("--discount", type=float, default=d.discount)
     g.add_argument("--reward-clip", type=float, default=d.reward_clip, help="0 disables clipping")
@@ -182,6 +186,8 @@ def check_config(cfg: ImpalaConfig) -> None:
     check_choice("env backend", cfg.env_backend, ENV_BACKENDS)
     check_choice("precision", cfg.precision, PRECISIONS)
     check_choice("optimizer", cfg.optimizer, OPTIMIZERS)
+    if not 0.0 <= cfg.advantage_floor < float("inf"):
+        raise UserError(f"--advantage-floor {cfg.advantage_floor:g} is invalid; allowed: a number >= 0")
     if not 0.0 <= cfg.vtrace_lambda <= 1.0:
         raise UserError(f"--vtrace-lambda {cfg.vtrace_lambda:g} is invalid; allowed: a number in [0, 1]")
     for name in ("learning_rate", "adam_eps"):
