@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from rfwp_rl.cores.base import Core, CoreSpec, State, check_bool, check_positive_int
-from rfwp_rl.cores.torch_rnn import check_recurrent_init, init_recurrent, run_segments
+from rfwp_rl.cores.base import CoreSpec, State
+from rfwp_rl.cores.torch_rnn import TorchRNNCore, init_recurrent, run_segments
 
 SPEC = CoreSpec(
     name="gru",
@@ -27,7 +27,7 @@ SPEC = CoreSpec(
 )
 
 
-class GRUCore(Core):
+class GRUCore(TorchRNNCore):
     """``nn.GRU(input_size, hidden_size, num_layers)``; y ``[T, B, hidden_size]``.
 
     State: ``(h,)``, ``[B, num_layers, hidden_size]`` (batch first, unlike nn.GRU).
@@ -35,26 +35,13 @@ class GRUCore(Core):
     """
 
     name = "gru"
+    num_states = 1
 
     def __init__(self, input_size: int, hidden_size: int = 256, num_layers: int = 1,
                  detach_state_every_step: bool = False, recurrent_init: str = "default") -> None:
-        super().__init__()
-        self.input_size = check_positive_int("input_size", input_size)
-        self.output_size = self.hidden_size = check_positive_int("hidden_size", hidden_size)
-        self.num_layers = check_positive_int("num_layers", num_layers)
-        self.detach_state_every_step = check_bool("detach_state_every_step",
-                                                  detach_state_every_step)
-        check_recurrent_init(recurrent_init)
-        self.config = {"hidden_size": hidden_size, "num_layers": num_layers,
-                       "detach_state_every_step": detach_state_every_step,
-                       "recurrent_init": recurrent_init}
+        super().__init__(input_size, hidden_size, num_layers, detach_state_every_step, recurrent_init)
         self.gru = nn.GRU(input_size, hidden_size, num_layers)
         init_recurrent(self.gru, recurrent_init)
 
-    def state_shapes(self, batch_size: int) -> list[tuple[int, ...]]:
-        return [(batch_size, self.num_layers, self.hidden_size)]
-
-    def _forward(self, x: Tensor, state: State, reset: Tensor | None) -> tuple[Tensor, State]:
-        h = state[0].transpose(0, 1).contiguous()     # -> [L, B, H]
-        y, (h,) = run_segments(self.gru, x, (h,), reset)
-        return y, (h.transpose(0, 1),)
+    def _run(self, x: Tensor, state: State, reset: Tensor | None) -> tuple[Tensor, State]:
+        return run_segments(self.gru, x, state, reset)

@@ -16,9 +16,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from rfwp_rl.cores.base import Core, CoreSpec, State, check_backend, check_bool, check_positive_int
-from rfwp_rl.cores.torch_rnn import (check_forget_bias, check_recurrent_init, init_forget_bias,
-                                     init_recurrent, run_segments)
+from rfwp_rl.cores.base import CoreSpec, State, check_backend
+from rfwp_rl.cores.torch_rnn import (TorchRNNCore, check_forget_bias, init_forget_bias, init_recurrent,
+                                     run_segments)
 from rfwp_rl.ops import lstm as lstm_op
 
 SPEC = CoreSpec(
@@ -61,7 +61,7 @@ def run_lstm(lstm: nn.LSTM, x: Tensor, h: Tensor, c: Tensor, reset: Tensor | Non
     return y, h, c
 
 
-class LSTMCore(Core):
+class LSTMCore(TorchRNNCore):
     """``nn.LSTM(input_size, hidden_size, num_layers)``; y ``[T, B, hidden_size]``.
 
     State: ``(h, c)``, each ``[B, num_layers, hidden_size]`` (batch first, unlike nn.LSTM).
@@ -71,30 +71,19 @@ class LSTMCore(Core):
     """
 
     name = "lstm"
+    num_states = 2
 
     def __init__(self, input_size: int, hidden_size: int = 256, num_layers: int = 1,
                  detach_state_every_step: bool = False, backend: str = "auto",
                  forget_bias: float | None = None, recurrent_init: str = "default") -> None:
-        super().__init__()
-        self.input_size = check_positive_int("input_size", input_size)
-        self.output_size = self.hidden_size = check_positive_int("hidden_size", hidden_size)
-        self.num_layers = check_positive_int("num_layers", num_layers)
-        self.detach_state_every_step = check_bool("detach_state_every_step",
-                                                  detach_state_every_step)
-        self.backend = check_backend(backend)
         forget_bias = check_forget_bias(forget_bias)
-        check_recurrent_init(recurrent_init)
-        self.config = {"hidden_size": hidden_size, "num_layers": num_layers,
-                       "detach_state_every_step": detach_state_every_step, "backend": backend,
-                       "forget_bias": forget_bias, "recurrent_init": recurrent_init}
+        super().__init__(input_size, hidden_size, num_layers, detach_state_every_step,
+                         recurrent_init, backend=backend, forget_bias=forget_bias)
+        self.backend = check_backend(backend)
         self.lstm = nn.LSTM(input_size, hidden_size, num_layers)
         init_recurrent(self.lstm, recurrent_init)
         init_forget_bias(self.lstm, forget_bias)
 
-    def state_shapes(self, batch_size: int) -> list[tuple[int, ...]]:
-        return [(batch_size, self.num_layers, self.hidden_size)] * 2
-
-    def _forward(self, x: Tensor, state: State, reset: Tensor | None) -> tuple[Tensor, State]:
-        h, c = (s.transpose(0, 1).contiguous() for s in state)     # -> [L, B, H]
-        y, h, c = run_lstm(self.lstm, x, h, c, reset, self.backend)
-        return y, (h.transpose(0, 1), c.transpose(0, 1))
+    def _run(self, x: Tensor, state: State, reset: Tensor | None) -> tuple[Tensor, State]:
+        y, h, c = run_lstm(self.lstm, x, *state, reset, self.backend)
+        return y, (h, c)

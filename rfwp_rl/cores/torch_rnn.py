@@ -1,5 +1,6 @@
-"""What the ``lstm`` and ``gru`` cores share around torch's ``nn.LSTM`` / ``nn.GRU``: one call
-per segment between reset times, and the initialisation options.
+"""What the ``lstm`` and ``gru`` cores share around torch's ``nn.LSTM`` / ``nn.GRU``: the base
+class (sizes, batch-first state), one call per segment between reset times, and the
+initialisation options.
 
 ``run_segments(rnn, x, state, reset)``: x ``[T, B, I]``, state a tuple of ``[L, B, H]`` tensors
 (``(h, c)`` for ``nn.LSTM``, ``(h,)`` for ``nn.GRU``), reset ``[T, B]`` bool or None.
@@ -23,7 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from rfwp_rl.cores.base import State, reset_steps, zero_entries
+from rfwp_rl.cores.base import Core, State, check_bool, check_positive_int, reset_steps, zero_entries
 from rfwp_rl.errors import UserError, check_choice
 
 RECURRENT_INITS = ("default", "orthogonal")
@@ -79,3 +80,36 @@ def init_forget_bias(lstm: nn.LSTM, forget_bias: float | None) -> None:
     for layer in range(lstm.num_layers):
         getattr(lstm, f"bias_ih_l{layer}")[H:2 * H] = forget_bias
         getattr(lstm, f"bias_hh_l{layer}")[H:2 * H] = 0.0
+
+
+class TorchRNNCore(Core):
+    """Base of ``lstm`` and ``gru``: ``num_layers`` layers of ``hidden_size`` units; y
+    ``[T, B, hidden_size]``; ``num_states`` state tensors, each ``[B, num_layers, hidden_size]``
+    (batch first, unlike torch's ``[L, B, H]``). Subclasses make their torch module after
+    ``super().__init__`` and implement ``_run`` on the ``[L, B, H]`` layout."""
+
+    num_states: int
+
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int,
+                 detach_state_every_step: bool, recurrent_init: str, **config: Any) -> None:
+        super().__init__()
+        self.input_size = check_positive_int("input_size", input_size)
+        self.output_size = self.hidden_size = check_positive_int("hidden_size", hidden_size)
+        self.num_layers = check_positive_int("num_layers", num_layers)
+        self.detach_state_every_step = check_bool("detach_state_every_step",
+                                                  detach_state_every_step)
+        self.recurrent_init = check_recurrent_init(recurrent_init)
+        self.config = {"hidden_size": hidden_size, "num_layers": num_layers,
+                       "detach_state_every_step": detach_state_every_step, **config,
+                       "recurrent_init": recurrent_init}
+
+    def _run(self, x: Tensor, state: State, reset: Tensor | None) -> tuple[Tensor, State]:
+        """x ``[T, B, I]``, state tensors ``[L, B, H]`` -> y ``[T, B, H]``, final state (same layout)."""
+        raise NotImplementedError
+
+    def state_shapes(self, batch_size: int) -> list[tuple[int, ...]]:
+        return [(batch_size, self.num_layers, self.hidden_size)] * self.num_states
+
+    def _forward(self, x: Tensor, state: State, reset: Tensor | None) -> tuple[Tensor, State]:
+        y, state = self._run(x, tuple(s.transpose(0, 1).contiguous() for s in state), reset)
+        return y, tuple(s.transpose(0, 1) for s in state)
