@@ -148,3 +148,14 @@ def test_presets_load_override_and_errors(tmp_path):
         apply_overrides(rdn, ["hidden_size"])
     with pytest.raises(UserError, match="unknown key 'hidden_size'"):
         apply_overrides(rdn, ["hidden_size=3"])
+
+
+def test_vector_gru_preset_matches_the_lstm_presets_count():
+    # the counts agents/vector_gru.toml and agents/README.md state (9-float observation, 4 actions)
+    from rfwp_rl.agent import build_agent, count_parameters
+
+    counts = {}
+    for core in ("lstm", "gru"):
+        preset = resolve_preset(core, None, kind="vector")
+        counts[core] = [count_parameters(build_agent(preset, (9,), a)) for a in (4, 5)]
+    assert counts == {"lstm": [207_749, 207_749 + 961], "gru": [204_165, 204_165 + 897]}
