@@ -3,7 +3,7 @@
 # seeds at a fixed env-step budget, then results/memory/ (runs.csv, summary.csv, curves.png and
 # the table in results/memory/README.md) with python -m rfwp_rl.memory.results.
 #
-#   bash launch/memory_suite.sh                              # everything: 10 cores x 12 envs x 3 seeds
+#   bash launch/memory_suite.sh                              # everything: 11 cores x 12 envs x 3 seeds
 #   STEPS=500000 SEEDS=1 LEVELS=easy JOBS=2 bash launch/memory_suite.sh
 #   CORES="lt delta rdn lstm" IDS="rfwp/AssociativeRecallReassign-medium-v0" bash launch/memory_suite.sh
 #   nohup bash launch/memory_suite.sh > runs/memory/launch.log 2>&1 &          # survive logout
@@ -19,7 +19,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 STEPS=${STEPS:-1000000}
-CORES=${CORES:-"ff lstm lt delta delta_rnn rdn fwm gated_delta delta_product srwm"}
+CORES=${CORES:-"ff lstm gru lt delta delta_rnn rdn fwm gated_delta delta_product srwm"}
 LEVELS=${LEVELS:-"easy medium"}
 SEEDS=${SEEDS:-"1 2 3"}
 JOBS=${JOBS:-1}

@@ -32,9 +32,13 @@ ROOT=runs/seq/code_exec_v3_n${STATEMENTS}${TAG}
 OUT=results/seq/code_exec_v3_n${STATEMENTS}${TAG}_steps${STEPS}
 
 for CORE in $CORES; do
+  case $CORE in
+    lstm|gru) SIZE=() ;;                     # 2 recurrent layers of width 64, no heads
+    *) SIZE=(--num-heads 4 --ff-size 256) ;;
+  esac
   nice -n 10 rfwp-rl seq --task code_exec --num-vars 3 --num-statements "$STATEMENTS" \
     --data-sizes "$TRAIN,500,500" --dropout "$DROPOUT" --core "$CORE" --emb-size 64 --hidden-size 64 --num-layers 2 \
-    --num-heads 4 --ff-size 256 --batch-size 32 --lr 1e-3 --steps "$STEPS" --eval-every 250 \
+    "${SIZE[@]}" --batch-size 32 --lr 1e-3 --steps "$STEPS" --eval-every 250 \
     --checkpoint-every 250 --target 1.0 --seed "$SEED" --threads 1 \
     --run-dir "$ROOT/$CORE" "$@"
 done

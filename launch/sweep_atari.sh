@@ -2,7 +2,7 @@
 # Sweep IMPALA runs over games x cores, one run directory each, JOBS runs at a time.
 #
 #   GAMES="Pong Breakout Seaquest" CORES="lstm rdn" JOBS=1 bash launch/sweep_atari.sh
-#   GAMES="Pong" CORES="ff lstm lt delta delta_rnn rdn" STEPS=50000000 bash launch/sweep_atari.sh --seed 2
+#   GAMES="Pong" CORES="ff lstm gru lt delta delta_rnn rdn" STEPS=50000000 bash launch/sweep_atari.sh --seed 2
 #
 # Each run is `rfwp-rl train --env <game> --core <core>` in $RUNS/ALE-<game>-v5_<core>_s<SEED>
 # (RUNS defaults to runs/impala; log: <run dir>.log). Resumable: re-running the same command skips finished runs (the trainer

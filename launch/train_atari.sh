@@ -8,7 +8,7 @@
 #   CORE=delta_rnn STEPS=50000000 bash launch/train_atari.sh --set core_config.backend=reference
 # Extra arguments go to `rfwp-rl train` as they are. Re-running the same command resumes the run
 # (runs/impala/ALE-<GAME>-v5_<CORE>_s<SEED>); Ctrl-C saves a checkpoint and stops.
-# Cores: ff lstm lt delta delta_rnn rdn fwm (agents/atari_<core>.toml).
+# Cores: ff lstm gru lt delta delta_rnn rdn fwm (agents/atari_<core>.toml).
 # Throughput: a GPU learner is what makes 200M steps feasible (the paper: 2 GPUs, ~1.5 days
 # per game); on a CPU-only machine measure first with `rfwp-rl bench impala`.
 set -euo pipefail

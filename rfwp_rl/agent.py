@@ -14,7 +14,8 @@ from the policy during training and taken greedily (argmax) in evaluation.
 
 Parameter counts of the paper's Atari agents (A actions; :func:`atari_param_counts`):
 FF 1,089,490 + 258A, LSTM 1,616,849 + 257A, LT 1,517,905 + 129A, Delta 1,518,929 + 129A,
-RDN 1,543,761 + 129A, Delta RNN 1,585,489 + 129A.
+RDN 1,543,761 + 129A, Delta RNN 1,585,489 + 129A; and of the two that are not the paper's:
+GRU (312 units, sized to the LSTM's count) 1,624,001 + 313A, FWM 1,683,122 + 257A.
 """
 
 from __future__ import annotations
@@ -227,9 +228,9 @@ def count_parameters(module: nn.Module) -> int:
 
 
 ATARI_OBS_SHAPE = (4, 84, 84)
-# The paper's six Atari agents, by preset name.
+# The Atari agent presets by core: the paper's six, then the GRU and FWM baselines.
 ATARI_PRESETS = {"ff": "atari_ff", "lstm": "atari_lstm", "lt": "atari_lt", "delta": "atari_delta",
-                 "rdn": "atari_rdn", "delta_rnn": "atari_delta_rnn"}
+                 "rdn": "atari_rdn", "delta_rnn": "atari_delta_rnn", "gru": "atari_gru", "fwm": "atari_fwm"}
 
 
 def build_agent(preset: Any, obs_shape: Sequence[int], num_actions: int) -> Agent:

@@ -97,8 +97,9 @@ def set_rng_state(state: dict) -> None:
 
 
 # Keys of a meta (at any depth) that choose an implementation, not the numbers: a run may resume
-# on another kernel backend, and checkpoints made before a core had the option still load.
-IMPLEMENTATION_KEYS = frozenset({"backend"})
+# on another kernel backend, and checkpoints made before a core had the option still load. The
+# cores' initialisation options are among them: a checkpoint's weights replace the init.
+IMPLEMENTATION_KEYS = frozenset({"backend", "forget_bias", "recurrent_init"})
 
 
 def meta_differences(saved: dict, expected: dict, prefix: str = "") -> list[str]:

@@ -48,7 +48,7 @@ PAPER_GAMES = {
 
 # Model ids (core names, plus the two extra models of Tables 3 and 8) -> label in the paper.
 MODEL_LABELS = {
-    "ff": "Feedforward", "lstm": "LSTM", "lt": "LT", "delta": "Delta Net", "rdn": "RDN",
+    "ff": "Feedforward", "lstm": "LSTM", "gru": "GRU", "lt": "LT", "delta": "Delta Net", "rdn": "RDN",
     "delta_rnn": "Delta RNN", "rdn_large": "RDN larger", "ff_gated": "FF gated",
 }
 _MODEL_ALIASES = {

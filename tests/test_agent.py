@@ -10,8 +10,13 @@ from rfwp_rl.presets import apply_overrides, available_presets, load_preset, res
 # RFWP paper App. C (reference implementation): base + per-action parameters.
 PAPER_COUNTS = {"ff": (1_089_490, 258), "lstm": (1_616_849, 257), "lt": (1_517_905, 129),
                 "delta": (1_518_929, 129), "rdn": (1_543_761, 129), "delta_rnn": (1_585_489, 129)}
-CORES = ["ff", "lstm", "lt", "delta", "delta_rnn", "rdn", "fwm"]
-SMALL = {"lstm": {"hidden_size": 16}, "fwm": {"hidden_size": 16, "memory_size": 4, "num_reads": 2},
+# the presets that are not the paper's. GRU: the ResNet torso (1,089,232: the LSTM agent's
+# 1,616,849 less its core, 527,360, and its baseline head, 257), a GRU core of 312 units
+# (3 gate blocks of 312 x (257 + 312) weights, two biases each) and the heads (313 + 313 A).
+# FWM: agents/atari_fwm.toml.
+OTHER_COUNTS = {"gru": (1_089_232 + 3 * 312 * 569 + 6 * 312 + 313, 313), "fwm": (1_683_122, 257)}
+CORES = ["ff", "lstm", "gru", "lt", "delta", "delta_rnn", "rdn", "fwm"]
+SMALL = {"lstm": {"hidden_size": 16}, "gru": {"hidden_size": 16}, "fwm": {"hidden_size": 16, "memory_size": 4, "num_reads": 2},
          "ff": {}}
 FAST = {"hidden_size": 16, "num_layers": 1, "num_heads": 2, "ff_size": 32}
 
@@ -19,8 +24,10 @@ FAST = {"hidden_size": 16, "num_layers": 1, "num_heads": 2, "ff_size": 32}
 @pytest.mark.parametrize("num_actions", [6, 18])
 def test_atari_param_counts_match_paper(num_actions):
     counts = atari_param_counts(num_actions)
-    for core, (base, per_action) in PAPER_COUNTS.items():
+    assert list(counts) == [*PAPER_COUNTS, *OTHER_COUNTS]
+    for core, (base, per_action) in {**PAPER_COUNTS, **OTHER_COUNTS}.items():
         assert counts[core] == base + per_action * num_actions, core
+    assert OTHER_COUNTS["gru"][0] == 1_624_001     # the count agents/atari_gru.toml states
 
 
 def test_resnet_torso_shapes():
@@ -104,8 +111,8 @@ def test_mlp_torso_and_errors():
 
 def test_presets_load_override_and_errors(tmp_path):
     names = available_presets()
-    for core in ["ff", "lstm", "lt", "delta", "rdn", "delta_rnn", "fwm"]:
-        assert f"atari_{core}" in names
+    for core in ["ff", "lstm", "gru", "lt", "delta", "rdn", "delta_rnn", "fwm"]:
+        assert f"atari_{core}" in names and f"vector_{core}" in names
     rdn = load_preset("atari_rdn")
     assert rdn.core == "rdn" and rdn.core_config["hidden_size"] == 128
     assert rdn.core_config["feature_map"] == "softmax"
@@ -141,3 +148,14 @@ def test_presets_load_override_and_errors(tmp_path):
         apply_overrides(rdn, ["hidden_size"])
     with pytest.raises(UserError, match="unknown key 'hidden_size'"):
         apply_overrides(rdn, ["hidden_size=3"])
+
+
+def test_vector_gru_preset_matches_the_lstm_presets_count():
+    # the counts agents/vector_gru.toml and agents/README.md state (9-float observation, 4 actions)
+    from rfwp_rl.agent import build_agent, count_parameters
+
+    counts = {}
+    for core in ("lstm", "gru"):
+        preset = resolve_preset(core, None, kind="vector")
+        counts[core] = [count_parameters(build_agent(preset, (9,), a)) for a in (4, 5)]
+    assert counts == {"lstm": [207_749, 207_749 + 961], "gru": [204_165, 204_165 + 897]}

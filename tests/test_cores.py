@@ -16,9 +16,9 @@ from rfwp_rl.errors import UserError
 
 D = torch.float64
 IN = 5
-BUILTIN = ("ff", "lstm", "lt", "delta", "delta_rnn", "rdn", "fwm", "gated_delta", "delta_product",
-           "srwm")
-RECURRENT = ("lstm", "lt", "delta", "delta_rnn", "rdn", "fwm", "gated_delta", "delta_product",
+BUILTIN = ("ff", "lstm", "gru", "lt", "delta", "delta_rnn", "rdn", "fwm", "gated_delta",
+           "delta_product", "srwm")
+RECURRENT = ("lstm", "gru", "lt", "delta", "delta_rnn", "rdn", "fwm", "gated_delta", "delta_product",
              "srwm")
 NEWER = ("gated_delta", "delta_product", "srwm")
 FAST = ("lt", "delta", "delta_rnn", "rdn")
@@ -29,6 +29,7 @@ FW_SMALL = {"hidden_size": 8, "num_layers": 2, "num_heads": 2, "ff_size": 12}
 SMALL = {
     "ff": {},
     "lstm": {"hidden_size": 6, "num_layers": 2},
+    "gru": {"hidden_size": 6, "num_layers": 2},
     "fwm": {"hidden_size": 6, "memory_size": 3, "num_reads": 2},
     **{k: FW_SMALL for k in FAST},
     "delta_lstm": FW_SMALL,
@@ -39,7 +40,7 @@ SMALL = {
     "srwm": FW_SMALL,
 }
 # state tensors per core for its SMALL config (checked when listed)
-N_STATE = {"ff": 0, "lstm": 2, "fwm": 3, "lt": 2, "delta": 2, "delta_rnn": 6, "rdn": 4,
+N_STATE = {"ff": 0, "lstm": 2, "gru": 1, "fwm": 3, "lt": 2, "delta": 2, "delta_rnn": 6, "rdn": 4,
            "delta_lstm": 8, "delta_mlp": 4, "delta_delta": 4,
            "gated_delta": 4, "delta_product": 4, "srwm": 2}     # (S, conv) or (ΔW,) per layer
 # (core, extra config) combinations: every core as configured in SMALL, plus every feature map
@@ -56,6 +57,8 @@ VARIANTS = [(n, {}) for n in ALL] + [
     ("delta_product", {"num_householder": 3, "allow_negative_eigenvalues": True}),
     ("delta_product", {"num_householder": 1, "conv_size": 0}),
     ("srwm", {"feature_map": "elu_sum"}), ("srwm", {"feature_map": "dpfp", "dpfp_nu": 2}),
+    ("lstm", {"forget_bias": 1.0, "recurrent_init": "orthogonal"}),
+    ("gru", {"recurrent_init": "orthogonal"}),
 ]
 
 
@@ -275,7 +278,8 @@ def test_parameter_counts_of_the_atari_cores():
     # torso+heads of the reference agents these give the design's agent totals, e.g.
     # Delta RNN 1,089,361 + 496,128 = 1,585,489 (+129 A).
     expect = {"lt": 428_544, "delta": 429_568, "rdn": 454_400, "delta_rnn": 496_128,
-              "lstm": 527_360, "ff": 0}
+              "lstm": 527_360, "ff": 0,
+              "gru": 3 * 256 * (257 + 256) + 6 * 256}   # nn.GRU: 3 gate blocks, two biases each
     for name, n in expect.items():
         core = cores.make(name, 257)
         assert sum(p.numel() for p in core.parameters()) == n, name
@@ -308,7 +312,10 @@ def test_available_lists_the_builtin_cores_with_defaults():
                      ("rdn", "softmax")):
         assert specs[name].defaults == {**fw, "feature_map": fm}
     assert specs["lstm"].defaults == {"hidden_size": 256, "num_layers": 1,
-                                      "detach_state_every_step": False, "backend": "auto"}
+                                      "detach_state_every_step": False, "backend": "auto",
+                                      "forget_bias": None, "recurrent_init": "default"}
+    assert specs["gru"].defaults == {"hidden_size": 256, "num_layers": 1,
+                                     "detach_state_every_step": False, "recurrent_init": "default"}
     assert specs["fwm"].defaults == {"hidden_size": 32, "memory_size": 16, "num_reads": 3,
                                      "detach_state_every_step": False, "backend": "auto"}
     assert specs["ff"].defaults == {}
@@ -367,6 +374,14 @@ def test_errors_are_one_line_and_name_the_value():
     _err(r"unknown backend 'cuda'", cores.make, "lt", 4, backend="cuda")
     _err(r"hidden_size='8' has type str; allowed: int", cores.make, "lstm", 4, hidden_size="8")
     _err(r"num_layers 0 is invalid", cores.make, "lstm", 4, num_layers=0)
+    _err(r"num_layers 0 is invalid", cores.make, "gru", 4, num_layers=0)
+    _err(r"unknown recurrent_init 'orthgonal'; did you mean 'orthogonal'", cores.make, "gru", 4,
+         recurrent_init="orthgonal")
+    _err(r"recurrent_init=1 has type int; allowed: str", cores.make, "lstm", 4, recurrent_init=1)
+    _err(r"forget_bias 'one' is invalid; allowed: a finite number", cores.make, "lstm", 4,
+         forget_bias="one")
+    _err(r"forget_bias inf is invalid", cores.make, "lstm", 4, forget_bias=float("inf"))
+    _err(r"unknown config key 'forget_bias' for core 'gru'", cores.make, "gru", 4, forget_bias=1.0)
     _err(r"dropout 1.5 is invalid", cores.make, "lt", 4, dropout=1.5)
     _err(r"dpfp_nu 64 is invalid for head size 32", cores.make, "lt", 4, feature_map="dpfp",
          dpfp_nu=64)
@@ -387,7 +402,8 @@ def test_call_errors(name):
     if name != "ff":
         bad = core.initial_state(3)
         _err(r"state\[0\] has shape \(3, .*for batch 2", core, torch.zeros(3, 2, IN, dtype=D), bad)
-        _err(r"state has 1 tensors", core, torch.zeros(3, 2, IN, dtype=D), bad[:1])
+        wrong = bad[:1] if len(bad) > 1 else bad * 2      # one tensor too few, or too many
+        _err(rf"state has {len(wrong)} tensors", core, torch.zeros(3, 2, IN, dtype=D), wrong)
 
 
 @pytest.mark.parametrize("specialised", [True, False], ids=["specialised", "generic"])

@@ -215,6 +215,87 @@ def test_fwm_core_matches_the_papers_equations():
     assert 0 < rescaled < T * B, "the test should exercise both branches of Eq. 4"
 
 
+# ------------------------------------------------------------------------- GRU, LSTM init
+
+def manual_gru(core, x, reset, h0):
+    """torch.nn.GRU's equations (its documentation; gate order r, z, n) per step, entry, layer."""
+    T, B, _ = x.shape
+    H, L = core.hidden_size, core.num_layers
+    hs = [[h0[b, layer].clone() for layer in range(L)] for b in range(B)]
+    out = torch.zeros(T, B, H, dtype=D)
+    for t in range(T):
+        for b in range(B):
+            if reset[t, b]:
+                hs[b] = [torch.zeros(H, dtype=D) for _ in range(L)]
+            inp = x[t, b]
+            for layer in range(L):
+                w_ih, w_hh, b_ih, b_hh = (getattr(core.gru, f"{n}_l{layer}") for n in
+                                          ("weight_ih", "weight_hh", "bias_ih", "bias_hh"))
+                gi, gh, h = w_ih @ inp + b_ih, w_hh @ hs[b][layer] + b_hh, hs[b][layer]
+                r = sigmoid(gi[:H] + gh[:H])
+                z = sigmoid(gi[H:2 * H] + gh[H:2 * H])
+                n = torch.tanh(gi[2 * H:] + r * gh[2 * H:])
+                hs[b][layer] = inp = (1 - z) * n + z * h
+            out[t, b] = inp
+    return out, torch.stack([torch.stack(h) for h in hs])
+
+
+def test_gru_core_matches_the_gru_equations():
+    torch.manual_seed(0)
+    core = cores.make("gru", 4, hidden_size=5, num_layers=2).to(D)
+    T, B = 6, 3
+    x = rand(T, B, 4)
+    h0 = rand(B, 2, 5, seed=2)                     # a non-zero initial state
+    reset = torch.zeros(T, B, dtype=torch.bool)
+    reset[3, 1] = reset[4, 0] = True               # entry 2 never resets: h0 reaches its end
+    with torch.no_grad():
+        y, (h,) = core(x, (h0,), reset)
+        y_manual, h_manual = manual_gru(core, x, reset, h0)
+    torch.testing.assert_close(y, y_manual)
+    torch.testing.assert_close(h, h_manual)
+    with torch.no_grad():    # the initial state matters (the test would miss a dropped h0)
+        assert (core(x, None, reset)[0][:, 2] - y[:, 2]).abs().max() > 1e-3
+
+
+def _blocks(w, H):
+    return w.detach().split(H, dim=0)
+
+
+@pytest.mark.parametrize("name, gates", [("lstm", 4), ("gru", 3)])
+def test_orthogonal_recurrent_init(name, gates):
+    H, L = 6, 2
+    torch.manual_seed(0)
+    default = cores.make(name, 4, hidden_size=H, num_layers=L).to(D)
+    torch.manual_seed(0)
+    ortho = cores.make(name, 4, hidden_size=H, num_layers=L, recurrent_init="orthogonal").to(D)
+    rnn = getattr(ortho, name)
+    for layer in range(L):
+        blocks = _blocks(getattr(rnn, f"weight_hh_l{layer}"), H)
+        assert len(blocks) == gates
+        for w in blocks:
+            torch.testing.assert_close(w @ w.T, torch.eye(H, dtype=D), atol=1e-6, rtol=0)
+    # the other parameters keep torch's init (the same random draws as the default)
+    for (n, a), (_, b) in zip(default.named_parameters(), ortho.named_parameters()):
+        if "weight_hh" not in n:
+            torch.testing.assert_close(a, b)
+
+
+def test_lstm_forget_bias_sets_the_sum_of_the_two_bias_vectors():
+    H, L = 6, 2
+    torch.manual_seed(0)
+    default = cores.make("lstm", 4, hidden_size=H, num_layers=L).lstm
+    torch.manual_seed(0)
+    lstm = cores.make("lstm", 4, hidden_size=H, num_layers=L, forget_bias=1.0).lstm
+    f = slice(H, 2 * H)                             # torch's gate order i, f, g, o
+    for layer in range(L):
+        b_ih, b_hh = (getattr(lstm, f"{n}_l{layer}").detach() for n in ("bias_ih", "bias_hh"))
+        torch.testing.assert_close(b_ih[f] + b_hh[f], torch.ones(H))
+        assert (b_hh[f] == 0).all()
+        for n in ("bias_ih", "bias_hh"):            # the input, cell and output gates: torch's init
+            a, b = getattr(default, f"{n}_l{layer}"), getattr(lstm, f"{n}_l{layer}")
+            torch.testing.assert_close(torch.cat([a[:H], a[2 * H:]]), torch.cat([b[:H], b[2 * H:]]))
+
+
 def test_fwm_write_then_read_back_overwrite_and_rescale():
     m = 3
     e = torch.eye(m, dtype=D)

@@ -13,9 +13,9 @@ from rfwp_rl.impala import learner
 from rfwp_rl.impala.actors import Actors, Rollout, RolloutQueue
 from rfwp_rl.impala.env_pool import LocalEnvPool, import_moolib
 
-CORES = ["ff", "lstm", "lt", "delta", "delta_rnn", "rdn", "fwm"]
+CORES = ["ff", "lstm", "gru", "lt", "delta", "delta_rnn", "rdn", "fwm"]
 # Tiny cores so that every end-to-end run takes about a second.
-TINY = {"lstm": ["core_config.hidden_size=16"],
+TINY = {"lstm": ["core_config.hidden_size=16"], "gru": ["core_config.hidden_size=16"],
         "fwm": ["core_config.hidden_size=16", "core_config.memory_size=4", "core_config.num_reads=2"],
         "ff": []}
 FW_TINY = ["core_config.hidden_size=16", "core_config.num_layers=1", "core_config.num_heads=2",
@@ -33,7 +33,7 @@ def train(tmp_path, env, core, steps, *extra, name="run"):
     return cli.main(argv)
 
 
-@pytest.mark.parametrize("core", ["lstm", "rdn", "delta_rnn"])
+@pytest.mark.parametrize("core", ["lstm", "gru", "rdn", "delta_rnn"])
 def test_rollouts_chain_and_replay_on_policy(core):
     """Rollout k+1 starts with rollout k's last entry and the state before it; re-running the
     agent over a rollout from its state reproduces the behaviour logits (so V-trace sees

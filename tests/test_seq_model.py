@@ -20,10 +20,11 @@ from rfwp_rl.seq.tasks import lm
 D = torch.float64
 V = 11
 FW_SMALL = {"hidden_size": 8, "num_layers": 2, "num_heads": 2, "ff_size": 12}
-SMALL = {"lstm": {"hidden_size": 8, "num_layers": 2}, "transformer": FW_SMALL,
+SMALL = {"lstm": {"hidden_size": 8, "num_layers": 2}, "gru": {"hidden_size": 8, "num_layers": 2},
+         "transformer": FW_SMALL,
          **{c: FW_SMALL for c in ("lt", "delta", "delta_rnn", "rdn", "delta_lstm", "delta_mlp",
                                    "delta_delta")}}
-STATEFUL = ("lstm", "delta", "delta_rnn", "rdn", "delta_lstm")
+STATEFUL = ("lstm", "gru", "delta", "delta_rnn", "rdn", "delta_lstm")
 
 
 def model_for(core: str, fields=(V,), classes=V, seed=0) -> SeqModel:

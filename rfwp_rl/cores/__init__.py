@@ -31,7 +31,7 @@ for a Transformer-like fast-weight block stack, subclass
 layout, stepping) run on every registered core, and a core without a small config fails
 ``test_every_registered_core_has_a_small_config``.
 
-Built-in cores: ``ff`` (identity), ``lstm``, ``lt``, ``delta``, ``delta_rnn``, ``rdn``
+Built-in cores: ``ff`` (identity), ``lstm``, ``gru``, ``lt``, ``delta``, ``delta_rnn``, ``rdn``
 (fast-weight block stacks, :mod:`rfwp_rl.cores.fast_weight`), ``fwm``
 (:mod:`rfwp_rl.cores.fwm`); language-modelling variants ``delta_lstm``, ``delta_mlp``,
 ``delta_delta`` (:mod:`rfwp_rl.cores.lm_cores`); the newer delta-rule cores ``gated_delta``
@@ -51,6 +51,7 @@ from rfwp_rl.cores.base import Core, CoreSpec, State
 from rfwp_rl.cores.fast_weight import CORES as _FW_CORES, SPECS as _FW_SPECS
 from rfwp_rl.cores.ff import SPEC as _FF_SPEC, FFCore
 from rfwp_rl.cores.fwm import SPEC as _FWM_SPEC, FWMCore
+from rfwp_rl.cores.gru import SPEC as _GRU_SPEC, GRUCore
 from rfwp_rl.cores.lstm import SPEC as _LSTM_SPEC, LSTMCore
 from rfwp_rl.cores.newer_delta import CORES as _NEWER_CORES, SPECS as _NEWER_SPECS
 from rfwp_rl.errors import UserError, check_choice, choices_hint
@@ -128,6 +129,7 @@ def make(name: str, input_size: int, **config: Any) -> nn.Module:
 
 register(_FF_SPEC, FFCore)
 register(_LSTM_SPEC, LSTMCore)
+register(_GRU_SPEC, GRUCore)
 for _kind, _spec in _FW_SPECS.items():
     register(_spec, _FW_CORES[_kind])
 register(_FWM_SPEC, FWMCore)

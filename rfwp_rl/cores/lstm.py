@@ -6,7 +6,9 @@ layer runs the fused ``lstm`` op
 kernel) on the ``nn.LSTM``'s own parameters, so state dicts do not depend on the backend.
 Elsewhere (CUDA: cuDNN), with backend ``reference``, or without built kernels, ``nn.LSTM``
 runs once per segment between reset times (one call when the unroll has no reset), zeroing
-the resetting entries' (h, c) in between.
+the resetting entries' (h, c) in between. The initialisation options (``forget_bias``,
+``recurrent_init``: :mod:`rfwp_rl.cores.torch_rnn`) set the ``nn.LSTM``'s parameters, which
+both paths read.
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from rfwp_rl.cores.base import (Core, CoreSpec, State, check_backend, check_bool,
-                                check_positive_int, reset_steps, zero_entries)
+from rfwp_rl.cores.base import CoreSpec, State, check_backend
+from rfwp_rl.cores.torch_rnn import (TorchRNNCore, check_forget_bias, init_forget_bias, init_recurrent,
+                                     run_segments)
 from rfwp_rl.ops import lstm as lstm_op
 
 SPEC = CoreSpec(
@@ -23,7 +26,7 @@ SPEC = CoreSpec(
     description="LSTM (torch nn.LSTM); state (h, c) each [B, num_layers, hidden_size]",
     equations="Hochreiter & Schmidhuber 1997 (nn.LSTM, two bias vectors per gate block)",
     defaults={"hidden_size": 256, "num_layers": 1, "detach_state_every_step": False,
-              "backend": "auto"},
+              "backend": "auto", "forget_bias": None, "recurrent_init": "default"},
 )
 
 
@@ -54,45 +57,33 @@ def run_lstm(lstm: nn.LSTM, x: Tensor, h: Tensor, c: Tensor, reset: Tensor | Non
             hs.append(h_l)
             cs.append(c_l)
         return x, torch.stack(hs), torch.stack(cs)
-    T = x.shape[0]
-    flags = reset_steps(reset, T)
-    bounds = [0] + [t for t in range(1, T) if flags[t]] + [T]
-    outs = []
-    for a, b in zip(bounds[:-1], bounds[1:]):
-        if flags[a]:
-            h, c = zero_entries(h, reset[a], dim=1), zero_entries(c, reset[a], dim=1)
-        out, (h, c) = lstm(x[a:b], (h, c))
-        outs.append(out)
-    return (outs[0] if len(outs) == 1 else torch.cat(outs)), h, c
+    y, (h, c) = run_segments(lstm, x, (h, c), reset)
+    return y, h, c
 
 
-class LSTMCore(Core):
+class LSTMCore(TorchRNNCore):
     """``nn.LSTM(input_size, hidden_size, num_layers)``; y ``[T, B, hidden_size]``.
 
     State: ``(h, c)``, each ``[B, num_layers, hidden_size]`` (batch first, unlike nn.LSTM).
     ``backend``: ``reference`` runs ``nn.LSTM`` always; ``auto``/``kernel`` the fused op on the
-    CPU (see the module docstring).
+    CPU (see the module docstring). ``forget_bias`` (None: torch's init) and ``recurrent_init``
+    (``default`` or ``orthogonal``): :mod:`rfwp_rl.cores.torch_rnn`.
     """
 
     name = "lstm"
+    num_states = 2
 
     def __init__(self, input_size: int, hidden_size: int = 256, num_layers: int = 1,
-                 detach_state_every_step: bool = False, backend: str = "auto") -> None:
-        super().__init__()
-        self.input_size = check_positive_int("input_size", input_size)
-        self.output_size = self.hidden_size = check_positive_int("hidden_size", hidden_size)
-        self.num_layers = check_positive_int("num_layers", num_layers)
-        self.detach_state_every_step = check_bool("detach_state_every_step",
-                                                  detach_state_every_step)
+                 detach_state_every_step: bool = False, backend: str = "auto",
+                 forget_bias: float | None = None, recurrent_init: str = "default") -> None:
+        forget_bias = check_forget_bias(forget_bias)
+        super().__init__(input_size, hidden_size, num_layers, detach_state_every_step,
+                         recurrent_init, backend=backend, forget_bias=forget_bias)
         self.backend = check_backend(backend)
-        self.config = {"hidden_size": hidden_size, "num_layers": num_layers,
-                       "detach_state_every_step": detach_state_every_step, "backend": backend}
         self.lstm = nn.LSTM(input_size, hidden_size, num_layers)
+        init_recurrent(self.lstm, recurrent_init)
+        init_forget_bias(self.lstm, forget_bias)
 
-    def state_shapes(self, batch_size: int) -> list[tuple[int, ...]]:
-        return [(batch_size, self.num_layers, self.hidden_size)] * 2
-
-    def _forward(self, x: Tensor, state: State, reset: Tensor | None) -> tuple[Tensor, State]:
-        h, c = (s.transpose(0, 1).contiguous() for s in state)     # -> [L, B, H]
-        y, h, c = run_lstm(self.lstm, x, h, c, reset, self.backend)
-        return y, (h.transpose(0, 1), c.transpose(0, 1))
+    def _run(self, x: Tensor, state: State, reset: Tensor | None) -> tuple[Tensor, State]:
+        y, h, c = run_lstm(self.lstm, x, *state, reset, self.backend)
+        return y, (h, c)

@@ -33,7 +33,7 @@ from rfwp_rl.errors import UserError
 from rfwp_rl.memory import suite
 from rfwp_rl.runlog import read_scalars
 
-CORE_ORDER = ("ff", "lstm", "lt", "delta", "delta_rnn", "rdn", "fwm", "gated_delta", "delta_product",
+CORE_ORDER = ("ff", "lstm", "gru", "lt", "delta", "delta_rnn", "rdn", "fwm", "gated_delta", "delta_product",
               "srwm")
 CURVE_TAG = "episode/return_mean100"
 TABLE_BEGIN, TABLE_END = "<!-- memory-table -->", "<!-- /memory-table -->"

@@ -110,9 +110,9 @@ def test_gradient_of_x_only_when_needed(ext, monkeypatch):
 
 # ---------------------------------------------------------------------------- in the cores
 
-def _core_outputs(name: str, backend: str, num_layers: int = 1):
+def _core_outputs(name: str, backend: str, num_layers: int = 1, **options):
     torch.manual_seed(0)
-    config = ({"hidden_size": 8, "num_layers": num_layers} if name == "lstm" else
+    config = ({"hidden_size": 8, "num_layers": num_layers, **options} if name == "lstm" else
               {"hidden_size": 8, "memory_size": 4, "num_reads": 2})
     core = cores.make(name, 5, backend=backend, **config).double()
     g = torch.Generator().manual_seed(1)
@@ -129,18 +129,25 @@ def _core_outputs(name: str, backend: str, num_layers: int = 1):
     return [y, *final, *grads]
 
 
-@pytest.mark.parametrize("name, layers", [("lstm", 1), ("lstm", 2), ("fwm", 1)])
-def test_cores_equal_on_kernel_and_reference(ext, name, layers, monkeypatch):
+INIT = {"forget_bias": 1.0, "recurrent_init": "orthogonal"}
+
+
+@pytest.mark.parametrize("name, layers, options", [("lstm", 1, {}), ("lstm", 2, {}), ("fwm", 1, {}),
+                                                   ("lstm", 2, INIT)], ids=str)
+def test_cores_equal_on_kernel_and_reference(ext, name, layers, options, monkeypatch):
     # backend 'kernel' runs the op on the nn.LSTM's parameters, 'reference' nn.LSTM itself
+    # (so the initialisation options reach both)
     calls = []
     forward = ext.lstm_forward
     monkeypatch.setattr(ext, "lstm_forward", lambda *a: calls.append(1) or forward(*a))
-    ref = _core_outputs(name, "reference", layers)
+    ref = _core_outputs(name, "reference", layers, **options)
     assert calls == []
-    got = _core_outputs(name, "kernel", layers)
+    got = _core_outputs(name, "kernel", layers, **options)
     assert len(calls) == layers
     for a, b in zip(got, ref):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    if options:   # the options changed the numbers the kernel computes
+        assert (got[0] - _core_outputs(name, "kernel", layers)[0]).abs().max() > 1e-3
 
 
 def test_acting_steps_equal_one_call(ext):
