@@ -62,6 +62,12 @@ def check_positive_int(what: str, value: Any) -> int:
     return value
 
 
+def check_positive_float(what: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < value < float("inf"):
+        raise UserError(f"{what} {value!r} is invalid; allowed: a finite number > 0")
+    return float(value)
+
+
 def check_dropout(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
         raise UserError(f"dropout {value!r} is invalid; allowed: a number in [0, 1)")
