@@ -436,7 +436,8 @@ class ImpalaTrainer(Trainer):
         skipped = self.learner.guard.skipped
         self.logger.log(step, {"perf/env_sps": env_sps, "perf/learner_steps_per_s": ups,
                                "perf/train_sps": ups * self.learner.steps_per_update,
-                               "learner/skipped_total": skipped, "train/skipped_updates": skipped})
+                               "learner/skipped_total": skipped, "train/skipped_updates": skipped,
+                               "perf/train_minutes": (now - self.start_time) / 60.0})
         extra: dict = {"env_sps": round(env_sps), "episodes": self.counts["episodes"]}
         if self.returns:
             extra["return(100)"] = float(np.mean(self.returns))
