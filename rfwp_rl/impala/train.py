@@ -49,6 +49,7 @@ METRICS = ("episode/return", "episode/return_mean100")
 GROUP_SETTINGS = ("total_steps", "batch_size", "unroll_length", "learning_rate", "rmsprop_alpha", "rmsprop_eps",
                   "rmsprop_momentum", "grad_norm_clip", "entropy_cost", "baseline_cost", "discount", "reward_clip",
                   "clip_rho", "clip_c", "optimizer", "adam_eps", "normalize_advantages", "vtrace_lambda")
+BEST_WINDOW = 100  # best.pt: the mean return of the last this many episodes, once that many ended since the start
 MAX_WAITING_BATCHES = 4  # full batches held while a learner group takes no gradients (joining); older ones are dropped
 
 
@@ -257,8 +258,9 @@ class ImpalaTrainer(Trainer):
         self.learner = Learner(agent, cfg)
         self.meta = run.meta(agent)
         self.legacy_metas = tuple(m for m in [run.legacy_meta(agent)] if m is not None)
-        self.counts = {"actor_steps": 0, "episodes": 0, "train_seconds": 0.0, "env_failures": 0}
-        self.returns: deque[float] = deque(maxlen=100)
+        self.counts = {"actor_steps": 0, "episodes": 0, "train_seconds": 0.0, "env_failures": 0,
+                       "best_return": -math.inf}
+        self.returns: deque[float] = deque(maxlen=BEST_WINDOW)
         self.timers = Timers()
         self.restart = False
         self.pool, self.own_pool = pool, pool is None
@@ -442,6 +444,7 @@ class ImpalaTrainer(Trainer):
         if self.returns:
             extra["return(100)"] = float(np.mean(self.returns))
             self.logger.log(step, {"episode/return_mean100": extra["return(100)"]})
+            self.keep_best(extra["return(100)"])
         group_stats = self.group.stats()
         if group_stats:
             self.logger.log(step, {**group_stats, "group/dropped_batches": self.dropped_batches})
@@ -455,6 +458,13 @@ class ImpalaTrainer(Trainer):
             extra["loss"] = self.last_stats["loss/total"]
         self.logger.progress(step, **extra)
         self.rate = (now, self.actors.env_steps, self.learner.updates)
+
+    def keep_best(self, mean_return: float) -> None:
+        """``best.pt`` when the mean return of the last :data:`BEST_WINDOW` episodes beats every
+        earlier one (of this run, resumes included; only once the window is full)."""
+        if len(self.returns) == BEST_WINDOW and mean_return > self.counts["best_return"]:
+            self.counts["best_return"] = mean_return
+            self.save_best(mean_return)
 
     # ---- the end
     def aborted(self, error: TrainingAborted, saved: Path | None) -> None:
