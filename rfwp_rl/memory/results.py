@@ -113,10 +113,10 @@ def collect(runs_root: Path) -> list[Run]:
     if not runs_root.is_dir():
         raise UserError(f"--runs {str(runs_root)!r} is not a directory")
     runs = [r for p in sorted(runs_root.rglob("config.json")) if (r := read_run(p.parent)) is not None]
-    return sorted(runs, key=lambda r: (list(suite.SUITE).index(r.env), _core_rank(r.core), r.seed))
+    return sorted(runs, key=lambda r: (list(suite.SUITE).index(r.env), core_rank(r.core), r.seed))
 
 
-def _core_rank(core: str) -> tuple[int, str]:
+def core_rank(core: str) -> tuple[int, str]:
     return (CORE_ORDER.index(core) if core in CORE_ORDER else len(CORE_ORDER), core)
 
 
@@ -163,7 +163,7 @@ def _csv_text(rows: list[dict]) -> str:
 def markdown_table(summary: list[dict]) -> str:
     """Rows: suite envs; columns: cores; cells: normalised final return ``mean ± sd (seeds)``
     (sd: the sample standard deviation over seeds)."""
-    cores = sorted({r["core"] for r in summary}, key=_core_rank)
+    cores = sorted({r["core"] for r in summary}, key=core_rank)
     cell = {(r["env"], r["core"]): r for r in summary}
     envs = [e for e in suite.SUITE if any((e, c) in cell for c in cores)]
     lines = ["| task (level) | " + " | ".join(cores) + " |", "|---|" + "---|" * len(cores)]
@@ -198,7 +198,7 @@ def scores_by_core(runs: list[Run], level: str = "easy") -> dict[str, list[list[
         if level == "all" or suite.entry(r.env).level == level:
             by_core.setdefault(r.core, {}).setdefault(r.env, []).append(r.normalized)
     return {core: [by_core[core][e] for e in suite.SUITE if e in by_core[core]]
-            for core in sorted(by_core, key=_core_rank)}
+            for core in sorted(by_core, key=core_rank)}
 
 
 def aggregate(runs: list[Run], level: str = "easy", reps: int = stats.INTERVAL_REPS, seed: int = 0) -> list[dict]:
@@ -273,7 +273,7 @@ def plot_curves(runs: list[Run], path: Path, points: int = 100) -> None:
         for r in runs:
             if r.env == env:
                 by_core.setdefault(r.core, []).append(r)
-        for core in sorted(by_core, key=_core_rank):
+        for core in sorted(by_core, key=core_rank):
             rs = by_core[core]
             end = min(r.curve[-1][0] for r in rs)
             grid = np.linspace(0, end, points)
