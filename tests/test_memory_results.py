@@ -79,11 +79,18 @@ def test_runs_summary_table_and_curves(tmp_path):
     assert agg[0]["ci95_low"] < 0.625 < agg[0]["ci95_high"] and agg[1]["ci95_low"] == agg[1]["ci95_high"] == pytest.approx(0.6)
     again = stats.stratified_bootstrap([[1.0, 0.5], [0.0, 0.75]], stats.iqm, reps=2000)
     assert (agg[0]["ci95_low"], agg[0]["ci95_high"]) == pytest.approx((again.low, again.high))
-    assert "| lstm | 0.62 [" in readme and "| rdn | 0.60 [0.60, 0.60] | 1 | 1 of 2 | 1 |" in readme
+    assert "| lstm | 0.62 [" in readme and "| rdn | 0.60 [0.60, 0.60] | 1 | 1 of 2 | 1 | no difference |" in readme
     assert list(csv.DictReader((out / "aggregate.csv").open()))[0]["iqm"] == "0.6250"
     assert (out / "performance_profile.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out / "summary.csv").read_text().splitlines()[0].startswith("env,task,level,core,seeds")
+
+
+def test_versus_best_follows_the_intervals():
+    rows = [{"core": "a", "iqm": 0.9, "ci95_low": 0.8, "ci95_high": 1.0},
+            {"core": "b", "iqm": 0.7, "ci95_low": 0.5, "ci95_high": 0.8},  # touches the best's low end
+            {"core": "c", "iqm": 0.6, "ci95_low": 0.55, "ci95_high": 0.79}]
+    assert results.versus_best(rows) == {"a": "best", "b": "no difference", "c": "below"}
 
 
 def test_no_runs_is_a_one_line_error(tmp_path):
@@ -102,4 +109,5 @@ def test_a_short_default_run_on_the_easiest_task_learns(tmp_path, capsys):
     assert "settings (vector profile)" in out and "batch 16 x unroll 20" in out
     run = results.read_run(run_dir)
     assert run is not None and run.steps >= 100_000
+    assert 0 < run.minutes < 10  # perf/train_minutes from TensorBoard
     assert suite.normalized_return(ENV, run.final_return) > 0.5, out

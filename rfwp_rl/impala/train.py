@@ -363,6 +363,7 @@ class ImpalaTrainer(Trainer):
             while self.learner.step < self.cfg.total_steps and not stop.requested:
                 self.iterate()
                 self.bookkeeping()
+            self.report(time.monotonic())  # the last step's return and rates (a run may end between reports)
         except EnvPoolBroken as e:
             self.restart = True
             self.actors.env_failures += 1  # the dead worker counts as one env failure
@@ -433,8 +434,8 @@ class ImpalaTrainer(Trainer):
     def report(self, now: float) -> None:
         """Rates, returns, group and remote-actor statistics: to TensorBoard and one console line."""
         step, (t, actor_steps, updates) = self.learner.step, self.rate
-        env_sps = (self.actors.env_steps - actor_steps) / (now - t)
-        ups = (self.learner.updates - updates) / (now - t)
+        env_sps = (self.actors.env_steps - actor_steps) / max(now - t, 1e-9)
+        ups = (self.learner.updates - updates) / max(now - t, 1e-9)
         skipped = self.learner.guard.skipped
         self.logger.log(step, {"perf/env_sps": env_sps, "perf/learner_steps_per_s": ups,
                                "perf/train_sps": ups * self.learner.steps_per_update,

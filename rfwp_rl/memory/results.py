@@ -215,18 +215,30 @@ def aggregate(runs: list[Run], level: str = "easy", reps: int = stats.INTERVAL_R
     return rows
 
 
+def versus_best(rows: list[dict]) -> dict[str, str]:
+    """Per core: ``best`` (the highest IQM), ``no difference`` (its interval overlaps the best's:
+    the data do not separate them) or ``below`` (its interval lies wholly below the best's)."""
+    if not rows:
+        return {}
+    top = max(rows, key=lambda r: r["iqm"])
+    return {r["core"]: "best" if r is top else "no difference" if r["ci95_high"] >= top["ci95_low"] else "below"
+            for r in rows}
+
+
 def aggregate_table(rows: list[dict]) -> str:
-    """The aggregate rows as a markdown table: ``IQM [low, high]``, runs, tasks (of how many)."""
+    """The aggregate rows as a markdown table: ``IQM [low, high]``, runs, tasks (of how many), and
+    how each core compares with the best (:func:`versus_best`)."""
     if not rows:
         return "(no runs at this level)"
     most_tasks = max(r["tasks"] for r in rows)
-    lines = [f"| core | IQM of normalised return ({rows[0]['level']}) [95% CI] | runs | tasks | seeds per task |",
-             "|---|---|---|---|---|"]
+    verdict = versus_best(rows)
+    lines = [f"| core | IQM of normalised return ({rows[0]['level']}) [95% CI] | runs | tasks | seeds per task | "
+             "vs the best |", "|---|---|---|---|---|---|"]
     for r in rows:
         tasks = f"{r['tasks']}" if r["tasks"] == most_tasks else f"{r['tasks']} of {most_tasks}"
         seeds = f"{r['seeds_min']}" if r["seeds_min"] == r["seeds_max"] else f"{r['seeds_min']}-{r['seeds_max']}"
         lines.append(f"| {r['core']} | {r['iqm']:.2f} [{r['ci95_low']:.2f}, {r['ci95_high']:.2f}] | {r['runs']} | "
-                     f"{tasks} | {seeds} |")
+                     f"{tasks} | {seeds} | {verdict[r['core']]} |")
     return "\n".join(lines)
 
 
