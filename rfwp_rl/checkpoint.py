@@ -1,7 +1,8 @@
 """Atomic checkpoints shared by every trainer (IMPALA, A2C meta-RL, sequence tasks).
 
-A run directory holds ``ckpt_<step>.pt`` files (the newest ``keep`` are kept) and
-``snapshot_<step>.pt`` files (extra copies at chosen step counts, never pruned). Every file
+A run directory holds ``ckpt_<step>.pt`` files (the newest ``keep`` are kept),
+``snapshot_<step>.pt`` files (extra copies at chosen step counts, never pruned) and ``best.pt``
+(the state of the best training score so far, replaced by a better one, never pruned). Every file
 is written to a temporary file in the same directory, flushed, fsync'ed and renamed, so a
 kill at any moment leaves either the old or the new file, never a partial one; the previous
 checkpoint is deleted only after the new one is complete.
@@ -30,6 +31,7 @@ from rfwp_rl.safety import TrainingAborted
 
 FORMAT = 1
 _CKPT_RE = re.compile(r"^ckpt_(\d+)\.pt$")
+BEST_FILE = "best.pt"  # not a ckpt_<step>.pt name: pruning never sees it
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
@@ -207,8 +209,17 @@ class Checkpointer:
         atomic_torch_save({"format": FORMAT, "meta": self.meta, "step": step, "state": state}, path)
         for old in list_checkpoints(self.run_dir)[self.keep:]:
             old.unlink(missing_ok=True)
-        for tmp in self.run_dir.glob(".tmp-ckpt_*"):  # leftovers of a killed writer
-            tmp.unlink(missing_ok=True)
+        for tmp in [*self.run_dir.glob(".tmp-ckpt_*"), *self.run_dir.glob(f".tmp-{BEST_FILE}-*")]:
+            tmp.unlink(missing_ok=True)  # leftovers of a killed writer
+        return path
+
+    def save_best(self, state: dict, step: int, score: float) -> Path:
+        """Write ``best.pt`` atomically (replacing the previous best), with ``score`` (the training
+        score that made it the best) stored beside the state. Never pruned by :meth:`save`."""
+        check_finite(state)
+        path = self.run_dir / BEST_FILE
+        atomic_torch_save({"format": FORMAT, "meta": self.meta, "step": step, "state": state, "score": float(score)},
+                          path)
         return path
 
     def snapshot(self, state: dict, step: int) -> Path:

@@ -26,7 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "compare": ("rfwp_rl.compare", "compare cores per game: tables and relative-improvement charts"),
     "meta-rl": ("rfwp_rl.meta_rl.train", "A2C meta-RL on random POMDP graphs (FWM paper, Sec. 4.2)"),
     "seq": ("rfwp_rl.seq.train", "language modelling and algorithmic sequence tasks"),
-    "bench": ("rfwp_rl.bench", "benchmarks: kernels, impala, seq, meta_rl (tables + CSV under results/)"),
+    "bench": ("rfwp_rl.bench", "benchmarks: kernels, impala, seq, meta_rl, memory-health (tables + CSV under results/)"),
 }
 
 

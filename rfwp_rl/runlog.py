@@ -38,16 +38,19 @@ def _hparam_value(v: object) -> int | float | str | bool:
     return v if isinstance(v, (int, float, str, bool)) else json.dumps(v)
 
 
-def read_scalars(run_dir: str | Path, tag: str) -> list[tuple[int, float]]:
-    """``[(step, value)]`` of one scalar of a run's ``tb/`` events, by step (empty if it was
-    never logged; a resumed run that logged a step twice keeps the later value)."""
+def read_all_scalars(run_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
+    """``{tag: [(step, value)]}`` of every scalar of a run's ``tb/`` events, by step (a resumed
+    run that logged a step twice keeps the later value)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     ea = EventAccumulator(str(Path(run_dir) / "tb"), size_guidance={"scalars": 0})
     ea.Reload()
-    if tag not in ea.Tags().get("scalars", []):
-        return []
-    return sorted({e.step: e.value for e in ea.Scalars(tag)}.items())
+    return {tag: sorted({e.step: e.value for e in ea.Scalars(tag)}.items()) for tag in ea.Tags().get("scalars", [])}
+
+
+def read_scalars(run_dir: str | Path, tag: str) -> list[tuple[int, float]]:
+    """``[(step, value)]`` of one scalar of a run's ``tb/`` events (empty if it was never logged)."""
+    return read_all_scalars(run_dir).get(tag, [])
 
 
 class RunLogger:

@@ -87,6 +87,12 @@ class Trainer:
             return self.checkpointer.snapshot(state, snapshot_step)
         return self.checkpointer.save(state, self.step)
 
+    def save_best(self, score: float) -> Path:
+        """``best.pt`` now: the full state (as :meth:`save`) of a new best training ``score``."""
+        if self.logger is not None:
+            self.logger.flush()
+        return self.checkpointer.save_best({**self.state_dict(), "rng": rng_state()}, self.step, score)
+
 
 def run_trainer(trainer: Trainer) -> int:
     """Run ``trainer`` inside the scaffold (see the module docstring). Returns the exit code:

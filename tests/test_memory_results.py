@@ -6,22 +6,26 @@ import math
 
 import pytest
 
-from rfwp_rl import cli
+from rfwp_rl import cli, stats
 from rfwp_rl.checkpoint import Checkpointer
 from rfwp_rl.errors import UserError
 from rfwp_rl.memory import results, suite
 from rfwp_rl.runlog import RunLogger
 
 ENV = "rfwp/DelayedRecall-easy-v0"  # random 1/4, optimal 1
+AR = "rfwp/AssociativeRecall-easy-v0"  # random 1/4, optimal 1
 
 
-def fake_run(root, core, seed, returns, minutes=2.0, checkpoint=True, env=ENV):
-    """A run directory as `rfwp-rl train` writes it: config.json, TensorBoard return_mean100, checkpoint."""
+def fake_run(root, core, seed, returns, minutes=2.0, checkpoint=True, env=ENV, tb_minutes=None):
+    """A run directory as `rfwp-rl train` writes it: config.json, TensorBoard return_mean100 (and
+    perf/train_minutes as the trainer now logs it, when given), checkpoint."""
     run_dir = root / env.replace("/", "-") / f"{core}_s{seed}"
     logger = RunLogger(run_dir, {"env": env, "core": core, "seed": seed, "num_params": 1000 + seed,
                                  "total_steps": 1000 * len(returns), "trainer": "impala"}, total=1000 * len(returns))
     for i, r in enumerate(returns):
         logger.log(1000 * (i + 1), {"episode/return_mean100": r})
+    if tb_minutes is not None:
+        logger.log(1000 * len(returns) + 500, {"loss/total": 0.1, "perf/train_minutes": tb_minutes})
     logger.close()
     if checkpoint:  # an older one first: the numbers must come from the newest
         ckpt = Checkpointer(run_dir, {"trainer": "impala"})
@@ -35,16 +39,24 @@ def test_runs_summary_table_and_curves(tmp_path):
     fake_run(runs, "lstm", 1, [0.25, 0.5, 1.0])         # normalised final 1.0
     fake_run(runs, "lstm", 2, [0.25, 0.4, 0.625])       # normalised 0.5
     fake_run(runs, "rdn", 1, [0.3, 0.7], checkpoint=False)  # no checkpoint yet: steps from TensorBoard
+    # a second easy task (random 1/4, optimal 1): lstm normalised 0.0 and 0.75; minutes from TensorBoard
+    fake_run(runs, "lstm", 1, [0.25], checkpoint=False, env=AR, tb_minutes=3.0)
+    fake_run(runs, "lstm", 2, [0.8125], checkpoint=False, env=AR, tb_minutes=5.0)
+    fake_run(runs, "lstm", 1, [1.0], env="rfwp/DelayedRecall-medium-v0")  # not in the easy aggregate
     (runs / "other").mkdir()
     (runs / "other" / "config.json").write_text('{"env": "CartPole-v1", "core": "lstm"}')  # not a suite run
     out = tmp_path / "out"
     (out).mkdir()
-    (out / "README.md").write_text("# intro kept\n\n<!-- memory-table -->\nold\n<!-- /memory-table -->\n\ntail kept\n")
+    (out / "README.md").write_text("# intro kept\n\n<!-- memory-table -->\nold\n<!-- /memory-table -->\n\nmiddle kept\n"
+                                   "<!-- memory-aggregate -->\nold\n<!-- /memory-aggregate -->\ntail kept\n")
 
-    summary = results.write_results(runs, out)
+    summary, agg = results.write_results(runs, out, reps=2000)
 
     rows = list(csv.DictReader((out / "runs.csv").open()))
-    assert [(r["core"], r["seed"]) for r in rows] == [("lstm", "1"), ("lstm", "2"), ("rdn", "1")]
+    assert [(r["env"], r["core"], r["seed"]) for r in rows] == [
+        (ENV, "lstm", "1"), (ENV, "lstm", "2"), (ENV, "rdn", "1"), ("rfwp/DelayedRecall-medium-v0", "lstm", "1"),
+        (AR, "lstm", "1"), (AR, "lstm", "2")]
+    assert [(float(r["minutes"]), r["steps"]) for r in rows[4:]] == [(3.0, "1500"), (5.0, "1500")]
     assert float(rows[1]["normalized"]) == pytest.approx(0.5, abs=1e-4)
     assert float(rows[0]["minutes"]) == pytest.approx(2.0) and math.isnan(float(rows[2]["minutes"]))
     assert rows[0]["steps"] == "3000"
@@ -52,15 +64,33 @@ def test_runs_summary_table_and_curves(tmp_path):
     # mean 0.75; sd = 0.3536; half-width t(0.975, 1) * sd / sqrt(2) = 12.706 * 0.25
     assert lstm["normalized_mean"] == pytest.approx(0.75)
     assert lstm["normalized_ci95"] == pytest.approx(12.706 * 0.25, rel=1e-4)
+    assert lstm["normalized_std"] == pytest.approx(0.5 ** 0.5 / 2)
     assert lstm["seeds"] == 2 and lstm["params"] == 1002
     rdn = next(r for r in summary if r["core"] == "rdn")
     assert rdn["normalized_mean"] == pytest.approx((0.7 - 0.25) / 0.75) and math.isnan(rdn["normalized_ci95"])
 
     readme = (out / "README.md").read_text()
     assert readme.startswith("# intro kept") and readme.rstrip().endswith("tail kept") and "old" not in readme
-    assert "| DelayedRecall (easy) | 0.75 ± 3.18 (2) | 0.60 (1) |" in readme
+    assert readme.index("| DelayedRecall (easy)") < readme.index("middle kept") < readme.index("| lstm | 0.62")
+    assert "| DelayedRecall (easy) | 0.75 ± 0.35 (2) | 0.60 (1) |" in readme  # mean ± sd (seeds)
+    # IQM of lstm's 4 easy runs (1.0, 0.5; 0.0, 0.75): drop one at each end, mean(0.5, 0.75)
+    assert [(a["core"], a["runs"], a["tasks"]) for a in agg] == [("lstm", 4, 2), ("rdn", 1, 1)]
+    assert agg[0]["iqm"] == pytest.approx(0.625) and agg[1]["iqm"] == pytest.approx(0.6)
+    assert agg[0]["ci95_low"] < 0.625 < agg[0]["ci95_high"] and agg[1]["ci95_low"] == agg[1]["ci95_high"] == pytest.approx(0.6)
+    again = stats.stratified_bootstrap([[1.0, 0.5], [0.0, 0.75]], stats.iqm, reps=2000)
+    assert (agg[0]["ci95_low"], agg[0]["ci95_high"]) == pytest.approx((again.low, again.high))
+    assert "| lstm | 0.62 [" in readme and "| rdn | 0.60 [0.60, 0.60] | 1 | 1 of 2 | 1 | no difference |" in readme
+    assert list(csv.DictReader((out / "aggregate.csv").open()))[0]["iqm"] == "0.6250"
+    assert (out / "performance_profile.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out / "summary.csv").read_text().splitlines()[0].startswith("env,task,level,core,seeds")
+
+
+def test_versus_best_follows_the_intervals():
+    rows = [{"core": "a", "iqm": 0.9, "ci95_low": 0.8, "ci95_high": 1.0},
+            {"core": "b", "iqm": 0.7, "ci95_low": 0.5, "ci95_high": 0.8},  # touches the best's low end
+            {"core": "c", "iqm": 0.6, "ci95_low": 0.55, "ci95_high": 0.79}]
+    assert results.versus_best(rows) == {"a": "best", "b": "no difference", "c": "below"}
 
 
 def test_no_runs_is_a_one_line_error(tmp_path):
@@ -79,4 +109,5 @@ def test_a_short_default_run_on_the_easiest_task_learns(tmp_path, capsys):
     assert "settings (vector profile)" in out and "batch 16 x unroll 20" in out
     run = results.read_run(run_dir)
     assert run is not None and run.steps >= 100_000
+    assert 0 < run.minutes < 10  # perf/train_minutes from TensorBoard
     assert suite.normalized_return(ENV, run.final_return) > 0.5, out

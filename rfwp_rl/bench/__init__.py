@@ -1,5 +1,5 @@
 """``rfwp-rl bench WHICH``: benchmarks that print a table and write ``results/bench/*.csv``
-(``meta_rl``: ``results/meta_rl/update_time.csv``).
+(``meta_rl``: ``results/meta_rl/update_time.csv``; ``memory-health``: ``results/memory/health.*``).
 
 Each benchmark is a module with ``add_arguments(parser)`` and ``run(args)``. Ratios are measured side by side in one run (the machine may be shared).
 """
@@ -14,6 +14,8 @@ BENCHMARKS = {  # name -> (module, what it measures)
     "impala": ("rfwp_rl.bench.impala", "IMPALA env steps/s end to end and learner-only, per core"),
     "seq": ("rfwp_rl.bench.seq", "sequence-trainer tokens/s per core"),
     "meta_rl": ("rfwp_rl.meta_rl.bench", "CPU and wall seconds of one A2C meta-RL update per agent"),
+    "memory-health": ("rfwp_rl.memory.health", "every agent core on DelayedRecall-easy and AssociativeRecall-easy "
+                      "at a fixed budget; flags a core below 0.5 normalised on both (results/memory/health.*)"),
 }
 
 

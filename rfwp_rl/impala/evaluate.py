@@ -23,6 +23,7 @@ histogram go to the run's TensorBoard (``<run>/tb``, at the checkpoint's step).
 Examples::
 
     rfwp-rl eval runs/impala/ALE-Pong-v5_rdn_s1
+    rfwp-rl eval runs/impala/ALE-Pong-v5_rdn_s1 --checkpoint best   # the best training return's best.pt
     rfwp-rl eval runs/impala/ALE-BattleZone-v5_rdn_s1/snapshot_000050000000.pt --noneg
     rfwp-rl eval RUN --episodes 10 --repeats 1 --video pong.gif
     rfwp-rl eval RUN --env-option max_episode_frames=108000     # Machado et al.'s 30-minute cap
@@ -247,18 +248,47 @@ class _Play:
 # ---------------------------------------------------------------- checkpoint -> agent
 
 
+CHECKPOINT_CHOICES = ("latest", "best")
+
+
+def choose_checkpoint(path: str | Path, which: str = "latest") -> Path:
+    """The checkpoint file to evaluate. ``which``: ``latest`` (``path`` itself if it is a file, else
+    the run directory's newest ``ckpt_*.pt``), ``best`` (the run directory's ``best.pt``: the state
+    of its best mean training return), or a checkpoint file (a path, or a name inside the run
+    directory). Anything else: a one-line :class:`UserError`."""
+    from rfwp_rl.checkpoint import BEST_FILE, find_checkpoint_file
+
+    path = Path(path)
+    if which == "latest":
+        return find_checkpoint_file(path)
+    if not path.is_dir():
+        find_checkpoint_file(path)  # a missing path: its own error
+        raise UserError(f"--checkpoint {which}: {path} is a checkpoint file; pass its run directory instead")
+    if which == "best":
+        if not (path / BEST_FILE).is_file():
+            raise UserError(f"no {BEST_FILE} in {path} (training writes it once the first 100 episodes have ended; "
+                            "runs made before it was kept have none); use --checkpoint latest")
+        return path / BEST_FILE
+    for candidate in (Path(which), path / which):
+        if candidate.is_file():
+            return candidate
+    raise UserError(f"--checkpoint {which!r} is neither {' nor '.join(CHECKPOINT_CHOICES)} nor a checkpoint file "
+                    f"(as a path, or inside {path})")
+
+
 def load_agent(path: str | Path, core: str | None = None, env: str | None = None,
-               num_actions: int | None = None) -> tuple[torch.nn.Module, dict, int, Path]:
-    """The agent of an IMPALA checkpoint (file or run directory: its newest ``ckpt_*.pt``).
+               num_actions: int | None = None, which: str = "latest") -> tuple[torch.nn.Module, dict, int, Path]:
+    """The agent of an IMPALA checkpoint: a file, or in a run directory the checkpoint ``which``
+    names (see :func:`choose_checkpoint`; default its newest ``ckpt_*.pt``).
 
     ``core``, ``env`` and ``num_actions``, when given, must match the checkpoint's meta,
     else a one-line :class:`UserError` names the difference. Returns
     ``(agent in eval mode, meta, step, checkpoint file)``.
     """
-    from rfwp_rl.checkpoint import check_meta, find_checkpoint_file, read_checkpoint
+    from rfwp_rl.checkpoint import check_meta, read_checkpoint
     from rfwp_rl.impala.setup import RunSpec, recorded_env
 
-    file = find_checkpoint_file(path)
+    file = choose_checkpoint(path, which)
     try:
         obj = read_checkpoint(file)
     except ValueError as e:
@@ -322,8 +352,8 @@ def evaluate(path: str | Path, episodes: int = DEFAULT_EPISODES, repeats: int = 
              env_overrides: dict | None = None, core: str | None = None, env: str | None = None,
              num_actions: int | None = None, label: str | None = None, video: str | Path | None = None,
              max_dropped: int | None = None, device: str = "cpu", quiet: bool = False,
-             torch_threads: int | None = None) -> dict:
-    """Load the checkpoint at ``path``, play ``episodes * repeats`` counted full episodes and
+             torch_threads: int | None = None, which: str = "latest") -> dict:
+    """Load the checkpoint at ``path`` (``which``: see :func:`choose_checkpoint`), play ``episodes * repeats`` counted full episodes and
     return the eval record (what ``rfwp-rl eval`` writes as JSON; see the module docstring).
     ``torch_threads``: set torch's thread count (0: chosen for the agent); None leaves it."""
     from rfwp_rl import envs as envs_mod
@@ -335,7 +365,7 @@ def evaluate(path: str | Path, episodes: int = DEFAULT_EPISODES, repeats: int = 
         raise UserError(f"--episodes {episodes} / --repeats {repeats}: both must be >= 1")
     if num_envs < 1:
         raise UserError(f"--num-envs {num_envs} is invalid; allowed: an integer >= 1")
-    agent, meta, step, file = load_agent(path, core=core, env=env, num_actions=num_actions)
+    agent, meta, step, file = load_agent(path, core=core, env=env, num_actions=num_actions, which=which)
     agent.to(torch.device(device))
     if torch_threads is not None:
         set_torch_threads(choose_torch_threads(torch_threads, 0, isinstance(agent.torso, ResNetTorso))[0])
@@ -434,8 +464,11 @@ def log_tensorboard(run_dir: str | Path, record: dict) -> None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = "examples:" + __doc__.split("Examples::", 1)[1]
-    parser.add_argument("checkpoint", metavar="RUN_OR_CHECKPOINT",
-                        help="a run directory (its newest ckpt_*.pt) or a checkpoint / snapshot file")
+    parser.add_argument("run", metavar="RUN_OR_CHECKPOINT",
+                        help="a run directory (its newest ckpt_*.pt; see --checkpoint) or a checkpoint / snapshot file")
+    parser.add_argument("--checkpoint", default="latest", metavar="latest|best|PATH",
+                        help="which checkpoint of the run directory: latest (the newest ckpt_*.pt, default), best "
+                             "(best.pt: the best mean return of 100 training episodes), or a checkpoint file")
     g = parser.add_argument_group("protocol (RFWP paper Sec. 4.4)")
     g.add_argument("--episodes", type=int, default=DEFAULT_EPISODES, help="episodes per repeat (default 30)")
     g.add_argument("--repeats", type=int, default=DEFAULT_REPEATS, help="repeats (default 5)")
@@ -474,7 +507,7 @@ def run(args: argparse.Namespace) -> int:
 
     from rfwp_rl.impala.setup import parse_env_options
 
-    record = evaluate(args.checkpoint, episodes=args.episodes, repeats=args.repeats, greedy=not args.sample,
+    record = evaluate(args.run, which=args.checkpoint, episodes=args.episodes, repeats=args.repeats, greedy=not args.sample,
                       noneg=args.noneg, num_envs=args.num_envs, seed=args.seed,
                       env_overrides=parse_env_options(args.env_options, "max_episode_frames=0"), core=args.core, env=args.env,
                       num_actions=args.num_actions, label=args.label, video=args.video,

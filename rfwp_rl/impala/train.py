@@ -49,6 +49,7 @@ METRICS = ("episode/return", "episode/return_mean100")
 GROUP_SETTINGS = ("total_steps", "batch_size", "unroll_length", "learning_rate", "rmsprop_alpha", "rmsprop_eps",
                   "rmsprop_momentum", "grad_norm_clip", "entropy_cost", "baseline_cost", "discount", "reward_clip",
                   "clip_rho", "clip_c", "optimizer", "adam_eps", "normalize_advantages", "advantage_floor", "vtrace_lambda")
+BEST_WINDOW = 100  # best.pt: the mean return of the last this many episodes, once that many ended since the start
 MAX_WAITING_BATCHES = 4  # full batches held while a learner group takes no gradients (joining); older ones are dropped
 
 
@@ -263,8 +264,9 @@ class ImpalaTrainer(Trainer):
         self.learner = Learner(agent, cfg)
         self.meta = run.meta(agent)
         self.legacy_metas = tuple(m for m in [run.legacy_meta(agent)] if m is not None)
-        self.counts = {"actor_steps": 0, "episodes": 0, "train_seconds": 0.0, "env_failures": 0}
-        self.returns: deque[float] = deque(maxlen=100)
+        self.counts = {"actor_steps": 0, "episodes": 0, "train_seconds": 0.0, "env_failures": 0,
+                       "best_return": -math.inf}
+        self.returns: deque[float] = deque(maxlen=BEST_WINDOW)
         self.timers = Timers()
         self.restart = False
         self.pool, self.own_pool = pool, pool is None
@@ -367,6 +369,7 @@ class ImpalaTrainer(Trainer):
             while self.learner.step < self.cfg.total_steps and not stop.requested:
                 self.iterate()
                 self.bookkeeping()
+            self.report(time.monotonic())  # the last step's return and rates (a run may end between reports)
         except EnvPoolBroken as e:
             self.restart = True
             self.actors.env_failures += 1  # the dead worker counts as one env failure
@@ -437,16 +440,18 @@ class ImpalaTrainer(Trainer):
     def report(self, now: float) -> None:
         """Rates, returns, group and remote-actor statistics: to TensorBoard and one console line."""
         step, (t, actor_steps, updates) = self.learner.step, self.rate
-        env_sps = (self.actors.env_steps - actor_steps) / (now - t)
-        ups = (self.learner.updates - updates) / (now - t)
+        env_sps = (self.actors.env_steps - actor_steps) / max(now - t, 1e-9)
+        ups = (self.learner.updates - updates) / max(now - t, 1e-9)
         skipped = self.learner.guard.skipped
         self.logger.log(step, {"perf/env_sps": env_sps, "perf/learner_steps_per_s": ups,
                                "perf/train_sps": ups * self.learner.steps_per_update,
-                               "learner/skipped_total": skipped, "train/skipped_updates": skipped})
+                               "learner/skipped_total": skipped, "train/skipped_updates": skipped,
+                               "perf/train_minutes": (now - self.start_time) / 60.0})
         extra: dict = {"env_sps": round(env_sps), "episodes": self.counts["episodes"]}
         if self.returns:
             extra["return(100)"] = float(np.mean(self.returns))
             self.logger.log(step, {"episode/return_mean100": extra["return(100)"]})
+            self.keep_best(extra["return(100)"])
         group_stats = self.group.stats()
         if group_stats:
             self.logger.log(step, {**group_stats, "group/dropped_batches": self.dropped_batches})
@@ -460,6 +465,13 @@ class ImpalaTrainer(Trainer):
             extra["loss"] = self.last_stats["loss/total"]
         self.logger.progress(step, **extra)
         self.rate = (now, self.actors.env_steps, self.learner.updates)
+
+    def keep_best(self, mean_return: float) -> None:
+        """``best.pt`` when the mean return of the last :data:`BEST_WINDOW` episodes beats every
+        earlier one (of this run, resumes included; only once the window is full)."""
+        if len(self.returns) == BEST_WINDOW and mean_return > self.counts["best_return"]:
+            self.counts["best_return"] = mean_return
+            self.save_best(mean_return)
 
     # ---- the end
     def aborted(self, error: TrainingAborted, saved: Path | None) -> None:

@@ -2,16 +2,24 @@
 
 ``python -m rfwp_rl.memory.results --runs runs/memory --out results/memory`` (also
 ``rfwp-rl memory-results``) reads every run directory under ``--runs`` whose env is a suite id
-(its ``config.json``, TensorBoard events and newest checkpoint) and writes
+(its ``config.json`` and TensorBoard events; the newest checkpoint's counters only for runs that
+logged no ``perf/train_minutes``) and writes
 
 - ``runs.csv``: one row per run: env, task, level, core, seed, parameters, env steps reached and
   targeted, wall-clock minutes, final return and its normalised value;
-- ``summary.csv``: one row per (env, core): seeds, mean normalised final return, 95% interval
-  (Student t over seeds; empty for one seed), mean parameters and minutes;
+- ``summary.csv``: one row per (env, core): seeds, mean normalised final return, its standard
+  deviation over seeds and 95% interval (Student t; both empty for one seed), mean parameters
+  and minutes;
+- ``aggregate.csv``: one row per core: the interquartile mean (IQM) of the normalised final
+  returns of all its runs on the tasks of one level (``--aggregate-level``), with the 95%
+  stratified-bootstrap interval (:mod:`rfwp_rl.stats`), and the numbers of runs and tasks;
+- ``performance_profile.png``: per core, the fraction of those runs whose normalised return
+  exceeds tau, over tau, with the 95% stratified-bootstrap band;
 - ``curves.png``: per env, the normalised return over env steps, mean over seeds with the 95%
   interval as a band, one line per core;
-- the table between the markers ``<!-- memory-table -->`` and ``<!-- /memory-table -->`` of
-  ``README.md`` (the file is created if missing; the text around the markers is kept).
+- the tables between the markers ``<!-- memory-table -->`` and ``<!-- /memory-table -->``, and
+  ``<!-- memory-aggregate -->`` and ``<!-- /memory-aggregate -->``, of ``README.md`` (the file is
+  created if missing; the text around the markers is kept).
 
 Final return: the mean return of the last 100 training episodes (sampled actions), TensorBoard's
 ``episode/return_mean100`` at the run's last step. Normalised: ``(R - random) / (optimal - random)``
@@ -28,15 +36,20 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rfwp_rl import stats
 from rfwp_rl.checkpoint import atomic_write_figure, atomic_write_text
-from rfwp_rl.errors import UserError
+from rfwp_rl.errors import UserError, check_choice
 from rfwp_rl.memory import suite
-from rfwp_rl.runlog import read_scalars
+from rfwp_rl.runlog import read_all_scalars
 
 CORE_ORDER = ("ff", "lstm", "gru", "lt", "delta", "delta_rnn", "rdn", "fwm", "gated_delta", "delta_product",
               "srwm")
 CURVE_TAG = "episode/return_mean100"
+MINUTES_TAG = "perf/train_minutes"
 TABLE_BEGIN, TABLE_END = "<!-- memory-table -->", "<!-- /memory-table -->"
+AGGREGATE_BEGIN, AGGREGATE_END = "<!-- memory-aggregate -->", "<!-- /memory-aggregate -->"
+AGGREGATE_LEVELS = (*suite.LEVELS, "all")
+PROFILE_TAUS = tuple(i / 100 for i in range(101))  # normalised return thresholds of the profile
 # two-sided 95% Student t quantiles t_{0.975, df}, df = seeds - 1
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
 
@@ -71,18 +84,28 @@ def read_run(run_dir: Path) -> Run | None:
     env = config.get("env")
     if env not in suite.SUITE or "core" not in config:
         return None
-    curve = read_scalars(run_dir, CURVE_TAG)
+    scalars = read_all_scalars(run_dir)
+    curve = scalars.get(CURVE_TAG)
     if not curve:
         return None
-    minutes, steps = float("nan"), curve[-1][0]
+    # the learner logs its losses at every update's step: the last one is the step reached
+    steps = max(series[-1][0] for series in scalars.values() if series)
+    if scalars.get(MINUTES_TAG):
+        minutes = scalars[MINUTES_TAG][-1][1]
+    else:  # runs from before that scalar was logged: the newest checkpoint's counters
+        minutes, steps = _checkpoint_minutes_steps(run_dir, steps)
+    return Run(run_dir, env, str(config["core"]), int(config.get("seed", 0)), int(config.get("num_params", 0)),
+               int(config.get("total_steps", 0)), steps, minutes, float(curve[-1][1]), curve)
+
+
+def _checkpoint_minutes_steps(run_dir: Path, steps: int) -> tuple[float, int]:
     from rfwp_rl.checkpoint import list_checkpoints, read_checkpoint
 
     checkpoints = list_checkpoints(run_dir)  # newest first
-    if checkpoints:
-        counters = read_checkpoint(checkpoints[0])["state"]["counters"]
-        minutes, steps = counters["train_seconds"] / 60.0, int(counters["step"])
-    return Run(run_dir, env, str(config["core"]), int(config.get("seed", 0)), int(config.get("num_params", 0)),
-               int(config.get("total_steps", 0)), steps, minutes, float(curve[-1][1]), curve)
+    if not checkpoints:
+        return float("nan"), steps
+    counters = read_checkpoint(checkpoints[0])["state"]["counters"]
+    return counters["train_seconds"] / 60.0, int(counters["step"])
 
 
 def collect(runs_root: Path) -> list[Run]:
@@ -90,21 +113,22 @@ def collect(runs_root: Path) -> list[Run]:
     if not runs_root.is_dir():
         raise UserError(f"--runs {str(runs_root)!r} is not a directory")
     runs = [r for p in sorted(runs_root.rglob("config.json")) if (r := read_run(p.parent)) is not None]
-    return sorted(runs, key=lambda r: (list(suite.SUITE).index(r.env), _core_rank(r.core), r.seed))
+    return sorted(runs, key=lambda r: (list(suite.SUITE).index(r.env), core_rank(r.core), r.seed))
 
 
-def _core_rank(core: str) -> tuple[int, str]:
+def core_rank(core: str) -> tuple[int, str]:
     return (CORE_ORDER.index(core) if core in CORE_ORDER else len(CORE_ORDER), core)
 
 
-def mean_ci(values: list[float]) -> tuple[float, float]:
-    """Mean and the half-width of its two-sided 95% Student t interval (NaN for one value)."""
+def mean_sd_ci(values: list[float]) -> tuple[float, float, float]:
+    """Mean, sample standard deviation and the half-width of the mean's two-sided 95% Student t
+    interval (both NaN for one value)."""
     n = len(values)
     mean = sum(values) / n
     if n < 2:
-        return mean, float("nan")
+        return mean, float("nan"), float("nan")
     sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-    return mean, T975.get(n - 1, 1.96) * sd / math.sqrt(n)
+    return mean, sd, T975.get(n - 1, 1.96) * sd / math.sqrt(n)
 
 
 def summarize(runs: list[Run]) -> list[dict]:
@@ -115,9 +139,9 @@ def summarize(runs: list[Run]) -> list[dict]:
     rows = []
     for (env, core), rs in groups.items():
         e = suite.entry(env)
-        mean, half = mean_ci([r.normalized for r in rs])
+        mean, sd, half = mean_sd_ci([r.normalized for r in rs])
         rows.append({"env": env, "task": e.task, "level": e.level, "core": core, "seeds": len(rs),
-                     "normalized_mean": mean, "normalized_ci95": half,
+                     "normalized_mean": mean, "normalized_std": sd, "normalized_ci95": half,
                      "final_return_mean": sum(r.final_return for r in rs) / len(rs),
                      "params": round(sum(r.params for r in rs) / len(rs)),
                      "steps_min": min(r.steps for r in rs), "total_steps": max(r.total_steps for r in rs),
@@ -137,8 +161,9 @@ def _csv_text(rows: list[dict]) -> str:
 
 
 def markdown_table(summary: list[dict]) -> str:
-    """Rows: suite envs; columns: cores; cells: normalised final return ``mean ± ci95 (seeds)``."""
-    cores = sorted({r["core"] for r in summary}, key=_core_rank)
+    """Rows: suite envs; columns: cores; cells: normalised final return ``mean ± sd (seeds)``
+    (sd: the sample standard deviation over seeds)."""
+    cores = sorted({r["core"] for r in summary}, key=core_rank)
     cell = {(r["env"], r["core"]): r for r in summary}
     envs = [e for e in suite.SUITE if any((e, c) in cell for c in cores)]
     lines = ["| task (level) | " + " | ".join(cores) + " |", "|---|" + "---|" * len(cores)]
@@ -150,9 +175,9 @@ def markdown_table(summary: list[dict]) -> str:
             if r is None:
                 parts.append("")
                 continue
-            ci = "" if math.isnan(r["normalized_ci95"]) else f" ± {r['normalized_ci95']:.2f}"
+            sd = "" if math.isnan(r["normalized_std"]) else f" ± {r['normalized_std']:.2f}"
             partial = "" if r["steps_min"] >= r["total_steps"] else f", {r['steps_min'] / 1e3:.0f}k steps"
-            parts.append(f"{r['normalized_mean']:.2f}{ci} ({r['seeds']}{partial})")
+            parts.append(f"{r['normalized_mean']:.2f}{sd} ({r['seeds']}{partial})")
         lines.append(f"| {e.task} ({e.level}) | " + " | ".join(parts) + " |")
     params = {c: [r["params"] for r in summary if r["core"] == c] for c in cores}
     minutes = {c: [r["minutes_mean"] for r in summary if r["core"] == c and math.isfinite(r["minutes_mean"])]
@@ -162,6 +187,85 @@ def markdown_table(summary: list[dict]) -> str:
     lines.append("| minutes per run (mean) | " + " | ".join(
         f"{sum(minutes[c]) / len(minutes[c]):.1f}" if minutes[c] else "" for c in cores) + " |")
     return "\n".join(lines)
+
+
+def scores_by_core(runs: list[Run], level: str = "easy") -> dict[str, list[list[float]]]:
+    """``{core: [normalised final returns of its runs on one task] per task}`` over the tasks of
+    ``level`` (``all``: every level) that the core has runs on, in suite order; cores in table order."""
+    check_choice("aggregate level", level, AGGREGATE_LEVELS)
+    by_core: dict[str, dict[str, list[float]]] = {}
+    for r in runs:
+        if level == "all" or suite.entry(r.env).level == level:
+            by_core.setdefault(r.core, {}).setdefault(r.env, []).append(r.normalized)
+    return {core: [by_core[core][e] for e in suite.SUITE if e in by_core[core]]
+            for core in sorted(by_core, key=core_rank)}
+
+
+def aggregate(runs: list[Run], level: str = "easy", reps: int = stats.INTERVAL_REPS, seed: int = 0) -> list[dict]:
+    """One row per core: the interquartile mean of the normalised final returns of all its runs on
+    the tasks of ``level``, pooled over runs and tasks, with the 95% percentile interval over
+    ``reps`` bootstrap resamples stratified by task (Agarwal et al. 2021, :mod:`rfwp_rl.stats`).
+    With one run per task the interval is the point (no spread to resample)."""
+    rows = []
+    for core, per_task in scores_by_core(runs, level).items():
+        ci = stats.stratified_bootstrap(per_task, stats.iqm, reps=reps, seed=seed)
+        counts = [len(t) for t in per_task]
+        rows.append({"level": level, "core": core, "iqm": ci.point, "ci95_low": ci.low, "ci95_high": ci.high,
+                     "runs": sum(counts), "tasks": len(per_task), "seeds_min": min(counts), "seeds_max": max(counts)})
+    return rows
+
+
+def versus_best(rows: list[dict]) -> dict[str, str]:
+    """Per core: ``best`` (the highest IQM), ``no difference`` (its interval overlaps the best's:
+    the data do not separate them) or ``below`` (its interval lies wholly below the best's)."""
+    if not rows:
+        return {}
+    top = max(rows, key=lambda r: r["iqm"])
+    return {r["core"]: "best" if r is top else "no difference" if r["ci95_high"] >= top["ci95_low"] else "below"
+            for r in rows}
+
+
+def aggregate_table(rows: list[dict]) -> str:
+    """The aggregate rows as a markdown table: ``IQM [low, high]``, runs, tasks (of how many), and
+    how each core compares with the best (:func:`versus_best`)."""
+    if not rows:
+        return "(no runs at this level)"
+    most_tasks = max(r["tasks"] for r in rows)
+    verdict = versus_best(rows)
+    lines = [f"| core | IQM of normalised return ({rows[0]['level']}) [95% CI] | runs | tasks | seeds per task | "
+             "vs the best |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        tasks = f"{r['tasks']}" if r["tasks"] == most_tasks else f"{r['tasks']} of {most_tasks}"
+        seeds = f"{r['seeds_min']}" if r["seeds_min"] == r["seeds_max"] else f"{r['seeds_min']}-{r['seeds_max']}"
+        lines.append(f"| {r['core']} | {r['iqm']:.2f} [{r['ci95_low']:.2f}, {r['ci95_high']:.2f}] | {r['runs']} | "
+                     f"{tasks} | {seeds} | {verdict[r['core']]} |")
+    return "\n".join(lines)
+
+
+def plot_profiles(runs: list[Run], path: Path, level: str = "easy", reps: int = stats.PROFILE_REPS,
+                  seed: int = 0) -> None:
+    """Performance profiles: per core, the fraction of its runs (all tasks of ``level``) whose
+    normalised return exceeds tau, with the 95% stratified-bootstrap band (Agarwal et al. Fig. 5)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    taus = np.asarray(PROFILE_TAUS)
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    for i, (core, per_task) in enumerate(scores_by_core(runs, level).items()):
+        ci = stats.stratified_bootstrap(per_task, lambda x: stats.score_profile(x, taus), reps=reps, seed=seed)
+        line, = ax.plot(taus, ci.point, label=f"{core} ({sum(len(t) for t in per_task)})", drawstyle="steps-post",
+                        ls="-" if i < 10 else "--")  # the default cycle has 10 colours
+        ax.fill_between(taus, ci.low, ci.high, color=line.get_color(), alpha=0.15, step="post")
+    ax.set_xlabel(r"normalised return $\tau$")
+    ax.set_ylabel(r"fraction of runs with return > $\tau$")
+    ax.set_title(f"performance profile, {level} level (95% stratified-bootstrap bands)", fontsize=10)
+    ax.set_ylim(-0.02, 1.02)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), title="core (runs)", title_fontsize=7)
+    fig.tight_layout()
+    atomic_write_figure(path, fig, dpi=90)
 
 
 def plot_curves(runs: list[Run], path: Path, points: int = 100) -> None:
@@ -181,7 +285,7 @@ def plot_curves(runs: list[Run], path: Path, points: int = 100) -> None:
         for r in runs:
             if r.env == env:
                 by_core.setdefault(r.core, []).append(r)
-        for core in sorted(by_core, key=_core_rank):
+        for core in sorted(by_core, key=core_rank):
             rs = by_core[core]
             end = min(r.curve[-1][0] for r in rs)
             grid = np.linspace(0, end, points)
@@ -206,14 +310,15 @@ def plot_curves(runs: list[Run], path: Path, points: int = 100) -> None:
     atomic_write_figure(path, fig, dpi=90)
 
 
-def update_readme(path: Path, table: str) -> None:
-    """Put ``table`` between the table markers of ``path`` (created with just the table if missing)."""
-    block = f"{TABLE_BEGIN}\n{table}\n{TABLE_END}"
+def update_readme(path: Path, table: str, begin: str = TABLE_BEGIN, end: str = TABLE_END) -> None:
+    """Put ``table`` between the markers ``begin`` and ``end`` of ``path`` (appended if they are
+    missing; the file is created with just the table if missing)."""
+    block = f"{begin}\n{table}\n{end}"
     if path.is_file():
         text = path.read_text()
-        if TABLE_BEGIN in text and TABLE_END in text:
-            head, rest = text.split(TABLE_BEGIN, 1)
-            text = head + block + rest.split(TABLE_END, 1)[1]
+        if begin in text and end in text:
+            head, rest = text.split(begin, 1)
+            text = head + block + rest.split(end, 1)[1]
         else:
             text = text.rstrip("\n") + "\n\n" + block + "\n"
     else:
@@ -221,8 +326,11 @@ def update_readme(path: Path, table: str) -> None:
     atomic_write_text(path, text)
 
 
-def write_results(runs_root: Path, out: Path) -> list[dict]:
-    """Collect the runs under ``runs_root`` and write the outputs listed in the module docstring."""
+def write_results(runs_root: Path, out: Path, level: str = "easy", reps: int = stats.INTERVAL_REPS
+                  ) -> tuple[list[dict], list[dict]]:
+    """Collect the runs under ``runs_root`` and write the outputs listed in the module docstring
+    (aggregates over the tasks of ``level``). Returns ``(summary rows, aggregate rows)``."""
+    check_choice("aggregate level", level, AGGREGATE_LEVELS)
     runs = collect(runs_root)
     if not runs:
         raise UserError(f"no memory-suite runs under {str(runs_root)!r} (runs of rfwp/ envs with episodes logged)")
@@ -231,22 +339,36 @@ def write_results(runs_root: Path, out: Path) -> list[dict]:
                  "seed": r.seed, "params": r.params, "steps": r.steps, "total_steps": r.total_steps,
                  "minutes": r.minutes, "final_return": r.final_return, "normalized": r.normalized} for r in runs]
     summary = summarize(runs)
+    agg = aggregate(runs, level, reps=reps)
     atomic_write_text(out / "runs.csv", _csv_text(run_rows))
     atomic_write_text(out / "summary.csv", _csv_text(summary))
+    atomic_write_text(out / "aggregate.csv", _csv_text(agg))
     plot_curves(runs, out / "curves.png")
+    if agg:
+        plot_profiles(runs, out / "performance_profile.png", level)
     update_readme(out / "README.md", markdown_table(summary))
-    return summary
+    update_readme(out / "README.md", aggregate_table(agg), AGGREGATE_BEGIN, AGGREGATE_END)
+    return summary, agg
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--runs", default="runs/memory", help="folder of the suite's run directories")
     parser.add_argument("--out", default="results/memory", help="where the CSVs, curves and README table go")
+    parser.add_argument("--aggregate-level", choices=AGGREGATE_LEVELS, default="easy",
+                        help="the tasks whose runs the IQM and the performance profile pool (default %(default)s)")
+    parser.add_argument("--bootstrap-reps", type=int, default=stats.INTERVAL_REPS,
+                        help="bootstrap resamples of the IQM interval (default %(default)s, as rliable)")
 
 
 def run(args: argparse.Namespace) -> int:
-    summary = write_results(Path(args.runs), Path(args.out))
+    if args.bootstrap_reps < 1:
+        raise UserError(f"--bootstrap-reps {args.bootstrap_reps} is invalid; allowed: an integer >= 1")
+    summary, agg = write_results(Path(args.runs), Path(args.out), args.aggregate_level, args.bootstrap_reps)
     print(markdown_table(summary))
-    print(f"wrote {args.out}/runs.csv, summary.csv, curves.png and the table in README.md")
+    print()
+    print(aggregate_table(agg))
+    print(f"wrote {args.out}/runs.csv, summary.csv, aggregate.csv, curves.png, performance_profile.png and the "
+          "tables in README.md")
     return 0
 
 

@@ -1,0 +1,198 @@
+"""``rfwp-rl bench memory-health``: the health bar every core must pass on the memory suite.
+
+Each core (by default every registered core with a vector-env preset ``agents/vector_<core>.toml``,
+i.e. every core meant for agents; the language-modelling variants have none) is trained with the
+defaults of ``rfwp-rl train`` on the two easiest recall tasks, DelayedRecall-easy and
+AssociativeRecall-easy, for a fixed budget (``--steps``) and ``--seeds``. Every run is one
+``rfwp-rl train`` process, as ``launch/memory_suite.sh`` starts them, in
+``<runs>/<env>/<core>_s<seed>`` with its console log beside it; a run whose newest checkpoint has
+reached the budget is skipped, so re-running the command resumes an interrupted sweep.
+
+Score: the normalised final return (random 0, optimal 1) of each run, TensorBoard's
+``episode/return_mean100`` at its end (the mean return of the last 100 training episodes), mean
+over seeds. A core below :data:`HEALTHY` on both tasks is flagged (a run that logged no episodes
+counts as below). Writes ``health.csv`` and ``health.md`` to ``--out`` (atomically) and prints
+the table; exits 1 if a run failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import shlex
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from rfwp_rl.checkpoint import atomic_write_text, list_checkpoints
+from rfwp_rl.errors import UserError, check_choice
+from rfwp_rl.memory import suite
+
+TASKS = (suite.env_id("DelayedRecall", "easy"), suite.env_id("AssociativeRecall", "easy"))
+HEALTHY = 0.5  # normalised final return a core must reach on at least one of the tasks
+DEFAULT_STEPS = 300_000
+
+
+def agent_cores() -> list[str]:
+    """Registered cores that have a vector-env preset (``agents/vector_<core>.toml``), in the
+    memory table's order."""
+    from rfwp_rl import cores
+    from rfwp_rl.memory.results import core_rank
+    from rfwp_rl.presets import AGENTS_DIR
+
+    return sorted((c for c in cores.available() if (AGENTS_DIR / f"vector_{c}.toml").is_file()), key=core_rank)
+
+
+@dataclass(frozen=True)
+class Job:
+    """One training run of the health check."""
+
+    env: str
+    core: str
+    seed: int
+    steps: int
+    run_dir: Path
+
+    @property
+    def done(self) -> bool:
+        """Its newest checkpoint (named by its step) has reached the budget."""
+        files = list_checkpoints(self.run_dir)
+        return bool(files) and int(files[0].stem.split("_")[1]) >= self.steps
+
+    def command(self, train_args: list[str]) -> list[str]:
+        """The ``rfwp-rl train`` command (one env process and one torch thread, as the suite's
+        launch script; ``train_args`` come last, so they override)."""
+        return [sys.executable, "-m", "rfwp_rl", "train", "--env", self.env, "--core", self.core,
+                "--seed", str(self.seed), "--total-steps", str(self.steps), "--run-dir", str(self.run_dir),
+                "--num-env-processes", "1", "--torch-threads", "1", "--log-every", "10", *train_args]
+
+
+def plan(cores: list[str], seeds: list[int], steps: int, runs_root: Path, tasks: tuple[str, ...] = TASKS) -> list[Job]:
+    """Every (seed, task, core) run, seed by seed (a partial sweep gives complete first seeds)."""
+    from rfwp_rl.runlog import run_name
+
+    return [Job(env, core, seed, steps, runs_root / run_name(env) / f"{core}_s{seed}")
+            for seed in seeds for env in tasks for core in cores]
+
+
+def run_job(job: Job, train_args: list[str]) -> int:
+    """Train one run (console output appended to ``<run_dir>.log``); its exit code."""
+    job.run_dir.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    with open(f"{job.run_dir}.log", "ab") as log:
+        return subprocess.run(job.command(train_args), stdout=log, stderr=subprocess.STDOUT, env=env).returncode
+
+
+def scores(jobs: list[Job]) -> dict[tuple[str, str], list[float]]:
+    """``{(core, env): [normalised final return per seed]}``; NaN for a run that logged no episodes."""
+    from rfwp_rl.memory.results import read_run
+
+    out: dict[tuple[str, str], list[float]] = {}
+    for job in jobs:
+        run = read_run(job.run_dir) if job.run_dir.is_dir() else None
+        out.setdefault((job.core, job.env), []).append(run.normalized if run is not None else math.nan)
+    return out
+
+
+def flagged(per_task: list[float], threshold: float = HEALTHY) -> bool:
+    """True when every task's score is below ``threshold`` (NaN, no result, counts as below)."""
+    return all(not v >= threshold for v in per_task)
+
+
+def health_rows(cores: list[str], tasks: tuple[str, ...], by_run: dict[tuple[str, str], list[float]]) -> list[dict]:
+    """One row per core: per task the mean normalised return over its seeds (NaN if any seed has
+    none), the seed count, and the flag."""
+    rows = []
+    for core in cores:
+        row: dict = {"core": core}
+        means = []
+        for env in tasks:
+            values = by_run.get((core, env), [])
+            mean = sum(values) / len(values) if values else math.nan
+            row[suite.entry(env).task] = mean
+            means.append(mean)
+        row["seeds"] = min((len(by_run.get((core, env), [])) for env in tasks), default=0)
+        row["flagged"] = flagged(means)
+        rows.append(row)
+    return rows
+
+
+def _cell(v: float) -> str:
+    return "no result" if math.isnan(v) else f"{v:.2f}"
+
+
+def markdown(rows: list[dict], tasks: tuple[str, ...], steps: int) -> str:
+    """The table: cores x tasks, normalised final return, and the flag."""
+    names = [suite.entry(e).task for e in tasks]
+    lines = ["| core | " + " | ".join(f"{n} (easy)" for n in names) + f" | seeds | below {HEALTHY} on every task |",
+             "|---|" + "---|" * (len(names) + 2)]
+    for r in rows:
+        lines.append(f"| {r['core']} | " + " | ".join(_cell(r[n]) for n in names) +
+                     f" | {r['seeds']} | {'**FLAGGED**' if r['flagged'] else ''} |")
+    lines.append("")
+    lines.append(f"Normalised final return (random 0, optimal 1; mean of the last 100 training episodes, mean over "
+                 f"seeds) after {steps:,} env steps with the defaults of `rfwp-rl train`.")
+    return "\n".join(lines)
+
+
+def csv_text(rows: list[dict], tasks: tuple[str, ...], steps: int) -> str:
+    names = [suite.entry(e).task for e in tasks]
+    lines = ["core," + ",".join(names) + ",seeds,steps,flagged"]
+    for r in rows:
+        lines.append(f"{r['core']}," + ",".join(f"{r[n]:.4f}" for n in names) +
+                     f",{r['seeds']},{steps},{int(r['flagged'])}")
+    return "\n".join(lines) + "\n"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--steps", type=lambda s: int(float(s)), default=DEFAULT_STEPS,
+                        help="env steps per run (default %(default)s)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1], help="seeds (default 1)")
+    parser.add_argument("--cores", nargs="+", default=None,
+                        help="cores to check (default: every registered core with an agents/vector_<core>.toml)")
+    parser.add_argument("--runs", default="runs/memory_health", help="folder of the run directories (default %(default)s)")
+    parser.add_argument("--out", default="results/memory", help="where health.csv and health.md go (default %(default)s)")
+    parser.add_argument("--jobs", type=int, default=1, help="runs at a time (default 1)")
+    parser.add_argument("--train-args", default="", metavar="'OPTIONS'",
+                        help="more options of every rfwp-rl train command, e.g. '--env-backend local'")
+
+
+def run(args: argparse.Namespace) -> int:
+    from rfwp_rl import cores as cores_mod
+
+    if args.steps < 1 or args.jobs < 1:
+        raise UserError(f"--steps {args.steps} / --jobs {args.jobs}: both must be >= 1")
+    if args.cores is None:
+        cores = agent_cores()
+        skipped = sorted(set(cores_mod.available()) - set(cores))
+        if skipped:
+            print(f"cores without a vector-env preset, not checked: {', '.join(skipped)}")
+    else:
+        cores = list(dict.fromkeys(args.cores))
+        for c in cores:
+            check_choice("core", c, sorted(cores_mod.available()))
+    train_args = shlex.split(args.train_args)
+    jobs = plan(cores, args.seeds, args.steps, Path(args.runs))
+    todo = [j for j in jobs if not j.done]
+    print(f"memory health: {len(cores)} cores x {len(TASKS)} tasks x {len(args.seeds)} seeds, {args.steps:,} steps; "
+          f"{len(jobs) - len(todo)} runs already done, {len(todo)} to train (logs: <run dir>.log)", flush=True)
+
+    def one(job: Job) -> int:
+        code = run_job(job, train_args)
+        status = "done  " if code == 0 else f"FAILED (exit {code}; log {job.run_dir}.log)"
+        print(f"{status} {job.env} {job.core} seed {job.seed}", flush=True)
+        return code
+
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        failed = sum(code != 0 for code in pool.map(one, todo))
+    rows = health_rows(cores, TASKS, scores(jobs))
+    table = markdown(rows, TASKS, args.steps)
+    out = Path(args.out)
+    atomic_write_text(out / "health.csv", csv_text(rows, TASKS, args.steps))
+    atomic_write_text(out / "health.md", f"# Memory health check\n\n{table}\n")
+    print(table)
+    print(f"wrote {out / 'health.csv'} and {out / 'health.md'}")
+    return 1 if failed else 0
