@@ -142,7 +142,8 @@ class RunSpec:
     @property
     def obs_shape(self) -> tuple[int, ...] | None:
         """One observation's shape (None for a Dict observation)."""
-        return None if self.obs_space["type"] == "Dict" else tuple(self.obs_space["shape"])
+        shape = self.spaces()[0].shape
+        return None if shape is None else tuple(shape)
 
     @property
     def num_actions(self) -> int:
