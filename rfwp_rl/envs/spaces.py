@@ -72,6 +72,18 @@ def _flat_parts(space: gymnasium.Space, env_id: str, prefix: str = "") -> dict[s
     return parts
 
 
+def is_text(space: gymnasium.Space) -> bool:
+    """A Text space, or another space of strings (e.g. a grid world's mission space)."""
+    if isinstance(space, spaces.Text):
+        return True
+    if isinstance(space, (spaces.Graph, spaces.Sequence)) or space.shape is not None:
+        return False
+    try:
+        return isinstance(space.sample(), str)
+    except Exception:  # noqa: BLE001 - a space that cannot sample is not a text space
+        return False
+
+
 def is_structured(space: gymnasium.Space) -> bool:
     return isinstance(space, (spaces.Dict, spaces.Tuple))
 
@@ -80,7 +92,7 @@ def tensor_obs_space(space: gymnasium.Space, env_id: str) -> gymnasium.Space:
     """The tensor space of ``space``: a leaf, or a flat Dict of leaves (Text parts dropped)."""
     if not is_structured(space):
         return _leaf(space, env_id)
-    parts = {k: _leaf(s, env_id) for k, s in _flat_parts(space, env_id).items() if not isinstance(s, spaces.Text)}
+    parts = {k: _leaf(s, env_id) for k, s in _flat_parts(space, env_id).items() if not is_text(s)}
     if not parts:
         raise UserError(f"environment {env_id!r} has observation space {space} with only Text parts; "
                         f"supported: {SUPPORTED_OBS}")
@@ -91,7 +103,7 @@ def skipped_parts(space: gymnasium.Space) -> list[str]:
     """Paths of the Text parts :func:`tensor_obs_space` drops (``[]`` for a leaf space)."""
     if not is_structured(space):
         return []
-    return [k for k, s in _flat_parts(space, "").items() if isinstance(s, spaces.Text)]
+    return [k for k, s in _flat_parts(space, "").items() if is_text(s)]
 
 
 class TensorObservation(gymnasium.ObservationWrapper):
