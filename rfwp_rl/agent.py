@@ -8,9 +8,14 @@ linear layer to 256 and relu. The reward clipped to [-1, 1] is concatenated (257
 the core). Vector observations (``[D]``, e.g. CartPole) use an MLP torso instead: by default
 two tanh layers of 64 units (CleanRL's choice for classic control).
 
-The core is any :mod:`rfwp_rl.cores` core; a policy head ``Linear(core.output_size, A)``
-and a baseline head ``Linear(core.output_size, 1)`` read its output. Actions are sampled
-from the policy during training and taken greedily (argmax) in evaluation.
+Other observation spaces (images of any size, one-hot-able integers, Dicts of parts) get the
+torso :mod:`rfwp_rl.encoders` chooses from the space.
+
+The core is any :mod:`rfwp_rl.cores` core; a policy head ``Linear(core.output_size, P)``
+and a baseline head ``Linear(core.output_size, 1)`` read its output. What the P policy outputs
+mean is the action distribution's business (:mod:`rfwp_rl.distributions`, chosen from the
+action space: for ``Discrete(A)``, P = A logits). Actions are sampled during training and
+taken greedily (the distribution's mode) in evaluation.
 
 Parameter counts of the paper's Atari agents (A actions; :func:`atari_param_counts`):
 FF 1,089,490 + 258A, LSTM 1,616,849 + 257A, LT 1,517,905 + 129A, Delta 1,518,929 + 129A,
@@ -23,24 +28,32 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Sequence
 
+import gymnasium
+import numpy as np
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
+from gymnasium import spaces
 
-from rfwp_rl.errors import UserError, check_choice
-
-TORSOS = ("auto", "resnet", "mlp")
-ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
+from rfwp_rl.distributions import ActionDistribution, make_distribution
+from rfwp_rl.encoders import (  # noqa: F401 - the torsos, importable from here as before
+    ACTIVATIONS, PART_ENCODERS, TORSOS, GridTorso, MLPTorso, ResidualBlock, ResNetTorso, make_torso)
+from rfwp_rl.errors import check_choice
 
 
 @dataclasses.dataclass
 class AgentConfig:
     """Agent options besides the core (the ``[agent]`` table of a preset).
 
-    torso: ``resnet`` (images ``[C, H, W]``), ``mlp`` (vectors) or ``auto`` (by observation rank).
-    resnet_channels: channels of the three residual stages. torso_output: width of the
-    torso's last linear layer (ResNet). mlp_sizes / mlp_activation: the MLP torso.
-    use_prev_action: also feed the one-hot previous action to the core (zeros at episode starts).
+    torso: ``resnet`` (large images), ``grid`` (small images), ``mlp`` (vectors, one-hot integers) or
+    ``auto`` (chosen from the observation space, see :mod:`rfwp_rl.encoders`).
+    encoders: for Dict observations, ``{part path: encoder}`` (``auto``, ``resnet``, ``grid``, ``mlp``,
+    ``skip``) overriding the automatic choice of those parts.
+    resnet_channels: channels of the three residual stages. grid_channels: the grid torso's
+    convolutions. torso_output: width of the conv torsos' last linear layer. mlp_sizes /
+    mlp_activation: the MLP torso.
+    use_prev_action: also feed the previous action (its distribution's encoding: one-hot for
+    Discrete) to the core (zeros at episode starts).
+    log_std_init: initial log standard deviation of a Box action space's Gaussian.
     """
 
     torso: str = "auto"
@@ -49,6 +62,9 @@ class AgentConfig:
     mlp_sizes: tuple[int, ...] = (64, 64)
     mlp_activation: str = "tanh"
     use_prev_action: bool = False
+    grid_channels: tuple[int, ...] = (16, 32, 32)
+    encoders: dict = dataclasses.field(default_factory=dict)
+    log_std_init: float = 0.0
 
     @classmethod
     def from_dict(cls, d: dict | None) -> "AgentConfig":
@@ -56,121 +72,74 @@ class AgentConfig:
         fields = {f.name for f in dataclasses.fields(cls)}
         for key in d:
             check_choice("agent option", key, sorted(fields))
-        for key in ("resnet_channels", "mlp_sizes"):
+        for key in ("resnet_channels", "mlp_sizes", "grid_channels"):
             if key in d:
                 d[key] = tuple(int(v) for v in d[key])
         cfg = cls(**d)
         check_choice("agent torso", cfg.torso, TORSOS)
         check_choice("agent mlp_activation", cfg.mlp_activation, sorted(ACTIVATIONS))
+        for key, value in dict(cfg.encoders).items():
+            check_choice(f"agent encoder of part {key!r}", value, PART_ENCODERS)
         return cfg
 
     def to_dict(self) -> dict:
+        """Plain data; the options added with other observation and action spaces are left out at their
+        defaults, so that the record of an agent is what it was before them."""
         d = dataclasses.asdict(self)
+        for key, default in LATER_DEFAULTS.items():
+            if d[key] == default:
+                del d[key]
         return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
 
 
-class ResidualBlock(nn.Module):
-    """``x + conv(relu(conv(relu(x))))`` with 3x3 convs keeping the channel count."""
-
-    def __init__(self, channels: int):
-        super().__init__()
-        self.conv0 = nn.Conv2d(channels, channels, 3, stride=1, padding=1)
-        self.conv1 = nn.Conv2d(channels, channels, 3, stride=1, padding=1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.conv1(F.relu(self.conv0(F.relu(x))))
+# options added after checkpoints were first written: recorded only where they differ from these
+LATER_DEFAULTS = {"grid_channels": (16, 32, 32), "encoders": {}, "log_std_init": 0.0}
 
 
-def _pooled_size(n: int) -> int:
-    """Output size of max-pool 3x3, stride 2, pad 1 on a side of length n."""
-    return (n + 2 * 1 - 3) // 2 + 1
+def as_obs_space(obs: gymnasium.Space | Sequence[int]) -> gymnasium.Space:
+    """A tensor observation space, or a shape: ``(C, H, W)`` uint8 frames or ``(D,)`` float32 vectors."""
+    if isinstance(obs, gymnasium.Space):
+        return obs
+    shape = tuple(int(s) for s in obs)
+    if len(shape) == 3:
+        return spaces.Box(0, 255, shape, np.uint8)
+    return spaces.Box(-np.inf, np.inf, shape, np.float32)
 
 
-class ResNetTorso(nn.Module):
-    """IMPALA "large" torso: uint8 ``[N, C, H, W]`` -> ``[N, output_size]`` (divides by 255).
-
-    The convolutions run in ``channels_last`` memory format (same numbers as the default
-    layout; measured ~1.8x faster forward+backward on CPU); :meth:`use_memory_format` switches."""
-
-    def __init__(self, obs_shape: Sequence[int], channels: Sequence[int] = (16, 32, 32), output_size: int = 256):
-        super().__init__()
-        in_ch, h, w = obs_shape
-        stages = []
-        for out_ch in channels:
-            stages += [nn.Conv2d(in_ch, out_ch, 3, stride=1, padding=1),
-                       nn.MaxPool2d(3, stride=2, padding=1),
-                       ResidualBlock(out_ch), ResidualBlock(out_ch)]
-            in_ch, h, w = out_ch, _pooled_size(h), _pooled_size(w)
-        self.stages = nn.Sequential(*stages)
-        self.flat_size = in_ch * h * w  # 32 * 11 * 11 = 3872 for 84x84 frames
-        self.fc = nn.Linear(self.flat_size, output_size)
-        self.output_size = output_size
-        self.use_memory_format(torch.channels_last)
-
-    def use_memory_format(self, memory_format: torch.memory_format) -> "ResNetTorso":
-        """Run the convolutions in ``memory_format`` (``torch.channels_last`` or ``torch.contiguous_format``)."""
-        self.memory_format = memory_format
-        self.stages.to(memory_format=memory_format)
-        return self
-
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        x = (obs.float() / 255.0).contiguous(memory_format=self.memory_format)
-        x = F.relu(self.stages(x))
-        return F.relu(self.fc(x.flatten(1)))  # flatten reads the logical [C, H, W] order in any layout
-
-
-class MLPTorso(nn.Module):
-    """Vector observations ``[N, *obs_shape]`` (flattened) -> ``[N, sizes[-1]]``."""
-
-    def __init__(self, obs_shape: Sequence[int], sizes: Sequence[int] = (64, 64), activation: str = "tanh"):
-        super().__init__()
-        layers: list[nn.Module] = []
-        n_in = 1
-        for s in obs_shape:
-            n_in *= int(s)
-        for size in sizes:
-            layers += [nn.Linear(n_in, size), ACTIVATIONS[activation]()]
-            n_in = size
-        self.net = nn.Sequential(*layers)
-        self.output_size = n_in
-
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.net(obs.float().flatten(1))
+def as_action_space(actions: gymnasium.Space | int) -> gymnasium.Space:
+    """An action space, or ``A`` for ``Discrete(A)``."""
+    return actions if isinstance(actions, gymnasium.Space) else spaces.Discrete(int(actions))
 
 
 class Agent(nn.Module):
     """Actor-critic agent around a :mod:`rfwp_rl.cores` core.
 
     Args:
-        obs_shape: one observation's shape: ``(C, H, W)`` uint8 frames or ``(D,)`` vectors.
-        num_actions: size A of the discrete action space.
+        obs_space: the tensor observation space (:mod:`rfwp_rl.envs.spaces`), or one observation's
+            shape: ``(C, H, W)`` uint8 frames or ``(D,)`` float vectors.
+        action_space: the env's action space, or ``A`` for ``Discrete(A)``.
         core: core name (``rfwp_rl.cores.available()``), e.g. ``"rdn"``.
         core_config: keyword options of the core (e.g. ``hidden_size``).
         agent_config: :class:`AgentConfig` or its dict form.
     """
 
-    def __init__(self, obs_shape: Sequence[int], num_actions: int, core: str = "lstm",
-                 core_config: dict | None = None, agent_config: AgentConfig | dict | None = None):
+    def __init__(self, obs_space: gymnasium.Space | Sequence[int], action_space: gymnasium.Space | int,
+                 core: str = "lstm", core_config: dict | None = None,
+                 agent_config: AgentConfig | dict | None = None):
         super().__init__()
         from rfwp_rl import cores
 
-        self.obs_shape = tuple(int(s) for s in obs_shape)
-        self.num_actions = int(num_actions)
+        self.obs_space = as_obs_space(obs_space)
+        self.action_space = as_action_space(action_space)
+        self.obs_shape = self.obs_space.shape  # None for a Dict
         self.core_name = core
         self.core_config = dict(core_config or {})
         cfg = agent_config if isinstance(agent_config, AgentConfig) else AgentConfig.from_dict(agent_config)
         self.config = cfg
-        torso = cfg.torso
-        if torso == "auto":
-            torso = "resnet" if len(self.obs_shape) == 3 else "mlp"
-        if torso == "resnet":
-            if len(self.obs_shape) != 3:
-                raise UserError(f"agent torso 'resnet' needs image observations [C, H, W], got shape {self.obs_shape}; "
-                                "use torso = 'mlp'")
-            self.torso: nn.Module = ResNetTorso(self.obs_shape, cfg.resnet_channels, cfg.torso_output)
-        else:
-            self.torso = MLPTorso(self.obs_shape, cfg.mlp_sizes, cfg.mlp_activation)
-        core_input = self.torso.output_size + 1 + (self.num_actions if cfg.use_prev_action else 0)
+        self.action_dist: ActionDistribution = make_distribution(self.action_space, cfg.log_std_init)
+        self.num_actions = self.action_dist.num_params  # width of the policy head
+        self.torso = make_torso(self.obs_space, cfg)
+        core_input = self.torso.output_size + 1 + (self.action_dist.prev_action_size if cfg.use_prev_action else 0)
         self.core = cores.make(core, core_input, **self.core_config)
         self.policy = nn.Linear(self.core.output_size, self.num_actions)
         self.baseline = nn.Linear(self.core.output_size, 1)
@@ -179,48 +148,52 @@ class Agent(nn.Module):
         """The core's zero state for ``batch_size`` entries (batch is dim 0 of every tensor)."""
         return tuple(self.core.initial_state(batch_size, device=device))
 
-    def forward(self, obs: torch.Tensor, reward: torch.Tensor, done: torch.Tensor, state: tuple,
-                prev_action: torch.Tensor | None = None, greedy: bool = False) -> tuple[dict[str, torch.Tensor], tuple]:
+    def forward(self, obs: torch.Tensor | dict[str, torch.Tensor], reward: torch.Tensor, done: torch.Tensor,
+                state: tuple, prev_action: torch.Tensor | None = None,
+                greedy: bool = False) -> tuple[dict[str, torch.Tensor], tuple]:
         """Run T steps of B environments.
 
         Args:
-            obs: ``[T, B, *obs_shape]`` (uint8 frames or float vectors).
+            obs: ``[T, B, *obs_shape]`` (uint8 frames or float vectors), or for a Dict space
+                ``{path: [T, B, *part_shape]}``.
             reward: ``[T, B]`` reward received on arriving at ``obs[t]`` (clipped to [-1, 1] here).
             done: ``[T, B]`` bool, True where ``obs[t]`` is the first frame of a new episode:
                 the core state of that entry is reset before step t.
             state: core state (tuple of ``[B, ...]`` tensors) before step 0.
-            prev_action: ``[T, B]`` int64 action taken before ``obs[t]`` (only used with
+            prev_action: ``[T, B, *action_shape]`` action taken before ``obs[t]`` (only used with
                 ``use_prev_action``; zeroed at episode starts).
-            greedy: take the argmax action instead of sampling.
+            greedy: take the distribution's mode instead of sampling.
         Returns:
-            ``({"policy_logits": [T, B, A], "baseline": [T, B], "action": [T, B]}, new_state)``.
+            ``({"policy_params": [T, B, P], "baseline": [T, B], "action": [T, B, *action_shape],
+            "log_prob": [T, B]}, new_state)``; ``log_prob`` is that of ``action`` under the policy.
             Under a caller's autocast (``--precision bf16``) only the torso runs in low precision;
             the core and the heads get fp32 features and return fp32 values.
         """
-        T, B = obs.shape[:2]
-        features = self.torso(obs.reshape(T * B, *obs.shape[2:])).view(T, B, -1)
+        T, B = reward.shape[:2]
+        if isinstance(obs, dict):
+            flat = {k: v.reshape(T * B, *v.shape[2:]) for k, v in obs.items()}
+        else:
+            flat = obs.reshape(T * B, *obs.shape[2:])
+        features = self.torso(flat).view(T, B, -1)
         with torch.autocast(features.device.type, enabled=False):  # only the torso runs in the caller's autocast
             return self._core_and_heads(features.float(), reward, done, state, prev_action, greedy)
 
     def _core_and_heads(self, features: torch.Tensor, reward: torch.Tensor, done: torch.Tensor, state: tuple,
                         prev_action: torch.Tensor | None, greedy: bool) -> tuple[dict[str, torch.Tensor], tuple]:
         """``features [T, B, F]`` fp32 -> the core (its fused kernels are fp32) -> policy and baseline heads."""
-        T, B = features.shape[:2]
         done = done.bool()
         inputs = [features, reward.float().clamp(-1.0, 1.0).unsqueeze(-1)]
         if self.config.use_prev_action:
             if prev_action is None:
-                raise ValueError("this agent uses the previous action: pass prev_action [T, B]")
-            one_hot = F.one_hot(prev_action.long(), self.num_actions).float()
-            inputs.append(one_hot * (~done).unsqueeze(-1).float())
+                raise ValueError("this agent uses the previous action: pass prev_action [T, B, ...]")
+            encoded = self.action_dist.prev_action_encoding(prev_action)
+            inputs.append(encoded * (~done).unsqueeze(-1).float())
         core_out, state = self.core(torch.cat(inputs, dim=-1), state, done)
-        logits = self.policy(core_out)
+        params = self.policy(core_out)
         baseline = self.baseline(core_out).squeeze(-1)
-        if greedy:
-            action = logits.argmax(dim=-1)
-        else:
-            action = torch.multinomial(F.softmax(logits.reshape(T * B, -1).float(), dim=-1), 1).view(T, B)
-        return {"policy_logits": logits, "baseline": baseline, "action": action}, state
+        action = self.action_dist.act(params, greedy)
+        return {"policy_params": params, "baseline": baseline, "action": action,
+                "log_prob": self.action_dist.log_prob(params, action)}, state
 
 
 def count_parameters(module: nn.Module) -> int:
@@ -233,9 +206,9 @@ ATARI_PRESETS = {"ff": "atari_ff", "lstm": "atari_lstm", "lt": "atari_lt", "delt
                  "rdn": "atari_rdn", "delta_rnn": "atari_delta_rnn", "gru": "atari_gru", "fwm": "atari_fwm"}
 
 
-def build_agent(preset: Any, obs_shape: Sequence[int], num_actions: int) -> Agent:
-    """An :class:`Agent` from a loaded :class:`rfwp_rl.presets.Preset`."""
-    return Agent(obs_shape, num_actions, preset.core, preset.core_config, preset.agent)
+def build_agent(preset: Any, obs_space: gymnasium.Space | Sequence[int], action_space: gymnasium.Space | int) -> Agent:
+    """An :class:`Agent` from a loaded :class:`rfwp_rl.presets.Preset` (spaces as :class:`Agent` takes them)."""
+    return Agent(obs_space, action_space, preset.core, preset.core_config, preset.agent)
 
 
 def atari_param_counts(num_actions: int) -> dict[str, int]:

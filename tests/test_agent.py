@@ -54,20 +54,20 @@ def test_forward_shapes_and_reset_semantics(core):
     state = agent.initial_state(B)
     assert all(s.shape[0] == B for s in state)
     out, new_state = agent(obs, reward, done, state)
-    assert out["policy_logits"].shape == (T, B, 3)
+    assert out["policy_params"].shape == (T, B, 3)
     assert out["baseline"].shape == (T, B) and out["action"].shape == (T, B)
     assert out["action"].dtype == torch.int64 and ((out["action"] >= 0) & (out["action"] < 3)).all()
 
     s = state
     for t in range(T):
         step, s = agent(obs[t:t + 1], reward[t:t + 1], done[t:t + 1], s)
-        torch.testing.assert_close(step["policy_logits"][0], out["policy_logits"][t], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(step["policy_params"][0], out["policy_params"][t], rtol=1e-5, atol=1e-5)
     for a, b in zip(s, new_state):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
     # After the reset at t=3, entry 1 behaves as a fresh episode starting at t=3.
     fresh, _ = agent(obs[3:, 1:2], reward[3:, 1:2], torch.zeros(T - 3, 1, dtype=torch.bool), agent.initial_state(1))
-    torch.testing.assert_close(fresh["policy_logits"][:, 0], out["policy_logits"][3:, 1], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(fresh["policy_params"][:, 0], out["policy_params"][3:, 1], rtol=1e-5, atol=1e-5)
 
 
 def test_reward_is_clipped_and_greedy_is_argmax():
@@ -75,8 +75,8 @@ def test_reward_is_clipped_and_greedy_is_argmax():
     obs, done = torch.randn(2, 2, 4), torch.zeros(2, 2, dtype=torch.bool)
     a, _ = agent(obs, torch.full((2, 2), 1.0), done, agent.initial_state(2), greedy=True)
     b, _ = agent(obs, torch.full((2, 2), 7.5), done, agent.initial_state(2), greedy=True)
-    torch.testing.assert_close(a["policy_logits"], b["policy_logits"])
-    assert torch.equal(a["action"], a["policy_logits"].argmax(-1))
+    torch.testing.assert_close(a["policy_params"], b["policy_params"])
+    assert torch.equal(a["action"], a["policy_params"].argmax(-1))
 
 
 def test_prev_action_input():
@@ -87,12 +87,12 @@ def test_prev_action_input():
     prev = torch.tensor([[0, 1], [2, 2], [1, 0], [0, 0]])
     out, _ = agent(obs, reward, done, agent.initial_state(2), prev_action=prev)
     other, _ = agent(obs, reward, done, agent.initial_state(2), prev_action=(prev + 1) % 3)
-    assert not torch.allclose(out["policy_logits"], other["policy_logits"])
+    assert not torch.allclose(out["policy_params"], other["policy_params"])
     # At an episode start the previous action is ignored.
     done[0] = True
     x, _ = agent(obs[:1], reward[:1], done[:1], agent.initial_state(2), prev_action=prev[:1])
     y, _ = agent(obs[:1], reward[:1], done[:1], agent.initial_state(2), prev_action=(prev[:1] + 1) % 3)
-    torch.testing.assert_close(x["policy_logits"], y["policy_logits"])
+    torch.testing.assert_close(x["policy_params"], y["policy_params"])
     with pytest.raises(ValueError, match="prev_action"):
         agent(obs, reward, done, agent.initial_state(2))
 

@@ -326,8 +326,8 @@ def test_vector_presets_in_the_impala_agent(name):
     done[2, 1] = True
     out, state = agent(torch.randn(T, B, 9), torch.randn(T, B), done, agent.initial_state(B),
                        prev_action=torch.randint(0, 4, (T, B)))
-    assert out["policy_logits"].shape == (T, B, 4) and out["action"].shape == (T, B)
-    (out["policy_logits"].sum() + out["baseline"].sum()).backward()
+    assert out["policy_params"].shape == (T, B, 4) and out["action"].shape == (T, B)
+    (out["policy_params"].sum() + out["baseline"].sum()).backward()
     assert all(p.grad is not None for p in agent.core.parameters())
     assert [tuple(s.shape) for s in state] == agent.core.state_shapes(B)
 

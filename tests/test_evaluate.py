@@ -102,7 +102,7 @@ class SpyAgent(Agent):
 
     def forward(self, obs, reward, done, state, prev_action=None, greedy=False):
         out, state = super().forward(obs, reward, done, state, prev_action=prev_action, greedy=greedy)
-        self.calls.append((reward[0].tolist(), done[0].tolist(), out["policy_logits"][0].clone()))
+        self.calls.append((reward[0].tolist(), done[0].tolist(), out["policy_params"][0].clone()))
         return out, state
 
 

@@ -61,12 +61,13 @@ def test_rollouts_chain_and_replay_on_policy(core):
             for key in prev.data:
                 assert torch.equal(prev.data[key][-1], cur.data[key][0]), key
         for r in rollouts:
-            assert r.data["obs"].shape == (9, 3, 4) and r.data["policy_logits"].shape == (9, 3, 2)
+            assert r.data["obs"].shape == (9, 3, 4) and r.data["behaviour_log_prob"].shape == (9, 3)
             saw_reset |= bool(r.data["done"][1:].any())
             with torch.no_grad():
                 out, _ = agent(r.data["obs"], r.data["reward"], r.data["done"], r.state,
                                prev_action=r.data["prev_action"])
-            torch.testing.assert_close(out["policy_logits"], r.data["policy_logits"], rtol=1e-5, atol=1e-5)
+            log_mu = torch.log_softmax(out["policy_params"], -1).gather(-1, r.data["action"][..., None])[..., 0]
+            torch.testing.assert_close(log_mu, r.data["behaviour_log_prob"], rtol=1e-5, atol=1e-5)
             # prev_action[t] is action[t-1] inside a rollout
             assert torch.equal(r.data["prev_action"][1:], r.data["action"][:-1])
     assert saw_reset
@@ -77,7 +78,7 @@ def test_rollout_queue_makes_exact_batches():
 
     def rollout(b, start):
         data = {k: torch.arange(start, start + b).repeat(3, 1) for k in
-                ("obs", "reward", "done", "prev_action", "action", "policy_logits")}
+                ("obs", "reward", "done", "prev_action", "action", "behaviour_log_prob")}
         return Rollout(data, (torch.arange(start, start + b),))
 
     q.put(rollout(3, 0))
@@ -101,7 +102,7 @@ def test_loss_is_on_policy_actor_critic_when_ratios_are_one():
              "action": torch.randint(2, (T + 1, B))}
     with torch.no_grad():
         out, _ = agent(batch["obs"], batch["reward"], batch["done"], ())
-    batch["policy_logits"] = out["policy_logits"]
+    batch["behaviour_log_prob"] = torch.log_softmax(out["policy_params"], -1).gather(-1, batch["action"][..., None])[..., 0]
     cfg = learner.LossConfig(reward_clip=0.0)
     loss, stats = learner.compute_loss(agent, batch, (), cfg)
     v = out["baseline"]
@@ -112,7 +113,7 @@ def test_loss_is_on_policy_actor_critic_when_ratios_are_one():
         vs[t] = acc
     vs_next = torch.cat([vs[1:], v[-1:]])
     adv = batch["reward"][1:] + cfg.discount * vs_next - v[:-1]
-    logp = torch.log_softmax(out["policy_logits"][:-1], -1).gather(-1, batch["action"][:-1, :, None])[..., 0]
+    logp = torch.log_softmax(out["policy_params"][:-1], -1).gather(-1, batch["action"][:-1, :, None])[..., 0]
     assert stats["loss/policy"] == pytest.approx(float(-(logp * adv).sum()), rel=1e-5)
     assert stats["loss/baseline"] == pytest.approx(float(0.25 * ((vs - v[:-1]) ** 2).sum()), rel=1e-5)
     assert stats["learner/mean_rho"] == pytest.approx(1.0)
@@ -241,7 +242,7 @@ def test_non_finite_update_is_skipped():
     T1, B = 4, 2
     batch = {"obs": torch.randn(T1, B, 3), "reward": torch.randn(T1, B), "done": torch.zeros(T1, B, dtype=torch.bool),
              "prev_action": torch.zeros(T1, B, dtype=torch.long), "action": torch.randint(2, (T1, B)),
-             "policy_logits": torch.randn(T1, B, 2)}
+             "behaviour_log_prob": torch.randn(T1, B)}
     batch["obs"][2, 1, 0] = float("nan")
     # the training path: Learner.learn -> Solo.hand_in -> Learner.apply; 6 of 600 env steps per update
     lrn = learner.Learner(agent, ImpalaConfig(total_steps=600, batch_size=B, unroll_length=T1 - 1, max_nonfinite=5))

@@ -2,6 +2,8 @@
 truncated episode as one extra step, the actors mark it, the learner masks it and bootstraps
 from its value (the V-trace arithmetic itself is checked by hand in test_vtrace.py)."""
 
+import math
+
 import gymnasium
 import numpy as np
 import pytest
@@ -83,10 +85,10 @@ def test_actor_rollouts_carry_truncation_and_the_learner_masks_it():
 
     cfg = learner.LossConfig(discount=0.9)
     base, _ = learner.compute_loss(agent, batch.data, batch.state, cfg)
-    # the masked step's action never ran: the loss must not depend on it or on its behaviour logits
+    # the masked step's action never ran: the loss must not depend on it or on its behaviour log-prob
     changed = {k: v.clone() for k, v in batch.data.items()}
     changed["action"][3] = 1 - changed["action"][3]
-    changed["policy_logits"][3] += torch.tensor([5.0, -5.0])
+    changed["behaviour_log_prob"][3] -= 5.0
     other, _ = learner.compute_loss(agent, changed, batch.state, cfg)
     assert float(other.detach()) == pytest.approx(float(base.detach()), rel=1e-6)
     # while the same change on an executed step does change it
@@ -103,7 +105,7 @@ def test_normalized_advantages_do_not_scale_with_the_rewards():
     batch = {"obs": torch.randn(T + 1, B, 3), "reward": torch.randn(T + 1, B),
              "done": torch.zeros(T + 1, B, dtype=torch.bool), "truncated": torch.zeros(T + 1, B, dtype=torch.bool),
              "prev_action": torch.zeros(T + 1, B, dtype=torch.int64),
-             "action": torch.randint(2, (T + 1, B)), "policy_logits": torch.zeros(T + 1, B, 2)}
+             "action": torch.randint(2, (T + 1, B)), "behaviour_log_prob": torch.full((T + 1, B), -math.log(2))}
     agent = Agent((3,), 2, "lstm", {"hidden_size": 8})
     torch.nn.init.zeros_(agent.baseline.weight)  # V = 0: the advantages are the returns, linear in the rewards
     torch.nn.init.zeros_(agent.baseline.bias)

@@ -74,25 +74,6 @@ def test_on_policy_no_discount_end_is_n_step_return():
     torch.testing.assert_close(out.vs, expected)
 
 
-def test_from_logits_uses_action_log_ratio():
-    g = torch.Generator().manual_seed(3)
-    T, B, A = 6, 3, 4
-    behaviour = torch.randn(T, B, A, generator=g)
-    target = torch.randn(T, B, A, generator=g, requires_grad=True)
-    actions = torch.randint(A, (T, B), generator=g)
-    discounts = torch.full((T, B), 0.99)
-    rewards, values, bootstrap = torch.randn(T, B, generator=g), torch.randn(T, B, generator=g), torch.randn(B, generator=g)
-    out = vtrace.from_logits(behaviour, target, actions, discounts, rewards, values, bootstrap)
-    log_pi = torch.log_softmax(target.detach(), -1)
-    log_mu = torch.log_softmax(behaviour, -1)
-    expected = torch.stack([torch.stack([log_pi[t, b, actions[t, b]] - log_mu[t, b, actions[t, b]]
-                                         for b in range(B)]) for t in range(T)])
-    torch.testing.assert_close(out.log_rhos, expected)
-    assert not out.vs.requires_grad and not out.pg_advantages.requires_grad
-    ref = vtrace.from_importance_weights(expected, discounts, rewards, values, bootstrap)
-    torch.testing.assert_close(out.vs, ref.vs)
-
-
 def test_truncation_mid_unroll_bootstraps_from_the_last_observation():
     """Hand-computed case: entries x0..x3 and bootstrap x4, gamma 0.9, on-policy. x1 is the last
     observation of an episode cut by a time limit (mask 0), x2 starts the next episode (so the

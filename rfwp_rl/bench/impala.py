@@ -33,8 +33,11 @@ import tempfile
 import time
 from pathlib import Path
 
+import gymnasium
+import numpy as np
 import torch
 
+from rfwp_rl.envs.spaces import pick_obs
 from rfwp_rl.errors import UserError, check_choice
 from rfwp_rl.perf import PRECISIONS
 
@@ -73,15 +76,28 @@ def _config(args: argparse.Namespace, precision: str):
                         log_every=math.inf)
 
 
-def _random_batch(run, T1: int, B: int, g: torch.Generator) -> dict[str, torch.Tensor]:
-    if run.obs_dtype == "uint8":
-        obs = torch.randint(0, 256, (T1, B, *run.obs_shape), generator=g, dtype=torch.uint8)
-    else:
-        obs = torch.randn(T1, B, *run.obs_shape, generator=g)
-    A = run.num_actions
-    return {"obs": obs, "reward": torch.randn(T1, B, generator=g).sign() * (torch.rand(T1, B, generator=g) < 0.05),
-            "done": torch.rand(T1, B, generator=g) < 0.01, "action": torch.randint(A, (T1, B), generator=g),
-            "prev_action": torch.randint(A, (T1, B), generator=g), "policy_logits": torch.randn(T1, B, A, generator=g)}
+def _random_batch(agent, T1: int, B: int, g: torch.Generator) -> dict[str, torch.Tensor]:
+    """Random rollout data of the agent's spaces (:func:`rfwp_rl.impala.actors.rollout_spec`)."""
+    from rfwp_rl.impala.actors import rollout_spec
+
+    dist = agent.action_dist
+    params = torch.randn(T1, B, dist.num_params, generator=g)
+    with torch.no_grad():
+        action, prev_action = dist.sample(params), dist.sample(params)
+        behaviour_log_prob = dist.log_prob(params, action)
+    batch = {"reward": torch.randn(T1, B, generator=g).sign() * (torch.rand(T1, B, generator=g) < 0.05),
+             "done": torch.rand(T1, B, generator=g) < 0.01, "truncated": torch.zeros(T1, B, dtype=torch.bool),
+             "action": action, "prev_action": prev_action, "behaviour_log_prob": behaviour_log_prob}
+    parts = agent.obs_space.spaces if isinstance(agent.obs_space, gymnasium.spaces.Dict) else {"": agent.obs_space}
+    for (key, (dtype, shape)), space in zip(rollout_spec(agent.obs_space, dist).items(), parts.values()):
+        if isinstance(space, (gymnasium.spaces.Discrete, gymnasium.spaces.MultiDiscrete)):
+            high = torch.as_tensor(np.asarray(space.nvec if hasattr(space, "nvec") else space.n))
+            batch[key] = (torch.rand(T1, B, *shape, generator=g) * high).long()
+        elif dtype == torch.uint8:
+            batch[key] = torch.randint(0, 256, (T1, B, *shape), generator=g, dtype=torch.uint8)
+        else:
+            batch[key] = torch.randn(T1, B, *shape, generator=g)
+    return batch
 
 
 class PlainModel:
@@ -100,10 +116,10 @@ class PlainModel:
         g = torch.Generator().manual_seed(0)
         self.n = cfg.num_actors // cfg.num_env_batches  # frames per acting step
         self.frames = cfg.unroll_length * cfg.batch_size  # frames per update
-        self.act_batch = {k: v.to(self.device) for k, v in _random_batch(run, 1, self.n, g).items()}
+        self.act_batch = {k: v.to(self.device) for k, v in _random_batch(self.agent, 1, self.n, g).items()}
         self.act_state = self.agent.initial_state(self.n, self.device)
         self.batch = {k: v.to(self.device) for k, v in
-                      _random_batch(run, cfg.unroll_length + 1, cfg.batch_size, g).items()}
+                      _random_batch(self.agent, cfg.unroll_length + 1, cfg.batch_size, g).items()}
         self.state = self.agent.initial_state(cfg.batch_size, self.device)
         self.loss_cfg = loss_config(cfg)
         self.measure()  # warm-up
@@ -117,7 +133,7 @@ class PlainModel:
         t0 = self._now()
         for _ in range(act_repeats):
             with torch.no_grad():
-                self.agent(a["obs"], a["reward"], a["done"], self.act_state, prev_action=a["prev_action"])
+                self.agent(pick_obs(a), a["reward"], a["done"], self.act_state, prev_action=a["prev_action"])
         t1 = self._now()
         self.agent.zero_grad(set_to_none=True)
         compute_loss(self.agent, self.batch, self.state, self.loss_cfg)[0].backward()

@@ -6,9 +6,11 @@
     info = env_spec("ALE/Pong-v5", repeat_action_probability=0.25)   # effective settings
 
 Contract of every env ``make_env`` returns (gymnasium API):
-* observations: Atari ``uint8 [frame_stack, 84, 84]`` (kind ``'atari'``) or a flat
-  ``float32 [D]`` vector (kind ``'vector'``);
-* actions: ``Discrete(n)``, 0..n-1 (anything else is a one-line UserError);
+* observations: Atari ``uint8 [frame_stack, 84, 84]`` (kind ``'atari'``); other ids (kind
+  ``'vector'``) in the tensor form of :mod:`rfwp_rl.envs.spaces` (a float32 vector, an image, a
+  one-hot-able integer, or a flat dict of these);
+* actions: the env's own action space (the agent picks its distribution from it:
+  :mod:`rfwp_rl.distributions`);
 * ``info["episode"] = {"r": return, "l": length, "t": seconds}`` on the step where a full
   episode ends (for Atari: the full game, also with ``episodic_life=True``);
 * ``seed`` given to ``make_env`` seeds the first ``reset()`` (later resets continue the RNG).
@@ -36,7 +38,7 @@ from rfwp_rl.envs.registry import (
     import_env_module,
     resolve_env_id,
 )
-from rfwp_rl.envs.spaces import num_actions, to_vector_obs
+from rfwp_rl.envs.spaces import action_space_dict, skipped_parts, space_to_dict, to_tensor_obs
 from rfwp_rl.errors import UserError
 
 __all__ = [
@@ -52,7 +54,6 @@ __all__ = [
     "import_env_module",
     "load_env_config",
     "make_env",
-    "num_actions",
     "resolve_env_id",
 ]
 
@@ -79,15 +80,12 @@ class SeedFirstReset(gymnasium.Wrapper, gymnasium.utils.RecordConstructorArgs):
         return self.env.reset(seed=seed, options=options)
 
 
-def make_env(
-    env_id: str, seed: int | None = None, *, require_discrete: bool = True, **overrides: Any
-) -> gymnasium.Env:
+def make_env(env_id: str, seed: int | None = None, **overrides: Any) -> gymnasium.Env:
     """Create an environment in the form the trainers consume (see the module docstring).
 
     Args:
         env_id: gymnasium id, Atari game name, or ``module:EnvId``.
         seed: seeds the first reset (emulator, no-op starts, action space).
-        require_discrete: raise a UserError unless the action space is ``Discrete(n)``.
         overrides: Atari ids: keys of :data:`ATARI_DEFAULTS` (plus ``mode``, ``difficulty``,
             ``render_mode`` for ``gymnasium.make``);
             other ids: keyword arguments of ``gymnasium.make`` (e.g. ``max_episode_steps``).
@@ -98,15 +96,13 @@ def make_env(
         env = make_atari(r.gym_id, seed, gym_kwargs=gym_kwargs, **overrides)
     else:
         env = _gym_make(env_id, r.gym_id, overrides)
-        env = to_vector_obs(env, env_id)
-        env = gymnasium.wrappers.RecordEpisodeStatistics(env)
-        env = SeedFirstReset(env, seed)
-    if require_discrete:
         try:
-            num_actions(env.action_space, env_id)
+            env = to_tensor_obs(env, env_id)
         except UserError:
             env.close()
             raise
+        env = gymnasium.wrappers.RecordEpisodeStatistics(env)
+        env = SeedFirstReset(env, seed)
     return env
 
 
@@ -127,10 +123,12 @@ class EnvInfo:
 
     env_id: str  # as given
     gym_id: str  # the gymnasium id that is made
-    kind: str  # 'atari' (uint8 image [C, H, W], conv torso) or 'vector' (float32 [D], MLP torso)
-    obs_shape: tuple[int, ...]
-    obs_dtype: str
-    num_actions: int
+    kind: str  # 'atari' (uint8 image [C, H, W]) or 'vector' (any other gymnasium env)
+    obs_shape: tuple[int, ...] | None  # None for a Dict observation
+    obs_dtype: str | None
+    num_actions: int | None  # n of a Discrete(n) action space, else None
+    obs_space: dict = field(default_factory=dict)  # the tensor observation space (rfwp_rl.envs.spaces.space_to_dict)
+    action_space: dict = field(default_factory=dict)  # the action space, as plain data
     settings: dict[str, Any] = field(default_factory=dict)  # Atari settings / gymnasium kwargs
     action_meanings: tuple[str, ...] | None = None  # Atari only
     max_episode_steps: int | None = None  # agent steps (Atari: max_episode_frames / frame_skip)
@@ -147,8 +145,10 @@ def env_spec(env_id: str, **overrides: Any) -> EnvInfo:
         settings = dict(overrides)
     env = make_env(env_id, **overrides)
     try:
-        space = env.observation_space
-        n = num_actions(env.action_space, env_id)
+        space, actions = env.observation_space, env.action_space
+        n = int(actions.n) if isinstance(actions, gymnasium.spaces.Discrete) else None
+        for part in skipped_parts(getattr(env.unwrapped, "observation_space", space)):
+            print(f"observation part {part!r} of {env_id} is a Text space: the agent skips it")
         meanings = None
         if r.kind == "atari":
             meanings = tuple(env.unwrapped.get_action_meanings())
@@ -163,9 +163,11 @@ def env_spec(env_id: str, **overrides: Any) -> EnvInfo:
             env_id=env_id,
             gym_id=r.gym_id,
             kind=r.kind,
-            obs_shape=tuple(int(d) for d in space.shape),
-            obs_dtype=str(space.dtype),
+            obs_shape=None if space.shape is None else tuple(int(d) for d in space.shape),
+            obs_dtype=None if space.dtype is None else str(space.dtype),
             num_actions=n,
+            obs_space=space_to_dict(space),
+            action_space=action_space_dict(actions, env_id),
             settings=settings,
             action_meanings=meanings,
             max_episode_steps=max_steps,

@@ -6,9 +6,12 @@ moolib 0.0.9b0's EnvPool worker calls, per env (see third_party/moolib/README.md
 * ``step(action: int)`` and reads only items 0, 1, 2 of the result: obs, reward, done.
 It adds the keys "reward" (float32) and "done" (bool) itself; every other key of the
 observation dict becomes a tensor ``[batch_size, ...]`` of ``EnvPool.step(...).result()``.
+moolib carries one int64 per env to the workers: actions that are not one integer
+(MultiDiscrete, MultiBinary, Box) go through an :class:`ActionTable` in shared memory instead.
 
 :class:`PoolEnv` gives it, per env and step:
-    obs             the observation (Atari uint8 [4, 84, 84], else float32 [D])
+    obs             the observation (Atari uint8 [4, 84, 84], else the tensor form of
+                    :mod:`rfwp_rl.envs.spaces`); a Dict observation's parts under "obs/<path>"
     episode_return  float32: return of the running episode including this step's reward; on a
                     done step, the return of the episode that just ended
     episode_step    int32: agent steps of the running episode (same convention)
@@ -53,14 +56,18 @@ every ALE emulator is still alive at interpreter shutdown and nanobind prints a 
 from __future__ import annotations
 
 import atexit
+import math
+import mmap
 import os
 import sys
 import weakref
 from typing import Any, Callable
 
 import numpy as np
+import torch
 
 from rfwp_rl.envs import make_env
+from rfwp_rl.envs.spaces import env_step_action, flatten_obs, pick_obs, zero_obs
 
 # New envs of one slot that may fail in a row (make raised, or the first reset did) before the
 # slot gives up with ``env_fatal``: a flaky env fails now and then, a broken one every time.
@@ -99,6 +106,33 @@ def decode_fatal(field: Any) -> str:
     return data.rstrip(b"\0").decode("utf-8", "replace")
 
 
+class ActionTable:
+    """Actions that are not one integer, handed to moolib's env workers: ``rows`` rows of ``shape``/``dtype``
+    in memory shared with the workers (an anonymous shared mapping, made before the pool forks, so the
+    workers inherit it). The trainer writes a batch's actions into its rows and sends the row indices
+    as the int64 actions moolib carries; the worker's :class:`PoolEnv` reads its row. A batch's rows are
+    written only while the batch is not being stepped (moolib steps it again only after its result was
+    taken), so no lock is needed."""
+
+    def __init__(self, rows: int, shape: tuple[int, ...], dtype: Any):
+        self.shape, self.dtype = tuple(int(s) for s in shape), np.dtype(dtype)
+        count = rows * math.prod(self.shape)
+        self._buffer = mmap.mmap(-1, max(1, count * self.dtype.itemsize))  # MAP_SHARED | MAP_ANONYMOUS
+        self.array = np.frombuffer(self._buffer, self.dtype, count=count).reshape(rows, *self.shape)
+
+    def write(self, first_row: int, actions: torch.Tensor) -> torch.Tensor:
+        """Store ``actions [n, *shape]`` in rows ``first_row..first_row+n-1``; returns those indices (int64 [n])."""
+        n = actions.shape[0]
+        self.array[first_row:first_row + n] = actions.cpu().numpy()
+        return torch.arange(first_row, first_row + n, dtype=torch.int64)
+
+    def read(self, row: int) -> np.ndarray:
+        """The action of row ``row`` (a copy); a row outside the table is an IndexError."""
+        if not 0 <= row < self.array.shape[0]:
+            raise IndexError(f"action row {row} outside the table of {self.array.shape[0]} rows")
+        return self.array[row].copy()
+
+
 class PoolEnv:
     """Adapter from a ``make_env`` env to the interface ``moolib.EnvPool`` drives.
 
@@ -109,15 +143,17 @@ class PoolEnv:
         name: how the env is named in failure messages, e.g. ``"CartPole-v1 #3"``.
         blank_obs: placeholder observation for ``env_fatal`` when no env of this slot ever
             existed (shape and dtype of the real ones); else one is taken from the envs.
+        action_table: where ``step``'s integer argument is a row index (see :class:`ActionTable`).
     """
 
     def __init__(self, env: Any, make: Callable[[int], Any] | None = None, name: str = "env",
-                 blank_obs: np.ndarray | None = None) -> None:
+                 blank_obs: Any = None, action_table: ActionTable | None = None) -> None:
         if env is None and make is None:
             raise ValueError("PoolEnv needs an env or a make function")
         self.env = env
         self.make = make
         self.name = name
+        self.action_table = action_table
         self.failures = 0  # env failures of this slot
         self._blank = blank_obs
         self._fresh = True  # self.env (if any) has not given its first observation yet
@@ -136,10 +172,10 @@ class PoolEnv:
             atexit.register(close_all)
             _atexit_registered = True
 
-    def _pack(self, obs: np.ndarray, episode_return: float, episode_step: int, end: bool,
+    def _pack(self, obs: Any, episode_return: float, episode_step: int, end: bool,
               truncated: bool = False) -> dict[str, np.ndarray]:
         self._last = {
-            "obs": obs,
+            **flatten_obs(obs),
             "episode_return": np.float32(episode_return),
             "episode_step": np.int32(episode_step),
             "episode_end": np.bool_(end),
@@ -169,8 +205,11 @@ class PoolEnv:
             return
         if self._blank is None:
             space = getattr(env, "observation_space", None)
-            if space is not None and getattr(space, "shape", None) is not None:
-                self._blank = np.zeros(space.shape, space.dtype)
+            if space is not None:
+                try:
+                    self._blank = zero_obs(space)
+                except (TypeError, AttributeError):
+                    pass
         try:
             env.close()
         except Exception:
@@ -205,7 +244,7 @@ class PoolEnv:
     def _give_up(self, e: Exception) -> None:
         message = (f"env {self.name}: {self._failed_in_row} new envs in a row failed at construction or first "
                    f"reset (limit {MAX_FAILED_CONSTRUCTIONS}); last: {_describe(e)}")
-        placeholder = self._last["obs"] if self._last is not None else self._blank
+        placeholder = pick_obs(self._last) if self._last is not None else self._blank
         if placeholder is None:  # nothing to report it with: the caller sees the exception
             raise RuntimeError(message) from e
         self._fatal = encode_fatal(message)
@@ -247,14 +286,17 @@ class PoolEnv:
             return self._pack(obs, stats[0], stats[1], True)
         return self._pack(obs, self._return, self._steps, False)
 
-    def step(self, action: int) -> tuple[dict[str, np.ndarray], float, bool, dict]:
+    def step(self, action: Any) -> tuple[dict[str, np.ndarray], float, bool, dict]:
+        """One env step with ``action``: an int (Discrete; with an :class:`ActionTable`, a row index) or an array."""
         if self._fatal is not None:
             return self._last, 0.0, True, {}
         if self._truncated:  # the step after a truncation: ends the episode, the pool resets next
             self._truncated = False
             return dict(self._last, truncated=np.bool_(False)), 0.0, True, {}
         try:
-            obs, reward, terminated, truncated, info = self.env.step(int(action))
+            if self.action_table is not None:
+                action = self.action_table.read(int(action))
+            obs, reward, terminated, truncated, info = self.env.step(env_step_action(action))
         except Exception as e:
             if self.make is None or self._last is None:
                 raise
@@ -298,14 +340,16 @@ class PoolEnvFactory:
     calls the factory inside them; the envs are seeded from OS entropy (a fixed seed would
     give every env of the pool the same episode). A failed env is replaced by a new one made
     the same way. Set ``blank_obs`` (an array shaped like the observations) so that a slot
-    whose envs cannot be made at all can still report ``env_fatal``.
+    whose envs cannot be made at all can still report ``env_fatal``, and ``action_table`` where the
+    actions are not one integer (:class:`ActionTable`).
     """
 
     def __init__(self, env_id: str, **overrides: Any) -> None:
         self.env_id = env_id
         self.overrides = overrides
         self.calls = 0  # envs made in this (worker) process
-        self.blank_obs: np.ndarray | None = None
+        self.blank_obs: Any = None
+        self.action_table: ActionTable | None = None
 
     def _make(self, failures: int = 0) -> Any:
         return make_env(self.env_id, **self.overrides)
@@ -313,4 +357,4 @@ class PoolEnvFactory:
     def __call__(self) -> PoolEnv:
         self.calls += 1
         return PoolEnv(None, make=self._make, name=f"{self.env_id} (worker slot {self.calls - 1})",
-                       blank_obs=self.blank_obs)
+                       blank_obs=self.blank_obs, action_table=self.action_table)

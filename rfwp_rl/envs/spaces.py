@@ -1,56 +1,281 @@
-"""Space helpers: what the IMPALA agent can consume and how to bring an env into that form.
+"""Observation spaces in the form the IMPALA agent consumes, and plain-data descriptions of spaces.
 
-The agent takes either an Atari image ``uint8 [C, H, W]`` (conv torso) or a flat
-``float32 [D]`` vector (MLP torso), and a ``Discrete(n)`` action space (actions 0..n-1).
+``make_env`` brings every supported observation space into a *tensor space*
+(:func:`tensor_obs_space`): one leaf, or a flat ``Dict`` of leaves keyed by path (``"image"``,
+``"inner/pos"``, ``"0"`` for a Tuple's first part). Leaves:
+
+- ``Box`` kept as it is when float32, or uint8 of rank 3 (an image); any other dtype is cast to float32;
+- ``Discrete(n)`` -> int64 scalar 0..n-1 (``start`` subtracted); the encoder one-hots it;
+- ``MultiDiscrete(nvec)`` (1-D) -> int64 ``[k]`` 0..nvec-1 (``start`` subtracted);
+- ``MultiBinary(n)`` (1-D) -> ``Box(0, 1, (n,), float32)``.
+
+``Text`` parts of a Dict/Tuple are dropped (an agent usually gets a mission in other ways;
+:func:`skipped_parts` names them). Anything else (``Graph``, ``Sequence``, nested ``Text``
+at the top level, ``OneOf``) is a one-line :class:`UserError` naming the space and what is supported.
+Rollouts hold a leaf observation under ``"obs"`` and a Dict's parts under ``"obs/<path>"``
+(:func:`obs_keys`, :func:`pick_obs`), so that moolib's EnvPool, which returns one tensor per key,
+carries them.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import gymnasium
 import numpy as np
+import torch
 from gymnasium import spaces
 
 from rfwp_rl.errors import UserError
 
+SUPPORTED_OBS = ("Box, Discrete, MultiDiscrete (1-D), MultiBinary (1-D), Dict and Tuple of these "
+                 "(nested; Text parts are skipped)")
+SUPPORTED_ACTIONS = "Discrete, MultiDiscrete (1-D), MultiBinary (1-D), Box (1-D, float)"
+OBS_KEY = "obs"
+PART_SEP = "/"
 
-def num_actions(space: gymnasium.Space, env_id: str) -> int:
-    """``n`` of a ``Discrete(n)`` action space starting at 0; else a one-line UserError."""
+
+def _unsupported(space: gymnasium.Space, env_id: str) -> UserError:
+    return UserError(f"environment {env_id!r} has observation space {space}, which is not supported; "
+                     f"supported: {SUPPORTED_OBS}")
+
+
+def _leaf(space: gymnasium.Space, env_id: str) -> gymnasium.Space:
+    """The tensor form of one leaf space (see the module docstring)."""
+    if isinstance(space, spaces.Box):
+        if space.dtype == np.float32 or (space.dtype == np.uint8 and len(space.shape) == 3):
+            return space
+        return spaces.Box(space.low.astype(np.float32), space.high.astype(np.float32), space.shape, np.float32)
     if isinstance(space, spaces.Discrete):
-        if int(space.start) != 0:
-            raise UserError(
-                f"environment {env_id!r} has action space {space} starting at {int(space.start)}; "
-                "IMPALA needs Discrete(n) with actions 0..n-1"
-            )
-        return int(space.n)
-    raise UserError(
-        f"environment {env_id!r} has action space {space}; IMPALA needs a Discrete action space "
-        "(continuous or multi-discrete actions are not supported)"
-    )
+        return spaces.Discrete(int(space.n))
+    if isinstance(space, spaces.MultiDiscrete) and len(space.nvec.shape) == 1:
+        return spaces.MultiDiscrete(space.nvec.astype(np.int64))
+    if isinstance(space, spaces.MultiBinary) and np.ndim(space.n) == 0:
+        return spaces.Box(0.0, 1.0, (int(space.n),), np.float32)
+    raise _unsupported(space, env_id)
 
 
-def is_flat_vector(space: gymnasium.Space) -> bool:
-    """True for a 1-D float32 Box (what the MLP torso takes as it is)."""
-    return isinstance(space, spaces.Box) and len(space.shape) == 1 and space.dtype == np.float32
+def _flat_parts(space: gymnasium.Space, env_id: str, prefix: str = "") -> dict[str, gymnasium.Space]:
+    """``{path: original leaf space}`` of a Dict/Tuple, depth first, Text parts included."""
+    if isinstance(space, spaces.Dict):
+        items = list(space.spaces.items())
+    elif isinstance(space, spaces.Tuple):
+        items = [(str(i), s) for i, s in enumerate(space.spaces)]
+    else:
+        return {prefix: space}
+    parts: dict[str, gymnasium.Space] = {}
+    for key, sub in items:
+        if PART_SEP in str(key):
+            raise UserError(f"environment {env_id!r}: observation key {key!r} contains {PART_SEP!r}, which joins "
+                            "the keys of nested parts; rename it")
+        parts.update(_flat_parts(sub, env_id, f"{prefix}{PART_SEP}{key}" if prefix else str(key)))
+    return parts
 
 
-def to_vector_obs(env: gymnasium.Env, env_id: str) -> gymnasium.Env:
-    """Wrap ``env`` so that observations are flat ``float32 [D]`` vectors.
-
-    Box of any shape is flattened; Discrete becomes one-hot; Dict/Tuple are flattened and
-    concatenated (gymnasium's ``spaces.flatten``). Text or Graph spaces raise a UserError.
-    """
-    space = env.observation_space
-    if is_flat_vector(space):
-        return env
+def is_text(space: gymnasium.Space) -> bool:
+    """A Text space, or another space of strings (e.g. a grid world's mission space)."""
+    if isinstance(space, spaces.Text):
+        return True
+    if isinstance(space, (spaces.Graph, spaces.Sequence)) or space.shape is not None:
+        return False
     try:
-        spaces.flatdim(space)
-    except (NotImplementedError, ValueError, TypeError) as e:
-        raise UserError(
-            f"environment {env_id!r} has observation space {space}, which cannot be flattened "
-            "into a vector"
-        ) from e
-    if not (isinstance(space, spaces.Box) and len(space.shape) == 1):
-        env = gymnasium.wrappers.FlattenObservation(env)
-    if env.observation_space.dtype != np.float32:
-        env = gymnasium.wrappers.DtypeObservation(env, np.float32)
-    return env
+        return isinstance(space.sample(), str)
+    except Exception:  # noqa: BLE001 - a space that cannot sample is not a text space
+        return False
+
+
+def is_structured(space: gymnasium.Space) -> bool:
+    return isinstance(space, (spaces.Dict, spaces.Tuple))
+
+
+def tensor_obs_space(space: gymnasium.Space, env_id: str) -> gymnasium.Space:
+    """The tensor space of ``space``: a leaf, or a flat Dict of leaves (Text parts dropped)."""
+    if not is_structured(space):
+        return _leaf(space, env_id)
+    parts = {k: _leaf(s, env_id) for k, s in _flat_parts(space, env_id).items() if not is_text(s)}
+    if not parts:
+        raise UserError(f"environment {env_id!r} has observation space {space} with only Text parts; "
+                        f"supported: {SUPPORTED_OBS}")
+    return spaces.Dict(parts)
+
+
+def skipped_parts(space: gymnasium.Space) -> list[str]:
+    """Paths of the Text parts :func:`tensor_obs_space` drops (``[]`` for a leaf space)."""
+    if not is_structured(space):
+        return []
+    return [k for k, s in _flat_parts(space, "").items() if is_text(s)]
+
+
+class TensorObservation(gymnasium.ObservationWrapper):
+    """Observations of ``env`` in the form of :func:`tensor_obs_space` (arrays, or a flat dict of arrays)."""
+
+    def __init__(self, env: gymnasium.Env, env_id: str):
+        super().__init__(env)
+        self._source = env.observation_space
+        self.observation_space = tensor_obs_space(self._source, env_id)
+        if is_structured(self._source):
+            originals = _flat_parts(self._source, env_id)
+            self._starts = {k: _start(originals[k]) for k in self.observation_space.spaces}
+        else:
+            self._starts = {"": _start(self._source)}
+
+    def observation(self, observation: Any) -> Any:
+        if not is_structured(self._source):
+            return self._leaf_value(observation, self.observation_space, self._starts[""])
+        out = {}
+        for key, space in self.observation_space.spaces.items():
+            value = observation
+            for part in key.split(PART_SEP):
+                value = value[int(part)] if isinstance(value, tuple) else value[part]
+            out[key] = self._leaf_value(value, space, self._starts[key])
+        return out
+
+    @staticmethod
+    def _leaf_value(value: Any, space: gymnasium.Space, start: Any) -> np.ndarray:
+        if isinstance(space, (spaces.Discrete, spaces.MultiDiscrete)):
+            return np.asarray(value, np.int64) - start
+        return np.asarray(value, space.dtype)
+
+
+def _start(space: gymnasium.Space) -> Any:
+    if isinstance(space, spaces.Discrete):
+        return np.int64(space.start)
+    if isinstance(space, spaces.MultiDiscrete):
+        return np.asarray(getattr(space, "start", 0), np.int64)
+    return 0
+
+
+def to_tensor_obs(env: gymnasium.Env, env_id: str) -> gymnasium.Env:
+    """``env`` with observations in tensor form; a flat float32 Box (most gymnasium envs) is left as it is."""
+    space = env.observation_space
+    if isinstance(space, spaces.Box) and len(space.shape) == 1 and space.dtype == np.float32:
+        return env
+    return TensorObservation(env, env_id)
+
+
+def torch_dtype(dtype: Any) -> torch.dtype:
+    """The torch dtype of a numpy dtype (int64 observations of Discrete spaces included)."""
+    return torch.from_numpy(np.zeros(0, dtype)).dtype
+
+
+def obs_keys(space: gymnasium.Space) -> list[str]:
+    """Rollout keys of an observation of the tensor space ``space``: ``["obs"]`` or ``["obs/<path>", ...]``."""
+    if isinstance(space, spaces.Dict):
+        return [f"{OBS_KEY}{PART_SEP}{k}" for k in space.spaces]
+    return [OBS_KEY]
+
+
+def pick_obs(data: dict) -> Any:
+    """The observation in ``data`` (a rollout, an env pool result): the tensor under ``"obs"``, or
+    ``{path: tensor}`` from the ``"obs/<path>"`` keys."""
+    if OBS_KEY in data:
+        return data[OBS_KEY]
+    prefix = OBS_KEY + PART_SEP
+    return {k[len(prefix):]: v for k, v in data.items() if k.startswith(prefix)}
+
+
+def flatten_obs(obs: Any) -> dict[str, Any]:
+    """Inverse of :func:`pick_obs`: ``{"obs": x}`` or ``{"obs/<path>": x, ...}``."""
+    if isinstance(obs, dict):
+        return {f"{OBS_KEY}{PART_SEP}{k}": v for k, v in obs.items()}
+    return {OBS_KEY: obs}
+
+
+def map_obs(obs: Any, fn: Any) -> Any:
+    """``fn`` applied to the observation tensor, or to each part of a Dict observation."""
+    return {k: fn(v) for k, v in obs.items()} if isinstance(obs, dict) else fn(obs)
+
+
+def zero_obs(space: gymnasium.Space) -> Any:
+    """An all-zero observation of the tensor space ``space`` (array, or dict of arrays)."""
+    if isinstance(space, spaces.Dict):
+        return {k: zero_obs(s) for k, s in space.spaces.items()}
+    return np.zeros(space.shape, space.dtype)
+
+
+def stack_obs(items: list[Any]) -> Any:
+    """Observations of several envs -> tensors ``[n, ...]`` (dict of them for Dict observations)."""
+    if isinstance(items[0], dict):
+        return {k: torch.from_numpy(np.stack([o[k] for o in items])) for k in items[0]}
+    return torch.from_numpy(np.stack(items))
+
+
+def env_step_action(action: Any) -> Any:
+    """What ``env.step`` gets: an int for a scalar action (Discrete), else the array."""
+    return int(action) if np.ndim(action) == 0 else np.asarray(action)
+
+
+# ---------------------------------------------------------------- spaces as plain data (checkpoint meta, wire)
+
+
+def _bound(values: np.ndarray) -> Any:
+    flat = np.asarray(values, np.float64).reshape(-1)
+    if flat.size and np.all(flat == flat[0]):
+        return float(flat[0])
+    return flat.tolist() if flat.size <= 1024 else None
+
+
+def space_to_dict(space: gymnasium.Space) -> dict:
+    """A JSON-able description of a tensor space or an action space (inverse: :func:`space_from_dict`)."""
+    if isinstance(space, spaces.Box):
+        return {"type": "Box", "shape": list(space.shape), "dtype": str(space.dtype),
+                "low": _bound(space.low), "high": _bound(space.high)}
+    if isinstance(space, spaces.Discrete):
+        return {"type": "Discrete", "n": int(space.n), "start": int(space.start)}
+    if isinstance(space, spaces.MultiDiscrete):
+        return {"type": "MultiDiscrete", "nvec": space.nvec.tolist(),
+                "start": np.asarray(getattr(space, "start", np.zeros_like(space.nvec))).tolist()}
+    if isinstance(space, spaces.MultiBinary):
+        return {"type": "MultiBinary", "n": int(space.n)}
+    if isinstance(space, spaces.Dict):
+        return {"type": "Dict", "spaces": {k: space_to_dict(s) for k, s in space.spaces.items()}}
+    raise UserError(f"space {space} has no plain-data description; supported: Box, Discrete, MultiDiscrete, "
+                    "MultiBinary, Dict")
+
+
+def space_from_dict(d: dict) -> gymnasium.Space:
+    """The space of a :func:`space_to_dict` description; a malformed one is a one-line UserError."""
+    try:
+        kind = d["type"]
+        if kind == "Box":
+            shape = tuple(int(s) for s in d["shape"])
+            dtype = np.dtype(d["dtype"])
+            if dtype.kind not in "fiub":
+                raise ValueError(f"dtype {dtype}")
+            info = np.finfo(dtype) if dtype.kind == "f" else np.iinfo(dtype)
+            low = info.min if d.get("low") is None else np.asarray(d["low"], np.float64)
+            high = info.max if d.get("high") is None else np.asarray(d["high"], np.float64)
+            low = np.broadcast_to(low, shape).astype(dtype)
+            high = np.broadcast_to(high, shape).astype(dtype)
+            return spaces.Box(low, high, shape, dtype)
+        if kind == "Discrete":
+            return spaces.Discrete(int(d["n"]), start=int(d.get("start", 0)))
+        if kind == "MultiDiscrete":
+            return spaces.MultiDiscrete(np.asarray(d["nvec"], np.int64), start=np.asarray(d.get("start", 0), np.int64))
+        if kind == "MultiBinary":
+            return spaces.MultiBinary(int(d["n"]))
+        if kind == "Dict":
+            return spaces.Dict({str(k): space_from_dict(v) for k, v in d["spaces"].items()})
+        raise ValueError(f"type {kind!r}")
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise UserError(f"malformed space description {d!r}: {e}") from None
+
+
+def action_space_dict(space: gymnasium.Space, env_id: str) -> dict:
+    """:func:`space_to_dict` of an action space the agent supports, else a one-line UserError naming it."""
+    supported = (isinstance(space, spaces.Discrete)
+                 or (isinstance(space, (spaces.MultiDiscrete, spaces.MultiBinary)) and len(space.shape) == 1)
+                 or (isinstance(space, spaces.Box) and len(space.shape) == 1 and space.dtype.kind == "f"))
+    if not supported:
+        raise UserError(f"environment {env_id!r} has action space {space}, which is not supported; "
+                        f"supported: {SUPPORTED_ACTIONS}")
+    return space_to_dict(space)
+
+
+def legacy_obs_space(obs_shape: Any, kind: str) -> gymnasium.Space:
+    """The tensor observation space a checkpoint that recorded only ``obs_shape`` was trained on:
+    Atari frames (uint8) or float32 vectors."""
+    shape = tuple(int(s) for s in obs_shape)
+    if kind == "atari":
+        return spaces.Box(0, 255, shape, np.uint8)
+    return spaces.Box(-np.inf, np.inf, shape, np.float32)

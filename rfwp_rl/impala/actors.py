@@ -21,12 +21,31 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
+import gymnasium
 import torch
+from gymnasium import spaces
 
+from rfwp_rl.envs.spaces import obs_keys, pick_obs, torch_dtype
 from rfwp_rl.impala.env_pool import ENV_TIMEOUT, EnvBatches
 from rfwp_rl.perf import Timers, autocast
 
-STEP_KEYS = ("obs", "reward", "done", "truncated", "prev_action", "action", "policy_logits")
+# the keys of a rollout besides the observation's ("obs", or "obs/<path>" for each part of a Dict)
+STEP_KEYS = ("reward", "done", "truncated", "prev_action", "action", "behaviour_log_prob")
+
+
+def rollout_spec(obs_space: gymnasium.Space, action_dist: Any) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
+    """The layout of a rollout: ``{key: (dtype, trailing shape)}``, each tensor being ``[T+1, b, *shape]``.
+
+    ``obs_space`` is the tensor observation space (:mod:`rfwp_rl.envs.spaces`), ``action_dist`` the
+    agent's :class:`rfwp_rl.distributions.ActionDistribution`. Actions have the distribution's stored form
+    (its ``valid`` checks their range); ``behaviour_log_prob`` is log mu(a_t|x_t) of the acting policy."""
+    parts = obs_space.spaces if isinstance(obs_space, spaces.Dict) else {"": obs_space}
+    spec = {key: (torch_dtype(space.dtype), tuple(int(d) for d in space.shape))
+            for key, space in zip(obs_keys(obs_space), parts.values())}
+    action = (action_dist.action_dtype, tuple(action_dist.action_shape))
+    spec.update({"reward": (torch.float32, ()), "done": (torch.bool, ()), "truncated": (torch.bool, ()),
+                 "prev_action": action, "action": action, "behaviour_log_prob": (torch.float32, ())})
+    return spec
 
 
 @dataclasses.dataclass
@@ -46,7 +65,9 @@ class ActorBatch:
         self.index = index
         self.batch_size = batch_size
         self.unroll_length = unroll_length
-        self.action = torch.zeros(batch_size, dtype=torch.int64, device=device)  # ignored by the first (reset) step
+        dist = agent.action_dist
+        self.action = torch.zeros(batch_size, *dist.action_shape, dtype=dist.action_dtype,
+                                  device=device)  # ignored by the first (reset) step
         self.core_state = agent.initial_state(batch_size, device=device)
         self.rollout_state = self.core_state  # state before the rollout's first entry
         self.steps: list[dict[str, torch.Tensor]] = []
@@ -74,6 +95,8 @@ class Actors:
         self.envs = EnvBatches(pool, num_batches, num_envs // num_batches, max_env_failures, env_failures,
                                should_stop, env_timeout)
         self.agent = agent
+        self.action_dist = agent.action_dist
+        self.obs_keys = obs_keys(agent.obs_space)
         self.device = torch.device(device)
         self.precision = precision
         self.timers = timers or Timers()
@@ -101,13 +124,13 @@ class Actors:
         batch = self.batches[self.next_batch]
         self.next_batch = (self.next_batch + 1) % len(self.batches)
         if self.envs.futures[batch.index] is None:
-            self.envs.send(batch.index, batch.action.cpu())
+            self.envs.send(batch.index, self.env_action(batch.action))
         with self.timers("env"):
             env_out = self.envs.receive(batch.index)
         if env_out is None:  # stop requested while waiting
             return [], []
         # The pool reuses its buffers once the batch is stepped again: copy what we keep.
-        obs = self._to_device(batch, "obs", env_out["obs"])
+        obs = {k: self._to_device(batch, k, env_out[k]) for k in self.obs_keys}
         reward = self._to_device(batch, "reward", env_out["reward"], torch.float32)
         done = self._to_device(batch, "done", env_out["done"], torch.bool)
         truncated = (self._to_device(batch, "truncated", env_out["truncated"], torch.bool) if "truncated" in env_out
@@ -120,23 +143,29 @@ class Actors:
         prev_action = batch.action
         state_before = batch.core_state
         with self.timers("inference"):
-            out, batch.core_state = self.act(obs, reward, done, state_before, prev_action)
+            out, batch.core_state = self.act(pick_obs(obs), reward, done, state_before, prev_action)
         action = out["action"][0]
         batch.action = action
-        self.envs.send(batch.index, action.cpu())  # workers step while we go on
+        self.envs.send(batch.index, self.env_action(action))  # workers step while we go on
         self.env_steps += batch.batch_size
 
-        batch.steps.append({"obs": obs, "reward": reward, "done": done, "truncated": truncated,
-                            "prev_action": prev_action, "action": action, "policy_logits": out["policy_logits"][0]})
+        batch.steps.append({**obs, "reward": reward, "done": done, "truncated": truncated, "prev_action": prev_action,
+                            "action": action, "behaviour_log_prob": out["log_prob"][0]})
         return self._cut(batch, state_before), episodes
 
-    def act(self, obs: torch.Tensor, reward: torch.Tensor, done: torch.Tensor, state: tuple,
+    def env_action(self, action: torch.Tensor) -> torch.Tensor:
+        """The env's form of the agent's actions ``[b, ...]`` (on the CPU), e.g. clipped to a Box's bounds."""
+        with torch.inference_mode():
+            return self.action_dist.env_action(action).cpu()
+
+    def act(self, obs: Any, reward: torch.Tensor, done: torch.Tensor, state: tuple,
             prev_action: torch.Tensor) -> tuple[dict[str, torch.Tensor], tuple]:
-        """One step of the model on one env batch: ``obs [b, ...]``, ``reward``/``done``/``prev_action``
-        ``[b]`` -> outputs ``[1, b, ...]`` and the new core state."""
+        """One step of the model on one env batch: ``obs [b, ...]`` (or a dict of them), ``reward``/``done``
+        ``[b]``, ``prev_action [b, ...]`` -> outputs ``[1, b, ...]`` and the new core state."""
         self.agent.eval()
+        obs = {k: v.unsqueeze(0) for k, v in obs.items()} if isinstance(obs, dict) else obs.unsqueeze(0)
         with torch.inference_mode(), autocast(self.device, self.precision):
-            return self.agent(obs.unsqueeze(0), reward.unsqueeze(0), done.unsqueeze(0), state,
+            return self.agent(obs, reward.unsqueeze(0), done.unsqueeze(0), state,
                               prev_action=prev_action.unsqueeze(0))
 
     def _to_device(self, batch: ActorBatch, key: str, value: torch.Tensor,
@@ -158,7 +187,7 @@ class Actors:
         inference mode)."""
         if len(batch.steps) < batch.unroll_length + 1:
             return []
-        data = {k: torch.stack([s[k] for s in batch.steps]) for k in STEP_KEYS}
+        data = {k: torch.stack([s[k] for s in batch.steps]) for k in batch.steps[0]}
         rollout = Rollout(data, tuple(s.clone() for s in batch.rollout_state))
         # The next rollout starts with this step again, from the state before it.
         batch.steps = [batch.steps[-1]]
@@ -185,7 +214,7 @@ class RolloutQueue:
 
     def put(self, rollout: Rollout) -> None:
         self.items.append(rollout)
-        self.size += next(iter(rollout.data.values())).shape[1]
+        self.size += rollout.data["reward"].shape[1]
 
     def ready(self) -> bool:
         return self.size >= self.batch_size
@@ -196,6 +225,6 @@ class RolloutQueue:
         B = self.batch_size
         out = Rollout({k: v[:, :B] for k, v in data.items()}, tuple(s[:B] for s in state))
         self.items, self.size = [], 0
-        if data["obs"].shape[1] > B:
+        if data["reward"].shape[1] > B:
             self.put(Rollout({k: v[:, B:] for k, v in data.items()}, tuple(s[B:] for s in state)))
         return out

@@ -226,7 +226,7 @@ class LocalEnvPool:
     so runs with this backend are reproducible."""
 
     def __init__(self, env_id: str, env_options: dict, seed: int, batch_size: int, num_batches: int,
-                 blank_obs: np.ndarray | None = None):
+                 blank_obs: Any = None):
         from rfwp_rl.envs import make_env
         from rfwp_rl.envs.pool import PoolEnv
 
@@ -246,7 +246,7 @@ class LocalEnvPool:
     def _step(self, batch_index: int, action: torch.Tensor) -> dict[str, torch.Tensor]:
         envs = self.envs[batch_index]
         outs, rewards, dones = [], [], []
-        for env, a in zip(envs, action.tolist()):
+        for env, a in zip(envs, action.numpy()):
             try:  # PoolEnv replaces failing envs; this is raised only if no new one can be made
                 if not self.started[batch_index]:
                     obs, reward, done = env.reset(), 0.0, False
@@ -272,14 +272,16 @@ class LocalEnvPool:
 
 
 def make_env_pool(backend: str, env_id: str, env_options: dict, seed: int, num_envs: int, num_batches: int,
-                  num_processes: int, blank_obs: np.ndarray | None = None):
+                  num_processes: int, blank_obs: Any = None, action_row: tuple | None = None):
     """An env pool of ``num_batches`` batches of ``num_envs // num_batches`` envs
     (``moolib.EnvPool`` or :class:`LocalEnvPool`). Create it before any moolib Rpc/Group and
     before other threads: moolib forks its worker processes here. moolib workers seed their
     envs from OS entropy (runs with moolib are not bit-reproducible anyway: worker timing
     decides which model version acts). ``blank_obs`` (one observation's shape and dtype, e.g.
     ``np.zeros(spec.obs_shape, spec.obs_dtype)``) lets an env slot whose envs can never be made
-    report that as ``env_fatal`` (see :mod:`rfwp_rl.envs.pool`)."""
+    report that as ``env_fatal`` (see :mod:`rfwp_rl.envs.pool`). ``action_row`` (``(shape, numpy dtype)`` of
+    one env action, for actions that are not one integer) makes the moolib pool's
+    :class:`rfwp_rl.envs.pool.ActionTable`; the in-process pool takes such actions as they are."""
     if num_envs % num_batches:
         raise UserError(f"--num-actors {num_envs} must be a multiple of --num-env-batches {num_batches}")
     if not 1 <= num_batches <= 4:
@@ -292,16 +294,23 @@ def make_env_pool(backend: str, env_id: str, env_options: dict, seed: int, num_e
         raise UserError("moolib allows one EnvPool per process (it forks its workers once and aborts a second "
                         "fork); run each training in its own process, reuse the pool, or use --env-backend local")
     moolib = import_moolib()
-    from rfwp_rl.envs.pool import PoolEnvFactory
+    from rfwp_rl.envs.pool import ActionTable, PoolEnvFactory
 
     _moolib_pool_made = True
     before = set(_children(os.getpid()))
     factory = PoolEnvFactory(env_id, **env_options)
     factory.blank_obs = blank_obs
+    if action_row is not None:  # made before the fork, so that the workers share it
+        factory.action_table = ActionTable(num_envs, *action_row)
     pool = moolib.EnvPool(factory, num_processes=min(num_processes, num_envs),
                           batch_size=batch_size, num_batches=num_batches)
     _moolib_processes[id(pool)] = PoolProcesses(sorted(set(_children(os.getpid())) - before))
+    if factory.action_table is not None:
+        _action_tables[id(pool)] = factory.action_table
     return pool
+
+
+_action_tables: dict[int, Any] = {}  # id(moolib pool) -> its ActionTable
 
 
 
@@ -325,11 +334,15 @@ class EnvBatches:
         self.env_timeout = env_timeout
         self.should_stop = should_stop
         self._processes = _moolib_processes.get(id(pool))
+        self._action_table = _action_tables.get(id(pool))
         self._waiter = _Waiter() if self._processes is not None else None
         self.futures: list[Any] = [None] * num_batches
 
     def send(self, index: int, action: torch.Tensor) -> None:
-        """Start batch ``index``'s next step with ``action [b]`` (int64, CPU; ignored by a batch's first step)."""
+        """Start batch ``index``'s next step with ``action [b, ...]`` (the env's actions, CPU; ignored by a
+        batch's first step). Actions that are not one integer go through the pool's action table."""
+        if self._action_table is not None:
+            action = self._action_table.write(index * self.batch_size, action)
         self.futures[index] = self.pool.step(index, action)
 
     def receive(self, index: int) -> dict[str, torch.Tensor] | None:

@@ -43,6 +43,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
+from rfwp_rl.envs.spaces import env_step_action, map_obs, stack_obs
 from rfwp_rl.errors import UserError
 
 DEFAULT_EPISODES = 30  # RFWP paper Sec. 4.4 (after Nair et al.)
@@ -153,11 +154,13 @@ def play(agent: torch.nn.Module, envs: Sequence[Any], episode_quota: Sequence[in
     Env ``i`` plays until it has ``episode_quota[i]`` counted episodes (with ``noneg``,
     episodes with a negative score are not counted; more than ``max_dropped`` of them in total
     raises :class:`UserError`). Each env must already be seeded through ``make_env``.
-    The agent gets ``obs [1, n, *obs_shape]``, ``reward [1, n]`` and ``done [1, n]`` exactly
+    The agent gets ``obs [1, n, *obs_shape]`` (a dict of them for a Dict observation), ``reward [1, n]``
+    and ``done [1, n]`` exactly
     as the trainer's env pool delivers them: ``reward`` is the reward received on arriving at
     the observation (at an episode's first frame: that of the previous episode's last step,
     0 for an env's first episode) and ``done`` is True at an episode's first frame (the core
-    state is reset); plus ``prev_action [1, n]``.
+    state is reset); plus ``prev_action [1, n, *action_shape]``. Greedy play takes the action
+    distribution's mode; the envs get its ``env_action`` (e.g. clipped to a Box's bounds).
     ``recorder`` captures the first episode of env 0. Returns every finished episode,
     including dropped ones, sorted by (env, index).
     """
@@ -165,7 +168,7 @@ def play(agent: torch.nn.Module, envs: Sequence[Any], episode_quota: Sequence[in
     active = [i for i in range(len(envs)) if episode_quota[i] > 0]
     while active:
         actions = game.act(active, greedy)
-        active = [i for j, i in enumerate(active) if game.step(i, int(actions[j]))]
+        active = [i for j, i in enumerate(active) if game.step(i, actions[j])]
     game.episodes.sort(key=lambda e: (e.env, e.index))
     return game.episodes
 
@@ -184,7 +187,9 @@ class _Play:
         self.obs = [env.reset()[0] for env in envs]
         self.reward = torch.zeros(n)
         self.done = torch.ones(n, dtype=torch.bool)
-        self.prev_action = torch.zeros(n, dtype=torch.long)
+        dist = agent.action_dist
+        self.dist = dist
+        self.prev_action = torch.zeros(n, *dist.action_shape, dtype=dist.action_dtype)
         self.ret, self.length, self.counted, self.played = [0.0] * n, [0] * n, [0] * n, [0] * n
         self.episodes: list[Episode] = []
         self.dropped = 0
@@ -196,7 +201,7 @@ class _Play:
         """Actions ``[len(active)]`` of the active envs (their core states are updated)."""
         idx = torch.tensor(active)
         d = self.device
-        x = torch.from_numpy(np.stack([self.obs[i] for i in active])).unsqueeze(0).to(d)
+        x = map_obs(stack_obs([self.obs[i] for i in active]), lambda v: v.unsqueeze(0).to(d))
         sub = tuple(s.index_select(0, idx.to(s.device)) for s in self.state)
         with torch.inference_mode():
             out, new_sub = self.agent(x, self.reward[idx].unsqueeze(0).to(d), self.done[idx].unsqueeze(0).to(d), sub,
@@ -205,9 +210,11 @@ class _Play:
             s.index_copy_(0, idx.to(s.device), ns)
         return out["action"][0].cpu()
 
-    def step(self, i: int, a: int) -> bool:
-        """Env ``i`` takes action ``a``; False once it has played its quota."""
-        self.obs[i], r, terminated, truncated, info = self.envs[i].step(a)
+    def step(self, i: int, a: torch.Tensor) -> bool:
+        """Env ``i`` takes action ``a`` (the agent's form of it); False once it has played its quota."""
+        with torch.inference_mode():
+            env_action = self.dist.env_action(a.to(self.device)).cpu().numpy()
+        self.obs[i], r, terminated, truncated, info = self.envs[i].step(env_step_action(env_action))
         self.ret[i] += float(r)
         self.length[i] += 1
         if self.recording and i == 0:
@@ -222,7 +229,8 @@ class _Play:
         self.ret[i], self.length[i] = 0.0, 0
         # as in training (moolib EnvPool / TorchBeast): the new episode's first frame comes
         # with the reward of the step that ended the previous one, and done=True
-        self.reward[i], self.done[i], self.prev_action[i] = float(r), True, 0
+        self.reward[i], self.done[i] = float(r), True
+        self.prev_action[i] = 0
         return True
 
     def _episode_ended(self, i: int, info: dict, truncated: bool) -> None:
@@ -417,13 +425,19 @@ def evaluate(path: str | Path, episodes: int = DEFAULT_EPISODES, repeats: int = 
 
 
 def _check_envs(env: Any, env_id: str, meta: dict, file: Path) -> None:
-    """The evaluation env must have the checkpoint's action count and observation shape."""
+    """The evaluation env must have the checkpoint's action and observation spaces (checkpoints that
+    recorded no spaces: its action count and observation shape)."""
     from rfwp_rl.checkpoint import check_meta
-    from rfwp_rl.envs import num_actions
+    from rfwp_rl.envs.spaces import action_space_dict, space_to_dict
 
+    actions = action_space_dict(env.action_space, env_id)
+    if "action_space" in meta and "obs_space" in meta:
+        check_meta({"action_space": meta["action_space"], "obs_space": meta["obs_space"]},
+                   {"action_space": actions, "obs_space": space_to_dict(env.observation_space)}, file)
+        return
+    n = actions.get("n") if actions["type"] == "Discrete" else actions
     check_meta({"num_actions": meta["num_actions"], "obs_shape": list(meta["obs_shape"])},
-               {"num_actions": num_actions(env.action_space, env_id), "obs_shape": list(env.observation_space.shape)},
-               file)
+               {"num_actions": n, "obs_shape": list(env.observation_space.shape or ())}, file)
 
 
 class _Progress:

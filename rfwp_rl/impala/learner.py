@@ -3,9 +3,11 @@
 A batch holds B rollouts of T+1 time steps (time-major ``[T+1, B, ...]``). Entry t of a
 rollout holds what the actor saw and did at step t:
 
-- ``obs[t]``, ``reward[t]`` (received on arriving at ``obs[t]``), ``done[t]`` (``obs[t]`` is
-  the first frame of a new episode), ``prev_action[t]`` (the action before ``obs[t]``);
-- ``action[t]`` and ``policy_logits[t]``: what the behaviour policy chose at ``obs[t]``;
+- ``obs[t]`` (a Dict observation: ``obs/<path>[t]``), ``reward[t]`` (received on arriving at
+  ``obs[t]``), ``done[t]`` (``obs[t]`` is the first frame of a new episode), ``prev_action[t]``
+  (the action before ``obs[t]``);
+- ``action[t]`` and ``behaviour_log_prob[t]``: what the behaviour policy mu chose at ``obs[t]``
+  and log mu(action[t] | obs[t]) (the agent's action distribution, :mod:`rfwp_rl.distributions`);
 - ``truncated[t]``: ``obs[t]`` is the last observation of an episode cut by a time limit. Its
   action was never executed (the next entry starts a new episode): the step is masked out of the
   losses and the step before it bootstraps from ``V(obs[t])`` (see :mod:`rfwp_rl.impala.vtrace`).
@@ -17,7 +19,7 @@ over time and batch, as in TorchBeast (whose hyperparameters the paper used)::
 
     pg       = -sum log pi(a_t|x_t) * A_t                   (A_t: V-trace advantage)
     baseline = baseline_cost * 0.5 * sum (v_t - V(x_t))^2   (v_t: V-trace target)
-    entropy  = entropy_cost * sum_t sum_a pi log pi         (minus the entropy)
+    entropy  = -entropy_cost * sum_t H(pi(.|x_t))           (H: the action distribution's entropy)
 
 With ``normalize_advantages`` the policy-gradient advantages are divided by their root mean
 square over the batch's unmasked steps, so that the policy step does not scale with the reward
@@ -44,8 +46,8 @@ from typing import Any, Callable, NamedTuple
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
+from rfwp_rl.envs.spaces import pick_obs
 from rfwp_rl.impala import vtrace
 from rfwp_rl.perf import autocast
 from rfwp_rl.safety import NonFiniteGuard
@@ -81,22 +83,24 @@ def compute_loss(agent: nn.Module, batch: dict[str, torch.Tensor], initial_state
 
     Args:
         agent: :class:`rfwp_rl.agent.Agent`.
-        batch: ``obs [T+1, B, ...]``, ``reward``, ``done``, ``action``, ``prev_action`` ``[T+1, B]``,
-            ``policy_logits [T+1, B, A]`` (behaviour policy), optionally ``truncated [T+1, B]``.
+        batch: ``obs [T+1, B, ...]`` (or ``obs/<path>``), ``reward``, ``done`` ``[T+1, B]``, ``action``,
+            ``prev_action`` ``[T+1, B, *action_shape]``, ``behaviour_log_prob [T+1, B]`` (log mu of the
+            action), optionally ``truncated [T+1, B]``.
         initial_state: core state before entry 0, tuple of ``[B, ...]`` tensors.
     """
-    # greedy: the learner needs no sampled actions (argmax uses no RNG and tolerates NaN logits)
-    out, _ = agent(batch["obs"], batch["reward"], batch["done"], initial_state, prev_action=batch["prev_action"],
+    # greedy: the learner needs no sampled actions (the mode uses no RNG and tolerates NaN logits)
+    out, _ = agent(pick_obs(batch), batch["reward"], batch["done"], initial_state, prev_action=batch["prev_action"],
                    greedy=True)
+    dist = agent.action_dist
     bootstrap_value = out["baseline"][-1].detach()
 
     # The time shift: entry t holds an observation and the action taken at it; that action's reward
     # and done arrive with entry t+1. So action t pairs with reward[t + 1], done[t + 1], and the
     # value of the last entry (whose action is in the next rollout) only bootstraps.
-    target_logits = out["policy_logits"][:-1]
+    target_params = out["policy_params"][:-1]
     values = out["baseline"][:-1]
     actions = batch["action"][:-1]
-    behaviour_logits = batch["policy_logits"][:-1]
+    action_log_probs = dist.log_prob(target_params, actions)  # log pi(a_t|x_t), with gradient
     rewards = batch["reward"][1:].float()
     if cfg.reward_clip > 0:
         rewards = rewards.clamp(-cfg.reward_clip, cfg.reward_clip)
@@ -104,27 +108,26 @@ def compute_loss(agent: nn.Module, batch: dict[str, torch.Tensor], initial_state
     # 0 where the entry shows a truncated episode's last observation: that action never ran
     mask = (~batch["truncated"][:-1].bool()).float() if "truncated" in batch else torch.ones_like(rewards)
 
-    vt = vtrace.from_logits(behaviour_logits, target_logits.detach(), actions, discounts, rewards,
-                            values.detach(), bootstrap_value, cfg.clip_rho, cfg.clip_c, cfg.clip_pg_rho, mask,
-                            cfg.vtrace_lambda)
+    log_rhos = action_log_probs.detach() - batch["behaviour_log_prob"][:-1]
+    vt = vtrace.from_importance_weights(log_rhos, discounts, rewards, values.detach(), bootstrap_value,
+                                        cfg.clip_rho, cfg.clip_c, cfg.clip_pg_rho, mask, cfg.vtrace_lambda)
     advantages = vt.pg_advantages
     scale = torch.ones(())
     if cfg.normalize_advantages:  # not centred, and never blowing noise up (see the module docstring)
         scale = advantage_scale(advantages, vt.vs, mask, cfg.advantage_floor)
         advantages = advantages / scale
 
-    log_probs = F.log_softmax(target_logits, dim=-1)
-    action_log_probs = log_probs.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+    entropy = dist.entropy(target_params)
     pg_loss = -(action_log_probs * advantages).sum()
     baseline_loss = cfg.baseline_cost * 0.5 * ((vt.vs - values) ** 2).sum()  # 0 at masked steps: vs = V there
-    entropy_loss = cfg.entropy_cost * ((log_probs.exp() * log_probs).sum(-1) * mask).sum()
+    entropy_loss = -cfg.entropy_cost * (entropy * mask).sum()
     total = pg_loss + baseline_loss + entropy_loss
     stats = {
         "loss/total": float(total.detach()),
         "loss/policy": float(pg_loss.detach()),
         "loss/baseline": float(baseline_loss.detach()),
         "loss/entropy": float(entropy_loss.detach()),
-        "learner/entropy": float(-(log_probs.exp() * log_probs).sum(-1).mean().detach()),
+        "learner/entropy": float(entropy.mean().detach()),
         "learner/mean_rho": float(vt.log_rhos.exp().mean()),
         "learner/mean_value": float(values.mean().detach()),
         "learner/advantage_scale": float(scale),

@@ -4,7 +4,7 @@ Runs environments (a moolib ``EnvPool``, or ``--env-backend local``) and batched
 this machine, sends each rollout to the learner started with ``rfwp-rl train ... --listen
 HOST:PORT`` and pulls the learner's weights whenever their version changed. The rollouts
 have exactly the layout of the learner's own actors (T+1 entries, the first repeating the
-previous rollout's last, the core state before entry 0, the behaviour logits); T comes from
+previous rollout's last, the core state before entry 0, the behaviour log-probs); T comes from
 the learner. Server side: :mod:`rfwp_rl.impala.rollout_server`.
 
 Examples::

@@ -13,7 +13,8 @@ never raise (an exception inside a moolib handler aborts the whole learner proce
     restarted learner's weights are never mistaken for an old version with the same number.
 ``put_rollout(name, session, version, data, state, episodes)``
     One rollout in the layout of :class:`rfwp_rl.impala.actors.Rollout`: ``data[key]``
-    ``[T+1, b, ...]`` for every key of ``STEP_KEYS`` (entry 0 repeats the previous rollout's
+    ``[T+1, b, *shape]`` for every key of :func:`rfwp_rl.impala.actors.rollout_spec` (its dtype and
+    trailing shape; actions in the action distribution's range) (entry 0 repeats the previous rollout's
     last entry), ``state`` the core state (tuple of ``[b, ...]``) before entry 0, ``version``
     the weights version the rollout started with, ``episodes`` ``[(return, length), ...]`` of
     the episodes that ended in it. Reply ``{"ok", "session", "version", "finished"}``, or
@@ -37,7 +38,7 @@ from typing import Any, Callable
 import torch
 
 from rfwp_rl.errors import UserError
-from rfwp_rl.impala.actors import STEP_KEYS, Rollout
+from rfwp_rl.impala.actors import Rollout, rollout_spec
 from rfwp_rl.impala.env_pool import import_moolib
 from rfwp_rl.impala.net import first_mismatch, resolve_address
 
@@ -98,8 +99,8 @@ class RolloutServer:
         self.max_pending = int(max_pending)
         self.device = learner.device
         self.session = secrets.token_hex(6)
-        self.obs_shape = tuple(info["obs_shape"])
-        self.num_actions = int(info["num_actions"])
+        self.action_dist = learner.agent.action_dist
+        self.spec = rollout_spec(learner.agent.obs_space, self.action_dist)
         template = learner.agent.initial_state(1)
         self.state_spec = [(tuple(s.shape[1:]), s.dtype) for s in template]
         self.finished = False
@@ -231,20 +232,21 @@ class RolloutServer:
         return reply
 
     def _check(self, data: Any, state: Any) -> str | None:
-        if not isinstance(data, dict) or sorted(data) != sorted(STEP_KEYS):
-            return f"rollout keys must be {sorted(STEP_KEYS)}"
-        obs = data["obs"]
-        if not isinstance(obs, torch.Tensor) or obs.dim() < 2:
-            return "rollout obs must be a tensor [T+1, b, ...]"
-        T1, b = obs.shape[:2]
-        if T1 != self.unroll_length + 1 or tuple(obs.shape[2:]) != self.obs_shape or b < 1:
-            return (f"rollout obs has shape {list(obs.shape)}; the learner needs "
-                    f"[{self.unroll_length + 1}, b, {', '.join(map(str, self.obs_shape))}]")
-        for k in STEP_KEYS:
-            if not isinstance(data[k], torch.Tensor) or tuple(data[k].shape[:2]) != (T1, b):
-                return f"rollout {k} must be a tensor [{T1}, {b}, ...]"
-        if tuple(data["policy_logits"].shape) != (T1, b, self.num_actions):
-            return f"rollout policy_logits has shape {list(data['policy_logits'].shape)}; expected [{T1}, {b}, {self.num_actions}]"
+        if not isinstance(data, dict) or sorted(data) != sorted(self.spec):
+            return f"rollout keys must be {sorted(self.spec)}"
+        reward = data["reward"]
+        if not isinstance(reward, torch.Tensor) or reward.dim() != 2:
+            return "rollout reward must be a tensor [T+1, b]"
+        T1, b = reward.shape
+        if T1 != self.unroll_length + 1 or b < 1:
+            return f"rollout reward has shape {list(reward.shape)}; the learner needs [{self.unroll_length + 1}, b]"
+        for k, (dtype, shape) in self.spec.items():
+            value = data[k]
+            if not isinstance(value, torch.Tensor) or tuple(value.shape) != (T1, b, *shape):
+                return f"rollout {k} must be a tensor [{', '.join(map(str, (T1, b, *shape)))}]"
+        for k in ("action", "prev_action"):
+            if not self.action_dist.valid(data[k]):
+                return f"rollout {k} holds actions outside the action space"
         if not isinstance(state, (tuple, list)) or len(state) != len(self.state_spec):
             return f"rollout core state must be a tuple of {len(self.state_spec)} tensors"
         for s, (shape, dtype) in zip(state, self.state_spec):
@@ -260,7 +262,7 @@ class RolloutServer:
         if problem:
             self.rejected += 1
             return {"error": problem}
-        b = int(data["obs"].shape[1])
+        b = int(data["reward"].shape[1])
         with self._arrived:
             if self._pending >= self.max_pending:
                 return {"busy": True, "session": self.session}

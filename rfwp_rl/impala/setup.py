@@ -84,10 +84,9 @@ class RunSpec:
     """What an IMPALA run trains on (see the module docstring)."""
 
     env: str  # canonical_env_id
-    kind: str  # 'atari' (uint8 [C, H, W], ResNet torso) or 'vector' (float32 [D], MLP torso)
-    obs_shape: tuple[int, ...]
-    obs_dtype: str
-    num_actions: int
+    kind: str  # 'atari' (uint8 [C, H, W], ResNet torso) or 'vector' (any other gymnasium env)
+    obs_space: dict  # the tensor observation space (rfwp_rl.envs.spaces.space_to_dict)
+    action_space: dict  # the env's action space, as plain data
     env_options: dict
     preset: Preset
     memory_horizon: int | None = None  # steps a memory must span (memory tasks), for the vector profile
@@ -115,48 +114,83 @@ class RunSpec:
             preset.core_config["detach_state_every_step"] = True
         options = env_options_from_args(args, resolved.kind)
         spec = envs.env_spec(args.env, **options)
-        return cls(canonical_env_id(args.env), spec.kind, spec.obs_shape, spec.obs_dtype, spec.num_actions,
+        return cls(canonical_env_id(args.env), spec.kind, spec.obs_space, spec.action_space,
                    options, preset, spec.memory_horizon, spec.max_episode_steps, trainer_settings)
 
     @classmethod
     def from_meta(cls, meta: dict, env_options: dict | None = None) -> "RunSpec":
-        """From a checkpoint's meta (:meth:`meta`); ``env_options`` replace the recorded ones."""
+        """From a checkpoint's meta (:meth:`meta`); ``env_options`` replace the recorded ones. Checkpoints
+        written before the spaces were recorded (``obs_shape`` and ``num_actions`` only) were Atari frames or
+        float32 vectors with ``Discrete(num_actions)``."""
         from rfwp_rl import envs
+        from rfwp_rl.envs.spaces import legacy_obs_space, space_to_dict
 
         kind = envs.resolve_env_id(str(meta["env"])).kind
         preset = Preset(core=meta["core"], core_config=dict(meta.get("core_config") or {}),
                         agent=dict(meta.get("agent") or {}))
         options = dict(meta.get("env_options") or {}) if env_options is None else env_options
-        return cls(str(meta["env"]), kind, tuple(meta["obs_shape"]), "uint8" if kind == "atari" else "float32",
-                   int(meta["num_actions"]), options, preset)
+        obs_space = meta.get("obs_space") or space_to_dict(legacy_obs_space(meta["obs_shape"], kind))
+        action_space = meta.get("action_space") or {"type": "Discrete", "n": int(meta["num_actions"]), "start": 0}
+        return cls(str(meta["env"]), kind, dict(obs_space), dict(action_space), options, preset)
+
+    def spaces(self) -> tuple[Any, Any]:
+        """``(tensor observation space, action space)`` as gymnasium spaces."""
+        from rfwp_rl.envs.spaces import space_from_dict
+
+        return space_from_dict(self.obs_space), space_from_dict(self.action_space)
+
+    @property
+    def obs_shape(self) -> tuple[int, ...] | None:
+        """One observation's shape (None for a Dict observation)."""
+        shape = self.spaces()[0].shape
+        return None if shape is None else tuple(shape)
+
+    @property
+    def num_actions(self) -> int:
+        """Width of the policy head (``n`` for ``Discrete(n)``)."""
+        from rfwp_rl.distributions import make_distribution
+
+        return make_distribution(self.spaces()[1]).num_params
 
     def build_agent(self, device: torch.device | str = "cpu") -> torch.nn.Module:
         """The agent of this run (untrained) on ``device``."""
         from rfwp_rl.agent import build_agent
 
-        return build_agent(self.preset, self.obs_shape, self.num_actions).to(device)
+        return build_agent(self.preset, *self.spaces()).to(device)
 
     def meta(self, agent: torch.nn.Module) -> dict:
         """What a checkpoint of this run records, and what a resume or a remote actor must match."""
         return {"trainer": "impala", "env": self.env, "env_options": dict(self.env_options), "core": agent.core_name,
-                "core_config": dict(agent.core.config), "num_actions": self.num_actions,
-                "obs_shape": list(self.obs_shape), "agent": agent.config.to_dict()}
+                "core_config": dict(agent.core.config), "num_actions": agent.num_actions,
+                "obs_shape": list(self.obs_shape or []), "obs_space": dict(self.obs_space),
+                "action_space": dict(self.action_space), "agent": agent.config.to_dict()}
 
-    def legacy_meta(self, agent: torch.nn.Module) -> dict | None:
-        """The meta older versions recorded for a ``module:EnvId`` env (the id without its module),
-        which a resume still accepts; None for other envs."""
-        if ":" not in self.env:
-            return None
-        return {**self.meta(agent), "env": self.env.rpartition(":")[2]}
+    def legacy_metas(self, agent: torch.nn.Module) -> list[dict]:
+        """The metas older versions recorded for this run, which a resume still accepts: without the spaces
+        (for a Discrete agent on frames or vectors), and for a ``module:EnvId`` env the id without its module."""
+        meta = self.meta(agent)
+        metas = []
+        legacy_dtype = "uint8" if self.kind == "atari" else "float32"
+        if (self.action_space["type"] == "Discrete" and self.obs_space["type"] == "Box"
+                and self.obs_space["dtype"] == legacy_dtype):
+            metas.append({k: v for k, v in meta.items() if k not in ("obs_space", "action_space")})
+        if ":" in self.env:
+            metas += [{**m, "env": self.env.rpartition(":")[2]} for m in [meta, *metas]]
+        return metas
 
     def make_env_pool(self, backend: str, seed: int, num_envs: int, num_batches: int, num_processes: int):
         """The env pool (see :func:`rfwp_rl.impala.env_pool.make_env_pool`); an env slot that can never
         make its env reports it as ``env_fatal`` (one line) instead of failing its worker."""
+        from rfwp_rl.distributions import make_distribution
+        from rfwp_rl.envs.spaces import zero_obs
+
         from rfwp_rl.impala.env_pool import make_env_pool
 
-        blank = np.zeros(self.obs_shape, self.obs_dtype)
+        obs_space, action_space = self.spaces()
+        dist = make_distribution(action_space)
+        action_row = (dist.action_shape, np.dtype(action_space.dtype)) if dist.action_shape else None
         return make_env_pool(backend, self.env, self.env_options, seed, num_envs, num_batches, num_processes,
-                             blank_obs=blank)
+                             blank_obs=zero_obs(obs_space), action_row=action_row)
 
 
 def recorded_env(meta: dict, checkpoint: Path) -> str:

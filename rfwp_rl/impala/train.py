@@ -263,7 +263,7 @@ class ImpalaTrainer(Trainer):
         self.threads_note = f"{self.threads} torch thread(s) ({why})"
         self.learner = Learner(agent, cfg)
         self.meta = run.meta(agent)
-        self.legacy_metas = tuple(m for m in [run.legacy_meta(agent)] if m is not None)
+        self.legacy_metas = tuple(run.legacy_metas(agent))
         self.counts = {"actor_steps": 0, "episodes": 0, "train_seconds": 0.0, "env_failures": 0,
                        "best_return": -math.inf}
         self.returns: deque[float] = deque(maxlen=BEST_WINDOW)

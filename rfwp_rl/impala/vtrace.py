@@ -18,7 +18,9 @@ which V-trace reduces on-policy: the targets then carry less of the noise of far
 
 The policy-gradient advantage (IMPALA Sec. 4.2) is
 ``rho^pg_t * (r_t + gamma_t v_{t+1} - V(x_t))`` with ``rho^pg_t = min(rho_pg_bar, ratio)``.
-Everything here is computed without gradient (the targets are constants for the loss).
+Everything here is computed without gradient (the targets are constants for the loss). The
+ratios come in as log pi(a_t|x_t) - log mu(a_t|x_t), whatever the action distribution
+(:mod:`rfwp_rl.distributions`): V-trace never sees the policies' parameters.
 
 Time-limit truncation is not termination: the step that shows the last observation of a
 truncated episode has ``mask_t = 0`` (the environment never executed its action; the next
@@ -32,18 +34,12 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 
 
 class VTraceReturns(NamedTuple):
     vs: torch.Tensor  # [T, B] value targets v_t
     pg_advantages: torch.Tensor  # [T, B] policy-gradient advantages
     log_rhos: torch.Tensor  # [T, B] log pi(a_t|x_t) - log mu(a_t|x_t)
-
-
-def action_log_probs(logits: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
-    """log softmax(logits)[a]: logits ``[T, B, A]``, actions ``[T, B]`` int -> ``[T, B]``."""
-    return F.log_softmax(logits, dim=-1).gather(-1, actions.unsqueeze(-1)).squeeze(-1)
 
 
 @torch.no_grad()
@@ -88,19 +84,3 @@ def from_importance_weights(log_rhos: torch.Tensor, discounts: torch.Tensor, rew
     if mask is not None:
         pg_advantages = pg_advantages * mask
     return VTraceReturns(vs=vs, pg_advantages=pg_advantages, log_rhos=log_rhos)
-
-
-@torch.no_grad()
-def from_logits(behavior_policy_logits: torch.Tensor, target_policy_logits: torch.Tensor,
-                actions: torch.Tensor, discounts: torch.Tensor, rewards: torch.Tensor,
-                values: torch.Tensor, bootstrap_value: torch.Tensor,
-                clip_rho_threshold: float | None = 1.0, clip_c_threshold: float | None = 1.0,
-                clip_pg_rho_threshold: float | None = 1.0, mask: torch.Tensor | None = None,
-                lambda_: float = 1.0) -> VTraceReturns:
-    """V-trace targets from the behaviour (actor) and target (learner) policy logits.
-
-    Logits ``[T, B, A]``, actions ``[T, B]`` int64, the rest as in :func:`from_importance_weights`.
-    """
-    log_rhos = action_log_probs(target_policy_logits, actions) - action_log_probs(behavior_policy_logits, actions)
-    return from_importance_weights(log_rhos, discounts, rewards, values, bootstrap_value,
-                                   clip_rho_threshold, clip_c_threshold, clip_pg_rho_threshold, mask, lambda_)

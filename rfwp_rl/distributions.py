@@ -1,0 +1,272 @@
+"""Action distributions: what the policy head's output means for each kind of gymnasium action space.
+
+One :class:`ActionDistribution` is chosen from the env's action space (:func:`make_distribution`)
+and the agent, actors, learner, rollout server and evaluation use only its interface:
+
+    params = Linear(core_output, dist.num_params)(x)   # [..., num_params]
+    action = dist.sample(params)                         # [..., *dist.action_shape] dist.action_dtype
+    dist.log_prob(params, action), dist.entropy(params)  # [...]
+    dist.mode(params)                                    # greedy action (evaluation)
+    dist.prev_action_encoding(action)                    # [..., dist.prev_action_size] core input
+    dist.env_action(action)                              # what the env receives
+    dist.valid(action)                                   # range check of actions received from peers
+
+Kinds (field practice: Sample Factory, CleanRL, RLlib):
+
+- ``Discrete(n)``: a categorical over n logits (sampling as the agent always did).
+- ``MultiDiscrete(nvec)``: one categorical per dimension, independent; log-probs and entropies
+  summed (the joint distribution factorises).
+- ``MultiBinary(n)``: n independent Bernoullis from n logits.
+- ``Box`` (1-D): a diagonal Gaussian over the action *normalised* to [-1, 1] per bounded dimension,
+  mean from the head and a learned, state-independent log-std (one per dimension). The env gets the
+  sample mapped affinely onto ``[low, high]`` and clipped to it; the log-prob is of the unclipped
+  sample. Clipping keeps the Gaussian's exact log-prob, entropy and a gradient everywhere, where
+  a tanh squash needs a log-det-Jacobian correction that is unstable near the bounds and has no
+  closed-form entropy; a sample beyond a bound acts like the bound, so the policy learns to keep
+  its mean inside. The affine map to [-1, 1] makes the initial std (1) cover the action range
+  whatever its units, and it changes log-probs by a constant only (importance ratios unchanged).
+"""
+
+from __future__ import annotations
+
+import math
+
+import gymnasium
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from gymnasium import spaces
+
+from rfwp_rl.envs.spaces import SUPPORTED_ACTIONS, torch_dtype
+from rfwp_rl.errors import UserError
+
+
+class ActionDistribution(nn.Module):
+    """Interface of an action distribution (see the module docstring). Shapes: ``params [..., num_params]``,
+    ``action [..., *action_shape]``, log-prob and entropy ``[...]``."""
+
+    kind: str = ""
+    num_params: int
+    action_shape: tuple[int, ...]
+    action_dtype: torch.dtype
+    env_dtype: torch.dtype  # dtype of env_action (the env's own action dtype)
+    prev_action_size: int
+
+    def sample(self, params: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def log_prob(self, params: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def entropy(self, params: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def mode(self, params: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def prev_action_encoding(self, action: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def env_action(self, action: torch.Tensor) -> torch.Tensor:
+        return action.to(self.env_dtype)
+
+    def valid(self, action: torch.Tensor) -> bool:
+        """True if ``action [..., *action_shape]`` has the stored dtype and lies in the action space."""
+        raise NotImplementedError
+
+    def act(self, params: torch.Tensor, greedy: bool) -> torch.Tensor:
+        return self.mode(params) if greedy else self.sample(params)
+
+    def _batch(self, params: torch.Tensor) -> tuple[int, ...]:
+        return tuple(params.shape[:-1])
+
+
+def _sample_categorical(logits: torch.Tensor) -> torch.Tensor:
+    """One draw per row of ``logits [..., n]`` -> int64 ``[...]`` (the agent's sampling since its first version)."""
+    probs = F.softmax(logits.reshape(-1, logits.shape[-1]).float(), dim=-1)
+    return torch.multinomial(probs, 1).view(logits.shape[:-1])
+
+
+def _categorical_log_prob(logits: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+    return F.log_softmax(logits, dim=-1).gather(-1, action.long().unsqueeze(-1)).squeeze(-1)
+
+
+def _categorical_entropy(logits: torch.Tensor) -> torch.Tensor:
+    log_p = F.log_softmax(logits, dim=-1)
+    return -(log_p.exp() * log_p).sum(-1)
+
+
+class Categorical(ActionDistribution):
+    """``Discrete(n)``: logits ``[..., n]``, actions int64 ``[...]`` in 0..n-1."""
+
+    kind = "categorical"
+
+    def __init__(self, n: int):
+        super().__init__()
+        self.n = self.num_params = self.prev_action_size = int(n)
+        self.action_shape, self.action_dtype, self.env_dtype = (), torch.int64, torch.int64
+
+    def sample(self, params: torch.Tensor) -> torch.Tensor:
+        return _sample_categorical(params)
+
+    def log_prob(self, params: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        return _categorical_log_prob(params, action)
+
+    def entropy(self, params: torch.Tensor) -> torch.Tensor:
+        return _categorical_entropy(params)
+
+    def mode(self, params: torch.Tensor) -> torch.Tensor:
+        return params.argmax(dim=-1)
+
+    def prev_action_encoding(self, action: torch.Tensor) -> torch.Tensor:
+        return F.one_hot(action.long(), self.n).float()
+
+    def valid(self, action: torch.Tensor) -> bool:
+        return action.dtype == torch.int64 and bool(((action >= 0) & (action < self.n)).all())
+
+
+class MultiCategorical(ActionDistribution):
+    """``MultiDiscrete(nvec)`` (1-D): logits ``[..., sum(nvec)]`` (one block per dimension), actions int64
+    ``[..., k]``; the env gets ``action + start``."""
+
+    kind = "multi_categorical"
+
+    def __init__(self, nvec: list[int], start: list[int] | None = None):
+        super().__init__()
+        self.nvec = [int(n) for n in nvec]
+        self.num_params = self.prev_action_size = sum(self.nvec)
+        self.action_shape, self.action_dtype, self.env_dtype = (len(self.nvec),), torch.int64, torch.int64
+        self.register_buffer("start", torch.tensor(list(start or [0] * len(self.nvec)), dtype=torch.int64),
+                             persistent=False)
+        self.register_buffer("high", torch.tensor(self.nvec, dtype=torch.int64), persistent=False)
+
+    def _parts(self, params: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return params.split(self.nvec, dim=-1)
+
+    def sample(self, params: torch.Tensor) -> torch.Tensor:
+        return torch.stack([_sample_categorical(p) for p in self._parts(params)], dim=-1)
+
+    def log_prob(self, params: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        # independent dimensions: log p(a) = sum_i log p_i(a_i)
+        parts = [_categorical_log_prob(p, action[..., i]) for i, p in enumerate(self._parts(params))]
+        return torch.stack(parts, dim=-1).sum(-1)
+
+    def entropy(self, params: torch.Tensor) -> torch.Tensor:
+        return torch.stack([_categorical_entropy(p) for p in self._parts(params)], dim=-1).sum(-1)
+
+    def mode(self, params: torch.Tensor) -> torch.Tensor:
+        return torch.stack([p.argmax(dim=-1) for p in self._parts(params)], dim=-1)
+
+    def prev_action_encoding(self, action: torch.Tensor) -> torch.Tensor:
+        return torch.cat([F.one_hot(action[..., i].long(), n).float() for i, n in enumerate(self.nvec)], dim=-1)
+
+    def env_action(self, action: torch.Tensor) -> torch.Tensor:
+        return action + self.start.to(action.device)
+
+    def valid(self, action: torch.Tensor) -> bool:
+        return (action.dtype == torch.int64 and tuple(action.shape[-1:]) == self.action_shape
+                and bool(((action >= 0) & (action < self.high.to(action.device))).all()))
+
+
+class Bernoulli(ActionDistribution):
+    """``MultiBinary(n)`` (1-D): logits ``[..., n]``, actions int64 ``[..., n]`` of 0/1."""
+
+    kind = "bernoulli"
+
+    def __init__(self, n: int):
+        super().__init__()
+        self.num_params = self.prev_action_size = int(n)
+        self.action_shape, self.action_dtype, self.env_dtype = (int(n),), torch.int64, torch.int8
+
+    def sample(self, params: torch.Tensor) -> torch.Tensor:
+        return torch.bernoulli(torch.sigmoid(params.float())).long()
+
+    def log_prob(self, params: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        # log p(a) = a log sigmoid(l) + (1 - a) log sigmoid(-l) = -BCE(l, a)
+        return -F.binary_cross_entropy_with_logits(params, action.to(params.dtype), reduction="none").sum(-1)
+
+    def entropy(self, params: torch.Tensor) -> torch.Tensor:
+        p = torch.sigmoid(params)
+        return F.binary_cross_entropy_with_logits(params, p, reduction="none").sum(-1)
+
+    def mode(self, params: torch.Tensor) -> torch.Tensor:
+        return (params > 0).long()
+
+    def prev_action_encoding(self, action: torch.Tensor) -> torch.Tensor:
+        return action.float()
+
+    def valid(self, action: torch.Tensor) -> bool:
+        return (action.dtype == torch.int64 and tuple(action.shape[-1:]) == self.action_shape
+                and bool(((action == 0) | (action == 1)).all()))
+
+
+class DiagGaussian(ActionDistribution):
+    """``Box`` (1-D, A dims): means ``[..., A]`` from the head, ``log_std`` a learned parameter ``[A]``
+    (state-independent); actions float32 ``[..., A]`` in normalised units (see the module docstring).
+
+    A dimension with finite bounds maps ``u`` to ``low + (u + 1) / 2 * (high - low)``, clipped to
+    ``[low, high]``; an unbounded one passes ``u`` as it is."""
+
+    kind = "gaussian"
+
+    def __init__(self, low: np.ndarray, high: np.ndarray, env_dtype: torch.dtype = torch.float32,
+                 log_std_init: float = 0.0):
+        super().__init__()
+        low, high = np.asarray(low, np.float64).reshape(-1), np.asarray(high, np.float64).reshape(-1)
+        A = low.shape[0]
+        self.num_params = self.prev_action_size = A
+        self.action_shape, self.action_dtype, self.env_dtype = (A,), torch.float32, env_dtype
+        self.log_std = nn.Parameter(torch.full((A,), float(log_std_init)))
+        bounded = np.isfinite(low) & np.isfinite(high)
+        scale = np.where(bounded, (high - low) / 2, 1.0)
+        centre = np.where(bounded, (high + low) / 2, 0.0)
+        for name, value in (("scale", scale), ("centre", centre), ("low", np.where(bounded, low, -np.inf)),
+                            ("high", np.where(bounded, high, np.inf))):
+            self.register_buffer(name, torch.tensor(value, dtype=torch.float32), persistent=False)
+        self.register_buffer("bounded", torch.tensor(bounded), persistent=False)
+
+    def sample(self, params: torch.Tensor) -> torch.Tensor:
+        mean = params.float()
+        return mean + self.log_std.exp() * torch.randn_like(mean)
+
+    def log_prob(self, params: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        # log N(a; mu, sigma) = -(a - mu)^2 / (2 sigma^2) - log sigma - log(2 pi) / 2, summed over dimensions
+        z = (action - params) * torch.exp(-self.log_std)
+        return (-0.5 * z * z - self.log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+
+    def entropy(self, params: torch.Tensor) -> torch.Tensor:
+        # H = sum (1/2 + log(2 pi)/2 + log sigma), independent of the mean
+        per_dim = (0.5 + 0.5 * math.log(2 * math.pi) + self.log_std).sum()
+        return per_dim.expand(self._batch(params))
+
+    def mode(self, params: torch.Tensor) -> torch.Tensor:
+        return params.float()
+
+    def prev_action_encoding(self, action: torch.Tensor) -> torch.Tensor:
+        return torch.where(self.bounded, action.clamp(-1.0, 1.0), action)
+
+    def env_action(self, action: torch.Tensor) -> torch.Tensor:
+        mapped = self.centre + action * self.scale
+        return torch.maximum(torch.minimum(mapped, self.high), self.low).to(self.env_dtype)
+
+    def valid(self, action: torch.Tensor) -> bool:
+        return (action.dtype == torch.float32 and tuple(action.shape[-1:]) == self.action_shape
+                and bool(torch.isfinite(action).all()))
+
+
+def make_distribution(space: gymnasium.Space, log_std_init: float = 0.0) -> ActionDistribution:
+    """The :class:`ActionDistribution` of a gymnasium action space; any other space is a one-line
+    :class:`UserError` naming it and the supported kinds."""
+    if isinstance(space, spaces.Discrete):
+        if int(space.start) != 0:
+            raise UserError(f"action space {space} starts at {int(space.start)}; Discrete actions must be 0..n-1")
+        return Categorical(int(space.n))
+    if isinstance(space, spaces.MultiDiscrete) and len(space.nvec.shape) == 1:
+        start = getattr(space, "start", None)
+        return MultiCategorical(space.nvec.tolist(), None if start is None else np.asarray(start).tolist())
+    if isinstance(space, spaces.MultiBinary) and np.ndim(space.n) == 0:
+        return Bernoulli(int(space.n))
+    if isinstance(space, spaces.Box) and len(space.shape) == 1 and np.issubdtype(space.dtype, np.floating):
+        return DiagGaussian(space.low, space.high, torch_dtype(space.dtype), log_std_init)
+    raise UserError(f"action space {space} is not supported; supported: {SUPPORTED_ACTIONS}")

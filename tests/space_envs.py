@@ -1,0 +1,87 @@
+"""Small synthetic envs, one per kind of space (used by tests/test_spaces.py).
+
+Importing this module registers ``SpaceBox-v0`` (Box actions), ``SpaceMultiDiscrete-v0``,
+``SpaceMultiBinary-v0``, ``SpaceDict-v0`` (a grid-world-like Dict observation: image, direction and a
+Text mission), ``SpaceTuple-v0`` (nested Tuple/Dict observation) and ``SpaceGraph-v0`` /
+``SpaceSequence-v0`` (unsupported observation spaces). Every episode lasts 5 steps; the reward
+tells how close the action came to one that depends on the observation, so a policy can learn.
+"""
+
+from __future__ import annotations
+
+import gymnasium
+import numpy as np
+from gymnasium import spaces
+
+LENGTH = 5
+
+
+class SpaceEnv(gymnasium.Env):
+    def __init__(self, obs_space: gymnasium.Space, action_space: gymnasium.Space):
+        self.observation_space, self.action_space = obs_space, action_space
+        self._t = 0
+        self._target = 0
+
+    def _obs(self):
+        return self.observation_space.sample()
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.observation_space.seed(int(self.np_random.integers(2 ** 31)))
+        self._t = 0
+        self._target = int(self.np_random.integers(2))
+        return self._observe(), {}
+
+    def _observe(self):
+        obs = self._obs()
+        return obs
+
+    def step(self, action):
+        assert self.action_space.contains(np.asarray(action, self.action_space.dtype)
+                                           if not isinstance(self.action_space, spaces.Discrete) else action), action
+        self._t += 1
+        reward = self.reward(action)
+        return self._observe(), float(reward), self._t >= LENGTH, False, {}
+
+    def reward(self, action) -> float:
+        flat = np.asarray(action, np.float64).reshape(-1)
+        return -float(np.abs(flat - flat.mean()).sum()) + float(flat[0] > 0)
+
+
+def box_env():
+    return SpaceEnv(spaces.Box(-1.0, 1.0, (3,), np.float32), spaces.Box(-2.0, 2.0, (2,), np.float32))
+
+
+def multi_discrete_env():
+    return SpaceEnv(spaces.Discrete(4, start=1), spaces.MultiDiscrete([3, 2]))
+
+
+def multi_binary_env():
+    return SpaceEnv(spaces.MultiDiscrete([2, 3]), spaces.MultiBinary(3))
+
+
+def dict_env():
+    obs = spaces.Dict({"image": spaces.Box(0, 255, (7, 7, 3), np.uint8), "direction": spaces.Discrete(4),
+                       "mission": spaces.Text(20)})
+    return SpaceEnv(obs, spaces.Discrete(3))
+
+
+def tuple_env():
+    obs = spaces.Tuple((spaces.Box(-1.0, 1.0, (2,), np.float64), spaces.Dict({"pos": spaces.Discrete(3)})))
+    return SpaceEnv(obs, spaces.Discrete(2))
+
+
+def graph_env():
+    return SpaceEnv(spaces.Graph(spaces.Box(0, 1, (2,)), None), spaces.Discrete(2))
+
+
+def sequence_env():
+    return SpaceEnv(spaces.Sequence(spaces.Discrete(3)), spaces.Discrete(2))
+
+
+for _name, _entry in [("SpaceBox-v0", box_env), ("SpaceMultiDiscrete-v0", multi_discrete_env),
+                      ("SpaceMultiBinary-v0", multi_binary_env), ("SpaceDict-v0", dict_env),
+                      ("SpaceTuple-v0", tuple_env), ("SpaceGraph-v0", graph_env),
+                      ("SpaceSequence-v0", sequence_env)]:
+    if _name not in gymnasium.registry:
+        gymnasium.register(_name, entry_point=_entry, disable_env_checker=True)

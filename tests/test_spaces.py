@@ -1,0 +1,255 @@
+"""Every kind of gymnasium space: action distributions against torch.distributions, V-trace ratios by
+hand, observation encoders' shapes, one training update per kind end to end, one-line errors."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import gymnasium
+import numpy as np
+import pytest
+import torch
+from gymnasium import spaces
+
+from rfwp_rl.agent import Agent
+from rfwp_rl.distributions import Bernoulli, Categorical, DiagGaussian, MultiCategorical, make_distribution
+from rfwp_rl.encoders import DictTorso, GridTorso, ResNetTorso
+from rfwp_rl.envs import env_spec, make_env
+from rfwp_rl.envs.spaces import space_from_dict, space_to_dict, tensor_obs_space
+from rfwp_rl.errors import UserError
+from rfwp_rl.impala import learner, vtrace
+from rfwp_rl.impala.actors import Actors, rollout_spec
+from rfwp_rl.impala.env_pool import LocalEnvPool
+from rfwp_rl.impala.setup import RunSpec
+
+TESTS = Path(__file__).resolve().parent
+sys.path.insert(0, str(TESTS))
+import space_envs  # noqa: E402,F401 - registers the Space*-v0 ids
+
+D = torch.distributions
+
+
+def test_categorical_matches_torch():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(5, 3, 4, generator=g)
+    a = torch.randint(4, (5, 3), generator=g)
+    dist, ref = Categorical(4), D.Categorical(logits=logits)
+    torch.testing.assert_close(dist.log_prob(logits, a), ref.log_prob(a))
+    torch.testing.assert_close(dist.entropy(logits), ref.entropy())
+    assert torch.equal(dist.mode(logits), logits.argmax(-1))
+
+
+def test_discrete_sampling_is_the_agents_original_draw():
+    logits = torch.randn(6, 2, 5)
+    torch.manual_seed(7)
+    got = Categorical(5).sample(logits)
+    torch.manual_seed(7)
+    want = torch.multinomial(torch.softmax(logits.reshape(12, -1), -1), 1).view(6, 2)
+    assert torch.equal(got, want)
+
+
+def test_multi_categorical_matches_torch():
+    g = torch.Generator().manual_seed(1)
+    nvec = [3, 2, 4]
+    params = torch.randn(7, 9, generator=g)
+    dist = MultiCategorical(nvec)
+    a = dist.sample(params)
+    assert a.shape == (7, 3) and dist.valid(a)
+    refs = [D.Categorical(logits=p) for p in params.split(nvec, -1)]
+    torch.testing.assert_close(dist.log_prob(params, a), sum(r.log_prob(a[:, i]) for i, r in enumerate(refs)))
+    torch.testing.assert_close(dist.entropy(params), sum(r.entropy() for r in refs))
+    assert dist.prev_action_encoding(a).shape == (7, 9)
+    assert not dist.valid(torch.tensor([[3, 0, 0]])) and not dist.valid(torch.tensor([[0, -1, 0]]))
+
+
+def test_bernoulli_matches_torch():
+    g = torch.Generator().manual_seed(2)
+    logits = torch.randn(4, 5, 3, generator=g)
+    dist = Bernoulli(3)
+    a = dist.sample(logits)
+    ref = D.Independent(D.Bernoulli(logits=logits), 1)
+    torch.testing.assert_close(dist.log_prob(logits, a), ref.log_prob(a.float()))
+    torch.testing.assert_close(dist.entropy(logits), ref.entropy())
+    assert dist.valid(a) and not dist.valid(a + 1)
+
+
+def test_gaussian_matches_torch_and_maps_to_the_bounds():
+    g = torch.Generator().manual_seed(3)
+    dist = DiagGaussian(np.array([-2.0, 0.0]), np.array([2.0, 10.0]))
+    with torch.no_grad():
+        dist.log_std.copy_(torch.tensor([-0.5, 0.3]))
+    mean = torch.randn(6, 2, generator=g)
+    a = dist.sample(mean)
+    ref = D.Independent(D.Normal(mean, dist.log_std.exp()), 1)
+    torch.testing.assert_close(dist.log_prob(mean, a), ref.log_prob(a))
+    torch.testing.assert_close(dist.entropy(mean), ref.entropy())
+    # u in [-1, 1] spans [low, high]; beyond it the env gets the bound, the log-prob stays the sample's
+    u = torch.tensor([[-1.0, 1.0], [0.0, 0.0], [3.0, -5.0]])
+    torch.testing.assert_close(dist.env_action(u), torch.tensor([[-2.0, 10.0], [0.0, 5.0], [2.0, 0.0]]))
+    assert dist.valid(u) and not dist.valid(torch.tensor([[float("nan"), 0.0]]))
+
+
+def _hand_gaussian_ratio(a, mu_pi, mu_b, sigma_pi, sigma_b):
+    """prod_i N(a_i; mu_pi_i, sigma_pi_i) / N(a_i; mu_b_i, sigma_b_i) in plain floats."""
+    pdf = lambda x, m, s: math.exp(-(x - m) ** 2 / (2 * s * s)) / (s * math.sqrt(2 * math.pi))  # noqa: E731
+    return math.prod(pdf(x, m1, s1) / pdf(x, m2, s2) for x, m1, m2, s1, s2 in zip(a, mu_pi, mu_b, sigma_pi, sigma_b))
+
+
+def _hand_categorical_ratio(a, logits_pi, logits_b, nvec):
+    def prob(logits, i):
+        e = [math.exp(x) for x in logits]
+        return e[i] / sum(e)
+    ratio, start = 1.0, 0
+    for k, n in enumerate(nvec):
+        ratio *= prob(logits_pi[start:start + n], a[k]) / prob(logits_b[start:start + n], a[k])
+        start += n
+    return ratio
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "multi_discrete"])
+def test_vtrace_importance_weights_equal_a_hand_computation(kind):
+    """The learner's log_rhos (target log-prob minus the stored behaviour log-prob) give the ratios
+    pi(a|x)/mu(a|x) computed by hand, and V-trace's rho_t = min(1, ratio) uses them."""
+    torch.manual_seed(4)
+    T, B = 3, 2
+    if kind == "gaussian":
+        behaviour, target = (DiagGaussian(np.full(2, -1.0), np.full(2, 1.0)) for _ in range(2))
+        with torch.no_grad():
+            target.log_std.copy_(torch.tensor([0.2, -0.4]))
+        params_b, params_pi = torch.randn(T, B, 2), torch.randn(T, B, 2)
+    else:
+        nvec = [3, 2]
+        behaviour = target = MultiCategorical(nvec)
+        params_b, params_pi = torch.randn(T, B, 5), torch.randn(T, B, 5)
+    with torch.no_grad():
+        actions = behaviour.sample(params_b)
+        behaviour_log_prob = behaviour.log_prob(params_b, actions)
+        log_rhos = target.log_prob(params_pi, actions) - behaviour_log_prob
+    for t in range(T):
+        for b in range(B):
+            a = actions[t, b].tolist()
+            if kind == "gaussian":
+                hand = _hand_gaussian_ratio(a, params_pi[t, b].tolist(), params_b[t, b].tolist(),
+                                            target.log_std.exp().tolist(), behaviour.log_std.exp().tolist())
+            else:
+                hand = _hand_categorical_ratio(a, params_pi[t, b].tolist(), params_b[t, b].tolist(), nvec)
+            assert math.exp(float(log_rhos[t, b])) == pytest.approx(hand, rel=1e-4)
+    rewards, values = torch.randn(T, B), torch.randn(T, B)
+    discounts, bootstrap = torch.full((T, B), 0.9), torch.randn(B)
+    out = vtrace.from_importance_weights(log_rhos, discounts, rewards, values, bootstrap)
+    rho = log_rhos.exp().clamp(max=1.0)
+    torch.testing.assert_close(out.pg_advantages[-1], rho[-1] * (rewards[-1] + 0.9 * bootstrap - values[-1]))
+
+
+def test_dict_observation_with_image_discrete_and_text_encodes_with_documented_shapes():
+    env = make_env("space_envs:SpaceDict-v0", seed=0)
+    space = env.observation_space
+    assert list(space.spaces) == ["direction", "image"]  # the Text mission is skipped
+    agent = Agent(space, env.action_space, "lstm", {"hidden_size": 16})
+    torso = agent.torso
+    assert isinstance(torso, DictTorso) and isinstance(torso.images["image"], GridTorso)
+    assert torso.images["image"].flat_size == 32 * 7 * 7  # no pooling on a 7x7 grid
+    assert torso.vector.output_size == 64 and torso.output_size == 64 + 256
+    assert torso.vector.net[0].in_features == 4  # one-hot direction
+    T, B = 3, 2
+    obs = {"direction": torch.randint(4, (T, B)), "image": torch.randint(0, 256, (T, B, 7, 7, 3), dtype=torch.uint8)}
+    out, _ = agent(obs, torch.zeros(T, B), torch.zeros(T, B, dtype=torch.bool), agent.initial_state(B))
+    assert out["policy_params"].shape == (T, B, 3) and out["action"].shape == (T, B)
+    assert out["log_prob"].shape == (T, B) and out["baseline"].shape == (T, B)
+
+
+def test_images_pick_the_torso_by_size_and_layout():
+    from rfwp_rl.agent import AgentConfig
+    from rfwp_rl.encoders import make_torso
+
+    cfg = AgentConfig()
+    big = make_torso(spaces.Box(0, 255, (64, 48, 3), np.uint8), cfg)
+    assert isinstance(big, ResNetTorso) and big.hwc and big.flat_size == 32 * 8 * 6
+    assert big(torch.randint(0, 256, (2, 64, 48, 3), dtype=torch.uint8)).shape == (2, 256)
+    small = make_torso(spaces.Box(0.0, 1.0, (2, 5, 5), np.float32), cfg)
+    assert isinstance(small, GridTorso) and not small.hwc and small.divisor == 1.0
+    with pytest.raises(UserError, match="agent torso 'resnet' needs image observations"):
+        make_torso(spaces.Box(0.0, 1.0, (5,), np.float32), AgentConfig(torso="resnet"))
+    # a Dict part can be overridden (here: the image left out)
+    dict_space = tensor_obs_space(space_envs.dict_env().observation_space, "x")
+    torso = make_torso(dict_space, AgentConfig(encoders={"image": "skip"}))
+    assert len(torso.images) == 0 and torso.output_size == 64
+
+
+def test_spaces_round_trip_as_plain_data():
+    for space in [spaces.Box(-2.0, 2.0, (1,), np.float32), spaces.Discrete(5), spaces.MultiDiscrete([3, 4]),
+                  spaces.MultiBinary(3), tensor_obs_space(space_envs.dict_env().observation_space, "x")]:
+        assert space_from_dict(space_to_dict(space)) == space
+
+
+SPACE_ENVS = ["SpaceBox-v0", "SpaceMultiDiscrete-v0", "SpaceMultiBinary-v0", "SpaceDict-v0", "SpaceTuple-v0"]
+
+
+@pytest.mark.parametrize("env_id", SPACE_ENVS)
+def test_one_update_end_to_end(env_id):
+    """Actors on the in-process pool make rollouts of the layout rollout_spec describes (valid actions),
+    the learner's loss on them is finite, starts on-policy (ratio 1) and an update changes the policy."""
+    from rfwp_rl.impala.config import ImpalaConfig
+    from rfwp_rl.impala.multi_learner import Solo
+
+    torch.manual_seed(0)
+    spec = env_spec(f"space_envs:{env_id}")
+    run = RunSpec(f"space_envs:{env_id}", "vector", spec.obs_space, spec.action_space, {},
+                  __import__("rfwp_rl.presets", fromlist=["Preset"]).Preset(
+                      core="lstm", core_config={"hidden_size": 16}, agent={"use_prev_action": True}))
+    agent = run.build_agent()
+    pool = LocalEnvPool(f"space_envs:{env_id}", {}, seed=1, batch_size=2, num_batches=1)
+    actors = Actors(pool, agent, num_envs=2, num_batches=1, unroll_length=6)
+    rollouts = []
+    while not rollouts:
+        rollouts, _ = actors.step()
+    pool.close()
+    data = rollouts[0].data
+    layout = rollout_spec(agent.obs_space, agent.action_dist)
+    assert sorted(data) == sorted(layout)
+    for key, (dtype, shape) in layout.items():
+        assert data[key].dtype == dtype and tuple(data[key].shape) == (7, 2, *shape), key
+    assert agent.action_dist.valid(data["action"])
+    lrn = learner.Learner(agent, ImpalaConfig(total_steps=1000, batch_size=2, unroll_length=6))
+    before = [p.detach().clone() for p in agent.parameters()]
+    grads = lrn.learn(rollouts[0])
+    assert grads.finite and lrn.loss_stats["learner/mean_rho"] == pytest.approx(1.0, rel=1e-4)
+    Solo(lrn).hand_in(grads)
+    assert any(not torch.equal(a, b) for a, b in zip(before, agent.parameters()))
+
+
+@pytest.mark.parametrize("env_id, what", [("SpaceGraph-v0", "Graph"), ("SpaceSequence-v0", "Sequence")])
+def test_unsupported_observation_space_is_one_line(env_id, what):
+    with pytest.raises(UserError) as e:
+        make_env(f"space_envs:{env_id}")
+    msg = str(e.value)
+    assert what in msg and "supported: Box, Discrete" in msg and "\n" not in msg
+
+
+def test_unsupported_action_space_is_one_line():
+    with pytest.raises(UserError) as e:
+        make_distribution(spaces.Box(0.0, 1.0, (2, 2), np.float32))
+    assert "supported: Discrete, MultiDiscrete" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.slow
+def test_train_dict_obs_and_box_actions_through_moolib(tmp_path):
+    """The CLI trains on the moolib pool: Dict observations (one tensor per part key), integer
+    observations and MultiDiscrete actions (through the shared action table), then eval plays the
+    checkpoint greedily."""
+    for env_id in ["SpaceDict-v0", "SpaceMultiDiscrete-v0"]:  # Box actions use the same action table
+        run = tmp_path / env_id
+        code = ("import sys; sys.path.insert(0, %r); import space_envs; from rfwp_rl import cli; sys.exit(cli.main("
+                "['train', '--env', 'space_envs:%s', '--core', 'lstm', '--set', 'core_config.hidden_size=8', "
+                "'--env-backend', 'moolib', '--num-actors', '4', '--num-env-processes', '2', '--unroll-length', '5', "
+                "'--batch-size', '2', '--total-steps', '40', '--run-dir', %r, '--log-every', '0.5']))"
+                % (str(TESTS), env_id, str(run)))
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        from rfwp_rl.impala.evaluate import evaluate
+
+        record = evaluate(run, episodes=2, repeats=1, num_envs=2, quiet=True)
+        assert len(record["scores"][0]) == 2
