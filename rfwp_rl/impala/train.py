@@ -93,6 +93,10 @@ def _add_actor_arguments(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--broker", default=d.broker, metavar="HOST:PORT",
                    help="join a group of learners that train one model (with --group): the moolib broker's address "
                         "(rfwp-rl broker --address HOST:PORT); gradients are averaged before every optimizer step")
+    g.add_argument("--auth-key-file", default=d.auth_key_file, metavar="PATH",
+                   help="the key that remote actors, learners of the group and the broker must prove (mode 600); "
+                        "default: $RFWP_AUTH_KEY, else ~/.config/rfwp_rl/auth.key (made by a --listen learner "
+                        "if missing)")
     g.add_argument("--group", default=d.group, metavar="NAME",
                    help="the learner group's name at the broker; every learner of a group needs the same env, "
                         "agent and learner options, and its own --seed")
@@ -298,13 +302,25 @@ class ImpalaTrainer(Trainer):
             self.pool = self.run.make_env_pool(cfg.env_backend, env_seed, cfg.num_actors, cfg.num_env_batches,
                                                cfg.num_env_processes)
         info = compat_info(self.run, learner.agent)
+        if cfg.listen or cfg.broker:  # every peer proves the shared key (before any Rpc exists)
+            from rfwp_rl.impala.net import resolve_address
+            from rfwp_rl.impala.wire import resolve_key, secure_moolib
+
+            key = resolve_key(cfg.auth_key_file, create=not cfg.broker, role="a learner joining a group")
+            secure_moolib(key, [resolve_address(cfg.listen, "--listen")] if cfg.listen else [],
+                          [resolve_address(cfg.broker, "--broker")] if cfg.broker else [])
         try:
             if cfg.listen:  # an Rpc endpoint, opened after the pool has forked
-                self.server = RolloutServer(cfg.listen, learner, info, max_pending=2 * cfg.batch_size)
+                from rfwp_rl.impala.rollout_check import discrete_actions, rollout_layout
+
+                self.server = RolloutServer(cfg.listen, learner, info, max_pending=2 * cfg.batch_size,
+                                            layout=rollout_layout(learner.agent, self.run.obs_shape,
+                                                                  self.run.obs_dtype),
+                                            actions_ok=discrete_actions(self.run.num_actions))
                 print(f"listening for remote actors on {cfg.listen}", flush=True)
             if cfg.broker:
                 settings = {**info, **{k: getattr(cfg, k) for k in GROUP_SETTINGS}}
-                self.group = LearnerGroup(cfg.broker, cfg.group, learner, settings, cfg.seed)
+                self.group = LearnerGroup(cfg.broker, cfg.group, learner, settings, cfg.seed, cfg.total_steps)
             else:
                 self.group = Solo(learner)
         except BaseException:  # e.g. a learner group that refuses this learner: no worker outlives it

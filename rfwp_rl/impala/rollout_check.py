@@ -1,0 +1,111 @@
+"""What a rollout from a remote actor must look like before the learner trains on it.
+
+The expected layout is taken once, at server start, from what a local actor makes
+(:func:`rollout_layout`: one inference step of the learner's agent on a blank observation); each
+received rollout is then checked tensor by tensor against it (:class:`RolloutCheck`): exactly the
+layout's keys, each tensor of exactly its dtype and shape ``[T+1, b, ...]`` with one ``b`` for all
+and ``1 <= b <= max_envs``, floating values finite, actions accepted by the action space's check,
+the core state of the agent's shapes and dtypes, and the finished episodes bounded and finite.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from rfwp_rl.impala.actors import STEP_KEYS
+from rfwp_rl.impala.wire import Refused, check_finite_number, check_int
+
+Layout = dict[str, tuple[torch.dtype, tuple[int, ...]]]  # key -> (dtype, shape of one env's entry)
+ACTION_KEYS = ("action", "prev_action")
+MAX_EPISODE_STEPS = 10**9
+
+
+def rollout_layout(agent: torch.nn.Module, obs_shape: tuple[int, ...], obs_dtype: str) -> Layout:
+    """Dtype and per-env shape of every key of a rollout entry, as :class:`rfwp_rl.impala.actors.Actors`
+    stores them: one step of ``agent`` on a blank observation (its outputs give the action's and the
+    behaviour policy's layout)."""
+    device = next(agent.parameters()).device
+    obs = torch.zeros((1, 1, *obs_shape), dtype=getattr(torch, obs_dtype), device=device)
+    reward, done = torch.zeros(1, 1, device=device), torch.zeros(1, 1, dtype=torch.bool, device=device)
+    action0 = torch.zeros(1, 1, dtype=torch.int64, device=device)
+    was_training = agent.training
+    agent.eval()
+    try:
+        with torch.inference_mode():
+            out, _ = agent(obs, reward, done, agent.initial_state(1, device=device), prev_action=action0)
+    finally:
+        agent.train(was_training)
+    entry = {"obs": obs[0], "reward": reward[0], "done": done[0], "truncated": done[0],
+             "prev_action": out["action"][0], "action": out["action"][0], "policy_logits": out["policy_logits"][0]}
+    return {k: (entry[k].dtype, tuple(entry[k].shape[1:])) for k in STEP_KEYS}
+
+
+def discrete_actions(num_actions: int) -> Callable[[torch.Tensor], bool]:
+    """Action check of a Discrete(num_actions) space: every action in ``0..num_actions-1``."""
+    def ok(actions: torch.Tensor) -> bool:
+        return actions.numel() == 0 or bool(((actions >= 0) & (actions < num_actions)).all())
+    ok.allowed = f"integers 0..{num_actions - 1}"  # type: ignore[attr-defined]
+    return ok
+
+
+class RolloutCheck:
+    """Checks received rollouts against a :data:`Layout` (see the module docstring).
+
+    Args:
+        layout: from :func:`rollout_layout`.
+        state_spec: ``[(shape, dtype)]`` of the core state tensors, per env.
+        unroll_length: T (a rollout has T+1 entries).
+        max_envs: the most envs one rollout may carry.
+        actions_ok: the action space's check of a tensor of actions (:func:`discrete_actions`).
+    """
+
+    def __init__(self, layout: Layout, state_spec: list[tuple[tuple[int, ...], torch.dtype]], unroll_length: int,
+                 max_envs: int, actions_ok: Callable[[torch.Tensor], bool]):
+        self.layout, self.state_spec = dict(layout), list(state_spec)
+        self.length, self.max_envs, self.actions_ok = unroll_length + 1, int(max_envs), actions_ok
+
+    def envs(self, data: Any, state: Any) -> int:
+        """The rollout's env count ``b``; :class:`Refused` (naming the first problem) unless it fits."""
+        if not isinstance(data, dict) or set(data) != set(self.layout):
+            keys = sorted(data) if isinstance(data, dict) else type(data).__name__
+            raise Refused(f"rollout keys must be {sorted(self.layout)}, got {keys}")
+        b = None
+        for key, (dtype, shape) in self.layout.items():
+            t = data[key]
+            if not isinstance(t, torch.Tensor) or t.dim() < 2:
+                raise Refused(f"rollout {key} must be a tensor [T+1, b, ...]")
+            b = int(t.shape[1]) if b is None else b
+            if not 1 <= b <= self.max_envs:
+                raise Refused(f"rollout has {b} envs; allowed: 1..{self.max_envs}")
+            want = (self.length, b, *shape)
+            if t.dtype != dtype or tuple(t.shape) != want:
+                raise Refused(f"rollout {key} is {list(t.shape)} {t.dtype}; the learner needs {list(want)} {dtype}")
+            if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                raise Refused(f"rollout {key} holds NaN or inf values")
+            if key in ACTION_KEYS and not self.actions_ok(t):
+                raise Refused(f"rollout {key} holds actions outside the action space "
+                              f"({getattr(self.actions_ok, 'allowed', 'see the env')})")
+        if not isinstance(state, (tuple, list)) or len(state) != len(self.state_spec):
+            raise Refused(f"rollout core state must be a tuple of {len(self.state_spec)} tensors")
+        for i, (s, (shape, dtype)) in enumerate(zip(state, self.state_spec)):
+            if not isinstance(s, torch.Tensor) or tuple(s.shape) != (b, *shape) or s.dtype != dtype:
+                raise Refused(f"rollout core state {i} must be [{', '.join(map(str, (b, *shape)))}] {dtype}")
+            if s.is_floating_point() and not bool(torch.isfinite(s).all()):
+                raise Refused(f"rollout core state {i} holds NaN or inf values")
+        return b
+
+    def episodes(self, episodes: Any, envs: int) -> list[tuple[float, int]]:
+        """``[(return, length)]`` of the episodes an actor reports with a rollout: at most the episodes
+        its envs can have ended meanwhile (two rollouts' worth of steps per env), finite returns."""
+        limit = 4 * envs * self.length
+        if not isinstance(episodes, (list, tuple)) or len(episodes) > limit:
+            raise Refused(f"episodes must be a list of at most {limit} (return, length) pairs")
+        out = []
+        for i, item in enumerate(episodes):
+            if not isinstance(item, (list, tuple)) or len(item) != 2:
+                raise Refused(f"episode {i} must be a (return, length) pair")
+            out.append((check_finite_number(item[0], f"episode {i} return"),
+                        check_int(item[1], f"episode {i} length", 0, MAX_EPISODE_STEPS)))
+        return out
