@@ -33,6 +33,7 @@ from typing import Iterable
 import numpy as np
 import torch
 
+from rfwp_rl.checkpoint import add_trust_argument
 from rfwp_rl.errors import UserError, check_choice
 from rfwp_rl.impala import profiles
 from rfwp_rl.impala.config import DEFAULTS, ENV_BACKENDS, OPTIMIZERS, ImpalaConfig
@@ -72,6 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--run-dir", default=None, help="run directory (default runs/impala/<env>_<core>_s<seed>; "
                    "characters other than letters, digits, . + - in names become -, e.g. ALE-Pong-v5_delta-rnn_s1)")
     g.add_argument("--checkpoint-every", type=float, default=d.checkpoint_every, help="seconds (default %(default)s)")
+    add_trust_argument(g)
     g.add_argument("--snapshot-steps", type=_int_list, default=d.snapshot_steps,
                    help="extra checkpoints kept at these step counts, e.g. 50000000,200000000")
     g.add_argument("--log-every", type=float, default=d.log_every, help="seconds between console lines")
@@ -209,7 +211,7 @@ def run(args: argparse.Namespace) -> int:
                            run_spec.trainer_settings)
     run_dir = Path(args.run_dir) if args.run_dir else Path("runs") / "impala" / _run_name(
         run_spec.env.rpartition(":")[2], run_spec.preset.core, cfg.seed)
-    return train(cfg, run_spec, run_dir)
+    return train(cfg, run_spec, run_dir, trust_checkpoint=args.trust_checkpoint)
 
 
 def _run_name(env: str, core: str, seed: int) -> str:
@@ -218,9 +220,12 @@ def _run_name(env: str, core: str, seed: int) -> str:
     return run_name(env, core, f"s{seed}")
 
 
-def train(cfg: ImpalaConfig, run: RunSpec, run_dir: Path) -> int:
-    """Train until ``cfg.total_steps`` (resuming from ``run_dir``'s newest checkpoint). Returns the exit code."""
-    return run_trainer(ImpalaTrainer(cfg, run, run_dir))
+def train(cfg: ImpalaConfig, run: RunSpec, run_dir: Path, trust_checkpoint: bool = False) -> int:
+    """Train until ``cfg.total_steps`` (resuming from ``run_dir``'s newest checkpoint; ``trust_checkpoint``:
+    also from one that holds Python objects, see :func:`rfwp_rl.checkpoint.read_checkpoint`). Returns the exit code."""
+    trainer = ImpalaTrainer(cfg, run, run_dir)
+    trainer.trust_checkpoint = trust_checkpoint
+    return run_trainer(trainer)
 
 
 class ImpalaTrainer(Trainer):

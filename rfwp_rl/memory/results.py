@@ -25,6 +25,7 @@ import csv
 import io
 import json
 import math
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -79,8 +80,12 @@ def read_run(run_dir: Path) -> Run | None:
 
     checkpoints = list_checkpoints(run_dir)  # newest first
     if checkpoints:
-        counters = read_checkpoint(checkpoints[0])["state"]["counters"]
-        minutes, steps = counters["train_seconds"] / 60.0, int(counters["step"])
+        try:
+            counters = read_checkpoint(checkpoints[0])["state"]["counters"]
+        except (ValueError, UserError) as e:  # damaged, or holding Python objects: never executed
+            print(f"warning: {run_dir}: no training time from {checkpoints[0].name} ({e})", file=sys.stderr)
+        else:
+            minutes, steps = counters["train_seconds"] / 60.0, int(counters["step"])
     return Run(run_dir, env, str(config["core"]), int(config.get("seed", 0)), int(config.get("num_params", 0)),
                int(config.get("total_steps", 0)), steps, minutes, float(curve[-1][1]), curve)
 

@@ -400,7 +400,7 @@ class SeqTrainer(Trainer):
         t1 = time.monotonic()
         final = copy.deepcopy(self.model)
         final.load_state_dict(torch.load(self.run_dir / "best.pt", map_location=args.device,
-                                         weights_only=False)["model"])
+                                         weights_only=True)["model"])
         results = {"settings": self.settings,
                    "training": {k: self.config[k] for k in ("steps", "batch_size", "lr", "warmup", "clip", "seed")},
                    "best_step": self.best_step, "steps_done": self.steps_done, "early_stop": self.early,
