@@ -247,8 +247,6 @@ def handler(fn: Callable[..., dict], refusals: RefusalLog) -> Callable[..., dict
     def wrapped(*args: Any, **kwargs: Any) -> dict:
         try:
             reply = fn(*args, **kwargs)
-            check_plain(reply, f"reply of {fn.__name__}")
-            return reply
         except Refused as e:
             refusals.refuse(f"{fn.__name__}: {e}")
             return {"error": f"refused: {e}"}
@@ -256,5 +254,12 @@ def handler(fn: Callable[..., dict], refusals: RefusalLog) -> Callable[..., dict
             message = f"could not handle {fn.__name__}: {type(e).__name__}: {str(e)[:200]}"
             refusals.refuse(message)
             return {"error": message}
+        try:
+            check_plain(reply, "the reply")
+        except Refused as e:
+            message = f"could not handle {fn.__name__}: {e}"
+            refusals.refuse(message)
+            return {"error": message}
+        return reply
     wrapped.__name__ = fn.__name__
     return wrapped
