@@ -247,6 +247,7 @@ def test_learner_endpoints_refuse_peers_without_the_key_and_pickles_and_bad_roll
         assert learner.poll() is None, "\n".join(lines)  # still training
         assert any("env_sps" in line or "steps" in line for line in lines[steps_then:]), "\n".join(lines)
         assert any("refused a message" in line for line in lines), "\n".join(lines)
+        assert any("connection(s) without the shared key refused" in line for line in lines), "\n".join(lines)
         assert key not in "\n".join(lines[1:])  # the key is shown once, when made
     finally:
         learner.kill()

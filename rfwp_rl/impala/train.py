@@ -360,6 +360,7 @@ class ImpalaTrainer(Trainer):
         self.snapshots_due = sorted(s for s in self.cfg.snapshot_steps if s > self.learner.step)
         self.adoptions = self.learner.adoptions
         self.dropped_batches = 0
+        self.refused_connections = 0
         self.last_stats: dict[str, float] = {}
 
     def hparams(self) -> dict:
@@ -471,6 +472,15 @@ class ImpalaTrainer(Trainer):
             self.logger.log(step, remote)
             extra.update(remote_actors=int(remote["remote/actors"]), remote_sps=round(remote["remote/env_sps"]),
                          policy_lag=remote["remote/policy_lag"])
+        if self.server is not None or self.cfg.broker:  # peers that failed the key handshake (moolib drops them)
+            from rfwp_rl.impala.wire import refused_connections
+
+            refused = refused_connections()
+            self.logger.log(step, {"net/refused_connections": float(refused)})
+            if refused > self.refused_connections:
+                print(f"warning: {refused - self.refused_connections} connection(s) without the shared key refused "
+                      f"({refused} in all)", file=sys.stderr, flush=True)
+            self.refused_connections = refused
         if "loss/total" in self.last_stats:
             extra["loss"] = self.last_stats["loss/total"]
         self.logger.progress(step, **extra)
