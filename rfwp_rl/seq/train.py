@@ -76,6 +76,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    "without improvement (0: never)")
     g.add_argument("--checkpoint-every", type=int, default=500, help="steps between checkpoints")
     g.add_argument("--run-dir", help="run directory (default: runs/seq/<task>_<core>_s<seed>)")
+    from rfwp_rl.checkpoint import add_trust_argument
+
+    add_trust_argument(g)
     g.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
     g.add_argument("--device", default="cpu")
     g = parser.add_argument_group("lm task")
@@ -252,7 +255,9 @@ def early_stop_reason(args: argparse.Namespace, main: str, lower: bool, step: in
 def run(args: argparse.Namespace) -> int:
     extra = apply_sets(args)
     check_args(args)
-    return run_trainer(SeqTrainer(args, extra))
+    trainer = SeqTrainer(args, extra)
+    trainer.trust_checkpoint = args.trust_checkpoint
+    return run_trainer(trainer)
 
 
 class SeqTrainer(Trainer):
