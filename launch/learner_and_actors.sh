@@ -11,6 +11,9 @@
 # learner's env/core options (checked on connect), so both get the same GAME/CORE/EXTRA.
 # No moolib broker is needed (one learner; the actors connect to it directly).
 # Lost actors are tolerated; actors retry until the learner is back, and exit when it finishes.
+# Every actor proves the shared key KEY_FILE (made here if missing, mode 600; copied to each of
+# ACTOR_HOSTS over ssh). With ACTOR_HOSTS, set LISTEN to the learner's address on a private network
+# (e.g. LISTEN=10.0.0.5:4431); see the README's "Threat model" for what an open address exposes.
 # Re-running resumes the learner's run directory (runs/impala/ALE-<GAME>-v5_<CORE>_s<SEED>).
 # Extra arguments go to the learner (`rfwp-rl train`). Logs: $RUN_LOGS/{learner,actor-*}.log.
 set -euo pipefail
@@ -32,6 +35,14 @@ DEVICE=${DEVICE:-$(python -c "import torch; print('cuda' if torch.cuda.is_availa
 EXTRA=${EXTRA:-}                        # agent options for learner AND actors, e.g. "--set core_config.hidden_size=64"
 RUN_LOGS=${RUN_LOGS:-runs/logs/learner_and_actors_${GAME}_${CORE}_s${SEED}}
 mkdir -p "$RUN_LOGS"
+KEY_FILE=${KEY_FILE:-${RFWP_AUTH_KEY_FILE:-$HOME/.config/rfwp_rl/auth.key}}  # the key every peer proves
+if [[ ! -f "$KEY_FILE" ]]; then  # made here, so that no log ever shows it
+  (umask 077 && mkdir -p "$(dirname "$KEY_FILE")" && python -c "import secrets; print(secrets.token_hex(32))" > "$KEY_FILE")
+fi
+copy_key() {  # copy_key HOST: the same key file on HOST (mode 600), over ssh
+  # shellcheck disable=SC2029
+  ssh "$1" "umask 077 && mkdir -p '$(dirname "$KEY_FILE")' && cat > '$KEY_FILE'" < "$KEY_FILE"
+}
 
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
@@ -39,14 +50,15 @@ trap cleanup EXIT
 
 # shellcheck disable=SC2086
 rfwp-rl train --env "$GAME" --core "$CORE" --seed "$SEED" --total-steps "$STEPS" \
-  --num-actors "$LOCAL_ACTORS" --listen "$LISTEN" --batch-size 32 --unroll-length 50 --device "$DEVICE" \
+  --num-actors "$LOCAL_ACTORS" --listen "$LISTEN" --auth-key-file "$KEY_FILE" --batch-size 32 --unroll-length 50 --device "$DEVICE" \
   --snapshot-steps 50000000,200000000 $EXTRA "$@" > >(tee "$RUN_LOGS/learner.log") 2>&1 &
 learner=$!
 
-actor_args="--env $GAME --core $CORE --num-actors $ACTOR_ENVS --num-env-processes $ACTOR_PROCS $EXTRA"
+actor_args="--auth-key-file $KEY_FILE --env $GAME --core $CORE --num-actors $ACTOR_ENVS --num-env-processes $ACTOR_PROCS $EXTRA"
 if [[ -n "$ACTOR_HOSTS" ]]; then
   port=${LISTEN##*:}
   for host in $ACTOR_HOSTS; do
+    copy_key "$host"
     # shellcheck disable=SC2029
     ssh "$host" "cd $(pwd) && exec rfwp-rl actor --connect $LEARNER_HOST:$port --name actor-$host $actor_args" \
       > "$RUN_LOGS/actor-$host.log" 2>&1 &

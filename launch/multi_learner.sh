@@ -14,7 +14,10 @@
 # by the whole group. Learners may join later (start this script's learner command on another
 # host) and may leave; re-running resumes every learner from its run directory (the learner with
 # the most updates leads and hands its model to the others). Extra arguments go to every learner.
-# Logs: $RUN_LOGS/{broker,learner-*}.log. The broker stops when the last learner has finished.
+# Every learner proves the shared key KEY_FILE to the broker and to each other (made here if
+# missing, mode 600; copied to each of LEARNER_HOSTS over ssh). With LEARNER_HOSTS, set BROKER_ADDRESS
+# to this host's address on a private network (default 0.0.0.0:$PORT: every interface); see the
+# README's "Threat model". Logs: $RUN_LOGS/{broker,learner-*}.log. The broker stops when the last learner has finished.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,29 +35,38 @@ DEVICE=${DEVICE:-$(python -c "import torch; print('cuda' if torch.cuda.is_availa
 EXTRA=${EXTRA:-}                        # options for every learner, e.g. "--set core_config.hidden_size=64"
 RUN_LOGS=${RUN_LOGS:-runs/logs/multi_learner_${GROUP}}
 mkdir -p "$RUN_LOGS"
+KEY_FILE=${KEY_FILE:-${RFWP_AUTH_KEY_FILE:-$HOME/.config/rfwp_rl/auth.key}}  # the key every peer proves
+if [[ ! -f "$KEY_FILE" ]]; then  # made here, so that no log ever shows it
+  (umask 077 && mkdir -p "$(dirname "$KEY_FILE")" && python -c "import secrets; print(secrets.token_hex(32))" > "$KEY_FILE")
+fi
+copy_key() {  # copy_key HOST: the same key file on HOST (mode 600), over ssh
+  # shellcheck disable=SC2029
+  ssh "$1" "umask 077 && mkdir -p '$(dirname "$KEY_FILE")' && cat > '$KEY_FILE'" < "$KEY_FILE"
+}
 
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
 trap cleanup EXIT
 
 if [[ -n "$LEARNER_HOSTS" ]]; then
-  address=0.0.0.0:$PORT
-  connect=$BROKER_HOST:$PORT
+  address=${BROKER_ADDRESS:-0.0.0.0:$PORT}
+  connect=$BROKER_HOST:${address##*:}
 else
   address=127.0.0.1:$PORT
   connect=$address
 fi
-rfwp-rl broker --address "$address" > "$RUN_LOGS/broker.log" 2>&1 &
+rfwp-rl broker --address "$address" --auth-key-file "$KEY_FILE" > "$RUN_LOGS/broker.log" 2>&1 &
 broker=$!
 pids+=("$broker")
 sleep 2
 
 learner_args="--env $GAME --core $CORE --total-steps $STEPS --num-actors $ACTORS --batch-size 32 --unroll-length 50"
-learner_args+=" --device $DEVICE --broker $connect --group $GROUP --snapshot-steps 50000000,200000000 $EXTRA"
+learner_args+=" --auth-key-file $KEY_FILE --device $DEVICE --broker $connect --group $GROUP --snapshot-steps 50000000,200000000 $EXTRA"
 learners=()
 if [[ -n "$LEARNER_HOSTS" ]]; then
   i=0
   for host in $LEARNER_HOSTS; do
+    copy_key "$host"
     # shellcheck disable=SC2029
     ssh "$host" "cd $(pwd) && exec rfwp-rl train $learner_args --seed $((SEED + i)) $*" \
       > "$RUN_LOGS/learner-$host.log" 2>&1 &

@@ -10,16 +10,24 @@ checkpoint is deleted only after the new one is complete.
 Each file stores ``{"format", "meta", "step", "state"}``. ``meta`` describes what the
 checkpoint is compatible with (trainer, core, action count, model config); loading into a
 run whose ``meta`` differs raises a one-line :class:`UserError` naming the difference.
+
+Files hold tensors and plain data only (the RNG states too) and are read with
+``torch.load(weights_only=True)``: a file that holds anything else (a pickled object, whose
+loading could run code) is refused in one line, :class:`UnsafeCheckpoint`. Checkpoints of older
+versions of this package hold a NumPy RNG state as an array object; ``trust=True``
+(``--trust-checkpoint``) reads such a file of known origin, and the next checkpoint is safe.
 """
 
 from __future__ import annotations
 
 import io
 import os
+import pickle
 import random
 import re
 import sys
 import tempfile
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -84,17 +92,24 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
 
 
 def rng_state() -> dict:
-    """Python, NumPy and torch RNG states, to store in a checkpoint."""
+    """Python, NumPy and torch RNG states, to store in a checkpoint (tensors and plain data)."""
+    name, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
     return {
         "python": random.getstate(),
-        "numpy": np.random.get_state(),
+        "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached_gaussian)},
         "torch": torch.get_rng_state(),
     }
 
 
 def set_rng_state(state: dict) -> None:
+    """Inverse of :func:`rng_state` (also takes the NumPy tuple older checkpoints stored)."""
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    numpy_state = state["numpy"]
+    if isinstance(numpy_state, dict):
+        numpy_state = (numpy_state["name"], numpy_state["keys"].numpy().astype(np.uint32), numpy_state["pos"],
+                       numpy_state["has_gauss"], numpy_state["cached_gaussian"])
+    np.random.set_state(numpy_state)
     torch.set_rng_state(state["torch"])
 
 
@@ -118,16 +133,55 @@ def meta_differences(saved: dict, expected: dict, prefix: str = "") -> list[str]
     return diffs
 
 
-def read_checkpoint(path: str | os.PathLike) -> dict:
-    """Load one checkpoint file (on CPU). Raises ``ValueError`` if it is unreadable or not ours."""
+class UnsafeCheckpoint(UserError):
+    """A checkpoint holds Python objects that loading it would have to execute; it is not loaded."""
+
+
+_GLOBAL_RE = re.compile(r"GLOBAL (\S+)")
+
+
+def read_checkpoint(path: str | os.PathLike, trust: bool = False) -> dict:
+    """Load one checkpoint file (on CPU) with ``torch.load(weights_only=True)``: tensors and plain
+    data, nothing that runs code. Raises ``ValueError`` if the file is damaged or not ours (a
+    truncated or garbage file: corrupt), :class:`UnsafeCheckpoint` if it holds other Python objects
+    (never loaded unless ``trust``: a file of known origin, e.g. written by an older rfwp_rl), and
+    a one-line :class:`UserError` for any other failure (no permission, out of memory), which is
+    not a damaged file."""
     path = Path(path)
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as e:  # truncated zip, garbage bytes, unpickling errors
-        raise ValueError(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+        if not zipfile.is_zipfile(path):  # torch.save writes zip archives; anything else is not ours
+            raise ValueError("not a zip archive (truncated, damaged or not written by torch.save)")
+        obj = torch.load(path, map_location="cpu", weights_only=not trust)
+    except ValueError:
+        raise
+    except pickle.UnpicklingError as e:
+        found = _GLOBAL_RE.search(str(e))
+        if found is None:
+            raise ValueError(f"damaged pickle data ({_first_line(e)})") from None
+        raise UnsafeCheckpoint(
+            f"checkpoint {path} holds a Python object ({found.group(1)}) that loading would have to execute; "
+            "refusing it (a file of unknown origin can run any code). If this package wrote it (an older "
+            "version), pass --trust-checkpoint once; the next checkpoint is written without such objects") from None
+    except (RuntimeError, EOFError, KeyError, zipfile.BadZipFile) as e:  # damaged archive or records
+        raise ValueError(f"{type(e).__name__}: {_first_line(e)}") from None
+    except (OSError, MemoryError) as e:
+        raise UserError(f"cannot load checkpoint {path}: {type(e).__name__}: {_first_line(e)} (the file may be "
+                        "fine; it is left as it is)") from None
     if not isinstance(obj, dict) or obj.get("format") != FORMAT or "state" not in obj:
         raise ValueError("not an rfwp_rl checkpoint")
     return obj
+
+
+def add_trust_argument(parser: Any) -> None:
+    """The ``--trust-checkpoint`` flag of the commands that load checkpoints."""
+    parser.add_argument("--trust-checkpoint", action="store_true",
+                        help="also load a checkpoint that holds Python objects, whose loading can run any code: "
+                             "only for files this package wrote (older versions stored such objects)")
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error)
+    return text.splitlines()[0] if text else ""
 
 
 def find_checkpoint_file(path: str | os.PathLike) -> Path:
@@ -207,7 +261,8 @@ class Checkpointer:
         check_finite(state)
         path = self.run_dir / f"ckpt_{step:012d}.pt"
         atomic_torch_save({"format": FORMAT, "meta": self.meta, "step": step, "state": state}, path)
-        for old in list_checkpoints(self.run_dir)[self.keep:]:
+        # the file just written is the newest readable one, whatever the others' step numbers
+        for old in [p for p in list_checkpoints(self.run_dir) if p != path][self.keep - 1:]:
             old.unlink(missing_ok=True)
         for tmp in [*self.run_dir.glob(".tmp-ckpt_*"), *self.run_dir.glob(f".tmp-{BEST_FILE}-*")]:
             tmp.unlink(missing_ok=True)  # leftovers of a killed writer
@@ -229,18 +284,25 @@ class Checkpointer:
         atomic_torch_save({"format": FORMAT, "meta": self.meta, "step": step, "state": state}, path)
         return path
 
-    def load_latest(self) -> dict | None:
+    def load_latest(self, trust: bool = False) -> dict | None:
         """The newest usable checkpoint as ``{"step", "state", "meta", "path"}``, or None if the
-        run has none. An unreadable newest file is reported in one line and the previous one
-        is used; a readable one with different ``meta`` raises :class:`UserError`."""
+        run has none. A damaged newest file is reported in one line, renamed to ``*.damaged`` (so
+        that pruning counts only readable ones) and the previous one is used; a file holding
+        Python objects (:class:`UnsafeCheckpoint`, unless ``trust``), a load failure that is not
+        damage, or a readable one with different ``meta`` raises a one-line :class:`UserError`."""
         files = list_checkpoints(self.run_dir)
         if not files:
             return None
         for path in files:
             try:
-                obj = read_checkpoint(path)
+                obj = read_checkpoint(path, trust=trust)
             except ValueError as e:
-                print(f"warning: checkpoint {path} is unreadable ({e}); trying the previous one",
+                aside = path.with_name(path.name + ".damaged")
+                try:
+                    path.rename(aside)
+                except OSError:
+                    aside = path
+                print(f"warning: checkpoint {path} is unreadable ({e}); kept as {aside.name}, trying the previous one",
                       file=sys.stderr)
                 continue
             if not any(not meta_differences(obj["meta"], other) for other in self.also_accept):

@@ -119,6 +119,9 @@ class Categorical(ActionDistribution):
     def mode(self, params: torch.Tensor) -> torch.Tensor:
         return params.argmax(dim=-1)
 
+    def extra_repr(self) -> str:
+        return f"integers 0..{self.n - 1}"
+
     def prev_action_encoding(self, action: torch.Tensor) -> torch.Tensor:
         return F.one_hot(action.long(), self.n).float()
 

@@ -37,6 +37,7 @@ class Trainer:
     print_every: float = 5.0
     logger: RunLogger | None = None
     checkpointer: Checkpointer | None = None
+    trust_checkpoint: bool = False  # resume from a checkpoint holding Python objects (--trust-checkpoint)
 
     @property
     def step(self) -> int:
@@ -100,7 +101,7 @@ def run_trainer(trainer: Trainer) -> int:
     trainer.checkpointer = Checkpointer(trainer.run_dir, trainer.meta, also_accept=trainer.legacy_metas)
     lock = lock_run_dir(trainer.run_dir)  # one trainer per run directory, until the end
     try:
-        loaded = trainer.checkpointer.load_latest()
+        loaded = trainer.checkpointer.load_latest(trust=trainer.trust_checkpoint)
         if loaded is not None:
             trainer.load_state_dict(loaded["state"], loaded["path"], loaded["step"])
             set_rng_state(loaded["state"]["rng"])

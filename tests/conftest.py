@@ -7,6 +7,7 @@
   small per-step inference, are fastest so on a busy machine); trainer test modules use it with
   ``pytestmark = pytest.mark.usefixtures("one_thread")``.
 - ``ext``: the built fused-kernel extension, for the kernel and op tests.
+- Network peers started by the tests share an auth key in a temporary file (``RFWP_AUTH_KEY_FILE``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,13 @@ import pytest
 import torch
 
 HAS_MOOLIB = importlib.util.find_spec("moolib") is not None
+
+# Learners, actors and brokers started by the tests share one auth key, made by the first of them
+# in a per-session temporary file, never in the user's ~/.config.
+if "RFWP_AUTH_KEY" not in os.environ and "RFWP_AUTH_KEY_FILE" not in os.environ:
+    import tempfile
+
+    os.environ["RFWP_AUTH_KEY_FILE"] = os.path.join(tempfile.mkdtemp(prefix="rfwp-auth-"), "auth.key")
 
 
 def pytest_configure(config: pytest.Config) -> None:

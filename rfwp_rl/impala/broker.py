@@ -6,9 +6,14 @@ broker tells the members of each group who the others are, and starts a new memb
 model and no data: gradients and the model travel between the learners directly
 (:mod:`rfwp_rl.impala.multi_learner`). One broker serves any number of groups.
 
+Every learner proves the shared key (``--auth-key-file``, ``$RFWP_AUTH_KEY`` or the default key
+file, which the broker creates when there is none: :func:`rfwp_rl.impala.wire.resolve_key`) in
+each connection's handshake; a peer without it is dropped before any of its calls is handled.
+The broker listens on loopback unless ``--address`` names another interface.
+
 Examples::
 
-    rfwp-rl broker --address 0.0.0.0:4432
+    rfwp-rl broker --address 10.0.0.1:4432
     rfwp-rl train --env Pong --core rdn --broker broker-host:4432 --group pong-rdn --seed 1   # on host 1
     rfwp-rl train --env Pong --core rdn --broker broker-host:4432 --group pong-rdn --seed 2   # on host 2
 
@@ -29,22 +34,26 @@ UPDATE_SECONDS = 0.25  # how often the broker checks timeouts and membership rou
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--address", default="0.0.0.0:4432", metavar="HOST:PORT",
-                        help="where to listen for learners (default %(default)s)")
+    parser.add_argument("--address", default="127.0.0.1:4432", metavar="HOST:PORT",
+                        help="where to listen for learners (default %(default)s: this machine only; give the "
+                             "address of a private network's interface for learners on other machines)")
+    parser.add_argument("--auth-key-file", default="", metavar="PATH",
+                        help="the key every learner must prove (mode 600); default: $RFWP_AUTH_KEY, else "
+                             "~/.config/rfwp_rl/auth.key (made if missing)")
     parser.add_argument("--log-every", type=float, default=60.0, metavar="SECONDS",
                         help="seconds between heartbeat lines (default %(default)g)")
     parser.add_argument("--quiet", action="store_true", help="no moolib group events, only heartbeat lines")
 
 
 def run(args: argparse.Namespace) -> int:
-    from rfwp_rl.impala.env_pool import import_moolib
     from rfwp_rl.impala.net import resolve_address
+    from rfwp_rl.impala.wire import resolve_key, secure_moolib
     from rfwp_rl.runlog import format_duration
 
     address = resolve_address(args.address, "--address")
     if not args.log_every > 0:
         raise UserError(f"--log-every {args.log_every:g} is invalid; allowed: seconds > 0")
-    moolib = import_moolib()
+    moolib = secure_moolib(resolve_key(args.auth_key_file, create=True, role="the broker"), listen=[address])
     if not args.quiet:
         moolib.set_log_level("info")  # moolib's broker logs joins, timeouts and membership rounds at info
     rpc = moolib.Rpc()

@@ -32,6 +32,7 @@ class ImpalaConfig:
     # learners of one group average their gradients before every optimizer step
     broker: str = ""
     group: str = ""
+    auth_key_file: str = ""  # the shared key of --listen/--broker peers (rfwp_rl.impala.wire.resolve_key)
     # moolib: seconds without a result from an env batch before the pool counts as broken (a hung
     # env is handled like a dead worker process: checkpoint, end the workers, restart)
     env_timeout: float = 600.0

@@ -285,12 +285,15 @@ def choose_checkpoint(path: str | Path, which: str = "latest") -> Path:
 
 
 def load_agent(path: str | Path, core: str | None = None, env: str | None = None,
-               num_actions: int | None = None, which: str = "latest") -> tuple[torch.nn.Module, dict, int, Path]:
+               num_actions: int | None = None, which: str = "latest",
+               trust: bool = False) -> tuple[torch.nn.Module, dict, int, Path]:
     """The agent of an IMPALA checkpoint: a file, or in a run directory the checkpoint ``which``
     names (see :func:`choose_checkpoint`; default its newest ``ckpt_*.pt``).
 
     ``core``, ``env`` and ``num_actions``, when given, must match the checkpoint's meta,
-    else a one-line :class:`UserError` names the difference. Returns
+    else a one-line :class:`UserError` names the difference. An env from a Python module outside
+    this package (``module:EnvId``) is only imported (which runs the module) when ``env`` names it.
+    ``trust``: see :func:`rfwp_rl.checkpoint.read_checkpoint`. Returns
     ``(agent in eval mode, meta, step, checkpoint file)``.
     """
     from rfwp_rl.checkpoint import check_meta, read_checkpoint
@@ -298,7 +301,7 @@ def load_agent(path: str | Path, core: str | None = None, env: str | None = None
 
     file = choose_checkpoint(path, which)
     try:
-        obj = read_checkpoint(file)
+        obj = read_checkpoint(file, trust=trust)
     except ValueError as e:
         raise UserError(f"cannot read checkpoint {file}: {e}") from None
     meta = obj.get("meta") or {}
@@ -309,6 +312,10 @@ def load_agent(path: str | Path, core: str | None = None, env: str | None = None
         if key not in meta:
             raise UserError(f"checkpoint {file} lacks meta {key!r}; was it written by rfwp-rl train?")
     meta = {**meta, "env": recorded_env(meta, file)}  # module:EnvId with its module, also for older checkpoints
+    module = str(meta["env"]).rpartition(":")[0]
+    if module and module.split(".")[0] != "rfwp_rl" and (env is None or env.rpartition(":")[0] != module):
+        raise UserError(f"checkpoint {file} was trained on env {meta['env']!r}; evaluating it imports the Python "
+                        f"module {module!r}, which runs its code: pass --env {meta['env']} to confirm")
     wanted: dict[str, Any] = {}
     if core is not None:
         wanted["core"] = core
@@ -360,10 +367,11 @@ def evaluate(path: str | Path, episodes: int = DEFAULT_EPISODES, repeats: int = 
              env_overrides: dict | None = None, core: str | None = None, env: str | None = None,
              num_actions: int | None = None, label: str | None = None, video: str | Path | None = None,
              max_dropped: int | None = None, device: str = "cpu", quiet: bool = False,
-             torch_threads: int | None = None, which: str = "latest") -> dict:
+             torch_threads: int | None = None, which: str = "latest", trust_checkpoint: bool = False) -> dict:
     """Load the checkpoint at ``path`` (``which``: see :func:`choose_checkpoint`), play ``episodes * repeats`` counted full episodes and
     return the eval record (what ``rfwp-rl eval`` writes as JSON; see the module docstring).
-    ``torch_threads``: set torch's thread count (0: chosen for the agent); None leaves it."""
+    ``torch_threads``: set torch's thread count (0: chosen for the agent); None leaves it.
+    ``trust_checkpoint``: see :func:`rfwp_rl.checkpoint.read_checkpoint`."""
     from rfwp_rl import envs as envs_mod
     from rfwp_rl.agent import ResNetTorso
     from rfwp_rl.perf import choose_torch_threads, set_torch_threads
@@ -373,7 +381,8 @@ def evaluate(path: str | Path, episodes: int = DEFAULT_EPISODES, repeats: int = 
         raise UserError(f"--episodes {episodes} / --repeats {repeats}: both must be >= 1")
     if num_envs < 1:
         raise UserError(f"--num-envs {num_envs} is invalid; allowed: an integer >= 1")
-    agent, meta, step, file = load_agent(path, core=core, env=env, num_actions=num_actions, which=which)
+    agent, meta, step, file = load_agent(path, core=core, env=env, num_actions=num_actions, which=which,
+                                         trust=trust_checkpoint)
     agent.to(torch.device(device))
     if torch_threads is not None:
         set_torch_threads(choose_torch_threads(torch_threads, 0, isinstance(agent.torso, ResNetTorso))[0])
@@ -496,6 +505,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--core", default=None, help="expected core; a checkpoint of another core is an error")
     g.add_argument("--env", default=None, help="expected env; a checkpoint trained on another env is an error")
     g.add_argument("--num-actions", type=int, default=None, help="expected action count")
+    from rfwp_rl.checkpoint import add_trust_argument
+
+    add_trust_argument(g)
     g = parser.add_argument_group("running")
     g.add_argument("--env-option", dest="env_options", action="append", default=[], metavar="KEY=VALUE",
                    help="override an env option of the training run, e.g. max_episode_frames=108000 (Atari; "
@@ -525,7 +537,8 @@ def run(args: argparse.Namespace) -> int:
                       noneg=args.noneg, num_envs=args.num_envs, seed=args.seed,
                       env_overrides=parse_env_options(args.env_options, "max_episode_frames=0"), core=args.core, env=args.env,
                       num_actions=args.num_actions, label=args.label, video=args.video,
-                      max_dropped=args.max_dropped, device=args.device, torch_threads=args.torch_threads)
+                      max_dropped=args.max_dropped, device=args.device, torch_threads=args.torch_threads,
+                      trust_checkpoint=args.trust_checkpoint)
     record["command"] = "rfwp-rl eval " + " ".join(shlex.quote(a) for a in sys.argv[2:]) \
         if sys.argv[1:2] == ["eval"] else ""
     run_dir = Path(record["checkpoint"]).parent

@@ -24,6 +24,13 @@ step of the group applies the same gradients on every learner, so their paramete
   learner stops or dies, the broker drops it after moolib's group timeout (10 s without a heartbeat);
   the round under way is abandoned, and the others go on as a smaller group.
 
+- **Trust.** Only holders of the shared key reach a member (moolib's connection handshake,
+  :mod:`rfwp_rl.impala.wire`). What they send is still checked before use: a round whose reduced
+  gradients are not finite, or whose env-step count is more than its learners can have handed in,
+  advances only the schedule (as a skipped update does); a leader's state whose counters are not
+  sane (negative, more updates than env steps, or beyond ``--total-steps`` by more than a round) is
+  not adopted. Each refusal is counted (``group/refused``) and logged in one line.
+
 moolib 0.0.9b0 note: ``Accumulator.reduce_gradients(n)`` uses ``n`` only to decide when a round has
 enough data (``set_virtual_batch_size``); the reduced gradient is the plain mean over the number of
 hand-ins. The batch-size weighting is therefore done here, from ``get_gradient_stats()``.
@@ -48,6 +55,7 @@ import torch
 from rfwp_rl.errors import UserError
 from rfwp_rl.impala.learner import Gradients, GroupStep
 from rfwp_rl.impala.net import settings_mismatch
+from rfwp_rl.impala.wire import RefusalLog, Refused, check_int, check_name
 
 GROUP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-/]{0,99}")
 INFO_FUNCTION = "rfwp_learner_info"
@@ -91,6 +99,18 @@ def check_group_args(broker: str, group: str) -> None:
         if not GROUP_NAME.fullmatch(group):
             raise UserError(f"--group {group!r} is invalid; allowed: 1-100 characters from letters, digits and "
                             "_ . - /, starting with a letter or digit")
+
+
+def check_counters(counters: Any, total_steps: int | None, slack: int) -> dict:
+    """A leader's shared counters, if sane: ``step`` and ``updates`` integers with ``0 <= updates <= step``
+    (every update trains at least one env step) and ``step <= total_steps + slack`` (the last round may
+    pass the target by at most ``slack`` env steps); else :class:`Refused`."""
+    if not isinstance(counters, dict) or not {"step", "updates"} <= set(counters):
+        raise Refused("shared counters must hold 'step' and 'updates'")
+    limit = 2**62 if total_steps is None else total_steps + slack
+    step = check_int(counters["step"], "shared step counter", 0, limit)
+    check_int(counters["updates"], "shared update counter", 0, step)
+    return counters
 
 
 def pack(obj: Any) -> torch.Tensor:
@@ -156,9 +176,11 @@ class LearnerGroup:
             scale and its update count the model version, the highest of which leads).
         settings: what every learner of the group must share (env, agent, learner settings).
         seed: this learner's ``--seed`` (a member with the same seed gets a warning).
+        total_steps: the run's ``--total-steps`` (bounds the counters a leader may hand over).
     """
 
-    def __init__(self, broker: str, group: str, learner: Any, settings: dict, seed: int):
+    def __init__(self, broker: str, group: str, learner: Any, settings: dict, seed: int,
+                 total_steps: int | None = None):
         from rfwp_rl.impala.env_pool import import_moolib
         from rfwp_rl.impala.net import resolve_address
 
@@ -169,6 +191,8 @@ class LearnerGroup:
         self.steps_per_update = int(learner.steps_per_update)
         self.settings = json.loads(json.dumps(settings, sort_keys=True, default=str))  # as the others see it
         self.seed = int(seed)
+        self.total_steps = total_steps
+        self.refusals = RefusalLog(f"group {group}")
         self._info_json = json.dumps({"settings": self.settings, "seed": self.seed}, sort_keys=True)
         self.name = f"learner-{socket.gethostname()}-s{seed}-{moolib.create_uid()[:6]}"
         self._lock = threading.Lock()
@@ -299,11 +323,17 @@ class LearnerGroup:
             self.dropped_rounds += 1
         adopted = self.acc.has_new_state()
         if adopted:
-            state = self.acc.state()
-            self.learner.load_shared_state(unpack(state["shared"]))
-            if not self._took_model or self.acc.model_version() != version:  # else the leader's periodic re-sync
-                self._say(f"took the model of {state['leader']} at update {self.acc.model_version():,}")
-            self._took_model = True
+            try:
+                leader, shared = self._leader_state(self.acc.state())
+            except Refused as e:
+                self.refusals.refuse(f"the leader's state: {e}")
+                self.acc.set_model_version(self.learner.updates)
+                adopted = False
+            else:
+                self.learner.load_shared_state(shared)
+                if not self._took_model or self.acc.model_version() != version:  # else the leader's re-sync
+                    self._say(f"took the model of {leader} at update {self.acc.model_version():,}")
+                self._took_model = True
         if self.acc.has_gradients():
             if not adopted:  # else: the state adopted in this same update already includes the round
                 self._step(self.acc.get_gradient_stats())
@@ -312,9 +342,41 @@ class LearnerGroup:
         if self.acc.wants_state():  # after any step: the served model and state belong together
             self.acc.set_state({"shared": pack(self.learner.shared_state()), "leader": self.name})
 
+    def _leader_state(self, state: Any) -> tuple[str, dict]:
+        """The leader's name and shared state (:meth:`Learner.shared_state`), checked; :class:`Refused`."""
+        if not isinstance(state, dict) or not isinstance(state.get("shared"), torch.Tensor) \
+                or state["shared"].dtype != torch.uint8 or state["shared"].dim() != 1:
+            raise Refused("the state must be {'shared': uint8 tensor, 'leader': name}")
+        leader = check_name(state.get("leader"), "leader name")
+        try:
+            shared = unpack(state["shared"])
+        except Exception as e:  # noqa: BLE001 - weights_only refuses anything but tensors and plain data
+            raise Refused(f"unreadable shared state ({type(e).__name__})") from None
+        if not isinstance(shared, dict):
+            raise Refused("the shared state must be a dict")
+        if "counters" in shared:
+            check_counters(shared["counters"], self.total_steps, self._round_limit())
+        return leader, shared
+
+    def _round_limit(self) -> int:
+        """The most env steps one round can add: every member hands in one batch."""
+        return max(1, len(self._members)) * self.steps_per_update
+
     def _step(self, stats: dict) -> None:
-        """The round's optimizer step: moolib's mean gradient, reweighted by env steps."""
+        """The round's optimizer step: moolib's mean gradient, reweighted by env steps. A round whose
+        gradients are not finite or whose env-step count cannot be is only counted: the schedule
+        advances as for a skipped update, on every learner alike (they all see the same round)."""
         if stats["num_gradients"] < 1:
+            return
+        limit = stats["num_gradients"] * self.steps_per_update
+        problem = None
+        if not 1 <= stats["batch_size"] <= limit:
+            problem = f"{stats['batch_size']:,} env steps from {stats['num_gradients']} learner(s) (at most {limit:,})"
+        elif not all(bool(torch.isfinite(p.grad).all()) for p in self.parameters if p.grad is not None):
+            problem = "the reduced gradients hold NaN or inf values"
+        if problem:
+            self.refusals.refuse(f"a round: {problem}")
+            self.learner.apply(GroupStep(env_steps=0, gradients=0, own_steps=0))
             return
         factor = group_gradient_factor(stats["num_gradients"], stats["batch_size"], self.steps_per_update)
         if factor != 1.0:
@@ -374,7 +436,7 @@ class LearnerGroup:
         return {"group/size": float(self.size), "group/leader": float(self._leader == self.name),
                 "group/gradients_per_step": float(self.last_gradients),
                 "group/dropped_rounds": float(self.dropped_rounds),
-                "group/refused_batches": float(self.dropped_batches)}
+                "group/refused_batches": float(self.dropped_batches), "group/refused": float(self.refusals.count)}
 
     def close(self, finished: bool = False) -> None:
         """Leave the group. ``finished``: stay ``LINGER_SECONDS`` first (still answering moolib), so

@@ -50,6 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("learner")
     g.add_argument("--connect", required=True, metavar="HOST:PORT", help="the learner's --listen address")
     g.add_argument("--name", default=None, help="this actor's unique name (default actor-<host>-<pid>)")
+    g.add_argument("--auth-key-file", default="", metavar="PATH",
+                   help="the learner's shared key (mode 600); default: $RFWP_AUTH_KEY, else "
+                        "~/.config/rfwp_rl/auth.key (copy the learner machine's file there)")
     g.add_argument("--rpc-timeout", type=float, default=10.0, help="seconds before a call counts as lost")
     g.add_argument("--weights-every", type=float, default=0.0,
                    help="seconds between weight pulls (default 0: after every completed rollout); "
@@ -80,6 +83,11 @@ def check_args(args: argparse.Namespace) -> str:
     from rfwp_rl.impala.net import resolve_address
 
     address = resolve_address(args.connect, "--connect")
+    if args.name is not None:
+        from rfwp_rl.impala.wire import MAX_NAME_CHARS
+
+        if not 0 < len(args.name) <= MAX_NAME_CHARS or not args.name.isprintable():
+            raise UserError(f"--name {args.name!r} is invalid; allowed: 1-{MAX_NAME_CHARS} printable characters")
     for flag in ("num_actors", "num_env_batches", "num_env_processes"):
         if getattr(args, flag) < 1:
             raise UserError(f"--{flag.replace('_', '-')} {getattr(args, flag)} is invalid; allowed: an integer >= 1")
@@ -96,7 +104,10 @@ def run(args: argparse.Namespace) -> int:
     from rfwp_rl.impala.setup import RunSpec
     from rfwp_rl.perf import choose_torch_threads, set_torch_threads
 
+    from rfwp_rl.impala.wire import resolve_key
+
     address = check_args(args)
+    key = resolve_key(args.auth_key_file, create=False, role="an actor")
     run_spec = RunSpec.from_args(args, trainer_keys())  # the learner's --set trainer keys are accepted (unused here)
     random.seed(args.seed)
     np.random.seed(args.seed)
@@ -111,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
     set_torch_threads(choose_torch_threads(args.torch_threads, args.num_env_processes,
                                            isinstance(agent.torso, ResNetTorso))[0])
     agent.eval()
-    actor = RemoteActor(pool, agent, compat_info(run_spec, agent), address, name, args, device)
+    actor = RemoteActor(pool, agent, compat_info(run_spec, agent), address, name, args, device, key)
     try:
         return actor.run()
     finally:
@@ -129,10 +140,10 @@ class RemoteActor:
     """The actor loop: (re)connect and validate -> pull weights -> step envs, send rollouts."""
 
     def __init__(self, pool, agent: torch.nn.Module, info: dict, address: str, name: str,
-                 args: argparse.Namespace, device: torch.device):
-        from rfwp_rl.impala.env_pool import import_moolib
+                 args: argparse.Namespace, device: torch.device, key: str):
+        from rfwp_rl.impala.wire import secure_moolib
 
-        self.moolib = import_moolib()
+        self.moolib = secure_moolib(key, connect=[address])  # the learner must prove the key too
         self.pool, self.agent, self.info, self.address, self.name = pool, agent, info, address, name
         self.args, self.device = args, device
         self.rpc = self.moolib.Rpc()
@@ -173,10 +184,24 @@ class RemoteActor:
         return reply
 
     def _load_weights(self, reply: dict) -> None:
-        if "state" in reply:
-            self.agent.load_state_dict(reply["state"])
-            self.versions_seen += 1
-        self.version = int(reply["version"])
+        from rfwp_rl.impala.wire import Refused, check_int, short
+
+        try:
+            version = check_int(reply.get("version"), "weights version", -1, 2**62)
+            if "state" in reply:
+                state, ours = reply["state"], self.agent.state_dict()
+                if not isinstance(state, dict) or set(state) != set(ours):
+                    raise Refused("the weights do not have this agent's parameter names")
+                for k, v in state.items():
+                    if not isinstance(v, torch.Tensor) or v.shape != ours[k].shape or v.dtype != ours[k].dtype:
+                        raise Refused(f"weights {k} is {short(v)}, this agent's is {short(ours[k])}")
+                    if v.is_floating_point() and not bool(torch.isfinite(v).all()):
+                        raise Refused(f"weights {k} hold NaN or inf values")
+                self.agent.load_state_dict(state)
+                self.versions_seen += 1
+        except Refused as e:
+            raise Disconnected(f"refused the learner's weights: {e}") from None
+        self.version = version
 
     # ---- connect
     def connect(self, stop) -> bool:
@@ -191,8 +216,16 @@ class RemoteActor:
                     raise UserError(f"the learner at {self.address} refused this actor: {reply['error']}")
                 if reply.get("finished"):
                     raise _Finished()
-                self.session = reply["session"]
-                unroll = int(reply["unroll_length"])
+                from rfwp_rl.impala.wire import Refused, check_int
+
+                try:
+                    session, unroll = reply.get("session"), check_int(reply.get("unroll_length"), "unroll length",
+                                                                       1, 100_000)
+                    if not isinstance(session, str) or len(session) > 64:
+                        raise Refused("the learner's session must be a short string")
+                except Refused as e:
+                    raise Disconnected(f"refused the learner's hello reply: {e}") from None
+                self.session = session
                 if self.actors is None:
                     from rfwp_rl.impala.actors import Actors
 
@@ -268,7 +301,8 @@ class RemoteActor:
                 self.log(f"the learner rejected a rollout: {reply['error']}")
             else:
                 self.rollouts_sent += 1
-                self.learner_version = int(reply.get("version", self.learner_version))
+                version = reply.get("version", self.learner_version)
+                self.learner_version = version if isinstance(version, int) else self.learner_version
 
     def _pull_weights(self, rollout_done: bool) -> None:
         fut = self.weights_future

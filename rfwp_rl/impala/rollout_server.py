@@ -4,6 +4,12 @@
 (:mod:`rfwp_rl.impala.remote`) calls it. Three functions, all of which return a dict and
 never raise (an exception inside a moolib handler aborts the whole learner process):
 
+Every call is checked before use (:mod:`rfwp_rl.impala.wire`: names, sessions, versions;
+:mod:`rfwp_rl.impala.rollout_check`: the rollout against the layout of the learner's own actors, the
+episodes bounded and finite); a malformed one is answered ``{"error": "refused: ..."}``, counted
+(``remote/rejected``) and logged in one line, and the learner goes on. Only peers holding the
+shared key get this far (moolib drops the others in the connection handshake).
+
 ``hello(name, info)``
     The actor's env/core/agent description (:func:`compat_info`). Reply: ``{"error": "..."}``
     naming the first difference, or ``{"session", "version", "unroll_length", "finished"}``.
@@ -29,7 +35,6 @@ from __future__ import annotations
 
 import json
 import secrets
-import sys
 import threading
 import time
 from collections import deque
@@ -38,9 +43,11 @@ from typing import Any, Callable
 import torch
 
 from rfwp_rl.errors import UserError
-from rfwp_rl.impala.actors import Rollout, rollout_spec
+from rfwp_rl.impala.actors import Rollout
 from rfwp_rl.impala.env_pool import import_moolib
 from rfwp_rl.impala.net import first_mismatch, resolve_address
+from rfwp_rl.impala.rollout_check import Layout, RolloutCheck
+from rfwp_rl.impala.wire import RefusalLog, Refused, check_int, check_name, check_plain, handler
 
 LEARNER_NAME = "learner"
 PROTOCOL = 1
@@ -57,20 +64,14 @@ def compat_info(run: Any, agent: Any) -> dict:
     return json.loads(json.dumps(info, sort_keys=True, default=str))
 
 
-def _safe(fn: Callable[..., dict]) -> Callable[..., dict]:
-    """Wrap an Rpc handler so that it returns ``{"error": ...}`` instead of raising."""
-    def handler(*args: Any, **kwargs: Any) -> dict:
-        try:
-            return fn(*args, **kwargs)
-        except BaseException as e:  # noqa: BLE001 - a raise here would abort the learner
-            message = f"learner could not handle {fn.__name__}: {type(e).__name__}: {e}"
-            try:
-                print(f"warning: {message}", file=sys.stderr, flush=True)
-            except BaseException:  # noqa: BLE001
-                pass
-            return {"error": message}
-    handler.__name__ = fn.__name__
-    return handler
+MAX_VERSION = 2**62
+MAX_SESSION_CHARS = 64
+
+
+def _check_session(session: Any) -> str | None:
+    if session is not None and (not isinstance(session, str) or len(session) > MAX_SESSION_CHARS):
+        raise Refused(f"session must be None or a string of at most {MAX_SESSION_CHARS} characters")
+    return session
 
 
 class RolloutServer:
@@ -87,10 +88,14 @@ class RolloutServer:
         learner: the learner (its agent gives the expected state shapes, its config the unroll
             length T, its device where :meth:`take` puts rollouts).
         info: :func:`compat_info` of the learner's run.
-        max_pending: rollout entries (envs) held before ``put_rollout`` answers busy.
+        max_pending: rollout entries (envs) held before ``put_rollout`` answers busy; also the most
+            envs one rollout may carry.
+        layout: what a local actor's rollout holds (:func:`rfwp_rl.impala.actors.rollout_spec`).
+        actions_ok: the action space's check of received actions (``ActionDistribution.valid``).
     """
 
-    def __init__(self, address: str, learner: Any, info: dict, max_pending: int):
+    def __init__(self, address: str, learner: Any, info: dict, max_pending: int, layout: Layout,
+                 actions_ok: Callable[[torch.Tensor], bool]):
         moolib = import_moolib()
         self.address = resolve_address(address, "--listen")
         self.learner = learner
@@ -99,10 +104,10 @@ class RolloutServer:
         self.max_pending = int(max_pending)
         self.device = learner.device
         self.session = secrets.token_hex(6)
-        self.action_dist = learner.agent.action_dist
-        self.spec = rollout_spec(learner.agent.obs_space, self.action_dist)
         template = learner.agent.initial_state(1)
-        self.state_spec = [(tuple(s.shape[1:]), s.dtype) for s in template]
+        self.check = RolloutCheck(layout, [(tuple(s.shape[1:]), s.dtype) for s in template], self.unroll_length,
+                                  self.max_pending, actions_ok)
+        self.refusals = RefusalLog("learner (remote actors)")
         self.finished = False
         self._lock = threading.Lock()
         self._arrived = threading.Condition(self._lock)
@@ -113,14 +118,12 @@ class RolloutServer:
         self._told_finished: set[str] = set()
         self.env_steps = 0  # remote env steps received (T per env per rollout)
         self.rollouts = 0
-        self.rejected = 0
         self._lags: list[int] = []
         self._window = (time.monotonic(), 0, 0)  # (time, env_steps, rollouts) at the last stats()
         self.rpc = moolib.Rpc()
         self.rpc.set_name(LEARNER_NAME)
-        self.rpc.define("hello", _safe(self.hello))
-        self.rpc.define("get_weights", _safe(self.get_weights))
-        self.rpc.define("put_rollout", _safe(self.put_rollout))
+        for fn in (self.hello, self.get_weights, self.put_rollout):
+            self.rpc.define(fn.__name__, handler(fn, self.refusals))
         try:
             self.rpc.listen(self.address)
         except RuntimeError as e:
@@ -161,6 +164,11 @@ class RolloutServer:
         if self.device.type != "cuda":
             return t.to(self.device)
         return t.pin_memory().to(self.device, non_blocking=True)
+
+    @property
+    def rejected(self) -> int:
+        """Calls refused so far (malformed, or a rollout that does not fit)."""
+        return self.refusals.count
 
     def pop_lags(self) -> list[int]:
         """Policy lags (updates) of the rollouts taken since the last call."""
@@ -210,8 +218,12 @@ class RolloutServer:
                 self._told_finished.add(str(name))
 
     def hello(self, name: str, info: dict) -> dict:
+        check_name(name, "actor name")
+        if not isinstance(info, dict):
+            raise Refused("hello info must be a dict")
+        check_plain(info, "hello info")
         self._touch(name)
-        problem = first_mismatch(self.info, info if isinstance(info, dict) else {})
+        problem = first_mismatch(self.info, info)
         if problem:
             print(f"remote actor {name} refused: {problem}", flush=True)
             return {"error": problem}
@@ -222,6 +234,8 @@ class RolloutServer:
                 "finished": self.finished}
 
     def get_weights(self, session: str, version: int) -> dict:
+        _check_session(session)
+        check_int(version, "version", -1, MAX_VERSION)
         with self._lock:
             weights = self._weights
         if weights is None:
@@ -231,42 +245,18 @@ class RolloutServer:
             reply["state"] = weights[1]
         return reply
 
-    def _check(self, data: Any, state: Any) -> str | None:
-        if not isinstance(data, dict) or sorted(data) != sorted(self.spec):
-            return f"rollout keys must be {sorted(self.spec)}"
-        reward = data["reward"]
-        if not isinstance(reward, torch.Tensor) or reward.dim() != 2:
-            return "rollout reward must be a tensor [T+1, b]"
-        T1, b = reward.shape
-        if T1 != self.unroll_length + 1 or b < 1:
-            return f"rollout reward has shape {list(reward.shape)}; the learner needs [{self.unroll_length + 1}, b]"
-        for k, (dtype, shape) in self.spec.items():
-            value = data[k]
-            if not isinstance(value, torch.Tensor) or tuple(value.shape) != (T1, b, *shape):
-                return f"rollout {k} must be a tensor [{', '.join(map(str, (T1, b, *shape)))}]"
-        for k in ("action", "prev_action"):
-            if not self.action_dist.valid(data[k]):
-                return f"rollout {k} holds actions outside the action space"
-        if not isinstance(state, (tuple, list)) or len(state) != len(self.state_spec):
-            return f"rollout core state must be a tuple of {len(self.state_spec)} tensors"
-        for s, (shape, dtype) in zip(state, self.state_spec):
-            if not isinstance(s, torch.Tensor) or tuple(s.shape) != (b, *shape) or s.dtype != dtype:
-                return f"rollout core state tensor must be [{b}, {', '.join(map(str, shape))}] {dtype}"
-        return None
-
     def put_rollout(self, name: str, session: str, version: int, data: dict, state: Any, episodes: list) -> dict:
+        check_name(name, "actor name")
+        _check_session(session)
+        check_int(version, "version", -1, MAX_VERSION)
         self._touch(name)
         if self.finished:
             return {"finished": True, "session": self.session}
-        problem = self._check(data, state)
-        if problem:
-            self.rejected += 1
-            return {"error": problem}
-        b = int(data["reward"].shape[1])
+        b = self.check.envs(data, state)
+        eps = self.check.episodes(episodes, b)
         with self._arrived:
             if self._pending >= self.max_pending:
                 return {"busy": True, "session": self.session}
-            eps = [(float(r), int(n)) for r, n in episodes]
             self._inbox.append((Rollout(dict(data), tuple(state)),
                                 int(version) if session == self.session else None, eps))
             self._pending += b

@@ -33,6 +33,7 @@ from typing import Iterable
 import numpy as np
 import torch
 
+from rfwp_rl.checkpoint import add_trust_argument
 from rfwp_rl.errors import UserError, check_choice
 from rfwp_rl.impala import profiles
 from rfwp_rl.impala.config import DEFAULTS, ENV_BACKENDS, OPTIMIZERS, ImpalaConfig
@@ -73,6 +74,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--run-dir", default=None, help="run directory (default runs/impala/<env>_<core>_s<seed>; "
                    "characters other than letters, digits, . + - in names become -, e.g. ALE-Pong-v5_delta-rnn_s1)")
     g.add_argument("--checkpoint-every", type=float, default=d.checkpoint_every, help="seconds (default %(default)s)")
+    add_trust_argument(g)
     g.add_argument("--snapshot-steps", type=_int_list, default=d.snapshot_steps,
                    help="extra checkpoints kept at these step counts, e.g. 50000000,200000000")
     g.add_argument("--log-every", type=float, default=d.log_every, help="seconds between console lines")
@@ -94,6 +96,10 @@ def _add_actor_arguments(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--broker", default=d.broker, metavar="HOST:PORT",
                    help="join a group of learners that train one model (with --group): the moolib broker's address "
                         "(rfwp-rl broker --address HOST:PORT); gradients are averaged before every optimizer step")
+    g.add_argument("--auth-key-file", default=d.auth_key_file, metavar="PATH",
+                   help="the key that remote actors, learners of the group and the broker must prove (mode 600); "
+                        "default: $RFWP_AUTH_KEY, else ~/.config/rfwp_rl/auth.key (made by a --listen learner "
+                        "if missing)")
     g.add_argument("--group", default=d.group, metavar="NAME",
                    help="the learner group's name at the broker; every learner of a group needs the same env, "
                         "agent and learner options, and its own --seed")
@@ -212,7 +218,7 @@ def run(args: argparse.Namespace) -> int:
                            run_spec.trainer_settings)
     run_dir = Path(args.run_dir) if args.run_dir else Path("runs") / "impala" / _run_name(
         run_spec.env.rpartition(":")[2], run_spec.preset.core, cfg.seed)
-    return train(cfg, run_spec, run_dir)
+    return train(cfg, run_spec, run_dir, trust_checkpoint=args.trust_checkpoint)
 
 
 def _run_name(env: str, core: str, seed: int) -> str:
@@ -221,9 +227,12 @@ def _run_name(env: str, core: str, seed: int) -> str:
     return run_name(env, core, f"s{seed}")
 
 
-def train(cfg: ImpalaConfig, run: RunSpec, run_dir: Path) -> int:
-    """Train until ``cfg.total_steps`` (resuming from ``run_dir``'s newest checkpoint). Returns the exit code."""
-    return run_trainer(ImpalaTrainer(cfg, run, run_dir))
+def train(cfg: ImpalaConfig, run: RunSpec, run_dir: Path, trust_checkpoint: bool = False) -> int:
+    """Train until ``cfg.total_steps`` (resuming from ``run_dir``'s newest checkpoint; ``trust_checkpoint``:
+    also from one that holds Python objects, see :func:`rfwp_rl.checkpoint.read_checkpoint`). Returns the exit code."""
+    trainer = ImpalaTrainer(cfg, run, run_dir)
+    trainer.trust_checkpoint = trust_checkpoint
+    return run_trainer(trainer)
 
 
 class ImpalaTrainer(Trainer):
@@ -306,13 +315,25 @@ class ImpalaTrainer(Trainer):
             self.pool = self.run.make_env_pool(cfg.env_backend, env_seed, cfg.num_actors, cfg.num_env_batches,
                                                cfg.num_env_processes)
         info = compat_info(self.run, learner.agent)
+        if cfg.listen or cfg.broker:  # every peer proves the shared key (before any Rpc exists)
+            from rfwp_rl.impala.net import resolve_address
+            from rfwp_rl.impala.wire import resolve_key, secure_moolib
+
+            key = resolve_key(cfg.auth_key_file, create=not cfg.broker, role="a learner joining a group")
+            secure_moolib(key, [resolve_address(cfg.listen, "--listen")] if cfg.listen else [],
+                          [resolve_address(cfg.broker, "--broker")] if cfg.broker else [])
         try:
             if cfg.listen:  # an Rpc endpoint, opened after the pool has forked
-                self.server = RolloutServer(cfg.listen, learner, info, max_pending=2 * cfg.batch_size)
+                from rfwp_rl.impala.actors import rollout_spec
+
+                agent = learner.agent
+                self.server = RolloutServer(cfg.listen, learner, info, max_pending=2 * cfg.batch_size,
+                                            layout=rollout_spec(agent.obs_space, agent.action_dist),
+                                            actions_ok=agent.action_dist.valid)
                 print(f"listening for remote actors on {cfg.listen}", flush=True)
             if cfg.broker:
                 settings = {**info, **{k: getattr(cfg, k) for k in GROUP_SETTINGS}}
-                self.group = LearnerGroup(cfg.broker, cfg.group, learner, settings, cfg.seed)
+                self.group = LearnerGroup(cfg.broker, cfg.group, learner, settings, cfg.seed, cfg.total_steps)
             else:
                 self.group = Solo(learner)
         except BaseException:  # e.g. a learner group that refuses this learner: no worker outlives it
@@ -347,6 +368,7 @@ class ImpalaTrainer(Trainer):
         self.snapshots_due = sorted(s for s in self.cfg.snapshot_steps if s > self.learner.step)
         self.adoptions = self.learner.adoptions
         self.dropped_batches = 0
+        self.refused_connections = 0
         self.last_stats: dict[str, float] = {}
 
     def hparams(self) -> dict:
@@ -461,6 +483,15 @@ class ImpalaTrainer(Trainer):
             self.logger.log(step, remote)
             extra.update(remote_actors=int(remote["remote/actors"]), remote_sps=round(remote["remote/env_sps"]),
                          policy_lag=remote["remote/policy_lag"])
+        if self.server is not None or self.cfg.broker:  # peers that failed the key handshake (moolib drops them)
+            from rfwp_rl.impala.wire import refused_connections
+
+            refused = refused_connections()
+            self.logger.log(step, {"net/refused_connections": float(refused)})
+            if refused > self.refused_connections:
+                print(f"warning: {refused - self.refused_connections} connection(s) without the shared key refused "
+                      f"({refused} in all)", file=sys.stderr, flush=True)
+            self.refused_connections = refused
         if "loss/total" in self.last_stats:
             extra["loss"] = self.last_stats["loss/total"]
         self.logger.progress(step, **extra)

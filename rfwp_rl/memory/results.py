@@ -33,6 +33,7 @@ import csv
 import io
 import json
 import math
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -102,10 +103,15 @@ def _checkpoint_minutes_steps(run_dir: Path, steps: int) -> tuple[float, int]:
     from rfwp_rl.checkpoint import list_checkpoints, read_checkpoint
 
     checkpoints = list_checkpoints(run_dir)  # newest first
-    if not checkpoints:
-        return float("nan"), steps
-    counters = read_checkpoint(checkpoints[0])["state"]["counters"]
-    return counters["train_seconds"] / 60.0, int(counters["step"])
+    minutes = float("nan")
+    if checkpoints:
+        try:
+            counters = read_checkpoint(checkpoints[0])["state"]["counters"]
+        except (ValueError, UserError) as e:  # damaged, or holding Python objects: never executed
+            print(f"warning: {run_dir}: no training time from {checkpoints[0].name} ({e})", file=sys.stderr)
+        else:
+            minutes, steps = counters["train_seconds"] / 60.0, int(counters["step"])
+    return minutes, steps
 
 
 def collect(runs_root: Path) -> list[Run]:

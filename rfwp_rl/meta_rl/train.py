@@ -107,6 +107,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--checkpoint-minutes", type=float, default=5.0,
                    help="minutes between checkpoints (also saved at the end and on Ctrl-C)")
     g.add_argument("--run-dir", default=None, help="default runs/meta_rl/<name>_s<seed>")
+    from rfwp_rl.checkpoint import add_trust_argument
+
+    add_trust_argument(g)
     g.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch default)")
     g.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
     g.add_argument("--print-every", type=float, default=10.0, help="seconds between progress lines")
@@ -278,7 +281,9 @@ def run(args: argparse.Namespace) -> int:
     core_name, core_config, label = resolve_agent(args.core, args.preset, args.overrides, args, keys)
     check_args(args)
     run_dir = Path(args.run_dir) if args.run_dir else Path("runs/meta_rl") / run_name(label, f"s{args.seed}")
-    return run_trainer(MetaRLTrainer(args, core_name, core_config, label, run_dir))
+    trainer = MetaRLTrainer(args, core_name, core_config, label, run_dir)
+    trainer.trust_checkpoint = args.trust_checkpoint
+    return run_trainer(trainer)
 
 
 class MetaRLTrainer(Trainer):

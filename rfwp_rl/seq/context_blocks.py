@@ -40,7 +40,7 @@ def load_run(run_dir: Path, min_count: int) -> tuple[SeqModel, dict, object]:
                         f"run was trained with {cfg['vocab_size']:,}; pass the run's --min-count")
     model = SeqModel(cfg["core"], (corpus.vocab_size,), corpus.vocab_size, cfg["emb_size"],
                      cfg["core_config"], dropout=cfg["dropout"], positions=cfg["positions"])
-    model.load_state_dict(torch.load(best, map_location="cpu", weights_only=False)["model"])
+    model.load_state_dict(torch.load(best, map_location="cpu", weights_only=True)["model"])
     model.eval()
     if not model.carries_state:
         raise UserError(f"core {cfg['core']!r} does not carry a state from segment to segment; "

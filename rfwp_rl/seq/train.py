@@ -76,6 +76,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    "without improvement (0: never)")
     g.add_argument("--checkpoint-every", type=int, default=500, help="steps between checkpoints")
     g.add_argument("--run-dir", help="run directory (default: runs/seq/<task>_<core>_s<seed>)")
+    from rfwp_rl.checkpoint import add_trust_argument
+
+    add_trust_argument(g)
     g.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
     g.add_argument("--device", default="cpu")
     g = parser.add_argument_group("lm task")
@@ -252,7 +255,9 @@ def early_stop_reason(args: argparse.Namespace, main: str, lower: bool, step: in
 def run(args: argparse.Namespace) -> int:
     extra = apply_sets(args)
     check_args(args)
-    return run_trainer(SeqTrainer(args, extra))
+    trainer = SeqTrainer(args, extra)
+    trainer.trust_checkpoint = args.trust_checkpoint
+    return run_trainer(trainer)
 
 
 class SeqTrainer(Trainer):
@@ -400,7 +405,7 @@ class SeqTrainer(Trainer):
         t1 = time.monotonic()
         final = copy.deepcopy(self.model)
         final.load_state_dict(torch.load(self.run_dir / "best.pt", map_location=args.device,
-                                         weights_only=False)["model"])
+                                         weights_only=True)["model"])
         results = {"settings": self.settings,
                    "training": {k: self.config[k] for k in ("steps", "batch_size", "lr", "warmup", "clip", "seed")},
                    "best_step": self.best_step, "steps_done": self.steps_done, "early_stop": self.early,

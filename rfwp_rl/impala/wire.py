@@ -1,0 +1,265 @@
+"""The wire between IMPALA processes: who may connect, and what a message may hold.
+
+Every moolib connection of this package (learner <-> remote actors, learner <-> learner of a group,
+learner <-> broker) proves a shared key before anything else crosses it: rfwp_rl's moolib build
+(``third_party/moolib``) runs an HMAC-SHA256 challenge-response in each connection's greeting and
+drops a peer that fails it before any of its calls is dispatched; it never pickles nor unpickles
+(only None, bool, int, float, str, list, tuple, dict and tensors travel). This module finds the
+key (:func:`resolve_key`), hands it to moolib together with the interfaces moolib may listen on
+by itself (:func:`secure_moolib`), and wraps every Rpc handler so that a malformed message is
+refused with one logged line instead of ending the process (:func:`handler`).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import os
+import secrets
+import socket
+import stat
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import torch
+
+from rfwp_rl.errors import UserError
+
+KEY_ENV = "RFWP_AUTH_KEY"
+KEY_FILE_ENV = "RFWP_AUTH_KEY_FILE"
+MIN_KEY_CHARS = 16
+MAX_NAME_CHARS = 100
+MAX_TEXT_CHARS = 64 * 1024  # one string in a message (e.g. a settings JSON)
+MAX_ITEMS = 100_000  # containers and their items in one message, tensors not counted
+MAX_DEPTH = 16
+WARN_EVERY_SECONDS = 10.0  # refused messages: one line per this many seconds, with the count
+
+
+def default_key_file() -> Path:
+    """Where the key lives unless ``--auth-key-file`` or ``RFWP_AUTH_KEY`` say otherwise:
+    ``$RFWP_AUTH_KEY_FILE``, else ``~/.config/rfwp_rl/auth.key``."""
+    given = os.environ.get(KEY_FILE_ENV)
+    if given:
+        return Path(given).expanduser()
+    return Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "rfwp_rl" / "auth.key"
+
+
+def read_key_file(path: Path) -> str:
+    """The key in ``path`` (whitespace stripped). One-line UserError if it is missing, readable by
+    other users (like ssh: the file is a password) or too short."""
+    try:
+        mode = path.stat().st_mode
+        text = path.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        raise UserError(f"auth key file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"cannot read auth key file {path} ({e})") from None
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise UserError(f"auth key file {path} is accessible by other users (mode {stat.S_IMODE(mode):o}); "
+                        f"run: chmod 600 {path}")
+    return check_key(text, str(path))
+
+
+def check_key(key: str, where: str) -> str:
+    if len(key) < MIN_KEY_CHARS or not key.isprintable():
+        raise UserError(f"the auth key in {where} is invalid; allowed: at least {MIN_KEY_CHARS} printable "
+                        "characters (e.g. from: python3 -c 'import secrets; print(secrets.token_hex(32))')")
+    return key
+
+
+def create_key_file(path: Path) -> str:
+    """A new random key (256 bits, hex) in ``path``, created with mode 0600 (never overwrites)."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    key = secrets.token_hex(32)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:  # made meanwhile by another process of this user
+        return read_key_file(path)
+    with os.fdopen(fd, "w") as f:
+        f.write(key + "\n")
+    return key
+
+
+def resolve_key(key_file: str | None, create: bool, role: str) -> str:
+    """The shared key: ``--auth-key-file`` if given, else ``$RFWP_AUTH_KEY``, else the default key
+    file (:func:`default_key_file`). ``create`` (a learner listening for actors, a broker): make the
+    default file when nothing is there and say once where it is and what the key is (the only time
+    it is printed); else (an actor, a learner joining a group) a missing key is a one-line error."""
+    if key_file:
+        return read_key_file(Path(key_file).expanduser())
+    if os.environ.get(KEY_ENV):
+        return check_key(os.environ[KEY_ENV].strip(), f"${KEY_ENV}")
+    path = default_key_file()
+    if path.exists():
+        return read_key_file(path)
+    if not create:
+        raise UserError(f"{role} needs the shared auth key of its learner/broker: copy that machine's "
+                        f"{path} to {path} here (mode 600), or pass --auth-key-file PATH, or set ${KEY_ENV}")
+    key = create_key_file(path)
+    print(f"created a new auth key in {path} (mode 600): {key}\n"
+          f"every actor, learner and broker of this training needs it: copy the file to the same path on the "
+          f"other machines, or pass --auth-key-file PATH / set ${KEY_ENV}. It is not shown again.",
+          file=sys.stderr, flush=True)
+    return key
+
+
+def _host(address: str) -> str:
+    host = address.rpartition(":")[0]
+    return host[1:-1] if host.startswith("[") else host
+
+
+def local_address_towards(ip: str) -> str:
+    """This machine's address on the interface that routes to ``ip`` (no packet is sent)."""
+    family = socket.AF_INET6 if ipaddress.ip_address(ip).version == 6 else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect((ip, 9))
+            return s.getsockname()[0]
+        except OSError:
+            return "::1" if family == socket.AF_INET6 else "127.0.0.1"
+
+
+def listen_hosts(listen: Iterable[str] = (), connect: Iterable[str] = ()) -> list[str]:
+    """Interfaces moolib may listen on by itself (random ports, for peers that connect back, as the
+    members of a learner group do): the hosts of this process's ``listen`` addresses and the local
+    interfaces that route to its ``connect`` addresses; loopback if none. Resolved ``IP:PORT`` inputs."""
+    hosts = [_host(a) for a in listen] + [local_address_towards(_host(a)) for a in connect]
+    return list(dict.fromkeys(hosts)) or ["127.0.0.1"]
+
+
+def secure_moolib(key: str, listen: Iterable[str] = (), connect: Iterable[str] = ()) -> Any:
+    """moolib, with the shared key set for every connection this process makes or accepts from now
+    on, and its own listeners restricted to :func:`listen_hosts`. Call before creating an Rpc."""
+    from rfwp_rl.impala.env_pool import import_moolib
+
+    moolib = import_moolib()
+    if not hasattr(moolib, "set_auth_key"):
+        raise UserError("the installed moolib has no peer authentication (not rfwp_rl's build of it); "
+                        "run: bash scripts/build_moolib.sh")
+    moolib.set_auth_key(key)
+    moolib.set_listen_hosts(listen_hosts(listen, connect))
+    return moolib
+
+
+def refused_connections() -> int:
+    """Connections refused so far in this process for a missing or wrong proof of the key."""
+    from rfwp_rl.impala.env_pool import import_moolib
+
+    return int(import_moolib().auth_refusals())
+
+
+# ---------------------------------------------------------------- messages
+
+
+class Refused(ValueError):
+    """A message that does not have the expected form (the text says what is wrong, in one line)."""
+
+
+def check_plain(value: Any, what: str = "message") -> None:
+    """Raise :class:`Refused` unless ``value`` is plain data: None, bool, int, float, str (at most
+    ``MAX_TEXT_CHARS``), tensors, and lists, tuples and dicts with str keys of these, at most
+    ``MAX_DEPTH`` deep and ``MAX_ITEMS`` items. What moolib refuses anyway (pickles), this names
+    before sending; what it lets through (huge or deeply nested containers), this bounds."""
+    count = 0
+    stack = [(value, what, 0)]
+    while stack:
+        v, path, depth = stack.pop()
+        count += 1
+        if count > MAX_ITEMS:
+            raise Refused(f"{what} has more than {MAX_ITEMS} items")
+        if depth > MAX_DEPTH:
+            raise Refused(f"{path} is nested deeper than {MAX_DEPTH}")
+        if v is None or isinstance(v, (bool, int, float, torch.Tensor)):
+            continue
+        if isinstance(v, str):
+            if len(v) > MAX_TEXT_CHARS:
+                raise Refused(f"{path} is a string of {len(v)} characters (at most {MAX_TEXT_CHARS})")
+        elif isinstance(v, (list, tuple)):
+            stack.extend((item, f"{path}[{i}]", depth + 1) for i, item in enumerate(v))
+        elif isinstance(v, dict):
+            for k, item in v.items():
+                if not isinstance(k, str):
+                    raise Refused(f"{path} has a key of type {type(k).__name__} (only str)")
+                stack.append((item, f"{path}.{k}", depth + 1))
+        else:
+            raise Refused(f"{path} is a {type(v).__name__}; only None, bool, int, float, str, list, tuple, dict "
+                          "and tensors travel")
+
+
+def check_name(name: Any, what: str = "name") -> str:
+    """A peer's name: a str of 1..MAX_NAME_CHARS printable characters."""
+    if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME_CHARS or not name.isprintable():
+        raise Refused(f"{what} must be 1-{MAX_NAME_CHARS} printable characters")
+    return name
+
+
+def check_int(value: Any, what: str, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise Refused(f"{what} must be an integer in [{low}, {high}], got {short(value)}")
+    return value
+
+
+def check_finite_number(value: Any, what: str, bound: float = 1e30) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or abs(value) > bound:
+        raise Refused(f"{what} must be a finite number, got {short(value)}")
+    return float(value)
+
+
+def short(value: Any) -> str:
+    text = repr(value) if not isinstance(value, torch.Tensor) else f"tensor {list(value.shape)} {value.dtype}"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+class RefusalLog:
+    """Counts refused messages and says so on stderr: the first one at once, then at most one line
+    per ``WARN_EVERY_SECONDS`` with the count since (a flood of bad messages cannot flood the log)."""
+
+    def __init__(self, who: str):
+        self.who = who
+        self.count = 0
+        self._lock = threading.Lock()
+        self._last_line = -math.inf
+        self._unreported = 0
+
+    def refuse(self, problem: str) -> None:
+        with self._lock:
+            self.count += 1
+            self._unreported += 1
+            now = time.monotonic()
+            if now - self._last_line < WARN_EVERY_SECONDS:
+                return
+            more = f" ({self._unreported - 1} more refused since the last line)" if self._unreported > 1 else ""
+            self._last_line, self._unreported = now, 0
+        try:
+            print(f"warning: {self.who} refused a message: {problem}{more}", file=sys.stderr, flush=True)
+        except BaseException:  # noqa: BLE001 - never raise from a handler
+            pass
+
+
+def handler(fn: Callable[..., dict], refusals: RefusalLog) -> Callable[..., dict]:
+    """``fn`` as an Rpc handler that never raises (an exception inside a moolib handler, or a reply
+    moolib cannot send, aborts the whole process): a :class:`Refused` message is counted and answered
+    ``{"error": ...}``; any other exception likewise, as a bug of this side; the reply must be plain."""
+    def wrapped(*args: Any, **kwargs: Any) -> dict:
+        try:
+            reply = fn(*args, **kwargs)
+        except Refused as e:
+            refusals.refuse(f"{fn.__name__}: {e}")
+            return {"error": f"refused: {e}"}
+        except BaseException as e:  # noqa: BLE001
+            message = f"could not handle {fn.__name__}: {type(e).__name__}: {str(e)[:200]}"
+            refusals.refuse(message)
+            return {"error": message}
+        try:
+            check_plain(reply, "the reply")
+        except Refused as e:
+            message = f"could not handle {fn.__name__}: {e}"
+            refusals.refuse(message)
+            return {"error": message}
+        return reply
+    wrapped.__name__ = fn.__name__
+    return wrapped

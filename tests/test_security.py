@@ -1,0 +1,406 @@
+"""Attacks on the learner's network endpoints, its learner group and its checkpoint files.
+
+What is shown: a peer without the shared key reaches no endpoint, and a pickle whose unpickling
+would write a file is never unpickled (not even from a key holder); malformed rollouts and group
+rounds are refused, counted and logged while the learner trains on; a checkpoint holding a pickled
+object is refused by eval and resume in one line, running nothing. Network tests bind 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from rfwp_rl import cli
+from rfwp_rl.checkpoint import Checkpointer, UnsafeCheckpoint, list_checkpoints, read_checkpoint, rng_state, \
+    set_rng_state
+from rfwp_rl.impala.actors import rollout_spec
+from rfwp_rl.impala.rollout_check import RolloutCheck
+from rfwp_rl.impala.wire import RefusalLog, Refused, check_plain, handler, read_key_file, resolve_key
+from procs import free_port  # tests/procs.py
+
+REPO = Path(__file__).resolve().parent.parent
+TESTS = Path(__file__).resolve().parent
+TINY = ["--env", "CartPole-v1", "--core", "lstm", "--set", "core_config.hidden_size=16"]
+
+
+class Evil:
+    """Unpickling this runs ``open(path, "w")``: a file appears if anything unpickles it."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def _env(**extra: str) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **extra)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS), str(REPO), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+# ------------------------------------------------------------------ key and payload rules
+
+def test_key_file_must_be_private_and_is_created_once(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("RFWP_AUTH_KEY", raising=False)
+    monkeypatch.setenv("RFWP_AUTH_KEY_FILE", str(tmp_path / "cfg" / "auth.key"))
+    key = resolve_key(None, create=True, role="a learner")
+    assert len(key) == 64 and (tmp_path / "cfg" / "auth.key").stat().st_mode & 0o777 == 0o600
+    assert capsys.readouterr().err.count(key) == 1  # shown once, when made
+    assert resolve_key(None, create=True, role="a learner") == key
+    assert key not in capsys.readouterr().err  # never again
+    (tmp_path / "cfg" / "auth.key").chmod(0o644)
+    with pytest.raises(Exception, match="accessible by other users .*chmod 600"):
+        read_key_file(tmp_path / "cfg" / "auth.key")
+    monkeypatch.setenv("RFWP_AUTH_KEY_FILE", str(tmp_path / "none.key"))
+    with pytest.raises(Exception, match="an actor needs the shared auth key"):
+        resolve_key(None, create=False, role="an actor")
+
+
+def test_only_plain_data_passes_and_handlers_never_raise():
+    check_plain({"a": [1, 2.5, "x", None, True, (torch.zeros(2),)]})
+    for bad in ({"a": Evil("/nonexistent")}, {1: "int key"}, {"a": np.zeros(2)}, [[[]]] * 1 + ["x" * 70000]):
+        with pytest.raises(Refused):
+            check_plain(bad)
+    refusals = RefusalLog("test")
+
+    def boom(x):
+        raise Refused(f"bad {x}")
+
+    def returns_object():
+        return {"x": object()}
+
+    assert handler(boom, refusals)(1) == {"error": "refused: bad 1"}
+    assert handler(returns_object, refusals)()["error"].startswith("could not handle returns_object")
+    assert refusals.count == 2
+
+
+# ------------------------------------------------------------------ rollouts
+
+@pytest.fixture(scope="module")
+def rollout_check():
+    from rfwp_rl.impala.setup import RunSpec
+
+    import argparse
+
+    from rfwp_rl.impala.config import trainer_keys
+    from rfwp_rl.impala.setup import add_run_arguments
+
+    parser = argparse.ArgumentParser()
+    add_run_arguments(parser, "CartPole-v1")
+    spec = RunSpec.from_args(parser.parse_args(TINY), trainer_keys())
+    agent = spec.build_agent()
+    layout = rollout_spec(agent.obs_space, agent.action_dist)
+    states = [(tuple(s.shape[1:]), s.dtype) for s in agent.initial_state(1)]
+    return RolloutCheck(layout, states, unroll_length=5, max_envs=8, actions_ok=agent.action_dist.valid), \
+        layout, agent
+
+
+def _rollout(layout, agent, b: int = 2) -> tuple[dict, tuple]:
+    data = {k: torch.zeros((6, b, *shape), dtype=dtype) for k, (dtype, shape) in layout.items()}
+    return data, tuple(s.repeat(b, *[1] * (s.dim() - 1)) for s in agent.initial_state(1))
+
+
+def test_rollout_layout_is_what_a_local_actor_stores(rollout_check):
+    _, layout, _ = rollout_check
+    assert layout == {"obs": (torch.float32, (4,)), "reward": (torch.float32, ()), "done": (torch.bool, ()),
+                      "truncated": (torch.bool, ()), "prev_action": (torch.int64, ()), "action": (torch.int64, ()),
+                      "behaviour_log_prob": (torch.float32, ())}
+
+
+@pytest.mark.parametrize("attack, message", [
+    (lambda d: d.update(action=d["action"].to(torch.int32)), "action is .* torch.int32; the learner needs"),
+    (lambda d: d["action"].fill_(2), "action holds actions outside the action space .*0..1"),
+    (lambda d: d["prev_action"].fill_(-1), "prev_action holds actions outside"),
+    (lambda d: d["reward"].fill_(float("nan")), "reward holds NaN or inf"),
+    (lambda d: d.update(obs=torch.zeros(6, 2, 5)), r"obs is \[6, 2, 5\]"),
+    (lambda d: d.update(obs=torch.zeros(7, 2, 4)), r"obs is \[7, 2, 4\]"),
+    (lambda d: d.pop("truncated"), "rollout keys must be"),
+    (lambda d: d.update(extra=torch.zeros(6, 2)), "rollout keys must be"),
+])
+def test_malformed_rollouts_are_refused(rollout_check, attack, message):
+    check, layout, agent = rollout_check
+    data, state = _rollout(layout, agent)
+    assert check.envs(data, state) == 2
+    attack(data)
+    with pytest.raises(Refused, match=message):
+        check.envs(data, state)
+
+
+def test_oversize_rollouts_bad_states_and_episodes_are_refused(rollout_check):
+    check, layout, agent = rollout_check
+    with pytest.raises(Refused, match="rollout has 9 envs; allowed: 1..8"):
+        check.envs(*_rollout(layout, agent, b=9))
+    data, state = _rollout(layout, agent)
+    with pytest.raises(Refused, match="core state 0 must be"):
+        check.envs(data, (state[0][:1], *state[1:]))
+    assert check.episodes([(1.5, 10), [2, 3]], 2) == [(1.5, 10), (2.0, 3)]
+    for bad, message in [([(float("nan"), 3)], "return must be a finite number"), ([(1.0, -1)], "length must be"),
+                         ([(1.0, 2)] * 49, "at most 48"), ([(1.0,)], "pair")]:
+        with pytest.raises(Refused, match=message):
+            check.episodes(bad, 2)
+
+
+# ------------------------------------------------------------------ the learner's endpoints, end to end
+
+ATTACKER = textwrap.dedent("""
+    import json, sys, moolib, torch
+    key, port, marker = sys.argv[1], sys.argv[2], sys.argv[3]
+
+    class Evil:
+        def __reduce__(self):
+            return (open, (marker, "w"))
+
+    if key != "-":
+        moolib.set_auth_key(key)
+    moolib.set_listen_hosts(["127.0.0.1"])
+    rpc = moolib.Rpc(); rpc.set_name("attacker"); rpc.set_timeout(4)
+    rpc.connect("127.0.0.1:" + port)
+    out = {}
+    def call(label, fn, *args):
+        try:
+            out[label] = rpc.sync("learner", fn, *args)
+        except RuntimeError as e:
+            out[label] = "RuntimeError: " + str(e).splitlines()[0]
+    call("hello", "hello", Evil(), {"x": Evil()})
+    call("get_weights", "get_weights", Evil(), Evil())
+    call("put_rollout", "put_rollout", "a", None, 0, {"obs": Evil()}, (Evil(),), [Evil()])
+    if len(sys.argv) > 4:  # a key holder's malformed rollouts
+        from rfwp_rl.impala.setup import RunSpec
+        layout = json.loads(sys.argv[4])
+        for attack in ("dtype", "action", "nan", "oversize"):
+            b = 64 if attack == "oversize" else 2
+            data = {k: torch.zeros([6, b, *shape], dtype=getattr(torch, dtype)) for k, (dtype, shape) in layout.items()}
+            if attack == "dtype":
+                data["obs"] = data["obs"].double()
+            elif attack == "action":
+                data["action"].fill_(7)
+            elif attack == "nan":
+                data["reward"][2, 1] = float("nan")
+            state = (torch.zeros(b, 16), torch.zeros(b, 16))
+            call(attack, "put_rollout", "a", None, 0, data, state, [])
+        call("hello_ok", "hello", "attacker", {"protocol": 1})
+    out["refused_connections"] = moolib.auth_refusals()
+    print(json.dumps(out))
+""")
+
+
+@pytest.mark.moolib
+@pytest.mark.slow
+def test_learner_endpoints_refuse_peers_without_the_key_and_pickles_and_bad_rollouts(tmp_path):
+    port = free_port()
+    key_file = tmp_path / "auth.key"
+    env = _env(RFWP_AUTH_KEY_FILE=str(key_file))
+    env.pop("RFWP_AUTH_KEY", None)
+    learner = subprocess.Popen(
+        [sys.executable, "-m", "rfwp_rl", "train", *TINY, "--run-dir", str(tmp_path / "run"), "--listen",
+         f"127.0.0.1:{port}", "--num-actors", "2", "--num-env-processes", "1", "--unroll-length", "5",
+         "--batch-size", "2", "--total-steps", "200000", "--log-every", "0.5"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(line.rstrip("\n") for line in learner.stdout), daemon=True).start()
+    try:
+        deadline = time.monotonic() + 90
+        while not any("listening for remote actors" in line for line in lines) and time.monotonic() < deadline:
+            assert learner.poll() is None, "\n".join(lines)
+            time.sleep(0.1)
+        assert key_file.exists(), "\n".join(lines)
+        key = key_file.read_text().strip()
+        layout = {"obs": ["float32", [4]], "reward": ["float32", []], "done": ["bool", []], "truncated": ["bool", []],
+                  "prev_action": ["int64", []], "action": ["int64", []], "behaviour_log_prob": ["float32", []]}
+        marker = tmp_path / "pwned"
+
+        def attack(attacker_key: str, *extra: str) -> dict:
+            proc = subprocess.run([sys.executable, "-c", ATTACKER, attacker_key, str(port), str(marker), *extra],
+                                  capture_output=True, text=True, timeout=120, cwd=REPO,
+                                  env=_env(RFWP_MOOLIB_SEND_PICKLES_FOR_TESTS="1"))
+            assert proc.returncode == 0, proc.stdout + proc.stderr
+            return json.loads(proc.stdout.strip().splitlines()[-1])
+
+        for attacker_key in ("-", "wrong-key-0123456789abcdef"):  # no key, a wrong key: no endpoint answers
+            out = attack(attacker_key)
+            assert all(out[k].startswith("RuntimeError") and "timed out" in out[k]
+                       for k in ("hello", "get_weights", "put_rollout")), out
+        assert out["refused_connections"] >= 1  # the attacker refused the learner's proof too
+        out = attack(key, json.dumps(layout))  # the right key: answered, but no pickle is ever unpickled
+        for k in ("hello", "get_weights", "put_rollout"):
+            assert "refused a pickled Python object" in str(out[k]), out
+        assert out["dtype"]["error"].startswith("refused: rollout obs is [6, 2, 4] torch.float64"), out
+        assert "outside the action space" in out["action"]["error"], out
+        assert "reward holds NaN" in out["nan"]["error"], out
+        assert "rollout has 64 envs; allowed: 1..4" in out["oversize"]["error"], out
+        assert "does not match the learner's" in out["hello_ok"]["error"], out  # a key holder is answered
+        assert not marker.exists()
+        steps_then = len(lines)
+        time.sleep(3)
+        assert learner.poll() is None, "\n".join(lines)  # still training
+        assert any("env_sps" in line or "steps" in line for line in lines[steps_then:]), "\n".join(lines)
+        assert any("refused a message" in line for line in lines), "\n".join(lines)
+        assert any("connection(s) without the shared key refused" in line for line in lines), "\n".join(lines)
+        assert key not in "\n".join(lines[1:])  # the key is shown once, when made
+    finally:
+        learner.kill()
+        learner.wait(timeout=30)
+
+
+# ------------------------------------------------------------------ a learner group member's attacks
+
+@pytest.mark.moolib
+@pytest.mark.slow
+def test_group_refuses_nan_gradients_impossible_step_counts_and_counters_past_the_target(tmp_path):
+    port = free_port()
+    script = textwrap.dedent(f"""
+        import json, threading, time, torch, moolib
+        from rfwp_rl.impala.learner import Gradients
+        from rfwp_rl.impala.multi_learner import LearnerGroup
+
+        moolib.set_auth_key("group-test-key-0123456789")
+        moolib.set_listen_hosts(["127.0.0.1"])
+
+        class Learner:
+            def __init__(self, w, steps, counters):
+                self.w, self.steps, self.lock, self.steps_per_update = w, steps, threading.Lock(), S
+                self.counters, self.loaded = counters, []
+            updates = property(lambda self: self.counters["updates"])
+            def parameters(self):
+                return [self.w]
+            def buffers(self):
+                return []
+            def apply(self, step):
+                self.steps.append((step.env_steps, step.gradients))
+            def shared_state(self):
+                return {{"counters": dict(self.counters)}}
+            def load_shared_state(self, state):
+                self.loaded.append(state)
+
+        broker_rpc = moolib.Rpc(); broker_rpc.set_name("broker")
+        broker = moolib.Broker(broker_rpc); broker_rpc.listen("127.0.0.1:{port}")
+        S, TOTAL = 3, 1000
+        learners = []
+        # learner 0 leads (more updates) and hands over counters past --total-steps
+        for i, counters in enumerate([{{"step": 10**9, "updates": 50}}, {{"step": 0, "updates": 0}}]):
+            w = torch.nn.Parameter(torch.zeros(2))
+            steps = []
+            l = Learner(w, steps, counters)
+            group = LearnerGroup("127.0.0.1:{port}", "t/w", l, {{"x": 1}}, seed=i, total_steps=TOTAL)
+            learners.append(dict(w=w, group=group, steps=steps, l=l))
+        # round 1: learner 1 hands in NaN gradients; round 2: learner 1 claims 10**6 env steps
+        plan = [(None, (float("nan"), S)), (None, (1.0, 10**6))]
+        deadline, rnd = time.time() + 100, 0
+        while time.time() < deadline and rnd < len(plan):
+            broker.update()
+            for i, l in enumerate(learners):
+                l["group"].sync()
+                g = plan[rnd][i]
+                if g is not None and l["group"].wants_gradients() and not l.get("handed"):
+                    l["w"].grad.fill_(g[0])
+                    l["group"].hand_in(Gradients(True, g[1], {{}}))
+                    l["handed"] = True
+                l["group"].idle()
+            if all(len(l["steps"]) > rnd for l in learners):
+                rnd += 1
+                for l in learners:
+                    l["handed"] = False
+            time.sleep(0.005)
+        print(json.dumps({{"steps": [l["steps"] for l in learners], "loaded": [len(l["l"].loaded) for l in learners],
+                          "refused": [l["group"].refusals.count for l in learners]}}))
+        for l in learners:
+            l["group"].close()
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180, cwd=REPO,
+                          env=_env())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    # both rounds are only counted on both learners: no optimizer step, no env steps
+    assert out["steps"] == [[[0, 0], [0, 0]], [[0, 0], [0, 0]]], out
+    assert out["loaded"][1] == 0  # the leader's counters past the target were not adopted
+    assert out["refused"][0] >= 2 and out["refused"][1] >= 3, out
+    assert "refused a message: the leader's state: shared step counter must be an integer in [0, 1006]" \
+        in proc.stderr, proc.stderr
+    assert "a round: the reduced gradients hold NaN or inf values" in proc.stderr  # later lines are rate-limited
+
+
+@pytest.mark.moolib
+def test_moolib_hmac_is_hmac_sha256():
+    import moolib
+
+    for key, message in [(b"k", b""), (b"key" * 30, b"m" * 200), (b"x" * 64, b"y" * 55)]:
+        assert moolib.hmac_sha256(key, message) == hmac.new(key, message, "sha256").digest()
+
+
+# ------------------------------------------------------------------ checkpoints
+
+def _evil_checkpoint(path: Path, marker: Path) -> None:
+    meta = {"trainer": "impala", "env": "CartPole-v1", "core": "lstm", "num_actions": 2, "obs_shape": [4]}
+    torch.save({"format": 1, "meta": meta, "step": 5, "state": {"agent": {}, "x": Evil(str(marker))}}, path)
+
+
+def test_eval_and_resume_refuse_a_checkpoint_holding_a_pickle(tmp_path, capsys):
+    marker = tmp_path / "pwned"
+    run = tmp_path / "run"
+    run.mkdir()
+    _evil_checkpoint(run / "ckpt_000000000005.pt", marker)
+    assert cli.main(["eval", str(run)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: checkpoint {run / 'ckpt_000000000005.pt'} holds a Python "
+                                               "object (io.open) that loading would have to execute"), err
+    assert cli.main(["train", *TINY, "--run-dir", str(run), "--num-actors", "2", "--env-backend", "local",
+                     "--total-steps", "100"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--trust-checkpoint" in err[0], err
+    assert not marker.exists()
+    assert list_checkpoints(run) == [run / "ckpt_000000000005.pt"]  # refused, not treated as damaged
+
+
+def test_eval_imports_a_checkpoints_env_module_only_when_named(tmp_path, capsys, monkeypatch):
+    marker = tmp_path / "imported"
+    (tmp_path / "evil_envs.py").write_text(f"open({str(marker)!r}, 'w')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    meta = {"trainer": "impala", "env": "evil_envs:Foo-v0", "core": "lstm", "num_actions": 2, "obs_shape": [4]}
+    torch.save({"format": 1, "meta": meta, "step": 5, "state": {"agent": {}}}, tmp_path / "ckpt_000000000005.pt")
+    assert cli.main(["eval", str(tmp_path / "ckpt_000000000005.pt")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: checkpoint {tmp_path / 'ckpt_000000000005.pt'} was trained on env 'evil_envs:Foo-v0'; "
+                   "evaluating it imports the Python module 'evil_envs', which runs its code: pass --env "
+                   "evil_envs:Foo-v0 to confirm"]
+    assert not marker.exists()
+
+
+def test_old_checkpoints_load_only_when_trusted_and_rng_state_is_plain(tmp_path):
+    old = tmp_path / "old.pt"
+    torch.save({"format": 1, "meta": {}, "step": 1, "state": {"rng": {"numpy": np.random.get_state()}}}, old)
+    with pytest.raises(UnsafeCheckpoint, match="numpy"):
+        read_checkpoint(old)
+    assert read_checkpoint(old, trust=True)["step"] == 1
+    np.random.seed(3)
+    state = rng_state()
+    torch.save({"rng": state}, tmp_path / "new.pt")
+    loaded = torch.load(tmp_path / "new.pt", weights_only=True)["rng"]
+    expected = np.random.rand(3)
+    set_rng_state(loaded)
+    assert np.array_equal(np.random.rand(3), expected)
+
+
+def test_pruning_keeps_the_newest_readable_checkpoint(tmp_path, capsys):
+    ck = Checkpointer(tmp_path, {"m": 1}, keep=2)
+    for step in (10, 20):
+        ck.save({"counter": step}, step)
+    (tmp_path / "ckpt_000000000030.pt").write_bytes(b"damaged")  # a newer step number, unreadable
+    assert ck.load_latest()["step"] == 20
+    assert "unreadable" in capsys.readouterr().err
+    ck.save({"counter": 21}, 21)
+    ck.save({"counter": 22}, 22)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["ckpt_000000000022.pt", "ckpt_000000000021.pt"]
+    assert (tmp_path / "ckpt_000000000030.pt.damaged").exists()  # set aside, not deleted
