@@ -231,10 +231,10 @@ def test_evaluates_a_checkpoint_written_by_the_trainer(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_eval_needs_no_flags_on_a_run_of_an_env_from_a_module(tmp_path, capsys):
-    """A run trained with --env module:EnvId records the module with the env, so that eval makes the
-    env from the checkpoint alone; a checkpoint of an older version (env recorded without its
-    module) is evaluated through the run's config.json."""
+def test_eval_of_an_env_from_a_module_imports_it_only_when_env_names_it(tmp_path, capsys):
+    """A run trained with --env module:EnvId records the module with the env; importing it runs the
+    module's code, so eval asks for --env naming it (one line) instead of importing what a file
+    says; with --env it evaluates, also a checkpoint of an older version (env without its module)."""
     from rfwp_rl.checkpoint import atomic_torch_save, list_checkpoints, read_checkpoint
 
     run = tmp_path / "mod"
@@ -244,12 +244,16 @@ def test_eval_needs_no_flags_on_a_run_of_an_env_from_a_module(tmp_path, capsys):
     file = list_checkpoints(run)[0]
     assert read_checkpoint(file)["meta"]["env"] == "fault_envs:FaultCartPole-v0"
     capsys.readouterr()
-    assert cli.main(["eval", str(run), "--episodes", "2", "--repeats", "1", "--num-envs", "2"]) == 0
+    assert cli.main(["eval", str(run), "--episodes", "2", "--repeats", "1", "--num-envs", "2"]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--env fault_envs:FaultCartPole-v0" in err[0], err
+    env = ["--env", "fault_envs:FaultCartPole-v0"]
+    assert cli.main(["eval", str(run), *env, "--episodes", "2", "--repeats", "1", "--num-envs", "2"]) == 0
     assert "on fault_envs:FaultCartPole-v0" in capsys.readouterr().out
     old = read_checkpoint(file)
     old["meta"]["env"] = "FaultCartPole-v0"
     atomic_torch_save(old, file)
-    assert cli.main(["eval", str(run), "--episodes", "2", "--repeats", "1", "--num-envs", "2"]) == 0
+    assert cli.main(["eval", str(run), *env, "--episodes", "2", "--repeats", "1", "--num-envs", "2"]) == 0
     assert cli.main(["train", "--env", "fault_envs:FaultCartPole-v0", "--core", "lstm", "--set",
                      "core_config.hidden_size=8", "--total-steps", "60", "--num-actors", "2", "--unroll-length", "10",
                      "--batch-size", "2", "--env-backend", "local", "--run-dir", str(run)]) == 0  # resumes too

@@ -251,5 +251,6 @@ def test_train_dict_obs_and_box_actions_through_moolib(tmp_path):
         assert done.returncode == 0, done.stderr[-2000:]
         from rfwp_rl.impala.evaluate import evaluate
 
-        record = evaluate(run, episodes=2, repeats=1, num_envs=2, quiet=True)
+        # the env comes from a Python module: eval imports it only when --env names it
+        record = evaluate(run, env=f"space_envs:{env_id}", episodes=2, repeats=1, num_envs=2, quiet=True)
         assert len(record["scores"][0]) == 2
