@@ -24,6 +24,7 @@ LEVELS=${LEVELS:-"easy medium"}
 SEEDS=${SEEDS:-"1 2 3"}
 JOBS=${JOBS:-1}
 RUNS=${RUNS:-runs/memory}
+OUT=${OUT:-results/memory}
 THREADS=${THREADS:-1}
 IDS=${IDS:-$(python3 -c "import sys; from rfwp_rl.memory import suite; print(' '.join(i for l in sys.argv[1:] for i in suite.suite_ids(l)))" $LEVELS)}
 mkdir -p "$RUNS"
@@ -46,4 +47,4 @@ for seed in $SEEDS; do
   done
 done | xargs -P "$JOBS" -L 1 bash -c 'one_run "$0" "$1" "$2"'
 
-python3 -m rfwp_rl.memory.results --runs "$RUNS" --out results/memory
+python3 -m rfwp_rl.memory.results --runs "$RUNS" --out "$OUT"

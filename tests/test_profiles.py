@@ -60,5 +60,5 @@ def test_bad_values_are_one_line_errors(argv, message):
 def test_settings_line_names_every_learning_setting():
     line = profiles.describe(train.config_from_args(parse(), "vector", memory_horizon=9), "agents/vector_rdn.toml")
     for part in ("vector profile", "batch 16 x unroll 20", "adam lr 0.0005", "advantages normalised",
-                 "V-trace lambda 0.9", "entropy 0.01", "agents/vector_rdn.toml"):
+                 "V-trace lambda 0.9", "entropy 0.03", "agents/vector_rdn.toml"):
         assert part in line

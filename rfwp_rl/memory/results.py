@@ -83,7 +83,7 @@ def read_run(run_dir: Path) -> Run | None:
         return None
     config = json.loads(config_path.read_text())
     env = config.get("env")
-    if env not in suite.SUITE or "core" not in config:
+    if env not in suite.ALL or "core" not in config:
         return None
     scalars = read_all_scalars(run_dir)
     curve = scalars.get(CURVE_TAG)
@@ -119,7 +119,7 @@ def collect(runs_root: Path) -> list[Run]:
     if not runs_root.is_dir():
         raise UserError(f"--runs {str(runs_root)!r} is not a directory")
     runs = [r for p in sorted(runs_root.rglob("config.json")) if (r := read_run(p.parent)) is not None]
-    return sorted(runs, key=lambda r: (list(suite.SUITE).index(r.env), core_rank(r.core), r.seed))
+    return sorted(runs, key=lambda r: (list(suite.ALL).index(r.env), core_rank(r.core), r.seed))
 
 
 def core_rank(core: str) -> tuple[int, str]:
@@ -171,7 +171,7 @@ def markdown_table(summary: list[dict]) -> str:
     (sd: the sample standard deviation over seeds)."""
     cores = sorted({r["core"] for r in summary}, key=core_rank)
     cell = {(r["env"], r["core"]): r for r in summary}
-    envs = [e for e in suite.SUITE if any((e, c) in cell for c in cores)]
+    envs = [e for e in suite.ALL if any((e, c) in cell for c in cores)]
     lines = ["| task (level) | " + " | ".join(cores) + " |", "|---|" + "---|" * len(cores)]
     for env in envs:
         e = suite.entry(env)
@@ -203,7 +203,7 @@ def scores_by_core(runs: list[Run], level: str = "easy") -> dict[str, list[list[
     for r in runs:
         if level == "all" or suite.entry(r.env).level == level:
             by_core.setdefault(r.core, {}).setdefault(r.env, []).append(r.normalized)
-    return {core: [by_core[core][e] for e in suite.SUITE if e in by_core[core]]
+    return {core: [by_core[core][e] for e in suite.ALL if e in by_core[core]]
             for core in sorted(by_core, key=core_rank)}
 
 
@@ -282,7 +282,7 @@ def plot_curves(runs: list[Run], path: Path, points: int = 100) -> None:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    envs = [e for e in suite.SUITE if any(r.env == e for r in runs)]
+    envs = [e for e in suite.ALL if any(r.env == e for r in runs)]
     cols = min(3, len(envs))
     rows = math.ceil(len(envs) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.4 * rows), squeeze=False)
