@@ -10,6 +10,7 @@ from gymnasium.envs.classic_control import CartPoleEnv
 from rfwp_rl.envs import env_spec, make_env
 from rfwp_rl.errors import UserError
 from rfwp_rl.memory import suite
+from test_memory_tasks import play
 
 IDS = list(suite.CONTROL)
 
@@ -19,22 +20,11 @@ def raw(env_id: str, **options):
     return gymnasium.make(env_id, **options).unwrapped
 
 
-def episode(env, policy, seed: int):
-    obs, _ = env.reset(seed=seed)
-    observations, rewards = [obs], []
-    while True:
-        obs, reward, terminated, truncated, _ = env.step(policy(env))
-        observations.append(obs)
-        rewards.append(reward)
-        if terminated or truncated:
-            return np.stack(observations), rewards, terminated, truncated
-
-
 @pytest.mark.parametrize("env_id", IDS)
 def test_velocities_are_hidden_and_positions_follow_cartpole(env_id):
     env = raw(env_id)
     actions = np.random.default_rng(0).integers(2, size=500)
-    obs, _, _, _ = episode(env, lambda e: int(actions[e._steps]), seed=3)
+    obs = np.stack(play(env, lambda e: int(actions[e._steps]), seed=3)[0])
     assert obs.dtype == np.float32 and obs.shape[1] == 4
     assert np.all(obs[:, [1, 3]] == 0.0)
     # the same dynamics as CartPole-v1 from the same start state
@@ -53,7 +43,7 @@ def test_controller_on_positions_balances_to_the_limit(env_id):
     # the task is solvable from positions alone: finite differences give the velocities
     env, e = raw(env_id), suite.CONTROL[env_id]
     for seed in range(3):
-        _, rewards, terminated, truncated = episode(env, lambda x: x.optimal_action(), seed)
+        _, rewards, terminated, truncated = play(env, lambda x: x.optimal_action(), seed)
         assert truncated and not terminated and len(rewards) == e.max_episode_steps
         assert sum(rewards) == pytest.approx(e.optimal_return)
         assert suite.normalized_return(env_id, sum(rewards)) == pytest.approx(1.0)
@@ -63,7 +53,7 @@ def test_random_policy_matches_the_documented_estimate():
     env_id = IDS[0]
     env, e = raw(env_id), suite.CONTROL[env_id]
     rng = np.random.default_rng(0)
-    returns = np.array([sum(episode(env, lambda _: int(rng.integers(2)), 100 + i)[1]) for i in range(2000)])
+    returns = np.array([sum(play(env, lambda _: int(rng.integers(2)), 100 + i)[1]) for i in range(2000)])
     sem = returns.std() / np.sqrt(len(returns))
     assert abs(returns.mean() - e.random_return) < 4.5 * sem, (returns.mean(), e.random_return, sem)
     assert suite.normalized_return(env_id, e.random_return) == pytest.approx(0.0)
