@@ -55,6 +55,7 @@ class ImpalaConfig:
     adam_eps: float = 1e-8
     normalize_advantages: bool = False  # policy-gradient advantages divided by their batch RMS
     advantage_floor: float = 0.1  # that divisor is at least this x the RMS of the V-trace targets
+    normalize_value_loss: bool = False  # value errors divided by the same divisor
     profile: str = "atari"  # which defaults filled the options the command line left unset
     device: str = "cpu"
     learner_thread: bool = False  # updates in a thread; actors act with a copy of the model meanwhile

@@ -65,6 +65,7 @@ class LossConfig:
     vtrace_lambda: float = 1.0  # trace factor (IMPALA Sec. 4.1, Remark 2); 1 = the paper's V-trace
     normalize_advantages: bool = False
     advantage_floor: float = 0.1  # normalising divisor >= this x RMS of the V-trace targets
+    normalize_value_loss: bool = False  # value errors divided by the advantages' divisor too
 
 
 def advantage_scale(advantages: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor,
@@ -119,7 +120,10 @@ def compute_loss(agent: nn.Module, batch: dict[str, torch.Tensor], initial_state
 
     entropy = dist.entropy(target_params)
     pg_loss = -(action_log_probs * advantages).sum()
-    baseline_loss = cfg.baseline_cost * 0.5 * ((vt.vs - values) ** 2).sum()  # 0 at masked steps: vs = V there
+    # 0 at masked steps (vs = V there); optionally in the normalised advantages' units, so that at any
+    # reward scale the value loss weighs in the shared layers as the normalised policy loss does
+    value_scale = scale if cfg.normalize_value_loss else 1.0
+    baseline_loss = cfg.baseline_cost * 0.5 * (((vt.vs - values) / value_scale) ** 2).sum()
     entropy_loss = -cfg.entropy_cost * (entropy * mask).sum()
     total = pg_loss + baseline_loss + entropy_loss
     stats = {

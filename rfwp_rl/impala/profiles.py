@@ -30,7 +30,8 @@ PROFILES = ("auto", "atari", "vector")
 # The vector profile's values (unroll_length: from the env, see vector_unroll_length); its keys are
 # the options every profile sets, the command line's value winning wherever it gives one.
 VECTOR = {"num_actors": 32, "batch_size": 16, "unroll_length": None, "optimizer": "adam", "learning_rate": 5e-4,
-          "entropy_cost": 0.03, "normalize_advantages": True, "vtrace_lambda": 0.9}
+          "entropy_cost": 0.03, "normalize_advantages": True, "normalize_value_loss": False, "reward_clip": 1.0,
+          "vtrace_lambda": 0.9}
 PROFILE_OPTIONS = tuple(VECTOR)
 ATARI = {k: getattr(DEFAULTS, k) for k in PROFILE_OPTIONS}
 MIN_UNROLL, MAX_UNROLL = 20, 128
@@ -76,5 +77,5 @@ def describe(cfg: Any, preset_source: str) -> str:
     return (f"settings ({d['profile']} profile): {d['num_actors']} envs, batch {d['batch_size']} x unroll "
             f"{d['unroll_length']}, {opt} (linear decay to 0), entropy {d['entropy_cost']:g}, baseline "
             f"{d['baseline_cost']:g}, discount {d['discount']:g}, reward clip {d['reward_clip']:g}, advantages "
-            f"{'normalised (floor %g x target RMS)' % d['advantage_floor'] if d['normalize_advantages'] else 'raw'}, V-trace lambda {d['vtrace_lambda']:g}, grad clip {d['grad_norm_clip']:g}; "
+            f"{'normalised (floor %g x target RMS%s)' % (d['advantage_floor'], ', value loss too' if d['normalize_value_loss'] else '') if d['normalize_advantages'] else 'raw'}, V-trace lambda {d['vtrace_lambda']:g}, grad clip {d['grad_norm_clip']:g}; "
             f"agent preset {preset_source}")

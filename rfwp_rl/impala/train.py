@@ -49,7 +49,8 @@ METRICS = ("episode/return", "episode/return_mean100")
 # Settings every learner of a group must share (checked when a learner joins), besides the env and agent.
 GROUP_SETTINGS = ("total_steps", "batch_size", "unroll_length", "learning_rate", "rmsprop_alpha", "rmsprop_eps",
                   "rmsprop_momentum", "grad_norm_clip", "entropy_cost", "baseline_cost", "discount", "reward_clip",
-                  "clip_rho", "clip_c", "optimizer", "adam_eps", "normalize_advantages", "advantage_floor", "vtrace_lambda")
+                  "clip_rho", "clip_c", "optimizer", "adam_eps", "normalize_advantages", "advantage_floor", "normalize_value_loss",
+                  "vtrace_lambda")
 BEST_WINDOW = 100  # best.pt: the mean return of the last this many episodes, once that many ended since the start
 MAX_WAITING_BATCHES = 4  # full batches held while a learner group takes no gradients (joining); older ones are dropped
 
@@ -141,13 +142,17 @@ def _add_learner_arguments(g: argparse._ArgumentGroup) -> None:
                         f"paper), vector {profiles.VECTOR['vtrace_lambda']:g}")
     g.add_argument("--normalize-advantages", action=argparse.BooleanOptionalAction, default=None,
                    help="divide the policy-gradient advantages by their batch RMS (atari no, vector yes)")
+    g.add_argument("--normalize-value-loss", action=argparse.BooleanOptionalAction, default=None,
+                   help="with --normalize-advantages, divide the value errors by the same divisor, so "
+                        "the value loss keeps pace with the policy loss at any reward scale")
     g.add_argument("--advantage-floor", type=float, default=d.advantage_floor,
                    help="with --normalize-advantages the divisor is at least this times the RMS of the "
                         "V-trace targets, so that noise around a solved task is not blown up to unit "
                         "size (default %(default)s; 0: plain RMS)")
     g.add_argument("--baseline-cost", type=float, default=d.baseline_cost)
     g.add_argument("--discount", type=float, default=d.discount)
-    g.add_argument("--reward-clip", type=float, default=d.reward_clip, help="0 disables clipping")
+    g.add_argument("--reward-clip", type=float, default=None,
+                   help="clip rewards to [-x, x]; 0 disables clipping (atari 1, vector 0)")
     g.add_argument("--device", default=d.device, help="cpu, cuda, cuda:1 ...")
     g.add_argument("--precision", choices=PRECISIONS, default=d.precision,
                    help="bf16: the torso runs under bf16 autocast in acting and learning (CPU with AVX-512 BF16 "
