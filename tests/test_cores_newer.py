@@ -250,7 +250,7 @@ def test_state_shapes_and_defaults():
     assert specs["delta_product"].defaults == {**base, "num_householder": 2,
                                                "allow_negative_eigenvalues": False,
                                                "conv_size": 4, "output_gate": True}
-    assert specs["srwm"].defaults == {**base, "feature_map": "softmax", "dpfp_nu": 1}
+    assert specs["srwm"].defaults == {**base, "feature_map": "softmax", "dpfp_nu": 1, "qk_init_scale": 1.0}
     g = cores.make("gated_delta", 3, hidden_size=16, num_heads=2, num_layers=1, conv_size=3)
     assert g.state_shapes(5) == [(5, 2, 8, 8), (5, 2, 48)]
     assert cores.make("gated_delta", 3, conv_size=0, num_layers=1).state_shapes(2) == [(2, 4, 32, 32)]
@@ -348,3 +348,18 @@ def test_meta_rl_and_sequence_models_build_and_step(name):
     assert logits.shape == (5, 2, 7)
     model.loss(logits, torch.randint(0, 7, (5, 2))).backward()
     assert model.describe()["core_config"] == model.core.config
+
+
+def test_srwm_qk_init_scale_scales_only_the_query_and_key_rows_of_w0():
+    d = 8
+    torch.manual_seed(0)
+    base = cores.make("srwm", 6, hidden_size=16, num_layers=1, num_heads=2, ff_size=8)
+    torch.manual_seed(0)
+    scaled = cores.make("srwm", 6, hidden_size=16, num_layers=1, num_heads=2, ff_size=8, qk_init_scale=4.0)
+    w0, w4 = base.fast_layers[0].W_init, scaled.fast_layers[0].W_init   # [H, 3d + 4, d]: rows y, q, k, beta
+    torch.testing.assert_close(w4[:, :d], w0[:, :d])
+    torch.testing.assert_close(w4[:, d:3 * d], 4.0 * w0[:, d:3 * d])
+    torch.testing.assert_close(w4[:, 3 * d:], w0[:, 3 * d:])
+    assert scaled.config["qk_init_scale"] == 4.0
+    with pytest.raises(UserError, match="qk_init_scale 0 is invalid; allowed: a finite number > 0"):
+        cores.make("srwm", 6, hidden_size=16, num_layers=1, num_heads=2, ff_size=8, qk_init_scale=0)
