@@ -250,7 +250,8 @@ def test_state_shapes_and_defaults():
     assert specs["delta_product"].defaults == {**base, "num_householder": 2,
                                                "allow_negative_eigenvalues": False,
                                                "conv_size": 4, "output_gate": True}
-    assert specs["srwm"].defaults == {**base, "feature_map": "softmax", "dpfp_nu": 1, "qk_init_scale": 1.0}
+    assert specs["srwm"].defaults == {**base, "feature_map": "softmax", "dpfp_nu": 1, "qk_init_scale": 1.0,
+                                        "input_layer_norm": True}
     g = cores.make("gated_delta", 3, hidden_size=16, num_heads=2, num_layers=1, conv_size=3)
     assert g.state_shapes(5) == [(5, 2, 8, 8), (5, 2, 48)]
     assert cores.make("gated_delta", 3, conv_size=0, num_layers=1).state_shapes(2) == [(2, 4, 32, 32)]
@@ -363,3 +364,14 @@ def test_srwm_qk_init_scale_scales_only_the_query_and_key_rows_of_w0():
     assert scaled.config["qk_init_scale"] == 4.0
     with pytest.raises(UserError, match="qk_init_scale 0 is invalid; allowed: a finite number > 0"):
         cores.make("srwm", 6, hidden_size=16, num_layers=1, num_heads=2, ff_size=8, qk_init_scale=0)
+
+
+def test_srwm_input_layer_norm_off_softmaxes_the_raw_input_as_the_official_rl_code():
+    torch.manual_seed(0)
+    core = cores.make("srwm", 6, hidden_size=16, num_layers=1, num_heads=2, ff_size=8, input_layer_norm=False)
+    sub = core.fast_layers[0]
+    assert not any("fast_layers.0.norm" in k for k in core.state_dict())
+    x = torch.randn(3, 2, 16)
+    torch.testing.assert_close(sub.phi(sub.norm(x).view(3, 2, 2, 8)), torch.softmax(x.view(3, 2, 2, 8), dim=-1))
+    with pytest.raises(UserError, match="input_layer_norm"):
+        cores.make("srwm", 6, hidden_size=16, num_layers=1, num_heads=2, ff_size=8, input_layer_norm="no")

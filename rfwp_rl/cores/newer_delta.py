@@ -76,7 +76,7 @@ SPECS = {
     "srwm": CoreSpec(
         "srwm", "Self-referential weight matrix: one fast matrix per head generates its own "
         "output, query, key and learning rates", "SRWM paper (ICML 2022) Eq. 5-8",
-        _defaults(feature_map="softmax", dpfp_nu=1, qk_init_scale=1.0)),
+        _defaults(feature_map="softmax", dpfp_nu=1, qk_init_scale=1.0, input_layer_norm=True)),
 }
 
 
@@ -260,12 +260,14 @@ class SRWMSublayer(nn.Module):
     """
 
     def __init__(self, hidden_size: int, num_heads: int, dropout: float, feature_map: str,
-                 dpfp_nu: int, backend: str, *, qk_init_scale: float = 1.0) -> None:
+                 dpfp_nu: int, backend: str, *, qk_init_scale: float = 1.0,
+                 input_layer_norm: bool = True) -> None:
         super().__init__()
         self.H, self.d = num_heads, check_heads(hidden_size, num_heads)
         self.phi = feature_maps.get(feature_map, self.d, dpfp_nu)
         self.D = feature_maps.feature_dim(feature_map, self.d, dpfp_nu)
-        self.norm = nn.LayerNorm(hidden_size)
+        # the official RL code softmaxes each head's input without a LayerNorm before it
+        self.norm = nn.LayerNorm(hidden_size) if check_bool("input_layer_norm", input_layer_norm) else nn.Identity()
         W_init = torch.randn(num_heads, srwm_rows(self.d), self.D) / math.sqrt(self.d)
         # The q and k rows' logits go through a softmax over d entries; at N(0, 1/d) they are
         # ~0.05 and softmax(q) ~ softmax(k) ~ uniform, so v - v̄ = W (φ(q) - φ(k)) is ~4% of
@@ -341,10 +343,12 @@ class SRWMCore(_NewerCore):
     def __init__(self, input_size: int, hidden_size: int = 128, num_layers: int = 2,
                  num_heads: int = 4, ff_size: int = 512, dropout: float = 0.0,
                  feature_map: str = "softmax", dpfp_nu: int = 1, qk_init_scale: float = 1.0,
-                 backend: str = "auto", detach_state_every_step: bool = False) -> None:
+                 input_layer_norm: bool = True, backend: str = "auto",
+                 detach_state_every_step: bool = False) -> None:
         super().__init__(input_size, hidden_size, num_layers, num_heads, ff_size, dropout,
                          feature_map, dpfp_nu, backend, detach_state_every_step,
-                         sublayer_config={"qk_init_scale": qk_init_scale})
+                         sublayer_config={"qk_init_scale": qk_init_scale,
+                                          "input_layer_norm": input_layer_norm})
         self._keep_spec_config()
 
 
