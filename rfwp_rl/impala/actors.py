@@ -29,9 +29,6 @@ from rfwp_rl.envs.spaces import obs_keys, pick_obs, torch_dtype
 from rfwp_rl.impala.env_pool import ENV_TIMEOUT, EnvBatches
 from rfwp_rl.perf import Timers, autocast
 
-# the keys of a rollout besides the observation's ("obs", or "obs/<path>" for each part of a Dict)
-STEP_KEYS = ("reward", "done", "truncated", "prev_action", "action", "behaviour_log_prob")
-
 
 def rollout_spec(obs_space: gymnasium.Space, action_dist: Any) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
     """The layout of a rollout: ``{key: (dtype, trailing shape)}``, each tensor being ``[T+1, b, *shape]``.

@@ -379,8 +379,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    import sys
-
     from rfwp_rl.cli import main
 
     sys.exit(main(["memory-results", *sys.argv[1:]]))
