@@ -7,6 +7,7 @@
 #   STEPS=500000 SEEDS=1 LEVELS=easy JOBS=2 bash launch/memory_suite.sh
 #   CORES="lt delta rdn lstm" IDS="rfwp/AssociativeRecallReassign-medium-v0" bash launch/memory_suite.sh
 #   nohup bash launch/memory_suite.sh > runs/memory/launch.log 2>&1 &          # survive logout
+#   EXTRA="--max-kl 0.01" RUNS=runs/kl bash launch/memory_suite.sh                # more train flags
 #
 # Every run uses the defaults of `rfwp-rl train` for vector envs (the vector profile and the
 # agents/vector_<core>.toml presets); one run = one command of the form
@@ -26,6 +27,7 @@ JOBS=${JOBS:-1}
 RUNS=${RUNS:-runs/memory}
 OUT=${OUT:-results/memory}
 THREADS=${THREADS:-1}
+EXTRA=${EXTRA:-}
 IDS=${IDS:-$(python3 -c "import sys; from rfwp_rl.memory import suite; print(' '.join(i for l in sys.argv[1:] for i in suite.suite_ids(l)))" $LEVELS)}
 mkdir -p "$RUNS"
 
@@ -33,11 +35,11 @@ one_run() {  # ENV CORE SEED
   local dir="$RUNS/$(echo "$1" | tr -c 'A-Za-z0-9.+\n-' '-')/$2_s$3"
   mkdir -p "$dir"
   OMP_NUM_THREADS=$THREADS python3 -m rfwp_rl train --env "$1" --core "$2" --seed "$3" --total-steps "$STEPS" \
-    --run-dir "$dir" --num-env-processes 1 --torch-threads "$THREADS" --log-every 30 >> "$dir.log" 2>&1 \
+    --run-dir "$dir" --num-env-processes 1 --torch-threads "$THREADS" --log-every 30 $EXTRA >> "$dir.log" 2>&1 \
     && echo "done    $1 $2 seed $3" || echo "FAILED  $1 $2 seed $3 (exit $?; log $dir.log)"
 }
 export -f one_run
-export RUNS STEPS THREADS
+export RUNS STEPS THREADS EXTRA
 
 for seed in $SEEDS; do
   for id in $IDS; do

@@ -62,3 +62,18 @@ def test_settings_line_names_every_learning_setting():
     for part in ("vector profile", "batch 16 x unroll 20", "adam lr 0.0005", "advantages normalised",
                  "V-trace lambda 0.9", "entropy 0.03", "agents/vector_rdn.toml"):
         assert part in line
+
+
+def test_continuous_actions_get_the_control_profile():
+    cfg = train.config_from_args(parse(), "vector", max_episode_steps=200, continuous_actions=True)
+    assert cfg.profile == "control"
+    assert (cfg.batch_size, cfg.unroll_length, cfg.entropy_cost) == (4, profiles.CONTROL_UNROLL, 0.0)
+    assert cfg.normalize_returns and cfg.reward_clip == 0.0 and cfg.optimizer == "adam"
+    # a stated memory horizon sets the unroll as in the vector profile
+    cfg = train.config_from_args(parse(), "vector", memory_horizon=30, continuous_actions=True)
+    assert cfg.unroll_length == 60
+    # images keep the paper's settings, and the command line still wins
+    assert train.config_from_args(parse(), "atari", continuous_actions=True).profile == "atari"
+    cfg = train.config_from_args(parse("--entropy-cost", "0.01"), "vector", continuous_actions=True)
+    assert cfg.entropy_cost == 0.01
+    assert "control profile" in profiles.describe(cfg, "agents/vector_ff.toml")

@@ -56,6 +56,8 @@ class ImpalaConfig:
     normalize_advantages: bool = False  # policy-gradient advantages divided by their batch RMS
     advantage_floor: float = 0.1  # that divisor is at least this x the RMS of the V-trace targets
     normalize_value_loss: bool = False  # value errors divided by the same divisor
+    normalize_returns: bool = False  # rewards divided by the running RMS of the returns where that is above 1
+    max_kl: float = 0.0  # trust region: each update moves the policy at most this mean KL from mu; 0 = off
     profile: str = "atari"  # which defaults filled the options the command line left unset
     device: str = "cpu"
     learner_thread: bool = False  # updates in a thread; actors act with a copy of the model meanwhile

@@ -33,12 +33,21 @@ solved every advantage is value-function noise, and dividing noise by its own RM
 unit-sized policy steps that drive the policy to a deterministic wrong action (a solved
 position-only cart-pole fell from 0.94 to 0.05 and stayed there); with the floor such noise stays
 small next to the returns it is noise on.
+
+With ``max_kl`` an update is a trust-region step: after the optimizer step the new policy is
+compared with the behaviour policy mu on the batch's own actions, and a step whose mean
+KL(mu || pi_new) exceeds ``max_kl`` is shrunk towards the old parameters by sqrt(max_kl / KL)
+(KL is quadratic in a small step; TRPO, Schulman et al. 2015, Sec. 6, bounds the same mean KL by a
+line search). The bound is on how far one batch can move the policy, whatever the advantages'
+scale: an optimizer normalises its steps, so noise around a solved task otherwise moves the
+policy as far as a real signal does.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import queue
 import threading
 import warnings
@@ -66,6 +75,8 @@ class LossConfig:
     normalize_advantages: bool = False
     advantage_floor: float = 0.1  # normalising divisor >= this x RMS of the V-trace targets
     normalize_value_loss: bool = False  # value errors divided by the advantages' divisor too
+    max_kl: float = 0.0  # trust region: mean KL(mu || pi_new) over the batch per update; 0 = off
+    normalize_returns: bool = False  # rewards divided by the running RMS of the returns when above 1
 
 
 def advantage_scale(advantages: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor,
@@ -79,8 +90,10 @@ def advantage_scale(advantages: torch.Tensor, targets: torch.Tensor, mask: torch
 
 
 def compute_loss(agent: nn.Module, batch: dict[str, torch.Tensor], initial_state: tuple,
-                 cfg: LossConfig) -> tuple[torch.Tensor, dict[str, float]]:
-    """Total loss (a scalar with gradient) and its parts as floats.
+                 cfg: LossConfig, return_scale: float = 1.0) -> tuple[torch.Tensor, dict[str, float]]:
+    """Total loss (a scalar with gradient) and its parts as floats. Rewards (after clipping) are
+    divided by ``return_scale`` (:class:`ReturnScale`), so values are in those units;
+    ``learner/return_ms`` is the mean square of the V-trace targets in the rewards' own units.
 
     Args:
         agent: :class:`rfwp_rl.agent.Agent`.
@@ -105,6 +118,7 @@ def compute_loss(agent: nn.Module, batch: dict[str, torch.Tensor], initial_state
     rewards = batch["reward"][1:].float()
     if cfg.reward_clip > 0:
         rewards = rewards.clamp(-cfg.reward_clip, cfg.reward_clip)
+    rewards = rewards / return_scale
     discounts = (~batch["done"][1:].bool()).float() * cfg.discount
     # 0 where the entry shows a truncated episode's last observation: that action never ran
     mask = (~batch["truncated"][:-1].bool()).float() if "truncated" in batch else torch.ones_like(rewards)
@@ -135,8 +149,74 @@ def compute_loss(agent: nn.Module, batch: dict[str, torch.Tensor], initial_state
         "learner/mean_rho": float(vt.log_rhos.exp().mean()),
         "learner/mean_value": float(values.mean().detach()),
         "learner/advantage_scale": float(scale),
+        "learner/return_scale": float(return_scale),
+        "learner/return_ms": float(((vt.vs * return_scale) ** 2 * mask).sum() / mask.sum().clamp(min=1.0)),
     }
     return total, stats
+
+
+class ReturnScale:
+    """The divisor of the rewards with ``normalize_returns``: the RMS of the discounted returns,
+    estimated by an exponential moving average (``rate`` per update) of the mean square of each
+    batch's V-trace targets, and never below 1: returns that already lie within [-1, 1] (a memory
+    task's +-1, a reward of 1/episode-limit per step) are left as they are, larger ones are brought
+    to unit RMS, so that values, value errors and the value loss's gradient keep one size whatever the
+    reward's units (Pendulum's returns are about -1,000). Reward clipping bounds the size too, but
+    changes which of two returns is larger. (PopArt, van Hasselt et al. 2016, also rescales the
+    value head when the scale moves; this one moves slowly instead, and the head follows.)"""
+
+    def __init__(self, enabled: bool, rate: float = 0.05):
+        self.enabled, self.rate = enabled, rate
+        self.mean_square: float | None = None
+
+    @property
+    def value(self) -> float:
+        if not self.enabled or self.mean_square is None:
+            return 1.0
+        return max(1.0, math.sqrt(self.mean_square))
+
+    def update(self, batch_mean_square: float) -> None:
+        if not self.enabled or not math.isfinite(batch_mean_square):
+            return
+        if self.mean_square is None:
+            self.mean_square = batch_mean_square
+        else:
+            self.mean_square += self.rate * (batch_mean_square - self.mean_square)
+
+    def state_dict(self) -> dict:
+        return {"mean_square": self.mean_square}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.mean_square = state.get("mean_square")
+
+
+def behaviour_kl(agent: nn.Module, batch: dict[str, torch.Tensor], initial_state: tuple) -> torch.Tensor:
+    """Mean KL(mu || pi) over the unmasked steps of ``batch`` (as in :func:`compute_loss`), estimated
+    on the batch's actions (drawn from mu) with the non-negative estimator E[(r - 1) - log r],
+    r = pi(a) / mu(a) (Schulman, "Approximating KL divergence", 2020), so that it needs only
+    log-probs and serves every action distribution."""
+    with torch.no_grad():
+        out, _ = agent(pick_obs(batch), batch["reward"], batch["done"], initial_state,
+                       prev_action=batch["prev_action"], greedy=True)
+        log_r = agent.action_dist.log_prob(out["policy_params"][:-1], batch["action"][:-1]).float() \
+            - batch["behaviour_log_prob"][:-1].float()
+        mask = (~batch["truncated"][:-1].bool()).float() if "truncated" in batch else torch.ones_like(log_r)
+        return ((log_r.exp() - 1 - log_r) * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def limit_policy_change(agent: nn.Module, before: list[torch.Tensor], batch: dict[str, torch.Tensor],
+                        initial_state: tuple, max_kl: float) -> dict[str, float]:
+    """Shrink the step just taken (parameters ``before`` -> now) to mean KL(mu || pi) ``max_kl`` on
+    ``batch`` if it went further; the step is scaled by sqrt(max_kl / KL) (quadratic model).
+    Returns ``learner/policy_kl`` (before shrinking) and ``learner/step_scale``."""
+    kl = float(behaviour_kl(agent, batch, initial_state))
+    scale = 1.0
+    if not kl <= max_kl:  # also a non-finite KL: that step is undone
+        scale = math.sqrt(max_kl / kl) if math.isfinite(kl) else 0.0
+        with torch.no_grad():
+            for p, old in zip(agent.parameters(), before):
+                p.copy_(old + scale * (p - old) if scale > 0 else old)
+    return {"learner/policy_kl": kl, "learner/step_scale": scale}
 
 
 def linear_decay_of_steps(total_steps: int, steps_trained: Callable[[], int]):
@@ -298,6 +378,8 @@ class Learner:
         self.learned: queue.SimpleQueue = queue.SimpleQueue()  # (step, stats) of updates not logged yet
         self.loss_stats: dict[str, float] = {}  # of this learner's last batch, logged with the step that used it
         self.adoptions = 0  # times the model was replaced by a group leader's
+        self.last_batch: Any = None  # the batch of the last learn(), for the trust region of apply()
+        self.return_scale = ReturnScale(self.loss_cfg.normalize_returns)
 
     def _steps_trained(self) -> int:
         return self.counters["step"]
@@ -321,10 +403,13 @@ class Learner:
         :class:`rfwp_rl.impala.actors.Rollout` of ``[T+1, B, ...]`` tensors) to ``.grad``."""
         self.agent.train()
         with autocast(self.device, self.precision):  # bf16: the torso's convolutions; the loss stays fp32
-            loss, stats = compute_loss(self.agent, batch.data, batch.state, self.loss_cfg)
+            loss, stats = compute_loss(self.agent, batch.data, batch.state, self.loss_cfg, self.return_scale.value)
         loss.backward()
         self.loss_stats = stats
+        self.last_batch = batch
         finite = self.guard.ok(loss, self.agent.parameters())
+        if finite:
+            self.return_scale.update(stats["learner/return_ms"])
         return Gradients(finite, self.steps_per_update, stats)
 
     def apply(self, step: GroupStep) -> None:
@@ -333,8 +418,16 @@ class Learner:
         the gradients afterwards."""
         self.counters["step"] += step.env_steps
         self.counters["updates"] += 1
+        # the trust region needs the batch the step came from: one learner's own (groups refuse max_kl)
+        trust_region = self.loss_cfg.max_kl > 0 and step.gradients > 0 and self.last_batch is not None
+        before = [p.detach().clone() for p in self.agent.parameters()] if trust_region else []
         stats = apply_gradients(self.agent, self.optimizer, self.scheduler, self.cfg.grad_norm_clip,
                                 step=step.gradients > 0)
+        if trust_region:
+            with autocast(self.device, self.precision):
+                    stats.update(limit_policy_change(self.agent, before, self.last_batch.data, self.last_batch.state,
+                                                 self.loss_cfg.max_kl))
+        self.last_batch = None
         if step.own_steps:
             stats.update(self.loss_stats)
         self.learned.put((self.counters["step"], stats))
@@ -349,7 +442,8 @@ class Learner:
         """Agent, optimizer, LR schedule and counters (``step``, ``updates``, ``skipped_updates``)."""
         counters = {**self.counters, "skipped_updates": self.guard.skipped}
         return {"agent": self.agent.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(), "counters": counters}
+                "scheduler": self.scheduler.state_dict(), "counters": counters,
+                "return_scale": self.return_scale.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self.agent.load_state_dict(state["agent"])
@@ -357,17 +451,19 @@ class Learner:
         self.scheduler.load_state_dict(state["scheduler"])
         self.counters.update({k: state["counters"][k] for k in self.counters})
         self.guard.skipped = state["counters"].get("skipped_updates", 0)
+        self.return_scale.load_state_dict(state.get("return_scale", {}))
 
     def shared_state(self) -> dict:
         """What a group's leader hands a joining learner besides the parameters and buffers."""
         return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                "counters": dict(self.counters)}
+                "counters": dict(self.counters), "return_scale": self.return_scale.state_dict()}
 
     def load_shared_state(self, state: dict) -> None:
         """Take a leader's :meth:`shared_state` (moolib has copied its parameters already)."""
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.counters.update(state["counters"])
+        self.return_scale.load_state_dict(state.get("return_scale", {}))
         self.adoptions += 1
         self.publish()
 

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import re
 import socket
 import sys
@@ -356,6 +357,10 @@ class LearnerGroup:
             raise Refused("the shared state must be a dict")
         if "counters" in shared:
             check_counters(shared["counters"], self.total_steps, self._round_limit())
+        scale = shared.get("return_scale", {})
+        square = scale.get("mean_square") if isinstance(scale, dict) else "?"
+        if square is not None and not (isinstance(square, float) and math.isfinite(square) and square >= 0):
+            raise Refused("return_scale.mean_square must be None or a finite float >= 0")
         return leader, shared
 
     def _round_limit(self) -> int:

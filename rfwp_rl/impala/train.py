@@ -50,7 +50,7 @@ METRICS = ("episode/return", "episode/return_mean100")
 GROUP_SETTINGS = ("total_steps", "batch_size", "unroll_length", "learning_rate", "rmsprop_alpha", "rmsprop_eps",
                   "rmsprop_momentum", "grad_norm_clip", "entropy_cost", "baseline_cost", "discount", "reward_clip",
                   "clip_rho", "clip_c", "optimizer", "adam_eps", "normalize_advantages", "advantage_floor", "normalize_value_loss",
-                  "vtrace_lambda")
+                  "vtrace_lambda", "max_kl", "normalize_returns")
 BEST_WINDOW = 100  # best.pt: the mean return of the last this many episodes, once that many ended since the start
 MAX_WAITING_BATCHES = 4  # full batches held while a learner group takes no gradients (joining); older ones are dropped
 
@@ -121,12 +121,16 @@ def _add_learner_arguments(g: argparse._ArgumentGroup) -> None:
     d = DEFAULTS
     g.add_argument("--profile", choices=profiles.PROFILES, default="auto",
                    help="defaults of the options left unset: atari (the paper's), vector (memory tasks: unroll = "
-                        "2 x the env's memory horizon, Adam, normalised advantages), auto: by observation kind")
+                        "2 x the env's memory horizon, Adam, normalised advantages), control (vector "
+                        "observations and continuous actions: the vector profile with batch 4 x unroll 16 and "
+                        "no entropy bonus), auto: by the env's spaces")
     g.add_argument("--batch-size", type=int, default=None,
-                   help=f"rollouts per update (atari {d.batch_size}, vector {profiles.VECTOR['batch_size']})")
+                   help=f"rollouts per update (atari {d.batch_size}, vector {profiles.VECTOR['batch_size']}, "
+                        f"control {profiles.CONTROL['batch_size']})")
     g.add_argument("--unroll-length", type=int, default=None,
                    help=f"steps per rollout (atari {d.unroll_length}; vector: 2 x the env's memory horizon, "
-                        f"{profiles.MIN_UNROLL} to {profiles.MAX_UNROLL})")
+                        f"{profiles.MIN_UNROLL} to {profiles.MAX_UNROLL}; control: the same where the env "
+                        f"states a memory horizon, else {profiles.CONTROL_UNROLL})")
     g.add_argument("--optimizer", choices=OPTIMIZERS, default=None, help="atari rmsprop, vector adam")
     g.add_argument("--learning-rate", "--lr", type=float, default=None,
                    help=f"initial learning rate, decayed linearly to 0 (atari {d.learning_rate:g}, vector "
@@ -136,7 +140,8 @@ def _add_learner_arguments(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--rmsprop-eps", type=float, default=d.rmsprop_eps)
     g.add_argument("--grad-norm-clip", type=float, default=d.grad_norm_clip)
     g.add_argument("--entropy-cost", type=float, default=None,
-                   help=f"atari {d.entropy_cost:g}, vector {profiles.VECTOR['entropy_cost']:g}")
+                   help=f"atari {d.entropy_cost:g}, vector {profiles.VECTOR['entropy_cost']:g}, control "
+                        f"{profiles.CONTROL['entropy_cost']:g}")
     g.add_argument("--vtrace-lambda", type=float, default=None,
                    help=f"V-trace trace factor lambda in [0, 1] (IMPALA Remark 2): atari {d.vtrace_lambda:g} (the "
                         f"paper), vector {profiles.VECTOR['vtrace_lambda']:g}")
@@ -149,6 +154,14 @@ def _add_learner_arguments(g: argparse._ArgumentGroup) -> None:
                    help="with --normalize-advantages the divisor is at least this times the RMS of the "
                         "V-trace targets, so that noise around a solved task is not blown up to unit "
                         "size (default %(default)s; 0: plain RMS)")
+    g.add_argument("--normalize-returns", action=argparse.BooleanOptionalAction, default=None,
+                   help="divide rewards by the running RMS of the returns where that exceeds 1, so that "
+                        "values and value errors stay near unit size in any reward units (atari no: rewards "
+                        "are clipped; vector yes)")
+    g.add_argument("--max-kl", type=float, default=None,
+                   help="trust region: an update that moves the policy further than this mean KL from the "
+                        f"behaviour policy on its batch is shrunk to it (atari {d.max_kl:g}, vector "
+                        f"{profiles.VECTOR['max_kl']:g}; 0: off; one learner only)")
     g.add_argument("--baseline-cost", type=float, default=d.baseline_cost)
     g.add_argument("--discount", type=float, default=d.discount)
     g.add_argument("--reward-clip", type=float, default=None,
@@ -166,7 +179,8 @@ def _add_learner_arguments(g: argparse._ArgumentGroup) -> None:
 
 
 def config_from_args(args: argparse.Namespace, kind: str = "atari", memory_horizon: int | None = None,
-                     max_episode_steps: int | None = None, settings: Iterable = ()) -> ImpalaConfig:
+                     max_episode_steps: int | None = None, settings: Iterable = (),
+                     continuous_actions: bool = False) -> ImpalaConfig:
     """The run's config, checked (:func:`check_config`): the command line's values, the unset ones
     from the profile of the env's ``kind`` (see :mod:`rfwp_rl.impala.profiles`), and on top the
     ``--set`` trainer ``settings`` (:class:`rfwp_rl.overrides.Setting`, from :meth:`RunSpec.from_args`)."""
@@ -174,9 +188,11 @@ def config_from_args(args: argparse.Namespace, kind: str = "atari", memory_horiz
 
     fields = {f.name for f in dataclasses.fields(ImpalaConfig)}
     given = {k: v for k, v in vars(args).items() if k in fields and k != "profile"}
-    profile = profiles.profile_for(kind, getattr(args, "profile", "auto"))
+    profile = profiles.profile_for(kind, getattr(args, "profile", "auto"), continuous_actions)
     for k in profiles.PROFILE_OPTIONS:
         given.setdefault(k, None)
+    if given.get("group") and given["max_kl"] is None:
+        given["max_kl"] = 0.0  # the trust region needs one learner (check_config)
     cfg = ImpalaConfig(**profiles.fill_unset(given, profile, memory_horizon, max_episode_steps), profile=profile)
     apply_to_trainer(cfg, settings)  # --set batch_size=... wins over flags and profile
     check_config(cfg)
@@ -200,6 +216,11 @@ def check_config(cfg: ImpalaConfig) -> None:
     check_choice("optimizer", cfg.optimizer, OPTIMIZERS)
     if not 0.0 <= cfg.advantage_floor < float("inf"):
         raise UserError(f"--advantage-floor {cfg.advantage_floor:g} is invalid; allowed: a number >= 0")
+    if not 0.0 <= cfg.max_kl < float("inf"):
+        raise UserError(f"--max-kl {cfg.max_kl:g} is invalid; allowed: a number >= 0 (0: off)")
+    if cfg.group and cfg.max_kl > 0:
+        raise UserError(f"--max-kl {cfg.max_kl:g} needs one learner: each learner of a group would shrink the "
+                        "group's step by its own batch; with --group use --max-kl 0")
     if not 0.0 <= cfg.vtrace_lambda <= 1.0:
         raise UserError(f"--vtrace-lambda {cfg.vtrace_lambda:g} is invalid; allowed: a number in [0, 1]")
     for name in ("learning_rate", "adam_eps"):
@@ -220,7 +241,7 @@ def run(args: argparse.Namespace) -> int:
 
     run_spec = RunSpec.from_args(args, trainer_keys())
     cfg = config_from_args(args, run_spec.kind, run_spec.memory_horizon, run_spec.max_episode_steps,
-                           run_spec.trainer_settings)
+                           run_spec.trainer_settings, continuous_actions=run_spec.action_space.get("type") == "Box")
     run_dir = Path(args.run_dir) if args.run_dir else Path("runs") / "impala" / _run_name(
         run_spec.env.rpartition(":")[2], run_spec.preset.core, cfg.seed)
     return train(cfg, run_spec, run_dir, trust_checkpoint=args.trust_checkpoint)
