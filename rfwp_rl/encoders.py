@@ -67,6 +67,12 @@ def _image_input(obs: torch.Tensor, hwc: bool, divisor: float) -> torch.Tensor:
     return x.permute(0, 3, 1, 2) if hwc else x
 
 
+def has_image_torso(torso: nn.Module) -> bool:
+    """Whether ``torso`` runs the ResNet anywhere (alone or as a part of a Dict/Tuple encoder): the
+    thread choice's "heavy model" (:func:`rfwp_rl.perf.choose_torch_threads`)."""
+    return any(isinstance(m, ResNetTorso) for m in torso.modules())
+
+
 class ResNetTorso(nn.Module):
     """IMPALA "large" torso (Espeholt et al. 2018, Fig. 3 right): images ``[N, C, H, W]`` (``[N, H, W, C]``
     with ``hwc``) -> ``[N, output_size]``. For C in ``channels``: a 3x3 conv, a 3x3 max-pool (stride 2,

@@ -16,7 +16,7 @@ from gymnasium import spaces
 
 from rfwp_rl.agent import Agent
 from rfwp_rl.distributions import Bernoulli, Categorical, DiagGaussian, MultiCategorical, make_distribution
-from rfwp_rl.encoders import DictTorso, GridTorso, ResNetTorso
+from rfwp_rl.encoders import DictTorso, GridTorso, ResNetTorso, has_image_torso
 from rfwp_rl.envs import env_spec, make_env
 from rfwp_rl.envs.spaces import space_from_dict, space_to_dict, tensor_obs_space
 from rfwp_rl.errors import UserError
@@ -177,6 +177,10 @@ def test_images_pick_the_torso_by_size_and_layout():
     dict_space = tensor_obs_space(space_envs.dict_env().observation_space, "x")
     torso = make_torso(dict_space, AgentConfig(encoders={"image": "skip"}))
     assert len(torso.images) == 0 and torso.output_size == 64
+    # the thread choice sees a ResNet inside a Dict encoder as well as alone
+    with_resnet = make_torso(dict_space, AgentConfig(encoders={"image": "resnet"}))
+    assert has_image_torso(big) and has_image_torso(with_resnet)
+    assert not has_image_torso(small) and not has_image_torso(torso)
 
 
 def test_spaces_round_trip_as_plain_data():

@@ -373,7 +373,7 @@ def evaluate(path: str | Path, episodes: int = DEFAULT_EPISODES, repeats: int = 
     ``torch_threads``: set torch's thread count (0: chosen for the agent); None leaves it.
     ``trust_checkpoint``: see :func:`rfwp_rl.checkpoint.read_checkpoint`."""
     from rfwp_rl import envs as envs_mod
-    from rfwp_rl.agent import ResNetTorso
+    from rfwp_rl.encoders import has_image_torso
     from rfwp_rl.perf import choose_torch_threads, set_torch_threads
     from rfwp_rl.scores import canonical_game
 
@@ -385,7 +385,7 @@ def evaluate(path: str | Path, episodes: int = DEFAULT_EPISODES, repeats: int = 
                                          trust=trust_checkpoint)
     agent.to(torch.device(device))
     if torch_threads is not None:
-        set_torch_threads(choose_torch_threads(torch_threads, 0, isinstance(agent.torso, ResNetTorso))[0])
+        set_torch_threads(choose_torch_threads(torch_threads, 0, has_image_torso(agent.torso))[0])
     env_id = str(meta["env"])
     kind = envs_mod.resolve_env_id(env_id).kind
     options = eval_env_options(meta, dict(env_overrides or {}), kind)

@@ -40,11 +40,11 @@ PROFILES = ("auto", "atari", "vector", "control")
 # The vector profile's values (unroll_length: from the env, see vector_unroll_length); its keys are
 # the options every profile sets, the command line's value winning wherever it gives one.
 VECTOR = {"num_actors": 32, "batch_size": 16, "unroll_length": None, "optimizer": "adam", "learning_rate": 5e-4,
-          "entropy_cost": 0.03, "normalize_advantages": True, "normalize_value_loss": False, "reward_clip": 0.0,
+          "entropy_cost": 0.03, "normalize_advantages": True, "advantage_floor": 0.1, "normalize_value_loss": False, "reward_clip": 0.0,
           "normalize_returns": True, "vtrace_lambda": 0.9, "max_kl": 0.0}
 PROFILE_OPTIONS = tuple(VECTOR)
 ATARI = {k: getattr(DEFAULTS, k) for k in PROFILE_OPTIONS}
-CONTROL = dict(VECTOR, batch_size=4, entropy_cost=0.0)
+CONTROL = dict(VECTOR, batch_size=4, entropy_cost=0.0, advantage_floor=0.0)
 CONTROL_UNROLL = 16  # without a stated memory horizon
 MIN_UNROLL, MAX_UNROLL = 20, 128
 UNKNOWN_HORIZON = 50  # steps assumed when the env states neither a memory horizon nor an episode limit
@@ -96,6 +96,6 @@ def describe(cfg: Any, preset_source: str) -> str:
             f"{d['unroll_length']}, {opt} (linear decay to 0), entropy {d['entropy_cost']:g}, baseline "
             f"{d['baseline_cost']:g}, discount {d['discount']:g}, reward clip {d['reward_clip']:g}"
             f"{', returns scaled to RMS <= 1' if d['normalize_returns'] else ''}, advantages "
-            f"{'normalised (floor %g x target RMS%s)' % (d['advantage_floor'], ', value loss too' if d['normalize_value_loss'] else '') if d['normalize_advantages'] else 'raw'}, V-trace lambda {d['vtrace_lambda']:g}, grad clip {d['grad_norm_clip']:g}"
+            f"{'normalised (%s%s)' % ('floor %g x target RMS' % d['advantage_floor'] if d['advantage_floor'] > 0 else 'plain RMS', ', value loss too' if d['normalize_value_loss'] else '') if d['normalize_advantages'] else 'raw'}, V-trace lambda {d['vtrace_lambda']:g}, grad clip {d['grad_norm_clip']:g}"
             f"{', trust region %g nats' % d['max_kl'] if d['max_kl'] > 0 else ''}; "
             f"agent preset {preset_source}")

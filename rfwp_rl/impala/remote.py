@@ -98,7 +98,7 @@ def check_args(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rfwp_rl.agent import ResNetTorso
+    from rfwp_rl.encoders import has_image_torso
     from rfwp_rl.impala.config import trainer_keys
     from rfwp_rl.impala.rollout_server import compat_info
     from rfwp_rl.impala.setup import RunSpec
@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
     device = torch.device(args.device)
     agent = run_spec.build_agent(device)
     set_torch_threads(choose_torch_threads(args.torch_threads, args.num_env_processes,
-                                           isinstance(agent.torso, ResNetTorso))[0])
+                                           has_image_torso(agent.torso))[0])
     agent.eval()
     actor = RemoteActor(pool, agent, compat_info(run_spec, agent), address, name, args, device, key)
     try:

@@ -150,10 +150,11 @@ def _add_learner_arguments(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--normalize-value-loss", action=argparse.BooleanOptionalAction, default=None,
                    help="with --normalize-advantages, divide the value errors by the same divisor, so "
                         "the value loss keeps pace with the policy loss at any reward scale")
-    g.add_argument("--advantage-floor", type=float, default=d.advantage_floor,
+    g.add_argument("--advantage-floor", type=float, default=None,
                    help="with --normalize-advantages the divisor is at least this times the RMS of the "
                         "V-trace targets, so that noise around a solved task is not blown up to unit "
-                        "size (default %(default)s; 0: plain RMS)")
+                        f"size (vector {profiles.VECTOR['advantage_floor']:g}, control "
+                        f"{profiles.CONTROL['advantage_floor']:g}; 0: plain RMS)")
     g.add_argument("--normalize-returns", action=argparse.BooleanOptionalAction, default=None,
                    help="divide rewards by the running RMS of the returns where that exceeds 1, so that "
                         "values and value errors stay near unit size in any reward units (atari no: rewards "
@@ -281,7 +282,7 @@ class ImpalaTrainer(Trainer):
 
     def __init__(self, cfg: ImpalaConfig, run: RunSpec, run_dir: Path, pool: object = None):
         """``pool``: an env pool to use (and leave open) instead of making one (the benchmark)."""
-        from rfwp_rl.agent import ResNetTorso
+        from rfwp_rl.encoders import has_image_torso
         from rfwp_rl.impala.learner import Learner
 
         self.cfg, self.run, self.run_dir = cfg, run, Path(run_dir)
@@ -293,7 +294,7 @@ class ImpalaTrainer(Trainer):
         agent = run.build_agent(self.device)
         env_processes = cfg.num_env_processes if cfg.num_actors and cfg.env_backend == "moolib" else 0
         self.threads, why = choose_torch_threads(cfg.torch_threads, env_processes,
-                                                 isinstance(agent.torso, ResNetTorso))
+                                                 has_image_torso(agent.torso))
         set_torch_threads(self.threads)
         self.threads_note = f"{self.threads} torch thread(s) ({why})"
         self.learner = Learner(agent, cfg)
