@@ -44,7 +44,7 @@ VECTOR = {"num_actors": 32, "batch_size": 16, "unroll_length": None, "optimizer"
           "normalize_returns": True, "vtrace_lambda": 0.9, "max_kl": 0.0}
 PROFILE_OPTIONS = tuple(VECTOR)
 ATARI = {k: getattr(DEFAULTS, k) for k in PROFILE_OPTIONS}
-CONTROL = dict(VECTOR, batch_size=4, entropy_cost=0.0, advantage_floor=0.0)
+CONTROL = dict(VECTOR, batch_size=4, entropy_cost=0.0)
 CONTROL_UNROLL = 16  # without a stated memory horizon
 MIN_UNROLL, MAX_UNROLL = 20, 128
 UNKNOWN_HORIZON = 50  # steps assumed when the env states neither a memory horizon nor an episode limit
