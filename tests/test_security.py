@@ -404,3 +404,20 @@ def test_pruning_keeps_the_newest_readable_checkpoint(tmp_path, capsys):
     ck.save({"counter": 22}, 22)
     assert [p.name for p in list_checkpoints(tmp_path)] == ["ckpt_000000000022.pt", "ckpt_000000000021.pt"]
     assert (tmp_path / "ckpt_000000000030.pt.damaged").exists()  # set aside, not deleted
+
+
+@pytest.mark.parametrize("scale, ok", [({"mean_square": 4.0}, True), ({"mean_square": None}, True), ({}, True),
+                                       ({"mean_square": float("nan")}, False), ({"mean_square": -1.0}, False),
+                                       ({"mean_square": "9"}, False), ([], False)])
+def test_a_leaders_return_scale_is_checked_before_it_is_taken(scale, ok):
+    from types import SimpleNamespace
+
+    from rfwp_rl.impala.multi_learner import LearnerGroup, pack
+
+    member = SimpleNamespace(total_steps=1000, _round_limit=lambda: 10)
+    state = {"shared": pack({"return_scale": scale}), "leader": "learner-a"}
+    if ok:
+        assert LearnerGroup._leader_state(member, state)[1]["return_scale"] == scale
+    else:
+        with pytest.raises(Refused, match="return_scale"):
+            LearnerGroup._leader_state(member, state)
