@@ -77,3 +77,10 @@ def test_continuous_actions_get_the_control_profile():
     cfg = train.config_from_args(parse("--entropy-cost", "0.01"), "vector", continuous_actions=True)
     assert cfg.entropy_cost == 0.01
     assert "control profile" in profiles.describe(cfg, "agents/vector_ff.toml")
+
+
+def test_vector_profile_takes_a_trust_region_step_except_in_a_group():
+    assert train.config_from_args(parse(), "vector", memory_horizon=9).max_kl == profiles.VECTOR["max_kl"] > 0
+    grouped = train.config_from_args(parse("--broker", "127.0.0.1:4431", "--group", "g"), "vector", memory_horizon=9)
+    assert grouped.max_kl == 0.0
+    assert train.config_from_args(parse(), "atari").max_kl == 0.0
