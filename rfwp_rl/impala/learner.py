@@ -79,13 +79,23 @@ class LossConfig:
     normalize_returns: bool = False  # rewards divided by the running RMS of the returns when above 1
 
 
+def step_mask(batch: dict[str, torch.Tensor], like: torch.Tensor) -> torch.Tensor:
+    """``[T, B]`` 1.0 where entry t's action ran, 0.0 where the entry shows a truncated episode's
+    last observation (that action never ran); ``like``: a ``[T, B]`` tensor for shape and dtype."""
+    return (~batch["truncated"][:-1].bool()).to(like.dtype) if "truncated" in batch else torch.ones_like(like)
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of ``x`` over the steps where ``mask`` is 1 (0 when there are none)."""
+    return (x * mask).sum() / mask.sum().clamp(min=1.0)
+
+
 def advantage_scale(advantages: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor,
                     floor: float) -> torch.Tensor:
     """The divisor of normalised advantages ``[T, B]``: their RMS over unmasked steps, at least
     ``floor`` times the RMS of the value targets ``[T, B]`` (and 1e-8)."""
-    count = mask.sum().clamp(min=1.0)
-    rms = ((advantages ** 2 * mask).sum() / count).sqrt()
-    target_rms = ((targets ** 2 * mask).sum() / count).sqrt()
+    rms = masked_mean(advantages ** 2, mask).sqrt()
+    target_rms = masked_mean(targets ** 2, mask).sqrt()
     return torch.maximum(rms, floor * target_rms).clamp(min=1e-8)
 
 
@@ -120,8 +130,7 @@ def compute_loss(agent: nn.Module, batch: dict[str, torch.Tensor], initial_state
         rewards = rewards.clamp(-cfg.reward_clip, cfg.reward_clip)
     rewards = rewards / return_scale
     discounts = (~batch["done"][1:].bool()).float() * cfg.discount
-    # 0 where the entry shows a truncated episode's last observation: that action never ran
-    mask = (~batch["truncated"][:-1].bool()).float() if "truncated" in batch else torch.ones_like(rewards)
+    mask = step_mask(batch, rewards)
 
     log_rhos = action_log_probs.detach() - batch["behaviour_log_prob"][:-1]
     vt = vtrace.from_importance_weights(log_rhos, discounts, rewards, values.detach(), bootstrap_value,
@@ -150,7 +159,7 @@ def compute_loss(agent: nn.Module, batch: dict[str, torch.Tensor], initial_state
         "learner/mean_value": float(values.mean().detach()),
         "learner/advantage_scale": float(scale),
         "learner/return_scale": float(return_scale),
-        "learner/return_ms": float(((vt.vs * return_scale) ** 2 * mask).sum() / mask.sum().clamp(min=1.0)),
+        "learner/return_ms": float(masked_mean((vt.vs * return_scale) ** 2, mask)),
     }
     return total, stats
 
@@ -200,8 +209,7 @@ def behaviour_kl(agent: nn.Module, batch: dict[str, torch.Tensor], initial_state
                        prev_action=batch["prev_action"], greedy=True)
         log_r = agent.action_dist.log_prob(out["policy_params"][:-1], batch["action"][:-1]).float() \
             - batch["behaviour_log_prob"][:-1].float()
-        mask = (~batch["truncated"][:-1].bool()).float() if "truncated" in batch else torch.ones_like(log_r)
-        return ((log_r.exp() - 1 - log_r) * mask).sum() / mask.sum().clamp(min=1.0)
+        return masked_mean(log_r.exp() - 1 - log_r, step_mask(batch, log_r))
 
 
 def limit_policy_change(agent: nn.Module, before: list[torch.Tensor], batch: dict[str, torch.Tensor],
@@ -425,7 +433,7 @@ class Learner:
                                 step=step.gradients > 0)
         if trust_region:
             with autocast(self.device, self.precision):
-                    stats.update(limit_policy_change(self.agent, before, self.last_batch.data, self.last_batch.state,
+                stats.update(limit_policy_change(self.agent, before, self.last_batch.data, self.last_batch.state,
                                                  self.loss_cfg.max_kl))
         self.last_batch = None
         if step.own_steps:

@@ -26,8 +26,9 @@ from 0.76-0.89 to 0.05, a deterministic policy whose gradients vanish; with 0.03
   but scaled where the returns exceed 1 in RMS (``normalize_returns``; clipping flattens Pendulum's
   -16..0 per step to -1; on CartPole-v1's +1 per step, a discrete vector env, the scaling measured
   worse than the clip in one seed, 97 against 235 at 100k steps, so the vector profile clips), no
-  trust region (not measured there), no entropy bonus (the Gaussian's entropy gradient is a constant push on its log-std that the advantages, summed over a
-  batch, do not outweigh: the log-std of Pendulum runs stayed at its initial value or grew), and many
+  trust region (not measured there), no entropy bonus (the Gaussian's entropy gradient is a
+  constant push on its log-std that the advantages, summed over a batch, do not outweigh: the
+  log-std of Pendulum runs stayed at its initial value or grew), and many
   small updates, batch 4 x unroll 16 (one update per 64 env steps: Pendulum went from no learning
   with 16 x 128 to -295 within 1M steps at discount 0.9). The unroll is 2 x the memory horizon where
   the env states one.

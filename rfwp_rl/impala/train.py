@@ -122,8 +122,9 @@ def _add_learner_arguments(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--profile", choices=profiles.PROFILES, default="auto",
                    help="defaults of the options left unset: atari (the paper's), vector (memory tasks: unroll = "
                         "2 x the env's memory horizon, Adam, normalised advantages), control (vector "
-                        "observations and continuous actions: the vector profile with batch 4 x unroll 16 and "
-                        "no entropy bonus), auto: by the env's spaces")
+                        "observations and continuous actions: the vector profile with batch 4 x unroll 16, "
+                        "return scaling instead of the reward clip, no entropy bonus and no trust region), "
+                        "auto: by the env's spaces")
     g.add_argument("--batch-size", type=int, default=None,
                    help=f"rollouts per update (atari {d.batch_size}, vector {profiles.VECTOR['batch_size']}, "
                         f"control {profiles.CONTROL['batch_size']})")
@@ -157,12 +158,13 @@ def _add_learner_arguments(g: argparse._ArgumentGroup) -> None:
                         f"{profiles.CONTROL['advantage_floor']:g}; 0: plain RMS)")
     g.add_argument("--normalize-returns", action=argparse.BooleanOptionalAction, default=None,
                    help="divide rewards by the running RMS of the returns where that exceeds 1, so that "
-                        "values and value errors stay near unit size in any reward units (atari no: rewards "
-                        "are clipped; vector yes)")
+                        "values and value errors stay near unit size in any reward units (atari and vector no: "
+                        "rewards are clipped; control yes, without the clip)")
     g.add_argument("--max-kl", type=float, default=None,
                    help="trust region: an update that moves the policy further than this mean KL from the "
                         f"behaviour policy on its batch is shrunk to it (atari {d.max_kl:g}, vector "
-                        f"{profiles.VECTOR['max_kl']:g}; 0: off; one learner only)")
+                        f"{profiles.VECTOR['max_kl']:g}, control {profiles.CONTROL['max_kl']:g}; 0: off; "
+                        "one learner only)")
     g.add_argument("--baseline-cost", type=float, default=d.baseline_cost)
     g.add_argument("--discount", type=float, default=d.discount)
     g.add_argument("--reward-clip", type=float, default=None,
