@@ -59,6 +59,7 @@ VARIANTS = [(n, {}) for n in ALL] + [
     ("srwm", {"feature_map": "elu_sum"}), ("srwm", {"feature_map": "dpfp", "dpfp_nu": 2}),
     ("lstm", {"forget_bias": 1.0, "recurrent_init": "orthogonal"}),
     ("gru", {"recurrent_init": "orthogonal"}),
+    ("gru", {"update_bias": 1.0}),
 ]
 
 
@@ -315,7 +316,8 @@ def test_available_lists_the_builtin_cores_with_defaults():
                                       "detach_state_every_step": False, "backend": "auto",
                                       "forget_bias": None, "recurrent_init": "default"}
     assert specs["gru"].defaults == {"hidden_size": 256, "num_layers": 1,
-                                     "detach_state_every_step": False, "recurrent_init": "default"}
+                                     "detach_state_every_step": False, "recurrent_init": "default",
+                                     "update_bias": None}
     assert specs["fwm"].defaults == {"hidden_size": 32, "memory_size": 16, "num_reads": 3,
                                      "detach_state_every_step": False, "backend": "auto"}
     assert specs["ff"].defaults == {}
@@ -382,6 +384,8 @@ def test_errors_are_one_line_and_name_the_value():
          forget_bias="one")
     _err(r"forget_bias inf is invalid", cores.make, "lstm", 4, forget_bias=float("inf"))
     _err(r"unknown config key 'forget_bias' for core 'gru'", cores.make, "gru", 4, forget_bias=1.0)
+    _err(r"update_bias nan is invalid", cores.make, "gru", 4, update_bias=float("nan"))
+    _err(r"unknown config key 'update_bias' for core 'lstm'", cores.make, "lstm", 4, update_bias=1.0)
     _err(r"dropout 1.5 is invalid", cores.make, "lt", 4, dropout=1.5)
     _err(r"dpfp_nu 64 is invalid for head size 32", cores.make, "lt", 4, feature_map="dpfp",
          dpfp_nu=64)
@@ -428,3 +432,21 @@ def test_stepper_equals_one_call_values_and_gradients(name, specialised):
             assert b is None
         else:
             torch.testing.assert_close(b, a, rtol=1e-8, atol=1e-10)
+
+
+@pytest.mark.parametrize("name, option, gates, gate", [("lstm", "forget_bias", 4, 1), ("gru", "update_bias", 3, 1)])
+def test_gate_bias_sets_one_gate_and_keeps_the_others(name, option, gates, gate):
+    # LSTM gates i, f, g, o; GRU r, z, n: b_ih + b_hh of the chosen gate equals the value in every layer
+    torch.manual_seed(0)
+    plain = cores.make(name, 4, hidden_size=6, num_layers=2)
+    torch.manual_seed(0)
+    biased = cores.make(name, 4, hidden_size=6, num_layers=2, **{option: 1.5})
+    rnn_plain, rnn_biased = (getattr(c, name) for c in (plain, biased))
+    for layer in range(2):
+        total = getattr(rnn_biased, f"bias_ih_l{layer}") + getattr(rnn_biased, f"bias_hh_l{layer}")
+        blocks = total.detach().view(gates, 6)
+        torch.testing.assert_close(blocks[gate], torch.full((6,), 1.5))
+        for g in set(range(gates)) - {gate}:
+            for kind in ("ih", "hh"):
+                torch.testing.assert_close(getattr(rnn_biased, f"bias_{kind}_l{layer}").view(gates, 6)[g],
+                                           getattr(rnn_plain, f"bias_{kind}_l{layer}").view(gates, 6)[g])

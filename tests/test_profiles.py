@@ -28,12 +28,21 @@ def test_vector_profile_matches_the_unroll_to_the_memory_horizon():
     cfg = train.config_from_args(parse(), "vector", memory_horizon=33, max_episode_steps=34)
     assert cfg.profile == "vector" and cfg.unroll_length == 66
     assert (cfg.optimizer, cfg.normalize_advantages, cfg.vtrace_lambda) == ("adam", True, 0.9)
-    assert (cfg.num_actors, cfg.batch_size) == (profiles.VECTOR["num_actors"], profiles.VECTOR["batch_size"])
+    assert (cfg.num_actors, cfg.batch_size) == (profiles.VECTOR["num_actors"], 5)  # 320 steps / 66
     # no horizon: the episode limit; neither: the assumed 50 steps; always within the bounds
     assert profiles.vector_unroll_length(None, 30) == 60
     assert profiles.vector_unroll_length(None, None) == 2 * profiles.UNKNOWN_HORIZON
     assert profiles.vector_unroll_length(3, 10) == profiles.MIN_UNROLL
     assert profiles.vector_unroll_length(None, 500) == profiles.MAX_UNROLL
+
+
+def test_vector_batches_hold_about_320_env_steps_whatever_the_unroll():
+    assert [profiles.vector_batch_size(u) for u in (20, 22, 38, 66, 100, 128, 7)] == [16, 15, 8, 5, 4, 4, 16]
+    short = train.config_from_args(parse(), "vector", memory_horizon=5)
+    assert (short.batch_size, short.unroll_length) == (16, 20)
+    # the batch follows an unroll given on the command line; a batch given there wins
+    assert train.config_from_args(parse("--unroll-length", "80"), "vector", memory_horizon=5).batch_size == 4
+    assert train.config_from_args(parse("--unroll-length", "80", "--batch-size", "32"), "vector").batch_size == 32
 
 
 def test_the_command_line_wins_over_the_profile():

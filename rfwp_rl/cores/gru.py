@@ -16,14 +16,14 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from rfwp_rl.cores.base import CoreSpec, State
-from rfwp_rl.cores.torch_rnn import TorchRNNCore, init_recurrent, run_segments
+from rfwp_rl.cores.torch_rnn import TorchRNNCore, check_gate_bias, init_gate_bias, init_recurrent, run_segments
 
 SPEC = CoreSpec(
     name="gru",
     description="GRU (torch nn.GRU); state (h,) [B, num_layers, hidden_size]",
     equations="Cho et al. 2014 (nn.GRU: the reset gate scales W_hn h + b_hn)",
     defaults={"hidden_size": 256, "num_layers": 1, "detach_state_every_step": False,
-              "recurrent_init": "default"},
+              "recurrent_init": "default", "update_bias": None},
 )
 
 
@@ -31,17 +31,22 @@ class GRUCore(TorchRNNCore):
     """``nn.GRU(input_size, hidden_size, num_layers)``; y ``[T, B, hidden_size]``.
 
     State: ``(h,)``, ``[B, num_layers, hidden_size]`` (batch first, unlike nn.GRU).
-    ``recurrent_init`` (``default`` or ``orthogonal``): :mod:`rfwp_rl.cores.torch_rnn`.
+    ``recurrent_init`` (``default`` or ``orthogonal``) and ``update_bias`` (None: torch's init):
+    :mod:`rfwp_rl.cores.torch_rnn`.
     """
 
     name = "gru"
     num_states = 1
 
     def __init__(self, input_size: int, hidden_size: int = 256, num_layers: int = 1,
-                 detach_state_every_step: bool = False, recurrent_init: str = "default") -> None:
-        super().__init__(input_size, hidden_size, num_layers, detach_state_every_step, recurrent_init)
+                 detach_state_every_step: bool = False, recurrent_init: str = "default",
+                 update_bias: float | None = None) -> None:
+        update_bias = check_gate_bias("update_bias", update_bias)
+        super().__init__(input_size, hidden_size, num_layers, detach_state_every_step, recurrent_init,
+                         update_bias=update_bias)
         self.gru = nn.GRU(input_size, hidden_size, num_layers)
         init_recurrent(self.gru, recurrent_init)
+        init_gate_bias(self.gru, 1, update_bias)  # gate order r, z, n
 
     def _run(self, x: Tensor, state: State, reset: Tensor | None) -> tuple[Tensor, State]:
         return run_segments(self.gru, x, state, reset)

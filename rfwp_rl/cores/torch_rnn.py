@@ -10,10 +10,12 @@ Initialisation (applied once, at construction; a checkpoint's weights replace it
 - ``recurrent_init``: ``default`` keeps torch's uniform(-1/sqrt(H), 1/sqrt(H)); ``orthogonal``
   draws each gate's ``[H, H]`` block of every layer's ``weight_hh`` as an orthogonal matrix
   (Saxe et al. 2014), as many RL code bases do.
-- ``forget_bias`` (``lstm`` only): the forget gate's bias at init (Gers et al. 2000;
-  Jozefowicz et al. 2015 use 1.0). ``nn.LSTM`` adds two bias vectors, ``b_ih + b_hh``: the
-  forget slice of ``b_ih`` is set to ``forget_bias`` and that of ``b_hh`` to zero, so their sum
-  is ``forget_bias``; the other gates keep torch's init. ``None`` keeps torch's init.
+- ``forget_bias`` (``lstm``): the forget gate's bias at init (Gers et al. 2000;
+  Jozefowicz et al. 2015 use 1.0). ``update_bias`` (``gru``): the same for the update gate z, the
+  GRU's share of the old state in h' = (1 - z) n + z h, so that a positive bias keeps the state by
+  default. torch's RNNs add two bias vectors, ``b_ih + b_hh``: the gate's slice of ``b_ih`` is set
+  to the value and that of ``b_hh`` to zero, so their sum is the value; the other gates keep
+  torch's init. ``None`` keeps torch's init.
 """
 
 from __future__ import annotations
@@ -51,13 +53,18 @@ def check_recurrent_init(value: Any) -> str:
     return check_choice("recurrent_init", value, RECURRENT_INITS)
 
 
-def check_forget_bias(value: Any) -> float | None:
+def check_gate_bias(name: str, value: Any) -> float | None:
+    """``forget_bias`` / ``update_bias``: None or a finite number."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise UserError(f"forget_bias {value!r} is invalid; allowed: a finite number "
-                        "(the forget gate's bias at init), or unset for torch's init")
+        raise UserError(f"{name} {value!r} is invalid; allowed: a finite number "
+                        "(the gate's bias at init), or unset for torch's init")
     return float(value)
+
+
+def check_forget_bias(value: Any) -> float | None:
+    return check_gate_bias("forget_bias", value)
 
 
 @torch.no_grad()
@@ -72,14 +79,20 @@ def init_recurrent(rnn: nn.RNNBase, recurrent_init: str) -> None:
 
 
 @torch.no_grad()
-def init_forget_bias(lstm: nn.LSTM, forget_bias: float | None) -> None:
-    """Forget-gate bias ``b_ih + b_hh = forget_bias`` in every layer (torch's gate order i, f, g, o)."""
-    if forget_bias is None:
+def init_gate_bias(rnn: nn.RNNBase, gate: int, value: float | None) -> None:
+    """Bias ``b_ih + b_hh = value`` of gate number ``gate`` in every layer (torch's gate order:
+    LSTM i, f, g, o; GRU r, z, n)."""
+    if value is None:
         return
-    H = lstm.hidden_size
-    for layer in range(lstm.num_layers):
-        getattr(lstm, f"bias_ih_l{layer}")[H:2 * H] = forget_bias
-        getattr(lstm, f"bias_hh_l{layer}")[H:2 * H] = 0.0
+    H = rnn.hidden_size
+    for layer in range(rnn.num_layers):
+        getattr(rnn, f"bias_ih_l{layer}")[gate * H:(gate + 1) * H] = value
+        getattr(rnn, f"bias_hh_l{layer}")[gate * H:(gate + 1) * H] = 0.0
+
+
+def init_forget_bias(lstm: nn.LSTM, forget_bias: float | None) -> None:
+    """Forget-gate bias ``b_ih + b_hh = forget_bias`` in every layer."""
+    init_gate_bias(lstm, 1, forget_bias)
 
 
 class TorchRNNCore(Core):

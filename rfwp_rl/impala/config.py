@@ -57,6 +57,7 @@ class ImpalaConfig:
     advantage_floor: float = 0.1  # that divisor is at least this x the RMS of the V-trace targets
     normalize_value_loss: bool = False  # value errors divided by the same divisor
     normalize_returns: bool = False  # rewards divided by the running RMS of the returns where that is above 1
+    epochs: int = 1  # optimizer steps on each batch (PPO's epochs); V-trace corrects for the policy moving between them
     max_kl: float = 0.0  # trust region: each update moves the policy at most this mean KL from mu; 0 = off
     profile: str = "atari"  # which defaults filled the options the command line left unset
     device: str = "cpu"

@@ -213,14 +213,18 @@ def behaviour_kl(agent: nn.Module, batch: dict[str, torch.Tensor], initial_state
 
 
 def limit_policy_change(agent: nn.Module, before: list[torch.Tensor], batch: dict[str, torch.Tensor],
-                        initial_state: tuple, max_kl: float) -> dict[str, float]:
+                        initial_state: tuple, max_kl: float, start_kl: float = 0.0) -> dict[str, float]:
     """Shrink the step just taken (parameters ``before`` -> now) to mean KL(mu || pi) ``max_kl`` on
-    ``batch`` if it went further; the step is scaled by sqrt(max_kl / KL) (quadratic model).
-    Returns ``learner/policy_kl`` (before shrinking) and ``learner/step_scale``."""
+    ``batch`` if it went further. ``start_kl``: KL(mu || pi) at ``before`` (0: the policy that acted;
+    a later epoch on the same batch starts further away). Quadratic model of the KL along the step,
+    KL(s) = start_kl + (KL(1) - start_kl) s^2, so s = sqrt((max_kl - start_kl) / (KL(1) - start_kl));
+    at or past the bound already, the step is undone. Returns ``learner/policy_kl`` (before
+    shrinking) and ``learner/step_scale``."""
     kl = float(behaviour_kl(agent, batch, initial_state))
     scale = 1.0
     if not kl <= max_kl:  # also a non-finite KL: that step is undone
-        scale = math.sqrt(max_kl / kl) if math.isfinite(kl) else 0.0
+        room = max_kl - start_kl
+        scale = math.sqrt(room / (kl - start_kl)) if math.isfinite(kl) and room > 0 else 0.0
         with torch.no_grad():
             for p, old in zip(agent.parameters(), before):
                 p.copy_(old + scale * (p - old) if scale > 0 else old)
@@ -387,6 +391,7 @@ class Learner:
         self.loss_stats: dict[str, float] = {}  # of this learner's last batch, logged with the step that used it
         self.adoptions = 0  # times the model was replaced by a group leader's
         self.last_batch: Any = None  # the batch of the last learn(), for the trust region of apply()
+        self.stepped_batch: Any = None  # the batch of the last step (the same one again: a later epoch)
         self.return_scale = ReturnScale(self.loss_cfg.normalize_returns)
 
     def _steps_trained(self) -> int:
@@ -429,13 +434,17 @@ class Learner:
         # the trust region needs the batch the step came from: one learner's own (groups refuse max_kl)
         trust_region = self.loss_cfg.max_kl > 0 and step.gradients > 0 and self.last_batch is not None
         before = [p.detach().clone() for p in self.agent.parameters()] if trust_region else []
+        start_kl = 0.0
+        if trust_region and self.last_batch is self.stepped_batch:  # a later epoch: measure where it starts
+            with torch.no_grad(), autocast(self.device, self.precision):
+                start_kl = float(behaviour_kl(self.agent, self.last_batch.data, self.last_batch.state))
         stats = apply_gradients(self.agent, self.optimizer, self.scheduler, self.cfg.grad_norm_clip,
                                 step=step.gradients > 0)
         if trust_region:
             with autocast(self.device, self.precision):
                 stats.update(limit_policy_change(self.agent, before, self.last_batch.data, self.last_batch.state,
-                                                 self.loss_cfg.max_kl))
-        self.last_batch = None
+                                                 self.loss_cfg.max_kl, start_kl))
+        self.stepped_batch, self.last_batch = self.last_batch, None
         if step.own_steps:
             stats.update(self.loss_stats)
         self.learned.put((self.counters["step"], stats))
@@ -501,8 +510,11 @@ class Learning:
             self._learn(batch)
 
     def _learn(self, batch: Any) -> None:
-        with self.learner.lock:
-            self.group.hand_in(self.learner.learn(batch))
+        for epoch in range(self.learner.cfg.epochs):
+            with self.learner.lock:
+                gradients = self.learner.learn(batch)
+                # the batch's env steps count once, with its first optimizer step
+                self.group.hand_in(gradients if epoch == 0 else gradients._replace(env_steps=0))
 
     @property
     def pending_steps(self) -> int:

@@ -15,7 +15,9 @@ not Atari's 0.01: against unit-sized normalised advantages 0.01 did not keep the
 saturating on one action (position-only cart-pole: Recurrent Delta Net 3 of 3 seeds and GRU fell
 from 0.76-0.89 to 0.05, a deterministic policy whose gradients vanish; with 0.03 seed 1 ended at
 1.00, and the LSTM still solved DelayedRecall-easy within 1M steps). The agent preset is
-  ``agents/vector_<core>.toml`` (MLP torso, previous action as input except for ``ff``).
+  ``agents/vector_<core>.toml`` (MLP torso, previous action as input except for ``ff``). A batch
+  holds about 320 env steps (16 x unroll 20; 4 x 100 for 100-step unrolls), so that envs with long
+  unrolls get as many updates per env step as the short ones.
   Each update is a trust-region step (``max_kl`` 0.01, :mod:`rfwp_rl.impala.learner`): on the
   position-only cart-pole every LSTM and GRU run that reached 0.9 of the optimum ended >= 0.91
   (6 of 6; without it 2 of 6 fell to 0.38-0.43), and on DelayedRecall/AssociativeRecall-easy no
@@ -54,6 +56,10 @@ CONTROL = dict(VECTOR, batch_size=4, entropy_cost=0.0, reward_clip=0.0, normaliz
                max_kl=0.0)  # the trust region is unmeasured there
 CONTROL_UNROLL = 16  # without a stated memory horizon
 MIN_UNROLL, MAX_UNROLL = 20, 128
+# A long unroll must not cost updates: the vector profile holds the env steps per update near
+# 16 x 20 whatever the unroll (RepeatFirst with 100-step unrolls: 16 x 100 gave 625 updates in
+# 1M steps and the LSTM stayed near random; 4 x 100 learned), with at least 4 unrolls per batch.
+VECTOR_STEPS_PER_UPDATE, MIN_BATCH = 320, 4
 UNKNOWN_HORIZON = 50  # steps assumed when the env states neither a memory horizon nor an episode limit
 
 
@@ -62,6 +68,13 @@ def vector_unroll_length(memory_horizon: int | None, max_episode_steps: int | No
     within [MIN_UNROLL, MAX_UNROLL]."""
     horizon = memory_horizon or max_episode_steps or UNKNOWN_HORIZON
     return max(MIN_UNROLL, min(MAX_UNROLL, 2 * int(horizon)))
+
+
+def vector_batch_size(unroll_length: int) -> int:
+    """Unrolls per batch: about ``VECTOR_STEPS_PER_UPDATE`` env steps, at least ``MIN_BATCH``, at most
+    the vector profile's 16 (at unroll 20)."""
+    batch = round(VECTOR_STEPS_PER_UPDATE / unroll_length)
+    return max(MIN_BATCH, min(VECTOR["batch_size"], batch))
 
 
 def profile_for(kind: str, requested: str = "auto", continuous_actions: bool = False) -> str:
@@ -76,21 +89,23 @@ def profile_for(kind: str, requested: str = "auto", continuous_actions: bool = F
 
 
 def profile_defaults(profile: str, memory_horizon: int | None = None,
-                     max_episode_steps: int | None = None) -> dict[str, Any]:
-    """The option values of ``profile`` (``atari`` or ``vector``) for an env."""
+                     max_episode_steps: int | None = None, unroll_length: int | None = None) -> dict[str, Any]:
+    """The option values of ``profile`` (``atari``, ``vector`` or ``control``) for an env;
+    ``unroll_length``: the one the command line gives, which the vector batch size follows."""
     check_choice("profile", profile, PROFILES[1:])
     if profile == "atari":
         return dict(ATARI)
     if profile == "control":
         unroll = vector_unroll_length(memory_horizon, None) if memory_horizon else CONTROL_UNROLL
         return dict(CONTROL, unroll_length=unroll)
-    return dict(VECTOR, unroll_length=vector_unroll_length(memory_horizon, max_episode_steps))
+    unroll = vector_unroll_length(memory_horizon, max_episode_steps)
+    return dict(VECTOR, unroll_length=unroll, batch_size=vector_batch_size(unroll_length or unroll))
 
 
 def fill_unset(given: dict[str, Any], profile: str, memory_horizon: int | None = None,
                max_episode_steps: int | None = None) -> dict[str, Any]:
     """``given`` (option -> value or None for unset) with every None replaced by the profile's value."""
-    defaults = profile_defaults(profile, memory_horizon, max_episode_steps)
+    defaults = profile_defaults(profile, memory_horizon, max_episode_steps, given.get("unroll_length"))
     return {k: (defaults[k] if v is None and k in defaults else v) for k, v in given.items()}
 
 
@@ -104,5 +119,6 @@ def describe(cfg: Any, preset_source: str) -> str:
             f"{d['baseline_cost']:g}, discount {d['discount']:g}, reward clip {d['reward_clip']:g}"
             f"{', returns scaled to RMS <= 1' if d['normalize_returns'] else ''}, advantages "
             f"{'normalised (%s%s)' % ('floor %g x target RMS' % d['advantage_floor'] if d['advantage_floor'] > 0 else 'plain RMS', ', value loss too' if d['normalize_value_loss'] else '') if d['normalize_advantages'] else 'raw'}, V-trace lambda {d['vtrace_lambda']:g}, grad clip {d['grad_norm_clip']:g}"
-            f"{', trust region %g nats' % d['max_kl'] if d['max_kl'] > 0 else ''}; "
+            f"{', trust region %g nats' % d['max_kl'] if d['max_kl'] > 0 else ''}"
+            f"{', %d epochs per batch' % d['epochs'] if d['epochs'] > 1 else ''}; "
             f"agent preset {preset_source}")

@@ -50,7 +50,7 @@ METRICS = ("episode/return", "episode/return_mean100")
 GROUP_SETTINGS = ("total_steps", "batch_size", "unroll_length", "learning_rate", "rmsprop_alpha", "rmsprop_eps",
                   "rmsprop_momentum", "grad_norm_clip", "entropy_cost", "baseline_cost", "discount", "reward_clip",
                   "clip_rho", "clip_c", "optimizer", "adam_eps", "normalize_advantages", "advantage_floor", "normalize_value_loss",
-                  "vtrace_lambda", "max_kl", "normalize_returns")
+                  "vtrace_lambda", "max_kl", "normalize_returns", "epochs")
 BEST_WINDOW = 100  # best.pt: the mean return of the last this many episodes, once that many ended since the start
 MAX_WAITING_BATCHES = 4  # full batches held while a learner group takes no gradients (joining); older ones are dropped
 
@@ -165,6 +165,11 @@ def _add_learner_arguments(g: argparse._ArgumentGroup) -> None:
                         f"behaviour policy on its batch is shrunk to it (atari {d.max_kl:g}, vector "
                         f"{profiles.VECTOR['max_kl']:g}, control {profiles.CONTROL['max_kl']:g}; 0: off; "
                         "one learner only)")
+    g.add_argument("--epochs", type=int, default=d.epochs,
+                   help="optimizer steps on each batch, each on the loss recomputed with the current "
+                        "parameters (PPO's epochs; V-trace's importance weights correct for the policy "
+                        "having moved; with --max-kl the total move from the behaviour policy stays bounded); "
+                        "one learner only")
     g.add_argument("--baseline-cost", type=float, default=d.baseline_cost)
     g.add_argument("--discount", type=float, default=d.discount)
     g.add_argument("--reward-clip", type=float, default=None,
@@ -224,6 +229,11 @@ def check_config(cfg: ImpalaConfig) -> None:
     if cfg.group and cfg.max_kl > 0:
         raise UserError(f"--max-kl {cfg.max_kl:g} needs one learner: each learner of a group would shrink the "
                         "group's step by its own batch; with --group use --max-kl 0")
+    if cfg.epochs < 1:
+        raise UserError(f"--epochs {cfg.epochs} is invalid; allowed: an integer >= 1")
+    if cfg.group and cfg.epochs > 1:
+        raise UserError(f"--epochs {cfg.epochs} needs one learner: a group averages one gradient per batch "
+                        "and member; with --group use --epochs 1")
     if not 0.0 <= cfg.vtrace_lambda <= 1.0:
         raise UserError(f"--vtrace-lambda {cfg.vtrace_lambda:g} is invalid; allowed: a number in [0, 1]")
     for name in ("learning_rate", "adam_eps"):
