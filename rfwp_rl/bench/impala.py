@@ -221,7 +221,6 @@ def run(args: argparse.Namespace) -> int:
     if args.updates < 1 or args.warmup_updates < 0:
         raise UserError(f"--updates {args.updates} / --warmup-updates {args.warmup_updates}: need >= 1 / >= 0")
     specs = {core: _run_spec(core, args) for core in cores}
-    cfg = _config(args, precisions[0])
     pool = next(iter(specs.values())).make_env_pool(args.env_backend, 0, args.num_actors, args.num_env_batches,
                                                     args.num_env_processes)  # one pool: moolib allows one per process
     print(f"IMPALA benchmark: {args.env}, batch {args.batch_size} x unroll {args.unroll_length}, {args.num_actors} envs "
