@@ -148,7 +148,8 @@ def _frame_grabber(env) -> Callable[[], np.ndarray]:
 
 def play(agent: torch.nn.Module, envs: Sequence[Any], episode_quota: Sequence[int], greedy: bool = True,
          noneg: bool = False, max_dropped: int | None = None, recorder: GifRecorder | None = None,
-         progress: Callable[[int, int, list[Episode]], None] | None = None) -> list[Episode]:
+         progress: Callable[[int, int, list[Episode]], None] | None = None,
+         observer: Callable[[list[int], dict, tuple], None] | None = None) -> list[Episode]:
     """Play full episodes with ``agent`` on ``envs`` stepped together (batched inference).
 
     Env ``i`` plays until it has ``episode_quota[i]`` counted episodes (with ``noneg``,
@@ -161,10 +162,12 @@ def play(agent: torch.nn.Module, envs: Sequence[Any], episode_quota: Sequence[in
     0 for an env's first episode) and ``done`` is True at an episode's first frame (the core
     state is reset); plus ``prev_action [1, n, *action_shape]``. Greedy play takes the action
     distribution's mode; the envs get its ``env_action`` (e.g. clipped to a Box's bounds).
-    ``recorder`` captures the first episode of env 0. Returns every finished episode,
+    ``recorder`` captures the first episode of env 0. ``observer(steps, out, state)`` sees every
+    forward pass: each active env's step index within its episode, the agent's outputs (``[1, n, ...]``)
+    and the new core state of those envs (tensors ``[n, ...]``). Returns every finished episode,
     including dropped ones, sorted by (env, index).
     """
-    game = _Play(agent, envs, episode_quota, noneg, max_dropped, recorder, progress)
+    game = _Play(agent, envs, episode_quota, noneg, max_dropped, recorder, progress, observer)
     active = [i for i in range(len(envs)) if episode_quota[i] > 0]
     while active:
         actions = game.act(active, greedy)
@@ -178,10 +181,11 @@ class _Play:
 
     def __init__(self, agent: torch.nn.Module, envs: Sequence[Any], quota: Sequence[int], noneg: bool,
                  max_dropped: int | None, recorder: GifRecorder | None,
-                 progress: Callable[[int, int, list[Episode]], None] | None):
+                 progress: Callable[[int, int, list[Episode]], None] | None,
+                 observer: Callable[[list[int], dict, tuple], None] | None = None):
         n = len(envs)
         self.agent, self.envs, self.quota, self.noneg, self.max_dropped = agent, envs, quota, noneg, max_dropped
-        self.recorder, self.progress = recorder, progress
+        self.recorder, self.progress, self.observer = recorder, progress, observer
         self.device = next(agent.parameters()).device
         self.state = [s.clone() for s in agent.initial_state(n, device=self.device)]
         self.obs = [env.reset()[0] for env in envs]
@@ -208,6 +212,8 @@ class _Play:
                                       prev_action=self.prev_action[idx].unsqueeze(0).to(d), greedy=greedy)
         for s, ns in zip(self.state, new_sub):
             s.index_copy_(0, idx.to(s.device), ns)
+        if self.observer is not None:
+            self.observer([self.length[i] for i in active], out, new_sub)
         return out["action"][0].cpu()
 
     def step(self, i: int, a: torch.Tensor) -> bool:
