@@ -126,8 +126,9 @@ def _add_learner_arguments(g: argparse._ArgumentGroup) -> None:
                         "return scaling instead of the reward clip, no entropy bonus and no trust region), "
                         "auto: by the env's spaces")
     g.add_argument("--batch-size", type=int, default=None,
-                   help=f"rollouts per update (atari {d.batch_size}, vector {profiles.VECTOR['batch_size']}, "
-                        f"control {profiles.CONTROL['batch_size']})")
+                   help=f"rollouts per update (atari {d.batch_size}; vector: about "
+                        f"{profiles.VECTOR_STEPS_PER_UPDATE} env steps / unroll, {profiles.MIN_BATCH} to "
+                        f"{profiles.VECTOR['batch_size']}; control {profiles.CONTROL['batch_size']})")
     g.add_argument("--unroll-length", type=int, default=None,
                    help=f"steps per rollout (atari {d.unroll_length}; vector: 2 x the env's memory horizon, "
                         f"{profiles.MIN_UNROLL} to {profiles.MAX_UNROLL}; control: the same where the env "
