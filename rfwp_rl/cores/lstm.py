@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from rfwp_rl.cores.base import CoreSpec, State, check_backend
-from rfwp_rl.cores.torch_rnn import (TorchRNNCore, check_forget_bias, init_forget_bias, init_recurrent,
+from rfwp_rl.cores.torch_rnn import (TorchRNNCore, check_gate_bias, init_gate_bias, init_recurrent,
                                      run_segments)
 from rfwp_rl.ops import lstm as lstm_op
 
@@ -76,13 +76,13 @@ class LSTMCore(TorchRNNCore):
     def __init__(self, input_size: int, hidden_size: int = 256, num_layers: int = 1,
                  detach_state_every_step: bool = False, backend: str = "auto",
                  forget_bias: float | None = None, recurrent_init: str = "default") -> None:
-        forget_bias = check_forget_bias(forget_bias)
+        forget_bias = check_gate_bias("forget_bias", forget_bias)
         super().__init__(input_size, hidden_size, num_layers, detach_state_every_step,
                          recurrent_init, backend=backend, forget_bias=forget_bias)
         self.backend = check_backend(backend)
         self.lstm = nn.LSTM(input_size, hidden_size, num_layers)
         init_recurrent(self.lstm, recurrent_init)
-        init_forget_bias(self.lstm, forget_bias)
+        init_gate_bias(self.lstm, 1, forget_bias)  # gate order i, f, g, o
 
     def _run(self, x: Tensor, state: State, reset: Tensor | None) -> tuple[Tensor, State]:
         y, h, c = run_lstm(self.lstm, x, *state, reset, self.backend)

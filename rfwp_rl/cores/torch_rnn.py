@@ -63,10 +63,6 @@ def check_gate_bias(name: str, value: Any) -> float | None:
     return float(value)
 
 
-def check_forget_bias(value: Any) -> float | None:
-    return check_gate_bias("forget_bias", value)
-
-
 @torch.no_grad()
 def init_recurrent(rnn: nn.RNNBase, recurrent_init: str) -> None:
     """``orthogonal``: every gate block ``[H, H]`` of every layer's ``weight_hh`` orthogonal;
@@ -89,10 +85,6 @@ def init_gate_bias(rnn: nn.RNNBase, gate: int, value: float | None) -> None:
         getattr(rnn, f"bias_ih_l{layer}")[gate * H:(gate + 1) * H] = value
         getattr(rnn, f"bias_hh_l{layer}")[gate * H:(gate + 1) * H] = 0.0
 
-
-def init_forget_bias(lstm: nn.LSTM, forget_bias: float | None) -> None:
-    """Forget-gate bias ``b_ih + b_hh = forget_bias`` in every layer."""
-    init_gate_bias(lstm, 1, forget_bias)
 
 
 class TorchRNNCore(Core):

@@ -490,14 +490,19 @@ def log_tensorboard(run_dir: str | Path, record: dict) -> None:
 # ---------------------------------------------------------------- CLI
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.epilog = "examples:" + __doc__.split("Examples::", 1)[1]
+def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
+    """The saved agent to load: ``RUN_OR_CHECKPOINT`` and ``--checkpoint`` (see :func:`choose_checkpoint`)."""
     parser.add_argument("run", metavar="RUN_OR_CHECKPOINT",
                         help="a run directory (its newest ckpt_*.pt; see --checkpoint) or a checkpoint / snapshot file")
     parser.add_argument("--checkpoint", default="latest", metavar="latest|best|PATH",
                         help="which checkpoint of the run directory: latest (the newest ckpt_*.pt, default), best "
                              "(best.pt: the best mean return of 100 training episodes), or a checkpoint file")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = "examples:" + __doc__.split("Examples::", 1)[1]
+    add_checkpoint_arguments(parser)
     g = parser.add_argument_group("protocol (RFWP paper Sec. 4.4)")
     g.add_argument("--episodes", type=int, default=DEFAULT_EPISODES, help="episodes per repeat (default 30)")
     g.add_argument("--repeats", type=int, default=DEFAULT_REPEATS, help="repeats (default 5)")

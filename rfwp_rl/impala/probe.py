@@ -100,10 +100,9 @@ def format_table(record: dict) -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = "examples:" + __doc__.split("Examples::", 1)[1]
-    parser.add_argument("run", metavar="RUN_OR_CHECKPOINT",
-                        help="a run directory (its newest ckpt_*.pt; see --checkpoint) or a checkpoint file")
-    parser.add_argument("--checkpoint", default="latest", metavar="latest|best|PATH",
-                        help="which checkpoint of the run directory (as rfwp-rl eval)")
+    from rfwp_rl.impala.evaluate import add_checkpoint_arguments
+
+    add_checkpoint_arguments(parser)
     parser.add_argument("--episodes", type=int, default=20, help="full episodes to play (default 20)")
     parser.add_argument("--bin", type=int, default=10, help="steps per row of the table (default 10)")
     parser.add_argument("--greedy", action="store_true", help="take the policy's mode instead of sampling")
