@@ -47,7 +47,7 @@ N_STATE = {"ff": 0, "lstm": 2, "gru": 1, "fwm": 3, "lt": 2, "delta": 2, "delta_r
 VARIANTS = [(n, {}) for n in ALL] + [
     ("lt", {"feature_map": "dpfp", "dpfp_nu": 2}), ("delta", {"feature_map": "softmax"}),
     ("delta", {"feature_map": "dpfp"}), ("delta_rnn", {"feature_map": "elu_sum"}),
-    ("rdn", {"feature_map": "elu_sum"}), ("rdn", {"feature_map": "dpfp"}),
+    ("rdn", {"feature_map": "elu_sum"}), ("rdn", {"feature_map": "dpfp"}), ("rdn", {"feature_map": "l2"}),
     ("delta_lstm", {"feature_map": "dpfp"}),
     ("delta_mlp", {"feature_map": "elu_sum", "fast_layers": 3}),
     ("delta_delta", {"feature_map": "softmax"}),

@@ -39,6 +39,10 @@ def elu_sum(x):          # Secretly-FWP Eq. 30 then Eq. 29 (with the 1e-5 of the
     return e / (e.sum() + 1e-5)
 
 
+def l2(x):               # unit vector (Gated DeltaNet §3.4), with the ops' 1e-6 under the root
+    return x / math.sqrt(float((x * x).sum()) + 1e-6)
+
+
 def layer_norm(x, weight=None, bias=None, eps=1e-5):
     mu = x.mean()
     var = ((x - mu) ** 2).mean()
@@ -57,7 +61,7 @@ def manual_fast_weight_core(core, x, reset):
     kind = core.name
     T, B, _ = x.shape
     H, d = core.fast_layers[0].H, core.fast_layers[0].d
-    phi = {"elu_sum": elu_sum, "softmax": softmax}[core.config["feature_map"]]
+    phi = {"elu_sum": elu_sum, "softmax": softmax, "l2": l2}[core.config["feature_map"]]
     L = len(core.fast_layers)
 
     def zeros_state():
@@ -123,7 +127,8 @@ def manual_fast_weight_core(core, x, reset):
 
 @pytest.mark.parametrize("kind,feature_map", [("lt", "elu_sum"), ("delta", "elu_sum"),
                                               ("delta_rnn", "softmax"), ("rdn", "softmax"),
-                                              ("delta", "softmax"), ("rdn", "elu_sum")])
+                                              ("delta", "softmax"), ("rdn", "elu_sum"),
+                                              ("rdn", "l2"), ("delta", "l2"), ("lt", "l2")])
 def test_fast_weight_core_matches_the_papers_equations(kind, feature_map):
     torch.manual_seed(0)
     core = cores.make(kind, 5, hidden_size=8, num_heads=2, ff_size=12, num_layers=2,
@@ -342,6 +347,25 @@ def test_elu_sum_and_softmax_are_positive_and_sum_to_one():
         assert (y > 0).all()
         torch.testing.assert_close(y.sum(-1), torch.ones(4, dtype=D), atol=1e-4, rtol=0)
     torch.testing.assert_close(feature_maps.elu_sum(x[0]), elu_sum(x[0]))
+
+
+def test_l2_feature_map_gives_unit_vectors_and_bounds_the_delta_rule():
+    assert feature_maps.get("l2", 3)(torch.tensor([3.0, 0.0, -4.0], dtype=D)).tolist() == \
+        pytest.approx([0.6, 0.0, -0.8], abs=1e-6)
+    # the delta rule (Secretly-FWP Eq. 24, β = 1) with unit keys replaces what k read by v:
+    # W' k = v, and |W'|_F² = |W|_F² - |W k|² + |v|²; a sum-normalised key (|k| < 1) does not
+    phi = feature_maps.get("l2", 4)
+    W = torch.zeros(4, 4, dtype=D)
+    for step in range(20):
+        k, v = phi(rand(4, seed=100 + step)), rand(4, seed=200 + step)
+        W2 = W + outer(v - W @ k, k)
+        torch.testing.assert_close(W2 @ k, v, atol=1e-5, rtol=0)   # |k|² = 1 - 1e-6 / |x|²
+        torch.testing.assert_close(W2.square().sum(), W.square().sum() - (W @ k).square().sum() + v.square().sum(),
+                                   atol=1e-4, rtol=0)
+        W = W2
+    k = feature_maps.softmax(rand(4, seed=300))
+    W2 = W + outer(rand(4, seed=301) - W @ k, k)
+    assert not torch.allclose(W2 @ k, rand(4, seed=301), atol=1e-3)
 
 
 # ------------------------------------------------------------------------- hand-checkable ops

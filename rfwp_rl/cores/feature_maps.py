@@ -4,7 +4,11 @@
 - ``softmax``: positive and sums to one by construction (what the RFWP paper's Atari RDN and
   Delta RNN used, RFWP paper §3.1);
 - ``dpfp``: deterministic parameter-free projection DPFP-ν (Secretly-FWP Eq. 37) from d to
-  2νd dimensions, then sum normalisation (Eq. 29).
+  2νd dimensions, then sum normalisation (Eq. 29);
+- ``l2``: unit vectors, ``x / |x|`` (the L2-normalised keys and queries of Gated DeltaNet §3.4).
+  Under the delta rule (Secretly-FWP Eq. 24) a write with a unit key sets W k to
+  (1 - β) W k + β v; with a sum-normalised key (|k| < 1) it keeps 1 - β|k|² of W k, and repeated
+  writes store v / |k| along the key's direction: a larger memory for the same values.
 
 Sum normalisation divides by ``Σ_j φ_j + 1e-5``, the small constant the reference Atari
 agents used; it keeps DPFP finite when every component is zero.
@@ -19,9 +23,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from rfwp_rl.errors import UserError, check_choice
-from rfwp_rl.ops.common import softmax   # the ops' own (the rdn op recognises it)
+from rfwp_rl.ops.common import softmax, unit_vectors   # the ops' own (the rdn op recognises softmax)
 
-FEATURE_MAPS = ("elu_sum", "softmax", "dpfp")
+FEATURE_MAPS = ("elu_sum", "softmax", "dpfp", "l2")
 SUM_NORM_EPS = 1e-5
 
 
@@ -59,7 +63,7 @@ def get(name: str, d: int, nu: int = 1) -> Callable[[Tensor], Tensor]:
             raise UserError(f"dpfp_nu {nu!r} is invalid for head size {d}; "
                             f"allowed: an integer in [1, {2 * d - 1}] (Secretly-FWP Eq. 37)")
         return _Dpfp(nu)
-    return {"elu_sum": elu_sum, "softmax": softmax}[name]
+    return {"elu_sum": elu_sum, "softmax": softmax, "l2": unit_vectors}[name]
 
 
 class _Dpfp:
