@@ -78,6 +78,8 @@ def test_continuous_actions_get_the_control_profile():
     assert cfg.profile == "control"
     assert (cfg.batch_size, cfg.unroll_length, cfg.entropy_cost) == (4, profiles.CONTROL_UNROLL, 0.0)
     assert cfg.normalize_returns and cfg.reward_clip == 0.0 and cfg.optimizer == "adam"
+    # on-policy batches (one env per batch row) and advantages divided by their plain RMS
+    assert (cfg.num_actors, cfg.advantage_floor, cfg.max_kl) == (4, 0.0, 0.0)
     # a stated memory horizon sets the unroll as in the vector profile
     cfg = train.config_from_args(parse(), "vector", memory_horizon=30, continuous_actions=True)
     assert cfg.unroll_length == 60

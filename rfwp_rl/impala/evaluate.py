@@ -149,7 +149,7 @@ def _frame_grabber(env) -> Callable[[], np.ndarray]:
 def play(agent: torch.nn.Module, envs: Sequence[Any], episode_quota: Sequence[int], greedy: bool = True,
          noneg: bool = False, max_dropped: int | None = None, recorder: GifRecorder | None = None,
          progress: Callable[[int, int, list[Episode]], None] | None = None,
-         observer: Callable[[list[int], dict, tuple], None] | None = None) -> list[Episode]:
+         observer: Callable[[list[int], list[int], dict, dict, tuple], None] | None = None) -> list[Episode]:
     """Play full episodes with ``agent`` on ``envs`` stepped together (batched inference).
 
     Env ``i`` plays until it has ``episode_quota[i]`` counted episodes (with ``noneg``,
@@ -162,9 +162,10 @@ def play(agent: torch.nn.Module, envs: Sequence[Any], episode_quota: Sequence[in
     0 for an env's first episode) and ``done`` is True at an episode's first frame (the core
     state is reset); plus ``prev_action [1, n, *action_shape]``. Greedy play takes the action
     distribution's mode; the envs get its ``env_action`` (e.g. clipped to a Box's bounds).
-    ``recorder`` captures the first episode of env 0. ``observer(steps, out, state)`` sees every
-    forward pass: each active env's step index within its episode, the agent's outputs (``[1, n, ...]``)
-    and the new core state of those envs (tensors ``[n, ...]``). Returns every finished episode,
+    ``recorder`` captures the first episode of env 0. ``observer(envs, steps, inputs, out, state)`` sees every
+    forward pass: the active envs' indices, each one's step index within its episode, the agent's
+    inputs (``x``, ``reward``, ``done``, ``prev_action``, each ``[1, n, ...]``), its outputs
+    (``[1, n, ...]``) and the new core state of those envs (tensors ``[n, ...]``). Returns every finished episode,
     including dropped ones, sorted by (env, index).
     """
     game = _Play(agent, envs, episode_quota, noneg, max_dropped, recorder, progress, observer)
@@ -182,7 +183,7 @@ class _Play:
     def __init__(self, agent: torch.nn.Module, envs: Sequence[Any], quota: Sequence[int], noneg: bool,
                  max_dropped: int | None, recorder: GifRecorder | None,
                  progress: Callable[[int, int, list[Episode]], None] | None,
-                 observer: Callable[[list[int], dict, tuple], None] | None = None):
+                 observer: Callable[[list[int], list[int], dict, dict, tuple], None] | None = None):
         n = len(envs)
         self.agent, self.envs, self.quota, self.noneg, self.max_dropped = agent, envs, quota, noneg, max_dropped
         self.recorder, self.progress, self.observer = recorder, progress, observer
@@ -207,13 +208,15 @@ class _Play:
         d = self.device
         x = map_obs(stack_obs([self.obs[i] for i in active]), lambda v: v.unsqueeze(0).to(d))
         sub = tuple(s.index_select(0, idx.to(s.device)) for s in self.state)
+        inputs = {"x": x, "reward": self.reward[idx].unsqueeze(0).to(d), "done": self.done[idx].unsqueeze(0).to(d),
+                  "prev_action": self.prev_action[idx].unsqueeze(0).to(d)}
         with torch.inference_mode():
-            out, new_sub = self.agent(x, self.reward[idx].unsqueeze(0).to(d), self.done[idx].unsqueeze(0).to(d), sub,
-                                      prev_action=self.prev_action[idx].unsqueeze(0).to(d), greedy=greedy)
+            out, new_sub = self.agent(inputs["x"], inputs["reward"], inputs["done"], sub,
+                                      prev_action=inputs["prev_action"], greedy=greedy)
         for s, ns in zip(self.state, new_sub):
             s.index_copy_(0, idx.to(s.device), ns)
         if self.observer is not None:
-            self.observer([self.length[i] for i in active], out, new_sub)
+            self.observer(active, [self.length[i] for i in active], inputs, out, new_sub)
         return out["action"][0].cpu()
 
     def step(self, i: int, a: torch.Tensor) -> bool:

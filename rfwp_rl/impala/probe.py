@@ -5,18 +5,23 @@ Plays full episodes with a saved IMPALA agent (sampled actions, as in training, 
 steps): the policy's entropy, the value estimate and the norm of each core-state tensor per
 env (for a fast-weight core its fast weight matrices, for an LSTM h and c). A memory that
 grows through an episode, a value that drifts with time, a policy that loses its certainty
-late in an episode: each shows in one table. Writes the table as CSV next to the run
+late in an episode: each shows in one table. With ``--shift LR``, also how far one optimizer
+step of size LR moves the policy at each step of the episode (a policy that is far more
+sensitive to its parameters late in an episode than early, or than another core's, is one that
+a fixed learning rate can throw off a solved task). Writes the table as CSV next to the run
 (``probe_<step>_<sample|greedy>.csv``, atomically).
 
 Examples::
 
     rfwp-rl probe runs/memory/rfwp-PositionOnlyCartPole-easy-v0/rdn_s3
     rfwp-rl probe RUN --checkpoint best --episodes 40 --bin 20
+    rfwp-rl probe RUN --shift 5e-4 --bin 40
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import io
 from pathlib import Path
 
@@ -28,38 +33,72 @@ from rfwp_rl.errors import UserError
 
 class StepStats:
     """Sums per time bin of entropy, value and each state tensor's per-env norm, fed by
-    :func:`rfwp_rl.impala.evaluate.play`'s observer."""
+    :func:`rfwp_rl.impala.evaluate.play`'s observer.
 
-    def __init__(self, agent: torch.nn.Module, bin_steps: int):
+    With ``shift`` > 0 also the policy's sensitivity to its parameters: a twin of the agent whose
+    every parameter is moved by ``±shift`` (a random sign each: the size of one Adam step at
+    learning rate ``shift``) steps on the same inputs, and ``shift_kl`` is KL(pi || pi_twin),
+    estimated on an action drawn from pi with E[(r - 1) - log r], r = pi_twin(a) / pi(a), the
+    trust region's estimator."""
+
+    def __init__(self, agent: torch.nn.Module, bin_steps: int, shift: float = 0.0, num_envs: int = 1,
+                 seed: int = 0):
         self.agent, self.bin = agent, bin_steps
         self.count: dict[int, int] = {}
         self.sums: dict[int, np.ndarray] = {}
+        self.twin = None
+        if shift > 0:
+            self.twin = copy.deepcopy(agent)
+            gen = torch.Generator().manual_seed(seed)
+            with torch.no_grad():
+                for p in self.twin.parameters():
+                    p.add_(shift * torch.randint(0, 2, p.shape, generator=gen).to(p) * 2 - shift)
+            self.twin_state = [s.clone() for s in self.twin.initial_state(num_envs, device=next(agent.parameters()).device)]
 
-    def __call__(self, steps: list[int], out: dict, state: tuple) -> None:
+    def _shift_kl(self, envs: list[int], inputs: dict, out: dict) -> torch.Tensor:
+        """KL(pi || pi_twin) per active env ``[n]``; steps the twin's state of those envs."""
+        idx = torch.tensor(envs)
+        sub = tuple(s.index_select(0, idx.to(s.device)) for s in self.twin_state)
+        with torch.inference_mode():
+            twin_out, new_sub = self.twin(inputs["x"], inputs["reward"], inputs["done"], sub,
+                                          prev_action=inputs["prev_action"], greedy=True)
+            dist, params = self.agent.action_dist, out["policy_params"]
+            a = dist.sample(params)
+            log_r = (dist.log_prob(twin_out["policy_params"], a) - dist.log_prob(params, a)).float()[0]
+        for s, ns in zip(self.twin_state, new_sub):
+            s.index_copy_(0, idx.to(s.device), ns)
+        return (log_r.exp() - 1 - log_r).cpu()
+
+    def __call__(self, envs: list[int], steps: list[int], inputs: dict, out: dict, state: tuple) -> None:
         entropy = self.agent.action_dist.entropy(out["policy_params"][0]).float().cpu()  # [n]
         value = out["baseline"][0].float().cpu()  # [n]
         norms = [s.float().flatten(1).norm(dim=1).cpu() for s in state]  # each [n]
-        columns = torch.stack([entropy, value, *norms], dim=1).numpy()  # [n, 2 + states]
+        shift = [self._shift_kl(envs, inputs, out)] if self.twin is not None else []
+        columns = torch.stack([entropy, value, *shift, *norms], dim=1).numpy()  # [n, 2 (+1) + states]
         for j, t in enumerate(steps):
             b = t // self.bin
             self.count[b] = self.count.get(b, 0) + 1
             self.sums[b] = self.sums.get(b, 0.0) + columns[j]
 
     def table(self) -> list[dict]:
-        """One row per bin: ``first_step``, ``last_step``, ``samples``, ``entropy``, ``value``, ``state<k>_norm``."""
+        """One row per bin: ``first_step``, ``last_step``, ``samples``, ``entropy``, ``value``,
+        (``shift_kl``,) ``state<k>_norm``."""
         rows = []
         for b in sorted(self.count):
             mean = self.sums[b] / self.count[b]
             row = {"first_step": b * self.bin, "last_step": (b + 1) * self.bin - 1, "samples": self.count[b],
                    "entropy": float(mean[0]), "value": float(mean[1])}
-            row.update({f"state{k}_norm": float(v) for k, v in enumerate(mean[2:])})
+            rest = mean[2:]
+            if self.twin is not None:
+                row["shift_kl"], rest = float(rest[0]), rest[1:]
+            row.update({f"state{k}_norm": float(v) for k, v in enumerate(rest)})
             rows.append(row)
         return rows
 
 
 def probe(path: str | Path, episodes: int = 20, bin_steps: int = 10, greedy: bool = False, num_envs: int = 8,
           seed: int = 12345, which: str = "latest", trust_checkpoint: bool = False,
-          env_overrides: dict | None = None) -> dict:
+          env_overrides: dict | None = None, shift: float = 0.0) -> dict:
     """Play ``episodes`` full episodes of the checkpoint at ``path`` and return
     ``{"rows": StepStats.table(), "lengths": [...], "returns": [...], "truncated": int, "step": int,
     "checkpoint": str, "env": str, "core": str, "state_shapes": [...]}``."""
@@ -68,12 +107,14 @@ def probe(path: str | Path, episodes: int = 20, bin_steps: int = 10, greedy: boo
 
     if episodes < 1 or bin_steps < 1 or num_envs < 1:
         raise UserError(f"--episodes {episodes} / --bin {bin_steps} / --num-envs {num_envs}: each must be >= 1")
+    if not shift >= 0:
+        raise UserError(f"--shift {shift}: must be >= 0 (a parameter step size such as the learning rate; 0: off)")
     agent, meta, step, file = load_agent(path, which=which, trust=trust_checkpoint)
     env_id = str(meta["env"])
     options = eval_env_options(meta, dict(env_overrides or {}), envs_mod.resolve_env_id(env_id).kind)
     n = min(num_envs, episodes)
     torch.manual_seed(seed)
-    stats = StepStats(agent, bin_steps)
+    stats = StepStats(agent, bin_steps, shift=shift, num_envs=n, seed=seed)
     env_list = []
     try:
         for i in range(n):
@@ -92,7 +133,8 @@ def format_table(record: dict) -> str:
     rows = record["rows"]
     keys = list(rows[0])
     lines = [["steps", *keys[2:]]] + [[f"{r['first_step']}-{r['last_step']}", str(r["samples"]),
-                                       *(f"{r[k]:.3f}" for k in keys[3:])] for r in rows]
+                                       *(f"{r[k]:.3g}" if k == "shift_kl" else f"{r[k]:.3f}" for k in keys[3:])]
+                                      for r in rows]
     widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
     return "\n".join("  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in lines)
 
@@ -106,6 +148,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--episodes", type=int, default=20, help="full episodes to play (default 20)")
     parser.add_argument("--bin", type=int, default=10, help="steps per row of the table (default 10)")
     parser.add_argument("--greedy", action="store_true", help="take the policy's mode instead of sampling")
+    parser.add_argument("--shift", type=float, default=0.0, metavar="LR",
+                        help="add a column shift_kl: KL from the policy to that of the agent with every parameter "
+                             "moved by +-LR (random signs; one Adam step's size), per step within the episode "
+                             "(e.g. 5e-4, the vector profile's learning rate; default 0: off)")
     parser.add_argument("--num-envs", type=int, default=8, help="environments stepped together (default 8)")
     parser.add_argument("--seed", type=int, default=12345, help="env i is seeded with SEED + i")
     parser.add_argument("--env-option", dest="env_options", action="append", default=[], metavar="KEY=VALUE",
@@ -123,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(1)  # one env batch of a small agent: one thread is fastest
     record = probe(args.run, episodes=args.episodes, bin_steps=args.bin, greedy=args.greedy, num_envs=args.num_envs,
                    seed=args.seed, which=args.checkpoint, trust_checkpoint=args.trust_checkpoint,
-                   env_overrides=parse_env_options(args.env_options, "max_episode_steps=500"))
+                   env_overrides=parse_env_options(args.env_options, "max_episode_steps=500"), shift=args.shift)
     lengths, returns = np.array(record["lengths"]), np.array(record["returns"])
     mode = "greedy" if args.greedy else "sample"
     print(f"probe {record['checkpoint']} (step {record['step']:,}, core {record['core']}) on {record['env']}, "

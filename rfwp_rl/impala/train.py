@@ -84,7 +84,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _add_actor_arguments(g: argparse._ArgumentGroup) -> None:
     d = DEFAULTS
     g.add_argument("--num-actors", type=int, default=None,
-                   help=f"environments (default: {d.num_actors} for Atari, {profiles.VECTOR['num_actors']} for vector envs)")
+                   help=f"environments (default: {d.num_actors} for Atari, {profiles.VECTOR['num_actors']} for vector envs, "
+                        f"{profiles.CONTROL['num_actors']} in the control profile)")
     g.add_argument("--num-env-batches", type=int, default=d.num_env_batches,
                    help="env batches stepped alternately (2 = double buffering)")
     g.add_argument("--num-env-processes", type=int, default=d.num_env_processes,
@@ -122,8 +123,9 @@ def _add_learner_arguments(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--profile", choices=profiles.PROFILES, default="auto",
                    help="defaults of the options left unset: atari (the paper's), vector (memory tasks: unroll = "
                         "2 x the env's memory horizon, Adam, normalised advantages), control (vector "
-                        "observations and continuous actions: the vector profile with batch 4 x unroll 16, "
-                        "return scaling instead of the reward clip, no entropy bonus and no trust region), "
+                        "observations and continuous actions: the vector profile with 4 envs and batch 4 x unroll 16, "
+                        "return scaling instead of the reward clip, plain advantage RMS, no entropy bonus and no "
+                        "trust region), "
                         "auto: by the env's spaces")
     g.add_argument("--batch-size", type=int, default=None,
                    help=f"rollouts per update (atari {d.batch_size}; vector: about "
