@@ -60,6 +60,12 @@ def test_runs_summary_table_and_curves(tmp_path):
     assert float(rows[1]["normalized"]) == pytest.approx(0.5, abs=1e-4)
     assert float(rows[0]["minutes"]) == pytest.approx(2.0) and math.isnan(float(rows[2]["minutes"]))
     assert rows[0]["steps"] == "3000"
+    # the peak: lstm seed 2 rose to 0.625 at its last point; a run that learned and lost shows it
+    assert (rows[1]["peak_return"], rows[1]["peak_step"]) == ("0.6250", "3000")
+    assert float(rows[1]["peak_normalized"]) == pytest.approx(0.5, abs=1e-4)
+    fake_run(runs, "rdn", 2, [0.25, 1.0, 1.0, 0.4])  # peak 1.0 first reached at step 2000, then lost
+    lost = next(r for r in results.collect(runs) if r.core == "rdn" and r.seed == 2)
+    assert lost.peak == (2000, 1.0) and lost.final_return == pytest.approx(0.4)
     lstm = next(r for r in summary if r["core"] == "lstm")
     # mean 0.75; sd = 0.3536; half-width t(0.975, 1) * sd / sqrt(2) = 12.706 * 0.25
     assert lstm["normalized_mean"] == pytest.approx(0.75)

@@ -6,7 +6,9 @@
 logged no ``perf/train_minutes``) and writes
 
 - ``runs.csv``: one row per run: env, task, level, core, seed, parameters, env steps reached and
-  targeted, wall-clock minutes, final return and its normalised value;
+  targeted, wall-clock minutes, final return and its normalised value, and the run's peak (the
+  highest mean return of 100 episodes it logged), its step and normalised value: a run whose
+  peak is far above its final return learned the task and lost it;
 - ``summary.csv``: one row per (env, core): seeds, mean normalised final return, its standard
   deviation over seeds and 95% interval (Student t; both empty for one seed), mean parameters
   and minutes;
@@ -73,6 +75,11 @@ class Run:
     @property
     def normalized(self) -> float:
         return suite.normalized_return(self.env, self.final_return)
+
+    @property
+    def peak(self) -> tuple[int, float]:
+        """(env step, return) of the highest point of the curve (the first, on a tie)."""
+        return max(self.curve, key=lambda point: (point[1], -point[0]))
 
 
 def read_run(run_dir: Path) -> Run | None:
@@ -343,7 +350,9 @@ def write_results(runs_root: Path, out: Path, level: str = "easy", reps: int = s
     out.mkdir(parents=True, exist_ok=True)
     run_rows = [{"env": r.env, "task": suite.entry(r.env).task, "level": suite.entry(r.env).level, "core": r.core,
                  "seed": r.seed, "params": r.params, "steps": r.steps, "total_steps": r.total_steps,
-                 "minutes": r.minutes, "final_return": r.final_return, "normalized": r.normalized} for r in runs]
+                 "minutes": r.minutes, "final_return": r.final_return, "normalized": r.normalized,
+                 "peak_return": r.peak[1], "peak_step": r.peak[0],
+                 "peak_normalized": suite.normalized_return(r.env, r.peak[1])} for r in runs]
     summary = summarize(runs)
     agg = aggregate(runs, level, reps=reps)
     atomic_write_text(out / "runs.csv", _csv_text(run_rows))

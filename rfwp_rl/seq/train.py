@@ -54,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--ff-size", type=int, help="feed-forward inner size (default: the core's)")
     g.add_argument("--dropout", type=float, default=0.0,
                    help="dropout on embeddings and, if the core has it, inside the core")
-    g.add_argument("--feature-map", help="elu_sum, softmax or dpfp (default: the core's)")
+    g.add_argument("--feature-map", help="elu_sum, softmax, dpfp or l2 (default: the core's)")
     g.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="a core option (core_config.fast_layers=3, core_config.backend=reference; with --model "
                         "memory: core_config.dpfp_nu=2) or a training setting (lr=1e-3); TOML values; repeatable")
