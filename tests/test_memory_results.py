@@ -66,6 +66,11 @@ def test_runs_summary_table_and_curves(tmp_path):
     fake_run(runs, "rdn", 2, [0.25, 1.0, 1.0, 0.4])  # peak 1.0 first reached at step 2000, then lost
     lost = next(r for r in results.collect(runs) if r.core == "rdn" and r.seed == 2)
     assert lost.peak == (2000, 1.0) and lost.final_return == pytest.approx(0.4)
+    # a comparison assembled by linking run directories kept elsewhere
+    linked = tmp_path / "linked" / "any"
+    linked.mkdir(parents=True)
+    (linked / "rdn_s2").symlink_to(lost.path, target_is_directory=True)
+    assert [(r.core, r.seed) for r in results.collect(tmp_path / "linked")] == [("rdn", 2)]
     lstm = next(r for r in summary if r["core"] == "lstm")
     # mean 0.75; sd = 0.3536; half-width t(0.975, 1) * sd / sqrt(2) = 12.706 * 0.25
     assert lstm["normalized_mean"] == pytest.approx(0.75)

@@ -32,9 +32,11 @@ from __future__ import annotations
 
 import argparse
 import csv
+import glob
 import io
 import json
 import math
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -122,10 +124,15 @@ def _checkpoint_minutes_steps(run_dir: Path, steps: int) -> tuple[float, int]:
 
 
 def collect(runs_root: Path) -> list[Run]:
-    """Every suite run under ``runs_root`` (any depth), sorted by env, core order and seed."""
+    """Every suite run under ``runs_root`` (any depth, through links to directories), sorted by env,
+    core order and seed."""
     if not runs_root.is_dir():
         raise UserError(f"--runs {str(runs_root)!r} is not a directory")
-    runs = [r for p in sorted(runs_root.rglob("config.json")) if (r := read_run(p.parent)) is not None]
+    # glob's ** follows links to directories (Path.rglob does not), so a comparison can be assembled
+    # from runs kept elsewhere by linking them into one folder
+    found = sorted(Path(p) for p in glob.glob(os.path.join(glob.escape(str(runs_root)), "**", "config.json"),
+                                              recursive=True))
+    runs = [r for p in found if (r := read_run(p.parent)) is not None]
     return sorted(runs, key=lambda r: (list(suite.ALL).index(r.env), core_rank(r.core), r.seed))
 
 
