@@ -19,8 +19,8 @@ from 0.76-0.89 to 0.05, a deterministic policy whose gradients vanish; with 0.03
   holds about 320 env steps (16 x unroll 20; 4 x 100 for 100-step unrolls), so that envs with long
   unrolls get as many updates per env step as the short ones.
   Each update is a trust-region step (``max_kl`` 0.01, :mod:`rfwp_rl.impala.learner`): on the
-  position-only cart-pole every LSTM and GRU run that reached 0.9 of the optimum ended >= 0.91
-  (6 of 6; without it 2 of 6 fell to 0.38-0.43), and on DelayedRecall/AssociativeRecall-easy no
+  position-only cart-pole every LSTM and GRU run with torch's gate init that reached 0.9 of the
+  optimum ended >= 0.91 (6 of 6; without it 2 of 6 fell to 0.38-0.43), and on DelayedRecall/AssociativeRecall-easy no
   core lost (3 seeds). A learner group runs without it (each member would shrink the shared step
   by its own batch).
 - ``control`` (vector observations, continuous ``Box`` actions, e.g. Pendulum): the vector profile
