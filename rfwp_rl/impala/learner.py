@@ -32,7 +32,7 @@ The divisor is at least ``advantage_floor`` times the RMS of the V-trace targets
 solved every advantage is value-function noise, and dividing noise by its own RMS turns it into
 unit-sized policy steps that drive the policy to a deterministic wrong action (a solved
 position-only cart-pole fell from 0.94 to 0.05 and stayed there); with the floor such noise stays
-small next to the returns it is noise on (the vector profile's 0.5 keeps it below half their RMS).
+small next to the returns it is noise on (the vector profile divides by at least 0.3 x their RMS).
 
 With ``max_kl`` an update is a trust-region step: after the optimizer step the new policy is
 compared with the behaviour policy mu on the batch's own actions, and a step whose mean
