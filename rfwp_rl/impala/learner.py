@@ -199,6 +199,13 @@ class ReturnScale:
         self.mean_square = state.get("mean_square")
 
 
+def kl_terms(log_r: torch.Tensor) -> torch.Tensor:
+    """Per-sample terms of the non-negative KL(mu || pi) estimator E[(r - 1) - log r] for
+    ``log_r = log pi(a) - log mu(a)``, a drawn from mu (Schulman, "Approximating KL divergence",
+    2020); same shape as ``log_r``."""
+    return log_r.exp() - 1 - log_r
+
+
 def behaviour_kl(agent: nn.Module, batch: dict[str, torch.Tensor], initial_state: tuple) -> torch.Tensor:
     """Mean KL(mu || pi) over the unmasked steps of ``batch`` (as in :func:`compute_loss`), estimated
     on the batch's actions (drawn from mu) with the non-negative estimator E[(r - 1) - log r],
@@ -209,7 +216,7 @@ def behaviour_kl(agent: nn.Module, batch: dict[str, torch.Tensor], initial_state
                        prev_action=batch["prev_action"], greedy=True)
         log_r = agent.action_dist.log_prob(out["policy_params"][:-1], batch["action"][:-1]).float() \
             - batch["behaviour_log_prob"][:-1].float()
-        return masked_mean(log_r.exp() - 1 - log_r, step_mask(batch, log_r))
+        return masked_mean(kl_terms(log_r), step_mask(batch, log_r))
 
 
 def limit_policy_change(agent: nn.Module, before: list[torch.Tensor], batch: dict[str, torch.Tensor],

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from rfwp_rl.errors import UserError
+from rfwp_rl.impala.learner import kl_terms
 
 
 class StepStats:
@@ -67,7 +68,7 @@ class StepStats:
             log_r = (dist.log_prob(twin_out["policy_params"], a) - dist.log_prob(params, a)).float()[0]
         for s, ns in zip(self.twin_state, new_sub):
             s.index_copy_(0, idx.to(s.device), ns)
-        return (log_r.exp() - 1 - log_r).cpu()
+        return kl_terms(log_r).cpu()
 
     def __call__(self, envs: list[int], steps: list[int], inputs: dict, out: dict, state: tuple) -> None:
         entropy = self.agent.action_dist.entropy(out["policy_params"][0]).float().cpu()  # [n]
