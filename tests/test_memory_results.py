@@ -66,6 +66,11 @@ def test_runs_summary_table_and_curves(tmp_path):
     fake_run(runs, "rdn", 2, [0.25, 1.0, 1.0, 0.4])  # peak 1.0 first reached at step 2000, then lost
     lost = next(r for r in results.collect(runs) if r.core == "rdn" and r.seed == 2)
     assert lost.peak == (2000, 1.0) and lost.final_return == pytest.approx(0.4)
+    # normalised 0, 1, 1, 0.2: reached 0.9 at step 2000, lowest after it (0.4 - 0.25) / 0.75
+    assert lost.held() == (2000, pytest.approx(0.2)) and lost.held(1.01) is None
+    row = results.run_row(lost)
+    assert row["reached_0.9_step"] == 2000 and row["lowest_after_0.9"] == pytest.approx(0.2)
+    assert rows[1]["reached_0.9_step"] == rows[1]["lowest_after_0.9"] == ""  # peak 0.5: never reached
     # a comparison assembled by linking run directories kept elsewhere
     linked = tmp_path / "linked" / "any"
     linked.mkdir(parents=True)

@@ -8,7 +8,9 @@ logged no ``perf/train_minutes``) and writes
 - ``runs.csv``: one row per run: env, task, level, core, seed, parameters, env steps reached and
   targeted, wall-clock minutes, final return and its normalised value, and the run's peak (the
   highest mean return of 100 episodes it logged), its step and normalised value: a run whose
-  peak is far above its final return learned the task and lost it;
+  peak is far above its final return learned the task and lost it; the step at which the
+  normalised curve first reached 0.9 and its lowest normalised value after that step (empty if it
+  never did);
 - ``summary.csv``: one row per (env, core): seeds, mean normalised final return, its standard
   deviation over seeds and 95% interval (Student t; both empty for one seed), mean parameters
   and minutes;
@@ -54,6 +56,7 @@ MINUTES_TAG = "perf/train_minutes"
 TABLE_BEGIN, TABLE_END = "<!-- memory-table -->", "<!-- /memory-table -->"
 AGGREGATE_BEGIN, AGGREGATE_END = "<!-- memory-aggregate -->", "<!-- /memory-aggregate -->"
 AGGREGATE_LEVELS = (*suite.LEVELS, "all")
+HELD_LEVEL = 0.9  # "reached the optimum": normalised return of the runs' held columns
 PROFILE_TAUS = tuple(i / 100 for i in range(101))  # normalised return thresholds of the profile
 # two-sided 95% Student t quantiles t_{0.975, df}, df = seeds - 1
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
@@ -82,6 +85,16 @@ class Run:
     def peak(self) -> tuple[int, float]:
         """(env step, return) of the highest point of the curve (the first, on a tie)."""
         return max(self.curve, key=lambda point: (point[1], -point[0]))
+
+    def held(self, level: float = HELD_LEVEL) -> tuple[int, float] | None:
+        """(env step at which the normalised curve first reached ``level``, its lowest normalised
+        value from there on), or None if it never did: a run that reached the optimum and kept it
+        has the second number near the first's level, one that lost it far below."""
+        normalized = [(step, suite.normalized_return(self.env, value)) for step, value in self.curve]
+        first = next((i for i, (_, value) in enumerate(normalized) if value >= level), None)
+        if first is None:
+            return None
+        return normalized[first][0], min(value for _, value in normalized[first:])
 
 
 def read_run(run_dir: Path) -> Run | None:
@@ -346,6 +359,18 @@ def update_readme(path: Path, table: str, begin: str = TABLE_BEGIN, end: str = T
     atomic_write_text(path, text)
 
 
+def run_row(r: Run) -> dict:
+    """The run's row of ``runs.csv``; the two held columns are empty for a run that never reached
+    ``HELD_LEVEL``."""
+    (peak_step, peak_return), held = r.peak, r.held()
+    return {"env": r.env, "task": suite.entry(r.env).task, "level": suite.entry(r.env).level, "core": r.core,
+            "seed": r.seed, "params": r.params, "steps": r.steps, "total_steps": r.total_steps,
+            "minutes": r.minutes, "final_return": r.final_return, "normalized": r.normalized,
+            "peak_return": peak_return, "peak_step": peak_step,
+            "peak_normalized": suite.normalized_return(r.env, peak_return),
+            "reached_0.9_step": held[0] if held else "", "lowest_after_0.9": held[1] if held else ""}
+
+
 def write_results(runs_root: Path, out: Path, level: str = "easy", reps: int = stats.INTERVAL_REPS
                   ) -> tuple[list[dict], list[dict]]:
     """Collect the runs under ``runs_root`` and write the outputs listed in the module docstring
@@ -355,11 +380,7 @@ def write_results(runs_root: Path, out: Path, level: str = "easy", reps: int = s
     if not runs:
         raise UserError(f"no memory-suite runs under {str(runs_root)!r} (runs of rfwp/ envs with episodes logged)")
     out.mkdir(parents=True, exist_ok=True)
-    run_rows = [{"env": r.env, "task": suite.entry(r.env).task, "level": suite.entry(r.env).level, "core": r.core,
-                 "seed": r.seed, "params": r.params, "steps": r.steps, "total_steps": r.total_steps,
-                 "minutes": r.minutes, "final_return": r.final_return, "normalized": r.normalized,
-                 "peak_return": r.peak[1], "peak_step": r.peak[0],
-                 "peak_normalized": suite.normalized_return(r.env, r.peak[1])} for r in runs]
+    run_rows = [run_row(r) for r in runs]
     summary = summarize(runs)
     agg = aggregate(runs, level, reps=reps)
     atomic_write_text(out / "runs.csv", _csv_text(run_rows))
