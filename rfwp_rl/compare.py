@@ -41,6 +41,7 @@ from rfwp_rl.errors import UserError, choices_hint
 from rfwp_rl.scores import (METRICS, MODEL_LABELS, PAPER_GAMES, PAPER_TABLES, Score, canonical_game,
                             canonical_model, format_steps, game_label, load_paper, load_runs,
                             model_label, parse_steps, relative_improvement)
+from rfwp_rl.texttable import format_columns
 
 SOURCES = ("paper", "run")
 
@@ -288,12 +289,7 @@ def table_rows(c: Comparison) -> tuple[list[str], list[list[str]]]:
 
 def format_table(c: Comparison) -> str:
     header, rows = table_rows(c)
-    widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(header))]
-    lines = ["  ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(header, widths)))]
-    lines.append("  ".join("-" * w for w in widths))
-    for r in rows:
-        lines.append("  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths))))
-    return "\n".join(lines)
+    return format_columns(header, rows, first_left=True, rule=True)
 
 
 def summary(c: Comparison) -> str:

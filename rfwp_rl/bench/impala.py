@@ -40,6 +40,7 @@ import torch
 from rfwp_rl.envs.spaces import pick_obs
 from rfwp_rl.errors import UserError, check_choice
 from rfwp_rl.perf import PRECISIONS
+from rfwp_rl.texttable import format_columns
 
 COLUMNS = ("core", "precision", "params", "e2e_sps", "e2e_env_sps", "compute_bound_sps", "ratio", "act_ms_per_frame",
            "learn_ms_per_frame", "share_env_wait", "share_inference", "share_learning", "share_other", "env_cpu",
@@ -198,14 +199,13 @@ def _run_spec(core: str, args: argparse.Namespace):
 def format_table(rows: list[dict]) -> str:
     head = ["core", "precision", "e2e SPS", "compute bound", "ratio", "env wait", "inference", "learning", "other",
             "env CPU"]
-    lines = [head]
+    cells = []
     for r in rows:
-        lines.append([r["core"], r["precision"], f"{r['e2e_sps']:,.0f}", f"{r['compute_bound_sps']:,.0f}",
+        cells.append([r["core"], r["precision"], f"{r['e2e_sps']:,.0f}", f"{r['compute_bound_sps']:,.0f}",
                       f"{r['ratio']:.2f}x", *(f"{100 * r[k]:.0f}%" for k in ("share_env_wait", "share_inference",
                                                                               "share_learning", "share_other")),
                       f"{r['env_cpu']:.2f}"])
-    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
-    return "\n".join("  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in lines)
+    return format_columns(head, cells)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -30,6 +30,7 @@ import torch
 
 from rfwp_rl.errors import UserError
 from rfwp_rl.impala.learner import kl_terms
+from rfwp_rl.texttable import format_columns
 
 
 class StepStats:
@@ -133,11 +134,9 @@ def probe(path: str | Path, episodes: int = 20, bin_steps: int = 10, greedy: boo
 def format_table(record: dict) -> str:
     rows = record["rows"]
     keys = list(rows[0])
-    lines = [["steps", *keys[2:]]] + [[f"{r['first_step']}-{r['last_step']}", str(r["samples"]),
-                                       *(f"{r[k]:.3g}" if k == "shift_kl" else f"{r[k]:.3f}" for k in keys[3:])]
-                                      for r in rows]
-    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
-    return "\n".join("  ".join(c.rjust(w) for c, w in zip(line, widths)) for line in lines)
+    return format_columns(["steps", *keys[2:]], [[f"{r['first_step']}-{r['last_step']}", str(r["samples"]),
+                                                  *(f"{r[k]:.3g}" if k == "shift_kl" else f"{r[k]:.3f}"
+                                                    for k in keys[3:])] for r in rows])
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
