@@ -86,11 +86,16 @@ class Run:
         """(env step, return) of the highest point of the curve (the first, on a tie)."""
         return max(self.curve, key=lambda point: (point[1], -point[0]))
 
+    @property
+    def normalized_curve(self) -> list[tuple[int, float]]:
+        """(env step, normalised return_mean100) at every logged point."""
+        return [(step, suite.normalized_return(self.env, value)) for step, value in self.curve]
+
     def held(self, level: float = HELD_LEVEL) -> tuple[int, float] | None:
         """(env step at which the normalised curve first reached ``level``, its lowest normalised
         value from there on), or None if it never did: a run that reached the optimum and kept it
         has the second number near the first's level, one that lost it far below."""
-        normalized = [(step, suite.normalized_return(self.env, value)) for step, value in self.curve]
+        normalized = self.normalized_curve
         first = next((i for i, (_, value) in enumerate(normalized) if value >= level), None)
         if first is None:
             return None
@@ -323,8 +328,7 @@ def plot_curves(runs: list[Run], path: Path, points: int = 100) -> None:
             end = min(r.curve[-1][0] for r in rs)
             grid = np.linspace(0, end, points)
             # nothing before a run's first logged point (no extrapolation back to step 0)
-            ys = np.array([np.interp(grid, [s for s, _ in r.curve], [suite.normalized_return(env, v) for _, v in r.curve],
-                                     left=np.nan) for r in rs])
+            ys = np.array([np.interp(grid, *zip(*r.normalized_curve), left=np.nan) for r in rs])
             mean = ys.mean(0)
             line, = ax.plot(grid / 1e6, mean, label=f"{core} ({len(rs)})")
             if len(rs) > 1:
