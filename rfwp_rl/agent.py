@@ -34,7 +34,7 @@ import torch
 import torch.nn as nn
 from gymnasium import spaces
 
-from rfwp_rl.distributions import ActionDistribution, make_distribution
+from rfwp_rl.distributions import BOX_LOG_PROBS, ActionDistribution, make_distribution
 from rfwp_rl.encoders import (  # noqa: F401 - the torsos, importable from here as before
     ACTIVATIONS, PART_ENCODERS, TORSOS, GridTorso, MLPTorso, ResidualBlock, ResNetTorso, make_torso)
 from rfwp_rl.errors import check_choice
@@ -54,6 +54,11 @@ class AgentConfig:
     use_prev_action: also feed the previous action (its distribution's encoding: one-hot for
     Discrete) to the core (zeros at episode starts).
     log_std_init: initial log standard deviation of a Box action space's Gaussian.
+    separate_baseline: give the baseline head a torso and core of its own (same kinds and sizes) instead
+    of sharing the policy's: value-loss gradients then do not shape the policy's features (separate
+    networks are the recommended choice for on-policy continuous control, Andrychowicz et al. 2021,
+    "What Matters in On-Policy RL", Sec. 3). The state is the policy core's tensors, then the baseline
+    core's.
     """
 
     torso: str = "auto"
@@ -65,6 +70,8 @@ class AgentConfig:
     grid_channels: tuple[int, ...] = (16, 32, 32)
     encoders: dict = dataclasses.field(default_factory=dict)
     log_std_init: float = 0.0
+    separate_baseline: bool = False
+    box_log_prob: str = "sample"
 
     @classmethod
     def from_dict(cls, d: dict | None) -> "AgentConfig":
@@ -78,6 +85,7 @@ class AgentConfig:
         cfg = cls(**d)
         check_choice("agent torso", cfg.torso, TORSOS)
         check_choice("agent mlp_activation", cfg.mlp_activation, sorted(ACTIVATIONS))
+        check_choice("agent box_log_prob", cfg.box_log_prob, BOX_LOG_PROBS)
         for key, value in dict(cfg.encoders).items():
             check_choice(f"agent encoder of part {key!r}", value, PART_ENCODERS)
         return cfg
@@ -93,7 +101,8 @@ class AgentConfig:
 
 
 # options added after checkpoints were first written: recorded only where they differ from these
-LATER_DEFAULTS = {"grid_channels": (16, 32, 32), "encoders": {}, "log_std_init": 0.0}
+LATER_DEFAULTS = {"grid_channels": (16, 32, 32), "encoders": {}, "log_std_init": 0.0, "separate_baseline": False,
+                  "box_log_prob": "sample"}
 
 
 def as_obs_space(obs: gymnasium.Space | Sequence[int]) -> gymnasium.Space:
@@ -136,17 +145,26 @@ class Agent(nn.Module):
         self.core_config = dict(core_config or {})
         cfg = agent_config if isinstance(agent_config, AgentConfig) else AgentConfig.from_dict(agent_config)
         self.config = cfg
-        self.action_dist: ActionDistribution = make_distribution(self.action_space, cfg.log_std_init)
+        self.action_dist: ActionDistribution = make_distribution(self.action_space, cfg.log_std_init, cfg.box_log_prob)
         self.num_actions = self.action_dist.num_params  # width of the policy head
         self.torso = make_torso(self.obs_space, cfg)
         core_input = self.torso.output_size + 1 + (self.action_dist.prev_action_size if cfg.use_prev_action else 0)
         self.core = cores.make(core, core_input, **self.core_config)
         self.policy = nn.Linear(self.core.output_size, self.num_actions)
+        self.baseline_torso = self.baseline_core = None
+        if cfg.separate_baseline:
+            self.baseline_torso = make_torso(self.obs_space, cfg)
+            self.baseline_core = cores.make(core, core_input, **self.core_config)
         self.baseline = nn.Linear(self.core.output_size, 1)
+        self.policy_state_size = len(self.core.state_shapes(1))  # leading tensors of the agent's state
 
     def initial_state(self, batch_size: int, device: torch.device | str | None = None) -> tuple[torch.Tensor, ...]:
-        """The core's zero state for ``batch_size`` entries (batch is dim 0 of every tensor)."""
-        return tuple(self.core.initial_state(batch_size, device=device))
+        """The zero state for ``batch_size`` entries (batch is dim 0 of every tensor): the core's, then the
+        baseline core's with ``separate_baseline``."""
+        state = tuple(self.core.initial_state(batch_size, device=device))
+        if self.baseline_core is not None:
+            state += tuple(self.baseline_core.initial_state(batch_size, device=device))
+        return state
 
     def forward(self, obs: torch.Tensor | dict[str, torch.Tensor], reward: torch.Tensor, done: torch.Tensor,
                 state: tuple, prev_action: torch.Tensor | None = None,
@@ -174,26 +192,35 @@ class Agent(nn.Module):
             flat = {k: v.reshape(T * B, *v.shape[2:]) for k, v in obs.items()}
         else:
             flat = obs.reshape(T * B, *obs.shape[2:])
-        features = self.torso(flat).view(T, B, -1)
-        with torch.autocast(features.device.type, enabled=False):  # only the torso runs in the caller's autocast
-            return self._core_and_heads(features.float(), reward, done, state, prev_action, greedy)
-
-    def _core_and_heads(self, features: torch.Tensor, reward: torch.Tensor, done: torch.Tensor, state: tuple,
-                        prev_action: torch.Tensor | None, greedy: bool) -> tuple[dict[str, torch.Tensor], tuple]:
-        """``features [T, B, F]`` fp32 -> the core (its fused kernels are fp32) -> policy and baseline heads."""
         done = done.bool()
+        policy_state, baseline_state = tuple(state[:self.policy_state_size]), tuple(state[self.policy_state_size:])
+        features = self.torso(flat).view(T, B, -1)
+        if self.baseline_torso is not None:
+            baseline_features = self.baseline_torso(flat).view(T, B, -1)
+        with torch.autocast(features.device.type, enabled=False):  # only the torsos run in the caller's autocast
+            core_out, policy_state = self._core(self.core, features.float(), reward, done, policy_state, prev_action)
+            baseline_out = core_out
+            if self.baseline_core is not None:
+                baseline_out, baseline_state = self._core(self.baseline_core, baseline_features.float(), reward, done,
+                                                          baseline_state, prev_action)
+            params = self.policy(core_out)
+            baseline = self.baseline(baseline_out).squeeze(-1)
+            action = self.action_dist.act(params, greedy)
+            return {"policy_params": params, "baseline": baseline, "action": action,
+                    "log_prob": self.action_dist.log_prob(params, action)}, policy_state + baseline_state
+
+    def _core(self, core: nn.Module, features: torch.Tensor, reward: torch.Tensor, done: torch.Tensor, state: tuple,
+              prev_action: torch.Tensor | None) -> tuple[torch.Tensor, tuple]:
+        """``features [T, B, F]`` fp32 with the clipped reward (and the previous action) -> ``core``
+        (its fused kernels are fp32) -> ``([T, B, core.output_size], new state)``."""
         inputs = [features, reward.float().clamp(-1.0, 1.0).unsqueeze(-1)]
         if self.config.use_prev_action:
             if prev_action is None:
                 raise ValueError("this agent uses the previous action: pass prev_action [T, B, ...]")
             encoded = self.action_dist.prev_action_encoding(prev_action)
             inputs.append(encoded * (~done).unsqueeze(-1).float())
-        core_out, state = self.core(torch.cat(inputs, dim=-1), state, done)
-        params = self.policy(core_out)
-        baseline = self.baseline(core_out).squeeze(-1)
-        action = self.action_dist.act(params, greedy)
-        return {"policy_params": params, "baseline": baseline, "action": action,
-                "log_prob": self.action_dist.log_prob(params, action)}, state
+        out, state = core(torch.cat(inputs, dim=-1), state, done)
+        return out, tuple(state)
 
 
 def count_parameters(module: nn.Module) -> int:

@@ -19,12 +19,17 @@ Kinds (field practice: Sample Factory, CleanRL, RLlib):
 - ``MultiBinary(n)``: n independent Bernoullis from n logits.
 - ``Box`` (1-D): a diagonal Gaussian over the action *normalised* to [-1, 1] per bounded dimension,
   mean from the head and a learned, state-independent log-std (one per dimension). The env gets the
-  sample mapped affinely onto ``[low, high]`` and clipped to it; the log-prob is of the unclipped
-  sample. Clipping keeps the Gaussian's exact log-prob, entropy and a gradient everywhere, where
-  a tanh squash needs a log-det-Jacobian correction that is unstable near the bounds and has no
-  closed-form entropy; a sample beyond a bound acts like the bound, so the policy learns to keep
-  its mean inside. The affine map to [-1, 1] makes the initial std (1) cover the action range
-  whatever its units, and it changes log-probs by a constant only (importance ratios unchanged).
+  sample mapped affinely onto ``[low, high]`` and clipped to it. The log-prob (``log_prob``) is
+  that of the unclipped sample (``"sample"``, as IMPALA/PPO implementations do), or that of the
+  action the env got (``"clipped"``: at a bound, the Gaussian's mass beyond it; Fujita & Maeda
+  2018). Clipping keeps an exact log-prob and a gradient everywhere, where a tanh squash needs a
+  log-det-Jacobian correction that is unstable near the bounds and has no closed-form entropy.
+  With ``"sample"`` nothing keeps the mean inside the bounds: past a bound every sample acts like
+  the bound, yet samples nearer the bound still get the lower advantages, so the mean drifts on;
+  ``"clipped"`` gives all samples past a bound one log-prob, whose gradient vanishes as the mean
+  leaves. The entropy is the Gaussian's in either case. The affine map to [-1, 1] makes the initial
+  std (1) cover the action range whatever its units, and it changes log-probs by a constant only
+  (importance ratios unchanged).
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ import torch.nn.functional as F
 from gymnasium import spaces
 
 from rfwp_rl.envs.spaces import SUPPORTED_ACTIONS, torch_dtype
-from rfwp_rl.errors import UserError
+from rfwp_rl.errors import UserError, check_choice
 
 
 class ActionDistribution(nn.Module):
@@ -207,6 +212,8 @@ class Bernoulli(ActionDistribution):
 class DiagGaussian(ActionDistribution):
     """``Box`` (1-D, A dims): means ``[..., A]`` from the head, ``log_std`` a learned parameter ``[A]``
     (state-independent); actions float32 ``[..., A]`` in normalised units (see the module docstring).
+    ``log_prob``: ``"sample"`` (the density of the unclipped sample) or ``"clipped"`` (the probability
+    of the clipped action).
 
     A dimension with finite bounds maps ``u`` to ``low + (u + 1) / 2 * (high - low)``, clipped to
     ``[low, high]``; an unbounded one passes ``u`` as it is."""
@@ -214,16 +221,18 @@ class DiagGaussian(ActionDistribution):
     kind = "gaussian"
 
     def __init__(self, low: np.ndarray, high: np.ndarray, env_dtype: torch.dtype = torch.float32,
-                 log_std_init: float = 0.0):
+                 log_std_init: float = 0.0, log_prob: str = "sample"):
         super().__init__()
+        self.log_prob_kind = check_choice("Box log_prob", log_prob, BOX_LOG_PROBS)
         low, high = np.asarray(low, np.float64).reshape(-1), np.asarray(high, np.float64).reshape(-1)
         A = low.shape[0]
         self.num_params = self.prev_action_size = A
         self.action_shape, self.action_dtype, self.env_dtype = (A,), torch.float32, env_dtype
         self.log_std = nn.Parameter(torch.full((A,), float(log_std_init)))
         bounded = np.isfinite(low) & np.isfinite(high)
-        scale = np.where(bounded, (high - low) / 2, 1.0)
-        centre = np.where(bounded, (high + low) / 2, 0.0)
+        low0, high0 = np.where(bounded, low, 0.0), np.where(bounded, high, 0.0)  # no inf - inf below
+        scale = np.where(bounded, (high0 - low0) / 2, 1.0)
+        centre = (high0 + low0) / 2
         for name, value in (("scale", scale), ("centre", centre), ("low", np.where(bounded, low, -np.inf)),
                             ("high", np.where(bounded, high, np.inf))):
             self.register_buffer(name, torch.tensor(value, dtype=torch.float32), persistent=False)
@@ -235,8 +244,18 @@ class DiagGaussian(ActionDistribution):
 
     def log_prob(self, params: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
         # log N(a; mu, sigma) = -(a - mu)^2 / (2 sigma^2) - log sigma - log(2 pi) / 2, summed over dimensions
-        z = (action - params) * torch.exp(-self.log_std)
-        return (-0.5 * z * z - self.log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+        inv_std = torch.exp(-self.log_std)
+        z = (action - params) * inv_std
+        per_dim = -0.5 * z * z - self.log_std - 0.5 * math.log(2 * math.pi)
+        if self.log_prob_kind == "clipped":
+            # the probability of the action the env got (Fujita & Maeda 2018, "Clipped Action Policy
+            # Gradient", Eq. 6): a sample at or past a bound of [-1, 1] stands for all of them, whose mass
+            # is P(u >= 1) = Phi((mu - 1) / sigma), P(u <= -1) = Phi((-1 - mu) / sigma)
+            upper = torch.special.log_ndtr((params - 1.0) * inv_std)
+            lower = torch.special.log_ndtr((-1.0 - params) * inv_std)
+            per_dim = torch.where(self.bounded & (action >= 1.0), upper,
+                                  torch.where(self.bounded & (action <= -1.0), lower, per_dim))
+        return per_dim.sum(-1)
 
     def entropy(self, params: torch.Tensor) -> torch.Tensor:
         # H = sum (1/2 + log(2 pi)/2 + log sigma), independent of the mean
@@ -258,7 +277,11 @@ class DiagGaussian(ActionDistribution):
                 and bool(torch.isfinite(action).all()))
 
 
-def make_distribution(space: gymnasium.Space, log_std_init: float = 0.0) -> ActionDistribution:
+BOX_LOG_PROBS = ("sample", "clipped")
+
+
+def make_distribution(space: gymnasium.Space, log_std_init: float = 0.0,
+                      box_log_prob: str = "sample") -> ActionDistribution:
     """The :class:`ActionDistribution` of a gymnasium action space; any other space is a one-line
     :class:`UserError` naming it and the supported kinds."""
     if isinstance(space, spaces.Discrete):
@@ -271,5 +294,5 @@ def make_distribution(space: gymnasium.Space, log_std_init: float = 0.0) -> Acti
     if isinstance(space, spaces.MultiBinary) and np.ndim(space.n) == 0:
         return Bernoulli(int(space.n))
     if isinstance(space, spaces.Box) and len(space.shape) == 1 and np.issubdtype(space.dtype, np.floating):
-        return DiagGaussian(space.low, space.high, torch_dtype(space.dtype), log_std_init)
+        return DiagGaussian(space.low, space.high, torch_dtype(space.dtype), log_std_init, box_log_prob)
     raise UserError(f"action space {space} is not supported; supported: {SUPPORTED_ACTIONS}")

@@ -42,10 +42,11 @@ def small_agent(core, obs_shape=(4,), num_actions=3, **agent):
     return Agent(obs_shape, num_actions, core, SMALL.get(core, FAST), agent)
 
 
+@pytest.mark.parametrize("separate_baseline", [False, True])
 @pytest.mark.parametrize("core", CORES)
-def test_forward_shapes_and_reset_semantics(core):
+def test_forward_shapes_and_reset_semantics(core, separate_baseline):
     """One call over T steps == T single-step calls; done[t] restarts the core from zeros."""
-    agent = small_agent(core).eval()
+    agent = small_agent(core, separate_baseline=separate_baseline).eval()
     T, B = 6, 3
     g = torch.Generator().manual_seed(1)
     obs, reward = torch.randn(T, B, 4, generator=g), torch.randn(T, B, generator=g) * 3
@@ -62,12 +63,46 @@ def test_forward_shapes_and_reset_semantics(core):
     for t in range(T):
         step, s = agent(obs[t:t + 1], reward[t:t + 1], done[t:t + 1], s)
         torch.testing.assert_close(step["policy_params"][0], out["policy_params"][t], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(step["baseline"][0], out["baseline"][t], rtol=1e-5, atol=1e-5)
+    assert len(s) == len(new_state) == len(state)
     for a, b in zip(s, new_state):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
     # After the reset at t=3, entry 1 behaves as a fresh episode starting at t=3.
     fresh, _ = agent(obs[3:, 1:2], reward[3:, 1:2], torch.zeros(T - 3, 1, dtype=torch.bool), agent.initial_state(1))
     torch.testing.assert_close(fresh["policy_params"][:, 0], out["policy_params"][3:, 1], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(fresh["baseline"][:, 0], out["baseline"][3:, 1], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("core", ["lstm", "rdn"])
+def test_separate_baseline_has_its_own_torso_core_and_state(core):
+    """With ``separate_baseline`` the value loss reaches none of the policy's parameters and the policy
+    loss none of the baseline's; the state is the policy core's tensors, then the baseline core's."""
+    shared, separate = small_agent(core), small_agent(core, separate_baseline=True)
+    n = len(shared.initial_state(2))
+    state = separate.initial_state(2)
+    assert len(state) == 2 * n and separate.policy_state_size == n
+    own = sum(p.numel() for m in (separate.baseline_torso, separate.baseline_core) for p in m.parameters())
+    assert sum(p.numel() for p in separate.parameters()) == sum(p.numel() for p in shared.parameters()) + own
+    assert own == sum(p.numel() for m in (shared.torso, shared.core) for p in m.parameters())
+
+    obs, reward = torch.randn(5, 2, 4), torch.randn(5, 2)
+    done = torch.zeros(5, 2, dtype=torch.bool)
+    out, new_state = separate(obs, reward, done, state)
+    policy_side = [*separate.torso.parameters(), *separate.core.parameters(), *separate.policy.parameters()]
+    baseline_side = [*separate.baseline_torso.parameters(), *separate.baseline_core.parameters(),
+                     *separate.baseline.parameters()]
+    grads = torch.autograd.grad(out["baseline"].sum(), policy_side + baseline_side, allow_unused=True)
+    assert all(g is None for g in grads[:len(policy_side)])
+    assert all(g is not None and g.abs().sum() > 0 for g in grads[len(policy_side):])
+    grads = torch.autograd.grad(out["policy_params"].sum(), baseline_side, allow_unused=True)
+    assert all(g is None for g in grads)
+    # the baseline core's state moved, the policy core's too, each from its own inputs
+    assert all(not torch.equal(a, b) for a, b in zip(state, new_state))
+
+    assert "separate_baseline" not in shared.config.to_dict()
+    assert separate.config.to_dict()["separate_baseline"] is True
+    assert AgentConfig.from_dict(separate.config.to_dict()).separate_baseline
 
 
 def test_reward_is_clipped_and_greedy_is_argmax():
