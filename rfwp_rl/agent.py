@@ -34,7 +34,7 @@ import torch
 import torch.nn as nn
 from gymnasium import spaces
 
-from rfwp_rl.distributions import BOX_LOG_PROBS, ActionDistribution, make_distribution
+from rfwp_rl.distributions import ActionDistribution, make_distribution
 from rfwp_rl.encoders import (  # noqa: F401 - the torsos, importable from here as before
     ACTIVATIONS, PART_ENCODERS, TORSOS, GridTorso, MLPTorso, ResidualBlock, ResNetTorso, make_torso)
 from rfwp_rl.errors import check_choice
@@ -71,7 +71,6 @@ class AgentConfig:
     encoders: dict = dataclasses.field(default_factory=dict)
     log_std_init: float = 0.0
     separate_baseline: bool = False
-    box_log_prob: str = "sample"
 
     @classmethod
     def from_dict(cls, d: dict | None) -> "AgentConfig":
@@ -85,7 +84,6 @@ class AgentConfig:
         cfg = cls(**d)
         check_choice("agent torso", cfg.torso, TORSOS)
         check_choice("agent mlp_activation", cfg.mlp_activation, sorted(ACTIVATIONS))
-        check_choice("agent box_log_prob", cfg.box_log_prob, BOX_LOG_PROBS)
         for key, value in dict(cfg.encoders).items():
             check_choice(f"agent encoder of part {key!r}", value, PART_ENCODERS)
         return cfg
@@ -101,8 +99,7 @@ class AgentConfig:
 
 
 # options added after checkpoints were first written: recorded only where they differ from these
-LATER_DEFAULTS = {"grid_channels": (16, 32, 32), "encoders": {}, "log_std_init": 0.0, "separate_baseline": False,
-                  "box_log_prob": "sample"}
+LATER_DEFAULTS = {"grid_channels": (16, 32, 32), "encoders": {}, "log_std_init": 0.0, "separate_baseline": False}
 
 
 def as_obs_space(obs: gymnasium.Space | Sequence[int]) -> gymnasium.Space:
@@ -145,7 +142,7 @@ class Agent(nn.Module):
         self.core_config = dict(core_config or {})
         cfg = agent_config if isinstance(agent_config, AgentConfig) else AgentConfig.from_dict(agent_config)
         self.config = cfg
-        self.action_dist: ActionDistribution = make_distribution(self.action_space, cfg.log_std_init, cfg.box_log_prob)
+        self.action_dist: ActionDistribution = make_distribution(self.action_space, cfg.log_std_init)
         self.num_actions = self.action_dist.num_params  # width of the policy head
         self.torso = make_torso(self.obs_space, cfg)
         core_input = self.torso.output_size + 1 + (self.action_dist.prev_action_size if cfg.use_prev_action else 0)

@@ -19,17 +19,16 @@ Kinds (field practice: Sample Factory, CleanRL, RLlib):
 - ``MultiBinary(n)``: n independent Bernoullis from n logits.
 - ``Box`` (1-D): a diagonal Gaussian over the action *normalised* to [-1, 1] per bounded dimension,
   mean from the head and a learned, state-independent log-std (one per dimension). The env gets the
-  sample mapped affinely onto ``[low, high]`` and clipped to it. The log-prob (``log_prob``) is
-  that of the unclipped sample (``"sample"``, as IMPALA/PPO implementations do), or that of the
-  action the env got (``"clipped"``: at a bound, the Gaussian's mass beyond it; Fujita & Maeda
-  2018). Clipping keeps an exact log-prob and a gradient everywhere, where a tanh squash needs a
-  log-det-Jacobian correction that is unstable near the bounds and has no closed-form entropy.
-  With ``"sample"`` nothing keeps the mean inside the bounds: past a bound every sample acts like
-  the bound, yet samples nearer the bound still get the lower advantages, so the mean drifts on;
-  ``"clipped"`` gives all samples past a bound one log-prob, whose gradient vanishes as the mean
-  leaves. The entropy is the Gaussian's in either case. The affine map to [-1, 1] makes the initial
-  std (1) cover the action range whatever its units, and it changes log-probs by a constant only
-  (importance ratios unchanged).
+  sample mapped affinely onto ``[low, high]`` and clipped to it; the log-prob is of the unclipped
+  sample (as IMPALA/PPO implementations do). Clipping keeps the Gaussian's exact log-prob, entropy
+  and a gradient everywhere, where a tanh squash needs a log-det-Jacobian correction that is
+  unstable near the bounds and has no closed-form entropy. Nothing in the log-prob keeps the mean
+  inside the bounds: where the largest action is best, samples nearer the bound get the higher
+  advantages and the mean moves on past it until every sample acts like the bound, a deterministic
+  policy that no longer explores there. :meth:`DiagGaussian.out_of_bounds` measures that excess for
+  the learner's ``bound_cost``. The affine map to [-1, 1] makes the initial std (1) cover the action
+  range whatever its units, and it changes log-probs by a constant only (importance ratios
+  unchanged).
 """
 
 from __future__ import annotations
@@ -44,7 +43,7 @@ import torch.nn.functional as F
 from gymnasium import spaces
 
 from rfwp_rl.envs.spaces import SUPPORTED_ACTIONS, torch_dtype
-from rfwp_rl.errors import UserError, check_choice
+from rfwp_rl.errors import UserError
 
 
 class ActionDistribution(nn.Module):
@@ -79,6 +78,11 @@ class ActionDistribution(nn.Module):
     def valid(self, action: torch.Tensor) -> bool:
         """True if ``action [..., *action_shape]`` has the stored dtype and lies in the action space."""
         raise NotImplementedError
+
+    def out_of_bounds(self, params: torch.Tensor) -> torch.Tensor:
+        """``[...]`` how far the distribution's location lies outside the action bounds (a penalty for the
+        learner's ``bound_cost``); 0 for distributions that cannot leave them."""
+        return torch.zeros(self._batch(params), device=params.device)
 
     def act(self, params: torch.Tensor, greedy: bool) -> torch.Tensor:
         return self.mode(params) if greedy else self.sample(params)
@@ -212,8 +216,6 @@ class Bernoulli(ActionDistribution):
 class DiagGaussian(ActionDistribution):
     """``Box`` (1-D, A dims): means ``[..., A]`` from the head, ``log_std`` a learned parameter ``[A]``
     (state-independent); actions float32 ``[..., A]`` in normalised units (see the module docstring).
-    ``log_prob``: ``"sample"`` (the density of the unclipped sample) or ``"clipped"`` (the probability
-    of the clipped action).
 
     A dimension with finite bounds maps ``u`` to ``low + (u + 1) / 2 * (high - low)``, clipped to
     ``[low, high]``; an unbounded one passes ``u`` as it is."""
@@ -221,9 +223,8 @@ class DiagGaussian(ActionDistribution):
     kind = "gaussian"
 
     def __init__(self, low: np.ndarray, high: np.ndarray, env_dtype: torch.dtype = torch.float32,
-                 log_std_init: float = 0.0, log_prob: str = "sample"):
+                 log_std_init: float = 0.0):
         super().__init__()
-        self.log_prob_kind = check_choice("Box log_prob", log_prob, BOX_LOG_PROBS)
         low, high = np.asarray(low, np.float64).reshape(-1), np.asarray(high, np.float64).reshape(-1)
         A = low.shape[0]
         self.num_params = self.prev_action_size = A
@@ -244,18 +245,13 @@ class DiagGaussian(ActionDistribution):
 
     def log_prob(self, params: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
         # log N(a; mu, sigma) = -(a - mu)^2 / (2 sigma^2) - log sigma - log(2 pi) / 2, summed over dimensions
-        inv_std = torch.exp(-self.log_std)
-        z = (action - params) * inv_std
-        per_dim = -0.5 * z * z - self.log_std - 0.5 * math.log(2 * math.pi)
-        if self.log_prob_kind == "clipped":
-            # the probability of the action the env got (Fujita & Maeda 2018, "Clipped Action Policy
-            # Gradient", Eq. 6): a sample at or past a bound of [-1, 1] stands for all of them, whose mass
-            # is P(u >= 1) = Phi((mu - 1) / sigma), P(u <= -1) = Phi((-1 - mu) / sigma)
-            upper = torch.special.log_ndtr((params - 1.0) * inv_std)
-            lower = torch.special.log_ndtr((-1.0 - params) * inv_std)
-            per_dim = torch.where(self.bounded & (action >= 1.0), upper,
-                                  torch.where(self.bounded & (action <= -1.0), lower, per_dim))
-        return per_dim.sum(-1)
+        z = (action - params) * torch.exp(-self.log_std)
+        return (-0.5 * z * z - self.log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+
+    def out_of_bounds(self, params: torch.Tensor) -> torch.Tensor:
+        # sum over bounded dimensions of relu(|mu| - 1)^2 in normalised units (rl_games' bounds loss)
+        excess = torch.relu(params.float().abs() - 1.0) * self.bounded
+        return (excess * excess).sum(-1)
 
     def entropy(self, params: torch.Tensor) -> torch.Tensor:
         # H = sum (1/2 + log(2 pi)/2 + log sigma), independent of the mean
@@ -277,11 +273,7 @@ class DiagGaussian(ActionDistribution):
                 and bool(torch.isfinite(action).all()))
 
 
-BOX_LOG_PROBS = ("sample", "clipped")
-
-
-def make_distribution(space: gymnasium.Space, log_std_init: float = 0.0,
-                      box_log_prob: str = "sample") -> ActionDistribution:
+def make_distribution(space: gymnasium.Space, log_std_init: float = 0.0) -> ActionDistribution:
     """The :class:`ActionDistribution` of a gymnasium action space; any other space is a one-line
     :class:`UserError` naming it and the supported kinds."""
     if isinstance(space, spaces.Discrete):
@@ -294,5 +286,5 @@ def make_distribution(space: gymnasium.Space, log_std_init: float = 0.0,
     if isinstance(space, spaces.MultiBinary) and np.ndim(space.n) == 0:
         return Bernoulli(int(space.n))
     if isinstance(space, spaces.Box) and len(space.shape) == 1 and np.issubdtype(space.dtype, np.floating):
-        return DiagGaussian(space.low, space.high, torch_dtype(space.dtype), log_std_init, box_log_prob)
+        return DiagGaussian(space.low, space.high, torch_dtype(space.dtype), log_std_init)
     raise UserError(f"action space {space} is not supported; supported: {SUPPORTED_ACTIONS}")

@@ -6,6 +6,9 @@ For each run's newest checkpoint, plays ``--episodes`` greedy episodes (env i se
 prints the mean return and, separately for the episodes that start with the pole below and above
 the horizontal, how many end upright (cos(theta) > 0.95 in at least 90% of the last 100 steps).
 A policy that balances from above but stays upright rarely from below has not learned the swing-up.
+Also prints in how many of the states met the policy's mean lies past the action bounds, and past
+twice them (normalised units, where the bounds are -1 and 1): a mean far past a bound acts
+deterministically there.
 """
 
 from __future__ import annotations
@@ -24,10 +27,12 @@ def upright_counts(run: str, episodes: int) -> str:
     agent, meta, step, _ = load_agent(run, env="Pendulum-v1")
     envs = [make_env("Pendulum-v1", seed=1000 + i) for i in range(episodes)]
     cosines: dict[int, list[float]] = {}
+    means: list[np.ndarray] = []
 
     def observe(active, steps, inputs, out, state):  # obs = (cos theta, sin theta, theta dot)
         for j, i in enumerate(active):
             cosines.setdefault(i, []).append(float(inputs["x"][0, j, 0]))
+        means.append(agent.action_dist.mode(out["policy_params"][0]).abs().flatten().numpy())
 
     played = play(agent, envs, [1] * episodes, greedy=True, observer=observe)
     upright = {e.env: np.mean(np.array(cosines[e.env][-100:]) > 0.95) >= 0.9 for e in played}
@@ -35,7 +40,8 @@ def upright_counts(run: str, episodes: int) -> str:
     above = [e.env for e in played if cosines[e.env][0] >= 0]
     return (f"{run} (step {step:,}): greedy mean return {np.mean([e.score for e in played]):.0f}; upright at the "
             f"end: started below {sum(upright[i] for i in below)} of {len(below)}, "
-            f"above {sum(upright[i] for i in above)} of {len(above)}")
+            f"above {sum(upright[i] for i in above)} of {len(above)}; mean past the bound in "
+            f"{np.mean(np.concatenate(means) > 1):.0%} of states, past twice it in {np.mean(np.concatenate(means) > 2):.0%}")
 
 
 def main(argv: list[str]) -> int:

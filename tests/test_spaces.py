@@ -91,51 +91,12 @@ def test_gaussian_matches_torch_and_maps_to_the_bounds():
     u = torch.tensor([[-1.0, 1.0], [0.0, 0.0], [3.0, -5.0]])
     torch.testing.assert_close(dist.env_action(u), torch.tensor([[-2.0, 10.0], [0.0, 5.0], [2.0, 0.0]]))
     assert dist.valid(u) and not dist.valid(torch.tensor([[float("nan"), 0.0]]))
-    with pytest.raises(UserError, match="unknown Box log_prob 'tanh'; allowed: clipped, sample"):
-        DiagGaussian(np.array([-1.0]), np.array([1.0]), log_prob="tanh")
 
 
-def test_clipped_log_prob_is_the_probability_of_the_action_the_env_got():
-    """``log_prob="clipped"``: inside the bounds the Gaussian density; at or past a bound the Gaussian's
-    mass beyond it (hand-computed with erf); unbounded dimensions keep the density; the clipped
-    distribution's mass sums to 1; and past a bound the log-prob barely depends on a far-out mean."""
-    dist = DiagGaussian(np.array([-2.0, -np.inf]), np.array([2.0, np.inf]), log_prob="clipped")
-    with torch.no_grad():
-        dist.log_std.copy_(torch.tensor([math.log(0.5), 0.0]))
-    mu = torch.tensor([0.3, 0.1])
-    phi = lambda x: 0.5 * (1 + math.erf(x / math.sqrt(2)))  # noqa: E731 - the standard normal CDF
-    normal1 = lambda a: -(a - 0.1) ** 2 / 2 - 0.5 * math.log(2 * math.pi)  # noqa: E731 - density, dim 1
-    for u0, first in [(0.5, -(0.5 - 0.3) ** 2 / (2 * 0.25) - math.log(0.5) - 0.5 * math.log(2 * math.pi)),
-                      (1.0, math.log(1 - phi((1 - 0.3) / 0.5))), (2.7, math.log(1 - phi((1 - 0.3) / 0.5))),
-                      (-1.4, math.log(phi((-1 - 0.3) / 0.5)))]:
-        got = dist.log_prob(mu, torch.tensor([u0, 3.0]))
-        assert float(got.detach()) == pytest.approx(first + normal1(3.0), rel=1e-5), u0
-    # mass: P(u <= -1) + integral of the density over (-1, 1) + P(u >= 1) = 1 for the bounded dimension
-    with torch.no_grad():
-        grid = torch.linspace(-1, 1, 20001)[1:-1]
-        inner = dist.log_prob(mu.expand(len(grid), 2), torch.stack([grid, torch.zeros_like(grid)], 1)) - normal1(0.0)
-        total = float(torch.trapezoid(inner.double().exp(), grid.double()))
-        total += sum(math.exp(float(dist.log_prob(mu, torch.tensor([b, 0.0]))) - normal1(0.0)) for b in (-1.0, 1.0))
-    assert total == pytest.approx(1.0, abs=1e-4)
-    # the drift the plain density causes: past the bound its gradient on the mean stays large
-    far = torch.tensor([3.0, 0.1], requires_grad=True)
-    plain = DiagGaussian(np.array([-2.0, -np.inf]), np.array([2.0, np.inf]))
-    (g_plain,) = torch.autograd.grad(plain.log_prob(far, torch.tensor([1.5, 0.1])), far)
-    (g_clip,) = torch.autograd.grad(dist.log_prob(far, torch.tensor([1.5, 0.1])), far)
-    assert abs(float(g_plain[0])) > 1.0 and abs(float(g_clip[0])) < 1e-3
-
-
-def _hand_gaussian_ratio(a, mu_pi, mu_b, sigma_pi, sigma_b, clipped=False):
-    """prod_i N(a_i; mu_pi_i, sigma_pi_i) / N(a_i; mu_b_i, sigma_b_i) in plain floats; ``clipped``: a
-    sample past a bound of [-1, 1] has the Gaussian's mass beyond that bound instead."""
-    def prob(x, m, s):
-        cdf = lambda v: 0.5 * (1 + math.erf((v - m) / (s * math.sqrt(2))))  # noqa: E731
-        if clipped and x >= 1:
-            return 1 - cdf(1.0)
-        if clipped and x <= -1:
-            return cdf(-1.0)
-        return math.exp(-(x - m) ** 2 / (2 * s * s)) / (s * math.sqrt(2 * math.pi))
-    return math.prod(prob(x, m1, s1) / prob(x, m2, s2) for x, m1, m2, s1, s2 in zip(a, mu_pi, mu_b, sigma_pi, sigma_b))
+def _hand_gaussian_ratio(a, mu_pi, mu_b, sigma_pi, sigma_b):
+    """prod_i N(a_i; mu_pi_i, sigma_pi_i) / N(a_i; mu_b_i, sigma_b_i) in plain floats."""
+    pdf = lambda x, m, s: math.exp(-(x - m) ** 2 / (2 * s * s)) / (s * math.sqrt(2 * math.pi))  # noqa: E731
+    return math.prod(pdf(x, m1, s1) / pdf(x, m2, s2) for x, m1, m2, s1, s2 in zip(a, mu_pi, mu_b, sigma_pi, sigma_b))
 
 
 def _hand_categorical_ratio(a, logits_pi, logits_b, nvec):
@@ -149,15 +110,14 @@ def _hand_categorical_ratio(a, logits_pi, logits_b, nvec):
     return ratio
 
 
-@pytest.mark.parametrize("kind", ["gaussian", "gaussian_clipped", "multi_discrete"])
+@pytest.mark.parametrize("kind", ["gaussian", "multi_discrete"])
 def test_vtrace_importance_weights_equal_a_hand_computation(kind):
     """The learner's log_rhos (target log-prob minus the stored behaviour log-prob) give the ratios
     pi(a|x)/mu(a|x) computed by hand, and V-trace's rho_t = min(1, ratio) uses them."""
     torch.manual_seed(4)
     T, B = 3, 2
-    if kind.startswith("gaussian"):
-        behaviour, target = (DiagGaussian(np.full(2, -1.0), np.full(2, 1.0), log_prob=kind[9:] or "sample")
-                             for _ in range(2))
+    if kind == "gaussian":
+        behaviour, target = (DiagGaussian(np.full(2, -1.0), np.full(2, 1.0)) for _ in range(2))
         with torch.no_grad():
             target.log_std.copy_(torch.tensor([0.2, -0.4]))
         params_b, params_pi = torch.randn(T, B, 2), torch.randn(T, B, 2)
@@ -169,15 +129,12 @@ def test_vtrace_importance_weights_equal_a_hand_computation(kind):
         actions = behaviour.sample(params_b)
         behaviour_log_prob = behaviour.log_prob(params_b, actions)
         log_rhos = target.log_prob(params_pi, actions) - behaviour_log_prob
-    if kind == "gaussian_clipped":
-        assert (actions.abs() >= 1).any() and (actions.abs() < 1).any()  # both cases occur
     for t in range(T):
         for b in range(B):
             a = actions[t, b].tolist()
-            if kind.startswith("gaussian"):
+            if kind == "gaussian":
                 hand = _hand_gaussian_ratio(a, params_pi[t, b].tolist(), params_b[t, b].tolist(),
-                                            target.log_std.exp().tolist(), behaviour.log_std.exp().tolist(),
-                                            clipped=kind == "gaussian_clipped")
+                                            target.log_std.exp().tolist(), behaviour.log_std.exp().tolist())
             else:
                 hand = _hand_categorical_ratio(a, params_pi[t, b].tolist(), params_b[t, b].tolist(), nvec)
             assert math.exp(float(log_rhos[t, b])) == pytest.approx(hand, rel=1e-4)
@@ -269,18 +226,36 @@ def test_one_update_end_to_end(env_id):
     assert any(not torch.equal(a, b) for a, b in zip(before, agent.parameters()))
 
 
-def test_box_agent_record_keeps_its_log_prob():
-    """A checkpoint's record of a Box agent with the clipped log-prob names it and rebuilds it; the
-    default is left out of the record, so that records written before the option read the same."""
-    from rfwp_rl.presets import Preset
+def test_bound_cost_adds_the_squared_distance_of_the_mean_past_the_bounds():
+    """``bound_cost`` adds c x sum over acted steps of relu(|mu| - 1)^2 (normalised units, bounded
+    dimensions only) to the loss, and nothing for a distribution that cannot leave its bounds."""
+    from rfwp_rl.agent import Agent
+    from rfwp_rl.impala import learner
 
-    spec = env_spec("space_envs:SpaceBox-v0")
-    for agent_options, kind in (({}, "sample"), ({"box_log_prob": "clipped"}, "clipped")):
-        run = RunSpec("space_envs:SpaceBox-v0", "vector", spec.obs_space, spec.action_space, {},
-                      Preset(core="ff", core_config={}, agent=agent_options))
-        meta = run.meta(run.build_agent())
-        assert meta["agent"].get("box_log_prob") == agent_options.get("box_log_prob")
-        assert RunSpec.from_meta(meta).build_agent().action_dist.log_prob_kind == kind
+    torch.manual_seed(5)
+    space = spaces.Box(np.array([-2.0, -np.inf], np.float32), np.array([2.0, np.inf], np.float32))
+    agent = Agent((3,), space, "ff")
+    with torch.no_grad():
+        agent.policy.bias.copy_(torch.tensor([1.2, 5.0]))  # means past the bound on dimension 0 only
+    T, B = 4, 2
+    batch = {"obs": torch.randn(T + 1, B, 3), "reward": torch.randn(T + 1, B),
+             "done": torch.zeros(T + 1, B, dtype=torch.bool), "prev_action": torch.zeros(T + 1, B, 2),
+             "action": torch.randn(T + 1, B, 2), "behaviour_log_prob": torch.full((T + 1, B), -2.0),
+             "truncated": torch.zeros(T + 1, B, dtype=torch.bool)}
+    batch["truncated"][2, 1] = True  # that step's action never ran: no penalty there either
+    base, _ = learner.compute_loss(agent, batch, (), learner.LossConfig(bound_cost=0.0))
+    with_bound, stats = learner.compute_loss(agent, batch, (), learner.LossConfig(bound_cost=0.5))
+    with torch.no_grad():
+        out, _ = agent(batch["obs"], batch["reward"], batch["done"], ())
+    hand = sum(max(abs(float(out["policy_params"][t, b, 0])) - 1.0, 0.0) ** 2
+               for t in range(T) for b in range(B) if not (t == 2 and b == 1))
+    assert hand > 0
+    assert float((with_bound - base).detach()) == pytest.approx(0.5 * hand, rel=1e-4)
+    assert stats["loss/bound"] == pytest.approx(0.5 * hand, rel=1e-4)
+    (grad,) = torch.autograd.grad(with_bound - base, agent.policy.bias)
+    assert float(grad[0]) > 0 and float(grad[1]) == 0.0  # pulls dimension 0 back towards the box
+    logits = torch.randn(3, 4, 5) * 10
+    assert torch.equal(Categorical(5).out_of_bounds(logits), torch.zeros(3, 4))
 
 
 @pytest.mark.parametrize("env_id, what", [("SpaceGraph-v0", "Graph"), ("SpaceSequence-v0", "Sequence")])

@@ -46,6 +46,7 @@ class ImpalaConfig:
     grad_norm_clip: float = 40.0
     entropy_cost: float = 0.01
     baseline_cost: float = 0.5
+    bound_cost: float = 1.0  # Box actions: penalty on the Gaussian's mean past the bounds (none for others)
     discount: float = 0.99
     reward_clip: float = 1.0
     clip_rho: float = 1.0

@@ -20,6 +20,7 @@ over time and batch, as in TorchBeast (whose hyperparameters the paper used)::
     pg       = -sum log pi(a_t|x_t) * A_t                   (A_t: V-trace advantage)
     baseline = baseline_cost * 0.5 * sum (v_t - V(x_t))^2   (v_t: V-trace target)
     entropy  = -entropy_cost * sum_t H(pi(.|x_t))           (H: the action distribution's entropy)
+    bound    = bound_cost * sum_t sum_i relu(|mu_i(x_t)| - 1)^2   (Box actions: mean past the bounds)
 
 With ``normalize_advantages`` the policy-gradient advantages are divided by their root mean
 square over the batch's unmasked steps, so that the policy step does not scale with the reward
@@ -33,6 +34,15 @@ solved every advantage is value-function noise, and dividing noise by its own RM
 unit-sized policy steps that drive the policy to a deterministic wrong action (a solved
 position-only cart-pole fell from 0.94 to 0.05 and stayed there); with the floor such noise stays
 small next to the returns it is noise on (the vector profile divides by at least 0.3 x their RMS).
+
+``bound_cost`` (Box actions) adds c x relu(|mu| - 1)^2 per step and bounded action dimension, mu
+being the Gaussian's mean in the normalised units where the bounds are -1 and 1 (rl_games' "bounds
+loss" of the same form). Where the largest action is best, the samples nearer the bound get the
+higher advantages and the mean moves past it until every sample acts like the bound: a
+deterministic policy whose gradient no longer says where the bound stops being best. On
+Pendulum-v1 (1M steps) without the term three of five seeds never learned the swing-up, their
+greedy mean more than twice the bound away in 49-75% of the states met; with c = 1 all five
+learned it (-158 to -172), the mean never twice the bound away.
 
 With ``max_kl`` an update is a trust-region step: after the optimizer step the new policy is
 compared with the behaviour policy mu on the batch's own actions, and a step whose mean
@@ -68,6 +78,7 @@ class LossConfig:
     reward_clip: float = 1.0  # rewards clipped to [-reward_clip, reward_clip]; 0 disables
     baseline_cost: float = 0.5
     entropy_cost: float = 0.01
+    bound_cost: float = 1.0
     clip_rho: float = 1.0  # rho-bar
     clip_c: float = 1.0  # c-bar
     clip_pg_rho: float = 1.0
@@ -148,12 +159,14 @@ def compute_loss(agent: nn.Module, batch: dict[str, torch.Tensor], initial_state
     value_scale = scale if cfg.normalize_value_loss else 1.0
     baseline_loss = cfg.baseline_cost * 0.5 * (((vt.vs - values) / value_scale) ** 2).sum()
     entropy_loss = -cfg.entropy_cost * (entropy * mask).sum()
-    total = pg_loss + baseline_loss + entropy_loss
+    bound_loss = cfg.bound_cost * (dist.out_of_bounds(target_params) * mask).sum()
+    total = pg_loss + baseline_loss + entropy_loss + bound_loss
     stats = {
         "loss/total": float(total.detach()),
         "loss/policy": float(pg_loss.detach()),
         "loss/baseline": float(baseline_loss.detach()),
         "loss/entropy": float(entropy_loss.detach()),
+        "loss/bound": float(bound_loss.detach()),
         "learner/entropy": float(entropy.mean().detach()),
         "learner/mean_rho": float(vt.log_rhos.exp().mean()),
         "learner/mean_value": float(values.mean().detach()),

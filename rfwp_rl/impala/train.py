@@ -48,7 +48,7 @@ __all__ = ["DEFAULT_CORE", "ImpalaTrainer", "add_arguments", "run", "train"]
 METRICS = ("episode/return", "episode/return_mean100")
 # Settings every learner of a group must share (checked when a learner joins), besides the env and agent.
 GROUP_SETTINGS = ("total_steps", "batch_size", "unroll_length", "learning_rate", "rmsprop_alpha", "rmsprop_eps",
-                  "rmsprop_momentum", "grad_norm_clip", "entropy_cost", "baseline_cost", "discount", "reward_clip",
+                  "rmsprop_momentum", "grad_norm_clip", "entropy_cost", "baseline_cost", "bound_cost", "discount", "reward_clip",
                   "clip_rho", "clip_c", "optimizer", "adam_eps", "normalize_advantages", "advantage_floor", "normalize_value_loss",
                   "vtrace_lambda", "max_kl", "normalize_returns", "epochs")
 BEST_WINDOW = 100  # best.pt: the mean return of the last this many episodes, once that many ended since the start
@@ -174,6 +174,10 @@ def _add_learner_arguments(g: argparse._ArgumentGroup) -> None:
                         "having moved; with --max-kl the total move from the behaviour policy stays bounded); "
                         "one learner only")
     g.add_argument("--baseline-cost", type=float, default=d.baseline_cost)
+    g.add_argument("--bound-cost", type=float, default=d.bound_cost,
+                   help="Box actions: cost of the Gaussian mean's squared distance past the action bounds, "
+                        "which keeps the policy from turning deterministic at a bound (0: off; other "
+                        "action spaces have no such term)")
     g.add_argument("--discount", type=float, default=d.discount)
     g.add_argument("--reward-clip", type=float, default=None,
                    help="clip rewards to [-x, x]; 0 disables clipping (atari 1, vector 0)")
@@ -227,6 +231,8 @@ def check_config(cfg: ImpalaConfig) -> None:
     check_choice("optimizer", cfg.optimizer, OPTIMIZERS)
     if not 0.0 <= cfg.advantage_floor < float("inf"):
         raise UserError(f"--advantage-floor {cfg.advantage_floor:g} is invalid; allowed: a number >= 0")
+    if not 0.0 <= cfg.bound_cost < float("inf"):
+        raise UserError(f"--bound-cost {cfg.bound_cost:g} is invalid; allowed: a number >= 0 (0: off)")
     if not 0.0 <= cfg.max_kl < float("inf"):
         raise UserError(f"--max-kl {cfg.max_kl:g} is invalid; allowed: a number >= 0 (0: off)")
     if cfg.group and cfg.max_kl > 0:
