@@ -48,9 +48,9 @@ __all__ = ["DEFAULT_CORE", "ImpalaTrainer", "add_arguments", "run", "train"]
 METRICS = ("episode/return", "episode/return_mean100")
 # Settings every learner of a group must share (checked when a learner joins), besides the env and agent.
 GROUP_SETTINGS = ("total_steps", "batch_size", "unroll_length", "learning_rate", "rmsprop_alpha", "rmsprop_eps",
-                  "rmsprop_momentum", "grad_norm_clip", "entropy_cost", "baseline_cost", "bound_cost", "discount", "reward_clip",
-                  "clip_rho", "clip_c", "optimizer", "adam_eps", "normalize_advantages", "advantage_floor", "normalize_value_loss",
-                  "vtrace_lambda", "max_kl", "normalize_returns", "epochs")
+                  "rmsprop_momentum", "grad_norm_clip", "entropy_cost", "baseline_cost", "bound_cost", "discount",
+                  "reward_clip", "clip_rho", "clip_c", "optimizer", "adam_eps", "normalize_advantages",
+                  "advantage_floor", "normalize_value_loss", "vtrace_lambda", "max_kl", "normalize_returns", "epochs")
 BEST_WINDOW = 100  # best.pt: the mean return of the last this many episodes, once that many ended since the start
 MAX_WAITING_BATCHES = 4  # full batches held while a learner group takes no gradients (joining); older ones are dropped
 
