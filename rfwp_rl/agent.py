@@ -56,9 +56,9 @@ class AgentConfig:
     log_std_init: initial log standard deviation of a Box action space's Gaussian.
     separate_baseline: give the baseline head a torso and core of its own (same kinds and sizes) instead
     of sharing the policy's: value-loss gradients then do not shape the policy's features (separate
-    networks are the recommended choice for on-policy continuous control, Andrychowicz et al. 2021,
-    "What Matters in On-Policy RL", Sec. 3). The state is the policy core's tensors, then the baseline
-    core's.
+    networks are what Andrychowicz et al. 2021, "What Matters in On-Policy Reinforcement Learning?",
+    recommend for on-policy continuous control; on Pendulum-v1 they did not help, results/envs). The
+    state is the policy core's tensors, then the baseline core's.
     """
 
     torso: str = "auto"

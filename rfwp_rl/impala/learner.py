@@ -42,7 +42,7 @@ higher advantages and the mean moves past it until every sample acts like the bo
 deterministic policy whose gradient no longer says where the bound stops being best. On
 Pendulum-v1 (1M steps) without the term three of five seeds never learned the swing-up, their
 greedy mean more than twice the bound away in 49-75% of the states met; with c = 1 all five
-learned it (-158 to -172), the mean never twice the bound away.
+learned it (-160 to -172), the mean never twice the bound away.
 
 With ``max_kl`` an update is a trust-region step: after the optimizer step the new policy is
 compared with the behaviour policy mu on the batch's own actions, and a step whose mean
