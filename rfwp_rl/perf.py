@@ -22,7 +22,8 @@ def available_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def choose_torch_threads(requested: int, env_processes: int = 0, heavy_model: bool = True) -> tuple[int, str]:
+def choose_torch_threads(requested: int, env_processes: int = 0, heavy_model: bool = True,
+                         gpu: bool = False) -> tuple[int, str]:
     """Torch intra-op threads for a trainer and why (for the start-up line).
 
     ``requested`` > 0 wins. Otherwise: a small model (vector observations, an MLP torso) runs
@@ -33,10 +34,46 @@ def choose_torch_threads(requested: int, env_processes: int = 0, heavy_model: bo
     cores = available_cores()
     if requested > 0:
         return requested, f"--torch-threads {requested}"
+    if gpu:  # idle intra-op threads spin, taking the cores of the env workers from them
+        return 1, "GPU learner: the model runs on the GPU, the cores step the envs"
     if not heavy_model:
         return 1, "small model: one thread is fastest for its per-step inference"
     threads = max(1, cores - env_processes // 3)
     return threads, f"{cores} cores, {env_processes} env processes; --torch-threads N to change"
+
+
+_BLAS_THREAD_SETTERS = ("openblas_set_num_threads", "openblas_set_num_threads64_", "scipy_openblas_set_num_threads",
+                        "scipy_openblas_set_num_threads64_", "MKL_Set_Num_Threads")
+
+
+def single_thread_blas() -> int:
+    """Limit every BLAS library loaded in this process to one thread; returns how many were limited.
+
+    For env worker processes: a worker forked from a process whose BLAS keeps a thread per core spins
+    those threads on the small matrix products of observation preprocessing, and many such workers
+    on few cores slow each other down by an order of magnitude (``rfwp-rl bench impala`` shows it as
+    the env bound). The libraries are found in ``/proc/self/maps`` (Linux); elsewhere nothing changes.
+    """
+    import ctypes
+
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split()[-1] for line in f if "blas" in line.lower() or "mkl_rt" in line.lower()}
+    except OSError:
+        return 0
+    limited = 0
+    for path in sorted(p for p in paths if p.startswith("/") and ".so" in p):
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for name in _BLAS_THREAD_SETTERS:
+            setter = getattr(lib, name, None)
+            if setter is not None:
+                setter(1)
+                limited += 1
+                break
+    return limited
 
 
 def set_torch_threads(threads: int) -> None:

@@ -1,26 +1,22 @@
-"""``rfwp-rl bench impala``: end-to-end IMPALA speed against the model's own compute bound.
+"""``rfwp-rl bench impala``: end-to-end IMPALA speed against its two bounds, per agent and device.
 
-For each core (``--cores``; the Atari presets ``agents/atari_<core>.toml`` on Atari envs) it
-measures, side by side in one process (one env pool, so the numbers share the machine's load):
+For each core (``--cores``; the Atari presets ``agents/atari_<core>.toml`` on Atari envs) and each device
+(``--devices``), side by side in one process on one env pool (so the numbers share the machine's load):
 
-- **end to end**, for each ``--precisions`` entry: the training loop of ``rfwp-rl train``
-  itself (:meth:`rfwp_rl.impala.train.ImpalaTrainer.iterate` and its bookkeeping, with the
-  trainer's default thread count, ``channels_last`` torso and inference mode), timed over
-  ``--updates`` updates after ``--warmup-updates``; reported as env steps trained per second
-  (``e2e_sps``) and the shares of the main thread's wall time spent waiting for env results,
-  in inference, in learning (loss, backward, optimizer) and elsewhere (rollouts, logging), plus
-  the env worker processes' CPU time per wall second (``env_cpu``, in cores);
-- **the compute bound** of the same model in plain fp32 NCHW PyTorch (no autocast, default
-  memory format, ``torch.no_grad`` acting) at the run's sizes, with the same thread count:
-  ``1 / (act forward per frame + learn forward+backward per frame)``, where acting runs one step
-  of an env batch (``num_actors / num_env_batches`` frames) and learning a batch of
-  ``batch_size`` x ``unroll_length`` frames, measured once after every timed update of the loop
-  (so that a shared machine's drifting load weighs on both sides alike); and the ratio
-  ``e2e_sps / compute_bound_sps``.
+- **end to end** (``env_sps``): the training loop of ``rfwp-rl train`` itself
+  (:meth:`rfwp_rl.impala.train.ImpalaTrainer.iterate` and its bookkeeping, with the trainer's own choices
+  of threads, actor device and learner thread, all printed), env steps trained per second over
+  ``--seconds`` after ``--warmup-seconds``; with the shares of the main thread's wall time spent waiting
+  for env results, in inference, in learning (with a learner thread: waiting to hand it a batch) and
+  elsewhere, and the env worker processes' CPU time per wall second (``env_cpu``, in cores);
+- **the env bound** (``env_bound_sps``): the same pool stepped with random actions and no agent, batches
+  alternating as the actors step them (measured once, before the agents);
+- **the learner bound** (``learner_bound_sps``): the run's learner alone, full updates (loss, backward,
+  optimizer step, trust region, publishing to the actors' copy) on random batches of the run's shape,
+  in env steps per second;
 
-A ratio above 1 means the loop runs faster than the plain model could even compute, with the
-envs for free: what channels_last, inference mode, bf16 and the overlap of env stepping with
-inference buy. Writes a table and ``results/bench/impala.csv`` (atomic).
+and ``ratio = env_sps / min(env_bound_sps, learner_bound_sps)``: the share of the smaller bound the loop
+reaches. Writes a table and ``--out`` (CSV, atomic).
 """
 
 from __future__ import annotations
@@ -37,47 +33,54 @@ import gymnasium
 import numpy as np
 import torch
 
-from rfwp_rl.envs.spaces import pick_obs
 from rfwp_rl.errors import UserError, check_choice
-from rfwp_rl.perf import PRECISIONS
+from rfwp_rl.impala.actors import ACTOR_DEVICES
+from rfwp_rl.impala.config import DEFAULTS, ENV_BACKENDS
+from rfwp_rl.perf import PRECISIONS, available_cores
 from rfwp_rl.texttable import format_columns
 
-COLUMNS = ("core", "precision", "params", "e2e_sps", "e2e_env_sps", "compute_bound_sps", "ratio", "act_ms_per_frame",
-           "learn_ms_per_frame", "share_env_wait", "share_inference", "share_learning", "share_other", "env_cpu",
-           "updates", "env", "num_actors", "num_env_batches", "num_env_processes", "batch_size", "unroll_length",
-           "env_backend", "torch_threads")
+COLUMNS = ("agent", "device", "cpu_cores", "env_sps", "env_bound_sps", "learner_bound_sps", "ratio", "actor_device",
+           "learner_thread", "precision", "params", "share_env_wait", "share_inference", "share_learning",
+           "share_other", "env_cpu", "updates", "env", "num_actors", "num_env_batches", "num_env_processes",
+           "batch_size", "unroll_length", "env_backend", "torch_threads")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cores", default="lstm", help="comma-separated cores (default: %(default)s)")
-    parser.add_argument("--precisions", default=",".join(PRECISIONS),
-                        help="end-to-end runs, one per precision (default: %(default)s)")
+    parser.add_argument("--devices", default="cpu",
+                        help="comma-separated learner devices, each run end to end (default: %(default)s)")
+    parser.add_argument("--precision", choices=PRECISIONS, default="fp32")
     parser.add_argument("--env", default="Pong")
-    parser.add_argument("--num-actors", type=int, default=64, help="environments (default %(default)s)")
+    parser.add_argument("--num-actors", type=int, default=48, help="environments (default %(default)s)")
     parser.add_argument("--num-env-batches", type=int, default=2)
-    parser.add_argument("--num-env-processes", type=int, default=2)
-    parser.add_argument("--env-backend", choices=("moolib", "local"), default="moolib")
+    parser.add_argument("--num-env-processes", type=int, default=DEFAULTS.num_env_processes,
+                        help="env worker processes (default: %(default)s, from the CPU cores)")
+    parser.add_argument("--env-backend", choices=ENV_BACKENDS, default="moolib")
     parser.add_argument("--batch-size", type=int, default=32, help="paper: 32")
-    parser.add_argument("--unroll-length", type=int, default=20, help="paper: 50")
-    parser.add_argument("--updates", type=int, default=3, help="timed updates per end-to-end run")
-    parser.add_argument("--warmup-updates", type=int, default=1, help="updates before timing starts")
+    parser.add_argument("--unroll-length", type=int, default=50, help="paper: 50")
+    parser.add_argument("--seconds", type=float, default=20.0, help="timed seconds per end-to-end run")
+    parser.add_argument("--warmup-seconds", type=float, default=10.0, help="seconds before timing starts")
     parser.add_argument("--torch-threads", type=int, default=0, help="0: the trainer's default choice")
-    parser.add_argument("--device", default="cpu", help="where the model runs (cpu, cuda)")
+    parser.add_argument("--actor-device", choices=ACTOR_DEVICES, default="auto")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="agent or trainer setting, as for rfwp-rl train")
     parser.add_argument("--out", default="results/bench/impala.csv")
 
 
-def _config(args: argparse.Namespace, precision: str):
-    from rfwp_rl.impala.config import ImpalaConfig
+def _config(args: argparse.Namespace, run, device: str):
+    from rfwp_rl.impala.train import config_from_args
 
-    return ImpalaConfig(env=args.env, total_steps=10 ** 12, num_actors=args.num_actors,
-                        num_env_batches=args.num_env_batches, num_env_processes=args.num_env_processes,
-                        env_backend=args.env_backend, batch_size=args.batch_size, unroll_length=args.unroll_length,
-                        precision=precision, torch_threads=args.torch_threads, device=args.device,
-                        checkpoint_every=math.inf,
-                        log_every=math.inf)
+    ns = argparse.Namespace(env=args.env, total_steps=10 ** 12, num_actors=args.num_actors,
+                            num_env_batches=args.num_env_batches, num_env_processes=args.num_env_processes,
+                            env_backend=args.env_backend, batch_size=args.batch_size,
+                            unroll_length=args.unroll_length, precision=args.precision,
+                            torch_threads=args.torch_threads, device=device, actor_device=args.actor_device,
+                            checkpoint_every=math.inf, log_every=math.inf)
+    return config_from_args(ns, run.kind, run.memory_horizon, run.max_episode_steps, run.trainer_settings,
+                            continuous_actions=run.action_space.get("type") == "Box")
 
 
-def _random_batch(agent, T1: int, B: int, g: torch.Generator) -> dict[str, torch.Tensor]:
+def random_batch(agent, T1: int, B: int, g: torch.Generator) -> dict[str, torch.Tensor]:
     """Random rollout data of the agent's spaces (:func:`rfwp_rl.impala.actors.rollout_spec`)."""
     from rfwp_rl.impala.actors import rollout_spec
 
@@ -101,56 +104,63 @@ def _random_batch(agent, T1: int, B: int, g: torch.Generator) -> dict[str, torch
     return batch
 
 
-class PlainModel:
-    """The run's model in plain fp32 NCHW PyTorch (no autocast, default memory format, ``no_grad``
-    acting) on random data of the run's sizes: one env batch to act on, one learner batch."""
+def env_bound(pool, agent, num_envs: int, num_batches: int, seconds: float) -> float:
+    """Env steps per second of ``pool`` stepped with uniformly random actions and no agent."""
+    from rfwp_rl.impala.env_pool import EnvBatches
 
-    def __init__(self, run, cfg):
-        from rfwp_rl.agent import ResNetTorso
-        from rfwp_rl.impala.learner import loss_config
+    b = num_envs // num_batches
+    envs = EnvBatches(pool, num_batches, b)
+    dist = agent.action_dist
+    zeros = torch.zeros(b, dist.num_params)
 
-        torch.manual_seed(0)
-        self.device = torch.device(cfg.device)
-        self.agent = run.build_agent(self.device)
-        if isinstance(self.agent.torso, ResNetTorso):
-            self.agent.torso.use_memory_format(torch.contiguous_format)
-        g = torch.Generator().manual_seed(0)
-        self.n = cfg.num_actors // cfg.num_env_batches  # frames per acting step
-        self.frames = cfg.unroll_length * cfg.batch_size  # frames per update
-        self.act_batch = {k: v.to(self.device) for k, v in _random_batch(self.agent, 1, self.n, g).items()}
-        self.act_state = self.agent.initial_state(self.n, self.device)
-        self.batch = {k: v.to(self.device) for k, v in
-                      _random_batch(self.agent, cfg.unroll_length + 1, cfg.batch_size, g).items()}
-        self.state = self.agent.initial_state(cfg.batch_size, self.device)
-        self.loss_cfg = loss_config(cfg)
-        self.measure()  # warm-up
+    def random_actions() -> torch.Tensor:
+        with torch.no_grad():
+            return dist.env_action(dist.sample(zeros)).cpu()
 
-    def measure(self, act_repeats: int = 4) -> tuple[float, float]:
-        """(act forward, learn forward+backward) seconds per frame, timed once each (acting: the mean
-        of ``act_repeats`` steps)."""
-        from rfwp_rl.impala.learner import compute_loss
-
-        a = self.act_batch
-        t0 = self._now()
-        for _ in range(act_repeats):
-            with torch.no_grad():
-                self.agent(pick_obs(a), a["reward"], a["done"], self.act_state, prev_action=a["prev_action"])
-        t1 = self._now()
-        self.agent.zero_grad(set_to_none=True)
-        compute_loss(self.agent, self.batch, self.state, self.loss_cfg)[0].backward()
-        t2 = self._now()
-        return (t1 - t0) / (act_repeats * self.n), (t2 - t1) / self.frames
-
-    def _now(self) -> float:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
-        return time.perf_counter()
+    for i in range(num_batches):
+        envs.send(i, random_actions())
+    steps, t0, i = 0, None, 0
+    while t0 is None or time.perf_counter() - t0 < seconds:
+        envs.receive(i)
+        if t0 is None and steps >= 4 * num_envs:  # warm: every env has been reset and stepped a few times
+            t0, steps = time.perf_counter(), 0
+        envs.send(i, random_actions())
+        steps += b
+        i = (i + 1) % num_batches
+    rate = steps / (time.perf_counter() - t0)
+    envs.drain()
+    return rate
 
 
-def side_by_side(run, cfg, pool, updates: int, warmup: int) -> dict[str, float]:
-    """The training loop on ``pool`` (``warmup`` updates, then ``updates`` timed ones) and, after each
-    timed update, one pass of :class:`PlainModel`: both sides see the same share of the machine's
-    drifting load. Returns the rates, the compute bound and the loop's wall-time shares."""
+def learner_bound(trainer, seconds: float) -> float:
+    """Env steps per second of the trainer's learner alone: full updates on random batches of the run's shape."""
+    from rfwp_rl.impala.actors import Rollout
+
+    cfg, learner = trainer.cfg, trainer.learner
+    trainer.learning.wait_idle()
+    g = torch.Generator().manual_seed(0)
+    data = random_batch(learner.agent, cfg.unroll_length + 1, cfg.batch_size, g)
+    state = tuple(s.cpu() for s in learner.agent.initial_state(cfg.batch_size, torch.device("cpu")))
+    rollout = Rollout({k: v.pin_memory() if learner.device.type == "cuda" else v for k, v in data.items()}, state)
+
+    def update() -> None:
+        with learner.lock:
+            trainer.group.hand_in(learner.learn(rollout))
+        if learner.device.type == "cuda":
+            torch.cuda.synchronize(learner.device)
+
+    for _ in range(2):
+        update()
+    updates, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds or updates < 3:
+        update()
+        updates += 1
+    return updates * cfg.batch_size * cfg.unroll_length / (time.perf_counter() - t0)
+
+
+def side_by_side(run, cfg, pool, seconds: float, warmup: float) -> dict[str, float]:
+    """The training loop on ``pool`` (``warmup`` seconds, then ``seconds`` timed), then the learner bound of
+    the same trainer. Returns the rates and the loop's wall-time shares."""
     from rfwp_rl.impala.train import ImpalaTrainer
     from rfwp_rl.runlog import RunLogger
 
@@ -158,53 +168,54 @@ def side_by_side(run, cfg, pool, updates: int, warmup: int) -> dict[str, float]:
         trainer = ImpalaTrainer(cfg, run, Path(tmp), pool=pool)  # sets the trainer's thread count
         trainer.prepare()
         trainer.logger = RunLogger(tmp, {}, total=cfg.total_steps, print_every=math.inf)
-        plain = PlainModel(run, cfg)
-        wall = act_s = learn_s = 0.0
+        print(f"    {trainer.threads_note}, {trainer.actor_device_note}", flush=True)
         try:
-            while trainer.learner.updates < warmup:
+            t0 = time.perf_counter()
+            while time.perf_counter() - t0 < warmup or trainer.learner.updates < 2:
                 trainer.iterate()
                 trainer.bookkeeping()
+            trainer.learning.wait_idle()
             trainer.timers.reset()
-            steps0, cpu0 = trainer.actors.env_steps, trainer.actors.envs.worker_cpu_seconds()
-            for _ in range(updates):
-                t0, target = time.perf_counter(), trainer.learner.updates + 1
-                while trainer.learner.updates < target:
-                    trainer.iterate()
-                    trainer.bookkeeping()
-                wall += time.perf_counter() - t0
-                a, l = plain.measure()
-                act_s, learn_s = act_s + a / updates, learn_s + l / updates
+            steps0, updates0 = trainer.learner.step, trainer.learner.updates
+            cpu0 = trainer.actors.envs.worker_cpu_seconds()
+            t0 = time.perf_counter()
+            while time.perf_counter() - t0 < seconds or trainer.learner.updates - updates0 < 2:
+                trainer.iterate()
+                trainer.bookkeeping()
+            wall = time.perf_counter() - t0
+            steps, updates = trainer.learner.step - steps0, trainer.learner.updates - updates0
             cpu1 = trainer.actors.envs.worker_cpu_seconds()
-        finally:
+            shares = {k: v / wall for k, v in trainer.timers.seconds.items()}
             trainer.actors.drain()  # the next run uses the same pool
+            bound = learner_bound(trainer, min(seconds, 10.0))
+        finally:
+            trainer.learning.close()
             trainer.logger.close()
-        shares = {k: v / wall for k, v in trainer.timers.seconds.items()}
-    bound = 1.0 / (act_s + learn_s)
-    e2e = updates * cfg.batch_size * cfg.unroll_length / wall
-    return {"e2e_sps": e2e, "e2e_env_sps": (trainer.actors.env_steps - steps0) / wall, "compute_bound_sps": bound,
-            "ratio": e2e / bound, "act_ms_per_frame": 1e3 * act_s, "learn_ms_per_frame": 1e3 * learn_s,
+    return {"env_sps": steps / wall, "learner_bound_sps": bound, "updates": updates,
+            "actor_device": str(trainer.actor_device), "learner_thread": trainer.learning.thread is not None,
             "share_env_wait": shares.get("env", 0.0), "share_inference": shares.get("inference", 0.0),
             "share_learning": shares.get("learning", 0.0), "share_other": max(0.0, 1.0 - sum(shares.values())),
             "env_cpu": (cpu1 - cpu0) / wall if cpu0 is not None else float("nan"), "torch_threads": trainer.threads}
 
 
 def _run_spec(core: str, args: argparse.Namespace):
+    from rfwp_rl.impala.config import trainer_keys
     from rfwp_rl.impala.setup import RunSpec
 
-    ns = argparse.Namespace(env=args.env, core=core, preset=None, overrides=[], detach_state_every_step=False,
-                            env_options=[], env_config=None)
-    return RunSpec.from_args(ns)
+    ns = argparse.Namespace(env=args.env, core=core, preset=None, overrides=list(args.overrides),
+                            detach_state_every_step=False, env_options=[], env_config=None)
+    return RunSpec.from_args(ns, trainer_keys())
 
 
 def format_table(rows: list[dict]) -> str:
-    head = ["core", "precision", "e2e SPS", "compute bound", "ratio", "env wait", "inference", "learning", "other",
-            "env CPU"]
+    head = ["agent", "device", "actors on", "env SPS", "env bound", "learner bound", "ratio", "env wait",
+            "inference", "learning", "other", "env CPU"]
     cells = []
     for r in rows:
-        cells.append([r["core"], r["precision"], f"{r['e2e_sps']:,.0f}", f"{r['compute_bound_sps']:,.0f}",
-                      f"{r['ratio']:.2f}x", *(f"{100 * r[k]:.0f}%" for k in ("share_env_wait", "share_inference",
-                                                                              "share_learning", "share_other")),
-                      f"{r['env_cpu']:.2f}"])
+        cells.append([r["agent"], r["device"], r["actor_device"], f"{r['env_sps']:,.0f}", f"{r['env_bound_sps']:,.0f}",
+                      f"{r['learner_bound_sps']:,.0f}", f"{r['ratio']:.2f}",
+                      *(f"{100 * r[k]:.0f}%" for k in ("share_env_wait", "share_inference", "share_learning",
+                                                      "share_other")), f"{r['env_cpu']:.2f}"])
     return format_columns(head, cells)
 
 
@@ -213,46 +224,53 @@ def run(args: argparse.Namespace) -> int:
     from rfwp_rl.checkpoint import atomic_write_text
 
     cores = [c.strip() for c in args.cores.split(",") if c.strip()]
-    precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
+    devices = [d.strip() for d in args.devices.split(",") if d.strip()]
     for c in cores:
         check_choice("core", c, sorted(cores_module.available()))
-    for p in precisions:
-        check_choice("precision", p, PRECISIONS)
-    if args.updates < 1 or args.warmup_updates < 0:
-        raise UserError(f"--updates {args.updates} / --warmup-updates {args.warmup_updates}: need >= 1 / >= 0")
+    for d in devices:
+        if torch.device(d).type == "cuda" and not torch.cuda.is_available():
+            raise UserError(f"--devices {args.devices!r}: this torch build or machine has no CUDA device")
+    if not args.seconds > 0 or args.warmup_seconds < 0:
+        raise UserError(f"--seconds {args.seconds:g} / --warmup-seconds {args.warmup_seconds:g}: need > 0 / >= 0")
     specs = {core: _run_spec(core, args) for core in cores}
-    pool = next(iter(specs.values())).make_env_pool(args.env_backend, 0, args.num_actors, args.num_env_batches,
-                                                    args.num_env_processes)  # one pool: moolib allows one per process
+    first = next(iter(specs.values()))
+    # one pool, made before anything touches CUDA (its workers are forked); moolib allows one per process
+    pool = first.make_env_pool(args.env_backend, 0, args.num_actors, args.num_env_batches, args.num_env_processes)
     print(f"IMPALA benchmark: {args.env}, batch {args.batch_size} x unroll {args.unroll_length}, {args.num_actors} envs "
           f"in {args.num_env_batches} batches [{args.env_backend}, {args.num_env_processes} processes], "
-          f"{platform.processor() or platform.machine()}", flush=True)
+          f"{available_cores()} cores, {platform.processor() or platform.machine()}"
+          + (f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""), flush=True)
     rows = []
     try:
+        torch.set_num_threads(1)  # the trainers set their own; idle intra-op threads would spin against the envs
+        bound = env_bound(pool, first.build_agent(), args.num_actors, args.num_env_batches, args.seconds / 2)
+        print(f"  env bound (random actions, no agent): {bound:,.0f} env steps/s", flush=True)
         for core, spec in specs.items():
-            rows += _bench_core(core, spec, args, precisions, pool)
+            for device in devices:
+                cfg = _config(args, spec, device)
+                print(f"  {core} on {device} ...", flush=True)
+                row = {"agent": core, "device": device, "cpu_cores": available_cores(), "env_bound_sps": bound,
+                       "precision": args.precision, "params": sum(p.numel() for p in spec.build_agent().parameters()),
+                       **side_by_side(spec, cfg, pool, args.seconds, args.warmup_seconds),
+                       "env": spec.env, "num_actors": cfg.num_actors, "num_env_batches": cfg.num_env_batches,
+                       "num_env_processes": cfg.num_env_processes, "batch_size": cfg.batch_size,
+                       "unroll_length": cfg.unroll_length, "env_backend": cfg.env_backend}
+                row["ratio"] = row["env_sps"] / min(row["env_bound_sps"], row["learner_bound_sps"])
+                rows.append(row)
+                print(f"  {core} on {device} (actors on {row['actor_device']}): {row['env_sps']:,.0f} env steps/s, "
+                      f"learner bound {row['learner_bound_sps']:,.0f}, ratio {row['ratio']:.2f}", flush=True)
+                _write(rows, Path(args.out), atomic_write_text)  # partial tables survive a time limit
     finally:
         if hasattr(pool, "close"):
             pool.close()
     print(format_table(rows))
-    buf = io.StringIO()
-    buf.write(",".join(COLUMNS) + "\n")
-    for r in rows:
-        buf.write(",".join(f"{r[c]:.6g}" if isinstance(r[c], float) else str(r[c]) for c in COLUMNS) + "\n")
-    atomic_write_text(Path(args.out), buf.getvalue())
     print(f"wrote {args.out}")
     return 0
 
 
-def _bench_core(core: str, spec, args: argparse.Namespace, precisions: list[str], pool) -> list[dict]:
-    """The side-by-side runs of one core, one per precision."""
-    rows = []
-    for precision in precisions:
-        row = {"core": core, "precision": precision, "params": sum(p.numel() for p in spec.build_agent().parameters()),
-               **side_by_side(spec, _config(args, precision), pool, args.updates, args.warmup_updates),
-               "updates": args.updates, "env": spec.env, "num_actors": args.num_actors,
-               "num_env_batches": args.num_env_batches, "num_env_processes": args.num_env_processes,
-               "batch_size": args.batch_size, "unroll_length": args.unroll_length, "env_backend": args.env_backend}
-        rows.append(row)
-        print(f"  {core} {precision}: end to end {row['e2e_sps']:,.0f} SPS, compute bound (fp32 NCHW) "
-              f"{row['compute_bound_sps']:,.0f} SPS, ratio {row['ratio']:.2f}x", flush=True)
-    return rows
+def _write(rows: list[dict], out: Path, atomic_write_text) -> None:
+    buf = io.StringIO()
+    buf.write(",".join(COLUMNS) + "\n")
+    for r in rows:
+        buf.write(",".join(f"{r[c]:.6g}" if isinstance(r[c], float) else str(r[c]) for c in COLUMNS) + "\n")
+    atomic_write_text(out, buf.getvalue())

@@ -18,7 +18,9 @@ the previous rollout, and it carries the core state from before its first entry.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import time
 from typing import Any, Callable
 
 import gymnasium
@@ -52,6 +54,17 @@ class Rollout:
 
     data: dict[str, torch.Tensor]
     state: tuple
+
+    def to(self, device: torch.device) -> Rollout:
+        """This rollout on ``device`` (itself if it is there already); from the CPU through page-locked memory."""
+        if self.data["reward"].device == device:
+            return self
+        pin = device.type == "cuda" and self.data["reward"].device.type == "cpu"
+
+        def move(t: torch.Tensor) -> torch.Tensor:
+            return (t.pin_memory() if pin else t).to(device, non_blocking=pin)
+
+        return Rollout({k: move(v) for k, v in self.data.items()}, tuple(move(s) for s in self.state))
 
 
 class ActorBatch:
@@ -198,6 +211,48 @@ class Actors:
     def drain(self) -> None:
         """Wait for the pending env steps (so that another :class:`Actors` can use the pool)."""
         self.envs.drain()
+
+
+ACTOR_DEVICES = ("auto", "cpu", "cuda")
+
+
+def act_seconds(agent: torch.nn.Module, device: torch.device, batch_size: int, repeats: int = 8) -> float:
+    """Seconds per acting step of ``agent`` on ``device`` for one env batch of ``batch_size``, counting the copy
+    of the observations from the CPU and of the actions back (what :meth:`Actors.step` pays per step)."""
+    spec = rollout_spec(agent.obs_space, agent.action_dist)
+    obs = {k: torch.zeros(batch_size, *shape, dtype=dtype) for k, (dtype, shape) in spec.items()
+           if k not in ("reward", "done", "truncated", "prev_action", "action", "behaviour_log_prob")}
+    dtype, shape = spec["action"]
+    prev_action = torch.zeros(1, batch_size, *shape, dtype=dtype, device=device)
+    reward, done = torch.zeros(1, batch_size, device=device), torch.zeros(1, batch_size, dtype=torch.bool, device=device)
+    state = agent.initial_state(batch_size, device=device)
+    agent.eval()
+    times = []
+    for _ in range(repeats + 2):  # the first two warm up (allocator, kernel selection)
+        t0 = time.perf_counter()
+        x = {k: v.to(device).unsqueeze(0) for k, v in obs.items()}
+        with torch.inference_mode():
+            out, state = agent(pick_obs(x), reward, done, state, prev_action=prev_action)
+            out["action"].cpu()
+        times.append(time.perf_counter() - t0)
+    return sorted(times[2:])[len(times[2:]) // 2]
+
+
+def choose_actor_device(requested: str, agent: torch.nn.Module, learner_device: torch.device,
+                        batch_size: int) -> tuple[torch.device, str]:
+    """Where the actors run the model, and why (for the start-up line). ``auto``: on the CPU when the learner
+    is there; with a GPU learner, wherever one acting step of an env batch is faster, timed here on a CPU copy
+    of ``agent`` (a small model acts faster on the CPU than through a GPU round trip; an image torso on a
+    batch of frames, on the GPU)."""
+    if requested != "auto":
+        return torch.device(requested), f"--actor-device {requested}"
+    if learner_device.type == "cpu":
+        return learner_device, "the learner's device"
+    on_gpu = act_seconds(agent, learner_device, batch_size)
+    on_cpu = act_seconds(copy.deepcopy(agent).to("cpu"), torch.device("cpu"), batch_size)
+    device = torch.device("cpu") if on_cpu < on_gpu else learner_device
+    return device, (f"auto: one acting step of {batch_size} envs took {1e3 * on_cpu:.2f} ms on the CPU, "
+                    f"{1e3 * on_gpu:.2f} ms on {learner_device}")
 
 
 class RolloutQueue:

@@ -26,7 +26,7 @@ class ImpalaConfig:
     num_actors: int = 48  # environments, split into num_env_batches batches stepped alternately
     num_env_batches: int = 2  # 2 = double buffering: one batch steps while the other is inferred
     num_env_processes: int = dataclasses.field(default_factory=lambda: max(1, min(os.cpu_count() or 1, 8)))
-    env_backend: str = "moolib"  # moolib (EnvPool worker processes) or local (in this process)
+    env_backend: str = "moolib"  # moolib (EnvPool workers), process (our own forked workers) or local (in this process)
     listen: str = ""  # HOST:PORT: also take rollouts from remote actors (rfwp-rl actor --connect)
     # several learners (rfwp_rl.impala.multi_learner): the moolib broker's HOST:PORT and the group name;
     # learners of one group average their gradients before every optimizer step
@@ -62,7 +62,9 @@ class ImpalaConfig:
     max_kl: float = 0.0  # trust region: each update moves the policy at most this mean KL from mu; 0 = off
     profile: str = "atari"  # which defaults filled the options the command line left unset
     device: str = "cpu"
-    learner_thread: bool = False  # updates in a thread; actors act with a copy of the model meanwhile
+    # updates in a thread while the actors act with a copy of the model; always on with a GPU learner
+    learner_thread: bool = False
+    actor_device: str = "auto"  # where actors run the model; auto: the learner's device, or the faster for a GPU learner
     precision: str = "fp32"  # bf16: autocast of the torso in acting and learning (fp32 weights, optimizer, losses)
     torch_threads: int = 0  # 0: chosen from the cores and env processes (rfwp_rl.perf.choose_torch_threads)
     # bookkeeping
@@ -74,7 +76,7 @@ class ImpalaConfig:
 
 
 DEFAULTS = ImpalaConfig()
-ENV_BACKENDS = ("moolib", "local")
+ENV_BACKENDS = ("moolib", "process", "local")
 OPTIMIZERS = ("rmsprop", "adam")
 
 

@@ -42,6 +42,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from rfwp_rl.envs.process_pool import ProcessEnvPool, process_cpu_seconds
 from rfwp_rl.errors import UserError
 from rfwp_rl.impala.config import DEFAULTS
 from rfwp_rl.safety import TrainingAborted
@@ -107,23 +108,15 @@ class PoolProcesses:
 
     def cpu_seconds(self) -> float:
         """User + system CPU seconds of the server and worker processes (those alive now)."""
-        ticks = os.sysconf("SC_CLK_TCK")
-        total = 0.0
-        for pid in [*self.server_pids, *(w for s in self.server_pids for w in _children(s))]:
-            try:
-                with open(f"/proc/{pid}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-                total += (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
-            except (OSError, IndexError, ValueError):
-                pass
-        return total
+        pids = [*self.server_pids, *(w for s in self.server_pids for w in _children(s))]
+        return sum(process_cpu_seconds(pid) for pid in pids)
 
 
 def shutdown_env_pool(pool: Any) -> None:
     """Close a local pool, or end a moolib pool's processes (e.g. before re-executing)."""
     if hasattr(pool, "close"):
         pool.close()
-    procs = getattr(pool, "_rfwp_processes", None) or _moolib_processes.get(id(pool))
+    procs = getattr(pool, "processes", None) or _moolib_processes.get(id(pool))
     if procs is not None:
         procs.kill()
 
@@ -289,6 +282,9 @@ def make_env_pool(backend: str, env_id: str, env_options: dict, seed: int, num_e
     batch_size = num_envs // num_batches
     if backend == "local":
         return LocalEnvPool(env_id, env_options, seed, batch_size, num_batches, blank_obs)
+    if backend == "process":
+        return ProcessEnvPool(env_id, env_options, seed, batch_size, num_batches, num_processes, blank_obs,
+                              action_row)
     global _moolib_pool_made
     if _moolib_pool_made:
         raise UserError("moolib allows one EnvPool per process (it forks its workers once and aborts a second "
@@ -333,7 +329,7 @@ class EnvBatches:
         self.env_failures = env_failures
         self.env_timeout = env_timeout
         self.should_stop = should_stop
-        self._processes = _moolib_processes.get(id(pool))
+        self._processes = getattr(pool, "processes", None) or _moolib_processes.get(id(pool))
         self._action_table = _action_tables.get(id(pool))
         self._waiter = _Waiter() if self._processes is not None else None
         self.futures: list[Any] = [None] * num_batches

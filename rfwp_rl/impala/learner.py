@@ -435,6 +435,7 @@ class Learner:
         """Add the gradients of the V-trace loss of ``batch`` (a
         :class:`rfwp_rl.impala.actors.Rollout` of ``[T+1, B, ...]`` tensors) to ``.grad``."""
         self.agent.train()
+        batch = batch.to(self.device)  # actors on another device (e.g. the CPU for a small model)
         with autocast(self.device, self.precision):  # bf16: the torso's convolutions; the loss stays fp32
             loss, stats = compute_loss(self.agent, batch.data, batch.state, self.loss_cfg, self.return_scale.value)
         loss.backward()
@@ -510,12 +511,14 @@ class Learning:
     ``thread=True`` in a :class:`LearnerThread` while the actors go on with ``acting_agent``, a
     copy of the model refreshed after each update (under ``acting_lock``)."""
 
-    def __init__(self, learner: Learner, group: Any, thread: bool = False):
+    def __init__(self, learner: Learner, group: Any, thread: bool = False, acting_device: torch.device | None = None):
         self.learner, self.group = learner, group
         self.thread = LearnerThread(self._learn) if thread else None
-        self.acting_agent = copy.deepcopy(learner.agent) if thread else learner.agent
+        acting_device = learner.device if acting_device is None else torch.device(acting_device)
+        own_copy = thread or acting_device != learner.device
+        self.acting_agent = copy.deepcopy(learner.agent).to(acting_device) if own_copy else learner.agent
         self.acting_lock = threading.Lock()
-        if thread:
+        if own_copy:
             learner.followers.append(self)
 
     def follow(self, learner: Learner) -> None:

@@ -36,6 +36,7 @@ import torch
 from rfwp_rl.checkpoint import add_trust_argument
 from rfwp_rl.errors import UserError, check_choice
 from rfwp_rl.impala import profiles
+from rfwp_rl.impala.actors import ACTOR_DEVICES
 from rfwp_rl.impala.config import DEFAULTS, ENV_BACKENDS, OPTIMIZERS, ImpalaConfig
 from rfwp_rl.impala.env_pool import EnvPoolBroken
 from rfwp_rl.impala.setup import DEFAULT_CORE, RunSpec, add_run_arguments
@@ -91,7 +92,8 @@ def _add_actor_arguments(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--num-env-processes", type=int, default=d.num_env_processes,
                    help="moolib EnvPool worker processes (default: CPU cores, at most 8)")
     g.add_argument("--env-backend", choices=ENV_BACKENDS, default=d.env_backend,
-                   help="moolib: EnvPool worker processes; local: step envs in this process (debugging)")
+                   help="moolib: EnvPool worker processes; process: forked worker processes of our own (no "
+                        "moolib needed); local: step envs in this process (debugging)")
     g.add_argument("--listen", default=d.listen, metavar="HOST:PORT",
                    help="also train on rollouts of remote actors (rfwp-rl actor --connect HOST:PORT); "
                         "with --num-actors 0 only on theirs")
@@ -187,7 +189,10 @@ def _add_learner_arguments(g: argparse._ArgumentGroup) -> None:
                         "or AMX, or CUDA); weights, optimizer state, core and losses stay fp32")
     g.add_argument("--learner-thread", action="store_true",
                    help="run updates in a learner thread while the actors go on with a copy of the model "
-                        "(refreshed after each update); default: act and learn in turn in one thread")
+                        "(refreshed after each update); default: on with a GPU learner, else act and learn in turn")
+    g.add_argument("--actor-device", choices=ACTOR_DEVICES, default=d.actor_device,
+                   help="where the actors run the model; auto: the learner's device, or with a GPU learner the "
+                        "faster of CPU and GPU for one acting step, timed at start and printed")
     g.add_argument("--torch-threads", type=int, default=d.torch_threads,
                    help="torch intra-op threads of this process (default 0: chosen from the available cores "
                         "and the env processes, and printed at start)")
@@ -227,6 +232,7 @@ def check_config(cfg: ImpalaConfig) -> None:
         parse_address(cfg.listen, "--listen")
     check_group_args(cfg.broker, cfg.group)
     check_choice("env backend", cfg.env_backend, ENV_BACKENDS)
+    check_choice("actor device", cfg.actor_device, ACTOR_DEVICES)
     check_choice("precision", cfg.precision, PRECISIONS)
     check_choice("optimizer", cfg.optimizer, OPTIMIZERS)
     if not 0.0 <= cfg.advantage_floor < float("inf"):
@@ -313,9 +319,9 @@ class ImpalaTrainer(Trainer):
         torch.manual_seed(cfg.seed)
         self.device = torch.device(cfg.device)
         agent = run.build_agent(self.device)
-        env_processes = cfg.num_env_processes if cfg.num_actors and cfg.env_backend == "moolib" else 0
+        env_processes = cfg.num_env_processes if cfg.num_actors and cfg.env_backend != "local" else 0
         self.threads, why = choose_torch_threads(cfg.torch_threads, env_processes,
-                                                 has_image_torso(agent.torso))
+                                                 has_image_torso(agent.torso), gpu=self.device.type == "cuda")
         set_torch_threads(self.threads)
         self.threads_note = f"{self.threads} torch thread(s) ({why})"
         self.learner = Learner(agent, cfg)
@@ -391,14 +397,21 @@ class ImpalaTrainer(Trainer):
                 self.server.close(grace=0.0)
             shutdown_env_pool(self.pool)
             raise
-        self.learning = Learning(learner, self.group, thread=cfg.learner_thread)
+        from rfwp_rl.impala.actors import choose_actor_device
+
+        self.actor_device, why = choose_actor_device(cfg.actor_device, learner.agent, self.device,
+                                                     max(1, cfg.num_actors // cfg.num_env_batches))
+        self.actor_device_note = f"actors on {self.actor_device} ({why})"
+        # with a GPU learner, acting goes on while it learns (the GPU works while the CPU steps envs)
+        thread = cfg.learner_thread or self.device.type == "cuda"
+        self.learning = Learning(learner, self.group, thread=thread, acting_device=self.actor_device)
         if self.pool is None:
             self.actors = NoLocalActors(self.counts["env_failures"])
         else:
             from rfwp_rl.impala.actors import Actors
 
             self.actors = Actors(self.pool, self.learning.acting_agent, cfg.num_actors, cfg.num_env_batches,
-                                 cfg.unroll_length, self.device, max_env_failures=cfg.max_env_failures,
+                                 cfg.unroll_length, self.actor_device, max_env_failures=cfg.max_env_failures,
                                  env_failures=self.counts["env_failures"], env_timeout=cfg.env_timeout,
                                  precision=cfg.precision, timers=self.timers)
         from rfwp_rl.impala.actors import RolloutQueue
@@ -424,7 +437,8 @@ class ImpalaTrainer(Trainer):
         num_params = sum(p.numel() for p in agent.parameters())
         print(f"IMPALA {self.run.env} ({self.run.num_actions} actions), core {self.run.preset.core} "
               f"({num_params:,} parameters), {cfg.num_actors} envs [{cfg.env_backend}], batch {cfg.batch_size} x "
-              f"unroll {cfg.unroll_length}, {cfg.precision}, {self.threads_note}; run dir {self.run_dir}", flush=True)
+              f"unroll {cfg.unroll_length}, {cfg.precision}, {self.threads_note}, {self.actor_device_note}; "
+              f"run dir {self.run_dir}", flush=True)
         print(profiles.describe(cfg, self.run.preset.source), flush=True)
         return {**dataclasses.asdict(cfg), "core": self.run.preset.core,
                 **{f"core_config.{k}": v for k, v in agent.core.config.items()},

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# The Atari work that needs a GPU machine, in one go within TOTAL_SECONDS (default 540):
+#  1. the fused kernels (built once per machine);
+#  2. `rfwp-rl bench impala` on Pong with the paper's LSTM and RDN agents, learner on cuda and on cpu, with
+#     the env-stepping and learner bounds (-> $OUT/gpu_bench.csv), and the small vector agent on both devices
+#     (-> $OUT/gpu_bench_vector.csv);
+#  3. the Pong run with the paper's settings for the time that is left, resumed from RESUME_DIR's checkpoint
+#     if there is one (default results/atari/pong_run); its newest checkpoint, config and TensorBoard events
+#     (pong_tb.tgz) are copied to $OUT, to be committed back to RESUME_DIR (results/atari/README.md says how).
+# Environment: OUT (default /tmp/gpu_atari), WHEELS (a folder of wheels to install first, e.g. gymnasium and
+# ale-py where the machine lacks them), ENV_PROCESSES (default: all cores), PONG_CORE (default lstm),
+# BENCH_DEVICES (default cuda,cpu), TRAIN_DEVICE (default cuda), BENCH_SECONDS (default 20).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+START=$(date +%s)
+OUT=${OUT:-/tmp/gpu_atari}
+TOTAL_SECONDS=${TOTAL_SECONDS:-540}
+RESUME_DIR=${RESUME_DIR:-results/atari/pong_run}
+PONG_CORE=${PONG_CORE:-lstm}
+ENV_PROCESSES=${ENV_PROCESSES:-$(nproc)}
+RUN=${RUN:-/tmp/rfwp_pong_run}
+PY=${PYTHON:-python3}
+BENCH_DEVICES=${BENCH_DEVICES:-cuda,cpu}
+TRAIN_DEVICE=${TRAIN_DEVICE:-cuda}
+mkdir -p "$OUT" "$RUN"
+export PYTHONUNBUFFERED=1 RFWP_CACHE=${RFWP_CACHE:-/tmp/rfwp_cache}
+if [ -n "${WHEELS:-}" ]; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$WHEELS"/*.whl \
+    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+elapsed() { echo $(( $(date +%s) - START )); }
+{ nvidia-smi -L; nproc; "$PY" -c "import torch, gymnasium, ale_py; print('torch', torch.__version__, 'cuda', \
+torch.version.cuda, torch.cuda.get_device_name(), '| gymnasium', gymnasium.__version__, '| ale-py', ale_py.__version__)"; \
+git log -1 --format='commit %h %cd' 2>/dev/null; } 2>&1 | tee "$OUT/device.txt"
+
+echo "== kernels ($(elapsed) s)"; "$PY" -m rfwp_rl.kernels 2>&1 | tail -3
+
+echo "== bench impala, Pong ($(elapsed) s)"
+timeout -k 20 300 "$PY" -m rfwp_rl bench impala --env Pong --cores lstm,rdn --devices "$BENCH_DEVICES" --env-backend process \
+  --num-actors 48 --num-env-processes "$ENV_PROCESSES" --seconds "${BENCH_SECONDS:-20}" --warmup-seconds 8 \
+  --out "$OUT/gpu_bench.csv" 2>&1 | tee "$OUT/bench.log"
+
+echo "== bench impala, vector agent ($(elapsed) s)"
+timeout -k 20 120 "$PY" -m rfwp_rl bench impala --env rfwp/DelayedRecall-easy-v0 --cores rdn --devices "$BENCH_DEVICES" \
+  --env-backend process --num-actors 32 --num-env-processes 4 --batch-size 8 --unroll-length 20 --seconds 10 \
+  --warmup-seconds 5 --out "$OUT/gpu_bench_vector.csv" 2>&1 | tee -a "$OUT/bench.log"
+
+LEFT=$(( TOTAL_SECONDS - $(elapsed) - 45 ))
+echo "== Pong, $PONG_CORE, for $LEFT s ($(elapsed) s)"
+if ls "$RESUME_DIR"/ckpt_*.pt >/dev/null 2>&1; then  # the committed state: checkpoint, config, TensorBoard events
+  cp "$RESUME_DIR"/ckpt_*.pt "$RESUME_DIR"/config.json "$RUN"/ && cp -r "$RESUME_DIR"/tb "$RUN"/ 2>/dev/null
+fi
+if [ "$LEFT" -gt 30 ]; then
+  timeout -s INT -k 40 "$LEFT" "$PY" -m rfwp_rl train --env Pong --core "$PONG_CORE" --device "$TRAIN_DEVICE" --env-backend process \
+    --num-env-processes "$ENV_PROCESSES" --total-steps 50000000 --run-dir "$RUN" --log-every 20 \
+    --checkpoint-every 120 2>&1 | tee "$OUT/pong.log"
+fi
+newest=$(ls "$RUN"/ckpt_*.pt 2>/dev/null | sort | tail -1)
+[ -n "$newest" ] && cp "$newest" "$RUN/config.json" "$OUT/"
+(cd "$RUN" && tar czf "$OUT/pong_tb.tgz" tb) 2>/dev/null
+echo "== done ($(elapsed) s)"
