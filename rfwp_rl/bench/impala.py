@@ -37,8 +37,10 @@ import gymnasium
 import numpy as np
 import torch
 
+from rfwp_rl import flags
 from rfwp_rl.envs.spaces import pick_obs
 from rfwp_rl.errors import UserError, check_choice
+from rfwp_rl.impala.config import ImpalaConfig
 from rfwp_rl.perf import PRECISIONS
 from rfwp_rl.texttable import format_columns
 
@@ -52,23 +54,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cores", default="lstm", help="comma-separated cores (default: %(default)s)")
     parser.add_argument("--precisions", default=",".join(PRECISIONS),
                         help="end-to-end runs, one per precision (default: %(default)s)")
-    parser.add_argument("--env", default="Pong")
-    parser.add_argument("--num-actors", type=int, default=64, help="environments (default %(default)s)")
-    parser.add_argument("--num-env-batches", type=int, default=2)
-    parser.add_argument("--num-env-processes", type=int, default=2)
-    parser.add_argument("--env-backend", choices=("moolib", "local"), default="moolib")
-    parser.add_argument("--batch-size", type=int, default=32, help="paper: 32")
-    parser.add_argument("--unroll-length", type=int, default=20, help="paper: 50")
-    parser.add_argument("--updates", type=int, default=3, help="timed updates per end-to-end run")
-    parser.add_argument("--warmup-updates", type=int, default=1, help="updates before timing starts")
-    parser.add_argument("--torch-threads", type=int, default=0, help="0: the trainer's default choice")
-    parser.add_argument("--device", default="cpu", help="where the model runs (cpu, cuda)")
+    flags.add_field(parser, ImpalaConfig, "env", default="Pong")
+    flags.add_shared(parser, "num_actors", 64)
+    flags.add_field(parser, ImpalaConfig, "num_env_batches")
+    flags.add_field(parser, ImpalaConfig, "num_env_processes", default=2, help="moolib EnvPool worker processes")
+    flags.add_field(parser, ImpalaConfig, "env_backend")
+    flags.add_field(parser, ImpalaConfig, "batch_size")
+    flags.add_field(parser, ImpalaConfig, "unroll_length", default=20,
+                    help=f"env steps per rollout (paper: {flags.default_of(ImpalaConfig, 'unroll_length')})")
+    parser.add_argument("--updates", type=flags.integer, default=3,
+                        help="timed optimizer steps per end-to-end run (default %(default)s)")
+    parser.add_argument("--warmup-updates", type=flags.integer, default=1,
+                        help="optimizer steps before timing starts (default %(default)s)")
+    flags.add_shared(parser, "torch_threads", 0, "0: the trainer's choice")
+    flags.add_shared(parser, "device", "cpu", "where the model runs")
     parser.add_argument("--out", default="results/bench/impala.csv")
 
 
 def _config(args: argparse.Namespace, precision: str):
-    from rfwp_rl.impala.config import ImpalaConfig
-
     return ImpalaConfig(env=args.env, total_steps=10 ** 12, num_actors=args.num_actors,
                         num_env_batches=args.num_env_batches, num_env_processes=args.num_env_processes,
                         env_backend=args.env_backend, batch_size=args.batch_size, unroll_length=args.unroll_length,
@@ -157,7 +160,7 @@ def side_by_side(run, cfg, pool, updates: int, warmup: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="rfwp-bench-") as tmp:
         trainer = ImpalaTrainer(cfg, run, Path(tmp), pool=pool)  # sets the trainer's thread count
         trainer.prepare()
-        trainer.logger = RunLogger(tmp, {}, total=cfg.total_steps, print_every=math.inf)
+        trainer.logger = RunLogger(tmp, {}, total=cfg.total_steps, log_every=math.inf)
         plain = PlainModel(run, cfg)
         wall = act_s = learn_s = 0.0
         try:
