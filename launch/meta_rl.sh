@@ -5,7 +5,7 @@
 # draws results/meta_rl/curves.png (+ curves.csv, summary.csv) with python -m rfwp_rl.meta_rl.plot.
 #
 #   bash launch/meta_rl.sh                                  # fwm, then lstm512, then the plot
-#   AGENTS="fwm lstm512 lstm1024" EPISODES=60000 bash launch/meta_rl.sh
+#   AGENTS="fwm lstm512 lstm1024" STEPS=1080000000 bash launch/meta_rl.sh   # env steps
 #   PARALLEL=1 bash launch/meta_rl.sh                       # all agents at once (>= 2 free cores)
 #   nohup bash launch/meta_rl.sh > runs/meta_rl/logs/launch.log 2>&1 &   # survive logout
 #
@@ -19,7 +19,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 AGENTS=${AGENTS:-"fwm lstm512"}
-EPISODES=${EPISODES:-60000}
+STEPS=${STEPS:-1080000000}  # env steps: the paper's 60,000 updates, each one 30-step episode of 600 agents
 SEED=${SEED:-1}
 THREADS=${THREADS:-1}
 PARALLEL=${PARALLEL:-0}
@@ -29,7 +29,7 @@ mkdir -p runs/meta_rl/logs
 pids=()
 for AGENT in $AGENTS; do
   cmd=(nice -n "$NICE" python -m rfwp_rl meta-rl --preset "agents/meta_rl_${AGENT}.toml"
-       --episodes "$EPISODES" --seed "$SEED" --threads "$THREADS" --eval-policy both "$@")
+       --total-steps "$STEPS" --seed "$SEED" --torch-threads "$THREADS" --eval-policy both "$@")
   log="runs/meta_rl/logs/${AGENT}_s${SEED}.log"
   echo "$(date '+%F %T') ${cmd[*]} >> $log"
   if [ "$PARALLEL" = 1 ]; then

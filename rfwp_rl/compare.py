@@ -330,10 +330,10 @@ def to_csv(c: Comparison) -> str:
     return buf.getvalue()
 
 
-def plot(c: Comparison, path: str | Path, clip: float = 200.0, footer: str = "") -> Path:
+def plot(c: Comparison, path: str | Path, axis_limit: float = 200.0, footer: str = "") -> Path:
     """Horizontal bar chart of the relative improvement per game (paper Figs. 1-4 style),
-    sorted, with ±``similar`` band; bars beyond ±``clip`` % are cut and labelled with their
-    value (``clip`` <= 0: no cut). Written atomically as PNG."""
+    sorted, with ±``similar`` band; bars beyond ±``axis_limit`` % are cut and labelled with their
+    value (``axis_limit`` <= 0: no cut). Written atomically as PNG."""
     import matplotlib
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
@@ -345,7 +345,7 @@ def plot(c: Comparison, path: str | Path, clip: float = 200.0, footer: str = "")
         raise UserError("nothing to plot: every baseline score is zero")
     names = [game_label(g) for g, _ in items]
     values = [r for _, r in items]
-    shown = [max(-clip, min(clip, v)) if clip > 0 else v for v in values]
+    shown = [max(-axis_limit, min(axis_limit, v)) if axis_limit > 0 else v for v in values]
     colours = ["#2b8cbe" if v > c.similar else "#d7301f" if v < -c.similar else "#969696" for v in values]
 
     fig, ax = plt.subplots(figsize=(7.5, 0.32 * len(items) + 1.6), dpi=120)
@@ -365,8 +365,8 @@ def plot(c: Comparison, path: str | Path, clip: float = 200.0, footer: str = "")
     ax.set_title(f"Relative improvement of {_header(c, c.model)} over {_header(c, c.baseline)}{at}",
                  fontsize=10)
     formula = "|baseline|" if c.metric == "relative" else "max(|model|, |baseline|)"
-    ax.set_xlabel(f"100 × (model − baseline) / {formula}  (%)" + (f"; axis cut at ±{clip:g}%" if clip > 0 and shown != values else ""),
-                  fontsize=8)
+    cut = f"; axis cut at ±{axis_limit:g}%" if axis_limit > 0 and shown != values else ""
+    ax.set_xlabel(f"100 × (model − baseline) / {formula}  (%){cut}", fontsize=8)
     if footer:
         fig.text(0.01, 0.005, footer, fontsize=6, color="#555555", va="bottom")
     fig.tight_layout(rect=(0, 0.03 if footer else 0, 1, 1))
@@ -398,7 +398,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="env steps of the runs' evals when they differ from --steps (default: --steps, "
                           "else each run's latest eval)")
     sel.add_argument("--steps-tolerance", type=float, default=0.1,
-                     help="relative distance from --steps / --run-steps accepted for runs (default: 0.1)")
+                     help="relative distance from --steps / --run-steps accepted for runs (default %(default)s)")
     sel.add_argument("--models", nargs="+", default=[], help="columns to show (default: every model found)")
     sel.add_argument("--games", nargs="+", default=[], help="games to show (default: all)")
     sel.add_argument("--mode", choices=("greedy", "sample", "any"), default="greedy",
@@ -407,13 +407,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="relative: 100 (M - B) / |B| (default); gap: 100 (M - B) / max(|M|, |B|), bounded "
                           "by ±100 (the paper does not print its formula; see rfwp_rl.scores.relative_improvement)")
     sel.add_argument("--similar", type=float, default=5.0,
-                     help="|relative improvement| (%%) counted as 'similar' (default: 5)")
+                     help="|relative improvement| (%%) counted as 'similar' (default %(default)s)")
     out = parser.add_argument_group("outputs")
     out.add_argument("--out", default=None,
                      help="output path prefix for .csv and .png (default: ./compare_<model>_vs_<baseline>_<steps>)")
     out.add_argument("--no-plot", action="store_true", help="write only the CSV")
-    out.add_argument("--clip", type=float, default=200.0,
-                     help="cut the chart's axis at ±CLIP %% and label longer bars (0: no cut; default 200)")
+    out.add_argument("--axis-limit", type=float, default=200.0, metavar="PERCENT",
+                     help="cut the chart's axis at ±PERCENT %% and label longer bars (0: no cut; default %(default)s)")
 
 
 def _default_prefix(c: Comparison) -> str:
@@ -440,6 +440,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {csv_path}")
     if c.model and not args.no_plot:
         command = "rfwp-rl compare " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if sys.argv[1:2] == ["compare"] else ""
-        png = plot(c, prefix + ".png", clip=args.clip, footer=command)
+        png = plot(c, prefix + ".png", axis_limit=args.axis_limit, footer=command)
         print(f"wrote {png}")
     return 0

@@ -10,7 +10,7 @@ import argparse
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-actions", type=int, default=6,
-                        help="action count for the Atari preset parameter counts (default: 6, Pong)")
+                        help="action count for the Atari preset parameter counts (default %(default)s: Pong)")
     parser.add_argument("--check", action="store_true",
                         help="run every op's fused kernels (CPU, each GPU, and the CUDA sources "
                              "emulated on the host) against the PyTorch reference: values and "

@@ -2,7 +2,8 @@
 
 Keys: ``core`` (the core's name), ``core_config.<option>`` (an option of the core),
 ``agent.<option>`` (an agent option, where the trainer's agent has any) and the trainer's own
-settings by their plain name (``batch_size``, ``entropy_cost``, ``lr`` ...). Values are TOML
+settings by their flag's name with ``_`` for ``-`` (``batch_size``, ``entropy_cost``, ``learning_rate`` ...:
+the fields of the trainer's config dataclass, :mod:`rfwp_rl.flags`). Values are TOML
 (``64``, ``1e-3``, ``true``, ``'softmax'``, ``[32, 32]``); a bare word that is not TOML is a
 string. An unknown key is the same one-line error for every trainer.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import typing
 from typing import Any, Iterable, Mapping
 
 try:
@@ -127,11 +129,19 @@ def apply_to_preset(preset: Any, settings: Iterable[Setting]) -> Any:
     return preset
 
 
+_EXAMPLES = {int: 0, float: 0.0, str: "", bool: False}
+
+
 def apply_to_trainer(trainer: Any, settings: Iterable[Setting]) -> None:
     """Set trainer settings on ``trainer`` (a config dataclass or an ``argparse.Namespace``), each
-    value in the type of the current one."""
+    value in the type of the current one (an unset one of a dataclass: the field's type)."""
     for setting in settings:
-        setattr(trainer, setting.key, coerce(setting, getattr(trainer, setting.key)))
+        current = getattr(trainer, setting.key)
+        if current is None and dataclasses.is_dataclass(trainer):
+            hint = typing.get_type_hints(type(trainer)).get(setting.key)
+            kinds = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
+            current = _EXAMPLES.get(kinds[0]) if len(kinds) == 1 else None
+        setattr(trainer, setting.key, coerce(setting, current))
 
 
 def apply_settings(items: Iterable[str], preset: Any = None, trainer: Any = None,

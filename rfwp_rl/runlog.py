@@ -65,11 +65,11 @@ class RunLogger:
             after it (written by the crashed run after its last checkpoint) are purged.
         unit: what a step counts, for the progress line ("env steps", "episodes", "tokens").
         metrics: scalar tags shown as metrics in the hparams tab.
-        print_every: seconds between progress lines.
+        log_every: seconds between progress lines.
     """
 
     def __init__(self, run_dir: str | Path, config: Mapping, total: int, start: int = 0,
-                 unit: str = "steps", metrics: tuple[str, ...] = (), print_every: float = 5.0,
+                 unit: str = "steps", metrics: tuple[str, ...] = (), log_every: float = 5.0,
                  stream=None):
         from torch.utils.tensorboard import SummaryWriter
         from torch.utils.tensorboard.summary import hparams
@@ -84,7 +84,7 @@ class RunLogger:
             for summary in (exp, ssi, sei):
                 self.writer.file_writer.add_summary(summary)
         self.total, self.unit, self.stream = total, unit, stream
-        self.print_every = print_every
+        self.log_every = log_every
         self._t0, self._s0 = time.monotonic(), start
         self._last_print = 0.0
         self._rate_t, self._rate_s, self.rate = time.monotonic(), start, 0.0
@@ -95,12 +95,12 @@ class RunLogger:
             self.writer.add_scalar(tag, float(value), step)
 
     def progress(self, step: int, force: bool = False, **extra: object) -> None:
-        """Print ``step/total (pct) | rate | ETA | extra...`` at most every ``print_every`` s."""
+        """Print ``step/total (pct) | rate | ETA | extra...`` at most every ``log_every`` s."""
         now = time.monotonic()
         if now - self._rate_t >= 1.0:
             self.rate = (step - self._rate_s) / (now - self._rate_t)
             self._rate_t, self._rate_s = now, step
-        if not force and now - self._last_print < self.print_every:
+        if not force and now - self._last_print < self.log_every:
             return
         self._last_print = now
         avg = (step - self._s0) / max(now - self._t0, 1e-9)

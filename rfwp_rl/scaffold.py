@@ -23,7 +23,7 @@ class Trainer:
         run_dir: the run directory.
         meta: what a checkpoint must match to be loaded (see :class:`rfwp_rl.checkpoint.Checkpointer`).
         total: the step target (for the logger's ETA); unit, step_name: what a step counts.
-        metrics: TensorBoard tags shown as metrics in the hparams tab; print_every: seconds between
+        metrics: TensorBoard tags shown as metrics in the hparams tab; log_every: seconds between
             progress lines.
     """
 
@@ -31,10 +31,10 @@ class Trainer:
     meta: dict
     legacy_metas: tuple[dict, ...] = ()  # what older versions recorded for the same run (still loaded)
     total: int
-    unit: str = "steps"  # what the logger's step counts ("env steps", "episodes")
+    unit: str = "steps"  # what the logger's step counts ("env steps", "optimizer steps")
     step_name: str = "step"  # one of them, in messages ("episode")
     metrics: tuple[str, ...] = ()
-    print_every: float = 5.0
+    log_every: float = 5.0
     logger: RunLogger | None = None
     checkpointer: Checkpointer | None = None
     trust_checkpoint: bool = False  # resume from a checkpoint holding Python objects (--trust-checkpoint)
@@ -117,7 +117,7 @@ def run_trainer(trainer: Trainer) -> int:
 
 def _train_and_save(trainer: Trainer) -> int:
     trainer.logger = RunLogger(trainer.run_dir, trainer.hparams(), total=trainer.total, start=trainer.step,
-                               unit=trainer.unit, metrics=trainer.metrics, print_every=trainer.print_every)
+                               unit=trainer.unit, metrics=trainer.metrics, log_every=trainer.log_every)
     code, saved = 0, None
     try:
         with GracefulStop() as stop:  # held through the final save

@@ -130,7 +130,7 @@ def test_play_feeds_rewards_and_resets_like_training_and_keeps_states_apart():
 def test_cartpole_cli_5_by_30_outputs_and_tensorboard(tmp_path, capsys):
     run = tmp_path / "cartpole_lstm"
     make_checkpoint(run, "CartPole-v1", core_config={"hidden_size": 16}, step=4321)
-    assert cli.main(["eval", str(run), "--num-envs", "10"]) == 0
+    assert cli.main(["eval", str(run), "--num-actors", "10"]) == 0
     out = capsys.readouterr().out
     assert "CartPole lstm @ 4.321k:" in out
     rec = json.loads((run / "eval_000000004321_greedy.json").read_text())
@@ -244,16 +244,16 @@ def test_eval_of_an_env_from_a_module_imports_it_only_when_env_names_it(tmp_path
     file = list_checkpoints(run)[0]
     assert read_checkpoint(file)["meta"]["env"] == "fault_envs:FaultCartPole-v0"
     capsys.readouterr()
-    assert cli.main(["eval", str(run), "--episodes", "2", "--repeats", "1", "--num-envs", "2"]) != 0
+    assert cli.main(["eval", str(run), "--episodes", "2", "--repeats", "1", "--num-actors", "2"]) != 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--env fault_envs:FaultCartPole-v0" in err[0], err
     env = ["--env", "fault_envs:FaultCartPole-v0"]
-    assert cli.main(["eval", str(run), *env, "--episodes", "2", "--repeats", "1", "--num-envs", "2"]) == 0
+    assert cli.main(["eval", str(run), *env, "--episodes", "2", "--repeats", "1", "--num-actors", "2"]) == 0
     assert "on fault_envs:FaultCartPole-v0" in capsys.readouterr().out
     old = read_checkpoint(file)
     old["meta"]["env"] = "FaultCartPole-v0"
     atomic_torch_save(old, file)
-    assert cli.main(["eval", str(run), *env, "--episodes", "2", "--repeats", "1", "--num-envs", "2"]) == 0
+    assert cli.main(["eval", str(run), *env, "--episodes", "2", "--repeats", "1", "--num-actors", "2"]) == 0
     assert cli.main(["train", "--env", "fault_envs:FaultCartPole-v0", "--core", "lstm", "--set",
                      "core_config.hidden_size=8", "--total-steps", "60", "--num-actors", "2", "--unroll-length", "10",
                      "--batch-size", "2", "--env-backend", "local", "--run-dir", str(run)]) == 0  # resumes too

@@ -38,21 +38,23 @@ IMPALA = ["train", "--env", "CartPole-v1", "--core", "lstm", "--set", "core_conf
           "--env-backend", "local", "--num-actors", "4", "--unroll-length", "5", "--batch-size", "2",
           "--checkpoint-every", "0.3", "--log-every", "0.2"]
 META = ["meta-rl", "--core", "lstm", "--set", "core_config.hidden_size=8", "--batch-size", "4", "--train-graphs", "8",
-        "--test-graphs", "4", "--episode-steps", "10", "--eval-every", "100000", "--log-every", "1",
-        "--checkpoint-minutes", "0.005", "--threads", "1", "--print-every", "1000"]
+        "--test-graphs", "4", "--episode-steps", "10", "--eval-every", "100000000", "--checkpoint-every", "0.3",
+        "--torch-threads", "1", "--log-every", "1000"]
 SEQ = ["seq", "--task", "assoc", "--num-keys", "4", "--core", "lt", "--num-layers", "1", "--num-heads", "1",
-       "--hidden-size", "8", "--ff-size", "16", "--emb-size", "8", "--batch-size", "4", "--threads", "1",
+       "--hidden-size", "8", "--ff-size", "16", "--emb-size", "8", "--batch-size", "4", "--torch-threads", "1",
        "--eval-every", "100000", "--eval-batch-size", "8"]
+EPISODE = 4 * 10  # meta-RL: env steps of one episode of the batch (one update)
 TRAINERS = {
-    # name: (argv(run_dir, target, checkpoint_every), TensorBoard tag, model key in the state)
+    # name: (argv(run_dir, target, checkpoint_every seconds), TensorBoard tag, model key in the state)
     "impala": (lambda d, n, c=None: IMPALA + ["--run-dir", str(d), "--total-steps", str(n)], "loss/total", "agent"),
-    "meta_rl": (lambda d, n, c=None: META + ["--run-dir", str(d), "--episodes", str(n)], "train/total_reward", "model"),
-    "seq": (lambda d, n, c=10: SEQ + ["--run-dir", str(d), "--steps", str(n), "--checkpoint-every", str(c)],
+    "meta_rl": (lambda d, n, c=None: META + ["--run-dir", str(d), "--total-steps", str(n)], "train/total_reward",
+                "model"),
+    "seq": (lambda d, n, c=0.3: SEQ + ["--run-dir", str(d), "--total-steps", str(n), "--checkpoint-every", str(c)],
             "train/loss", "model"),
 }
-TARGETS = {"impala": 4000, "meta_rl": 600, "seq": 600}  # long enough that signals land mid-run
+TARGETS = {"impala": 4000, "meta_rl": 600 * EPISODE, "seq": 600}  # long enough that signals land mid-run
 KILLS = {"impala": 1, "meta_rl": 3, "seq": 1}  # several for one trainer; the machine is shared
-PRESETS = {"impala": 10, "meta_rl": 1, "seq": 1}  # steps per update (TensorBoard step spacing)
+PRESETS = {"impala": 10, "meta_rl": EPISODE, "seq": 1}  # steps per update (TensorBoard step spacing)
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -163,10 +165,11 @@ def _two_checkpoints(tmp_path: Path, name: str) -> tuple[Path, list[Path]]:
         assert cli.main(argv_of(run_dir, 20)[:-2] + ["--total-steps", "10", "--checkpoint-every", "1000"]) == 0
         assert cli.main(argv_of(run_dir, 20) + ["--checkpoint-every", "1000"]) == 0
     elif name == "meta_rl":
-        assert cli.main(argv_of(run_dir, 2)) == 0
-        assert cli.main(argv_of(run_dir, 3)) == 0
-    else:
-        assert cli.main(argv_of(run_dir, 4, 2)) == 0
+        assert cli.main(argv_of(run_dir, 2 * EPISODE)) == 0
+        assert cli.main(argv_of(run_dir, 3 * EPISODE)) == 0
+    else:  # the final checkpoints of two runs (no periodic one)
+        assert cli.main(argv_of(run_dir, 2, 1000)) == 0
+        assert cli.main(argv_of(run_dir, 4, 1000)) == 0
     files = list_checkpoints(run_dir)
     assert len(files) == 2
     return run_dir, files
@@ -178,7 +181,7 @@ def test_broken_and_mismatched_checkpoints_through_the_cli(tmp_path, name, capsy
     run_dir, (newest, previous) = _two_checkpoints(tmp_path, name)
     prev_step = read_checkpoint(previous)["step"]
     capsys.readouterr()
-    target = {"impala": 30, "meta_rl": 4, "seq": 6}[name]
+    target = {"impala": 30, "meta_rl": 4 * EPISODE, "seq": 6}[name]
 
     # other core / config: one-line refusal naming the difference, nothing written
     if name == "impala":
@@ -347,7 +350,7 @@ def test_nan_loss_skips_the_update_and_is_logged(tmp_path, name, monkeypatch, ca
     elif name == "meta_rl":
         from rfwp_rl.meta_rl import a2c
         monkeypatch.setattr(a2c, "a2c_loss", _nan_on_calls(a2c.a2c_loss, {2, 3}))
-        argv, target = argv_of(run_dir, 6), 6
+        argv, target = argv_of(run_dir, 6 * EPISODE), 6 * EPISODE
     else:
         from rfwp_rl.seq.model import SeqModel
         monkeypatch.setattr(SeqModel, "loss", staticmethod(_nan_on_calls(SeqModel.loss, {2, 3})))
@@ -366,7 +369,7 @@ def test_nan_every_update_aborts_with_the_last_finite_checkpoint(tmp_path, monke
     from rfwp_rl.seq.model import SeqModel
     monkeypatch.setattr(SeqModel, "loss", staticmethod(_nan_on_calls(SeqModel.loss, set(range(4, 1000)))))
     run_dir = tmp_path / "run"
-    assert cli.main(TRAINERS["seq"][0](run_dir, 100, 50)) == 1
+    assert cli.main(TRAINERS["seq"][0](run_dir, 100, 1000)) == 1
     err = capsys.readouterr().err
     assert "error: training aborted: 21 non-finite updates in a row (limit 20); checkpoint at step 23 saved" in err
     ck = read_checkpoint(list_checkpoints(run_dir)[0])

@@ -103,7 +103,7 @@ def test_loss_is_on_policy_actor_critic_when_ratios_are_one():
     with torch.no_grad():
         out, _ = agent(batch["obs"], batch["reward"], batch["done"], ())
     batch["behaviour_log_prob"] = torch.log_softmax(out["policy_params"], -1).gather(-1, batch["action"][..., None])[..., 0]
-    cfg = learner.LossConfig(reward_clip=0.0)
+    cfg = learner.loss_config(reward_clip=0.0)
     loss, stats = learner.compute_loss(agent, batch, (), cfg)
     v = out["baseline"]
     vs = torch.zeros(T, B)

@@ -52,7 +52,8 @@ def test_finished_runs_are_skipped(tmp_path):
 
 @pytest.mark.slow
 def test_a_tiny_sweep_writes_the_table_and_skips_on_rerun(tmp_path, capsys):
-    argv = ["bench", "memory-health", "--cores", "ff", "lstm", "--steps", "2000", "--runs", str(tmp_path / "runs"),
+    argv = ["bench", "memory-health", "--cores", "ff", "lstm", "--total-steps", "2000",
+            "--runs", str(tmp_path / "runs"),
             "--out", str(tmp_path / "out"), "--jobs", "2",
             "--train-args", "--env-backend local --log-every 0.2"]
     assert cli.main(argv) == 0

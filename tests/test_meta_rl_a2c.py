@@ -13,11 +13,15 @@ from rfwp_rl import cores
 from rfwp_rl.checkpoint import find_checkpoint_file, lock_run_dir, read_checkpoint
 from rfwp_rl.cli import main
 from rfwp_rl.meta_rl import a2c, graph_env, train
+from rfwp_rl.meta_rl.config import MetaRLConfig
 from rfwp_rl.meta_rl.model import MetaRLAgent, count_parameters
 from rfwp_rl.presets import AGENTS_DIR, load_preset
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+
+CFG = MetaRLConfig()
+LOSS = dict(discount=CFG.discount, baseline_cost=CFG.baseline_cost, entropy_cost=CFG.entropy_cost)  # App. I's
 
 
 # ------------------------------------------------------------------------------- the loss
@@ -56,9 +60,9 @@ def test_a2c_loss_equals_hand_computation():
     rewards = torch.tensor([[0.0, 10.0], [-0.05, 0.0], [10.0, 0.0]])
     values = torch.tensor([[1.0, 2.0], [3.0, 0.0], [4.0, -1.0]], requires_grad=True)
     logits.requires_grad_(True)
-    out = a2c.a2c_loss(logits, values, actions, rewards, gamma=0.9, value_coef=0.1, entropy_coef=0.03)
+    out = a2c.a2c_loss(logits, values, actions, rewards, discount=0.9, baseline_cost=0.1, entropy_cost=0.03)
 
-    # returns with gamma 0.9, by hand:
+    # returns with discount 0.9, by hand:
     #   agent 0: R2 = 10, R1 = -0.05 + 0.9 * 10 = 8.95, R0 = 0 + 0.9 * 8.95 = 8.055
     #   agent 1: R2 = 0,  R1 = 0,                        R0 = 10
     # advantages R - V: agent 0: 7.055, 5.95, 6; agent 1: 8, 0, 1
@@ -74,7 +78,7 @@ def test_a2c_loss_equals_hand_computation():
     assert out["loss"].item() == pytest.approx(policy + 0.1 * value - 0.03 * entropy, rel=1e-6)
 
     out["loss"].backward()
-    # d loss / d V = value_coef * d mean(A²) / dV = -2 * 0.1 * A / 6 (the policy term's A is detached)
+    # d loss / d V = baseline_cost * d mean(A²) / dV = -2 * 0.1 * A / 6 (the policy term's A is detached)
     expected = torch.tensor([[7.055, 8.0], [5.95, 0.0], [6.0, 1.0]]) * (-2 * 0.1 / 6)
     torch.testing.assert_close(values.grad, expected)
     # d loss / d logit of the taken action at a uniform (.5, .5) entry with A = 7.055:
@@ -85,7 +89,7 @@ def test_a2c_loss_equals_hand_computation():
 def test_a2c_loss_rejects_bad_shapes():
     with pytest.raises(ValueError, match="shape mismatch"):
         a2c.a2c_loss(torch.zeros(3, 2, 3), torch.zeros(3, 2), torch.zeros(3, 2, dtype=torch.long),
-                     torch.zeros(2, 3))
+                     torch.zeros(2, 3), **LOSS)
 
 
 # ------------------------------------------------------------------------------- agents
@@ -118,7 +122,7 @@ def test_every_core_trains_one_episode(name):
     agent = MetaRLAgent(name, config, 17, 3)
     out = train.rollout(agent, env, torch.device("cpu"), torch.Generator().manual_seed(0))
     assert out["logits"].shape == (30, 3, 3) and out["values"].shape == (30, 3)
-    loss = a2c.a2c_loss(out["logits"], out["values"], out["actions"], out["rewards"])["loss"]
+    loss = a2c.a2c_loss(out["logits"], out["values"], out["actions"], out["rewards"], **LOSS)["loss"]
     loss.backward()
     assert torch.isfinite(loss)
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in agent.parameters())
@@ -170,7 +174,7 @@ def test_training_rollout_replays_the_acting_steps_with_the_gradients_of_one_cal
         finally:
             FWMCore.stepper = stepper
         assert (made[0].replay() is not None) == record     # the record is what was used
-        loss = a2c.a2c_loss(out["logits"], out["values"], out["actions"], out["rewards"])["loss"]
+        loss = a2c.a2c_loss(out["logits"], out["values"], out["actions"], out["rewards"], **LOSS)["loss"]
         grads[record] = (out["logits"], torch.autograd.grad(loss, list(agent.parameters())))
     torch.testing.assert_close(grads[True][0], grads[False][0], rtol=1e-5, atol=1e-6)
     for a, b in zip(grads[True][1], grads[False][1]):
@@ -185,17 +189,18 @@ def _rows(run_dir):
 
 
 def test_short_run_learns_on_unseen_graphs(tmp_path, capsys):
-    """400 updates of 256 agents (LSTM of 32 units, 10-step episodes, invalid actions cost 10):
+    """400 updates of 256 agents (LSTM of 32 units, 10-step episodes: 1,024,000 env steps; invalid actions cost 10):
     the agent learns to stop repeating invalid actions, which needs memory of the previous
     location, and the sampled test reward on the 600 unseen graphs rises clearly (about +10;
     the evaluation noise of a mean over 600 episodes is about 1)."""
-    code = main(["meta-rl", "--core", "lstm", "--set", "core_config.hidden_size=32", "--lr", "2e-2",
+    code = main(["meta-rl", "--core", "lstm", "--set", "core_config.hidden_size=32", "--learning-rate", "2e-2",
                  "--invalid-penalty", "10", "--episode-steps", "10", "--batch-size", "256",
-                 "--episodes", "400", "--eval-every", "200", "--seed", "0",
-                 "--threads", "1", "--run-dir", str(tmp_path), "--print-every", "1000"])
+                 "--total-steps", str(400 * 2560), "--eval-every", str(200 * 2560), "--seed", "0",
+                 "--torch-threads", "1", "--run-dir", str(tmp_path), "--log-every", "1000"])
     assert code == 0
     rows = _rows(tmp_path)
     assert [r["episode"] for r in rows] == ["0", "200", "400"]
+    assert [r["env_steps"] for r in rows] == ["0", str(200 * 2560), str(400 * 2560)]
     before, *after = [float(r["test_reward_sampled"]) for r in rows]
     assert min(after) > before + 4.0 and sum(after) / 2 > before + 6.0, (before, after)
     # invalid actions per 10-step episode in updates 201-400 (a random policy makes ~3.8)
@@ -203,11 +208,14 @@ def test_short_run_learns_on_unseen_graphs(tmp_path, capsys):
     assert "test total reward" in capsys.readouterr().out
 
 
+STEPS = 8 * 30  # env steps of an episode of the batch below
+
+
 def _run_args(run_dir, episodes):
     return ["meta-rl", "--core", "fwm", "--set", "core_config.hidden_size=16", "--set", "core_config.memory_size=8",
-            "--batch-size", "8", "--test-graphs", "8", "--episodes", str(episodes),
-            "--eval-every", "2", "--eval-policy", "both", "--seed", "3", "--run-dir", str(run_dir),
-            "--print-every", "1000"]
+            "--batch-size", "8", "--test-graphs", "8", "--total-steps", str(episodes * STEPS),
+            "--eval-every", str(2 * STEPS), "--eval-policy", "both", "--seed", "3", "--run-dir", str(run_dir),
+            "--log-every", "1000"]
 
 
 def test_resume_after_interruption_continues_at_saved_episode(tmp_path, monkeypatch, capsys):
@@ -230,14 +238,14 @@ def test_resume_after_interruption_continues_at_saved_episode(tmp_path, monkeypa
     assert main(_run_args(interrupted, 6)) == 0
     monkeypatch.setattr(a2c, "a2c_loss", real_loss)
     out = capsys.readouterr().out
-    assert "stopped at episode 4" in out
-    assert read_checkpoint(find_checkpoint_file(interrupted))["step"] == 4
+    assert f"stopped at env step {4 * STEPS:,} (episode 4)" in out
+    assert read_checkpoint(find_checkpoint_file(interrupted))["step"] == 4 * STEPS
 
     assert main(_run_args(interrupted, 6)) == 0                 # the same command resumes
     assert "resuming" in capsys.readouterr().out
     a = read_checkpoint(find_checkpoint_file(straight))
     b = read_checkpoint(find_checkpoint_file(interrupted))
-    assert a["step"] == b["step"] == 6
+    assert a["step"] == b["step"] == 6 * STEPS
     for k, v in a["state"]["model"].items():                     # identical training trajectory
         assert torch.equal(v, b["state"]["model"][k]), k
     keep = [c for c in train.CSV_COLUMNS if c not in ("wall_minutes", "episodes_per_s")]
@@ -248,7 +256,7 @@ def test_resume_after_interruption_continues_at_saved_episode(tmp_path, monkeypa
 
     # a finished run re-run with more episodes continues from 6
     assert main(_run_args(interrupted, 8)) == 0
-    assert "at episode 6" in capsys.readouterr().out
+    assert f"at env step {6 * STEPS:,} (episode 6" in capsys.readouterr().out
     assert _rows(interrupted)[-1]["episode"] == "8"
 
 
@@ -276,7 +284,7 @@ def test_two_trainers_never_share_a_run_directory(tmp_path, capsys):
     (["--core", "fwm", "--set", "hidden_size=4"],  # the old bare spelling names the new one
      "--set 'hidden_size=4': unknown key 'hidden_size'; core options are set as --set core_config.hidden_size=4"),
     (["--core", "lstm", "--preset", str(AGENTS_DIR / "meta_rl_fwm.toml")], "contradicts preset"),
-    (["--episodes", "0"], "--episodes 0 is invalid"),
+    (["--total-steps", "0"], "--total-steps 0 is invalid"),
     (["--preset", "agents/nope.toml"], "does not exist"),
 ])
 def test_cli_errors_are_one_line(tmp_path, capsys, args, message):

@@ -17,8 +17,8 @@ TRAINERS = {
     "train": ["train", "--env", "CartPole-v1", "--core", "lstm", "--env-backend", "local", "--num-actors", "2",
               "--unroll-length", "5", "--batch-size", "2", "--total-steps", "10"],
     "meta-rl": ["meta-rl", "--core", "lstm", "--batch-size", "4", "--train-graphs", "8", "--test-graphs", "4",
-                "--episodes", "1"],
-    "seq": ["seq", "--task", "assoc", "--num-keys", "4", "--core", "lt", "--steps", "1"],
+                "--total-steps", "120"],  # one episode of 4 agents x 30 steps
+    "seq": ["seq", "--task", "assoc", "--num-keys", "4", "--core", "lt", "--total-steps", "1"],
 }
 
 
@@ -36,12 +36,11 @@ def test_an_unknown_key_is_the_same_one_line_error_in_every_trainer(tmp_path, ca
     assert not (tmp_path / "r").exists()
 
 
-@pytest.mark.parametrize("name", sorted(TRAINERS))
-def test_core_options_and_trainer_settings_are_set_the_same_way(tmp_path, name):
-    setting = {"train": "entropy_cost=0.005", "meta-rl": "entropy_coef=0.005", "seq": "clip=0.5"}[name]
+@pytest.mark.parametrize("name,setting", [(name, setting) for name in sorted(TRAINERS) for setting in
+                                          ("learning_rate=0.002", "grad_norm_clip=0.5", "log_every=1000")] +
+                         [("train", "entropy_cost=0.005"), ("meta-rl", "entropy_cost=0.005")])
+def test_core_options_and_trainer_settings_are_set_the_same_way(tmp_path, name, setting):
     argv = [*TRAINERS[name], "--run-dir", str(tmp_path / "r"), "--set", "core_config.hidden_size=8", "--set", setting]
-    if name == "meta-rl":
-        argv += ["--eval-every", "1000", "--print-every", "1000"]
     assert cli.main(argv) == 0
     config = json.loads((tmp_path / "r" / "config.json").read_text())
     key, value = setting.split("=")

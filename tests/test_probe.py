@@ -66,7 +66,7 @@ def test_probe_a_trained_run_counts_every_played_step(tmp_path, capsys):
     assert record["rows"][0]["samples"] == 3 * 5  # CartPole episodes last at least 8 steps: steps 0-4 of each
     assert all(0.0 <= r["entropy"] <= math.log(2.0) + 1e-6 and r["state0_norm"] >= 0.0 for r in record["rows"])
     out = tmp_path / "probe.csv"
-    assert cli.main(["probe", str(run), "--episodes", "3", "--bin", "5", "--num-envs", "2", "--out", str(out)]) == 0
+    assert cli.main(["probe", str(run), "--episodes", "3", "--bin", "5", "--num-actors", "2", "--out", str(out)]) == 0
     assert "3 episodes (sample)" in capsys.readouterr().out
     rows = list(csv.DictReader(out.open()))
     assert list(rows[0]) == ["first_step", "last_step", "samples", "entropy", "value", "state0_norm", "state1_norm"]

@@ -47,7 +47,7 @@ def test_vector_batches_hold_about_320_env_steps_whatever_the_unroll():
 
 def test_the_command_line_wins_over_the_profile():
     cfg = train.config_from_args(parse("--unroll-length", "7", "--optimizer", "rmsprop", "--no-normalize-advantages",
-                                       "--vtrace-lambda", "1", "--lr", "1e-3"), "vector", memory_horizon=33)
+                                       "--vtrace-lambda", "1", "--learning-rate", "1e-3"), "vector", memory_horizon=33)
     assert (cfg.unroll_length, cfg.optimizer, cfg.normalize_advantages, cfg.vtrace_lambda, cfg.learning_rate) == \
         (7, "rmsprop", False, 1.0, 1e-3)
     # and a forced profile wins over the env kind
@@ -57,7 +57,7 @@ def test_the_command_line_wins_over_the_profile():
 
 @pytest.mark.parametrize("argv,message", [
     (("--vtrace-lambda", "1.5"), "--vtrace-lambda 1.5 is invalid; allowed: a number in [0, 1]"),
-    (("--lr", "0"), "--learning-rate 0 is invalid; allowed: a number > 0"),
+    (("--learning-rate", "0"), "--learning-rate 0 is invalid; allowed: a number > 0"),
     (("--unroll-length", "0"), "--unroll-length 0 is invalid"),
 ])
 def test_bad_values_are_one_line_errors(argv, message):

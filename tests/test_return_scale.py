@@ -39,7 +39,7 @@ def test_loss_with_a_return_scale_is_the_loss_of_scaled_rewards():
     batch = {"obs": torch.randn(T + 1, B, 3), "reward": torch.randn(T + 1, B).sign() * (15 + 10 * torch.rand(T + 1, B)),
              "done": torch.zeros(T + 1, B, dtype=torch.bool), "prev_action": torch.zeros(T + 1, B, dtype=torch.long),
              "action": torch.randint(2, (T + 1, B)), "behaviour_log_prob": torch.full((T + 1, B), -0.7)}
-    cfg = learner.LossConfig(reward_clip=0.0)
+    cfg = learner.loss_config(reward_clip=0.0)
     loss, stats = learner.compute_loss(agent, batch, (), cfg, return_scale=10.0)
     scaled = dict(batch, reward=batch["reward"] / 10.0)  # |r| > 1 either way: the agent's clipped reward input is the same
     loss_ref, stats_ref = learner.compute_loss(agent, scaled, (), cfg)

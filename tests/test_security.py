@@ -99,7 +99,7 @@ def rollout_check():
     from rfwp_rl.impala.setup import add_run_arguments
 
     parser = argparse.ArgumentParser()
-    add_run_arguments(parser, "CartPole-v1")
+    add_run_arguments(parser)
     spec = RunSpec.from_args(parser.parse_args(TINY), trainer_keys())
     agent = spec.build_agent()
     layout = rollout_spec(agent.obs_space, agent.action_dist)

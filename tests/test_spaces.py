@@ -243,8 +243,8 @@ def test_bound_cost_adds_the_squared_distance_of_the_mean_past_the_bounds():
              "action": torch.randn(T + 1, B, 2), "behaviour_log_prob": torch.full((T + 1, B), -2.0),
              "truncated": torch.zeros(T + 1, B, dtype=torch.bool)}
     batch["truncated"][2, 1] = True  # that step's action never ran: no penalty there either
-    base, _ = learner.compute_loss(agent, batch, (), learner.LossConfig(bound_cost=0.0))
-    with_bound, stats = learner.compute_loss(agent, batch, (), learner.LossConfig(bound_cost=0.5))
+    base, _ = learner.compute_loss(agent, batch, (), learner.loss_config(bound_cost=0.0))
+    with_bound, stats = learner.compute_loss(agent, batch, (), learner.loss_config(bound_cost=0.5))
     with torch.no_grad():
         out, _ = agent(batch["obs"], batch["reward"], batch["done"], ())
     hand = sum(max(abs(float(out["policy_params"][t, b, 0])) - 1.0, 0.0) ** 2

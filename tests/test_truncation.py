@@ -83,7 +83,7 @@ def test_actor_rollouts_carry_truncation_and_the_learner_masks_it():
     assert batch.data["truncated"][:, 0].tolist() == [False, False, False, True, False, False, False]
     assert batch.data["done"][:, 0].tolist() == [False, False, False, False, True, False, False]
 
-    cfg = learner.LossConfig(discount=0.9)
+    cfg = learner.loss_config(discount=0.9)
     base, _ = learner.compute_loss(agent, batch.data, batch.state, cfg)
     # the masked step's action never ran: the loss must not depend on it or on its behaviour log-prob
     changed = {k: v.clone() for k, v in batch.data.items()}
@@ -121,7 +121,7 @@ def test_normalized_advantages_do_not_scale_with_the_rewards():
 
     def policy_loss(scale: float, normalize: bool) -> float:
         data = dict(batch, reward=batch["reward"] * scale)
-        cfg = learner.LossConfig(reward_clip=0, normalize_advantages=normalize, baseline_cost=0, entropy_cost=0)
+        cfg = learner.loss_config(reward_clip=0, normalize_advantages=normalize, baseline_cost=0, entropy_cost=0)
         return float(learner.compute_loss(agent, data, state, cfg)[0].detach())
 
     assert policy_loss(100.0, False) == pytest.approx(100 * policy_loss(1.0, False), rel=1e-4)

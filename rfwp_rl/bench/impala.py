@@ -33,10 +33,10 @@ import gymnasium
 import numpy as np
 import torch
 
+from rfwp_rl import flags
 from rfwp_rl.errors import UserError, check_choice
-from rfwp_rl.impala.actors import ACTOR_DEVICES
-from rfwp_rl.impala.config import DEFAULTS, ENV_BACKENDS
-from rfwp_rl.perf import PRECISIONS, available_cores
+from rfwp_rl.impala.config import ImpalaConfig
+from rfwp_rl.perf import available_cores
 from rfwp_rl.texttable import format_columns
 
 COLUMNS = ("agent", "device", "cpu_cores", "env_sps", "env_bound_sps", "learner_bound_sps", "ratio", "actor_device",
@@ -49,21 +49,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cores", default="lstm", help="comma-separated cores (default: %(default)s)")
     parser.add_argument("--devices", default="cpu",
                         help="comma-separated learner devices, each run end to end (default: %(default)s)")
-    parser.add_argument("--precision", choices=PRECISIONS, default="fp32")
-    parser.add_argument("--env", default="Pong")
-    parser.add_argument("--num-actors", type=int, default=48, help="environments (default %(default)s)")
-    parser.add_argument("--num-env-batches", type=int, default=2)
-    parser.add_argument("--num-env-processes", type=int, default=DEFAULTS.num_env_processes,
-                        help="env worker processes (default: %(default)s, from the CPU cores)")
-    parser.add_argument("--env-backend", choices=ENV_BACKENDS, default="moolib")
-    parser.add_argument("--batch-size", type=int, default=32, help="paper: 32")
-    parser.add_argument("--unroll-length", type=int, default=50, help="paper: 50")
-    parser.add_argument("--seconds", type=float, default=20.0, help="timed seconds per end-to-end run")
-    parser.add_argument("--warmup-seconds", type=float, default=10.0, help="seconds before timing starts")
-    parser.add_argument("--torch-threads", type=int, default=0, help="0: the trainer's default choice")
-    parser.add_argument("--actor-device", choices=ACTOR_DEVICES, default="auto")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="agent or trainer setting, as for rfwp-rl train")
+    flags.add_field(parser, ImpalaConfig, "precision")
+    flags.add_field(parser, ImpalaConfig, "env", default="Pong")
+    flags.add_shared(parser, "num_actors", 48)
+    flags.add_field(parser, ImpalaConfig, "num_env_batches")
+    flags.add_field(parser, ImpalaConfig, "num_env_processes")
+    flags.add_field(parser, ImpalaConfig, "env_backend")
+    flags.add_field(parser, ImpalaConfig, "batch_size")
+    flags.add_field(parser, ImpalaConfig, "unroll_length")
+    parser.add_argument("--seconds", type=float, default=20.0, help="timed seconds per end-to-end run (default %(default)s)")
+    parser.add_argument("--warmup-seconds", type=float, default=10.0,
+                        help="seconds before timing starts (default %(default)s)")
+    flags.add_shared(parser, "torch_threads", 0, "0: the trainer's choice")
+    flags.add_field(parser, ImpalaConfig, "actor_device")
+    flags.add_set_argument(parser, "agent or trainer setting, as for rfwp-rl train", "max_kl=0")
     parser.add_argument("--out", default="results/bench/impala.csv")
 
 
@@ -167,7 +166,7 @@ def side_by_side(run, cfg, pool, seconds: float, warmup: float) -> dict[str, flo
     with tempfile.TemporaryDirectory(prefix="rfwp-bench-") as tmp:
         trainer = ImpalaTrainer(cfg, run, Path(tmp), pool=pool)  # sets the trainer's thread count
         trainer.prepare()
-        trainer.logger = RunLogger(tmp, {}, total=cfg.total_steps, print_every=math.inf)
+        trainer.logger = RunLogger(tmp, {}, total=cfg.total_steps, log_every=math.inf)
         print(f"    {trainer.threads_note}, {trainer.actor_device_note}", flush=True)
         try:
             t0 = time.perf_counter()

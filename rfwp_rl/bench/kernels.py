@@ -39,6 +39,7 @@ from typing import Callable
 
 import torch
 
+from rfwp_rl import flags
 from rfwp_rl.checkpoint import atomic_write_text
 from rfwp_rl.errors import UserError, check_choice
 from rfwp_rl import ops
@@ -60,14 +61,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sizes", default="atari,lm", help=f"comma list of {', '.join(SIZES)}")
     parser.add_argument("--ops", default=",".join(FWD_FLOPS), help="comma list of ops")
     n = torch.get_num_threads()
-    parser.add_argument("--threads", default="1" if n == 1 else f"1,{n}",
-                        help="comma list of torch thread counts to measure (default: 1 and all "
-                             "threads). On a machine whose cores are busy with other processes "
-                             "use 1: OpenMP threads then wait for each other and both the "
-                             "reference and the kernels slow down erratically")
+    flags.add_shared(parser, "torch_threads", "1" if n == 1 else f"1,{n}",
+                     "a comma list of counts to measure, 1 and all threads by default. On a machine whose cores "
+                     "are busy with other processes use 1: OpenMP threads then wait for each other and both the "
+                     "reference and the kernels slow down erratically", metavar="N[,N...]")
     parser.add_argument("--repeats", type=int, default=7, help="timed runs per measurement (median)")
     parser.add_argument("--device", default="cpu", help="cpu (the C++ kernels) or cuda (the CUDA kernels; "
-                        "--threads is then ignored)")
+                        "--torch-threads is then ignored)")
     parser.add_argument("--out", type=Path, default=None,
                         help="CSV file to write (default results/bench/kernels_<cpu|cuda>.csv)")
 
@@ -154,11 +154,11 @@ def run(args: argparse.Namespace) -> int:
     sizes = _parse_list(args.sizes, SIZES, "size")
     names = _parse_list(args.ops, tuple(FWD_FLOPS), "op")
     try:
-        threads = [int(x) for x in args.threads.split(",") if x.strip()]
+        threads = [int(x) for x in args.torch_threads.split(",") if x.strip()]
     except ValueError:
-        raise UserError(f"--threads {args.threads!r} is not a comma list of positive integers") from None
+        raise UserError(f"--torch-threads {args.torch_threads!r} is not a comma list of positive integers") from None
     if not threads or min(threads) < 1:
-        raise UserError(f"--threads {args.threads!r} is not a comma list of positive integers")
+        raise UserError(f"--torch-threads {args.torch_threads!r} is not a comma list of positive integers")
     if args.repeats < 1:
         raise UserError(f"--repeats {args.repeats} must be >= 1")
     device = check_choice("--device", args.device.split(":")[0], ("cpu", "cuda"))

@@ -5,7 +5,7 @@ and hidden size 128, 2 layers, 4 heads, FF 512, batch 8 x 64 tokens): a training
 forward pass, cross-entropy, backward pass (full BPTT over the segment) and an Adam update,
 on random tokens. Cores are timed round-robin (each repeat times every core once), so a burst
 of load from other jobs hits them alike and their ratios stay comparable on a shared machine;
-the median of ``--repeats`` timings of ``--steps`` steps is reported, with the mean 1-minute
+the median of ``--repeats`` timings of ``--updates`` steps is reported, with the mean 1-minute
 load average. Prints a table and writes ``results/bench/seq.csv`` (atomic).
 """
 
@@ -21,6 +21,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from rfwp_rl import flags
 from rfwp_rl.checkpoint import atomic_write_text
 from rfwp_rl.errors import UserError, check_choice
 
@@ -43,9 +44,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hidden-size", type=int, default=128)
     parser.add_argument("--num-layers", type=int, default=2)
     parser.add_argument("--num-heads", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=3, help="timed steps per repeat")
+    parser.add_argument("--updates", type=flags.integer, default=3,
+                        help="timed optimizer steps per repeat (default %(default)s)")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--torch-threads", type=int, default=1)
+    flags.add_shared(parser, "torch_threads", 1)
     parser.add_argument("--out", default="results/bench/seq.csv")
 
 
@@ -62,7 +64,7 @@ def core_config(core: str, hidden: int, layers: int, heads: int) -> dict:
 
 
 class CoreBench:
-    """One core's model, optimizer and a fixed random batch; ``time()`` runs ``steps`` steps."""
+    """One core's model, optimizer and a fixed random batch; ``time()`` runs ``updates`` steps."""
 
     def __init__(self, core: str, args: argparse.Namespace) -> None:
         from rfwp_rl.seq.model import SeqModel
@@ -86,9 +88,9 @@ class CoreBench:
 
     def time(self) -> None:
         t0 = time.perf_counter()
-        for _ in range(self.args.steps):
+        for _ in range(self.args.updates):
             self.step()
-        self.times.append((time.perf_counter() - t0) / self.args.steps)
+        self.times.append((time.perf_counter() - t0) / self.args.updates)
 
     def row(self, load: float) -> dict:
         args, sec = self.args, statistics.median(self.times)
@@ -110,7 +112,7 @@ class CoreBench:
 
 def run(args: argparse.Namespace) -> int:
     for name in ("batch_size", "seq_len", "vocab", "hidden_size", "num_layers", "num_heads",
-                 "steps", "repeats", "torch_threads"):
+                 "updates", "repeats", "torch_threads"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} {getattr(args, name)} is invalid; allowed: >= 1")
     cores = args.cores.split(",") if args.cores else default_cores()

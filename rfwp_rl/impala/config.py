@@ -1,4 +1,4 @@
-"""Defaults of ``rfwp-rl train``: the IMPALA settings of the RFWP paper (App. C).
+"""Settings of ``rfwp-rl train``: the IMPALA settings of the RFWP paper (App. C).
 
 RMSProp (lr 6e-4, alpha 0.99, eps 0.01, no momentum), learning rate decayed linearly to 0
 over ``total_steps``, gradient-norm clipping at 40, entropy cost 0.01, baseline cost 0.5,
@@ -8,76 +8,129 @@ processes (one per CPU core, at most 8) and torch's thread count are chosen for 
 
 These are the ``atari`` profile. Environments with vector observations get the ``vector``
 profile (:mod:`rfwp_rl.impala.profiles`) for the options the command line leaves unset.
+Every field is a flag of ``rfwp-rl train`` and a ``--set`` key (:mod:`rfwp_rl.flags`); the
+learner's :class:`rfwp_rl.impala.learner.LossConfig` is taken from it.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
+
+from rfwp_rl.flags import ENV_STEPS, SECONDS, setting
+from rfwp_rl.perf import PRECISIONS
+
+ENV_BACKENDS = ("moolib", "process", "local")
+ACTOR_DEVICES = ("auto", "cpu", "cuda")
+OPTIMIZERS = ("rmsprop", "adam")
+
+
+def step_list(text: str) -> tuple[int, ...]:
+    """``50000000,2e8`` -> ``(50000000, 200000000)``."""
+    try:
+        return tuple(int(float(x)) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated step counts, e.g. 50000000,200000000; got {text!r}")
+
+
+def _env_processes() -> int:
+    return max(1, min(os.cpu_count() or 1, 8))
 
 
 @dataclasses.dataclass
 class ImpalaConfig:
     # what to train
-    env: str = "ALE/Pong-v5"
-    seed: int = 1
-    total_steps: int = 50_000_000  # environment steps consumed by the learner (T x B per update)
+    env: str = setting("ALE/Pong-v5", "gymnasium id, Atari game name or module:EnvId")
+    seed: int = setting(1, "of the model, the envs (env i: seed + i) and the actions")
+    total_steps: int = setting(50_000_000, "consumed by the learner (T x B per update)", unit=ENV_STEPS)
     # actors
-    num_actors: int = 48  # environments, split into num_env_batches batches stepped alternately
-    num_env_batches: int = 2  # 2 = double buffering: one batch steps while the other is inferred
-    num_env_processes: int = dataclasses.field(default_factory=lambda: max(1, min(os.cpu_count() or 1, 8)))
-    env_backend: str = "moolib"  # moolib (EnvPool workers), process (our own forked workers) or local (in this process)
-    listen: str = ""  # HOST:PORT: also take rollouts from remote actors (rfwp-rl actor --connect)
-    # several learners (rfwp_rl.impala.multi_learner): the moolib broker's HOST:PORT and the group name;
-    # learners of one group average their gradients before every optimizer step
-    broker: str = ""
-    group: str = ""
-    auth_key_file: str = ""  # the shared key of --listen/--broker peers (rfwp_rl.impala.wire.resolve_key)
-    # moolib: seconds without a result from an env batch before the pool counts as broken (a hung
-    # env is handled like a dead worker process: checkpoint, end the workers, restart)
-    env_timeout: float = 600.0
+    num_actors: int = setting(48, "split into --num-env-batches batches stepped alternately; with --listen, 0: "
+                                  "train only on remote actors' rollouts")
+    num_env_batches: int = setting(2, "env batches stepped alternately (2: double buffering, one batch steps "
+                                      "while the other is inferred)")
+    num_env_processes: int = setting(default_factory=_env_processes,
+                                     help="moolib EnvPool worker processes (default: the CPU cores, at most 8)")
+    env_backend: str = setting("moolib", "moolib: EnvPool worker processes; process: forked worker processes of our "
+                                         "own (no moolib needed); local: step the envs in this process (debugging)",
+                               choices=ENV_BACKENDS)
+    listen: str = setting("", "also train on the rollouts of remote actors (rfwp-rl actor --connect HOST:PORT)",
+                          metavar="HOST:PORT")
+    # several learners (rfwp_rl.impala.multi_learner): learners of one group average their gradients
+    broker: str = setting("", "join a group of learners that train one model (with --group): the moolib broker's "
+                              "address (rfwp-rl broker --address HOST:PORT); gradients are averaged before every "
+                              "optimizer step", metavar="HOST:PORT")
+    group: str = setting("", "the learner group's name at the broker; every learner of a group needs the same env, "
+                             "agent and learner options, and its own --seed", metavar="NAME")
+    auth_key_file: str = setting("", "the key that remote actors, learners of the group and the broker must prove "
+                                     "(mode 600); empty: $RFWP_AUTH_KEY, else ~/.config/rfwp_rl/auth.key (made by a "
+                                     "--listen learner if missing)", metavar="PATH")
+    env_timeout: float = setting(600.0, "moolib backend: seconds without a result from an env batch before the env "
+                                        "is taken as hung and handled like a dead worker process: checkpoint, end the "
+                                        "workers, restart the command (counted as one env failure); must exceed the "
+                                        "slowest env step and the envs' construction (inf: never)",
+                                 metavar="SECONDS")
+    max_env_failures: int = setting(100, "environment failures (an env raised and was replaced, or a worker process "
+                                         "died or hung) tolerated over the whole run; one more saves a checkpoint and "
+                                         "stops (exit 1). An env whose new instances keep failing before their first "
+                                         "observation (rfwp_rl.envs.pool.MAX_FAILED_CONSTRUCTIONS in a row) stops the "
+                                         "run at once (exit 1, one line naming the env and its exception)")
     # learner
-    batch_size: int = 32
-    unroll_length: int = 50
-    learning_rate: float = 6e-4
-    rmsprop_alpha: float = 0.99
-    rmsprop_eps: float = 0.01
-    rmsprop_momentum: float = 0.0
-    grad_norm_clip: float = 40.0
-    entropy_cost: float = 0.01
-    baseline_cost: float = 0.5
-    bound_cost: float = 1.0  # Box actions: penalty on the Gaussian's mean past the bounds (none for others)
-    discount: float = 0.99
-    reward_clip: float = 1.0
-    clip_rho: float = 1.0
-    clip_c: float = 1.0
-    vtrace_lambda: float = 1.0  # V-trace trace factor (1: the paper's)
-    optimizer: str = "rmsprop"  # rmsprop (paper) or adam
-    adam_eps: float = 1e-8
-    normalize_advantages: bool = False  # policy-gradient advantages divided by their batch RMS
-    advantage_floor: float = 0.1  # that divisor is at least this x the RMS of the V-trace targets
-    normalize_value_loss: bool = False  # value errors divided by the same divisor
-    normalize_returns: bool = False  # rewards divided by the running RMS of the returns where that is above 1
-    epochs: int = 1  # optimizer steps on each batch (PPO's epochs); V-trace corrects for the policy moving between them
-    max_kl: float = 0.0  # trust region: each update moves the policy at most this mean KL from mu; 0 = off
-    profile: str = "atari"  # which defaults filled the options the command line left unset
-    device: str = "cpu"
-    # updates in a thread while the actors act with a copy of the model; always on with a GPU learner
-    learner_thread: bool = False
-    actor_device: str = "auto"  # where actors run the model; auto: the learner's device, or the faster for a GPU learner
-    precision: str = "fp32"  # bf16: autocast of the torso in acting and learning (fp32 weights, optimizer, losses)
-    torch_threads: int = 0  # 0: chosen from the cores and env processes (rfwp_rl.perf.choose_torch_threads)
+    batch_size: int = setting(32, "rollouts per optimizer step")
+    unroll_length: int = setting(50, "env steps per rollout")
+    optimizer: str = setting("rmsprop", choices=OPTIMIZERS)
+    learning_rate: float = setting(6e-4, "the initial one, decayed linearly to 0 over --total-steps")
+    rmsprop_alpha: float = setting(0.99, "RMSProp's smoothing constant")
+    rmsprop_eps: float = setting(0.01, "RMSProp's epsilon")
+    rmsprop_momentum: float = setting(0.0, "RMSProp's momentum")
+    adam_eps: float = setting(1e-8)
+    grad_norm_clip: float = setting(40.0)
+    entropy_cost: float = setting(0.01)
+    baseline_cost: float = setting(0.5)
+    bound_cost: float = setting(1.0, "Box actions: cost of the Gaussian mean's squared distance past the action "
+                                     "bounds, which keeps the policy from turning deterministic at a bound (0: off; "
+                                     "other action spaces have no such term)")
+    discount: float = setting(0.99)
+    reward_clip: float = setting(1.0, "clip rewards to [-x, x]; 0: no clipping")
+    clip_rho: float = setting(1.0, "V-trace rho-bar: the importance weights' clip in the targets")
+    clip_c: float = setting(1.0, "V-trace c-bar: the traces' clip")
+    vtrace_lambda: float = setting(1.0, "V-trace trace factor lambda in [0, 1] (IMPALA Remark 2; 1: the paper's)")
+    normalize_advantages: bool = setting(False, "divide the policy-gradient advantages by their batch RMS")
+    advantage_floor: float = setting(0.1, "with --normalize-advantages the divisor is at least this times the RMS of "
+                                          "the V-trace targets, so that noise around a solved task is not blown up "
+                                          "to unit size (0: plain RMS)")
+    normalize_value_loss: bool = setting(False, "with --normalize-advantages, divide the value errors by the same "
+                                                "divisor, so the value loss keeps pace with the policy loss at any "
+                                                "reward scale")
+    normalize_returns: bool = setting(False, "divide rewards by the running RMS of the returns where that exceeds 1, "
+                                             "so that values and value errors stay near unit size in any reward units")
+    epochs: int = setting(1, "optimizer steps on each batch, each on the loss recomputed with the current parameters "
+                             "(PPO's epochs; V-trace's importance weights correct for the policy having moved; with "
+                             "--max-kl the total move from the behaviour policy stays bounded); one learner only")
+    max_kl: float = setting(0.0, "trust region: an update that moves the policy further than this mean KL from the "
+                                 "behaviour policy on its batch is shrunk to it (0: off; one learner only)")
+    profile: str = setting("atari", "which defaults filled the options the command line left unset")
+    device: str = setting("cpu")
+    learner_thread: bool = setting(False, "run updates in a learner thread while the actors go on with a copy of the "
+                                          "model (refreshed after each update); always on with a GPU learner, "
+                                          "else off: act and learn in turn in one thread")
+    actor_device: str = setting("auto", "where the actors run the model; auto: the learner's device, or with a GPU "
+                                        "learner the faster of CPU and GPU for one acting step, timed at start and "
+                                        "printed", choices=ACTOR_DEVICES)
+    precision: str = setting("fp32", "bf16: the torso runs under bf16 autocast in acting and learning (CPU with "
+                                     "AVX-512 BF16 or AMX, or CUDA); weights, optimizer state, core and losses stay "
+                                     "fp32",
+                               choices=PRECISIONS)
+    torch_threads: int = setting(0, "0: chosen from the available cores and the env processes, and printed at start")
     # bookkeeping
-    checkpoint_every: float = 600.0  # seconds between periodic checkpoints
-    snapshot_steps: tuple[int, ...] = ()
-    log_every: float = 5.0  # seconds between TensorBoard scalar writes / console lines
-    max_nonfinite: int = 20  # consecutive non-finite updates before the run aborts
-    max_env_failures: int = 100  # env failures tolerated over the run; one more checkpoints and stops (exit 1)
+    checkpoint_every: float = setting(600.0, unit=SECONDS)
+    snapshot_steps: tuple[int, ...] = setting((), "extra checkpoints kept at these step counts, e.g. "
+                                                  "50000000,200000000", type=step_list)
+    log_every: float = setting(5.0, "also of TensorBoard's rate scalars", unit=SECONDS)
+    max_nonfinite: int = setting(20, "consecutive non-finite updates before the run aborts")
 
 
 DEFAULTS = ImpalaConfig()
-ENV_BACKENDS = ("moolib", "process", "local")
-OPTIMIZERS = ("rmsprop", "adam")
 
 
 def trainer_keys() -> list[str]:

@@ -9,7 +9,7 @@ samples instead). ``--noneg`` is the variant the paper's code used for Battlezon
 Up'n Down: episodes with a negative final score are dropped and play goes on until every
 repeat has 30 non-negative episodes.
 
-Speed: ``--num-envs`` environments are stepped together, one batched forward pass of the
+Speed: ``--num-actors`` environments are stepped together, one batched forward pass of the
 agent per step. Each environment plays a fixed quota of episodes decided up front, so
 which episodes count never depends on how long they take (collecting "the first 150
 episodes to finish" from parallel envs would favour short episodes); episodes are assigned
@@ -43,6 +43,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
+from rfwp_rl import flags
 from rfwp_rl.envs.spaces import env_step_action, map_obs, stack_obs
 from rfwp_rl.errors import UserError
 
@@ -389,7 +390,7 @@ def evaluate(path: str | Path, episodes: int = DEFAULT_EPISODES, repeats: int = 
     if episodes < 1 or repeats < 1:
         raise UserError(f"--episodes {episodes} / --repeats {repeats}: both must be >= 1")
     if num_envs < 1:
-        raise UserError(f"--num-envs {num_envs} is invalid; allowed: an integer >= 1")
+        raise UserError(f"--num-actors {num_envs} is invalid; allowed: an integer >= 1")
     agent, meta, step, file = load_agent(path, core=core, env=env, num_actions=num_actions, which=which,
                                          trust=trust_checkpoint)
     agent.to(torch.device(device))
@@ -507,8 +508,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = "examples:" + __doc__.split("Examples::", 1)[1]
     add_checkpoint_arguments(parser)
     g = parser.add_argument_group("protocol (RFWP paper Sec. 4.4)")
-    g.add_argument("--episodes", type=int, default=DEFAULT_EPISODES, help="episodes per repeat (default 30)")
-    g.add_argument("--repeats", type=int, default=DEFAULT_REPEATS, help="repeats (default 5)")
+    g.add_argument("--episodes", type=int, default=DEFAULT_EPISODES, help="episodes per repeat (default %(default)s)")
+    g.add_argument("--repeats", type=int, default=DEFAULT_REPEATS, help="repeats (default %(default)s)")
     g.add_argument("--sample", action="store_true", help="sample actions from the policy instead of argmax")
     g.add_argument("--noneg", action="store_true",
                    help="drop episodes with a negative final score and play on until each repeat has "
@@ -527,12 +528,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="override an env option of the training run, e.g. max_episode_frames=108000 (Atari; "
                         "default for eval: 400000, see EVAL_MAX_EPISODE_FRAMES; 0 = no limit) or "
                         "max_episode_steps=500 (other gymnasium envs)")
-    g.add_argument("--num-envs", type=int, default=16, help="environments stepped together (default 16)")
-    g.add_argument("--seed", type=int, default=12345, help="env i is seeded with SEED + i (default 12345)")
-    g.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 ... (default cpu)")
-    g.add_argument("--torch-threads", type=int, default=0,
-                   help="torch intra-op threads (default 0: one for a small (MLP) agent, the available cores "
-                        "for an image agent)")
+    flags.add_shared(g, "num_actors", 16, "one batched forward pass of the agent per step")
+    flags.add_shared(g, "seed", 12345, "env i is seeded with SEED + i")
+    flags.add_shared(g, "device", "cpu")
+    flags.add_shared(g, "torch_threads", 0, "0: one for a small (MLP) agent, the available cores for an image agent")
     g = parser.add_argument_group("outputs")
     g.add_argument("--label", default=None, help="model name in the result files (default: the core name), "
                                                  "e.g. rdn_large")
@@ -548,7 +547,7 @@ def run(args: argparse.Namespace) -> int:
     from rfwp_rl.impala.setup import parse_env_options
 
     record = evaluate(args.run, which=args.checkpoint, episodes=args.episodes, repeats=args.repeats, greedy=not args.sample,
-                      noneg=args.noneg, num_envs=args.num_envs, seed=args.seed,
+                      noneg=args.noneg, num_envs=args.num_actors, seed=args.seed,
                       env_overrides=parse_env_options(args.env_options, "max_episode_frames=0"), core=args.core, env=args.env,
                       num_actions=args.num_actions, label=args.label, video=args.video,
                       max_dropped=args.max_dropped, device=args.device, torch_threads=args.torch_threads,

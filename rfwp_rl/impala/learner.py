@@ -68,26 +68,38 @@ import torch.nn as nn
 
 from rfwp_rl.envs.spaces import pick_obs
 from rfwp_rl.impala import vtrace
+from rfwp_rl.impala.config import DEFAULTS, ImpalaConfig
 from rfwp_rl.perf import autocast
 from rfwp_rl.safety import NonFiniteGuard
 
 
 @dataclasses.dataclass
 class LossConfig:
-    discount: float = 0.99
-    reward_clip: float = 1.0  # rewards clipped to [-reward_clip, reward_clip]; 0 disables
-    baseline_cost: float = 0.5
-    entropy_cost: float = 0.01
-    bound_cost: float = 1.0
-    clip_rho: float = 1.0  # rho-bar
-    clip_c: float = 1.0  # c-bar
-    clip_pg_rho: float = 1.0
-    vtrace_lambda: float = 1.0  # trace factor (IMPALA Sec. 4.1, Remark 2); 1 = the paper's V-trace
-    normalize_advantages: bool = False
-    advantage_floor: float = 0.1  # normalising divisor >= this x RMS of the V-trace targets
-    normalize_value_loss: bool = False  # value errors divided by the advantages' divisor too
-    max_kl: float = 0.0  # trust region: mean KL(mu || pi_new) over the batch per update; 0 = off
-    normalize_returns: bool = False  # rewards divided by the running RMS of the returns when above 1
+    """The loss's settings: the fields of the same names of the trainer's config (:func:`loss_config`,
+    :class:`rfwp_rl.impala.config.ImpalaConfig`, where each is described and has its default)."""
+
+    discount: float
+    reward_clip: float  # rewards clipped to [-reward_clip, reward_clip]; 0: not clipped
+    baseline_cost: float
+    entropy_cost: float
+    bound_cost: float
+    clip_rho: float  # rho-bar
+    clip_c: float  # c-bar
+    vtrace_lambda: float  # trace factor (IMPALA Sec. 4.1, Remark 2)
+    normalize_advantages: bool
+    advantage_floor: float
+    normalize_value_loss: bool
+    max_kl: float
+    normalize_returns: bool
+    clip_pg_rho: float = 1.0  # the policy gradient's rho clip: 1 as in IMPALA and TorchBeast (not a setting)
+
+
+def loss_config(cfg: Any = None, **changes: Any) -> LossConfig:
+    """The :class:`LossConfig` of a trainer config (default: :class:`rfwp_rl.impala.config.ImpalaConfig`'s
+    defaults), with ``changes`` on top."""
+    cfg = DEFAULTS if cfg is None else cfg
+    values = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(LossConfig) if hasattr(cfg, f.name)}
+    return LossConfig(**{**values, **changes})
 
 
 def step_mask(batch: dict[str, torch.Tensor], like: torch.Tensor) -> torch.Tensor:
@@ -261,13 +273,13 @@ def linear_decay_of_steps(total_steps: int, steps_trained: Callable[[], int]):
     return factor
 
 
-def make_optimizer(agent: nn.Module, lr: float, alpha: float, eps: float, momentum: float = 0.0,
-                   name: str = "rmsprop", adam_eps: float = 1e-8) -> torch.optim.Optimizer:
-    """RMSProp as in TorchBeast / the paper (lr 6e-4, alpha 0.99, eps 0.01), or (``name="adam"``)
-    Adam with ``lr`` and ``adam_eps`` (``alpha``, ``eps`` and ``momentum`` are RMSProp's)."""
-    if name == "adam":
-        return torch.optim.Adam(agent.parameters(), lr=lr, eps=adam_eps)
-    return torch.optim.RMSprop(agent.parameters(), lr=lr, alpha=alpha, eps=eps, momentum=momentum)
+def make_optimizer(agent: nn.Module, cfg: ImpalaConfig) -> torch.optim.Optimizer:
+    """``cfg.optimizer``: RMSProp as in TorchBeast / the paper (``learning_rate``, ``rmsprop_alpha``,
+    ``rmsprop_eps``, ``rmsprop_momentum``) or Adam (``learning_rate``, ``adam_eps``)."""
+    if cfg.optimizer == "adam":
+        return torch.optim.Adam(agent.parameters(), lr=cfg.learning_rate, eps=cfg.adam_eps)
+    return torch.optim.RMSprop(agent.parameters(), lr=cfg.learning_rate, alpha=cfg.rmsprop_alpha,
+                               eps=cfg.rmsprop_eps, momentum=cfg.rmsprop_momentum)
 
 
 def apply_gradients(agent: nn.Module, optimizer: torch.optim.Optimizer,
@@ -283,7 +295,8 @@ def apply_gradients(agent: nn.Module, optimizer: torch.optim.Optimizer,
     lr = optimizer.param_groups[0]["lr"]
     stats = {"learner/grad_norm": float("nan"), "learner/skipped": 1.0, "learner/lr": lr}
     if step:
-        stats["learner/grad_norm"] = float(nn.utils.clip_grad_norm_(agent.parameters(), grad_norm_clip))
+        # 0: no clipping (the norm is still measured)
+        stats["learner/grad_norm"] = float(nn.utils.clip_grad_norm_(agent.parameters(), grad_norm_clip or math.inf))
         optimizer.step()
         stats["learner/skipped"] = 0.0
     with warnings.catch_warnings():  # torch warns when the very first update was skipped
@@ -371,11 +384,6 @@ class GroupStep:
     own_steps: int  # this learner's part of env_steps
 
 
-def loss_config(cfg: Any) -> LossConfig:
-    """The :class:`LossConfig` fields a trainer config (:class:`rfwp_rl.impala.config.ImpalaConfig`) sets."""
-    return LossConfig(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(LossConfig) if hasattr(cfg, f.name)})
-
-
 class Learner:
     """The learner: the agent being trained, its optimizer, LR schedule, step counters and
     non-finite guard.
@@ -392,15 +400,14 @@ class Learner:
     guards the model, optimizer and counters (updates vs checkpoints vs the group's thread).
     """
 
-    def __init__(self, agent: nn.Module, cfg: Any):
+    def __init__(self, agent: nn.Module, cfg: ImpalaConfig):
         self.agent = agent
         self.cfg = cfg
         self.device = next(agent.parameters()).device
-        self.precision = getattr(cfg, "precision", "fp32")
+        self.precision = cfg.precision
         self.steps_per_update = cfg.batch_size * cfg.unroll_length
         self.counters = {"step": 0, "updates": 0}
-        self.optimizer = make_optimizer(agent, cfg.learning_rate, cfg.rmsprop_alpha, cfg.rmsprop_eps,
-                                        cfg.rmsprop_momentum, cfg.optimizer, cfg.adam_eps)
+        self.optimizer = make_optimizer(agent, cfg)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, linear_decay_of_steps(cfg.total_steps, self._steps_trained))
         self.loss_cfg = loss_config(cfg)

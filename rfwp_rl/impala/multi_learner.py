@@ -272,7 +272,8 @@ class LearnerGroup:
             if mismatch:
                 raise UserError(f"learner {member} of group {self.group_name!r} trains with other settings "
                                 f"({mismatch}); every learner of a group needs the same env, agent and learner "
-                                "options (--env/--core/--preset/--set/--batch-size/--unroll-length/--lr/...)")
+                                "options (--env/--core/--preset/--set/--batch-size/--unroll-length/"
+                                "--learning-rate/...)")
             if reply.get("seed") == self.seed:
                 print(f"warning: learner {member} also uses --seed {self.seed}: its actors play the same episodes "
                       "as this learner's; give each learner its own --seed", file=sys.stderr, flush=True)

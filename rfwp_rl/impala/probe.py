@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from rfwp_rl import flags
 from rfwp_rl.errors import UserError
 from rfwp_rl.impala.learner import kl_terms
 from rfwp_rl.texttable import format_columns
@@ -108,7 +109,7 @@ def probe(path: str | Path, episodes: int = 20, bin_steps: int = 10, greedy: boo
     from rfwp_rl.impala.evaluate import _check_envs, eval_env_options, load_agent, play, quotas
 
     if episodes < 1 or bin_steps < 1 or num_envs < 1:
-        raise UserError(f"--episodes {episodes} / --bin {bin_steps} / --num-envs {num_envs}: each must be >= 1")
+        raise UserError(f"--episodes {episodes} / --bin {bin_steps} / --num-actors {num_envs}: each must be >= 1")
     if not shift >= 0:
         raise UserError(f"--shift {shift}: must be >= 0 (a parameter step size such as the learning rate; 0: off)")
     agent, meta, step, file = load_agent(path, which=which, trust=trust_checkpoint)
@@ -145,15 +146,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from rfwp_rl.impala.evaluate import add_checkpoint_arguments
 
     add_checkpoint_arguments(parser)
-    parser.add_argument("--episodes", type=int, default=20, help="full episodes to play (default 20)")
-    parser.add_argument("--bin", type=int, default=10, help="steps per row of the table (default 10)")
+    parser.add_argument("--episodes", type=int, default=20, help="full episodes to play (default %(default)s)")
+    parser.add_argument("--bin", type=int, default=10, help="env steps per row of the table (default %(default)s)")
     parser.add_argument("--greedy", action="store_true", help="take the policy's mode instead of sampling")
     parser.add_argument("--shift", type=float, default=0.0, metavar="LR",
                         help="add a column shift_kl: KL from the policy to that of the agent with every parameter "
                              "moved by +-LR (random signs; one Adam step's size), per step within the episode "
                              "(e.g. 5e-4, the vector profile's learning rate; default 0: off)")
-    parser.add_argument("--num-envs", type=int, default=8, help="environments stepped together (default 8)")
-    parser.add_argument("--seed", type=int, default=12345, help="env i is seeded with SEED + i")
+    flags.add_shared(parser, "num_actors", 8)
+    flags.add_shared(parser, "seed", 12345, "env i is seeded with SEED + i")
+    flags.add_shared(parser, "torch_threads", 1, "one env batch of a small agent: one thread is fastest; "
+                                                  "0: torch's default")
     parser.add_argument("--env-option", dest="env_options", action="append", default=[], metavar="KEY=VALUE",
                         help="override an env option of the training run")
     parser.add_argument("--out", default=None, help="CSV path (default: probe_<step>_<mode>.csv in the run directory)")
@@ -166,8 +169,9 @@ def run(args: argparse.Namespace) -> int:
     from rfwp_rl.checkpoint import atomic_write_text
     from rfwp_rl.impala.setup import parse_env_options
 
-    torch.set_num_threads(1)  # one env batch of a small agent: one thread is fastest
-    record = probe(args.run, episodes=args.episodes, bin_steps=args.bin, greedy=args.greedy, num_envs=args.num_envs,
+    if args.torch_threads > 0:
+        torch.set_num_threads(args.torch_threads)
+    record = probe(args.run, episodes=args.episodes, bin_steps=args.bin, greedy=args.greedy, num_envs=args.num_actors,
                    seed=args.seed, which=args.checkpoint, trust_checkpoint=args.trust_checkpoint,
                    env_overrides=parse_env_options(args.env_options, "max_episode_steps=500"), shift=args.shift)
     lengths, returns = np.array(record["lengths"]), np.array(record["returns"])

@@ -36,46 +36,42 @@ from collections import deque
 import numpy as np
 import torch
 
+from rfwp_rl import flags
 from rfwp_rl.errors import UserError
-from rfwp_rl.impala.config import DEFAULTS, ENV_BACKENDS
+from rfwp_rl.impala.config import ImpalaConfig
 from rfwp_rl.impala.setup import add_run_arguments
-from rfwp_rl.perf import PRECISIONS
 
 MAX_INFLIGHT = 2  # rollouts sent and not yet answered
 MAX_OUTBOX = 4  # completed rollouts held before the actor stops stepping (back-pressure)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    d = DEFAULTS
     g = parser.add_argument_group("learner")
     g.add_argument("--connect", required=True, metavar="HOST:PORT", help="the learner's --listen address")
     g.add_argument("--name", default=None, help="this actor's unique name (default actor-<host>-<pid>)")
-    g.add_argument("--auth-key-file", default="", metavar="PATH",
-                   help="the learner's shared key (mode 600); default: $RFWP_AUTH_KEY, else "
-                        "~/.config/rfwp_rl/auth.key (copy the learner machine's file there)")
-    g.add_argument("--rpc-timeout", type=float, default=10.0, help="seconds before a call counts as lost")
-    g.add_argument("--weights-every", type=float, default=0.0,
+    flags.add_field(g, ImpalaConfig, "auth_key_file",
+                    help="the learner's shared key (mode 600); empty: $RFWP_AUTH_KEY, else "
+                         "~/.config/rfwp_rl/auth.key (copy the learner machine's file there)")
+    g.add_argument("--rpc-timeout", type=float, default=10.0, metavar="SECONDS",
+                   help="seconds before a call counts as lost (default %(default)s)")
+    g.add_argument("--weights-every", type=float, default=0.0, metavar="SECONDS",
                    help="seconds between weight pulls (default 0: after every completed rollout); "
                         "weights are only transferred when their version changed")
-    g.add_argument("--max-backoff", type=float, default=30.0, help="longest wait between reconnect attempts (s)")
-    g.add_argument("--give-up-after", type=float, default=0.0,
+    g.add_argument("--max-backoff", type=float, default=30.0, metavar="SECONDS",
+                   help="seconds of the longest wait between reconnect attempts (default %(default)s)")
+    g.add_argument("--give-up-after", type=float, default=0.0, metavar="SECONDS",
                    help="exit 1 after this many seconds without the learner (default 0: retry forever)")
     g = parser.add_argument_group("agent (must match the learner's)")
-    add_run_arguments(g, d.env)
+    add_run_arguments(g)
     g = parser.add_argument_group("actors")
-    g.add_argument("--num-actors", type=int, default=16, help="environments on this machine (default %(default)s)")
-    g.add_argument("--num-env-batches", type=int, default=d.num_env_batches)
-    g.add_argument("--num-env-processes", type=int, default=d.num_env_processes)
-    g.add_argument("--env-backend", choices=ENV_BACKENDS, default=d.env_backend)
-    g.add_argument("--env-timeout", type=float, default=d.env_timeout, metavar="SECONDS",
-                   help="moolib backend: seconds without a result from an env batch before the env is taken as "
-                        "hung: the actor ends its workers and exits 1 (default %(default)g; inf: never)")
-    g.add_argument("--seed", type=int, default=d.seed)
-    g.add_argument("--device", default="cpu", help="inference device")
-    g.add_argument("--precision", choices=PRECISIONS, default=d.precision, help="bf16: the torso under bf16 autocast")
-    g.add_argument("--torch-threads", type=int, default=0,
-                   help="torch intra-op threads (default 0: chosen from the cores and env processes)")
-    g.add_argument("--log-every", type=float, default=d.log_every, help="seconds between console lines")
+    flags.add_field(g, ImpalaConfig, "num_actors", default=16, help="")
+    flags.add_fields(g, ImpalaConfig, "num_env_batches", "num_env_processes", "env_backend")
+    flags.add_field(g, ImpalaConfig, "env_timeout",
+                    help="moolib backend: seconds without a result from an env batch before the env is taken as "
+                         "hung: the actor ends its workers and exits 1 (inf: never)")
+    flags.add_fields(g, ImpalaConfig, "seed", "device", "precision")
+    flags.add_field(g, ImpalaConfig, "torch_threads", help="0: chosen from the cores and the env processes")
+    flags.add_field(g, ImpalaConfig, "log_every", help="")
 
 
 def check_args(args: argparse.Namespace) -> str:

@@ -18,24 +18,24 @@ from typing import Any
 import numpy as np
 import torch
 
+from rfwp_rl import flags
 from rfwp_rl.errors import UserError
+from rfwp_rl.impala.config import ImpalaConfig
 from rfwp_rl.presets import Preset
 
 DEFAULT_CORE = "rdn"  # the RFWP paper's main agent
 
 
-def add_run_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup, env_default: str) -> None:
+def add_run_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     """The options that say what a run trains on: ``--env``, ``--core``, ``--preset``, ``--set``,
     ``--detach-state-every-step``, ``--env-option``, ``--env-config``."""
     g = parser
-    g.add_argument("--env", default=env_default, help="gymnasium id, Atari game name or module:EnvId "
-                                                      "(default %(default)s)")
+    flags.add_field(g, ImpalaConfig, "env")
     g.add_argument("--core", default=None, help="core name (rfwp-rl info); Atari envs use "
                                                 f"agents/atari_<core>.toml (default {DEFAULT_CORE})")
     g.add_argument("--preset", default=None, help="agent preset: a name in agents/ or a .toml file")
-    g.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a preset value or a trainer setting, e.g. core_config.hidden_size=64, "
-                        "agent.use_prev_action=true or entropy_cost=0.001 (TOML values; repeatable)")
+    flags.add_set_argument(g, "a preset value (core_config.hidden_size=64, agent.use_prev_action=true)",
+                           "entropy_cost=0.001")
     g.add_argument("--detach-state-every-step", action="store_true",
                    help="1-step BPTT through the core state (the reference code's fast-weight agents), "
                         "for comparison")

@@ -33,11 +33,11 @@ from typing import Iterable
 import numpy as np
 import torch
 
+from rfwp_rl import flags
 from rfwp_rl.checkpoint import add_trust_argument
 from rfwp_rl.errors import UserError, check_choice
 from rfwp_rl.impala import profiles
-from rfwp_rl.impala.actors import ACTOR_DEVICES
-from rfwp_rl.impala.config import DEFAULTS, ENV_BACKENDS, OPTIMIZERS, ImpalaConfig
+from rfwp_rl.impala.config import ACTOR_DEVICES, ENV_BACKENDS, OPTIMIZERS, ImpalaConfig
 from rfwp_rl.impala.env_pool import EnvPoolBroken
 from rfwp_rl.impala.setup import DEFAULT_CORE, RunSpec, add_run_arguments
 from rfwp_rl.perf import PRECISIONS, Timers, choose_torch_threads, set_torch_threads
@@ -56,146 +56,69 @@ BEST_WINDOW = 100  # best.pt: the mean return of the last this many episodes, on
 MAX_WAITING_BATCHES = 4  # full batches held while a learner group takes no gradients (joining); older ones are dropped
 
 
-def _int_list(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(float(x)) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated step counts, e.g. 50000000,200000000; got {text!r}")
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    d = DEFAULTS
     g = parser.add_argument_group("what to train")
-    add_run_arguments(g, d.env)
-    g.add_argument("--seed", type=int, default=d.seed)
-    g.add_argument("--total-steps", type=lambda s: int(float(s)), default=d.total_steps,
-                   help="environment steps consumed by the learner (default %(default)s)")
+    add_run_arguments(g)
+    flags.add_fields(g, ImpalaConfig, "seed", "total_steps")
     _add_actor_arguments(parser.add_argument_group("actors"))
     _add_learner_arguments(parser.add_argument_group("learner (RFWP paper App. C)"))
     g = parser.add_argument_group("bookkeeping")
-    g.add_argument("--run-dir", default=None, help="run directory (default runs/impala/<env>_<core>_s<seed>; "
-                   "characters other than letters, digits, . + - in names become -, e.g. ALE-Pong-v5_delta-rnn_s1)")
-    g.add_argument("--checkpoint-every", type=float, default=d.checkpoint_every, help="seconds (default %(default)s)")
+    flags.add_run_dir_argument(g, "runs/impala/<env>_<core>_s<seed>; characters other than letters, digits, . + - "
+                                  "in names become -, e.g. ALE-Pong-v5_delta-rnn_s1")
+    flags.add_fields(g, ImpalaConfig, "checkpoint_every", "snapshot_steps", "log_every", "max_nonfinite")
     add_trust_argument(g)
-    g.add_argument("--snapshot-steps", type=_int_list, default=d.snapshot_steps,
-                   help="extra checkpoints kept at these step counts, e.g. 50000000,200000000")
-    g.add_argument("--log-every", type=float, default=d.log_every, help="seconds between console lines")
 
 
 def _add_actor_arguments(g: argparse._ArgumentGroup) -> None:
-    d = DEFAULTS
-    g.add_argument("--num-actors", type=int, default=None,
-                   help=f"environments (default: {d.num_actors} for Atari, {profiles.VECTOR['num_actors']} for vector envs, "
-                        f"{profiles.CONTROL['num_actors']} in the control profile)")
-    g.add_argument("--num-env-batches", type=int, default=d.num_env_batches,
-                   help="env batches stepped alternately (2 = double buffering)")
-    g.add_argument("--num-env-processes", type=int, default=d.num_env_processes,
-                   help="moolib EnvPool worker processes (default: CPU cores, at most 8)")
-    g.add_argument("--env-backend", choices=ENV_BACKENDS, default=d.env_backend,
-                   help="moolib: EnvPool worker processes; process: forked worker processes of our own (no "
-                        "moolib needed); local: step envs in this process (debugging)")
-    g.add_argument("--listen", default=d.listen, metavar="HOST:PORT",
-                   help="also train on rollouts of remote actors (rfwp-rl actor --connect HOST:PORT); "
-                        "with --num-actors 0 only on theirs")
-    g.add_argument("--broker", default=d.broker, metavar="HOST:PORT",
-                   help="join a group of learners that train one model (with --group): the moolib broker's address "
-                        "(rfwp-rl broker --address HOST:PORT); gradients are averaged before every optimizer step")
-    g.add_argument("--auth-key-file", default=d.auth_key_file, metavar="PATH",
-                   help="the key that remote actors, learners of the group and the broker must prove (mode 600); "
-                        "default: $RFWP_AUTH_KEY, else ~/.config/rfwp_rl/auth.key (made by a --listen learner "
-                        "if missing)")
-    g.add_argument("--group", default=d.group, metavar="NAME",
-                   help="the learner group's name at the broker; every learner of a group needs the same env, "
-                        "agent and learner options, and its own --seed")
-    g.add_argument("--max-env-failures", type=int, default=d.max_env_failures,
-                   help="environment failures (an env raised and was replaced, or a worker process died "
-                        "or hung) tolerated over the whole run; one more saves a checkpoint and stops (exit 1). "
-                        "An env whose new instances keep failing before their first observation "
-                        "(rfwp_rl.envs.pool.MAX_FAILED_CONSTRUCTIONS in a row) stops the run at once "
-                        "(exit 1, one line naming the env and its exception)")
-    g.add_argument("--env-timeout", type=float, default=d.env_timeout, metavar="SECONDS",
-                   help="moolib backend: seconds without a result from an env batch before the env is taken "
-                        "as hung and handled like a dead worker process: checkpoint, end the workers, restart "
-                        "the command (counted as one env failure); must exceed the slowest env step and the "
-                        "envs' construction (default %(default)g; inf: never)")
+    flags.add_field(g, ImpalaConfig, "num_actors", default=None,
+                    help=f"{_by_profile('num_actors')}; with --listen, 0: train only on remote actors' rollouts")
+    flags.add_fields(g, ImpalaConfig, "num_env_batches", "num_env_processes", "env_backend", "listen", "broker",
+                     "auth_key_file", "group", "max_env_failures", "env_timeout")
+
+
+def _by_profile(name: str, fmt: str = "{}", control: bool = True) -> str:
+    """``atari X, vector Y, control Z``: the profiles' values of a setting the command line leaves unset."""
+    def show(value: object) -> str:
+        return ("yes" if value else "no") if isinstance(value, bool) else fmt.format(value)
+
+    names = ("atari", "vector", "control") if control else ("atari", "vector")
+    return ", ".join(f"{p} {show(getattr(profiles, p.upper())[name])}" for p in names)
 
 
 def _add_learner_arguments(g: argparse._ArgumentGroup) -> None:
-    d = DEFAULTS
     g.add_argument("--profile", choices=profiles.PROFILES, default="auto",
                    help="defaults of the options left unset: atari (the paper's), vector (memory tasks: unroll = "
                         "2 x the env's memory horizon, Adam, normalised advantages), control (vector "
                         "observations and continuous actions: the vector profile with 4 envs and batch 4 x unroll 16, "
                         "return scaling instead of the reward clip, plain advantage RMS, no entropy bonus and no "
                         "trust region), "
-                        "auto: by the env's spaces")
-    g.add_argument("--batch-size", type=int, default=None,
-                   help=f"rollouts per update (atari {d.batch_size}; vector: about "
-                        f"{profiles.VECTOR_STEPS_PER_UPDATE} env steps / unroll, {profiles.MIN_BATCH} to "
-                        f"{profiles.VECTOR['batch_size']}; control {profiles.CONTROL['batch_size']})")
-    g.add_argument("--unroll-length", type=int, default=None,
-                   help=f"steps per rollout (atari {d.unroll_length}; vector: 2 x the env's memory horizon, "
-                        f"{profiles.MIN_UNROLL} to {profiles.MAX_UNROLL}; control: the same where the env "
-                        f"states a memory horizon, else {profiles.CONTROL_UNROLL})")
-    g.add_argument("--optimizer", choices=OPTIMIZERS, default=None, help="atari rmsprop, vector adam")
-    g.add_argument("--learning-rate", "--lr", type=float, default=None,
-                   help=f"initial learning rate, decayed linearly to 0 (atari {d.learning_rate:g}, vector "
-                        f"{profiles.VECTOR['learning_rate']:g})")
-    g.add_argument("--adam-eps", type=float, default=d.adam_eps)
-    g.add_argument("--rmsprop-alpha", type=float, default=d.rmsprop_alpha)
-    g.add_argument("--rmsprop-eps", type=float, default=d.rmsprop_eps)
-    g.add_argument("--grad-norm-clip", type=float, default=d.grad_norm_clip)
-    g.add_argument("--entropy-cost", type=float, default=None,
-                   help=f"atari {d.entropy_cost:g}, vector {profiles.VECTOR['entropy_cost']:g}, control "
-                        f"{profiles.CONTROL['entropy_cost']:g}")
-    g.add_argument("--vtrace-lambda", type=float, default=None,
-                   help=f"V-trace trace factor lambda in [0, 1] (IMPALA Remark 2): atari {d.vtrace_lambda:g} (the "
-                        f"paper), vector {profiles.VECTOR['vtrace_lambda']:g}")
-    g.add_argument("--normalize-advantages", action=argparse.BooleanOptionalAction, default=None,
-                   help="divide the policy-gradient advantages by their batch RMS (atari no, vector yes)")
-    g.add_argument("--normalize-value-loss", action=argparse.BooleanOptionalAction, default=None,
-                   help="with --normalize-advantages, divide the value errors by the same divisor, so "
-                        "the value loss keeps pace with the policy loss at any reward scale")
-    g.add_argument("--advantage-floor", type=float, default=None,
-                   help="with --normalize-advantages the divisor is at least this times the RMS of the "
-                        "V-trace targets, so that noise around a solved task is not blown up to unit "
-                        f"size (vector {profiles.VECTOR['advantage_floor']:g}, control "
-                        f"{profiles.CONTROL['advantage_floor']:g}; 0: plain RMS)")
-    g.add_argument("--normalize-returns", action=argparse.BooleanOptionalAction, default=None,
-                   help="divide rewards by the running RMS of the returns where that exceeds 1, so that "
-                        "values and value errors stay near unit size in any reward units (atari and vector no: "
-                        "rewards are clipped; control yes, without the clip)")
-    g.add_argument("--max-kl", type=float, default=None,
-                   help="trust region: an update that moves the policy further than this mean KL from the "
-                        f"behaviour policy on its batch is shrunk to it (atari {d.max_kl:g}, vector "
-                        f"{profiles.VECTOR['max_kl']:g}, control {profiles.CONTROL['max_kl']:g}; 0: off; "
-                        "one learner only)")
-    g.add_argument("--epochs", type=int, default=d.epochs,
-                   help="optimizer steps on each batch, each on the loss recomputed with the current "
-                        "parameters (PPO's epochs; V-trace's importance weights correct for the policy "
-                        "having moved; with --max-kl the total move from the behaviour policy stays bounded); "
-                        "one learner only")
-    g.add_argument("--baseline-cost", type=float, default=d.baseline_cost)
-    g.add_argument("--bound-cost", type=float, default=d.bound_cost,
-                   help="Box actions: cost of the Gaussian mean's squared distance past the action bounds, "
-                        "which keeps the policy from turning deterministic at a bound (0: off; other "
-                        "action spaces have no such term)")
-    g.add_argument("--discount", type=float, default=d.discount)
-    g.add_argument("--reward-clip", type=float, default=None,
-                   help="clip rewards to [-x, x]; 0 disables clipping (atari 1, vector 0)")
-    g.add_argument("--device", default=d.device, help="cpu, cuda, cuda:1 ...")
-    g.add_argument("--precision", choices=PRECISIONS, default=d.precision,
-                   help="bf16: the torso runs under bf16 autocast in acting and learning (CPU with AVX-512 BF16 "
-                        "or AMX, or CUDA); weights, optimizer state, core and losses stay fp32")
-    g.add_argument("--learner-thread", action="store_true",
-                   help="run updates in a learner thread while the actors go on with a copy of the model "
-                        "(refreshed after each update); default: on with a GPU learner, else act and learn in turn")
-    g.add_argument("--actor-device", choices=ACTOR_DEVICES, default=d.actor_device,
-                   help="where the actors run the model; auto: the learner's device, or with a GPU learner the "
-                        "faster of CPU and GPU for one acting step, timed at start and printed")
-    g.add_argument("--torch-threads", type=int, default=d.torch_threads,
-                   help="torch intra-op threads of this process (default 0: chosen from the available cores "
-                        "and the env processes, and printed at start)")
+                        "auto: by the env's spaces (default %(default)s)")
+    unset = {  # settings the profile fills where the command line gives none: their help names each profile's value
+        "batch_size": f"atari {profiles.ATARI['batch_size']}; vector: about {profiles.VECTOR_STEPS_PER_UPDATE} env "
+                      f"steps / unroll, {profiles.MIN_BATCH} to {profiles.VECTOR['batch_size']}; control "
+                      f"{profiles.CONTROL['batch_size']}",
+        "unroll_length": f"atari {profiles.ATARI['unroll_length']}; vector: 2 x the env's memory horizon, "
+                         f"{profiles.MIN_UNROLL} to {profiles.MAX_UNROLL}; control: the same where the env states a "
+                         f"memory horizon, else {profiles.CONTROL_UNROLL}",
+        "optimizer": _by_profile("optimizer", control=False),
+        "learning_rate": _by_profile("learning_rate", "{:g}", control=False),
+        "entropy_cost": _by_profile("entropy_cost", "{:g}"),
+        "vtrace_lambda": _by_profile("vtrace_lambda", "{:g}", control=False),
+        "normalize_advantages": _by_profile("normalize_advantages", control=False),
+        "normalize_value_loss": _by_profile("normalize_value_loss"),
+        "advantage_floor": _by_profile("advantage_floor", "{:g}"),
+        "normalize_returns": _by_profile("normalize_returns"),
+        "max_kl": _by_profile("max_kl", "{:g}"),
+        "reward_clip": _by_profile("reward_clip", "{:g}"),
+    }
+    assert set(unset) == set(profiles.PROFILE_OPTIONS) - {"num_actors"}, "every profile option needs its flag here"
+    for f in dataclasses.fields(ImpalaConfig):
+        if f.name in unset:
+            own = f.metadata["help"]
+            flags.add_field(g, ImpalaConfig, f.name, default=None, help=f"{own}; " * bool(own) + unset[f.name])
+    flags.add_fields(g, ImpalaConfig, "adam_eps", "rmsprop_alpha", "rmsprop_eps", "rmsprop_momentum", "grad_norm_clip",
+                     "epochs", "baseline_cost", "bound_cost", "discount", "clip_rho", "clip_c", "device", "precision",
+                     "learner_thread", "actor_device", "torch_threads")
 
 
 def config_from_args(args: argparse.Namespace, kind: str = "atari", memory_horizon: int | None = None,
@@ -251,6 +174,8 @@ def check_config(cfg: ImpalaConfig) -> None:
                         "and member; with --group use --epochs 1")
     if not 0.0 <= cfg.vtrace_lambda <= 1.0:
         raise UserError(f"--vtrace-lambda {cfg.vtrace_lambda:g} is invalid; allowed: a number in [0, 1]")
+    if not 0.0 <= cfg.grad_norm_clip < float("inf"):
+        raise UserError(f"--grad-norm-clip {cfg.grad_norm_clip:g} is invalid; allowed: a number >= 0 (0: no clipping)")
     for name in ("learning_rate", "adam_eps"):
         if not getattr(cfg, name) > 0:
             raise UserError(f"--{name.replace('_', '-')} {getattr(cfg, name):g} is invalid; allowed: a number > 0")
@@ -313,7 +238,7 @@ class ImpalaTrainer(Trainer):
         from rfwp_rl.impala.learner import Learner
 
         self.cfg, self.run, self.run_dir = cfg, run, Path(run_dir)
-        self.total, self.print_every = cfg.total_steps, cfg.log_every
+        self.total, self.log_every = cfg.total_steps, cfg.log_every
         random.seed(cfg.seed)
         np.random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)

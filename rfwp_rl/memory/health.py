@@ -3,7 +3,7 @@
 Each core (by default every registered core with a vector-env preset ``agents/vector_<core>.toml``,
 i.e. every core meant for agents; the language-modelling variants have none) is trained with the
 defaults of ``rfwp-rl train`` on the two easiest recall tasks, DelayedRecall-easy and
-AssociativeRecall-easy, for a fixed budget (``--steps``) and ``--seeds``. Every run is one
+AssociativeRecall-easy, for a fixed budget (``--total-steps`` env steps) and ``--seeds``. Every run is one
 ``rfwp-rl train`` process, as ``launch/memory_suite.sh`` starts them, in
 ``<runs>/<env>/<core>_s<seed>`` with its console log beside it; a run whose newest checkpoint has
 reached the budget is skipped, so re-running the command resumes an interrupted sweep.
@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from rfwp_rl import flags
 from rfwp_rl.checkpoint import atomic_write_text, list_checkpoints
 from rfwp_rl.errors import UserError, check_choice
 from rfwp_rl.memory import suite
@@ -148,14 +149,13 @@ def csv_text(rows: list[dict], tasks: tuple[str, ...], steps: int) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--steps", type=lambda s: int(float(s)), default=DEFAULT_STEPS,
-                        help="env steps per run (default %(default)s)")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[1], help="seeds (default 1)")
+    flags.add_shared(parser, "total_steps", DEFAULT_STEPS, "of each run", unit=flags.ENV_STEPS)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1], help="seeds (default %(default)s)")
     parser.add_argument("--cores", nargs="+", default=None,
                         help="cores to check (default: every registered core with an agents/vector_<core>.toml)")
     parser.add_argument("--runs", default="runs/memory_health", help="folder of the run directories (default %(default)s)")
     parser.add_argument("--out", default="results/memory", help="where health.csv and health.md go (default %(default)s)")
-    parser.add_argument("--jobs", type=int, default=1, help="runs at a time (default 1)")
+    parser.add_argument("--jobs", type=int, default=1, help="runs at a time (default %(default)s)")
     parser.add_argument("--train-args", default="", metavar="'OPTIONS'",
                         help="more options of every rfwp-rl train command, e.g. '--env-backend local'")
 
@@ -163,8 +163,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from rfwp_rl import cores as cores_mod
 
-    if args.steps < 1 or args.jobs < 1:
-        raise UserError(f"--steps {args.steps} / --jobs {args.jobs}: both must be >= 1")
+    if args.total_steps < 1 or args.jobs < 1:
+        raise UserError(f"--total-steps {args.total_steps} / --jobs {args.jobs}: both must be >= 1")
     if args.cores is None:
         cores = agent_cores()
         skipped = sorted(set(cores_mod.available()) - set(cores))
@@ -175,9 +175,10 @@ def run(args: argparse.Namespace) -> int:
         for c in cores:
             check_choice("core", c, sorted(cores_mod.available()))
     train_args = shlex.split(args.train_args)
-    jobs = plan(cores, args.seeds, args.steps, Path(args.runs))
+    jobs = plan(cores, args.seeds, args.total_steps, Path(args.runs))
     todo = [j for j in jobs if not j.done]
-    print(f"memory health: {len(cores)} cores x {len(TASKS)} tasks x {len(args.seeds)} seeds, {args.steps:,} steps; "
+    print(f"memory health: {len(cores)} cores x {len(TASKS)} tasks x {len(args.seeds)} seeds, "
+          f"{args.total_steps:,} env steps; "
           f"{len(jobs) - len(todo)} runs already done, {len(todo)} to train (logs: <run dir>.log)", flush=True)
 
     def one(job: Job) -> int:
@@ -189,9 +190,9 @@ def run(args: argparse.Namespace) -> int:
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         failed = sum(code != 0 for code in pool.map(one, todo))
     rows = health_rows(cores, TASKS, scores(jobs))
-    table = markdown(rows, TASKS, args.steps)
+    table = markdown(rows, TASKS, args.total_steps)
     out = Path(args.out)
-    atomic_write_text(out / "health.csv", csv_text(rows, TASKS, args.steps))
+    atomic_write_text(out / "health.csv", csv_text(rows, TASKS, args.total_steps))
     atomic_write_text(out / "health.md", f"# Memory health check\n\n{table}\n")
     print(table)
     print(f"wrote {out / 'health.csv'} and {out / 'health.md'}")

@@ -2,21 +2,21 @@
 
 For one batch of episodes of T steps (no bootstrap after the last step: the episode ends)::
 
-    R_t = r_t + gamma * R_{t+1},  R_T = 0            (discounted return)
+    R_t = r_t + discount * R_{t+1},  R_T = 0         (discounted return)
 
 Where an episode ends inside the sequence (``terminated[t]``: after action t) the return does
 not look past it; where it is cut by a time limit instead (``truncated[t]``), it bootstraps from
-the value of the last observation, ``R_t = r_t + gamma * V(x_{t+1})`` (``final_values[t]``):
+the value of the last observation, ``R_t = r_t + discount * V(x_{t+1})`` (``final_values[t]``):
 a time limit is not a terminal state.
 
     A_t = R_t - V(h_t)                                (advantage)
     loss = mean_{t,b} [ -log pi(a_t | h_t) * stop_grad(A_t)
-                        + value_coef * A_t^2
-                        - entropy_coef * H(pi(. | h_t)) ]
+                        + baseline_cost * A_t^2
+                        - entropy_cost * H(pi(. | h_t)) ]
 
-The mean over steps and batch is App. I's "average step loss". Defaults are App. I's:
-gamma 0.9, value_coef 0.1, entropy_coef 0.03. As in the paper's published code the value
-term is the plain squared error (no factor 1/2).
+The mean over steps and batch is App. I's "average step loss". The weights and the discount
+are the trainer's settings (:class:`rfwp_rl.meta_rl.config.MetaRLConfig`, App. I's values). As
+in the paper's published code the value term is the plain squared error (no factor 1/2).
 """
 
 from __future__ import annotations
@@ -24,22 +24,17 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-GAMMA = 0.9
-VALUE_COEF = 0.1
-ENTROPY_COEF = 0.03
-
-
-def discounted_returns(rewards: torch.Tensor, gamma: float, bootstrap: torch.Tensor | None = None,
+def discounted_returns(rewards: torch.Tensor, discount: float, bootstrap: torch.Tensor | None = None,
                        terminated: torch.Tensor | None = None, truncated: torch.Tensor | None = None,
                        final_values: torch.Tensor | None = None) -> torch.Tensor:
-    """``R_t = r_t + gamma R_{t+1}`` backwards in time, cut at episode ends.
+    """``R_t = r_t + discount R_{t+1}`` backwards in time, cut at episode ends.
 
     Args:
         rewards: ``[T, B]``.
         bootstrap: ``[B]`` value of the state after the last step (None: 0, episode over).
         terminated: ``[T, B]`` bool, the episode ended after action t: ``R_t = r_t``.
         truncated: ``[T, B]`` bool, a time limit cut the episode after action t:
-            ``R_t = r_t + gamma * final_values[t]`` (needs ``final_values [T, B]``, the value of
+            ``R_t = r_t + discount * final_values[t]`` (needs ``final_values [T, B]``, the value of
             the episode's last observation; read only where ``truncated``).
     Returns:
         ``[T, B]`` returns, same dtype as ``rewards``.
@@ -53,14 +48,13 @@ def discounted_returns(rewards: torch.Tensor, gamma: float, bootstrap: torch.Ten
             running = torch.where(terminated[t], torch.zeros_like(running), running)
         if truncated is not None:
             running = torch.where(truncated[t], final_values[t].to(rewards.dtype), running)
-        running = rewards[t] + gamma * running
+        running = rewards[t] + discount * running
         out[t] = running
     return out
 
 
 def a2c_loss(logits: torch.Tensor, values: torch.Tensor, actions: torch.Tensor,
-             rewards: torch.Tensor, gamma: float = GAMMA, value_coef: float = VALUE_COEF,
-             entropy_coef: float = ENTROPY_COEF,
+             rewards: torch.Tensor, *, discount: float, baseline_cost: float, entropy_cost: float,
              bootstrap: torch.Tensor | None = None, terminated: torch.Tensor | None = None,
              truncated: torch.Tensor | None = None,
              final_values: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
@@ -85,7 +79,7 @@ def a2c_loss(logits: torch.Tensor, values: torch.Tensor, actions: torch.Tensor,
                          f"{tuple(rewards.shape)} (want [T,B])")
     if final_values is not None:
         final_values = final_values.detach()
-    returns = discounted_returns(rewards.to(values.dtype), gamma, bootstrap, terminated, truncated, final_values)
+    returns = discounted_returns(rewards.to(values.dtype), discount, bootstrap, terminated, truncated, final_values)
     advantage = returns - values
     log_probs = F.log_softmax(logits, dim=-1)
     log_prob_taken = log_probs.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
@@ -93,6 +87,6 @@ def a2c_loss(logits: torch.Tensor, values: torch.Tensor, actions: torch.Tensor,
     policy_loss = -(log_prob_taken * advantage.detach()).mean()
     value_loss = advantage.pow(2).mean()
     entropy_mean = entropy.mean()
-    loss = policy_loss + value_coef * value_loss - entropy_coef * entropy_mean
+    loss = policy_loss + baseline_cost * value_loss - entropy_cost * entropy_mean
     return {"loss": loss, "policy_loss": policy_loss.detach(), "value_loss": value_loss.detach(),
             "entropy": entropy_mean.detach(), "advantage": advantage.detach().mean()}

@@ -18,11 +18,14 @@ import time
 
 import torch
 
+from rfwp_rl import flags
 from rfwp_rl.checkpoint import atomic_write_text
 from rfwp_rl.meta_rl import a2c, graph_env
+from rfwp_rl.meta_rl.config import MetaRLConfig
 from rfwp_rl.meta_rl.model import MetaRLAgent, count_parameters
 from rfwp_rl.meta_rl.train import rollout
 
+CONFIG = MetaRLConfig()  # the trainer's optimizer and loss settings
 CASES = {  # name -> (core, config, replay the acting steps for training)
     "fwm (reference)": ("fwm", {"backend": "reference"}, True),
     "fwm (fused)": ("fwm", {"backend": "kernel"}, True),
@@ -35,9 +38,11 @@ CASES = {  # name -> (core, config, replay the acting steps for training)
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cases", default="fwm (reference),fwm (fused),fwm (fused) no replay,lstm512",
                         help=f"comma-separated, from: {', '.join(CASES)}")
-    parser.add_argument("--batch-size", type=int, default=600)
-    parser.add_argument("--updates", type=int, default=3, help="timed updates per case (after 1 warm-up)")
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--batch-size", type=flags.integer, default=graph_env.NUM_TRAIN_GRAPHS,
+                        help="agents per optimizer step, one episode each (default %(default)s)")
+    parser.add_argument("--updates", type=flags.integer, default=3,
+                        help="timed optimizer steps per case, after one warm-up (default %(default)s)")
+    flags.add_shared(parser, "torch_threads", 1)
     parser.add_argument("--matmul-precision", default="highest",
                         help="comma-separated torch float32 matmul precisions to time")
     parser.add_argument("--out", default="results/meta_rl/update_time.csv")
@@ -51,13 +56,14 @@ def time_updates(core: str, config: dict, batch: int, updates: int, replay: bool
                                   else train_tables[torch.arange(batch) % len(train_tables)], rng=0)
     torch.manual_seed(0)
     agent = MetaRLAgent(core, config, env.obs_size, env.num_actions)
-    opt = torch.optim.Adam(agent.parameters(), lr=1e-3, eps=1e-4)
+    opt = torch.optim.Adam(agent.parameters(), lr=CONFIG.learning_rate, eps=CONFIG.adam_eps)
     gen = torch.Generator().manual_seed(0)
     cpu, wall = [], []
     for i in range(updates + 1):
         c0, w0 = time.process_time(), time.perf_counter()
         out = rollout(agent, env, torch.device("cpu"), gen, replay=replay)
-        loss = a2c.a2c_loss(out["logits"], out["values"], out["actions"], out["rewards"])["loss"]
+        loss = a2c.a2c_loss(out["logits"], out["values"], out["actions"], out["rewards"], discount=CONFIG.discount,
+                            baseline_cost=CONFIG.baseline_cost, entropy_cost=CONFIG.entropy_cost)["loss"]
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -68,7 +74,7 @@ def time_updates(core: str, config: dict, batch: int, updates: int, replay: bool
 
 
 def run(args: argparse.Namespace) -> int:
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.torch_threads)
     names = [c.strip() for c in args.cases.split(",") if c.strip()]
     from rfwp_rl.errors import check_choice
     for n in names:
@@ -78,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
         check_choice("matmul precision", p, ("highest", "high", "medium"))
     rows = []
     print(f"{'case':<18} {'matmul':<8} {'weights':>11} {'CPU s/update':>13} {'wall s/update':>14}  "
-          f"(batch {args.batch_size}, 30 steps, {args.threads} thread(s))")
+          f"(batch {args.batch_size}, {graph_env.EPISODE_STEPS} steps, {args.torch_threads} thread(s))")
     for n in names:
         for prec in precisions:
             torch.set_float32_matmul_precision(prec)
@@ -96,9 +102,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"fwm, {prec}: replaying the acting steps {cpu['fwm (fused)']:.3f} vs a second forward "
                   f"{cpu['fwm (fused) no replay']:.3f}: {cpu['fwm (fused) no replay'] / cpu['fwm (fused)']:.2f}x fewer")
     buf = io.StringIO()
-    buf.write("case,matmul_precision,weights,batch_size,threads,cpu_seconds_per_update,wall_seconds_per_update\n")
+    buf.write("case,matmul_precision,weights,batch_size,torch_threads,cpu_seconds_per_update,wall_seconds_per_update\n")
     for r in rows:
-        buf.write(f"{r['case']},{r['precision']},{r['params']},{args.batch_size},{args.threads},"
+        buf.write(f"{r['case']},{r['precision']},{r['params']},{args.batch_size},{args.torch_threads},"
                   f"{r['cpu_s']:.4f},{r['wall_s']:.4f}\n")
     atomic_write_text(args.out, buf.getvalue())
     print(f"wrote {args.out}")

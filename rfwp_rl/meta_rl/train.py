@@ -1,11 +1,13 @@
 """``rfwp-rl meta-rl``: A2C meta-RL on random POMDP graphs (FWM paper Sec. 4.2, App. I).
 
-One *episode* is one update: every agent of the batch (by default one per training graph,
-600 agents, agent b always on training graph b as in the paper's code) plays one 30-step
-episode, the A2C loss of the whole batch is backpropagated through all 30 steps (full BPTT,
-the core state starts at zero every episode) and Adam takes one step.
+One optimizer step is one *episode* of the batch: every agent of the batch (by default one per
+training graph, 600 agents, agent b always on training graph b as in the paper's code) plays
+one 30-step episode, the A2C loss of the whole batch is backpropagated through all 30 steps
+(full BPTT, the core state starts at zero every episode) and Adam takes one step. The budget
+(``--total-steps``) and the evaluation interval (``--eval-every``) count env steps: agents x
+steps, ``batch x 30`` per episode.
 
-Every ``--eval-every`` episodes (and at episode 0 and at the end) the agent plays one episode
+Every ``--eval-every`` env steps (and at the start and at the end) the agent plays one episode
 on each of the test graphs, which it is never trained on. By default the test actions are
 *sampled* from the policy, as in the paper's code (``--eval-policy greedy`` takes the argmax,
 ``both`` logs both). "Total reward" is the sum of the 30 rewards of an episode averaged over
@@ -13,16 +15,17 @@ agents; the training value logged at an evaluation is the mean over the episodes
 previous evaluation.
 
 Output in the run directory (default ``runs/meta_rl/<name>_s<seed>``): ``metrics.csv``
-(one row per evaluation, rewritten atomically), TensorBoard events in ``tb/``,
+(one row per evaluation, rewritten atomically), TensorBoard events in ``tb/`` (by env step),
 ``config.json`` and checkpoints ``ckpt_*.pt`` (model, optimizer, counters, every RNG; written
-every ``--checkpoint-minutes``, at the end and on Ctrl-C). Re-running the same command
-resumes from the newest checkpoint and continues to ``--episodes``.
+every ``--checkpoint-every`` seconds, at the end and on Ctrl-C). Re-running the same command
+resumes from the newest checkpoint and continues to ``--total-steps``.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import io
 import math
 import random
@@ -35,10 +38,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from rfwp_rl import cores
-from rfwp_rl.checkpoint import atomic_write_text
+from rfwp_rl import cores, flags
+from rfwp_rl.checkpoint import add_trust_argument, atomic_write_text
 from rfwp_rl.errors import UserError, check_choice
 from rfwp_rl.meta_rl import a2c, graph_env
+from rfwp_rl.meta_rl.config import EVAL_POLICIES, TIME_LIMITS, MetaRLConfig
 from rfwp_rl.meta_rl.graph_env import GraphBatchEnv
 from rfwp_rl.meta_rl.model import MetaRLAgent, count_parameters
 from rfwp_rl.runlog import format_duration, run_name
@@ -52,67 +56,30 @@ META_RL_CORE_DEFAULTS: dict[str, dict[str, Any]] = {
     "fwm": {"hidden_size": 32, "memory_size": 16, "num_reads": 3},
 }
 
-CSV_COLUMNS = ("episode", "wall_minutes", "train_reward", "test_reward_sampled",
+CSV_COLUMNS = ("episode", "env_steps", "wall_minutes", "train_reward", "test_reward_sampled",
                "test_reward_greedy", "test_goals", "train_goals", "train_invalid", "loss",
                "policy_loss", "value_loss", "entropy", "episodes_per_s", "skipped_updates")
-EVAL_POLICIES = ("sample", "greedy", "both")
-TIME_LIMITS = ("terminate", "truncate")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.formatter_class = argparse.ArgumentDefaultsHelpFormatter
     g = parser.add_argument_group("agent")
     g.add_argument("--core", default=None,
                    help="core name (rfwp-rl info lists them); default fwm with the paper's sizes")
     g.add_argument("--preset", default=None,
                    help="agent preset TOML (core = \"...\" and a [core_config] table), e.g. "
                         "agents/meta_rl_lstm512.toml")
-    g.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a core option or a trainer setting, e.g. --set core_config.hidden_size=64 "
-                        "or --set entropy_coef=0.01; TOML values; repeatable")
+    flags.add_set_argument(g, "a core option (core_config.hidden_size=64)", "entropy_cost=0.01")
     g = parser.add_argument_group("training (defaults: FWM paper App. I)")
-    g.add_argument("--episodes", type=int, default=60_000,
-                   help="total episodes = updates of the whole batch")
-    g.add_argument("--seed", type=int, default=1, help="model, sampling and placement seed")
-    g.add_argument("--batch-size", type=int, default=None,
-                   help="agents per update; default = number of training graphs (one agent per "
-                        "graph, as the paper); otherwise graphs are drawn at random per update")
-    g.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate")
-    g.add_argument("--adam-eps", type=float, default=1e-4, help="Adam epsilon (paper's code: 1e-4)")
-    g.add_argument("--gamma", type=float, default=a2c.GAMMA)
-    g.add_argument("--value-coef", type=float, default=a2c.VALUE_COEF)
-    g.add_argument("--entropy-coef", type=float, default=a2c.ENTROPY_COEF)
-    g.add_argument("--max-grad-norm", type=float, default=0.0,
-                   help="clip the gradient norm (0 = off, as the paper)")
+    flags.add_fields(g, MetaRLConfig, "total_steps", "seed", "batch_size", "learning_rate", "adam_eps", "discount",
+                     "baseline_cost", "entropy_cost", "grad_norm_clip")
     g = parser.add_argument_group("environment")
-    g.add_argument("--data-seed", type=int, default=graph_env.DATA_SEED,
-                   help="seed of the fixed train/test graph sets")
-    g.add_argument("--train-graphs", type=int, default=graph_env.NUM_TRAIN_GRAPHS)
-    g.add_argument("--test-graphs", type=int, default=graph_env.NUM_TEST_GRAPHS)
-    g.add_argument("--episode-steps", type=int, default=graph_env.EPISODE_STEPS)
-    g.add_argument("--goal-reward", type=float, default=graph_env.GOAL_REWARD)
-    g.add_argument("--invalid-penalty", type=float, default=graph_env.INVALID_PENALTY)
-    g.add_argument("--timeout-steps", type=int, default=graph_env.TIMEOUT_STEPS)
-    g.add_argument("--reward-sum-scale", type=float, default=graph_env.REWARD_SUM_SCALE,
-                   help="scale of the reward-so-far input (0 = the paper's code, which fed 0)")
-    g.add_argument("--time-limit", default="terminate", choices=TIME_LIMITS,
-                   help="the end of an episode after --episode-steps: terminate (the paper: the agent observes "
-                        "the time, so it is a terminal state) or truncate (a time limit: A2C bootstraps from the "
-                        "value of the last observation)")
+    flags.add_fields(g, MetaRLConfig, "data_seed", "train_graphs", "test_graphs", "episode_steps", "goal_reward",
+                     "invalid_penalty", "timeout_steps", "reward_sum_scale", "time_limit")
     g = parser.add_argument_group("evaluation, logging, run")
-    g.add_argument("--eval-every", type=int, default=100, help="episodes between test evaluations")
-    g.add_argument("--eval-policy", default="sample", choices=EVAL_POLICIES,
-                   help="test actions: sampled from the policy (paper), greedy argmax, or both")
-    g.add_argument("--log-every", type=int, default=10, help="episodes between TensorBoard points")
-    g.add_argument("--checkpoint-minutes", type=float, default=5.0,
-                   help="minutes between checkpoints (also saved at the end and on Ctrl-C)")
-    g.add_argument("--run-dir", default=None, help="default runs/meta_rl/<name>_s<seed>")
-    from rfwp_rl.checkpoint import add_trust_argument
-
+    flags.add_fields(g, MetaRLConfig, "eval_every", "eval_policy", "log_every", "checkpoint_every")
+    flags.add_run_dir_argument(g, "runs/meta_rl/<name>_s<seed>")
     add_trust_argument(g)
-    g.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch default)")
-    g.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
-    g.add_argument("--print-every", type=float, default=10.0, help="seconds between progress lines")
+    flags.add_fields(g, MetaRLConfig, "torch_threads", "device")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -257,31 +224,30 @@ def _interval_means(acc: dict[str, list[float]]) -> dict[str, float]:
     return {k: (float(np.mean(v)) if v else float("nan")) for k, v in acc.items()}
 
 
-TRAINER_EXCLUDE = ("core", "preset", "overrides", "run_dir")  # --set trainer keys: the other options
-
-
-def check_args(args: argparse.Namespace) -> None:
-    for name in ("episodes", "eval_every", "log_every", "train_graphs", "test_graphs", "episode_steps",
-                 "timeout_steps"):
-        if getattr(args, name) < 1:
-            raise UserError(f"--{name.replace('_', '-')} {getattr(args, name)} is invalid; allowed: >= 1")
-    if args.batch_size is not None and args.batch_size < 1:
-        raise UserError(f"--batch-size {args.batch_size} is invalid; allowed: >= 1")
-    check_choice("eval policy", args.eval_policy, EVAL_POLICIES)
+def check_config(cfg: MetaRLConfig) -> None:
+    for name in ("total_steps", "eval_every", "train_graphs", "test_graphs", "episode_steps", "timeout_steps"):
+        if getattr(cfg, name) < 1:
+            raise UserError(f"--{name.replace('_', '-')} {getattr(cfg, name)} is invalid; allowed: >= 1")
+    if cfg.batch_size is not None and cfg.batch_size < 1:
+        raise UserError(f"--batch-size {cfg.batch_size} is invalid; allowed: >= 1")
+    for name in ("log_every", "checkpoint_every", "grad_norm_clip"):
+        if not getattr(cfg, name) >= 0:
+            raise UserError(f"--{name.replace('_', '-')} {getattr(cfg, name):g} is invalid; allowed: a number >= 0")
+    check_choice("eval policy", cfg.eval_policy, EVAL_POLICIES)
+    check_choice("time limit", cfg.time_limit, TIME_LIMITS)
     try:
-        torch.device(args.device)
+        torch.device(cfg.device)
     except RuntimeError:
-        raise UserError(f"--device {args.device!r} is not a torch device; allowed: cpu, cuda, cuda:N") from None
+        raise UserError(f"--device {cfg.device!r} is not a torch device; allowed: cpu, cuda, cuda:N") from None
 
 
 def run(args: argparse.Namespace) -> int:
-    from rfwp_rl.overrides import namespace_keys
-
-    keys = namespace_keys(vars(args), TRAINER_EXCLUDE)
-    core_name, core_config, label = resolve_agent(args.core, args.preset, args.overrides, args, keys)
-    check_args(args)
-    run_dir = Path(args.run_dir) if args.run_dir else Path("runs/meta_rl") / run_name(label, f"s{args.seed}")
-    trainer = MetaRLTrainer(args, core_name, core_config, label, run_dir)
+    cfg = flags.config_from_args(MetaRLConfig, args)
+    core_name, core_config, label = resolve_agent(args.core, args.preset, args.overrides, cfg,
+                                                  flags.settings_keys(MetaRLConfig))
+    check_config(cfg)
+    run_dir = Path(args.run_dir) if args.run_dir else Path("runs/meta_rl") / run_name(label, f"s{cfg.seed}")
+    trainer = MetaRLTrainer(cfg, core_name, core_config, label, run_dir)
     trainer.trust_checkpoint = args.trust_checkpoint
     return run_trainer(trainer)
 
@@ -289,56 +255,56 @@ def run(args: argparse.Namespace) -> int:
 class MetaRLTrainer(Trainer):
     """A2C meta-RL in the :mod:`rfwp_rl.scaffold`: one episode of the whole batch per update."""
 
-    unit, step_name = "episodes", "episode"
+    unit = "env steps"
     metrics = ("test/total_reward_sampled", "test/total_reward_greedy", "train/total_reward")
 
-    def __init__(self, args: argparse.Namespace, core_name: str, core_config: dict, label: str, run_dir: Path):
-        self.args, self.label, self.run_dir = args, label, run_dir
-        self.total, self.print_every = args.episodes, args.print_every
-        if args.threads > 0:
-            torch.set_num_threads(args.threads)
-        self.device = torch.device(args.device)
+    def __init__(self, cfg: MetaRLConfig, core_name: str, core_config: dict, label: str, run_dir: Path):
+        self.cfg, self.label, self.run_dir = cfg, label, run_dir
+        self.total, self.log_every = cfg.total_steps, cfg.log_every
+        if cfg.torch_threads > 0:
+            torch.set_num_threads(cfg.torch_threads)
+        self.device = torch.device(cfg.device)
         # seeds first, so that the model initialisation depends on --seed only
-        random.seed(args.seed)
-        np.random.seed(args.seed)
-        torch.manual_seed(args.seed)
-        self._make_envs(args)
+        random.seed(cfg.seed)
+        np.random.seed(cfg.seed)
+        torch.manual_seed(cfg.seed)
+        self._make_envs(cfg)
+        self.steps_per_update = self.batch * cfg.episode_steps  # env steps of one episode of the batch
         self.agent = MetaRLAgent(core_name, core_config, self.obs_size, self.num_actions).to(self.device)
-        self.optimizer = torch.optim.Adam(self.agent.parameters(), lr=args.lr, eps=args.adam_eps)
-        self.sample_gen = torch.Generator().manual_seed(args.seed)            # training actions
-        self.eval_gen = torch.Generator().manual_seed(args.seed + 7919)       # test actions
+        self.optimizer = torch.optim.Adam(self.agent.parameters(), lr=cfg.learning_rate, eps=cfg.adam_eps)
+        self.sample_gen = torch.Generator().manual_seed(cfg.seed)            # training actions
+        self.eval_gen = torch.Generator().manual_seed(cfg.seed + 7919)       # test actions
         self.guard = NonFiniteGuard()
         self.core_name = core_name
         self.core_config = dict(getattr(self.agent.core, "config", core_config) or core_config)
-        self.meta = {"trainer": "meta_rl", "core": core_name, "core_config": self.core_config,
+        self.meta = {"trainer": "meta_rl", "step_unit": "env steps", "core": core_name, "core_config": self.core_config,
                      "obs_size": self.obs_size, "num_actions": self.num_actions, "batch_size": self.batch,
-                     "env": {"data_seed": args.data_seed, "train_graphs": args.train_graphs,
-                             "test_graphs": args.test_graphs, **self.env_kw,
-                             # only when not the default, so that checkpoints made before the option still load
-                             **({"time_limit": args.time_limit} if args.time_limit != "terminate" else {})}}
+                     "env": {"data_seed": cfg.data_seed, "train_graphs": cfg.train_graphs,
+                             "test_graphs": cfg.test_graphs, **self.env_kw, "time_limit": cfg.time_limit}}
         self.episode, self.history, self.wall = 0, [], 0.0
         self.acc: dict[str, list[float]] = {k: [] for k in ("train_reward", "train_goals", "train_invalid", "loss",
                                                             "policy_loss", "value_loss", "entropy")}
         self.csv_path = run_dir / "metrics.csv"
         self.t_start = time.monotonic()
 
-    def _make_envs(self, args: argparse.Namespace) -> None:
-        self.train_tables, test_tables = graph_env.graph_sets(args.data_seed, args.train_graphs, args.test_graphs)
-        self.batch = args.batch_size or len(self.train_tables)
-        self.env_kw = dict(episode_steps=args.episode_steps, goal_reward=args.goal_reward,
-                           invalid_penalty=args.invalid_penalty, timeout_steps=args.timeout_steps,
-                           reward_sum_scale=args.reward_sum_scale)
-        self.graph_rng = np.random.default_rng([args.seed, 1])
+    def _make_envs(self, cfg: MetaRLConfig) -> None:
+        self.train_tables, test_tables = graph_env.graph_sets(cfg.data_seed, cfg.train_graphs, cfg.test_graphs)
+        self.batch = cfg.batch_size or len(self.train_tables)
+        self.env_kw = dict(episode_steps=cfg.episode_steps, goal_reward=cfg.goal_reward,
+                           invalid_penalty=cfg.invalid_penalty, timeout_steps=cfg.timeout_steps,
+                           reward_sum_scale=cfg.reward_sum_scale)
+        self.graph_rng = np.random.default_rng([cfg.seed, 1])
         self.fixed_graphs = self.batch == len(self.train_tables)  # the paper: agent b on training graph b
         tables = self.train_tables if self.fixed_graphs else self.train_tables[:1].repeat(self.batch, 0)
-        self.train_env = GraphBatchEnv(tables, rng=np.random.default_rng([args.seed, 2]), **self.env_kw)
-        self.test_env = GraphBatchEnv(test_tables, rng=np.random.default_rng([args.seed, 3]), **self.env_kw)
+        self.train_env = GraphBatchEnv(tables, rng=np.random.default_rng([cfg.seed, 2]), **self.env_kw)
+        self.test_env = GraphBatchEnv(test_tables, rng=np.random.default_rng([cfg.seed, 3]), **self.env_kw)
         self.num_test_graphs = len(test_tables)
         self.obs_size, self.num_actions = self.train_env.obs_size, self.train_env.num_actions
 
     @property
     def step(self) -> int:
-        return self.episode
+        """Env steps trained: episodes x batch x episode steps."""
+        return self.episode * self.steps_per_update
 
     def state_dict(self) -> dict:
         return {"model": self.agent.state_dict(), "optimizer": self.optimizer.state_dict(), "episode": self.episode,
@@ -359,55 +325,66 @@ class MetaRLTrainer(Trainer):
         self.train_env.set_rng_state(state["train_env_rng"])
         self.test_env.set_rng_state(state["test_env_rng"])
         self.guard.skipped = state["skipped"]
-        print(f"resuming {self.run_dir} at episode {self.episode:,} ({path.name})", flush=True)
+        print(f"resuming {self.run_dir} at env step {self.step:,} (episode {self.episode:,}, {path.name})", flush=True)
 
     def prepare(self) -> str | None:
         if not self.history and self.episode == 0:
             print(f"new run {self.run_dir}", flush=True)
         print(f"core {self.core_name} {self.core_config} | {count_parameters(self.agent):,} trainable weights | "
               f"batch {self.batch} | {len(self.train_tables)} train / {self.num_test_graphs} test graphs | "
-              f"test policy {self.args.eval_policy}", flush=True)
+              f"test policy {self.cfg.eval_policy}", flush=True)
         self.t_start = time.monotonic()
         return None
 
     def hparams(self) -> dict:
-        return {**{k: v for k, v in vars(self.args).items() if not k.startswith("_")}, "core": self.core_name,
+        return {**dataclasses.asdict(self.cfg), "core": self.core_name,
                 "core_config": self.core_config, "label": self.label, "batch_size": self.batch,
                 "num_parameters": count_parameters(self.agent), "run_dir": str(self.run_dir)}
 
     # ---- the loop
     def train(self, stop: GracefulStop) -> None:
-        """Evaluate on the test graphs every ``--eval-every`` episodes; in between, one A2C update per episode."""
+        """Evaluate on the test graphs every ``--eval-every`` env steps; in between, one A2C update per episode."""
         recent: dict[str, float] = {"test_R": _test_reward(self.history[-1])} if self.history else {}
         last_save = time.monotonic()
         while True:
-            if (self.episode % self.args.eval_every == 0 or self.episode >= self.args.episodes) and \
-                    (not self.history or self.history[-1]["episode"] != self.episode):
+            if self.eval_due():
                 self.test()
                 recent["test_R"] = _test_reward(self.history[-1])
-                self.logger.progress(self.episode, force=True, **recent)
-            if self.episode >= self.args.episodes or stop.requested:
+                self.logger.progress(self.step, force=True, episode=self.episode, **recent)
+            if self.step >= self.cfg.total_steps or stop.requested:
                 return
             recent["train_R"] = self.update()
-            self.logger.progress(self.episode, **recent)
-            if time.monotonic() - last_save > self.args.checkpoint_minutes * 60:
+            self.logger.progress(self.step, episode=self.episode, **recent)
+            if time.monotonic() - last_save >= self.cfg.checkpoint_every:
                 self.save()
                 last_save = time.monotonic()
 
+    def eval_due(self) -> bool:
+        """At the start, at the end and at the first episode past each multiple of ``--eval-every`` env
+        steps; never twice at one episode (a resumed run evaluated there already)."""
+        if not self.history:
+            return True
+        last = self.history[-1]["episode"]
+        if last == self.episode:
+            return False
+        every = self.cfg.eval_every
+        return self.step >= self.cfg.total_steps or self.step // every > last * self.steps_per_update // every
+
     def update(self) -> float:
         """One training episode of the whole batch and its A2C update; returns the mean total reward."""
-        args = self.args
+        cfg = self.cfg
         if not self.fixed_graphs:
             self.train_env.tables = self.train_tables[self.graph_rng.integers(0, len(self.train_tables), self.batch)
                                                       ].astype(np.int64)
         out = rollout(self.agent, self.train_env, self.device, self.sample_gen,
-                      truncated=args.time_limit == "truncate")
-        losses = a2c.a2c_loss(out["logits"], out["values"], out["actions"], out["rewards"], gamma=args.gamma,
-                              value_coef=args.value_coef, entropy_coef=args.entropy_coef, bootstrap=out["bootstrap"])
+                      truncated=cfg.time_limit == "truncate")
+        losses = a2c.a2c_loss(out["logits"], out["values"], out["actions"], out["rewards"], discount=cfg.discount,
+                              baseline_cost=cfg.baseline_cost, entropy_cost=cfg.entropy_cost,
+                              bootstrap=out["bootstrap"])
         self.optimizer.zero_grad(set_to_none=True)
         losses["loss"].backward()
-        if args.max_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_(self.agent.parameters(), args.max_grad_norm)
+        if cfg.grad_norm_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.agent.parameters(), cfg.grad_norm_clip)
         if self.guard.ok(losses["loss"], self.agent.parameters()):
             self.optimizer.step()
         self.episode += 1
@@ -415,25 +392,23 @@ class MetaRLTrainer(Trainer):
         return float(out["total_reward"].mean())
 
     def _record(self, out: dict, scal: dict[str, float]) -> None:
-        """Accumulate an update's numbers for the next evaluation row; TensorBoard every ``--log-every``."""
+        """Accumulate an update's numbers for the next evaluation row, and write them to TensorBoard."""
         train_reward = float(out["total_reward"].mean())
         self.acc["train_reward"].append(train_reward)
         self.acc["train_goals"].append(float(out["goals"].mean()))
         self.acc["train_invalid"].append(float(out["invalid"].mean()))
         for k, v in scal.items():
             self.acc[k].append(v)
-        if self.episode % self.args.log_every == 0:
-            self.logger.log(self.episode, {"train/total_reward": train_reward,
-                                           "train/goals": float(out["goals"].mean()),
-                                           "train/invalid_actions": float(out["invalid"].mean()),
-                                           "loss/total": scal["loss"], "loss/policy": scal["policy_loss"],
-                                           "loss/value": scal["value_loss"], "loss/entropy": scal["entropy"],
-                                           "perf/skipped_updates": self.guard.skipped,
-                                           "train/skipped_updates": self.guard.skipped})
+        self.logger.log(self.step, {"train/total_reward": train_reward, "train/goals": float(out["goals"].mean()),
+                                    "train/invalid_actions": float(out["invalid"].mean()),
+                                    "loss/total": scal["loss"], "loss/policy": scal["policy_loss"],
+                                    "loss/value": scal["value_loss"], "loss/entropy": scal["entropy"],
+                                    "perf/skipped_updates": self.guard.skipped,
+                                    "train/skipped_updates": self.guard.skipped})
 
     def test(self) -> None:
         """One episode on every test graph (sampled and/or greedy): a row of ``metrics.csv``."""
-        policy = self.args.eval_policy
+        policy = self.cfg.eval_policy
         results = {mode: evaluate(self.agent, self.test_env, self.device, self.eval_gen, greedy=(mode == "greedy"))
                    for mode in (("sample", "greedy") if policy == "both" else (policy,))}
         means = _interval_means(self.acc)
@@ -444,7 +419,8 @@ class MetaRLTrainer(Trainer):
             rate = (self.episode - prev["episode"]) / (elapsed - prev["wall_minutes"] * 60)
         first = next(iter(results.values()))
         self.history.append({
-            "episode": self.episode, "wall_minutes": elapsed / 60, "train_reward": means["train_reward"],
+            "episode": self.episode, "env_steps": self.step, "wall_minutes": elapsed / 60,
+            "train_reward": means["train_reward"],
             "test_reward_sampled": results.get("sample", {}).get("total_reward"),
             "test_reward_greedy": results.get("greedy", {}).get("total_reward"), "test_goals": first["goals"],
             "train_goals": means["train_goals"], "train_invalid": means["train_invalid"], "loss": means["loss"],
@@ -458,18 +434,20 @@ class MetaRLTrainer(Trainer):
         scalars["test/goals"] = first["goals"]
         if math.isfinite(rate):
             scalars["perf/episodes_per_s"] = rate
-        self.logger.log(self.episode, scalars)
+        self.logger.log(self.step, scalars)
 
     # ---- the end
     def aborted(self, error: TrainingAborted, saved: Path | None) -> None:
         print(f"error: training aborted at episode {self.episode:,}: {error}", file=sys.stderr, flush=True)
 
     def finish(self, code: int, saved: Path | None) -> int:
-        if code == 0 and self.episode < self.args.episodes:
-            print(f"stopped at episode {self.episode:,}; re-run the same command to resume", flush=True)
+        if code == 0 and self.step < self.cfg.total_steps:
+            print(f"stopped at env step {self.step:,} (episode {self.episode:,}); re-run the same command to resume",
+                  flush=True)
         if code == 0 and self.history:
             r = self.history[-1]
-            print(f"episode {self.episode:,}: test total reward {_fmt(r['test_reward_sampled']) or '-'} (sampled), "
+            print(f"env step {self.step:,} (episode {self.episode:,}): test total reward "
+                  f"{_fmt(r['test_reward_sampled']) or '-'} (sampled), "
                   f"{_fmt(r['test_reward_greedy']) or '-'} (greedy); wall {format_duration(r['wall_minutes'] * 60)}; "
                   f"metrics in {self.csv_path}", flush=True)
         return code
