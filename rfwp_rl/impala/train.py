@@ -1,4 +1,4 @@
-"""``rfwp-rl train``: IMPALA / V-trace on Atari or any gymnasium env with a discrete action space.
+"""``rfwp-rl train``: IMPALA / V-trace on Atari or any gymnasium env whose spaces the agent supports.
 
 One process holds the model, the actors' inference and the learner (as in TorchBeast's
 monobeast and moolib's IMPALA example); the environments run in ``moolib.EnvPool`` worker
@@ -180,7 +180,8 @@ def _add_learner_arguments(g: argparse._ArgumentGroup) -> None:
                         "action spaces have no such term)")
     g.add_argument("--discount", type=float, default=d.discount)
     g.add_argument("--reward-clip", type=float, default=None,
-                   help="clip rewards to [-x, x]; 0 disables clipping (atari 1, vector 0)")
+                   help=f"clip rewards to [-x, x]; 0 disables clipping (atari {d.reward_clip:g}, vector "
+                        f"{profiles.VECTOR['reward_clip']:g}, control {profiles.CONTROL['reward_clip']:g})")
     g.add_argument("--device", default=d.device, help="cpu, cuda, cuda:1 ...")
     g.add_argument("--precision", choices=PRECISIONS, default=d.precision,
                    help="bf16: the torso runs under bf16 autocast in acting and learning (CPU with AVX-512 BF16 "
