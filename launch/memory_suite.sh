@@ -6,7 +6,7 @@
 # steps); results/memory/README.md names the command of every other table.
 #
 #   JOBS=2 bash launch/memory_suite.sh                       # results/memory/easy_suite/
-#   STEPS=1000000 LEVELS="easy medium" RUNS=runs/memory/all OUT=results/memory/all bash launch/memory_suite.sh
+#   STEPS=1000000 LEVELS="easy medium" RUNS=runs/memory/all OUT=runs/memory/all/tables bash launch/memory_suite.sh
 #   CORES="lt delta" IDS="rfwp/AssociativeRecallReassign-medium-v0" RUNS=... OUT=... bash launch/memory_suite.sh
 #   nohup bash launch/memory_suite.sh > runs/memory/launch.log 2>&1 &          # survive logout
 #   EXTRA="--max-kl 0" RUNS=runs/memory/no_kl OUT=runs/memory/no_kl_tables bash launch/memory_suite.sh
