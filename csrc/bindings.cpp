@@ -1,6 +1,6 @@
 // Torch binding of the fused recurrences: shape/dtype checks, output allocation, and the call
 // into the CPU implementation (cpu/) or, when built with RFWP_WITH_CUDA, the CUDA launchers
-// (cuda/torch_cuda.cpp). Python wraps these in autograd Functions (rfwp_rl/kernels/functions.py).
+// (cuda/torch_cuda.cpp). Python wraps these in autograd Functions, one per op (rfwp_rl/ops/<op>/fused.py).
 //
 // Every function returns NEW tensors; inputs (including the initial states) are never written.
 // `chunk` is the checkpoint interval of the backward pass; `threads` the CUDA block size

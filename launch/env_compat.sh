@@ -5,7 +5,7 @@
 # sees them, whether it trained (exit 0), env steps per second, the mean return of the last 100
 # episodes, and the mean return of a uniformly random policy over 100 episodes for comparison.
 #
-#   bash launch/env_compat.sh                               # all envs, 200k steps each
+#   bash launch/env_compat.sh                               # all envs, 51,200 steps each: results/envs/
 #   STEPS=50000 IDS="Pendulum-v1 CartPole-v1" bash launch/env_compat.sh
 #
 # Envs of optional packages (popgym, minigrid, box2d: `pip install rfwp_rl[envs]`) are listed as
@@ -14,7 +14,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-STEPS=${STEPS:-200000}
+STEPS=${STEPS:-51200}
 CORE=${CORE:-rdn}
 RUNS=${RUNS:-runs/env_compat}
 THREADS=${THREADS:-1}
@@ -37,8 +37,8 @@ for id in $IDS; do
   echo "exit $code  $id"
 done
 
-python3 - "$RUNS" "$OUT" $IDS <<'PY'
-import csv, io, json, sys
+python3 - "$RUNS" "$OUT" "$STEPS" $IDS <<'PY'
+import csv, io, json, os, sys
 from pathlib import Path
 
 import numpy as np
@@ -48,7 +48,7 @@ from rfwp_rl.envs import env_spec, make_env
 from rfwp_rl.errors import UserError
 from rfwp_rl.runlog import read_scalars
 
-runs, out, ids = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3:]
+runs, out, steps, ids = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4:]
 
 
 def describe(d):
@@ -110,8 +110,11 @@ head = "| env | observation | action | trains | env SPS | steps | return (last 1
 table = head + "".join(f"| {r['env']} | {r['observation']} | {r['action']} | {r['trains']} | {r['env_sps']} | "
                        f"{r['steps']} | {r['return_last100']} | {r['random_return']} | {r['note']} |\n" for r in rows)
 atomic_write_text(out / "README.md", "# Environment compatibility\n\n"
-                  "Written by `launch/env_compat.sh`: every env trained with the defaults of `rfwp-rl train` "
-                  "(core rdn) for a fixed budget; `return (last 100)` is the mean return of the last 100 "
-                  "training episodes (sampled actions), `random` that of a uniformly random policy.\n\n" + table)
+                  f"Written by `STEPS={steps} bash launch/env_compat.sh`: every env trained with the defaults of "
+                  "`rfwp-rl train` (core rdn) for a fixed budget, one run at a time with one env process and one "
+                  "torch thread; `return (last 100)` is the mean return of the last 100 training episodes (sampled "
+                  "actions), `random` that of a uniformly random policy; `env SPS` is the mean env steps per second "
+                  f"of a run's second half, on {os.cpu_count()} CPU cores with a 1-minute load average of "
+                  f"{os.getloadavg()[0]:.1f} when the table was written.\n\n" + table)
 print(table)
 PY

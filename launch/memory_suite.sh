@@ -1,31 +1,33 @@
 #!/usr/bin/env bash
-# The memory-task evidence: every core on every rfwp/ memory task (easy + medium levels) with 3
-# seeds at a fixed env-step budget, then results/memory/ (runs.csv, summary.csv, curves.png and
-# the table in results/memory/README.md) with python -m rfwp_rl.memory.results.
+# The memory-task evidence: cores x rfwp/ memory tasks x seeds at a fixed env-step budget, then the
+# tables of OUT (runs.csv, summary.csv, aggregate.csv, curves.png, performance_profile.png and the
+# tables in OUT/README.md) with `rfwp-rl memory-results`. The defaults reproduce the current
+# easy-suite table, results/memory/easy_suite/ (every agent core, the six easy tasks, 3 seeds, 300k
+# steps); results/memory/README.md names the command of every other table.
 #
-#   bash launch/memory_suite.sh                              # everything: 11 cores x 12 envs x 3 seeds
-#   STEPS=500000 SEEDS=1 LEVELS=easy JOBS=2 bash launch/memory_suite.sh
-#   CORES="lt delta rdn lstm" IDS="rfwp/AssociativeRecallReassign-medium-v0" bash launch/memory_suite.sh
+#   JOBS=2 bash launch/memory_suite.sh                       # results/memory/easy_suite/
+#   STEPS=1000000 LEVELS="easy medium" RUNS=runs/memory/all OUT=runs/memory/all/tables bash launch/memory_suite.sh
+#   CORES="lt delta" IDS="rfwp/AssociativeRecallReassign-medium-v0" RUNS=... OUT=... bash launch/memory_suite.sh
 #   nohup bash launch/memory_suite.sh > runs/memory/launch.log 2>&1 &          # survive logout
-#   EXTRA="--max-kl 0.01" RUNS=runs/kl bash launch/memory_suite.sh                # more train flags
+#   EXTRA="--max-kl 0" RUNS=runs/memory/no_kl OUT=runs/memory/no_kl_tables bash launch/memory_suite.sh
 #
 # Every run uses the defaults of `rfwp-rl train` for vector envs (the vector profile and the
 # agents/vector_<core>.toml presets); one run = one command of the form
-#   rfwp-rl train --env rfwp/DelayedRecall-easy-v0 --core rdn --seed 1 --total-steps 1000000
-# Run directories: runs/memory/<env>/<core>_s<seed> (TensorBoard tb/, config.json, checkpoints);
+#   rfwp-rl train --env rfwp/DelayedRecall-easy-v0 --core rdn --seed 1 --total-steps 300000
+# Run directories: $RUNS/<env>/<core>_s<seed> (TensorBoard tb/, config.json, checkpoints);
 # console logs next to them (<core>_s<seed>.log). Order: seed 1 of everything first, then seed 2,
 # ...: a partial sweep still gives a complete first-seed table. Re-running the script resumes every
 # run from its newest checkpoint; finished runs return at once. Ctrl-C / kill -TERM saves first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-STEPS=${STEPS:-1000000}
+STEPS=${STEPS:-300000}
 CORES=${CORES:-"ff lstm gru lt delta delta_rnn rdn fwm gated_delta delta_product srwm"}
-LEVELS=${LEVELS:-"easy medium"}
+LEVELS=${LEVELS:-easy}
 SEEDS=${SEEDS:-"1 2 3"}
 JOBS=${JOBS:-1}
-RUNS=${RUNS:-runs/memory}
-OUT=${OUT:-results/memory}
+RUNS=${RUNS:-runs/memory/easy_suite}
+OUT=${OUT:-results/memory/easy_suite}
 THREADS=${THREADS:-1}
 EXTRA=${EXTRA:-}
 IDS=${IDS:-$(python3 -c "import sys; from rfwp_rl.memory import suite; print(' '.join(i for l in sys.argv[1:] for i in suite.suite_ids(l)))" $LEVELS)}
@@ -49,4 +51,4 @@ for seed in $SEEDS; do
   done
 done | xargs -P "$JOBS" -L 1 bash -c 'one_run "$0" "$1" "$2"'
 
-python3 -m rfwp_rl.memory.results --runs "$RUNS" --out "$OUT"
+python3 -m rfwp_rl memory-results --runs "$RUNS" --out "$OUT"

@@ -14,7 +14,7 @@
 # Re-running the script resumes every run from its newest checkpoint (Ctrl-C or kill -TERM
 # saves one first); finished runs return at once. Two trainers never share a run directory
 # (the second one stops with an error naming the first one's pid).
-# On the 2-core CPU: FWM ~0.3 s of CPU per update (batch 600), LSTM512 ~1-2 s, LSTM4096 ~1 min.
+# CPU time per update of each agent: results/meta_rl/README.md (`rfwp-rl bench meta_rl`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -7,7 +7,7 @@
 # the paper: batch 32, Adam 1e-3, until the validation loss is below 0.001 or has not improved
 # for 1,000 steps (here: at most STEPS steps); evaluation on 20 sequences x every query.
 #
-#   bash launch/seq_assoc_capacity.sh                 # setting 1, d_key 16: ~10-20 min on 2 cores
+#   bash launch/seq_assoc_capacity.sh                 # setting 1, d_key 16 (times: results/seq/README.md)
 #   SETTING=2 KEYS="4 8 16 24 32" bash launch/seq_assoc_capacity.sh
 #   D_KEY=32 KEYS="16 32 48 64 96" bash launch/seq_assoc_capacity.sh
 #

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Code execution (RFWP paper Sec. 4.2, App. B.1) with 3 variables: Linear Transformer vs the
-# delta-rule family (Delta Net, Delta RNN, RDN, and the newer Gated DeltaNet, DeltaProduct,
+# delta-rule family (Delta Net, Delta RNN, RDN, and Gated DeltaNet, DeltaProduct,
 # SRWM), sized for a 2-core CPU: programs of
 # STATEMENTS statements (paper: 100), a 2-layer model of width 64 with 4 heads (paper: 4 layers,
 # width 256, 16 heads), STEPS Adam steps (paper: 200 epochs). Metrics: sequence accuracy (every

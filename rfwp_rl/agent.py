@@ -35,7 +35,7 @@ import torch.nn as nn
 from gymnasium import spaces
 
 from rfwp_rl.distributions import ActionDistribution, make_distribution
-from rfwp_rl.encoders import (  # noqa: F401 - the torsos, importable from here as before
+from rfwp_rl.encoders import (  # noqa: F401 - the torsos, also importable from here
     ACTIVATIONS, PART_ENCODERS, TORSOS, GridTorso, MLPTorso, ResidualBlock, ResNetTorso, make_torso)
 from rfwp_rl.errors import check_choice
 
@@ -57,7 +57,7 @@ class AgentConfig:
     separate_baseline: give the baseline head a torso and core of its own (same kinds and sizes) instead
     of sharing the policy's: value-loss gradients then do not shape the policy's features (separate
     networks are what Andrychowicz et al. 2021, "What Matters in On-Policy Reinforcement Learning?",
-    recommend for on-policy continuous control; on Pendulum-v1 they did not help, results/envs). The
+    recommend for on-policy continuous control; not the default: see ``docs/profiles/control.md``). The
     state is the policy core's tensors, then the baseline core's.
     """
 

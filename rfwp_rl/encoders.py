@@ -80,7 +80,7 @@ class ResNetTorso(nn.Module):
     The input is divided by ``divisor`` (255 for uint8 frames).
 
     The convolutions run in ``channels_last`` memory format (same numbers as the default
-    layout; measured ~1.8x faster forward+backward on CPU); :meth:`use_memory_format` switches."""
+    layout, faster forward+backward on CPU); :meth:`use_memory_format` switches."""
 
     def __init__(self, obs_shape: Sequence[int], channels: Sequence[int] = (16, 32, 32), output_size: int = 256,
                  hwc: bool = False, divisor: float = 255.0):

@@ -29,7 +29,7 @@ def choose_torch_threads(requested: int, env_processes: int = 0, heavy_model: bo
     ``requested`` > 0 wins. Otherwise: a small model (vector observations, an MLP torso) runs
     its tiny per-step matmuls fastest on one thread; an image model gets the cores minus a
     third of the env worker processes, which spend most of their time waiting for actions
-    (on 2 cores with 2 env processes: 2 threads, measured ~1.6x faster than 1 on Pong).
+    (on 2 cores with 2 env processes: 2 threads).
     """
     cores = available_cores()
     if requested > 0:

@@ -14,8 +14,8 @@
 #
 # The wheel is keyed by: moolib version, sdist/pybind11 pins, patch hash, Python tag, torch
 # version (moolib links against libtorch), USE_CUDA and the machine architecture. A second run
-# with the same key reuses the cached wheel (seconds); a cold build takes ~4-5 min on 2 idle
-# cores (longer on a busy machine: run it under nice).
+# with the same key reuses the cached wheel; a cold build takes minutes (run it under nice on a
+# busy machine).
 set -euo pipefail
 
 say() { echo "build_moolib: $*"; }
@@ -171,7 +171,7 @@ EOF
   say "building moolib $MOOLIB_VERSION for $PYTAG, torch $TORCH_VERSION, USE_CUDA=$USE_CUDA with $JOBS jobs (several minutes; log: $LOG)"
   START=$(date +%s)
   # CMake runs `python -c "import torch"`: put this interpreter first on PATH.
-  # LDFLAGS=-s strips the debug info of the RelWithDebInfo build (wheel ~10x smaller).
+  # LDFLAGS=-s strips the debug info of the RelWithDebInfo build (a much smaller wheel).
   if ! env PATH="$(dirname "$PYEXE"):$PATH" USE_CUDA="$USE_CUDA" MAX_JOBS="$JOBS" \
        CMAKE_BUILD_PARALLEL_LEVEL="$JOBS" LDFLAGS="${LDFLAGS:-} -s" \
        "$PYEXE" -m pip wheel -v --no-deps --no-build-isolation --no-cache-dir \

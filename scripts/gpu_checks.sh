@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The checks that need a CUDA GPU, in one go (a few minutes on an H100): build the CUDA kernels,
+# The checks that need a CUDA GPU, in one go (results/gpu/README.md says how long): build the CUDA kernels,
 # run tests/test_kernels_gpu.py, `rfwp-rl info --check`, the CUDA kernel benchmark and a short
 # IMPALA run with --device cuda. Writes its logs and tables to $OUT (default results/gpu).
 # Needs torch with CUDA and gymnasium; moolib is not needed (the IMPALA run steps envs locally).

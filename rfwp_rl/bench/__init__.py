@@ -1,5 +1,6 @@
 """``rfwp-rl bench WHICH``: benchmarks that print a table and write ``results/bench/*.csv``
-(``meta_rl``: ``results/meta_rl/update_time.csv``; ``memory-health``: ``results/memory/health.*``).
+(``kernels --device cuda``: ``results/gpu/kernels_cuda.csv``; ``meta_rl``: ``results/meta_rl/update_time.csv``;
+``memory-health``: ``results/memory/health.*``).
 
 Each benchmark is a module with ``add_arguments(parser)`` and ``run(args)``. Ratios are measured side by side in one run (the machine may be shared).
 """

@@ -21,9 +21,9 @@ The recomputation of the forward inside checkpoint chunks is not counted (it is 
 ``fwm`` is not here: its work depends on the low-rank tail, not on d² (its speed is measured in
 its setting by ``rfwp-rl bench meta_rl``).
 
-Writes ``results/bench/kernels_<cpu|cuda>.csv`` (atomically) and prints a table. The machine may be
-shared with other processes: ratios are measured back to back, and the load average is
-recorded; run under ``nice`` on shared machines.
+Writes ``results/bench/kernels_cpu.csv`` or ``results/gpu/kernels_cuda.csv`` (atomically) and
+prints a table. The machine may be shared with other processes: ratios are measured back to back,
+and the load average is recorded; run under ``nice`` on shared machines.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ FWD_FLOPS = {"lt": 4, "delta": 6, "delta_rnn": 12, "rdn": 12,      # × d² per 
              "gated_delta": 7, "delta_product": 10, "srwm": 21}
 BWD_FLOPS = {"lt": 8, "delta": 12, "delta_rnn": 24, "rdn": 24,
              "gated_delta": 15, "delta_product": 20, "srwm": 39}
-DEFAULT_OUT = {"cpu": Path("results/bench/kernels_cpu.csv"), "cuda": Path("results/bench/kernels_cuda.csv")}
+DEFAULT_OUT = {"cpu": Path("results/bench/kernels_cpu.csv"), "cuda": Path("results/gpu/kernels_cuda.csv")}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -69,7 +69,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu", help="cpu (the C++ kernels) or cuda (the CUDA kernels; "
                         "--torch-threads is then ignored)")
     parser.add_argument("--out", type=Path, default=None,
-                        help="CSV file to write (default results/bench/kernels_<cpu|cuda>.csv)")
+                        help="CSV file to write (default results/bench/kernels_cpu.csv; with --device cuda "
+                             "results/gpu/kernels_cuda.csv)")
 
 
 def _median_ms(fn: Callable[[], object], repeats: int, warmup: int = 1,

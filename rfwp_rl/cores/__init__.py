@@ -34,7 +34,7 @@ layout, stepping) run on every registered core, and a core without a small confi
 Built-in cores: ``ff`` (identity), ``lstm``, ``gru``, ``lt``, ``delta``, ``delta_rnn``, ``rdn``
 (fast-weight block stacks, :mod:`rfwp_rl.cores.fast_weight`), ``fwm``
 (:mod:`rfwp_rl.cores.fwm`); language-modelling variants ``delta_lstm``, ``delta_mlp``,
-``delta_delta`` (:mod:`rfwp_rl.cores.lm_cores`); the newer delta-rule cores ``gated_delta``
+``delta_delta`` (:mod:`rfwp_rl.cores.lm_cores`); the delta-rule cores of 2022-2025, ``gated_delta``
 (Gated DeltaNet), ``delta_product`` (DeltaProduct) and ``srwm`` (self-referential weight
 matrix) (:mod:`rfwp_rl.cores.newer_delta`).
 """

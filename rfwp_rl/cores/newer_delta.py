@@ -269,9 +269,9 @@ class SRWMSublayer(nn.Module):
         # the official RL code softmaxes each head's input without a LayerNorm before it
         self.norm = nn.LayerNorm(hidden_size) if check_bool("input_layer_norm", input_layer_norm) else nn.Identity()
         W_init = torch.randn(num_heads, srwm_rows(self.d), self.D) / math.sqrt(self.d)
-        # The q and k rows' logits go through a softmax over d entries; at N(0, 1/d) they are
-        # ~0.05 and softmax(q) ~ softmax(k) ~ uniform, so v - v̄ = W (φ(q) - φ(k)) is ~4% of
-        # W φ(x) and nothing is written. qk_init_scale multiplies those rows' initial values.
+        # The q and k rows' logits go through a softmax over d entries; at N(0, 1/d) they are small,
+        # softmax(q) ~ softmax(k) ~ uniform, so v - v̄ = W (φ(q) - φ(k)) is small next to W φ(x) and
+        # little is written. qk_init_scale multiplies those rows' initial values.
         W_init[:, self.d:3 * self.d] *= check_positive_float("qk_init_scale", qk_init_scale)
         self.W_init = nn.Parameter(W_init)
         self.out = nn.Linear(hidden_size, hidden_size, bias=False)

@@ -6,10 +6,10 @@ discount 0.99, batch 32 rollouts of unroll 50, rewards clipped to [-1, 1], V-tra
 rho-bar = c-bar = 1, 48 actors (environments). Only the number of environment worker
 processes (one per CPU core, at most 8) and torch's thread count are chosen for the machine.
 
-These are the ``atari`` profile. Environments with vector observations get the ``vector``
-profile (:mod:`rfwp_rl.impala.profiles`) for the options the command line leaves unset.
-Every field is a flag of ``rfwp-rl train`` and a ``--set`` key (:mod:`rfwp_rl.flags`); the
-learner's :class:`rfwp_rl.impala.learner.LossConfig` is taken from it.
+These are the ``atari`` profile (why: ``docs/profiles/atari.md``). Environments with vector
+observations get the ``vector`` or ``control`` profile (:mod:`rfwp_rl.impala.profiles`) for the
+options the command line leaves unset. Every field is a flag of ``rfwp-rl train`` and a ``--set``
+key (:mod:`rfwp_rl.flags`); the learner's :class:`rfwp_rl.impala.learner.LossConfig` is taken from it.
 """
 
 from __future__ import annotations

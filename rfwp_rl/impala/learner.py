@@ -26,23 +26,19 @@ With ``normalize_advantages`` the policy-gradient advantages are divided by thei
 square over the batch's unmasked steps, so that the policy step does not scale with the reward
 magnitude: a memory task's single +-1 at the end of an episode otherwise meets an entropy bonus
 tuned for Atari's dense clipped rewards. They are not centred: on a memory task most steps'
-actions do not matter and their advantages are near 0; subtracting the batch mean gives them all
-one sign, and that noise made the policy collapse (Recurrent Delta Net on DelayedRecall-easy:
-entropy 0 and return 0.75 of 1 after 600k steps centred, return 1.0 after 75k uncentred).
-The divisor is at least ``advantage_floor`` times the RMS of the V-trace targets: once a task is
-solved every advantage is value-function noise, and dividing noise by its own RMS turns it into
-unit-sized policy steps that drive the policy to a deterministic wrong action (a solved
-position-only cart-pole fell from 0.94 to 0.05 and stayed there); with the floor such noise stays
-small next to the returns it is noise on (the vector profile divides by at least 0.3 x their RMS).
+actions do not matter and their advantages are near 0, and subtracting the batch mean would give
+them all one sign. The divisor is at least ``advantage_floor`` times the RMS of the V-trace
+targets: once a task is solved every advantage is value-function noise, and dividing noise by its
+own RMS turns it into unit-sized policy steps that walk the policy off the solution; with the
+floor such noise stays small next to the returns it is noise on. The measurements behind both:
+``docs/profiles/vector.md``.
 
 ``bound_cost`` (Box actions) adds c x relu(|mu| - 1)^2 per step and bounded action dimension, mu
 being the Gaussian's mean in the normalised units where the bounds are -1 and 1 (rl_games' "bounds
 loss" of the same form). Where the largest action is best, the samples nearer the bound get the
 higher advantages and the mean moves past it until every sample acts like the bound: a
-deterministic policy whose gradient no longer says where the bound stops being best. On
-Pendulum-v1 (1M steps) without the term three of five seeds never learned the swing-up, their
-greedy mean more than twice the bound away in 49-75% of the states met; with c = 1 all five
-learned it (-160 to -172), the mean never twice the bound away.
+deterministic policy whose gradient no longer says where the bound stops being best. The
+measurements behind it (Pendulum-v1 with and without it): ``docs/profiles/control.md``.
 
 With ``max_kl`` an update is a trust-region step: after the optimizer step the new policy is
 compared with the behaviour policy mu on the batch's own actions, and a step whose mean
@@ -50,7 +46,7 @@ KL(mu || pi_new) exceeds ``max_kl`` is shrunk towards the old parameters by sqrt
 (KL is quadratic in a small step; TRPO, Schulman et al. 2015, Sec. 6, bounds the same mean KL by a
 line search). The bound is on how far one batch can move the policy, whatever the advantages'
 scale: an optimizer normalises its steps, so noise around a solved task otherwise moves the
-policy as far as a real signal does.
+policy as far as a real signal does (measurements: ``docs/profiles/vector.md``).
 """
 
 from __future__ import annotations
@@ -195,7 +191,7 @@ class ReturnScale:
     batch's V-trace targets, and never below 1: returns that already lie within [-1, 1] (a memory
     task's +-1, a reward of 1/episode-limit per step) are left as they are, larger ones are brought
     to unit RMS, so that values, value errors and the value loss's gradient keep one size whatever the
-    reward's units (Pendulum's returns are about -1,000). Reward clipping bounds the size too, but
+    reward's units (Pendulum's rewards lie in -16..0 per step). Reward clipping bounds the size too, but
     changes which of two returns is larger. (PopArt, van Hasselt et al. 2016, also rescales the
     value head when the scale moves; this one moves slowly instead, and the head follows.)"""
 
@@ -285,7 +281,7 @@ def make_optimizer(agent: nn.Module, cfg: ImpalaConfig) -> torch.optim.Optimizer
 def apply_gradients(agent: nn.Module, optimizer: torch.optim.Optimizer,
                     scheduler: torch.optim.lr_scheduler.LRScheduler, grad_norm_clip: float,
                     step: bool = True) -> dict[str, float]:
-    """One optimizer step on the gradients in ``.grad``: grad-norm clip, RMSProp, LR schedule.
+    """One optimizer step on the gradients in ``.grad``: grad-norm clip, the optimizer (RMSProp or Adam), LR schedule.
 
     ``step=False`` (a skipped, non-finite update) only advances the schedule. The caller zeroes
     the gradients afterwards (one learner: set to None; a learner group keeps them allocated).
@@ -454,7 +450,7 @@ class Learner:
         return Gradients(finite, self.steps_per_update, stats)
 
     def apply(self, step: GroupStep) -> None:
-        """One optimizer step on the gradients in ``.grad`` (grad-norm clip, RMSProp, LR schedule;
+        """One optimizer step on the gradients in ``.grad`` (grad-norm clip, RMSProp or Adam, LR schedule;
         ``step.gradients == 0``: only the schedule advances). The caller holds ``lock`` and zeroes
         the gradients afterwards."""
         self.counters["step"] += step.env_steps

@@ -1,52 +1,35 @@
-"""Learner defaults by kind of environment: the paper's Atari settings, and settings that let
-recurrent agents learn memory tasks with small vector observations.
+"""Learner defaults by kind of environment: ``rfwp-rl train`` fills every option the command line
+leaves unset from one profile, chosen from the env's spaces. Why each value is what it is, and the
+measurements behind it: one page per profile under ``docs/profiles/``. The values are in the dicts
+below (``VECTOR``, ``CONTROL``) and in :mod:`rfwp_rl.impala.config` (``ATARI``).
 
-``rfwp-rl train`` fills every option the command line leaves unset from one profile:
+- ``atari`` (image observations): the RFWP paper's App. C settings; ``docs/profiles/atari.md``.
+- ``vector`` (vector observations, discrete actions: the ``rfwp/`` memory tasks, CartPole, a user's
+  env), for recurrent agents that must learn to remember; ``docs/profiles/vector.md``:
 
-- ``atari`` (image observations): the RFWP paper's App. C settings, :mod:`rfwp_rl.impala.config`.
-- ``vector`` (vector observations, e.g. the ``rfwp/`` memory tasks, CartPole, a user's env):
-  the unroll covers twice the env's memory horizon, because gradients stop at unroll boundaries
-  (truncated BPTT) and a cue is learnable only when one unroll holds both the cue and the step
-  that needs it; with unroll U and horizon h a uniformly placed span fits in one unroll with
-  probability (U - h) / U, hence U = 2h gives at least one half. Advantages are normalised, so
-  that a sparse +-1 at the end of an episode is not drowned by an entropy bonus sized for Atari's
-  dense clipped rewards; Adam replaces RMSProp with Atari's large epsilon. The entropy cost is 0.03,
-not Atari's 0.01: against unit-sized normalised advantages 0.01 did not keep the policy from
-saturating on one action (position-only cart-pole: Recurrent Delta Net 3 of 3 seeds and GRU fell
-from 0.76-0.89 to 0.05, a deterministic policy whose gradients vanish; with 0.03 seed 1 ended at
-1.00, and the LSTM still solved DelayedRecall-easy within 1M steps). The agent preset is
-  ``agents/vector_<core>.toml`` (MLP torso, previous action as input except for ``ff``). A batch
-  holds about 320 env steps (16 x unroll 20; 4 x 100 for 100-step unrolls), so that envs with long
-  unrolls get as many updates per env step as the short ones.
-  Each update is a trust-region step (``max_kl`` 0.01, :mod:`rfwp_rl.impala.learner`): on the
-  position-only cart-pole every LSTM and GRU run with torch's gate init that reached 0.9 of the
-  optimum ended >= 0.91 (6 of 6; without it 2 of 6 fell to 0.38-0.43), and on DelayedRecall/AssociativeRecall-easy no
-  core lost (3 seeds). A learner group runs without it (each member would shrink the shared step
-  by its own batch).
-  The advantage normaliser's divisor is at least 0.3 x the RMS of the value targets
-  (``advantage_floor``): once a dense-reward task is solved its advantages are value noise, a few
-  percent of the returns; with a floor of 0.1 the divisor fell to 0.02-0.05 (LSTM on the
-  position-only cart-pole) and that noise became unit-sized policy steps that walked the policy
-  off the solution. On that task (2M steps) 7 of 11 LSTM, GRU and RDN runs that reached 0.9 kept
-  it with 0.1, 10 of 10 with 0.5 and 9 of 9 with 0.3 (each >= 0.92 at the end); on popgym's
-  RepeatFirst (dense small rewards, where a high floor slows learning) the LSTM reached >= 0.9
-  normalised in 3 of 3 seeds with 0.1 and 0.3 but 1 of 3 with 0.5 (results/memory).
-- ``control`` (vector observations, continuous ``Box`` actions, e.g. Pendulum): the vector profile
-  with the on-policy continuous-control practice (A2C/PPO implementations): rewards not clipped
-  but scaled where the returns exceed 1 in RMS (``normalize_returns``; clipping flattens Pendulum's
-  -16..0 per step to -1; on CartPole-v1's +1 per step, a discrete vector env, the scaling measured
-  worse than the clip in one seed, 97 against 235 at 100k steps, so the vector profile clips), no
-  trust region (not measured there), no entropy bonus (the Gaussian's entropy gradient is a
-  constant push on its log-std that the advantages, summed over a batch, do not outweigh: the
-  log-std of Pendulum runs stayed at its initial value or grew), many small on-policy updates
-  (batch 4 x unroll 16 from 4 envs: one update per 64 env steps, each on the policy that acted;
-  with 32 envs a batch waited ~8 updates and V-trace cut most of its correction), and advantages
-  divided by their plain RMS (no floor: at discount 0.99 Pendulum's advantages are 0.3-1% of the
-  return scale, so the floor shrank the policy gradient 10-30x). Pendulum at discount 0.99, 1M
-  steps, 5 seeds: -165, -163, -160, -165, -172 with these settings and the learner's bound cost
-  on the Gaussian's mean (every profile's; -198, -190, -732, -714, -776 without it); seed 1 gave
-  -1,181 with 32 envs and the floor, -857 with 4 envs and the floor. The unroll is 2 x the memory
-  horizon where the env states one.
+  - the unroll is twice the env's memory horizon (else its episode limit), within ``MIN_UNROLL`` to
+    ``MAX_UNROLL``: gradients stop at unroll boundaries, and a span of h steps placed uniformly fits
+    in an unroll of U steps with probability (U - h) / U, at least one half for U = 2h;
+  - a batch holds about ``VECTOR_STEPS_PER_UPDATE`` env steps whatever the unroll, so that a long
+    unroll does not cost updates;
+  - Adam; advantages divided by their RMS, not centred, so that a sparse +-1 is not drowned by the
+    entropy bonus; the divisor at least ``advantage_floor`` x the RMS of the value targets, so that
+    value noise around a solved task is not blown up to unit-sized policy steps;
+  - an entropy cost above Atari's, which keeps the policy from saturating on one action against
+    unit-sized advantages; V-trace lambda below 1, which cuts the noise of later rewards in each
+    advantage;
+  - a trust-region step on every update (``max_kl``, :mod:`rfwp_rl.impala.learner`), which bounds
+    how far one batch moves the policy; a learner group runs without it (each member would shrink
+    the shared step by its own batch);
+  - the agent preset ``agents/vector_<core>.toml`` (MLP torso, the previous action as an input except
+    for ``ff``).
+- ``control`` (vector observations, continuous ``Box`` actions, e.g. Pendulum;
+  ``docs/profiles/control.md``): the vector profile with on-policy continuous-control practice:
+  rewards divided by the running RMS of the returns where that exceeds 1 instead of clipped
+  (``normalize_returns``), many small on-policy updates
+  (few envs, small batches; the unroll is 2 x the memory horizon where the env states one),
+  advantages divided by their plain RMS (no floor), no entropy bonus (its gradient is a constant
+  push on the Gaussian's log-std) and no trust region (not measured there).
 """
 
 from __future__ import annotations
@@ -66,12 +49,11 @@ VECTOR = {"num_actors": 32, "batch_size": 16, "unroll_length": None, "optimizer"
 PROFILE_OPTIONS = tuple(VECTOR)
 ATARI = {k: getattr(DEFAULTS, k) for k in PROFILE_OPTIONS}
 CONTROL = dict(VECTOR, num_actors=4, batch_size=4, entropy_cost=0.0, reward_clip=0.0, normalize_returns=True,
-               advantage_floor=0.0, max_kl=0.0)  # the trust region is unmeasured there
+               advantage_floor=0.0, max_kl=0.0)  # no trust region: not measured on continuous control
 CONTROL_UNROLL = 16  # without a stated memory horizon
 MIN_UNROLL, MAX_UNROLL = 20, 128
 # A long unroll must not cost updates: the vector profile holds the env steps per update near
-# 16 x 20 whatever the unroll (RepeatFirst with 100-step unrolls: 16 x 100 gave 625 updates in
-# 1M steps and the LSTM stayed near random; 4 x 100 learned), with at least 4 unrolls per batch.
+# 16 x 20 whatever the unroll, with at least MIN_BATCH unrolls per batch (docs/profiles/vector.md).
 VECTOR_STEPS_PER_UPDATE, MIN_BATCH = 320, 4
 UNKNOWN_HORIZON = 50  # steps assumed when the env states neither a memory horizon nor an episode limit
 

@@ -1,4 +1,4 @@
-"""``rfwp-rl train``: IMPALA / V-trace on Atari or any gymnasium env with a discrete action space.
+"""``rfwp-rl train``: IMPALA / V-trace on Atari or any gymnasium env whose spaces the agent supports.
 
 One process holds the model, the actors' inference and the learner (as in TorchBeast's
 monobeast and moolib's IMPALA example); the environments run in ``moolib.EnvPool`` worker

@@ -1,7 +1,8 @@
 """The memory-suite evidence: IMPALA runs on the ``rfwp/`` tasks -> ``results/memory/``.
 
-``python -m rfwp_rl.memory.results --runs runs/memory --out results/memory`` (also
-``rfwp-rl memory-results``) reads every run directory under ``--runs`` whose env is a suite id
+``rfwp-rl memory-results --runs runs/memory/easy_suite --out results/memory/easy_suite`` (the defaults:
+the runs of ``launch/memory_suite.sh`` and the easy-suite table) reads every run directory under
+``--runs`` whose env is a suite id
 (its ``config.json`` and TensorBoard events; the newest checkpoint's counters only for runs that
 logged no ``perf/train_minutes``) and writes
 
@@ -399,8 +400,10 @@ def write_results(runs_root: Path, out: Path, level: str = "easy", reps: int = s
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--runs", default="runs/memory", help="folder of the suite's run directories")
-    parser.add_argument("--out", default="results/memory", help="where the CSVs, curves and README table go")
+    parser.add_argument("--runs", default="runs/memory/easy_suite",
+                        help="folder of the suite's run directories (default %(default)s)")
+    parser.add_argument("--out", default="results/memory/easy_suite",
+                        help="where the CSVs, curves and README tables go (default %(default)s)")
     parser.add_argument("--aggregate-level", choices=AGGREGATE_LEVELS, default="easy",
                         help="the tasks whose runs the IQM and the performance profile pool (default %(default)s)")
     parser.add_argument("--bootstrap-reps", type=int, default=stats.INTERVAL_REPS,

@@ -26,8 +26,7 @@ H0_ARG, C0_ARG = 1, 2
 AUTO_MAX_HIDDEN = 64
 """The largest hidden size backend ``'auto'`` runs on the fused kernel. Above it torch's
 nn.LSTM (oneDNN) is as fast or faster, because the GEMMs dominate and oneDNN's are better
-blocked (forward + backward, 1 thread: 2.0x faster at H = 32 (T 30, B 600), 1.1-1.3x at H = 64,
-0.87-1.0x at H = 128, 256, 512 (B 32 or 600, T 30-80)); ``'kernel'`` runs it at every size."""
+blocked; below it the fused kernel is the faster. ``'kernel'`` runs it at every size."""
 
 
 class LstmFunction(torch.autograd.Function):
