@@ -105,7 +105,10 @@ class ProcessEnvPool:
         self.actions[batch_index].copy_(action.reshape(self.actions[batch_index].shape))
         message = batch_index.to_bytes(1, "little")
         for conn in self.conns:
-            conn.send_bytes(message)
+            try:
+                conn.send_bytes(message)
+            except OSError:  # a dead worker: its result() reports it (the trainer restarts the pool)
+                pass
         self.pending[batch_index] = True
         return _Step(self, batch_index)
 

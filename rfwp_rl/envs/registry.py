@@ -14,6 +14,7 @@ Atari id: only the game is taken from it, the preprocessing settings come from
 from __future__ import annotations
 
 import difflib
+import logging
 import importlib
 import importlib.util
 import re
@@ -127,6 +128,8 @@ def resolve_env_id(env_id: str) -> ResolvedId:
     if ":" in env_id:
         module, _, env_id = env_id.rpartition(":")
         import_env_module(module)
+    if env_id.startswith(MINATAR_PREFIX) and env_id not in gymnasium.registry:
+        _register_minatar(env_id)
     spec = gymnasium.registry.get(env_id)
     if spec is not None:
         if _is_ale_image_spec(spec):
@@ -138,6 +141,23 @@ def resolve_env_id(env_id: str) -> ResolvedId:
     if game is not None:
         return ResolvedId("atari", f"ALE/{game}-v5", game)
     raise UserError(f"unknown environment {env_id!r}; {_suggest(env_id)}")
+
+
+MINATAR_PREFIX = "MinAtar/"
+
+
+def _register_minatar(env_id: str) -> None:
+    """Register MinAtar's ids (Young & Tian 2019; ``MinAtar/<Game>-v0`` full, ``-v1`` minimal action set): the
+    package registers them only when asked, and it is an optional extra."""
+    logging.disable(logging.WARNING)  # its import warns that seaborn (for rendering only) is missing
+    try:
+        import minatar.gym
+    except ImportError as e:
+        raise UserError(f"environment {env_id!r} needs the optional package minatar ({e}); "
+                        "install it with: pip install -e '.[minatar]'") from None
+    finally:
+        logging.disable(logging.NOTSET)
+    minatar.gym.register_envs()
 
 
 def _suggest(env_id: str) -> str:

@@ -213,9 +213,6 @@ class Actors:
         self.envs.drain()
 
 
-ACTOR_DEVICES = ("auto", "cpu", "cuda")
-
-
 def act_seconds(agent: torch.nn.Module, device: torch.device, batch_size: int, repeats: int = 8) -> float:
     """Seconds per acting step of ``agent`` on ``device`` for one env batch of ``batch_size``, counting the copy
     of the observations from the CPU and of the actions back (what :meth:`Actors.step` pays per step)."""
