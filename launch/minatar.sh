@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The paper's comparison at a scale that fits a CPU: MinAtar (Young & Tian 2019; pip install -e '.[minatar]')
+# games x cores x seeds, each `rfwp-rl train --env MinAtar/<Game>-v1 --core C --seed S --total-steps N` with the
+# defaults (the profile printed at start). Their paper reports at 5M frames (no frame skip: 5M env steps).
+#
+#   JOBS=2 bash launch/minatar.sh                                   # everything: 5 games x 7 cores x 3 seeds
+#   STEPS=1000000 SEEDS=1 CORES="ff lstm rdn" bash launch/minatar.sh  # a first look
+#
+# Run directories: $RUNS/<game>/<core>_s<seed> (TensorBoard tb/, config.json, checkpoints), console logs beside
+# them. Order: seed 1 of everything first. Re-running resumes every run from its newest checkpoint; finished
+# runs return at once; Ctrl-C / kill -TERM saves first.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+STEPS=${STEPS:-5000000}
+GAMES=${GAMES:-"Asterix Breakout Freeway Seaquest SpaceInvaders"}
+CORES=${CORES:-"ff lstm gru lt delta delta_rnn rdn"}
+SEEDS=${SEEDS:-"1 2 3"}
+JOBS=${JOBS:-1}
+RUNS=${RUNS:-runs/minatar}
+THREADS=${THREADS:-1}
+EXTRA=${EXTRA:-}
+python3 -c "import minatar" 2>/dev/null || { echo "minatar is not installed: pip install -e '.[minatar]'" >&2; exit 2; }
+mkdir -p "$RUNS"
+
+one_run() {  # GAME CORE SEED
+  local dir="$RUNS/$1/$2_s$3"
+  mkdir -p "$dir"
+  OMP_NUM_THREADS=$THREADS python3 -m rfwp_rl train --env "MinAtar/$1-v1" --core "$2" --seed "$3" \
+    --total-steps "$STEPS" --run-dir "$dir" --num-env-processes 1 --torch-threads "$THREADS" --log-every 30 \
+    $EXTRA >> "$dir.log" 2>&1 && echo "done    $1 $2 seed $3" || echo "FAILED  $1 $2 seed $3 (exit $?; log $dir.log)"
+}
+export -f one_run
+export RUNS STEPS THREADS EXTRA
+
+for seed in $SEEDS; do
+  for game in $GAMES; do
+    for core in $CORES; do
+      echo "$game $core $seed"
+    done
+  done
+done | xargs -P "$JOBS" -L 1 bash -c 'one_run "$0" "$1" "$2"'
