@@ -1,7 +1,6 @@
 """Run logging (TensorBoard continuity on resume, hparams) and run-safety helpers."""
 
 import io
-import os
 import signal
 import subprocess
 import sys
