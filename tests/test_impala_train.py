@@ -128,7 +128,6 @@ def test_tiny_cartpole_run_every_core(tmp_path, core):
     assert list((tmp_path / "run" / "tb").glob("events.out.tfevents.*"))
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("core", CORES)
 def test_tiny_pong_run_every_core(tmp_path, core):
     assert train(tmp_path, "Pong", core, 20) == 0

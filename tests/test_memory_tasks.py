@@ -154,7 +154,7 @@ def test_make_env_in_a_fresh_process_registers_the_suite():
         "    assert env_spec(i).max_episode_steps == SUITE[i].max_episode_steps, i\n"
         "print('ok', len(suite_ids()))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["ok", str(len(IDS))]
 
