@@ -53,6 +53,17 @@ def read_scalars(run_dir: str | Path, tag: str) -> list[tuple[int, float]]:
     return read_all_scalars(run_dir).get(tag, [])
 
 
+def _after_newest_event_file(tb_dir: Path) -> None:
+    """Wait until the clock's second is past that of the newest event file in ``tb_dir``. TensorBoard reads a
+    run's event files in name order, and a name starts with the second it was made in, then the host and
+    the pid: a run resumed within the second of its crash could otherwise sort before it, and its purge of
+    the crashed run's last points would be read first and undone."""
+    seconds = [int(p.name.split(".")[3]) for p in tb_dir.glob("events.out.tfevents.*")
+               if len(p.name.split(".")) > 3 and p.name.split(".")[3].isdigit()]
+    while seconds and time.time() < max(seconds) + 1:
+        time.sleep(0.01)
+
+
 class RunLogger:
     """Scalars to TensorBoard plus a throttled progress line with rate and ETA.
 
@@ -77,6 +88,7 @@ class RunLogger:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(self.run_dir / "config.json", json.dumps(dict(config), indent=2, default=str) + "\n")
+        _after_newest_event_file(self.run_dir / "tb")
         self.writer = SummaryWriter(log_dir=str(self.run_dir / "tb"), purge_step=start + 1 if start > 0 else None)
         if start == 0:
             flat = {k: _hparam_value(v) for k, v in config.items()}

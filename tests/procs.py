@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import socket
+import time
+from collections.abc import Iterable
 from pathlib import Path
 
 
@@ -33,3 +35,13 @@ def alive(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state not in ("Z", "X")
+
+
+def ended(pids: Iterable[int], timeout: float) -> list[int]:
+    """Wait up to ``timeout`` s for ``pids`` to end (a SIGKILLed process ends a moment after the
+    signal); the ones still alive then."""
+    pids = list(pids)
+    deadline = time.monotonic() + timeout
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [p for p in pids if alive(p)]

@@ -427,7 +427,7 @@ def test_stepper_equals_one_call_values_and_gradients(name, specialised):
     params = [x, *core.parameters()]
     g_call = torch.autograd.grad((y * w).sum(), params, allow_unused=True)
     g_step = torch.autograd.grad((y_steps * w).sum(), params, allow_unused=True)
-    for p, a, b in zip(params, g_call, g_step):
+    for a, b in zip(g_call, g_step):
         if a is None:
             assert b is None
         else:

@@ -188,7 +188,7 @@ def test_episodic_life_is_opt_in_and_reports_full_game_return():
 def test_max_episode_frames_truncates():
     env = make_env("Pong", seed=0, max_episode_frames=400, noop_max=0)
     env.reset()
-    for step in range(1, 200):
+    for step in range(1, 200):  # noqa: B007 (the step the episode ended at, read below)
         obs, reward, terminated, truncated, info = env.step(0)
         if terminated or truncated:
             break

@@ -52,9 +52,11 @@ TRAINERS = {
     "seq": (lambda d, n, c=0.3: SEQ + ["--run-dir", str(d), "--total-steps", str(n), "--checkpoint-every", str(c)],
             "train/loss", "model"),
 }
-TARGETS = {"impala": 4000, "meta_rl": 600 * EPISODE, "seq": 600}  # long enough that signals land mid-run
+UNREACHABLE = 10**9  # the target of the runs that are signalled: they never end before the signal
+FINISH = {"impala": 400, "meta_rl": 60 * EPISODE, "seq": 60}  # the last run's target: this far past the stop
 KILLS = {"impala": 1, "meta_rl": 3, "seq": 1}  # several for one trainer; the machine is shared
 PRESETS = {"impala": 10, "meta_rl": EPISODE, "seq": 1}  # steps per update (TensorBoard step spacing)
+DEADLINE = 300  # s: only ever a failure deadline (a slow or busy machine just takes longer)
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -76,7 +78,7 @@ def _newest_step(run_dir: Path) -> int:
     return int(files[0].name[5:-3]) if files else -1
 
 
-def _wait_for_checkpoint_after(proc: subprocess.Popen, run_dir: Path, step: int, timeout: float = 60) -> int:
+def _wait_for_checkpoint_after(proc: subprocess.Popen, run_dir: Path, step: int, timeout: float = DEADLINE) -> int:
     """Wait until the run has a checkpoint newer than ``step`` (or the process ended)."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
@@ -102,14 +104,16 @@ def _tb_values(run_dir: Path, tag: str) -> list[tuple[int, float]]:
 
 # ------------------------------------------------------------------ hard kills, SIGTERM
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(TRAINERS))
 def test_sigkill_at_random_moments_then_sigterm_then_finish(tmp_path, name):
     """SIGKILLs at random moments after fresh progress (3 for meta-RL, 1 for the others, to keep
-    the test short), then one SIGTERM (checkpoint, exit 0), then the same command runs to the
-    target. Each restart resumes from the newest checkpoint."""
+    the test short), then one SIGTERM (checkpoint, exit 0), then a run to a target past the stop.
+    Each restart resumes from the newest checkpoint. The signalled runs have a target they cannot
+    reach, so no signal races the end of a run, however fast the machine."""
     argv_of, tag, model_key = TRAINERS[name]
-    run_dir, target = tmp_path / "run", TARGETS[name]
-    argv = argv_of(run_dir, target)
+    run_dir = tmp_path / "run"
+    argv = argv_of(run_dir, UNREACHABLE)
     rng = random.Random(8)
     last = -1
     for kill in range(KILLS[name]):
@@ -118,7 +122,7 @@ def test_sigkill_at_random_moments_then_sigterm_then_finish(tmp_path, name):
         assert proc.poll() is None, f"run ended before kill {kill}: {proc.stdout.read()}"
         time.sleep(rng.uniform(0.0, 0.3))  # somewhere between checkpoints, possibly mid-write
         proc.send_signal(signal.SIGKILL)
-        out = proc.communicate(timeout=30)[0]
+        out = proc.communicate(timeout=DEADLINE)[0]
         assert proc.returncode == -signal.SIGKILL
         if kill > 0:
             assert "resum" in out, out
@@ -133,16 +137,17 @@ def test_sigkill_at_random_moments_then_sigterm_then_finish(tmp_path, name):
     assert proc.poll() is None
     proc.send_signal(signal.SIGTERM)
     t0 = time.monotonic()
-    out = proc.communicate(timeout=60)[0]
+    out = proc.communicate(timeout=DEADLINE)[0]
     assert proc.returncode == 0, out
     assert time.monotonic() - t0 < 30
     assert "SIGTERM received" in out
     stopped = _newest_step(run_dir)
-    assert last < stopped < target
+    assert last < stopped < UNREACHABLE
 
-    # the same command finishes the run
-    proc = _start(argv)
-    out = proc.communicate(timeout=120)[0]
+    # resumed once more, to a target past the stop, the run finishes
+    target = stopped + FINISH[name]
+    proc = _start(argv_of(run_dir, target))
+    out = proc.communicate(timeout=DEADLINE)[0]
     assert proc.returncode == 0, out
     assert f"{stopped:,}" in out and "resum" in out
     ck = read_checkpoint(list_checkpoints(run_dir)[0])
@@ -150,7 +155,8 @@ def test_sigkill_at_random_moments_then_sigterm_then_finish(tmp_path, name):
     assert not non_finite_entries(ck["state"][model_key])
     steps = _tb_steps(run_dir, tag)
     assert steps[-1] == target
-    assert all(b > a for a, b in zip(steps, steps[1:])), "TensorBoard steps repeat or go back"
+    back = [(a, b) for a, b in zip(steps, steps[1:]) if b <= a]
+    assert not back, f"TensorBoard steps repeat or go back: {back} (files {sorted(os.listdir(run_dir / 'tb'))})"
     # at most the point at each resumed checkpoint step is missing (RunLogger purges >= start)
     expected = target // PRESETS[name]
     assert expected - 5 <= len(steps) <= expected
@@ -227,17 +233,26 @@ def test_broken_and_mismatched_checkpoints_through_the_cli(tmp_path, name, capsy
 # ------------------------------------------------------------------ failing environments
 
 FLAKY_ENV = textwrap.dedent('''
-    """Test env: CartPole whose step raises every ``every`` steps (per env instance)."""
+    """Test env: CartPole whose step raises every ``every`` steps (per env instance). With ``gate``
+    (a path), step ``gate_at`` of an instance first writes ``<gate>.waiting`` and waits until
+    ``<gate>.open`` exists: the test acts while the run cannot go on, then lets it."""
+    import os
+    import time
+
     import gymnasium
 
 
     class FlakyCartPole(gymnasium.Wrapper):
-        def __init__(self, every=25):
+        def __init__(self, every=25, gate="", gate_at=10):
             super().__init__(gymnasium.make("CartPole-v1"))
-            self.every, self.n = every, 0
+            self.every, self.n, self.gate, self.gate_at = every, 0, str(gate), int(gate_at)
 
         def step(self, action):
             self.n += 1
+            if self.gate and self.n == self.gate_at and not os.path.exists(self.gate + ".open"):
+                open(self.gate + ".waiting", "w").close()
+                while not os.path.exists(self.gate + ".open"):
+                    time.sleep(0.02)
             if self.n % self.every == 0:
                 raise RuntimeError(f"injected failure at step {self.n}")
             return self.env.step(action)
@@ -282,19 +297,27 @@ def test_too_many_env_failures_stop_with_a_checkpoint(tmp_path, flaky_module, ca
 
 
 @pytest.mark.moolib
+@pytest.mark.slow
 def test_moolib_failing_env_and_killed_worker_process(tmp_path):
     """moolib backend in a subprocess: envs that raise are replaced inside the workers; a
     SIGKILLed worker process is detected, the trainer checkpoints, ends the old pool,
-    re-executes itself (same pid) and reaches its step target."""
+    re-executes itself (same pid) and reaches its step target. The worker is killed while the
+    envs wait at a gate (the run cannot end first); the gate opens after the kill."""
     (tmp_path / "flaky_env_mod.py").write_text(FLAKY_ENV)
     env = _env()
     env["PYTHONPATH"] = os.pathsep.join((str(tmp_path), env["PYTHONPATH"]))
-    run_dir = tmp_path / "run"
+    run_dir, gate = tmp_path / "run", tmp_path / "gate"
     argv = [a if a not in ("CartPole-v1", "local") else {"CartPole-v1": "flaky_env_mod:FlakyCartPole-v0",
                                                         "local": "moolib"}[a] for a in IMPALA]
-    argv += ["--num-env-processes", "2", "--run-dir", str(run_dir), "--total-steps", "400"]
+    argv += ["--num-env-processes", "2", "--run-dir", str(run_dir), "--total-steps", "400",
+             "--env-option", f"gate={gate}"]
     proc = _start(argv, env)
-    _wait_for_checkpoint_after(proc, run_dir, -1)
+    deadline = time.monotonic() + DEADLINE
+    while not Path(f"{gate}.waiting").exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"no env reached the gate: {proc.communicate()[0]}")
+        time.sleep(0.02)
     assert proc.poll() is None
 
     def children(pid):
@@ -306,7 +329,8 @@ def test_moolib_failing_env_and_killed_worker_process(tmp_path):
     workers = [w for server in children(proc.pid) for w in children(server)]
     assert len(workers) == 2, workers
     os.kill(workers[0], signal.SIGKILL)
-    out = proc.communicate(timeout=120)[0]
+    Path(f"{gate}.open").touch()
+    out = proc.communicate(timeout=DEADLINE)[0]
     assert proc.returncode == 0, out
     assert f"env worker process {workers[0]} died" in out
     assert "restarting at step" in out and "resuming" in out

@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))
 import fault_envs  # noqa: E402  (registers FaultCartPole-v0)
-from procs import alive, children_and_grandchildren  # noqa: E402  (tests/procs.py)
+from procs import children_and_grandchildren, ended  # noqa: E402  (tests/procs.py)
 
 ENV = "fault_envs:FaultCartPole-v0"
 IMPALA = ["train", "--env", ENV, "--core", "lstm", "--set", "core_config.hidden_size=8",
@@ -44,6 +44,8 @@ IMPALA = ["train", "--env", ENV, "--core", "lstm", "--set", "core_config.hidden_
           "--checkpoint-every", "0.3", "--log-every", "0.2"]
 LOCAL = ["--env-backend", "local"]
 MOOLIB = ["--env-backend", "moolib", "--num-env-processes", "2"]
+DEADLINE = 300  # s: only ever a failure deadline (a slow or busy machine just takes longer)
+GONE = 30  # s: time for a SIGKILLed process to be gone
 
 
 @pytest.fixture(autouse=True)
@@ -63,7 +65,7 @@ def _start(argv: list[str], new_session: bool = False) -> subprocess.Popen:
                             start_new_session=new_session)
 
 
-def _run(argv: list[str], timeout: float = 90) -> tuple[int, str]:
+def _run(argv: list[str], timeout: float = DEADLINE) -> tuple[int, str]:
     proc = _start(argv)
     try:
         out = proc.communicate(timeout=timeout)[0]
@@ -73,10 +75,11 @@ def _run(argv: list[str], timeout: float = 90) -> tuple[int, str]:
     return proc.returncode, out
 
 
-def _end(pids: list[int]) -> list[int]:
-    """The pids of ``pids`` (processes this test started) still alive; SIGKILLs them, so a failed
-    check leaves no hung env worker behind."""
-    left = [p for p in pids if alive(p)]
+def _end(pids: list[int], grace: float = 0.0) -> list[int]:
+    """The pids of ``pids`` (processes this test started) still alive after up to ``grace`` s (for
+    processes already SIGKILLed to end); SIGKILLs them, so a failed check leaves no hung env worker
+    behind."""
+    left = ended(pids, grace)
     for pid in left:
         os.kill(pid, signal.SIGKILL)
     return left
@@ -263,7 +266,7 @@ def test_moolib_reset_failures_are_replaced_and_a_broken_env_stops_the_run(tmp_p
     assert time.monotonic() - t0 < 60
 
 
-def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 60) -> None:
+def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = DEADLINE) -> None:
     t0 = time.monotonic()
     while not path.exists():
         if proc.poll() is not None or time.monotonic() - t0 > timeout:
@@ -277,9 +280,10 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 60) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
 def test_moolib_signal_while_waiting_on_a_hung_env(tmp_path, sig):
-    """The learner blocks on a batch whose env sleeps for an hour: SIGTERM (to the trainer) or
-    SIGINT (to its process group, as Ctrl-C does) -> checkpoint, exit 0 within seconds, and
-    the hung worker processes are ended rather than left behind."""
+    """An env step sleeps for an hour, and the learner waits on its batch (or is about to: it waits
+    on it at the latest when it stops): SIGTERM (to the trainer) or SIGINT (to its process group,
+    as Ctrl-C does) -> checkpoint, exit 0 within seconds, and the hung worker processes are ended
+    rather than left behind."""
     run_dir, marker = tmp_path / "run", tmp_path / "hung"
     argv = IMPALA + MOOLIB + ["--env-option", "hang_at=40", "--env-option", f"hang_marker={marker}",
                               "--run-dir", str(run_dir), "--total-steps", "100000"]
@@ -287,7 +291,6 @@ def test_moolib_signal_while_waiting_on_a_hung_env(tmp_path, sig):
     workers: list[int] = []
     try:
         _wait_for(marker, proc)  # one env's step is asleep now
-        time.sleep(1.5)  # the learner runs into the hung batch and waits on it
         workers = children_and_grandchildren(proc.pid)
         assert len(workers) == 3 and proc.poll() is None, workers  # pool server + 2 workers
         t0 = time.monotonic()
@@ -295,12 +298,11 @@ def test_moolib_signal_while_waiting_on_a_hung_env(tmp_path, sig):
             proc.send_signal(signal.SIGTERM)
         else:
             os.killpg(proc.pid, signal.SIGINT)
-        while proc.poll() is None and time.monotonic() - t0 < 30:
+        while proc.poll() is None and time.monotonic() - t0 < DEADLINE:
             time.sleep(0.05)
         elapsed = time.monotonic() - t0
-        time.sleep(0.5)
-        left = _end(workers)  # (a worker left behind would also hold the output pipe open)
-        out = proc.communicate(timeout=30)[0]
+        left = _end(workers, grace=GONE)  # (a worker left behind would also hold the output pipe open)
+        out = proc.communicate(timeout=DEADLINE)[0]
     except BaseException:
         _end(workers)
         if proc.poll() is None:
@@ -341,13 +343,14 @@ def test_moolib_env_hung_for_ever_stops_at_the_failure_limit(tmp_path):
                                      "--run-dir", str(run_dir), "--total-steps", "100000"])
     workers: list[int] = []
     t0 = time.monotonic()
-    while proc.poll() is None and time.monotonic() - t0 < 90:
+    while proc.poll() is None and time.monotonic() - t0 < DEADLINE:
         workers = sorted(set(workers) | set(children_and_grandchildren(proc.pid)))
         time.sleep(0.1)
     if proc.poll() is None:
         _kill_tree(proc)
         raise AssertionError("the trainer did not stop")
-    out = proc.communicate()[0]
+    left = _end(workers, grace=GONE)  # (a worker left behind would also hold the output pipe open)
+    out = proc.communicate(timeout=DEADLINE)[0]
     assert proc.returncode == 1, out
     errors = [line for line in out.splitlines() if line.startswith("error:")]
     assert errors[0].startswith("error: environment pool broken (no result from env batch ")
@@ -355,4 +358,4 @@ def test_moolib_env_hung_for_ever_stops_at_the_failure_limit(tmp_path):
     assert errors[1] == (f"error: 1 environment failures (limit --max-env-failures 0); stopped at step {step:,}; "
                          f"checkpoint {run_dir / list_checkpoints(run_dir)[0].name}")
     assert "restarting at step" not in out
-    assert not _end(workers) and len(workers) == 3
+    assert not left and len(workers) == 3, (workers, left)

@@ -61,6 +61,8 @@ def device_limits(emu):
 
 # ----------------------------------------------------------------------------------- nvcc
 
+# the nvcc and ThreadSanitizer builds take minutes on a cold kernel cache: marked slow
+@pytest.mark.slow
 @pytest.mark.parametrize("cu", _build.EMU_CU_FILES)
 def test_nvcc_compiles_for_sm80_and_sm90(cu):
     if shutil.which("nvcc") is None:
@@ -69,6 +71,7 @@ def test_nvcc_compiles_for_sm80_and_sm90(cu):
     assert ok, output[-3000:]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", [80, 90])
 def test_nvcc_resource_usage_within_launch_bounds_and_tabled(arch, tmp_path):
     # every recurrence kernel fits 512 threads (<= 128 registers), spills at most a few
@@ -94,6 +97,7 @@ def test_nvcc_resource_usage_within_launch_bounds_and_tabled(arch, tmp_path):
         assert r["spill_stores"] <= 16 and r["spill_loads"] <= 16, r
 
 
+@pytest.mark.slow
 def test_cuda_torch_binding_compiles():
     nvcc = shutil.which("nvcc")
     if nvcc is None:
@@ -386,6 +390,7 @@ def _race_check(binary: Path, shape: tuple[str, ...]) -> subprocess.CompletedPro
     return subprocess.run([str(binary), *shape], capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", [("4", "1", "2", "5", "64"), ("3", "2", "1", "33", "64")])
 def test_no_data_race_between_threads_of_a_block(shape):
     # built with -fsanitize=thread: a missing __syncthreads() between a write and a read by
@@ -400,6 +405,7 @@ def test_no_data_race_between_threads_of_a_block(shape):
     assert "launch errors 0" in proc.stdout
 
 
+@pytest.mark.slow
 def test_race_check_finds_a_removed_barrier():
     # the forward of lt/delta without the barrier that publishes the step's vectors; the
     # mutated copy lives in the kernel cache (stable paths, so the build is cached)
@@ -427,7 +433,7 @@ def test_race_check_finds_a_removed_barrier():
 def test_emulator_selftest(emu):
     # static __shared__ reduction with threads exiting early, atomics, poisoned dynamic smem
     lib = emu.lib
-    P = lambda a: a.ctypes.data_as(ctypes.c_void_p)  # noqa: E731
+    P = lambda a: a.ctypes.data_as(ctypes.c_void_p)
     for blocks, threads in ((3, 37), (2, 64), (1, 1)):
         counter, fsum = np.zeros(1, np.int32), np.zeros(1, np.float32)
         maxv, cas = np.full(1, -1, np.int32), np.full(1, -1, np.int32)
@@ -447,7 +453,7 @@ def test_emulator_warp_intrinsics(emu):
     assert emu.lib.rfwp_emu_warp_selftest(threads, out.ctypes.data_as(ctypes.c_void_p)) == 0
     for tid in range(threads):
         w, lane = divmod(tid, 32)
-        v = lambda lane_: 32 * w + lane_ + 1  # noqa: E731
+        v = lambda lane_, w=w: 32 * w + lane_ + 1
         s, b, bal, up, dn, x8, rot, dd = (int(x) for x in out[tid])
         assert s == sum(v(x) for x in range(32))
         assert b == v(3)

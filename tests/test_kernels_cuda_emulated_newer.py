@@ -72,8 +72,8 @@ def test_emulated_key_size_different_from_value_size(emu, name):
 def test_emulated_delta_product_with_three_householder_steps(emu):
     emu.threads = 32
     g = torch.Generator().manual_seed(9)
-    r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
-    unit = lambda x: x / x.norm(dim=-1, keepdim=True)  # noqa: E731
+    r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)
+    unit = lambda x: x / x.norm(dim=-1, keepdim=True)
     args = [unit(r(5, 2, 2, 6)), unit(r(5, 2, 2, 3, 6)), r(5, 2, 2, 3, 6),
             2 * torch.sigmoid(r(5, 2, 2, 3)), r(2, 2, 6, 6)]
     reset = torch.zeros(5, 2, dtype=torch.bool)

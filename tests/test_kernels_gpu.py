@@ -57,7 +57,7 @@ def test_cuda_equals_reference_float64(ext, name, d, threads):
                                     reset_at=((0, 1), (3, 2), (5, 0)))
     be = _Threads(ext, threads)
     for chunk in (1, 4):
-        fn = lambda *a: ops.spec(name).fused(be, chunk, *a)  # noqa: E731
+        fn = lambda *a, chunk=chunk: ops.spec(name).fused(be, chunk, *a)
         err, gerr = cases.max_errors(name, fn, args, reset)
         assert err < 1e-12 and gerr < 1e-12, (chunk, err, gerr)
 
@@ -110,7 +110,7 @@ def test_cuda_head_sizes_or_a_clean_refusal(ext, name, d, dk, dtype):
            or cuda_limits.check(name, "backward", dk, d, dtype.itemsize, limits))
     args, reset = cases.make_inputs(name, T=20, B=3, H=2, d=d, dk=dk, device="cuda", seed=d,
                                     dtype=dtype, reset_at=((3, 1), (11, 0), (12, 2)))
-    fn = lambda *a: ops.spec(name).fused(ext, 8, *a)  # noqa: E731
+    fn = lambda *a: ops.spec(name).fused(ext, 8, *a)
     if why is not None:
         with pytest.raises(NotImplementedError, match="cannot run on this GPU"):
             cases.forward_backward(fn, args, reset)

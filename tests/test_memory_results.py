@@ -115,6 +115,7 @@ def test_no_runs_is_a_one_line_error(tmp_path):
     assert cli.main(["memory-results", "--runs", str(tmp_path / "missing"), "--out", str(tmp_path / "o")]) == 2
 
 
+@pytest.mark.slow
 def test_a_short_default_run_on_the_easiest_task_learns(tmp_path, capsys):
     """`rfwp-rl train --env rfwp/DelayedRecall-easy-v0 --core rdn` with the defaults (vector profile,
     agents/vector_rdn.toml) ends clearly above random (1/4) after 100k env steps (~30 s here)."""

@@ -163,9 +163,9 @@ def test_training_rollout_replays_the_acting_steps_with_the_gradients_of_one_cal
         made = []
         stepper = FWMCore.stepper
 
-        def spy(self, *a, record=False, **k):
-            s = stepper(self, *a, record=record and RECORD, **k)
-            made.append(s)
+        def spy(self, *a, record=False, **k):  # used in this iteration only: its loop variables are current
+            s = stepper(self, *a, record=record and RECORD, **k)  # noqa: B023
+            made.append(s)  # noqa: B023
             return s
         RECORD = record
         FWMCore.stepper = spy
@@ -314,7 +314,7 @@ def test_plot_summarises_runs_at_equal_episodes(tmp_path):
         for i, t in enumerate(tests, 1):
             lines.append(f"{100 * i},{minutes_per_eval * i},{t},{t},")
         (d / "metrics.csv").write_text("\n".join(lines) + "\n")
-        (d / "config.json").write_text('{"label": "%s", "seed": 1}' % name)
+        (d / "config.json").write_text(f'{{"label": "{name}", "seed": 1}}')
         return d
 
     fast = write_run("fwm", [50, 60, 80, 90, 95, 100, 100, 100, 100, 100, 110], 1.0)

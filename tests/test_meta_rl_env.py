@@ -191,7 +191,7 @@ def test_episode_length_and_batch_independence():
     env = GraphBatchEnv(tables, rng=1)
     obs = env.reset()
     assert obs.shape == (2, 17) and obs.dtype == np.float32
-    assert ((env.agent != env.goal)).all()
+    assert (env.agent != env.goal).all()
     for t in range(30):
         obs, reward, done = env.step(np.array([0, 1]))
         assert done == (t == 29)

@@ -16,6 +16,7 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -26,9 +27,10 @@ from rfwp_rl.checkpoint import list_checkpoints, read_checkpoint
 from rfwp_rl.impala.learner import Gradients
 from rfwp_rl.impala.multi_learner import GroupStep, Solo, group_gradient_factor, pack, unpack
 from rfwp_rl.impala.net import settings_mismatch
-from procs import alive, children_and_grandchildren, free_port  # tests/procs.py
+from procs import alive, children_and_grandchildren, ended, free_port  # tests/procs.py
 
 REPO = Path(__file__).resolve().parent.parent
+DEADLINE = 300  # s: only ever a failure deadline (a slow or busy machine just takes longer)
 TESTS = Path(__file__).resolve().parent
 TINY = ["--env", "CartPole-v1", "--core", "lstm", "--set", "core_config.hidden_size=16", "--num-actors", "4",
         "--num-env-processes", "1", "--unroll-length", "5", "--batch-size", "4", "--log-every", "0.5"]
@@ -44,7 +46,8 @@ class Proc:
                                   stderr=subprocess.STDOUT, text=True, env=env)
         self.lines: list[str] = []
         self.workers: set[int] = set()  # env pool processes seen (ended by stop())
-        threading.Thread(target=self._read, daemon=True).start()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
 
     def _read(self) -> None:
         for line in self.p.stdout:
@@ -53,26 +56,39 @@ class Proc:
     def text(self) -> str:
         return "\n".join(self.lines)
 
-    def has(self, pattern: str) -> bool:
-        return any(re.search(pattern, line) for line in self.lines)
+    def find(self, pattern: str, since: int = 0) -> int | None:
+        """Index of the first line from ``since`` on that matches ``pattern`` (None: none yet)."""
+        return next((i for i, line in enumerate(self.lines[since:], since) if re.search(pattern, line)), None)
 
-    def wait_for(self, pattern: str, timeout: float) -> bool:
+    def has(self, pattern: str, since: int = 0) -> bool:
+        return self.find(pattern, since) is not None
+
+    def steps(self, since: int = 0) -> list[int]:
+        """The env steps of the progress lines from ``since`` on."""
+        return [int(m.group(1).replace(",", "")) for line in self.lines[since:]
+                for m in [re.match(r"([\d,]+)/[\d,]+ env steps ", line)] if m]
+
+    def wait_until(self, done: Callable[[], bool], timeout: float) -> bool:
+        """Wait until ``done()`` (True) or the process ended or ``timeout`` s passed (``done()`` then)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             self.workers |= set(children_and_grandchildren(self.p.pid))
-            if self.has(pattern):
+            if done():
                 return True
             if self.p.poll() is not None:
-                time.sleep(0.3)  # let the reader thread catch the last lines
-                return self.has(pattern)
+                self.reader.join(timeout=30)  # the last lines
+                return done()
             time.sleep(0.05)
-        return False
+        return done()
+
+    def wait_for(self, pattern: str, timeout: float, since: int = 0) -> bool:
+        return self.wait_until(lambda: self.has(pattern, since), timeout)
 
     def wait(self, timeout: float) -> int:
-        try:
-            return self.p.wait(timeout=timeout)
-        finally:
-            time.sleep(0.3)
+        """The exit code, once the process and the reader of its output ended."""
+        code = self.p.wait(timeout=timeout)
+        self.reader.join(timeout=30)
+        return code
 
     def kill(self) -> None:
         """SIGKILL the process and its env pool processes (a lost machine)."""
@@ -82,14 +98,16 @@ class Proc:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
-        self.p.wait(timeout=30)
+        self.p.wait(timeout=DEADLINE)
 
     def stop(self) -> None:
+        """Kill it and its env pool processes if they still run; then all its output is in ``lines``."""
         if self.p.poll() is None:
             self.kill()
         for pid in self.workers:
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
+        self.reader.join(timeout=30)
 
 
 @pytest.fixture
@@ -98,11 +116,11 @@ def broker():
     port = free_port()
     proc = Proc("broker", "--address", f"127.0.0.1:{port}", "--log-every", "1")
     try:
-        assert proc.wait_for("broker listening on", 60), proc.text()
+        assert proc.wait_for("broker listening on", DEADLINE), proc.text()
         yield f"127.0.0.1:{port}", proc
         assert proc.p.poll() is None, proc.text()  # the broker outlives its learners
         proc.p.send_signal(signal.SIGTERM)
-        assert proc.wait(30) == 0, proc.text()
+        assert proc.wait(DEADLINE) == 0, proc.text()
         assert proc.has(r"broker on 127\.0\.0\.1:\d+ up ") and proc.has("SIGTERM received: broker stopped")
     finally:
         proc.stop()
@@ -224,14 +242,21 @@ def test_a_real_group_applies_the_weighted_mean_on_every_learner(tmp_path):
             steps = []
             group = LearnerGroup("127.0.0.1:{port}", "t/w", Learner(w, steps), {{"x": 1}}, seed=i)
             learners.append(dict(w=w, group=group, steps=steps))
+        def ready(l):  # in the group with the other, on the model it took (no round handed in yet)
+            g = l["group"]
+            with g._lock:
+                return g.acc is not None and g.acc.connected() and g.size == 2 and not g.acc.has_new_state()
+
         plan = [(1, 3), (None, 2)]  # env steps handed in per round by learner 0, 1 (None: nothing)
-        deadline, rnd = time.time() + 60, 0
-        while time.time() < deadline and rnd < len(plan):
+        deadline, rnd = time.monotonic() + {DEADLINE - 60}, 0
+        started = False  # the plan starts once both learners are in the group, whichever joined first
+        while time.monotonic() < deadline and rnd < len(plan):
             broker.update()
-            for i, l in enumerate(learners):
-                before = len(l["steps"])
+            for l in learners:
                 l["group"].sync()
-                n = plan[rnd][i]
+            started = started or all(ready(l) for l in learners)
+            for i, l in enumerate(learners):
+                n = plan[rnd][i] if started else None
                 if n is not None and l["group"].wants_gradients() and not l.get("handed"):
                     l["w"].grad.copy_(grads[i])
                     l["group"].hand_in(Gradients(True, n, {{}}))
@@ -246,7 +271,7 @@ def test_a_real_group_applies_the_weighted_mean_on_every_learner(tmp_path):
         for l in learners:
             l["group"].close()
     """)
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=90, cwd=REPO)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=DEADLINE, cwd=REPO)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     steps = json.loads(proc.stdout.strip().splitlines()[-1])
     S, g0, g1 = 3, torch.tensor([1.0, 2.0]), torch.tensor([9.0, -3.0])
@@ -292,60 +317,75 @@ def test_bad_broker_and_actor_arguments_are_one_line_errors(capsys):
 @pytest.mark.moolib
 @pytest.mark.slow
 def test_late_learner_takes_the_current_model_and_both_finish_with_the_same_one(tmp_path, broker):
+    """A trains alone to ``first`` env steps, then rejoins the group as a learner without actors of its
+    own (``--num-actors 0 --listen``), so it cannot move on before B comes: B joins late, takes A's model
+    at exactly A's update count and trains the group to the target on its own actors; both finish with
+    the same model. Nothing here depends on which process is faster."""
     address, _ = broker
-    total = 25000
-    a = _learner(address, tmp_path / "a", 1, total)
+    first, total = 1000, 3000
+    assert cli.main(["train", *TINY, "--env-backend", "local", "--seed", "1", "--total-steps", str(first),
+                     "--run-dir", str(tmp_path / "a")]) == 0
+    alone = _final(tmp_path / "a")["state"]["counters"]
+    assert alone["step"] == first and alone["updates"] > 0
+    a = _learner(address, tmp_path / "a", 1, total, "--num-actors", "0", "--listen", f"127.0.0.1:{free_port()}")
     b = None
     try:
-        assert a.wait_for(r"1 learner\(s\), leader this learner", 60), a.text()
-        assert a.wait_for(r"^[1-9][\d,]*/25,000 env steps", 60), a.text()  # A trains alone
+        assert a.wait_for(r"1 learner\(s\), leader this learner", DEADLINE), a.text()
         b = _learner(address, tmp_path / "b", 2, total)  # another seed: another initial model
-        assert b.wait_for(r"took the model of learner-\S+-s1-\S+ at update [1-9]", 60), b.text()
-        assert a.wait(90) == 0, a.text()
-        assert b.wait(60) == 0, b.text()
+        assert b.wait(DEADLINE) == 0, b.text()
+        assert a.wait(DEADLINE) == 0, a.text()
     finally:
         for p in (a, b):
             if p is not None:
                 p.stop()
+    assert a.has(re.escape(f"resuming {tmp_path / 'a'} from step {first:,}")), a.text()
+    assert b.has(rf"took the model of learner-\S+-s1-\S+ at update {alone['updates']:,}$"), b.text()
     assert a.has(r"2 learner\(s\), leader this learner") and b.has(r"2 learner\(s\), leader learner-")
     ca, cb = _final(tmp_path / "a"), _final(tmp_path / "b")
     assert ca["step"] == cb["step"] >= total  # the group's count; both stop at the same round
-    assert ca["state"]["counters"]["updates"] == cb["state"]["counters"]["updates"]
+    assert ca["state"]["counters"]["updates"] == cb["state"]["counters"]["updates"] > alone["updates"]
     _assert_same_model(ca, cb)
-    # each learner's own actors produced only part of the steps the group trained on
-    assert cb["state"]["counters"]["actor_steps"] < total
-    joined = int(re.search(r"took the model of \S+ at update ([\d,]+)", b.text()).group(1).replace(",", ""))
-    assert 0 < joined < ca["state"]["counters"]["updates"]
+    # A's own actors made the steps it trained alone, B's every step trained after it joined
+    assert ca["state"]["counters"]["actor_steps"] == alone["actor_steps"] < total
+    assert cb["state"]["counters"]["actor_steps"] >= cb["step"] - first
 
 
 @pytest.mark.moolib
 @pytest.mark.slow
 def test_killed_learner_does_not_stop_the_other_and_it_resumes(tmp_path, broker):
+    """B is killed while the two train (to a target neither reaches first); A loses the group, goes on
+    alone and trains on; SIGTERM saves it, and re-running it resumes its run directory to a new target."""
     address, _ = broker
-    total = 14000
+    total = 10**7
     a = _learner(address, tmp_path / "a", 1, total)
     b = _learner(address, tmp_path / "b", 2, total)
+    progress = r"^([\d,]+)/10,000,000 env steps "
     try:
         for p in (a, b):
-            assert p.wait_for(r"2 learner\(s\)", 60), p.text()
-        assert a.wait_for(r"^[1-9][\d,]*/14,000 env steps .*learners 2", 60), a.text()
+            assert p.wait_for(r"2 learner\(s\)", DEADLINE), p.text()
+        assert a.wait_for(progress + ".*learners 2", DEADLINE), a.text()
         b.kill()  # a lost machine: no goodbye, the broker drops it after moolib's group timeout
-        assert a.p.poll() is None, a.text()  # killed mid-run
-        assert a.wait(90) == 0, a.text()
+        assert a.wait_for("lost the group ", DEADLINE), a.text()
+        lost = a.find("lost the group ")
+        assert a.wait_for(r"1 learner\(s\), leader this learner", DEADLINE, since=lost), a.text()
+        alone = a.find(r"1 learner\(s\), leader this learner", since=lost)
+        assert a.wait_until(lambda: len(set(a.steps(since=alone))) >= 2, DEADLINE), a.text()  # A trains on alone
+        a.p.send_signal(signal.SIGTERM)
+        assert a.wait(DEADLINE) == 0, a.text()
     finally:
         for p in (a, b):
             p.stop()
-    text = a.text()
-    assert re.search(r"lost the group .*\n(.*\n)*.*1 learner\(s\), leader this learner", text), text
-    assert _final(tmp_path / "a")["step"] >= total and f"finished at step" in text
+    stopped = _final(tmp_path / "a")["step"]
+    assert a.has("SIGTERM received") and a.has(f"stopped at step {stopped:,};"), a.text()
 
     # re-running the learner resumes its run directory (here alone in its group) to a new target
-    a2 = _learner(address, tmp_path / "a", 1, total + 2000)
+    a2 = _learner(address, tmp_path / "a", 1, stopped + 2000)
     try:
-        assert a2.wait(90) == 0, a2.text()
+        assert a2.wait(DEADLINE) == 0, a2.text()
     finally:
         a2.stop()
-    assert a2.has(r"resuming .* from step ") and _final(tmp_path / "a")["step"] >= total + 2000
+    assert a2.has(re.escape(f"resuming {tmp_path / 'a'} from step {stopped:,}"))
+    assert _final(tmp_path / "a")["step"] >= stopped + 2000
 
 
 @pytest.mark.moolib
@@ -354,10 +394,11 @@ def test_mismatched_learner_is_refused_with_one_line(tmp_path, broker):
     address, _ = broker
     a = _learner(address, tmp_path / "a", 1, 10 ** 7)
     try:
-        assert a.wait_for(r"1 learner\(s\), leader this learner", 60), a.text()
+        assert a.wait_for(r"1 learner\(s\), leader this learner", DEADLINE), a.text()
         bad = subprocess.run([sys.executable, "-m", "rfwp_rl", "train", *TINY, "--broker", address, "--group", "test/g",
                               "--seed", "2", "--total-steps", str(10 ** 7), "--discount", "0.9",
-                              "--run-dir", str(tmp_path / "b")], cwd=REPO, capture_output=True, text=True, timeout=90)
+                              "--run-dir", str(tmp_path / "b")], cwd=REPO, capture_output=True, text=True,
+                             timeout=DEADLINE)
     finally:
         a.stop()
     errors = [line for line in bad.stderr.splitlines() if line.startswith("error:")]
@@ -378,12 +419,12 @@ def test_remote_actor_times_out_a_hung_env_and_leaves_no_worker(tmp_path):
                    "--batch-size", "2", "--total-steps", str(10 ** 7), "--run-dir", str(tmp_path / "run"))
     actor = None
     try:
-        assert learner.wait_for("listening for remote actors", 60), learner.text()
+        assert learner.wait_for("listening for remote actors", DEADLINE), learner.text()
         actor = Proc("actor", "--connect", f"localhost:{port}", *env, "--num-actors", "2", "--num-env-processes", "1",
                      "--env-timeout", "3", "--rpc-timeout", "5")  # a host name: resolved before moolib sees it
-        assert actor.wait_for("connected to the learner", 60), actor.text()
-        code = actor.wait(60)
-        left = [w for w in actor.workers if alive(w)]  # before stop() would end them
+        assert actor.wait_for("connected to the learner", DEADLINE), actor.text()
+        code = actor.wait(DEADLINE)
+        left = ended(actor.workers, DEADLINE)  # before stop() would end them
     finally:
         for p in (learner, actor):
             if p is not None:

@@ -6,6 +6,7 @@ this pytest process must not start moolib threads), each with a hard timeout.
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -21,6 +22,8 @@ from rfwp_rl.impala.net import first_mismatch
 from procs import free_port  # tests/procs.py
 
 REPO = Path(__file__).resolve().parent.parent
+TESTS = Path(__file__).resolve().parent
+DEADLINE = 300  # s: only ever a failure deadline (a slow or busy machine just takes longer)
 TINY = ["--env", "CartPole-v1", "--core", "lstm", "--set", "core_config.hidden_size=16"]
 
 
@@ -28,10 +31,13 @@ class Proc:
     """A ``rfwp-rl`` subprocess whose merged stdout/stderr lines are collected by a thread."""
 
     def __init__(self, *argv: str):
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS), str(REPO), env.get("PYTHONPATH", "")) if p)
         self.p = subprocess.Popen([sys.executable, "-m", "rfwp_rl", *argv], cwd=REPO, stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, text=True)
+                                  stderr=subprocess.STDOUT, text=True, env=env)
         self.lines: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
 
     def _read(self) -> None:
         for line in self.p.stdout:
@@ -43,7 +49,7 @@ class Proc:
             if predicate(self):
                 return True
             if self.p.poll() is not None:
-                time.sleep(0.2)  # let the reader thread catch the last lines
+                self.reader.join(timeout=30)  # the last lines
                 return predicate(self)
             time.sleep(0.05)
         return False
@@ -55,14 +61,22 @@ class Proc:
     def text(self) -> str:
         return "\n".join(self.lines)
 
+    def wait(self, timeout: float) -> int:
+        """The exit code, once the process and the reader of its output ended."""
+        code = self.p.wait(timeout=timeout)
+        self.reader.join(timeout=30)
+        return code
+
     def stop(self) -> None:
+        """Kill it if it still runs; then all its output is in ``lines``."""
         if self.p.poll() is None:
             self.p.kill()
-        self.p.wait(timeout=30)
+        self.p.wait(timeout=DEADLINE)
+        self.reader.join(timeout=30)
 
 
-def _actor(port: int, *extra: str) -> Proc:
-    return Proc("actor", "--connect", f"127.0.0.1:{port}", *TINY, "--num-actors", "4", "--log-every", "0.2",
+def _actor(port: int, *extra: str, agent: list[str] | None = None) -> Proc:
+    return Proc("actor", "--connect", f"127.0.0.1:{port}", *(agent or TINY), "--num-actors", "4", "--log-every", "0.2",
                 "--rpc-timeout", "3", "--max-backoff", "1", *extra)
 
 
@@ -75,38 +89,48 @@ def test_first_mismatch_names_the_differing_key():
 
 
 @pytest.mark.moolib
+@pytest.mark.slow
 def test_learner_trains_only_on_remote_rollouts_and_survives_a_killed_actor(tmp_path):
-    port = free_port()
-    total = 6000  # 300 updates of 4 rollouts x 5 steps
-    learner = Proc("train", *TINY, "--num-actors", "0", "--listen", f"127.0.0.1:{port}", "--unroll-length", "5",
+    """The first actor's envs stop for good at their 1000th step (the first one to get there leaves a
+    marker): it cannot feed the learner to its target before the test kills it, however fast it is;
+    the second actor's envs run on (the marker is there)."""
+    port, marker = free_port(), tmp_path / "hung"
+    total = 6000  # 300 updates of 4 rollouts x 5 steps; the first actor's 4 envs make at most 4000 steps
+    agent = ["--env", "fault_envs:FaultCartPole-v0", "--env-option", "hang_at=1000", "--env-option",
+             f"hang_marker={marker}", *TINY[2:]]
+    learner = Proc("train", *agent, "--num-actors", "0", "--listen", f"127.0.0.1:{port}", "--unroll-length", "5",
                    "--batch-size", "4", "--total-steps", str(total), "--run-dir", str(tmp_path / "run"),
                    "--log-every", "0.5")
     actors: list[Proc] = []
     try:
-        assert learner.wait_for(lambda p: any("listening for remote actors" in l for l in p.lines), 60), learner.text()
+        assert learner.wait_for(lambda p: any("listening for remote actors" in line for line in p.lines), DEADLINE), \
+            learner.text()
 
         # 1. An actor with another core is refused with a one-line error (exit 2).
-        bad = subprocess.run([sys.executable, "-m", "rfwp_rl", "actor", "--connect", f"127.0.0.1:{port}",
-                              "--env", "CartPole-v1", "--core", "ff", "--num-actors", "2", "--env-backend", "local",
-                              "--rpc-timeout", "3"], cwd=REPO, capture_output=True, text=True, timeout=90)
-        assert bad.returncode == 2, bad.stdout + bad.stderr
-        errors = [l for l in bad.stderr.splitlines() if l.startswith("error:")]
-        assert len(errors) == 1 and "actor core 'ff' does not match the learner's 'lstm'" in errors[0], bad.stderr
+        bad = Proc("actor", "--connect", f"127.0.0.1:{port}", *agent[:-4], "--core", "ff", "--num-actors", "2",
+                   "--env-backend", "local", "--rpc-timeout", "3")
+        assert bad.wait(DEADLINE) == 2, bad.text()
+        errors = [line for line in bad.lines if line.startswith("error:")]
+        assert len(errors) == 1 and "actor core 'ff' does not match the learner's 'lstm'" in errors[0], bad.text()
 
         # 2. A first actor (in-process envs) feeds the learner; its weights follow the learner's.
-        actors.append(_actor(port, "--env-backend", "local"))
-        assert actors[0].wait_for(lambda p: len(p.versions()) >= 3 and max(p.versions()) >= 2, 60), actors[0].text()
+        actors.append(_actor(port, "--env-backend", "local", agent=agent))
+        assert actors[0].wait_for(lambda p: len(p.versions()) >= 3 and max(p.versions()) >= 2, DEADLINE), \
+            actors[0].text()
         v1 = actors[0].versions()
         assert "connected to the learner" in actors[0].text()
+        assert actors[0].wait_for(lambda p: marker.exists(), DEADLINE), actors[0].text()  # it makes no more steps
         actors[0].p.send_signal(signal.SIGKILL)  # lost without a goodbye
-        actors[0].p.wait(timeout=30)
-        time.sleep(1.0)
-        assert learner.p.poll() is None, learner.text()  # the learner goes on (waiting for rollouts)
+        actors[0].p.wait(timeout=DEADLINE)
+        since = len(learner.lines)  # the learner goes on (waiting for rollouts): a progress line after the loss
+        assert learner.wait_for(lambda p: any(" env steps " in line for line in p.lines[since:]), DEADLINE), \
+            learner.text()
+        assert learner.p.poll() is None, learner.text()
 
         # 3. A second actor (moolib EnvPool workers) takes over; the learner reaches its target.
-        actors.append(_actor(port, "--env-backend", "moolib", "--num-env-processes", "1"))
-        assert learner.p.wait(timeout=120) == 0, learner.text()
-        assert actors[1].p.wait(timeout=60) == 0, actors[1].text()
+        actors.append(_actor(port, "--env-backend", "moolib", "--num-env-processes", "1", agent=agent))
+        assert learner.p.wait(timeout=DEADLINE) == 0, learner.text()
+        assert actors[1].p.wait(timeout=DEADLINE) == 0, actors[1].text()
     finally:
         for p in [learner, *actors]:
             p.stop()
@@ -126,6 +150,7 @@ def test_learner_trains_only_on_remote_rollouts_and_survives_a_killed_actor(tmp_
 
 
 @pytest.mark.moolib
+@pytest.mark.slow
 def test_actor_reconnects_after_the_learner_restarts(tmp_path):
     """SIGKILL the learner mid-run: the actor logs the loss, retries, validates again with the
     restarted learner (a new session, resumed from the checkpoint) and feeds it to its target."""
@@ -138,19 +163,23 @@ def test_actor_reconnects_after_the_learner_restarts(tmp_path):
                     "--checkpoint-every", "0.3")
 
     first = learner(1_000_000)
-    actor = _actor(port, "--env-backend", "local")
-    procs = [first, actor]
+    procs = [first]
     try:
-        assert actor.wait_for(lambda p: p.versions() and max(p.versions()) >= 20, 90), actor.text()
-        assert first.wait_for(lambda p: list(run_dir.glob("ckpt_*.pt")), 30), first.text()
+        # the actor reads the shared key that the first --listen learner makes: it starts once the learner listens
+        assert first.wait_for(lambda p: any("listening for remote actors" in line for line in p.lines), DEADLINE), \
+            first.text()
+        actor = _actor(port, "--env-backend", "local")
+        procs.append(actor)
+        assert actor.wait_for(lambda p: p.versions() and max(p.versions()) >= 20, DEADLINE), actor.text()
+        assert first.wait_for(lambda p: list(run_dir.glob("ckpt_*.pt")), DEADLINE), first.text()
         first.p.send_signal(signal.SIGKILL)
-        first.p.wait(timeout=30)
-        assert actor.wait_for(lambda p: "lost the learner" in p.text(), 30), actor.text()
+        first.p.wait(timeout=DEADLINE)
+        assert actor.wait_for(lambda p: "lost the learner" in p.text(), DEADLINE), actor.text()
         resumed = read_checkpoint(find_checkpoint_file(run_dir))["state"]["counters"]
         second = learner(resumed["step"] + 1000)
         procs.append(second)
-        assert second.p.wait(timeout=120) == 0, second.text()
-        assert actor.p.wait(timeout=60) == 0, actor.text()
+        assert second.p.wait(timeout=DEADLINE) == 0, second.text()
+        assert actor.p.wait(timeout=DEADLINE) == 0, actor.text()
     finally:
         for p in procs:
             p.stop()

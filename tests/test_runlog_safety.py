@@ -1,7 +1,6 @@
 """Run logging (TensorBoard continuity on resume, hparams) and run-safety helpers."""
 
 import io
-import os
 import signal
 import subprocess
 import sys
@@ -96,5 +95,5 @@ def test_graceful_stop_first_signal_flags_second_exits():
     assert proc.stdout.readline().strip() == "stopping"
     t0 = time.monotonic()
     proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=10) == 130
+    assert proc.wait(timeout=300) == 130  # (a failure deadline; the bound is the next line)
     assert time.monotonic() - t0 < 5

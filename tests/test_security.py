@@ -32,6 +32,7 @@ from procs import free_port  # tests/procs.py
 
 REPO = Path(__file__).resolve().parent.parent
 TESTS = Path(__file__).resolve().parent
+DEADLINE = 300  # s: only ever a failure deadline (a slow or busy machine just takes longer)
 TINY = ["--env", "CartPole-v1", "--core", "lstm", "--set", "core_config.hidden_size=16"]
 
 
@@ -156,8 +157,9 @@ def test_oversize_rollouts_bad_states_and_episodes_are_refused(rollout_check):
 # ------------------------------------------------------------------ the learner's endpoints, end to end
 
 ATTACKER = textwrap.dedent("""
-    import json, sys, moolib, torch
+    import json, sys, time, moolib, torch
     key, port, marker = sys.argv[1], sys.argv[2], sys.argv[3]
+    holder = len(sys.argv) > 4  # a key holder, with the rollout layout: its calls are answered
 
     class Evil:
         def __reduce__(self):
@@ -166,7 +168,8 @@ ATTACKER = textwrap.dedent("""
     if key != "-":
         moolib.set_auth_key(key)
     moolib.set_listen_hosts(["127.0.0.1"])
-    rpc = moolib.Rpc(); rpc.set_name("attacker"); rpc.set_timeout(4)
+    rpc = moolib.Rpc(); rpc.set_name("attacker")
+    rpc.set_timeout(60 if holder else 2)  # without the key nothing is ever answered: a call can only time out
     rpc.connect("127.0.0.1:" + port)
     out = {}
     def call(label, fn, *args):
@@ -174,10 +177,15 @@ ATTACKER = textwrap.dedent("""
             out[label] = rpc.sync("learner", fn, *args)
         except RuntimeError as e:
             out[label] = "RuntimeError: " + str(e).splitlines()[0]
-    call("hello", "hello", Evil(), {"x": Evil()})
-    call("get_weights", "get_weights", Evil(), Evil())
-    call("put_rollout", "put_rollout", "a", None, 0, {"obs": Evil()}, (Evil(),), [Evil()])
-    if len(sys.argv) > 4:  # a key holder's malformed rollouts
+    calls = [("hello", (Evil(), {"x": Evil()})), ("get_weights", (Evil(), Evil())),
+             ("put_rollout", ("a", None, 0, {"obs": Evil()}, (Evil(),), [Evil()]))]
+    futures = {fn: rpc.async_("learner", fn, *args) for fn, args in calls}  # at once: one timeout in all
+    for fn, future in futures.items():
+        try:
+            out[fn] = future.result()
+        except RuntimeError as e:
+            out[fn] = "RuntimeError: " + str(e).splitlines()[0]
+    if holder:  # a key holder's malformed rollouts
         from rfwp_rl.impala.setup import RunSpec
         layout = json.loads(sys.argv[4])
         for attack in ("dtype", "action", "nan", "oversize"):
@@ -192,6 +200,10 @@ ATTACKER = textwrap.dedent("""
             state = (torch.zeros(b, 16), torch.zeros(b, 16))
             call(attack, "put_rollout", "a", None, 0, data, state, [])
         call("hello_ok", "hello", "attacker", {"protocol": 1})
+    elif key != "-":  # a wrong key: the learner's proof is refused here too (when its greeting came)
+        deadline = time.monotonic() + 120
+        while moolib.auth_refusals() < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
     out["refused_connections"] = moolib.auth_refusals()
     print(json.dumps(out))
 """)
@@ -211,11 +223,16 @@ def test_learner_endpoints_refuse_peers_without_the_key_and_pickles_and_bad_roll
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     lines: list[str] = []
     threading.Thread(target=lambda: lines.extend(line.rstrip("\n") for line in learner.stdout), daemon=True).start()
+
+    def wait_for(text: str, since: int = 0) -> None:
+        """Until a line from ``since`` on holds ``text`` (the learner still running)."""
+        deadline = time.monotonic() + DEADLINE
+        while not any(text in line for line in lines[since:]):
+            assert learner.poll() is None and time.monotonic() < deadline, f"no {text!r}:\n" + "\n".join(lines)
+            time.sleep(0.05)
+
     try:
-        deadline = time.monotonic() + 90
-        while not any("listening for remote actors" in line for line in lines) and time.monotonic() < deadline:
-            assert learner.poll() is None, "\n".join(lines)
-            time.sleep(0.1)
+        wait_for("listening for remote actors")
         assert key_file.exists(), "\n".join(lines)
         key = key_file.read_text().strip()
         layout = {"obs": ["float32", [4]], "reward": ["float32", []], "done": ["bool", []], "truncated": ["bool", []],
@@ -224,7 +241,7 @@ def test_learner_endpoints_refuse_peers_without_the_key_and_pickles_and_bad_roll
 
         def attack(attacker_key: str, *extra: str) -> dict:
             proc = subprocess.run([sys.executable, "-c", ATTACKER, attacker_key, str(port), str(marker), *extra],
-                                  capture_output=True, text=True, timeout=120, cwd=REPO,
+                                  capture_output=True, text=True, timeout=DEADLINE, cwd=REPO,
                                   env=_env(RFWP_MOOLIB_SEND_PICKLES_FOR_TESTS="1"))
             assert proc.returncode == 0, proc.stdout + proc.stderr
             return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -243,12 +260,9 @@ def test_learner_endpoints_refuse_peers_without_the_key_and_pickles_and_bad_roll
         assert "rollout has 64 envs; allowed: 1..4" in out["oversize"]["error"], out
         assert "does not match the learner's" in out["hello_ok"]["error"], out  # a key holder is answered
         assert not marker.exists()
-        steps_then = len(lines)
-        time.sleep(3)
-        assert learner.poll() is None, "\n".join(lines)  # still training
-        assert any("env_sps" in line or "steps" in line for line in lines[steps_then:]), "\n".join(lines)
-        assert any("refused a message" in line for line in lines), "\n".join(lines)
-        assert any("connection(s) without the shared key refused" in line for line in lines), "\n".join(lines)
+        wait_for("env_sps", since=len(lines))  # a progress line after the attacks: still training
+        wait_for("refused a message")
+        wait_for("connection(s) without the shared key refused")
         assert key not in "\n".join(lines[1:])  # the key is shown once, when made
     finally:
         learner.kill()
@@ -296,14 +310,23 @@ def test_group_refuses_nan_gradients_impossible_step_counts_and_counters_past_th
             l = Learner(w, steps, counters)
             group = LearnerGroup("127.0.0.1:{port}", "t/w", l, {{"x": 1}}, seed=i, total_steps=TOTAL)
             learners.append(dict(w=w, group=group, steps=steps, l=l))
+        def ready(l):  # in the group with the other (learner 1: has refused the leader's state)
+            g = l["group"]
+            with g._lock:
+                joined = g.acc is not None and g.acc.connected() and g.size == 2 and not g.acc.has_new_state()
+            return joined and (l is learners[0] or g.refusals.count >= 1)
+
         # round 1: learner 1 hands in NaN gradients; round 2: learner 1 claims 10**6 env steps
         plan = [(None, (float("nan"), S)), (None, (1.0, 10**6))]
-        deadline, rnd = time.time() + 100, 0
-        while time.time() < deadline and rnd < len(plan):
+        deadline, rnd = time.monotonic() + {DEADLINE - 60}, 0
+        started = False  # the plan starts once both learners are in the group, whichever joined first
+        while time.monotonic() < deadline and rnd < len(plan):
             broker.update()
-            for i, l in enumerate(learners):
+            for l in learners:
                 l["group"].sync()
-                g = plan[rnd][i]
+            started = started or all(ready(l) for l in learners)
+            for i, l in enumerate(learners):
+                g = plan[rnd][i] if started else None
                 if g is not None and l["group"].wants_gradients() and not l.get("handed"):
                     l["w"].grad.fill_(g[0])
                     l["group"].hand_in(Gradients(True, g[1], {{}}))
@@ -319,7 +342,7 @@ def test_group_refuses_nan_gradients_impossible_step_counts_and_counters_past_th
         for l in learners:
             l["group"].close()
     """)
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180, cwd=REPO,
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=DEADLINE, cwd=REPO,
                           env=_env())
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])

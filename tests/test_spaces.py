@@ -8,7 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import gymnasium
 import numpy as np
 import pytest
 import torch
@@ -95,7 +94,7 @@ def test_gaussian_matches_torch_and_maps_to_the_bounds():
 
 def _hand_gaussian_ratio(a, mu_pi, mu_b, sigma_pi, sigma_b):
     """prod_i N(a_i; mu_pi_i, sigma_pi_i) / N(a_i; mu_b_i, sigma_b_i) in plain floats."""
-    pdf = lambda x, m, s: math.exp(-(x - m) ** 2 / (2 * s * s)) / (s * math.sqrt(2 * math.pi))  # noqa: E731
+    pdf = lambda x, m, s: math.exp(-(x - m) ** 2 / (2 * s * s)) / (s * math.sqrt(2 * math.pi))
     return math.prod(pdf(x, m1, s1) / pdf(x, m2, s2) for x, m1, m2, s1, s2 in zip(a, mu_pi, mu_b, sigma_pi, sigma_b))
 
 
@@ -279,12 +278,12 @@ def test_train_dict_obs_and_box_actions_through_moolib(tmp_path):
     checkpoint greedily."""
     for env_id in ["SpaceDict-v0", "SpaceMultiDiscrete-v0"]:  # Box actions use the same action table
         run = tmp_path / env_id
-        code = ("import sys; sys.path.insert(0, %r); import space_envs; from rfwp_rl import cli; sys.exit(cli.main("
-                "['train', '--env', 'space_envs:%s', '--core', 'lstm', '--set', 'core_config.hidden_size=8', "
-                "'--env-backend', 'moolib', '--num-actors', '4', '--num-env-processes', '2', '--unroll-length', '5', "
-                "'--batch-size', '2', '--total-steps', '40', '--run-dir', %r, '--log-every', '0.5']))"
-                % (str(TESTS), env_id, str(run)))
-        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        argv = ["train", "--env", f"space_envs:{env_id}", "--core", "lstm", "--set", "core_config.hidden_size=8",
+                "--env-backend", "moolib", "--num-actors", "4", "--num-env-processes", "2", "--unroll-length", "5",
+                "--batch-size", "2", "--total-steps", "40", "--run-dir", str(run), "--log-every", "0.5"]
+        code = (f"import sys; sys.path.insert(0, {str(TESTS)!r}); import space_envs; from rfwp_rl import cli; "
+                f"sys.exit(cli.main({argv!r}))")
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-2000:]
         from rfwp_rl.impala.evaluate import evaluate
 

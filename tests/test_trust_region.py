@@ -8,7 +8,6 @@ import torch
 
 from rfwp_rl import cli
 from rfwp_rl.agent import Agent
-from rfwp_rl.errors import UserError
 from rfwp_rl.impala import learner
 
 pytestmark = pytest.mark.usefixtures("one_thread")

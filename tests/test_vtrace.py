@@ -14,7 +14,7 @@ def vtrace_eq1(log_rhos, discounts, rewards, values, bootstrap, rho_bar, c_bar, 
     delta_t V = rho_t (r_t + gamma_t V(x_{t+1}) - V(x_t)); with per-step discounts gamma_i the
     factor gamma^{t-s} of the paper becomes prod_{i=s}^{t-1} gamma_i."""
     T, B = len(rewards), len(rewards[0])
-    clip = lambda x, m: x if m is None else min(x, m)  # noqa: E731
+    clip = lambda x, m: x if m is None else min(x, m)
     vs = [[0.0] * B for _ in range(T)]
     adv = [[0.0] * B for _ in range(T)]
     for b in range(B):

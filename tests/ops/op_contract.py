@@ -101,7 +101,7 @@ def test_reference_gradcheck_with_initial_state_and_reset(name):
     # non-zero initial state (the reference code's LT backward got this wrong) + a mid reset
     args, reset = cases.make_inputs(name, T=3, B=2, H=1, d=2, reset_at=((2, 1),))
     args = [a.requires_grad_() for a in args]
-    fn = lambda *a: naive(name)(*a, reset)  # noqa: E731
+    fn = lambda *a: naive(name)(*a, reset)
     assert torch.autograd.gradcheck(fn, tuple(args), eps=1e-6, atol=1e-6)
 
 
@@ -112,7 +112,7 @@ def test_fused_gradcheck_with_initial_state_and_reset(ext, name, d):
     B = 2 if d == 3 else 1
     args, reset = cases.make_inputs(name, T=4, B=B, H=1, d=d, reset_at=((2, B - 1),))
     args = [a.requires_grad_() for a in args]
-    fn = lambda *a: fused(ext, name, 2)(*a, reset)  # noqa: E731
+    fn = lambda *a: fused(ext, name, 2)(*a, reset)
     assert torch.autograd.gradcheck(fn, tuple(args), eps=1e-6, atol=1e-6)
 
 

@@ -17,8 +17,8 @@ D = torch.float64
 
 def _inputs(n_h: int, T: int = 5, B: int = 2, H: int = 2, d: int = 4, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
-    r = lambda *s: torch.randn(*s, generator=g, dtype=D)  # noqa: E731
-    unit = lambda x: x / x.norm(dim=-1, keepdim=True)  # noqa: E731   (exactly unit length)
+    r = lambda *s: torch.randn(*s, generator=g, dtype=D)
+    unit = lambda x: x / x.norm(dim=-1, keepdim=True)  # exactly unit length
     return (unit(r(T, B, H, d)), unit(r(T, B, H, n_h, d)), r(T, B, H, n_h, d),
             2 * torch.sigmoid(r(T, B, H, n_h)), 0.5 * r(B, H, d, d))
 

@@ -45,7 +45,7 @@ def _hand_case():
     k1, k2 = [u1, u2, u1], [u2, u1, u2]
     v = [[0.6, -0.8], [-0.95, 0.95], [0.95, 0.95]]
     beta = torch.tensor([0.5, 0.95, 0.95], dtype=D)
-    atanh = lambda rows: torch.atanh(torch.tensor(rows, dtype=D))  # noqa: E731
+    atanh = lambda rows: torch.atanh(torch.tensor(rows, dtype=D))
     w = torch.cat([atanh(k1), atanh(k2), atanh(v), torch.logit(beta)[:, None]], -1)
     r = atanh([u1 + u2 + u1] * 3)          # n0 = A u1, e_1 = A u2, e_2 = A u1
     return [w[:, None, None], r[:, None, None], torch.zeros(1, 1, 2, 2, 2, dtype=D)]
@@ -122,7 +122,7 @@ def test_fused_float64_equals_reference(ext, name, d):  # noqa: F811 (the bound 
     args, reset = cases.make_inputs(name, T=7, B=3, H=2, d=d, reset_at=RESETS, seed=d)
     bound = _reference_noise(args, reset)
     for chunk in (1, 3, 7):   # a fold every step, every 3, none
-        err, gerr = cases.max_errors(name, lambda *a: fused.fwm(ext, chunk, *a), args, reset)
+        err, gerr = cases.max_errors(name, lambda *a, chunk=chunk: fused.fwm(ext, chunk, *a), args, reset)
         assert err < bound[0] and gerr < bound[1], (chunk, err, gerr, bound)
 
 

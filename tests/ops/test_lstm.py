@@ -33,9 +33,9 @@ def _nn_lstm_with_resets(lstm: nn.LSTM, x, h0, c0, reset):
 
 def test_reference_equals_nn_lstm_with_resets_and_initial_state():
     torch.manual_seed(0)
-    T, B, I, H = 9, 4, 5, 6
-    lstm = nn.LSTM(I, H).double()
-    x = torch.randn(T, B, I, dtype=D)
+    T, B, N, H = 9, 4, 5, 6  # N inputs
+    lstm = nn.LSTM(N, H).double()
+    x = torch.randn(T, B, N, dtype=D)
     h0, c0 = torch.randn(B, H, dtype=D), torch.randn(B, H, dtype=D)
     reset = torch.zeros(T, B, dtype=torch.bool)
     reset[3, 1] = reset[6, 2] = reset[6, 0] = True

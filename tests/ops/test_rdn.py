@@ -24,7 +24,7 @@ def test_rdn_feature_map_keyword():
                                y_soft)
     # a map that doubles the key size: W becomes [B, H, d, 2d]
     W0 = torch.zeros(*args[8].shape[:-1], 2 * args[8].shape[-1], dtype=D)
-    dbl = lambda x: torch.softmax(torch.cat([x, -x], -1), -1)  # noqa: E731
+    dbl = lambda x: torch.softmax(torch.cat([x, -x], -1), -1)
     y, W = rdn(*args[:8], W0, args[9], reset, feature_map=dbl)
     assert y.shape == y_soft.shape and W.shape == W0.shape
     assert not torch.allclose(y, y_soft)
