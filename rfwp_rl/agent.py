@@ -89,17 +89,8 @@ class AgentConfig:
         return cfg
 
     def to_dict(self) -> dict:
-        """Plain data; the options added with other observation and action spaces are left out at their
-        defaults, so that the record of an agent is what it was before them."""
-        d = dataclasses.asdict(self)
-        for key, default in LATER_DEFAULTS.items():
-            if d[key] == default:
-                del d[key]
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
-
-
-# options added after checkpoints were first written: recorded only where they differ from these
-LATER_DEFAULTS = {"grid_channels": (16, 32, 32), "encoders": {}, "log_std_init": 0.0, "separate_baseline": False}
+        """Every option as plain data (tuples as lists)."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
 
 
 def as_obs_space(obs: gymnasium.Space | Sequence[int]) -> gymnasium.Space:

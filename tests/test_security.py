@@ -378,7 +378,7 @@ def test_eval_imports_a_checkpoints_env_module_only_when_named(tmp_path, capsys,
     assert not marker.exists()
 
 
-def test_old_checkpoints_load_only_when_trusted_and_rng_state_is_plain(tmp_path):
+def test_checkpoints_holding_objects_load_only_when_trusted_and_rng_state_is_plain(tmp_path):
     old = tmp_path / "old.pt"
     torch.save({"format": 1, "meta": {}, "step": 1, "state": {"rng": {"numpy": np.random.get_state()}}}, old)
     with pytest.raises(UnsafeCheckpoint, match="numpy"):

@@ -349,7 +349,7 @@ class EnvBatches:
         self.futures[index] = None
         if "env_fatal" in out and bool(out["env_fatal"].any()):  # uint8 [b, FATAL_MESSAGE_BYTES]
             self._env_fatal(index, out["env_fatal"])
-        if "env_error" in out and bool(out["env_error"].any()):  # int32 [b] (bool from older workers)
+        if "env_error" in out and bool(out["env_error"].any()):  # int32 [b]
             errors = out["env_error"]
             self._env_failed(index, torch.nonzero(errors).flatten().tolist(), int(errors.sum()))
         return out

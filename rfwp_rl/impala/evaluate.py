@@ -307,7 +307,7 @@ def load_agent(path: str | Path, core: str | None = None, env: str | None = None
     ``(agent in eval mode, meta, step, checkpoint file)``.
     """
     from rfwp_rl.checkpoint import check_meta, read_checkpoint
-    from rfwp_rl.impala.setup import RunSpec, recorded_env
+    from rfwp_rl.impala.setup import META_KEYS, RunSpec
 
     file = choose_checkpoint(path, which)
     try:
@@ -318,14 +318,16 @@ def load_agent(path: str | Path, core: str | None = None, env: str | None = None
     if meta.get("trainer") != "impala":
         raise UserError(f"checkpoint {file} was written by trainer {meta.get('trainer')!r}, not 'impala'; "
                         "rfwp-rl eval evaluates IMPALA agents")
-    for key in ("env", "core", "num_actions", "obs_shape"):
-        if key not in meta:
-            raise UserError(f"checkpoint {file} lacks meta {key!r}; was it written by rfwp-rl train?")
-    meta = {**meta, "env": recorded_env(meta, file)}  # module:EnvId with its module, also for older checkpoints
+    if "env" not in meta:
+        raise UserError(f"checkpoint {file} lacks meta 'env'; was it written by rfwp-rl train?")
     module = str(meta["env"]).rpartition(":")[0]
     if module and module.split(".")[0] != "rfwp_rl" and (env is None or env.rpartition(":")[0] != module):
         raise UserError(f"checkpoint {file} was trained on env {meta['env']!r}; evaluating it imports the Python "
                         f"module {module!r}, which runs its code: pass --env {meta['env']} to confirm")
+    missing = [key for key in META_KEYS if key not in meta]
+    if missing:
+        raise UserError(f"checkpoint {file} lacks meta {', '.join(map(repr, missing))}: it has another layout than "
+                        "rfwp-rl train of this version writes")
     wanted: dict[str, Any] = {}
     if core is not None:
         wanted["core"] = core
@@ -340,7 +342,7 @@ def load_agent(path: str | Path, core: str | None = None, env: str | None = None
     check_meta({k: meta[k] for k in wanted}, wanted, file)
 
     state = obj["state"]
-    weights = state.get("agent", state.get("model")) if isinstance(state, dict) else None
+    weights = state.get("agent") if isinstance(state, dict) else None
     if weights is None:
         raise UserError(f"checkpoint {file} holds no agent weights (state['agent'])")
     agent = RunSpec.from_meta(meta).build_agent()
@@ -350,7 +352,7 @@ def load_agent(path: str | Path, core: str | None = None, env: str | None = None
         raise UserError(f"checkpoint {file}: weights do not fit a {meta['core']!r} agent built from its meta "
                         f"({str(e).splitlines()[0]})") from None
     agent.eval()
-    return agent, meta, int(obj.get("step", 0)), file
+    return agent, meta, int(obj["step"]), file
 
 
 def eval_env_options(meta: dict, overrides: dict, kind: str) -> dict:
@@ -433,7 +435,7 @@ def evaluate(path: str | Path, episodes: int = DEFAULT_EPISODES, repeats: int = 
         **summarize(groups),
         "scores": groups, "lengths": [[e.length for e in kept[r * episodes:(r + 1) * episodes]] for r in range(repeats)],
         "dropped_negative": dropped, "truncated": sum(e.truncated for e in kept),
-        "env_options": options, "core_config": meta.get("core_config"), "num_actions": meta["num_actions"],
+        "env_options": options, "core_config": meta["core_config"], "num_actions": meta["num_actions"],
         "num_envs": n, "seed": seed, "env_steps": sum(e.length for e in played),
         "wall_time_s": round(wall, 3), "video": str(video_path) if video_path else None,
         "created": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
@@ -444,19 +446,13 @@ def evaluate(path: str | Path, episodes: int = DEFAULT_EPISODES, repeats: int = 
 
 
 def _check_envs(env: Any, env_id: str, meta: dict, file: Path) -> None:
-    """The evaluation env must have the checkpoint's action and observation spaces (checkpoints that
-    recorded no spaces: its action count and observation shape)."""
+    """The evaluation env must have the checkpoint's action and observation spaces."""
     from rfwp_rl.checkpoint import check_meta
     from rfwp_rl.envs.spaces import action_space_dict, space_to_dict
 
-    actions = action_space_dict(env.action_space, env_id)
-    if "action_space" in meta and "obs_space" in meta:
-        check_meta({"action_space": meta["action_space"], "obs_space": meta["obs_space"]},
-                   {"action_space": actions, "obs_space": space_to_dict(env.observation_space)}, file)
-        return
-    n = actions.get("n") if actions["type"] == "Discrete" else actions
-    check_meta({"num_actions": meta["num_actions"], "obs_shape": list(meta["obs_shape"])},
-               {"num_actions": n, "obs_shape": list(env.observation_space.shape or ())}, file)
+    check_meta({"action_space": meta["action_space"], "obs_space": meta["obs_space"]},
+               {"action_space": action_space_dict(env.action_space, env_id),
+                "obs_space": space_to_dict(env.observation_space)}, file)
 
 
 class _Progress:

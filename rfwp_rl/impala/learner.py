@@ -491,8 +491,8 @@ class Learner:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.counters.update({k: state["counters"][k] for k in self.counters})
-        self.guard.skipped = state["counters"].get("skipped_updates", 0)
-        self.return_scale.load_state_dict(state.get("return_scale", {}))
+        self.guard.skipped = state["counters"]["skipped_updates"]
+        self.return_scale.load_state_dict(state["return_scale"])
 
     def shared_state(self) -> dict:
         """What a group's leader hands a joining learner besides the parameters and buffers."""

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,9 @@ from rfwp_rl.impala.config import ImpalaConfig
 from rfwp_rl.presets import Preset
 
 DEFAULT_CORE = "rdn"  # the RFWP paper's main agent
+#: the keys of a checkpoint's meta (:meth:`RunSpec.meta`)
+META_KEYS = ("trainer", "env", "env_options", "core", "core_config", "num_actions", "obs_shape", "obs_space",
+             "action_space", "agent")
 
 
 def add_run_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
@@ -119,19 +121,14 @@ class RunSpec:
 
     @classmethod
     def from_meta(cls, meta: dict, env_options: dict | None = None) -> "RunSpec":
-        """From a checkpoint's meta (:meth:`meta`); ``env_options`` replace the recorded ones. Checkpoints
-        written before the spaces were recorded (``obs_shape`` and ``num_actions`` only) were Atari frames or
-        float32 vectors with ``Discrete(num_actions)``."""
+        """From a checkpoint's meta (:meth:`meta`, every key of :data:`META_KEYS`); ``env_options`` replace
+        the recorded ones."""
         from rfwp_rl import envs
-        from rfwp_rl.envs.spaces import legacy_obs_space, space_to_dict
 
         kind = envs.resolve_env_id(str(meta["env"])).kind
-        preset = Preset(core=meta["core"], core_config=dict(meta.get("core_config") or {}),
-                        agent=dict(meta.get("agent") or {}))
-        options = dict(meta.get("env_options") or {}) if env_options is None else env_options
-        obs_space = meta.get("obs_space") or space_to_dict(legacy_obs_space(meta["obs_shape"], kind))
-        action_space = meta.get("action_space") or {"type": "Discrete", "n": int(meta["num_actions"]), "start": 0}
-        return cls(str(meta["env"]), kind, dict(obs_space), dict(action_space), options, preset)
+        preset = Preset(core=meta["core"], core_config=dict(meta["core_config"]), agent=dict(meta["agent"]))
+        options = dict(meta["env_options"]) if env_options is None else env_options
+        return cls(str(meta["env"]), kind, dict(meta["obs_space"]), dict(meta["action_space"]), options, preset)
 
     def spaces(self) -> tuple[Any, Any]:
         """``(tensor observation space, action space)`` as gymnasium spaces."""
@@ -165,19 +162,6 @@ class RunSpec:
                 "obs_shape": list(self.obs_shape or []), "obs_space": dict(self.obs_space),
                 "action_space": dict(self.action_space), "agent": agent.config.to_dict()}
 
-    def legacy_metas(self, agent: torch.nn.Module) -> list[dict]:
-        """The metas older versions recorded for this run, which a resume still accepts: without the spaces
-        (for a Discrete agent on frames or vectors), and for a ``module:EnvId`` env the id without its module."""
-        meta = self.meta(agent)
-        metas = []
-        legacy_dtype = "uint8" if self.kind == "atari" else "float32"
-        if (self.action_space["type"] == "Discrete" and self.obs_space["type"] == "Box"
-                and self.obs_space["dtype"] == legacy_dtype):
-            metas.append({k: v for k, v in meta.items() if k not in ("obs_space", "action_space")})
-        if ":" in self.env:
-            metas += [{**m, "env": self.env.rpartition(":")[2]} for m in [meta, *metas]]
-        return metas
-
     def make_env_pool(self, backend: str, seed: int, num_envs: int, num_batches: int, num_processes: int):
         """The env pool (see :func:`rfwp_rl.impala.env_pool.make_env_pool`); an env slot that can never
         make its env reports it as ``env_fatal`` (one line) instead of failing its worker."""
@@ -192,16 +176,3 @@ class RunSpec:
         return make_env_pool(backend, self.env, self.env_options, seed, num_envs, num_batches, num_processes,
                              blank_obs=zero_obs(obs_space), action_row=action_row)
 
-
-def recorded_env(meta: dict, checkpoint: Path) -> str:
-    """The env a checkpoint was trained on. Checkpoints of older versions recorded a ``module:EnvId``
-    env without its module; the run's ``config.json`` still has the id as given, which is used then."""
-    env = str(meta["env"])
-    config = Path(checkpoint).parent / "config.json"
-    if ":" in env or not config.is_file():
-        return env
-    try:
-        given = str(json.loads(config.read_text()).get("env", ""))
-    except (OSError, ValueError):
-        return env
-    return given if ":" in given and given.rpartition(":")[2] in (env, env.rpartition("/")[2]) else env

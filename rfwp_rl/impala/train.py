@@ -251,7 +251,6 @@ class ImpalaTrainer(Trainer):
         self.threads_note = f"{self.threads} torch thread(s) ({why})"
         self.learner = Learner(agent, cfg)
         self.meta = run.meta(agent)
-        self.legacy_metas = tuple(run.legacy_metas(agent))
         self.counts = {"actor_steps": 0, "episodes": 0, "train_seconds": 0.0, "env_failures": 0,
                        "best_return": -math.inf}
         self.returns: deque[float] = deque(maxlen=BEST_WINDOW)
@@ -267,7 +266,7 @@ class ImpalaTrainer(Trainer):
     # ---- checkpoints
     def load_state_dict(self, state: dict, path: Path, step: int) -> None:
         self.learner.load_state_dict(state)
-        self.counts.update({k: state["counters"][k] for k in self.counts if k in state["counters"]})
+        self.counts.update({k: state["counters"][k] for k in self.counts})
         print(f"resuming {self.run_dir} from step {self.step:,} ({path.name})", flush=True)
 
     def state_dict(self) -> dict:

@@ -275,7 +275,7 @@ class SeqTrainer(Trainer):
         self.steps_done = step
         self.carried, self.best, self.best_step = state["carried"], state["best"], state["best_step"]
         self.elapsed, self.early = state["elapsed"], state["early"]
-        self.guard.skipped = state.get("skipped", 0)
+        self.guard.skipped = state["skipped"]
         print(f"resuming {self.run_dir} from step {self.steps_done:,}", flush=True)
 
     def prepare(self) -> str | None:
