@@ -15,7 +15,7 @@ from rfwp_rl.agent import Agent
 from rfwp_rl.checkpoint import Checkpointer
 from rfwp_rl.errors import UserError
 from rfwp_rl.impala.evaluate import eval_env_options, evaluate, play, quotas, split_repeats, summarize
-from rfwp_rl.impala.setup import RunSpec
+from rfwp_rl.impala.run_spec import RunSpec
 from rfwp_rl.presets import Preset
 from rfwp_rl.scores import load_runs
 

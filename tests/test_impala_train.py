@@ -11,7 +11,7 @@ from rfwp_rl.checkpoint import list_checkpoints, read_checkpoint
 from rfwp_rl.errors import UserError
 from rfwp_rl.impala import learner
 from rfwp_rl.impala.actors import Actors, Rollout, RolloutQueue
-from rfwp_rl.impala.env_pool import LocalEnvPool, import_moolib
+from rfwp_rl.impala.env_batches import LocalEnvPool, import_moolib
 
 CORES = ["ff", "lstm", "gru", "lt", "delta", "delta_rnn", "rdn", "fwm"]
 # Tiny cores so that every end-to-end run takes about a second.
@@ -196,7 +196,7 @@ MOOLIB_SCRIPT = """
 import sys
 from rfwp_rl import cli
 from rfwp_rl.errors import UserError
-from rfwp_rl.impala.env_pool import make_env_pool
+from rfwp_rl.impala.env_batches import make_env_pool
 code = cli.main(sys.argv[1:])
 print("exit", code, flush=True)
 try:  # moolib aborts the process on a second EnvPool fork: we raise a one-line error instead

@@ -91,12 +91,12 @@ def test_only_plain_data_passes_and_handlers_never_raise():
 
 @pytest.fixture(scope="module")
 def rollout_check():
-    from rfwp_rl.impala.setup import RunSpec
+    from rfwp_rl.impala.run_spec import RunSpec
 
     import argparse
 
     from rfwp_rl.impala.config import trainer_keys
-    from rfwp_rl.impala.setup import add_run_arguments
+    from rfwp_rl.impala.run_spec import add_run_arguments
 
     parser = argparse.ArgumentParser()
     add_run_arguments(parser)
@@ -178,7 +178,7 @@ ATTACKER = textwrap.dedent("""
     call("get_weights", "get_weights", Evil(), Evil())
     call("put_rollout", "put_rollout", "a", None, 0, {"obs": Evil()}, (Evil(),), [Evil()])
     if len(sys.argv) > 4:  # a key holder's malformed rollouts
-        from rfwp_rl.impala.setup import RunSpec
+        from rfwp_rl.impala.run_spec import RunSpec
         layout = json.loads(sys.argv[4])
         for attack in ("dtype", "action", "nan", "oversize"):
             b = 64 if attack == "oversize" else 2

@@ -22,8 +22,8 @@ from rfwp_rl.envs.spaces import space_from_dict, space_to_dict, tensor_obs_space
 from rfwp_rl.errors import UserError
 from rfwp_rl.impala import learner, vtrace
 from rfwp_rl.impala.actors import Actors, rollout_spec
-from rfwp_rl.impala.env_pool import LocalEnvPool
-from rfwp_rl.impala.setup import RunSpec
+from rfwp_rl.impala.env_batches import LocalEnvPool
+from rfwp_rl.impala.run_spec import RunSpec
 
 TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))

@@ -12,7 +12,7 @@ import torch
 from rfwp_rl.agent import Agent
 from rfwp_rl.impala import learner
 from rfwp_rl.impala.actors import Actors
-from rfwp_rl.impala.env_pool import LocalEnvPool
+from rfwp_rl.impala.env_batches import LocalEnvPool
 
 COUNTER_ID = "rfwp_test/Counter-v0"
 

@@ -105,7 +105,7 @@ def random_batch(agent, T1: int, B: int, g: torch.Generator) -> dict[str, torch.
 
 def env_bound(pool, agent, num_envs: int, num_batches: int, seconds: float) -> float:
     """Env steps per second of ``pool`` stepped with uniformly random actions and no agent."""
-    from rfwp_rl.impala.env_pool import EnvBatches
+    from rfwp_rl.impala.env_batches import EnvBatches
 
     b = num_envs // num_batches
     envs = EnvBatches(pool, num_batches, b)
@@ -199,7 +199,7 @@ def side_by_side(run, cfg, pool, seconds: float, warmup: float) -> dict[str, flo
 
 def _run_spec(core: str, args: argparse.Namespace):
     from rfwp_rl.impala.config import trainer_keys
-    from rfwp_rl.impala.setup import RunSpec
+    from rfwp_rl.impala.run_spec import RunSpec
 
     ns = argparse.Namespace(env=args.env, core=core, preset=None, overrides=list(args.overrides),
                             detach_state_every_step=False, env_options=[], env_config=None)

@@ -37,7 +37,7 @@ import numpy as np
 
 from rfwp_rl.errors import UserError
 
-#: Defaults of the Atari preprocessing (``envs/atari.toml`` holds the same values).
+#: Defaults of the Atari preprocessing (``env_specs/atari.toml`` holds the same values).
 ATARI_DEFAULTS: dict[str, Any] = {
     "noop_max": 30,
     "frame_skip": 4,
@@ -67,7 +67,7 @@ class AtariGame:
 # Measured with ale-py 0.12.1 (``gymnasium.make('ALE/<name>-v5').action_space.n``).
 # The paper trained Amidar and James Bond with 6 actions (RFWP paper App. C: "an action
 # space size of 6, which is smaller than the full action space"); every other game used
-# its minimal action set. envs/atari_games.csv is the same table.
+# its minimal action set. env_specs/atari_games.csv is the same table.
 PAPER_GAMES: tuple[AtariGame, ...] = (
     AtariGame("Alien", "Alien", 18, 18),
     AtariGame("Amidar", "Amidar", 10, 6),

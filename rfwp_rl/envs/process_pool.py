@@ -5,7 +5,7 @@ in-process pool: a batch's first step resets its envs and ignores the action; an
 ended is reset and reports ``done`` with the new episode's first observation), with no moolib needed:
 the envs of each batch are split in contiguous slices over ``num_processes`` forked workers, which
 write their outputs into memory shared with the trainer and answer over a pipe. Every env is a
-:class:`rfwp_rl.envs.pool.PoolEnv` (so failures are handled as with moolib), seeded
+:class:`rfwp_rl.envs.pool_env.PoolEnv` (so failures are handled as with moolib), seeded
 ``seed * 100_003 + index`` like the in-process pool.
 
 Layout of the shared buffers: one tensor per output key of shape ``[num_batches, batch_size, ...]``
@@ -39,7 +39,7 @@ def _slices(batch_size: int, workers: int) -> list[tuple[int, int]]:
 
 def output_layout(blank_obs: Any) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
     """``{key: (dtype, shape)}`` of one env's step output: what :class:`PoolEnv` reports, plus reward and done."""
-    from rfwp_rl.envs.pool import PoolEnv
+    from rfwp_rl.envs.pool_env import PoolEnv
 
     probe = PoolEnv(None, make=lambda failures: None, name="layout probe", blank_obs=blank_obs)
     packed = probe._pack(blank_obs, 0.0, 0, False)
@@ -67,7 +67,7 @@ class ProcessEnvPool:
     """``num_batches`` batches of ``batch_size`` envs stepped by ``num_processes`` forked workers.
 
     Make it before the trainer starts threads or touches CUDA (the workers are forked). ``processes``
-    has the ``dead()``, ``kill()`` and ``cpu_seconds()`` of :class:`rfwp_rl.impala.env_pool.PoolProcesses`,
+    has the ``dead()``, ``kill()`` and ``cpu_seconds()`` of :class:`rfwp_rl.impala.env_batches.PoolProcesses`,
     so the trainer watches over these workers as over moolib's.
     """
 
@@ -181,7 +181,7 @@ def _worker(conn: Connection, env_id: str, env_options: dict, seed: int, start: 
             batch_size: int, outputs: dict[str, torch.Tensor], actions: torch.Tensor, blank_obs: Any) -> None:
     """Steps envs ``start:stop`` of every batch on request (one byte: the batch index) until told to stop."""
     from rfwp_rl.envs import make_env
-    from rfwp_rl.envs.pool import PoolEnv, close_all
+    from rfwp_rl.envs.pool_env import PoolEnv, close_all
     from rfwp_rl.perf import single_thread_blas
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the trainer decides when to stop (Ctrl-C reaches the group)

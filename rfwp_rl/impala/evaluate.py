@@ -307,7 +307,7 @@ def load_agent(path: str | Path, core: str | None = None, env: str | None = None
     ``(agent in eval mode, meta, step, checkpoint file)``.
     """
     from rfwp_rl.checkpoint import check_meta, read_checkpoint
-    from rfwp_rl.impala.setup import META_KEYS, RunSpec
+    from rfwp_rl.impala.run_spec import META_KEYS, RunSpec
 
     file = choose_checkpoint(path, which)
     try:
@@ -540,7 +540,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from rfwp_rl.scores import eval_file_stem, format_steps, write_eval
 
-    from rfwp_rl.impala.setup import parse_env_options
+    from rfwp_rl.impala.run_spec import parse_env_options
 
     record = evaluate(args.run, which=args.checkpoint, episodes=args.episodes, repeats=args.repeats, greedy=not args.sample,
                       noneg=args.noneg, num_envs=args.num_actors, seed=args.seed,

@@ -182,7 +182,7 @@ class LearnerGroup:
 
     def __init__(self, broker: str, group: str, learner: Any, settings: dict, seed: int,
                  total_steps: int | None = None):
-        from rfwp_rl.impala.env_pool import import_moolib
+        from rfwp_rl.impala.env_batches import import_moolib
         from rfwp_rl.impala.net import resolve_address
 
         moolib = import_moolib()

@@ -167,7 +167,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from rfwp_rl.checkpoint import atomic_write_text
-    from rfwp_rl.impala.setup import parse_env_options
+    from rfwp_rl.impala.run_spec import parse_env_options
 
     if args.torch_threads > 0:
         torch.set_num_threads(args.torch_threads)

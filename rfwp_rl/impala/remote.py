@@ -21,7 +21,7 @@ reaches its step target the actor exits 0. Ctrl-C / SIGTERM stop it cleanly.
 Envs fail as in ``rfwp-rl train``: a failing env is replaced; an env batch without a result for
 ``--env-timeout`` seconds (a hung env) or a dead worker process ends the actor (exit 1: restart it).
 At any exit the env workers get a moment to finish their pending steps and are ended if they do
-not (:meth:`rfwp_rl.impala.env_pool.EnvBatches.release`), so no hung worker outlives the actor.
+not (:meth:`rfwp_rl.impala.env_batches.EnvBatches.release`), so no hung worker outlives the actor.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ import torch
 from rfwp_rl import flags
 from rfwp_rl.errors import UserError
 from rfwp_rl.impala.config import ImpalaConfig
-from rfwp_rl.impala.setup import add_run_arguments
+from rfwp_rl.impala.run_spec import add_run_arguments
 
 MAX_INFLIGHT = 2  # rollouts sent and not yet answered
 MAX_OUTBOX = 4  # completed rollouts held before the actor stops stepping (back-pressure)
@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     from rfwp_rl.encoders import has_image_torso
     from rfwp_rl.impala.config import trainer_keys
     from rfwp_rl.impala.rollout_server import compat_info
-    from rfwp_rl.impala.setup import RunSpec
+    from rfwp_rl.impala.run_spec import RunSpec
     from rfwp_rl.perf import choose_torch_threads, set_torch_threads
 
     from rfwp_rl.impala.wire import resolve_key
@@ -349,7 +349,7 @@ class RemoteActor:
                 last_log, last_steps, last_sent = now, self.actors.env_steps, self.rollouts_sent
 
     def run(self) -> int:
-        from rfwp_rl.impala.env_pool import EnvPoolBroken
+        from rfwp_rl.impala.env_batches import EnvPoolBroken
         from rfwp_rl.safety import GracefulStop
 
         with GracefulStop() as stop:

@@ -6,7 +6,7 @@ processes, stepped in two alternating batches so that env stepping overlaps infe
 :meth:`ImpalaTrainer.train` is the loop, top to bottom: let the learner group finish a round
 (one optimizer step) -> if a full batch is ready and the group takes gradients, compute them ->
 else step one env batch and collect finished rollouts -> log, checkpoint. Defaults are the
-paper's settings (:mod:`rfwp_rl.impala.config`); the run setup is :mod:`rfwp_rl.impala.setup`,
+paper's settings (:mod:`rfwp_rl.impala.config`); the run setup is :mod:`rfwp_rl.impala.run_spec`,
 the resume order :mod:`rfwp_rl.scaffold`.
 
 Examples::
@@ -38,8 +38,8 @@ from rfwp_rl.checkpoint import add_trust_argument
 from rfwp_rl.errors import UserError, check_choice
 from rfwp_rl.impala import profiles
 from rfwp_rl.impala.config import ACTOR_DEVICES, ENV_BACKENDS, OPTIMIZERS, ImpalaConfig
-from rfwp_rl.impala.env_pool import EnvPoolBroken
-from rfwp_rl.impala.setup import DEFAULT_CORE, RunSpec, add_run_arguments
+from rfwp_rl.impala.env_batches import EnvPoolBroken
+from rfwp_rl.impala.run_spec import DEFAULT_CORE, RunSpec, add_run_arguments
 from rfwp_rl.perf import PRECISIONS, Timers, choose_torch_threads, set_torch_threads
 from rfwp_rl.safety import GracefulStop, TrainingAborted
 from rfwp_rl.scaffold import Trainer, run_trainer
@@ -315,7 +315,7 @@ class ImpalaTrainer(Trainer):
             else:
                 self.group = Solo(learner)
         except BaseException:  # e.g. a learner group that refuses this learner: no worker outlives it
-            from rfwp_rl.impala.env_pool import shutdown_env_pool
+            from rfwp_rl.impala.env_batches import shutdown_env_pool
 
             if self.server is not None:
                 self.server.close(grace=0.0)
@@ -496,7 +496,7 @@ class ImpalaTrainer(Trainer):
 
     def close(self) -> None:
         """Leave the group, stop serving remote actors, end the env workers (all of them on a restart)."""
-        from rfwp_rl.impala.env_pool import shutdown_env_pool
+        from rfwp_rl.impala.env_batches import shutdown_env_pool
 
         if self.logger is not None and self.actors is not None:
             self.logger.progress(self.step, force=True, episodes=self.counts["episodes"],
@@ -517,7 +517,7 @@ class ImpalaTrainer(Trainer):
         self.pool = None
 
     def finish(self, code: int, saved: Path | None) -> int:
-        from rfwp_rl.impala.env_pool import reexec_argv
+        from rfwp_rl.impala.env_batches import reexec_argv
 
         step, limit = self.step, self.cfg.max_env_failures
         if self.restart and saved is not None:

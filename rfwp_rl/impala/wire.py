@@ -133,7 +133,7 @@ def listen_hosts(listen: Iterable[str] = (), connect: Iterable[str] = ()) -> lis
 def secure_moolib(key: str, listen: Iterable[str] = (), connect: Iterable[str] = ()) -> Any:
     """moolib, with the shared key set for every connection this process makes or accepts from now
     on, and its own listeners restricted to :func:`listen_hosts`. Call before creating an Rpc."""
-    from rfwp_rl.impala.env_pool import import_moolib
+    from rfwp_rl.impala.env_batches import import_moolib
 
     moolib = import_moolib()
     if not hasattr(moolib, "set_auth_key"):
@@ -146,7 +146,7 @@ def secure_moolib(key: str, listen: Iterable[str] = (), connect: Iterable[str] =
 
 def refused_connections() -> int:
     """Connections refused so far in this process for a missing or wrong proof of the key."""
-    from rfwp_rl.impala.env_pool import import_moolib
+    from rfwp_rl.impala.env_batches import import_moolib
 
     return int(import_moolib().auth_refusals())
 

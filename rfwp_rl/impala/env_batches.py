@@ -9,7 +9,7 @@ exceptions the trainers handle; :mod:`rfwp_rl.impala.actors` runs the model on t
 Faults:
 
 - An env that raises (in ``step``, ``reset`` or its constructor) is replaced inside its worker
-  (:class:`rfwp_rl.envs.pool.PoolEnv`), which reports the failures in ``env_error``;
+  (:class:`rfwp_rl.envs.pool_env.PoolEnv`), which reports the failures in ``env_error``;
   :class:`EnvBatches` reports them (env index) and counts them in ``env_failures``; more than
   ``max_env_failures`` raise :class:`TrainingAborted`.
 - An env slot whose new envs fail ``MAX_FAILED_CONSTRUCTIONS`` times in a row before their first
@@ -221,7 +221,7 @@ class LocalEnvPool:
     def __init__(self, env_id: str, env_options: dict, seed: int, batch_size: int, num_batches: int,
                  blank_obs: Any = None):
         from rfwp_rl.envs import make_env
-        from rfwp_rl.envs.pool import PoolEnv
+        from rfwp_rl.envs.pool_env import PoolEnv
 
         def create(i: int) -> PoolEnv:
             def make(failures: int):  # a replacement after a failure gets a new seed
@@ -272,9 +272,9 @@ def make_env_pool(backend: str, env_id: str, env_options: dict, seed: int, num_e
     envs from OS entropy (runs with moolib are not bit-reproducible anyway: worker timing
     decides which model version acts). ``blank_obs`` (one observation's shape and dtype, e.g.
     ``np.zeros(spec.obs_shape, spec.obs_dtype)``) lets an env slot whose envs can never be made
-    report that as ``env_fatal`` (see :mod:`rfwp_rl.envs.pool`). ``action_row`` (``(shape, numpy dtype)`` of
+    report that as ``env_fatal`` (see :mod:`rfwp_rl.envs.pool_env`). ``action_row`` (``(shape, numpy dtype)`` of
     one env action, for actions that are not one integer) makes the moolib pool's
-    :class:`rfwp_rl.envs.pool.ActionTable`; the in-process pool takes such actions as they are."""
+    :class:`rfwp_rl.envs.pool_env.ActionTable`; the in-process pool takes such actions as they are."""
     if num_envs % num_batches:
         raise UserError(f"--num-actors {num_envs} must be a multiple of --num-env-batches {num_batches}")
     if not 1 <= num_batches <= 4:
@@ -290,7 +290,7 @@ def make_env_pool(backend: str, env_id: str, env_options: dict, seed: int, num_e
         raise UserError("moolib allows one EnvPool per process (it forks its workers once and aborts a second "
                         "fork); run each training in its own process, reuse the pool, or use --env-backend local")
     moolib = import_moolib()
-    from rfwp_rl.envs.pool import ActionTable, PoolEnvFactory
+    from rfwp_rl.envs.pool_env import ActionTable, PoolEnvFactory
 
     _moolib_pool_made = True
     before = set(_children(os.getpid()))
@@ -372,7 +372,7 @@ class EnvBatches:
         return self._waiter.wait(future, poll)
 
     def _env_fatal(self, index: int, fatal: torch.Tensor) -> None:
-        from rfwp_rl.envs.pool import decode_fatal
+        from rfwp_rl.envs.pool_env import decode_fatal
 
         row = int(torch.nonzero(fatal.any(dim=1)).flatten()[0])
         message = decode_fatal(fatal[row]) or "an env cannot be made to work"

@@ -163,12 +163,12 @@ class RunSpec:
                 "action_space": dict(self.action_space), "agent": agent.config.to_dict()}
 
     def make_env_pool(self, backend: str, seed: int, num_envs: int, num_batches: int, num_processes: int):
-        """The env pool (see :func:`rfwp_rl.impala.env_pool.make_env_pool`); an env slot that can never
+        """The env pool (see :func:`rfwp_rl.impala.env_batches.make_env_pool`); an env slot that can never
         make its env reports it as ``env_fatal`` (one line) instead of failing its worker."""
         from rfwp_rl.distributions import make_distribution
         from rfwp_rl.envs.spaces import zero_obs
 
-        from rfwp_rl.impala.env_pool import make_env_pool
+        from rfwp_rl.impala.env_batches import make_env_pool
 
         obs_space, action_space = self.spaces()
         dist = make_distribution(action_space)
