@@ -144,7 +144,7 @@ def learner_bound(trainer, seconds: float) -> float:
 
     def update() -> None:
         with learner.lock:
-            trainer.group.hand_in(learner.learn(rollout))
+            learner.update(rollout)
         if learner.device.type == "cuda":
             torch.cuda.synchronize(learner.device)
 

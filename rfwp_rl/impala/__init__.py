@@ -4,8 +4,13 @@
 - :mod:`rfwp_rl.impala.run_spec`: the run setup shared by train, actor, eval and the benchmark
   (env, preset, agent, checkpoint meta);
 - :mod:`rfwp_rl.impala.vtrace`: V-trace targets and policy-gradient advantages (IMPALA Eq. 1);
-- :mod:`rfwp_rl.impala.learner`: the loss and the :class:`~rfwp_rl.impala.learner.Learner` (agent,
-  optimizer, LR schedule, counters, non-finite guard);
+- :mod:`rfwp_rl.impala.loss`: the V-trace actor-critic loss (:class:`~rfwp_rl.impala.loss.LossConfig`)
+  and the return scale;
+- :mod:`rfwp_rl.impala.trust_region`: how far one update may move the policy (``max_kl``);
+- :mod:`rfwp_rl.impala.optim`: the optimizer, its LR schedule and one optimizer step;
+- :mod:`rfwp_rl.impala.learner`: the :class:`~rfwp_rl.impala.learner.Learner` (agent, optimizer,
+  counters, non-finite guard; one update) and :class:`~rfwp_rl.impala.learner.Learning` (updates
+  in the calling thread or a learner thread);
 - :mod:`rfwp_rl.impala.env_batches`: env pools (moolib ``EnvPool`` or in-process) and their supervision;
 - :mod:`rfwp_rl.impala.actors`: double-buffered batched inference, rollouts of T+1 steps, learner batches;
 - :mod:`rfwp_rl.impala.train`: the CLI and the training loop;

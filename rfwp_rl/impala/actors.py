@@ -13,7 +13,7 @@ for Atari the full game, even with ``episodic_life``).
 
 A rollout is T+1 consecutive steps of one batch; its first entry repeats the last entry of
 the previous rollout, and it carries the core state from before its first entry. See
-:mod:`rfwp_rl.impala.learner` for the meaning of each field.
+:mod:`rfwp_rl.impala.loss` for the meaning of each field.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ processes (one per CPU core, at most 8) and torch's thread count are chosen for 
 These are the ``atari`` profile (why: ``docs/profiles/atari.md``). Environments with vector
 observations get the ``vector`` or ``control`` profile (:mod:`rfwp_rl.impala.profiles`) for the
 options the command line leaves unset. Every field is a flag of ``rfwp-rl train`` and a ``--set``
-key (:mod:`rfwp_rl.flags`); the learner's :class:`rfwp_rl.impala.learner.LossConfig` is taken from it.
+key (:mod:`rfwp_rl.flags`); the learner's :class:`rfwp_rl.impala.loss.LossConfig` is taken from it.
 """
 
 from __future__ import annotations

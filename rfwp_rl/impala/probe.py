@@ -30,7 +30,7 @@ import torch
 
 from rfwp_rl import flags
 from rfwp_rl.errors import UserError
-from rfwp_rl.impala.learner import kl_terms
+from rfwp_rl.impala.trust_region import kl_terms
 from rfwp_rl.texttable import format_columns
 
 

@@ -3,11 +3,13 @@
 One process holds the model, the actors' inference and the learner (as in TorchBeast's
 monobeast and moolib's IMPALA example); the environments run in ``moolib.EnvPool`` worker
 processes, stepped in two alternating batches so that env stepping overlaps inference.
-:meth:`ImpalaTrainer.train` is the loop, top to bottom: let the learner group finish a round
-(one optimizer step) -> if a full batch is ready and the group takes gradients, compute them ->
-else step one env batch and collect finished rollouts -> log, checkpoint. Defaults are the
-paper's settings (:mod:`rfwp_rl.impala.config`); the run setup is :mod:`rfwp_rl.impala.run_spec`,
-the resume order :mod:`rfwp_rl.scaffold`.
+:meth:`ImpalaTrainer.train` is the loop, top to bottom: if a full batch is ready, one optimizer
+step on it (:meth:`rfwp_rl.impala.learner.Learner.update`) -> else step one env batch and collect
+finished rollouts -> log, checkpoint. A learner of a group (``--broker``) first lets the group
+finish a round (one optimizer step) and hands its batch's gradients to the group instead
+(:mod:`rfwp_rl.impala.multi_learner`). Defaults are the paper's settings
+(:mod:`rfwp_rl.impala.config`); the run setup is :mod:`rfwp_rl.impala.run_spec`, the resume
+order :mod:`rfwp_rl.scaffold`.
 
 Examples::
 
@@ -281,7 +283,7 @@ class ImpalaTrainer(Trainer):
     # ---- start: env pool (moolib forks its workers here, before any thread), remote actors, group
     def prepare(self) -> str | None:
         from rfwp_rl.impala.learner import Learning
-        from rfwp_rl.impala.multi_learner import LearnerGroup, Solo
+        from rfwp_rl.impala.multi_learner import LearnerGroup
         from rfwp_rl.impala.rollout_server import NoLocalActors, RolloutServer, compat_info
 
         cfg, learner = self.cfg, self.learner
@@ -312,8 +314,6 @@ class ImpalaTrainer(Trainer):
             if cfg.broker:
                 settings = {**info, **{k: getattr(cfg, k) for k in GROUP_SETTINGS}}
                 self.group = LearnerGroup(cfg.broker, cfg.group, learner, settings, cfg.seed, cfg.total_steps)
-            else:
-                self.group = Solo(learner)
         except BaseException:  # e.g. a learner group that refuses this learner: no worker outlives it
             from rfwp_rl.impala.env_batches import shutdown_env_pool
 
@@ -387,23 +387,27 @@ class ImpalaTrainer(Trainer):
             self.learning.close()  # a learner thread's error (TrainingAborted) is raised here
 
     def iterate(self) -> None:
-        """One pass of the loop: the group finishes rounds (optimizer steps), a full batch becomes
-        gradients, and otherwise the actors act."""
+        """One pass of the loop: a full batch becomes an update, and otherwise the actors act. In a
+        learner group, the group first finishes its rounds (optimizer steps), and a full batch becomes
+        this learner's share of a round when the group takes gradients."""
         cfg, group = self.cfg, self.group
-        group.sync()  # alone: nothing; in a group: a finished round is one optimizer step here
-        if self.queue.ready() and group.wants_gradients() and self.handed_in() < cfg.total_steps:
+        if group is not None:
+            group.sync()  # a finished round is one optimizer step here
+        if self.queue.ready() and (group is None or group.wants_gradients()) and self.handed_in() < cfg.total_steps:
             with self.timers("learning"):
-                self.learning.submit(self.queue.get())  # alone: one update; in a group: this round's share
+                self.learning.submit(self.queue.get())
         else:
             self.collect()  # one env step of one env batch, and the remote actors' rollouts
-        group.idle()  # nothing handed in: the group's round goes on without this learner
+        if group is not None:
+            group.idle()  # nothing handed in: the group's round goes on without this learner
         self.drop_stale_batches()
         if self.learning.thread is not None and self.handed_in() >= cfg.total_steps:
             self.learning.wait_idle()
 
     def handed_in(self) -> int:
         """Env steps trained, plus those handed to the learner thread or to the group's round under way."""
-        return self.learner.step + self.group.in_flight + self.learning.pending_steps
+        in_flight = self.group.in_flight if self.group is not None else 0
+        return self.learner.step + in_flight + self.learning.pending_steps
 
     def collect(self) -> None:
         """One env step of the next local env batch, plus the remote actors' rollouts: finished
@@ -460,7 +464,7 @@ class ImpalaTrainer(Trainer):
             extra["return(100)"] = float(np.mean(self.returns))
             self.logger.log(step, {"episode/return_mean100": extra["return(100)"]})
             self.keep_best(extra["return(100)"])
-        group_stats = self.group.stats()
+        group_stats = self.group.stats() if self.group is not None else {}
         if group_stats:
             self.logger.log(step, {**group_stats, "group/dropped_batches": self.dropped_batches})
             extra["learners"] = int(group_stats["group/size"])
