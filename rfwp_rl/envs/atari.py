@@ -35,7 +35,7 @@ from typing import Any
 import gymnasium
 import numpy as np
 
-from rfwp_rl.errors import UserError
+from rfwp_rl.errors import UserError, check_choice
 
 #: Defaults of the Atari preprocessing (``env_specs/atari.toml`` holds the same values).
 ATARI_DEFAULTS: dict[str, Any] = {
@@ -97,8 +97,6 @@ def check_atari_settings(settings: dict[str, Any]) -> dict[str, Any]:
 
     Raises a one-line :class:`UserError` naming the bad key or value.
     """
-    from rfwp_rl.errors import check_choice
-
     for key in settings:
         check_choice("Atari setting", key, ATARI_DEFAULTS)
     out = {**ATARI_DEFAULTS, **settings}

@@ -42,6 +42,8 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from rfwp_rl.envs import make_env
+from rfwp_rl.envs.pool_env import ActionTable, PoolEnv, PoolEnvFactory, decode_fatal
 from rfwp_rl.envs.process_pool import ProcessEnvPool, process_cpu_seconds
 from rfwp_rl.errors import UserError
 from rfwp_rl.impala.config import DEFAULTS
@@ -220,9 +222,6 @@ class LocalEnvPool:
 
     def __init__(self, env_id: str, env_options: dict, seed: int, batch_size: int, num_batches: int,
                  blank_obs: Any = None):
-        from rfwp_rl.envs import make_env
-        from rfwp_rl.envs.pool_env import PoolEnv
-
         def create(i: int) -> PoolEnv:
             def make(failures: int):  # a replacement after a failure gets a new seed
                 return make_env(env_id, seed=(seed * 100_003 + i + 7919 * failures) % 2 ** 31, **env_options)
@@ -290,8 +289,6 @@ def make_env_pool(backend: str, env_id: str, env_options: dict, seed: int, num_e
         raise UserError("moolib allows one EnvPool per process (it forks its workers once and aborts a second "
                         "fork); run each training in its own process, reuse the pool, or use --env-backend local")
     moolib = import_moolib()
-    from rfwp_rl.envs.pool_env import ActionTable, PoolEnvFactory
-
     _moolib_pool_made = True
     before = set(_children(os.getpid()))
     factory = PoolEnvFactory(env_id, **env_options)
@@ -372,8 +369,6 @@ class EnvBatches:
         return self._waiter.wait(future, poll)
 
     def _env_fatal(self, index: int, fatal: torch.Tensor) -> None:
-        from rfwp_rl.envs.pool_env import decode_fatal
-
         row = int(torch.nonzero(fatal.any(dim=1)).flatten()[0])
         message = decode_fatal(fatal[row]) or "an env cannot be made to work"
         raise TrainingAborted(f"{message} (actor env {index * self.batch_size + row})")

@@ -54,8 +54,9 @@ from typing import Any
 import torch
 
 from rfwp_rl.errors import UserError
+from rfwp_rl.impala.env_batches import import_moolib
 from rfwp_rl.impala.learner import Gradients, GroupStep
-from rfwp_rl.impala.net import settings_mismatch
+from rfwp_rl.impala.net import resolve_address, settings_mismatch
 from rfwp_rl.impala.wire import RefusalLog, Refused, check_int, check_name
 
 GROUP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-/]{0,99}")
@@ -87,8 +88,6 @@ def group_gradient_factor(num_gradients: int, group_env_steps: int, steps_per_up
 
 def check_group_args(broker: str, group: str) -> None:
     """One-line :class:`UserError` for ``--broker``/``--group`` values that cannot work."""
-    from rfwp_rl.impala.net import resolve_address
-
     if group and not broker:
         raise UserError(f"--group {group!r} needs --broker HOST:PORT (the moolib broker the group meets at: "
                         "rfwp-rl broker --address HOST:PORT)")
@@ -150,9 +149,6 @@ class LearnerGroup:
 
     def __init__(self, broker: str, group: str, learner: Any, settings: dict, seed: int,
                  total_steps: int | None = None):
-        from rfwp_rl.impala.env_batches import import_moolib
-        from rfwp_rl.impala.net import resolve_address
-
         moolib = import_moolib()
         self.moolib, self.broker, self.group_name = moolib, broker, group
         self.learner = learner
