@@ -34,10 +34,12 @@ import torch
 import torch.nn as nn
 from gymnasium import spaces
 
+from rfwp_rl import cores
 from rfwp_rl.distributions import ActionDistribution, make_distribution
 from rfwp_rl.encoders import (  # noqa: F401 - the torsos, also importable from here
     ACTIVATIONS, PART_ENCODERS, TORSOS, GridTorso, MLPTorso, ResidualBlock, ResNetTorso, make_torso)
 from rfwp_rl.errors import check_choice
+from rfwp_rl.presets import load_preset
 
 
 @dataclasses.dataclass
@@ -89,17 +91,8 @@ class AgentConfig:
         return cfg
 
     def to_dict(self) -> dict:
-        """Plain data; the options added with other observation and action spaces are left out at their
-        defaults, so that the record of an agent is what it was before them."""
-        d = dataclasses.asdict(self)
-        for key, default in LATER_DEFAULTS.items():
-            if d[key] == default:
-                del d[key]
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
-
-
-# options added after checkpoints were first written: recorded only where they differ from these
-LATER_DEFAULTS = {"grid_channels": (16, 32, 32), "encoders": {}, "log_std_init": 0.0, "separate_baseline": False}
+        """Every option as plain data (tuples as lists)."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
 
 
 def as_obs_space(obs: gymnasium.Space | Sequence[int]) -> gymnasium.Space:
@@ -133,8 +126,6 @@ class Agent(nn.Module):
                  core: str = "lstm", core_config: dict | None = None,
                  agent_config: AgentConfig | dict | None = None):
         super().__init__()
-        from rfwp_rl import cores
-
         self.obs_space = as_obs_space(obs_space)
         self.action_space = as_action_space(action_space)
         self.obs_shape = self.obs_space.shape  # None for a Dict
@@ -238,8 +229,6 @@ def build_agent(preset: Any, obs_space: gymnasium.Space | Sequence[int], action_
 def atari_param_counts(num_actions: int) -> dict[str, int]:
     """Parameter counts of the Atari presets (``agents/atari_<core>.toml``) for A actions,
     e.g. ``{"ff": 1091038, ...}`` for A = 6. Built on the meta device (no memory used)."""
-    from rfwp_rl.presets import load_preset
-
     counts = {}
     for core, name in ATARI_PRESETS.items():
         preset = load_preset(name)

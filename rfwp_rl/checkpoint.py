@@ -9,13 +9,13 @@ checkpoint is deleted only after the new one is complete.
 
 Each file stores ``{"format", "meta", "step", "state"}``. ``meta`` describes what the
 checkpoint is compatible with (trainer, core, action count, model config); loading into a
-run whose ``meta`` differs raises a one-line :class:`UserError` naming the difference.
+run whose ``meta`` differs raises a one-line :class:`UserError` naming the difference, and so
+does a file of another ``format``: a checkpoint is read only by the layout that wrote it.
 
 Files hold tensors and plain data only (the RNG states too) and are read with
 ``torch.load(weights_only=True)``: a file that holds anything else (a pickled object, whose
-loading could run code) is refused in one line, :class:`UnsafeCheckpoint`. Checkpoints of older
-versions of this package hold a NumPy RNG state as an array object; ``trust=True``
-(``--trust-checkpoint``) reads such a file of known origin, and the next checkpoint is safe.
+loading could run code) is refused in one line, :class:`UnsafeCheckpoint`; ``trust=True``
+(``--trust-checkpoint``) reads such a file all the same, for a file whose origin is known.
 """
 
 from __future__ import annotations
@@ -103,19 +103,17 @@ def rng_state() -> dict:
 
 
 def set_rng_state(state: dict) -> None:
-    """Inverse of :func:`rng_state` (also takes the NumPy tuple older checkpoints stored)."""
+    """Inverse of :func:`rng_state`."""
     random.setstate(state["python"])
     numpy_state = state["numpy"]
-    if isinstance(numpy_state, dict):
-        numpy_state = (numpy_state["name"], numpy_state["keys"].numpy().astype(np.uint32), numpy_state["pos"],
-                       numpy_state["has_gauss"], numpy_state["cached_gaussian"])
-    np.random.set_state(numpy_state)
+    np.random.set_state((numpy_state["name"], numpy_state["keys"].numpy().astype(np.uint32), numpy_state["pos"],
+                         numpy_state["has_gauss"], numpy_state["cached_gaussian"]))
     torch.set_rng_state(state["torch"])
 
 
 # Keys of a meta (at any depth) that choose an implementation, not the numbers: a run may resume
-# on another kernel backend, and checkpoints made before a core had the option still load. The
-# cores' initialisation options are among them: a checkpoint's weights replace the init.
+# on another kernel backend. The cores' initialisation options are among them: a checkpoint's
+# weights replace the init.
 IMPLEMENTATION_KEYS = frozenset({"backend", "forget_bias", "recurrent_init"})
 
 
@@ -144,9 +142,9 @@ def read_checkpoint(path: str | os.PathLike, trust: bool = False) -> dict:
     """Load one checkpoint file (on CPU) with ``torch.load(weights_only=True)``: tensors and plain
     data, nothing that runs code. Raises ``ValueError`` if the file is damaged or not ours (a
     truncated or garbage file: corrupt), :class:`UnsafeCheckpoint` if it holds other Python objects
-    (never loaded unless ``trust``: a file of known origin, e.g. written by an older rfwp_rl), and
-    a one-line :class:`UserError` for any other failure (no permission, out of memory), which is
-    not a damaged file."""
+    (never loaded unless ``trust``: a file of known origin), and a one-line :class:`UserError` for a
+    file of another ``format`` or any other failure (no permission, out of memory), which is not a
+    damaged file."""
     path = Path(path)
     try:
         if not zipfile.is_zipfile(path):  # torch.save writes zip archives; anything else is not ours
@@ -160,15 +158,18 @@ def read_checkpoint(path: str | os.PathLike, trust: bool = False) -> dict:
             raise ValueError(f"damaged pickle data ({_first_line(e)})") from None
         raise UnsafeCheckpoint(
             f"checkpoint {path} holds a Python object ({found.group(1)}) that loading would have to execute; "
-            "refusing it (a file of unknown origin can run any code). If this package wrote it (an older "
-            "version), pass --trust-checkpoint once; the next checkpoint is written without such objects") from None
+            "refusing it (a file of unknown origin can run any code); if you know where the file comes from, "
+            "pass --trust-checkpoint") from None
     except (RuntimeError, EOFError, KeyError, zipfile.BadZipFile) as e:  # damaged archive or records
         raise ValueError(f"{type(e).__name__}: {_first_line(e)}") from None
     except (OSError, MemoryError) as e:
         raise UserError(f"cannot load checkpoint {path}: {type(e).__name__}: {_first_line(e)} (the file may be "
                         "fine; it is left as it is)") from None
-    if not isinstance(obj, dict) or obj.get("format") != FORMAT or "state" not in obj:
+    if not isinstance(obj, dict) or not {"format", "meta", "step", "state"} <= set(obj):
         raise ValueError("not an rfwp_rl checkpoint")
+    if obj["format"] != FORMAT:
+        raise UserError(f"checkpoint {path} has format {obj['format']!r}; this version of rfwp_rl reads format "
+                        f"{FORMAT} only")
     return obj
 
 
@@ -176,7 +177,7 @@ def add_trust_argument(parser: Any) -> None:
     """The ``--trust-checkpoint`` flag of the commands that load checkpoints."""
     parser.add_argument("--trust-checkpoint", action="store_true",
                         help="also load a checkpoint that holds Python objects, whose loading can run any code: "
-                             "only for files this package wrote (older versions stored such objects)")
+                             "only for files whose origin you know")
 
 
 def _first_line(error: BaseException) -> str:
@@ -245,15 +246,12 @@ class Checkpointer:
             number of actions, model config...). Plain, comparable Python values.
         keep: how many periodic checkpoints to keep (>= 2, so that a broken newest one
             still leaves a good previous one).
-        also_accept: other metas a checkpoint may have and still be loaded (what older versions
-            recorded for the same run).
     """
 
-    def __init__(self, run_dir: str | os.PathLike, meta: dict, keep: int = 2, also_accept: tuple[dict, ...] = ()):
+    def __init__(self, run_dir: str | os.PathLike, meta: dict, keep: int = 2):
         self.run_dir = Path(run_dir)
         self.meta = meta
         self.keep = max(2, keep)
-        self.also_accept = tuple(also_accept)
 
     def save(self, state: dict, step: int) -> Path:
         """Write ``ckpt_<step>.pt`` atomically, then prune older ones beyond ``keep``.
@@ -305,8 +303,7 @@ class Checkpointer:
                 print(f"warning: checkpoint {path} is unreadable ({e}); kept as {aside.name}, trying the previous one",
                       file=sys.stderr)
                 continue
-            if not any(not meta_differences(obj["meta"], other) for other in self.also_accept):
-                check_meta(obj["meta"], self.meta, path)
+            check_meta(obj["meta"], self.meta, path)
             return {"step": int(obj["step"]), "state": obj["state"], "meta": obj["meta"], "path": path}
         raise UserError(
             "no usable checkpoint in " f"{self.run_dir}: {', '.join(p.name for p in files)} are all "

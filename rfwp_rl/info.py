@@ -7,6 +7,12 @@ from __future__ import annotations
 
 import argparse
 
+from rfwp_rl import __version__, cores, kernels
+
+from rfwp_rl.agent import atari_param_counts
+
+from rfwp_rl.ops import selftest
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-actions", type=int, default=6,
@@ -19,9 +25,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import torch
-
-    from rfwp_rl import __version__, cores, kernels
-    from rfwp_rl.agent import atari_param_counts
 
     print(f"rfwp_rl {__version__} | torch {torch.__version__} | "
           f"cuda {'available' if torch.cuda.is_available() else 'not available'}")
@@ -39,8 +42,6 @@ def run(args: argparse.Namespace) -> int:
     for name, count in atari_param_counts(args.num_actions).items():
         print(f"  {name:<12} {count:>12,}")
     if args.check:
-        from rfwp_rl.ops import selftest
-
         print()
         return selftest.main()
     return 0

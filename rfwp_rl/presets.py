@@ -27,6 +27,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
+from rfwp_rl import cores
 from rfwp_rl.errors import UserError, check_choice
 from rfwp_rl.overrides import apply_settings, parse_value  # noqa: F401  (parse_value: env options use it too)
 from rfwp_rl.resources import data_dir
@@ -121,8 +122,6 @@ def resolve_preset(core: str | None, preset: str | None, overrides: Iterable[str
             raise UserError(f"--core {core!r} contradicts preset {p.source} (core = {p.core!r}); "
                             "pass only one, or --set core=...")
     else:
-        from rfwp_rl import cores
-
         name = core or default_core
         check_choice("core", name, sorted(cores.available()))
         kind_file = AGENTS_DIR / f"{kind}_{name}.toml"

@@ -29,7 +29,6 @@ class Trainer:
 
     run_dir: Path
     meta: dict
-    legacy_metas: tuple[dict, ...] = ()  # what older versions recorded for the same run (still loaded)
     total: int
     unit: str = "steps"  # what the logger's step counts ("env steps", "optimizer steps")
     step_name: str = "step"  # one of them, in messages ("episode")
@@ -98,7 +97,7 @@ class Trainer:
 def run_trainer(trainer: Trainer) -> int:
     """Run ``trainer`` inside the scaffold (see the module docstring). Returns the exit code:
     0 finished or stopped by a signal, 1 aborted (non-finite updates, env failures)."""
-    trainer.checkpointer = Checkpointer(trainer.run_dir, trainer.meta, also_accept=trainer.legacy_metas)
+    trainer.checkpointer = Checkpointer(trainer.run_dir, trainer.meta)
     lock = lock_run_dir(trainer.run_dir)  # one trainer per run directory, until the end
     try:
         loaded = trainer.checkpointer.load_latest(trust=trainer.trust_checkpoint)

@@ -30,6 +30,7 @@ import re
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from rfwp_rl.checkpoint import atomic_write_text
 from rfwp_rl.errors import UserError, check_choice
 from rfwp_rl.resources import data_dir
 
@@ -309,8 +310,6 @@ def write_eval(record: dict, directory: str | Path, stem: str | None = None) -> 
     """Write an eval ``record`` (see :mod:`rfwp_rl.impala.evaluate`) as ``<stem>.json`` (everything,
     including every episode's score) and ``<stem>.csv`` (one row in the paper tables' columns),
     both atomically. Returns the two paths."""
-    from rfwp_rl.checkpoint import atomic_write_text
-
     record = dict(record, format=EVAL_FORMAT)
     for key in ("game", "model", "steps", "mean", "std"):
         if key not in record:

@@ -100,7 +100,7 @@ def test_separate_baseline_has_its_own_torso_core_and_state(core):
     # the baseline core's state moved, the policy core's too, each from its own inputs
     assert all(not torch.equal(a, b) for a, b in zip(state, new_state))
 
-    assert "separate_baseline" not in shared.config.to_dict()
+    assert shared.config.to_dict()["separate_baseline"] is False
     assert separate.config.to_dict()["separate_baseline"] is True
     assert AgentConfig.from_dict(separate.config.to_dict()).separate_baseline
 

@@ -20,7 +20,6 @@ BUILTIN = ("ff", "lstm", "gru", "lt", "delta", "delta_rnn", "rdn", "fwm", "gated
            "delta_product", "srwm")
 RECURRENT = ("lstm", "gru", "lt", "delta", "delta_rnn", "rdn", "fwm", "gated_delta", "delta_product",
              "srwm")
-NEWER = ("gated_delta", "delta_product", "srwm")
 FAST = ("lt", "delta", "delta_rnn", "rdn")
 ALL = tuple(cores.available())          # every registered core, built-in or added by a module
 

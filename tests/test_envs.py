@@ -21,11 +21,11 @@ from rfwp_rl.envs import (
     resolve_env_id,
 )
 from rfwp_rl.envs.atari import area_resize_matrix
-from rfwp_rl.envs.pool import PoolEnv
+from rfwp_rl.envs.pool_env import PoolEnv
 from rfwp_rl.errors import UserError
 
 REPO = Path(__file__).resolve().parent.parent
-ENVS_DIR = REPO / "envs"
+ENVS_DIR = REPO / "env_specs"
 
 
 def _resize_ref(frame: np.ndarray, size: int = 84) -> np.ndarray:
@@ -304,8 +304,8 @@ def test_bad_gymnasium_kwarg_is_a_user_error():
 # -- user environments -----------------------------------------------------------------------
 
 
-def test_example_new_env_registers_and_is_solvable():
-    path = ENVS_DIR / "example_new_env.py"
+def test_example_env_registers_and_is_solvable():
+    path = ENVS_DIR / "example_env.py"
     module = import_env_module(str(path))
     assert import_env_module(str(path)) is module  # imported once
     env = make_env(f"{path}:{module.ENV_ID}", seed=0)

@@ -11,7 +11,7 @@ from rfwp_rl.agent import Agent
 from rfwp_rl.impala import learner
 from rfwp_rl.impala.actors import Rollout
 from rfwp_rl.impala.config import ImpalaConfig
-from rfwp_rl.impala.multi_learner import Solo
+from rfwp_rl.impala.trust_region import behaviour_kl
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -37,7 +37,7 @@ def _learn_one_batch(epochs: int, max_kl: float) -> tuple[learner.Learner, Rollo
                               learning_rate=3e-3, normalize_advantages=True, epochs=epochs, max_kl=max_kl)
     lrn = learner.Learner(agent, cfg)
     batch = _rollout(agent)
-    learner.Learning(lrn, Solo(lrn)).submit(batch)
+    learner.Learning(lrn).submit(batch)
     return lrn, batch, agent
 
 
@@ -47,15 +47,15 @@ def test_env_steps_count_once_and_each_epoch_is_an_update():
     assert one.counters == {"step": 384, "updates": 1}
     assert three.counters == {"step": 384, "updates": 3}
     # more epochs on the same batch move the policy further from the behaviour policy
-    kl_one = float(learner.behaviour_kl(one.agent, batch.data, ()))
-    kl_three = float(learner.behaviour_kl(agent3, batch.data, ()))
+    kl_one = float(behaviour_kl(one.agent, batch.data, ()))
+    kl_three = float(behaviour_kl(agent3, batch.data, ()))
     assert kl_three > 2 * kl_one > 0
 
 
 def test_the_trust_region_bounds_the_move_over_all_epochs():
     lrn, batch, agent = _learn_one_batch(epochs=8, max_kl=1e-3)
     assert lrn.counters["updates"] == 8
-    assert float(learner.behaviour_kl(agent, batch.data, ())) < 2e-3  # each epoch is shrunk against mu, not the last epoch
+    assert float(behaviour_kl(agent, batch.data, ())) < 2e-3  # each epoch is shrunk against mu, not the last epoch
 
 
 def test_training_with_epochs_counts_updates(tmp_path):

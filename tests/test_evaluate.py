@@ -15,6 +15,8 @@ from rfwp_rl.agent import Agent
 from rfwp_rl.checkpoint import Checkpointer
 from rfwp_rl.errors import UserError
 from rfwp_rl.impala.evaluate import eval_env_options, evaluate, play, quotas, split_repeats, summarize
+from rfwp_rl.impala.run_spec import RunSpec
+from rfwp_rl.presets import Preset
 from rfwp_rl.scores import load_runs
 
 
@@ -23,14 +25,15 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def make_checkpoint(run_dir, env_id, core="lstm", core_config=None, env_options=None, step=1000,
                     trainer="impala", meta_num_actions=None):
-    """Save an untrained agent exactly as ``rfwp-rl train`` does (meta + state['agent'])."""
+    """Save an untrained agent exactly as ``rfwp-rl train`` does (``RunSpec.meta`` + state['agent'])."""
     spec = envs.env_spec(env_id, **(env_options or {}))
-    n = meta_num_actions or spec.num_actions
+    action_space = spec.action_space if meta_num_actions is None else \
+        {"type": "Discrete", "n": meta_num_actions, "start": 0}
+    run = RunSpec(spec.gym_id, spec.kind, spec.obs_space, action_space, dict(env_options or {}),
+                  Preset(core, dict(core_config or {})))
     torch.manual_seed(0)
-    agent = Agent(spec.obs_shape, n, core, core_config or {}, {})
-    meta = {"trainer": trainer, "env": spec.gym_id, "env_options": dict(env_options or {}), "core": core,
-            "core_config": dict(agent.core.config), "num_actions": n,
-            "obs_shape": list(spec.obs_shape), "agent": agent.config.to_dict()}
+    agent = run.build_agent()
+    meta = {**run.meta(agent), "trainer": trainer}
     return Checkpointer(run_dir, meta).save({"agent": agent.state_dict()}, step)
 
 
@@ -205,7 +208,7 @@ def test_mismatched_core_env_or_actions_give_one_line_errors(tmp_path, capsys):
         assert message in err and err.count("\n") == 1, err
     # a checkpoint whose action count differs from its env's (e.g. trained with a reduced action set)
     make_checkpoint(tmp_path / "a3", "CartPole-v1", core_config={"hidden_size": 8}, meta_num_actions=3)
-    with pytest.raises(UserError, match="num_actions: checkpoint has 3, this run has 2"):
+    with pytest.raises(UserError, match="action_space.n: checkpoint has 3, this run has 2"):
         evaluate(tmp_path / "a3", episodes=1, repeats=1, quiet=True)
     make_checkpoint(tmp_path / "a2c", "CartPole-v1", trainer="meta_rl")
     with pytest.raises(UserError, match="trainer 'meta_rl', not 'impala'"):
@@ -234,7 +237,8 @@ def test_evaluates_a_checkpoint_written_by_the_trainer(tmp_path, capsys):
 def test_eval_of_an_env_from_a_module_imports_it_only_when_env_names_it(tmp_path, capsys):
     """A run trained with --env module:EnvId records the module with the env; importing it runs the
     module's code, so eval asks for --env naming it (one line) instead of importing what a file
-    says; with --env it evaluates, also a checkpoint of an older version (env without its module)."""
+    says; with --env it evaluates. A checkpoint of another layout is refused in one line that names
+    what differs, by eval and by a resume."""
     from rfwp_rl.checkpoint import atomic_torch_save, list_checkpoints, read_checkpoint
 
     run = tmp_path / "mod"
@@ -250,11 +254,19 @@ def test_eval_of_an_env_from_a_module_imports_it_only_when_env_names_it(tmp_path
     env = ["--env", "fault_envs:FaultCartPole-v0"]
     assert cli.main(["eval", str(run), *env, "--episodes", "2", "--repeats", "1", "--num-actors", "2"]) == 0
     assert "on fault_envs:FaultCartPole-v0" in capsys.readouterr().out
-    old = read_checkpoint(file)
-    old["meta"]["env"] = "FaultCartPole-v0"
-    atomic_torch_save(old, file)
-    assert cli.main(["eval", str(run), *env, "--episodes", "2", "--repeats", "1", "--num-actors", "2"]) == 0
-    assert cli.main(["train", "--env", "fault_envs:FaultCartPole-v0", "--core", "lstm", "--set",
-                     "core_config.hidden_size=8", "--total-steps", "60", "--num-actors", "2", "--unroll-length", "10",
-                     "--batch-size", "2", "--env-backend", "local", "--run-dir", str(run)]) == 0  # resumes too
+    train = ["train", "--env", "fault_envs:FaultCartPole-v0", "--core", "lstm", "--set", "core_config.hidden_size=8",
+             "--total-steps", "60", "--num-actors", "2", "--unroll-length", "10", "--batch-size", "2",
+             "--env-backend", "local", "--run-dir", str(run)]
+    assert cli.main(train) == 0  # resumes
     assert "from step 40" in capsys.readouterr().out
+    file = list_checkpoints(run)[0]
+    other = read_checkpoint(file)
+    del other["meta"]["obs_space"]
+    atomic_torch_save(other, file)
+    assert cli.main(["eval", str(run), *env, "--episodes", "2", "--repeats", "1", "--num-actors", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: checkpoint {file} lacks meta 'obs_space': it has another layout than rfwp-rl train of "
+                   "this version writes"], err
+    assert cli.main([*train, "--total-steps", "80"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "obs_space: checkpoint has '<missing>'" in err[0], err

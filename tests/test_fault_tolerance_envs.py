@@ -30,7 +30,7 @@ import rfwp_rl.runlog  # noqa: F401  (imported at collection: RunLogger binds sy
 from rfwp_rl import cli
 from rfwp_rl.checkpoint import list_checkpoints, read_checkpoint
 from rfwp_rl.envs import make_env
-from rfwp_rl.envs.pool import FATAL_MESSAGE_BYTES, MAX_FAILED_CONSTRUCTIONS, PoolEnv, decode_fatal, encode_fatal
+from rfwp_rl.envs.pool_env import FATAL_MESSAGE_BYTES, MAX_FAILED_CONSTRUCTIONS, PoolEnv, decode_fatal, encode_fatal
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent

@@ -12,8 +12,9 @@ import pytest
 from rfwp_rl import flags
 from rfwp_rl.bench import BENCHMARKS
 from rfwp_rl.cli import COMMANDS
-from rfwp_rl.impala import learner, profiles
+from rfwp_rl.impala import profiles
 from rfwp_rl.impala.config import ImpalaConfig, trainer_keys
+from rfwp_rl.impala.loss import LossConfig, loss_config
 from rfwp_rl.meta_rl.config import MetaRLConfig
 from rfwp_rl.seq.config import NOT_SET_KEYS, SeqConfig
 
@@ -102,14 +103,14 @@ def test_durations_are_seconds_and_budgets_name_their_unit(command):
 
 
 def test_the_loss_settings_are_the_trainers():
-    assert [f.name for f in dataclasses.fields(learner.LossConfig)
+    assert [f.name for f in dataclasses.fields(LossConfig)
             if f.default is not dataclasses.MISSING] == ["clip_pg_rho"]  # not a trainer setting
-    assert {f.name for f in dataclasses.fields(learner.LossConfig)} - {"clip_pg_rho"} <= \
+    assert {f.name for f in dataclasses.fields(LossConfig)} - {"clip_pg_rho"} <= \
         {f.name for f in dataclasses.fields(ImpalaConfig)}
     cfg = ImpalaConfig(discount=0.5, entropy_cost=0.2, max_kl=0.01)
-    loss = learner.loss_config(cfg)
+    loss = loss_config(cfg)
     assert (loss.discount, loss.entropy_cost, loss.max_kl, loss.reward_clip) == (0.5, 0.2, 0.01, cfg.reward_clip)
-    assert learner.loss_config(bound_cost=0.0).baseline_cost == ImpalaConfig().baseline_cost
+    assert loss_config(bound_cost=0.0).baseline_cost == ImpalaConfig().baseline_cost
 
 
 def test_profiles_name_config_fields():

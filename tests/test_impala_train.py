@@ -11,7 +11,8 @@ from rfwp_rl.checkpoint import list_checkpoints, read_checkpoint
 from rfwp_rl.errors import UserError
 from rfwp_rl.impala import learner
 from rfwp_rl.impala.actors import Actors, Rollout, RolloutQueue
-from rfwp_rl.impala.env_pool import LocalEnvPool, import_moolib
+from rfwp_rl.impala.env_batches import LocalEnvPool, import_moolib
+from rfwp_rl.impala.loss import compute_loss, loss_config
 
 CORES = ["ff", "lstm", "gru", "lt", "delta", "delta_rnn", "rdn", "fwm"]
 # Tiny cores so that every end-to-end run takes about a second.
@@ -103,8 +104,8 @@ def test_loss_is_on_policy_actor_critic_when_ratios_are_one():
     with torch.no_grad():
         out, _ = agent(batch["obs"], batch["reward"], batch["done"], ())
     batch["behaviour_log_prob"] = torch.log_softmax(out["policy_params"], -1).gather(-1, batch["action"][..., None])[..., 0]
-    cfg = learner.loss_config(reward_clip=0.0)
-    loss, stats = learner.compute_loss(agent, batch, (), cfg)
+    cfg = loss_config(reward_clip=0.0)
+    loss, stats = compute_loss(agent, batch, (), cfg)
     v = out["baseline"]
     vs = torch.zeros(T, B)
     acc = v[-1]
@@ -196,7 +197,7 @@ MOOLIB_SCRIPT = """
 import sys
 from rfwp_rl import cli
 from rfwp_rl.errors import UserError
-from rfwp_rl.impala.env_pool import make_env_pool
+from rfwp_rl.impala.env_batches import make_env_pool
 code = cli.main(sys.argv[1:])
 print("exit", code, flush=True)
 try:  # moolib aborts the process on a second EnvPool fork: we raise a one-line error instead
@@ -236,7 +237,6 @@ def test_learner_thread_run_and_resume(tmp_path, capsys):
 
 def test_non_finite_update_is_skipped():
     from rfwp_rl.impala.config import ImpalaConfig
-    from rfwp_rl.impala.multi_learner import Solo
 
     torch.manual_seed(0)
     agent = Agent((3,), 2, "ff")
@@ -245,14 +245,37 @@ def test_non_finite_update_is_skipped():
              "prev_action": torch.zeros(T1, B, dtype=torch.long), "action": torch.randint(2, (T1, B)),
              "behaviour_log_prob": torch.randn(T1, B)}
     batch["obs"][2, 1, 0] = float("nan")
-    # the training path: Learner.learn -> Solo.hand_in -> Learner.apply; 6 of 600 env steps per update
+    # the training path of a single learner: Learner.update; 6 of 600 env steps per update
     lrn = learner.Learner(agent, ImpalaConfig(total_steps=600, batch_size=B, unroll_length=T1 - 1, max_nonfinite=5))
     before = [p.detach().clone() for p in agent.parameters()]
-    Solo(lrn).hand_in(lrn.learn(Rollout(batch, ())))
+    lrn.update(Rollout(batch, ()))
     stats = lrn.learned.get()[1]
     assert stats["learner/skipped"] == 1.0 and lrn.guard.skipped == 1
     assert all(torch.equal(a, b) for a, b in zip(before, agent.parameters()))
     assert lrn.scheduler.get_last_lr()[0] == pytest.approx(6e-4 * 0.99)  # the schedule still advanced
+
+
+def test_a_single_learner_steps_at_once_and_clears_the_gradients():
+    """Learner.update: one optimizer step per batch with the batch's env steps and its loss stats, the
+    gradients cleared; a later epoch on the same batch is an update that counts no env steps."""
+    from rfwp_rl.impala.config import ImpalaConfig
+
+    torch.manual_seed(0)
+    agent = Agent((3,), 2, "ff")
+    T1, B = 4, 2
+    batch = {"obs": torch.randn(T1, B, 3), "reward": torch.randn(T1, B), "done": torch.zeros(T1, B, dtype=torch.bool),
+             "prev_action": torch.zeros(T1, B, dtype=torch.long), "action": torch.randint(2, (T1, B)),
+             "behaviour_log_prob": torch.randn(T1, B)}
+    lrn = learner.Learner(agent, ImpalaConfig(total_steps=600, batch_size=B, unroll_length=T1 - 1))
+    before = [p.detach().clone() for p in agent.parameters()]
+    lrn.update(Rollout(batch, ()))
+    assert lrn.counters == {"step": 6, "updates": 1}
+    step, stats = lrn.learned.get()
+    assert step == 6 and stats["learner/skipped"] == 0.0 and "loss/total" in stats
+    assert any(not torch.equal(a, b) for a, b in zip(before, agent.parameters()))
+    assert all(p.grad is None for p in agent.parameters())
+    lrn.update(Rollout(batch, ()), count_env_steps=False)
+    assert lrn.counters == {"step": 6, "updates": 2} and "loss/total" not in lrn.learned.get()[1]
 
 
 def test_ctrl_c_saves_and_exits_zero(tmp_path):

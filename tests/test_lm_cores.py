@@ -83,9 +83,9 @@ def _keys(layer_params):
     return keys
 
 
-def test_checkpoint_keys_are_unchanged():
-    # recorded before the sublayer class became a constructor choice (it used to be swapped in
-    # after construction): checkpoints of every LM core and of lt/delta/delta_rnn/rdn must load
+def test_state_dict_keys_and_parameter_order():
+    # the layout a checkpoint of every LM core and of lt/delta/delta_rnn/rdn records, and the
+    # parameter order the optimizer's state follows
     plain = ("norm.weight", "norm.bias", "slow.weight", "out.weight")
     expect = {"lt": (22, 384), "delta": (22, 388), "delta_rnn": (22, 648), "rdn": (30, 388),
               "delta_lstm": (22, 1944), "delta_mlp": (22, 648), "delta_delta": (22, 648)}

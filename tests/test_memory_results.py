@@ -7,7 +7,6 @@ import math
 import pytest
 
 from rfwp_rl import cli, stats
-from rfwp_rl.checkpoint import Checkpointer
 from rfwp_rl.errors import UserError
 from rfwp_rl.memory import results, suite
 from rfwp_rl.runlog import RunLogger
@@ -16,21 +15,18 @@ ENV = "rfwp/DelayedRecall-easy-v0"  # random 1/4, optimal 1
 AR = "rfwp/AssociativeRecall-easy-v0"  # random 1/4, optimal 1
 
 
-def fake_run(root, core, seed, returns, minutes=2.0, checkpoint=True, env=ENV, tb_minutes=None):
-    """A run directory as `rfwp-rl train` writes it: config.json, TensorBoard return_mean100 (and
-    perf/train_minutes as the trainer now logs it, when given), checkpoint."""
+def fake_run(root, core, seed, returns, minutes=2.0, env=ENV, minutes_step=None):
+    """A run directory as `rfwp-rl train` writes it: config.json and TensorBoard return_mean100, and
+    perf/train_minutes with the loss at ``minutes_step`` (default: the last return's step) unless
+    ``minutes`` is None."""
     run_dir = root / env.replace("/", "-") / f"{core}_s{seed}"
     logger = RunLogger(run_dir, {"env": env, "core": core, "seed": seed, "num_params": 1000 + seed,
                                  "total_steps": 1000 * len(returns), "trainer": "impala"}, total=1000 * len(returns))
     for i, r in enumerate(returns):
         logger.log(1000 * (i + 1), {"episode/return_mean100": r})
-    if tb_minutes is not None:
-        logger.log(1000 * len(returns) + 500, {"loss/total": 0.1, "perf/train_minutes": tb_minutes})
+    if minutes is not None:
+        logger.log(minutes_step or 1000 * len(returns), {"loss/total": 0.1, "perf/train_minutes": minutes})
     logger.close()
-    if checkpoint:  # an older one first: the numbers must come from the newest
-        ckpt = Checkpointer(run_dir, {"trainer": "impala"})
-        ckpt.save({"counters": {"train_seconds": 1.0, "step": 1000}}, 1000)
-        ckpt.save({"counters": {"train_seconds": minutes * 60, "step": 1000 * len(returns)}}, 1000 * len(returns))
     return run_dir
 
 
@@ -38,10 +34,10 @@ def test_runs_summary_table_and_curves(tmp_path):
     runs = tmp_path / "runs"
     fake_run(runs, "lstm", 1, [0.25, 0.5, 1.0])         # normalised final 1.0
     fake_run(runs, "lstm", 2, [0.25, 0.4, 0.625])       # normalised 0.5
-    fake_run(runs, "rdn", 1, [0.3, 0.7], checkpoint=False)  # no checkpoint yet: steps from TensorBoard
-    # a second easy task (random 1/4, optimal 1): lstm normalised 0.0 and 0.75; minutes from TensorBoard
-    fake_run(runs, "lstm", 1, [0.25], checkpoint=False, env=AR, tb_minutes=3.0)
-    fake_run(runs, "lstm", 2, [0.8125], checkpoint=False, env=AR, tb_minutes=5.0)
+    fake_run(runs, "rdn", 1, [0.3, 0.7], minutes=None)  # no minutes logged yet
+    # a second easy task (random 1/4, optimal 1): lstm normalised 0.0 and 0.75
+    fake_run(runs, "lstm", 1, [0.25], env=AR, minutes=3.0, minutes_step=1500)
+    fake_run(runs, "lstm", 2, [0.8125], env=AR, minutes=5.0, minutes_step=1500)
     fake_run(runs, "lstm", 1, [1.0], env="rfwp/DelayedRecall-medium-v0")  # not in the easy aggregate
     (runs / "other").mkdir()
     (runs / "other" / "config.json").write_text('{"env": "CartPole-v1", "core": "lstm"}')  # not a suite run

@@ -519,7 +519,7 @@ def test_cue_grid_bad_settings():
 
 def test_envs_readme_table_matches_the_suite():
     rows = {}
-    for line in (REPO / "envs" / "README.md").read_text().splitlines():
+    for line in (REPO / "env_specs" / "README.md").read_text().splitlines():
         cells = [c.strip().strip("`") for c in line.strip().strip("|").split("|")]
         if cells and cells[0] in suite.SUITE:
             rows[cells[0]] = cells

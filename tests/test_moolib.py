@@ -119,7 +119,7 @@ def test_envpool_with_rfwp_pool_env_factory():
     out = _run(
         """
         import json, torch, moolib
-        from rfwp_rl.envs.pool import PoolEnvFactory
+        from rfwp_rl.envs.pool_env import PoolEnvFactory
 
         pool = moolib.EnvPool(PoolEnvFactory("CartPole-v1"), num_processes=2, batch_size=4, num_batches=1)
         returns, lengths, steps = [], [], torch.zeros(4, dtype=torch.int64)

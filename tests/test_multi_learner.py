@@ -24,8 +24,7 @@ import torch
 
 from rfwp_rl import cli
 from rfwp_rl.checkpoint import list_checkpoints, read_checkpoint
-from rfwp_rl.impala.learner import Gradients
-from rfwp_rl.impala.multi_learner import GroupStep, Solo, group_gradient_factor, pack, unpack
+from rfwp_rl.impala.multi_learner import group_gradient_factor, pack, unpack
 from rfwp_rl.impala.net import settings_mismatch
 from procs import alive, children_and_grandchildren, ended, free_port  # tests/procs.py
 
@@ -166,35 +165,6 @@ def test_group_gradient_is_the_batch_size_weighted_mean():
     assert group_gradient_factor(1, 20, 20) == 1.0  # one learner: its own gradient
     with pytest.raises(ValueError):
         group_gradient_factor(0, 0, 20)
-
-
-class _RecordingLearner:
-    """The part of :class:`rfwp_rl.impala.learner.Learner` the group uses; ``apply`` records each step
-    with the gradient it was given."""
-
-    def __init__(self, parameters):
-        self.params, self.steps = list(parameters), []
-
-    def parameters(self):
-        return self.params
-
-    def apply(self, step):
-        grad = self.params[0].grad
-        self.steps.append((step, None if grad is None else grad.clone()))
-
-
-def test_solo_applies_a_hand_in_at_once_and_counts_skipped_steps():
-    p = torch.nn.Parameter(torch.zeros(3))
-    p.grad = torch.ones(3)
-    learner = _RecordingLearner([p])
-    solo, steps = Solo(learner), learner.steps
-    solo.sync()
-    assert solo.wants_gradients() and solo.in_flight == 0 and solo.size == 1 and steps == []
-    solo.hand_in(Gradients(finite=True, env_steps=20, stats={}))
-    solo.hand_in(Gradients(finite=False, env_steps=20, stats={}))  # non-finite: no gradient, steps still count
-    assert steps[0][0] == GroupStep(env_steps=20, gradients=1, own_steps=20) and torch.equal(steps[0][1], torch.ones(3))
-    assert steps[1][0] == GroupStep(env_steps=20, gradients=0, own_steps=20)
-    assert p.grad is None  # zeroed as the single learner always did
 
 
 def test_settings_mismatch_and_lossless_state_packing():

@@ -23,9 +23,9 @@ from rfwp_rl.presets import load_preset
 from rfwp_rl.scores import load_paper
 
 REPO = Path(__file__).resolve().parents[1]
-# what the build reads; results/ and envs/ whole, so the test sees that only results/paper ships
+# what the build reads; results/ and env_specs/ whole, so the test sees that only results/paper ships
 BUILD_INPUTS = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "rfwp_rl", "csrc", "agents",
-                "results", "envs")
+                "results", "env_specs")
 DATA = "rfwp_rl/_data"
 
 
@@ -139,7 +139,7 @@ def test_wheel_carries_sources_presets_and_paper_tables(wheel):
         assert sorted(set(expected) - names) == []
         for name, path in expected.items():
             assert z.read(name) == path.read_bytes(), name
-    # nothing else from the repository: no bench/measured results, runs, envs, tests, build output
+    # nothing else from the repository: no bench/measured results, runs, env_specs, tests, build output
     data = {n for n in names if n.startswith(DATA + "/")}
     assert {n.split("/")[2] for n in data} == {"csrc", "agents", "results"}
     assert {n.split("/")[3] for n in data if n.split("/")[2] == "results"} == {"paper"}

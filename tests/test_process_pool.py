@@ -13,7 +13,7 @@ import torch
 from rfwp_rl.envs import make_env
 from rfwp_rl.envs.process_pool import ProcessEnvPool, _slices
 from rfwp_rl.envs.spaces import zero_obs
-from rfwp_rl.impala.env_pool import EnvBatches, EnvPoolBroken, make_env_pool
+from rfwp_rl.impala.env_batches import EnvBatches, EnvPoolBroken, make_env_pool
 
 KEYS = ("obs", "reward", "done", "episode_return", "episode_step", "episode_end", "truncated", "env_error")
 

@@ -92,12 +92,12 @@ def test_only_plain_data_passes_and_handlers_never_raise():
 
 @pytest.fixture(scope="module")
 def rollout_check():
-    from rfwp_rl.impala.setup import RunSpec
+    from rfwp_rl.impala.run_spec import RunSpec
 
     import argparse
 
     from rfwp_rl.impala.config import trainer_keys
-    from rfwp_rl.impala.setup import add_run_arguments
+    from rfwp_rl.impala.run_spec import add_run_arguments
 
     parser = argparse.ArgumentParser()
     add_run_arguments(parser)
@@ -186,7 +186,7 @@ ATTACKER = textwrap.dedent("""
         except RuntimeError as e:
             out[fn] = "RuntimeError: " + str(e).splitlines()[0]
     if holder:  # a key holder's malformed rollouts
-        from rfwp_rl.impala.setup import RunSpec
+        from rfwp_rl.impala.run_spec import RunSpec
         layout = json.loads(sys.argv[4])
         for attack in ("dtype", "action", "nan", "oversize"):
             b = 64 if attack == "oversize" else 2
@@ -401,7 +401,7 @@ def test_eval_imports_a_checkpoints_env_module_only_when_named(tmp_path, capsys,
     assert not marker.exists()
 
 
-def test_old_checkpoints_load_only_when_trusted_and_rng_state_is_plain(tmp_path):
+def test_checkpoints_holding_objects_load_only_when_trusted_and_rng_state_is_plain(tmp_path):
     old = tmp_path / "old.pt"
     torch.save({"format": 1, "meta": {}, "step": 1, "state": {"rng": {"numpy": np.random.get_state()}}}, old)
     with pytest.raises(UnsafeCheckpoint, match="numpy"):

@@ -21,8 +21,9 @@ from rfwp_rl.envs.spaces import space_from_dict, space_to_dict, tensor_obs_space
 from rfwp_rl.errors import UserError
 from rfwp_rl.impala import learner, vtrace
 from rfwp_rl.impala.actors import Actors, rollout_spec
-from rfwp_rl.impala.env_pool import LocalEnvPool
-from rfwp_rl.impala.setup import RunSpec
+from rfwp_rl.impala.env_batches import LocalEnvPool
+from rfwp_rl.impala.loss import compute_loss, loss_config
+from rfwp_rl.impala.run_spec import RunSpec
 
 TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))
@@ -197,7 +198,6 @@ def test_one_update_end_to_end(env_id):
     """Actors on the in-process pool make rollouts of the layout rollout_spec describes (valid actions),
     the learner's loss on them is finite, starts on-policy (ratio 1) and an update changes the policy."""
     from rfwp_rl.impala.config import ImpalaConfig
-    from rfwp_rl.impala.multi_learner import Solo
 
     torch.manual_seed(0)
     spec = env_spec(f"space_envs:{env_id}")
@@ -219,9 +219,8 @@ def test_one_update_end_to_end(env_id):
     assert agent.action_dist.valid(data["action"])
     lrn = learner.Learner(agent, ImpalaConfig(total_steps=1000, batch_size=2, unroll_length=6))
     before = [p.detach().clone() for p in agent.parameters()]
-    grads = lrn.learn(rollouts[0])
-    assert grads.finite and lrn.loss_stats["learner/mean_rho"] == pytest.approx(1.0, rel=1e-4)
-    Solo(lrn).hand_in(grads)
+    lrn.update(rollouts[0])
+    assert lrn.guard.skipped == 0 and lrn.loss_stats["learner/mean_rho"] == pytest.approx(1.0, rel=1e-4)
     assert any(not torch.equal(a, b) for a, b in zip(before, agent.parameters()))
 
 
@@ -229,7 +228,6 @@ def test_bound_cost_adds_the_squared_distance_of_the_mean_past_the_bounds():
     """``bound_cost`` adds c x sum over acted steps of relu(|mu| - 1)^2 (normalised units, bounded
     dimensions only) to the loss, and nothing for a distribution that cannot leave its bounds."""
     from rfwp_rl.agent import Agent
-    from rfwp_rl.impala import learner
 
     torch.manual_seed(5)
     space = spaces.Box(np.array([-2.0, -np.inf], np.float32), np.array([2.0, np.inf], np.float32))
@@ -242,8 +240,8 @@ def test_bound_cost_adds_the_squared_distance_of_the_mean_past_the_bounds():
              "action": torch.randn(T + 1, B, 2), "behaviour_log_prob": torch.full((T + 1, B), -2.0),
              "truncated": torch.zeros(T + 1, B, dtype=torch.bool)}
     batch["truncated"][2, 1] = True  # that step's action never ran: no penalty there either
-    base, _ = learner.compute_loss(agent, batch, (), learner.loss_config(bound_cost=0.0))
-    with_bound, stats = learner.compute_loss(agent, batch, (), learner.loss_config(bound_cost=0.5))
+    base, _ = compute_loss(agent, batch, (), loss_config(bound_cost=0.0))
+    with_bound, stats = compute_loss(agent, batch, (), loss_config(bound_cost=0.5))
     with torch.no_grad():
         out, _ = agent(batch["obs"], batch["reward"], batch["done"], ())
     hand = sum(max(abs(float(out["policy_params"][t, b, 0])) - 1.0, 0.0) ** 2

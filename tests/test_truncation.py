@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from rfwp_rl.agent import Agent
-from rfwp_rl.impala import learner
 from rfwp_rl.impala.actors import Actors
-from rfwp_rl.impala.env_pool import LocalEnvPool
+from rfwp_rl.impala.env_batches import LocalEnvPool
+from rfwp_rl.impala.loss import compute_loss, loss_config
 
 COUNTER_ID = "rfwp_test/Counter-v0"
 
@@ -83,18 +83,18 @@ def test_actor_rollouts_carry_truncation_and_the_learner_masks_it():
     assert batch.data["truncated"][:, 0].tolist() == [False, False, False, True, False, False, False]
     assert batch.data["done"][:, 0].tolist() == [False, False, False, False, True, False, False]
 
-    cfg = learner.loss_config(discount=0.9)
-    base, _ = learner.compute_loss(agent, batch.data, batch.state, cfg)
+    cfg = loss_config(discount=0.9)
+    base, _ = compute_loss(agent, batch.data, batch.state, cfg)
     # the masked step's action never ran: the loss must not depend on it or on its behaviour log-prob
     changed = {k: v.clone() for k, v in batch.data.items()}
     changed["action"][3] = 1 - changed["action"][3]
     changed["behaviour_log_prob"][3] -= 5.0
-    other, _ = learner.compute_loss(agent, changed, batch.state, cfg)
+    other, _ = compute_loss(agent, changed, batch.state, cfg)
     assert float(other.detach()) == pytest.approx(float(base.detach()), rel=1e-6)
     # while the same change on an executed step does change it
     changed = {k: v.clone() for k, v in batch.data.items()}
     changed["action"][2] = 1 - changed["action"][2]
-    other, _ = learner.compute_loss(agent, changed, batch.state, cfg)
+    other, _ = compute_loss(agent, changed, batch.state, cfg)
     assert float(other.detach()) != pytest.approx(float(base.detach()), rel=1e-6)
     pool.close()
 
@@ -121,8 +121,8 @@ def test_normalized_advantages_do_not_scale_with_the_rewards():
 
     def policy_loss(scale: float, normalize: bool) -> float:
         data = dict(batch, reward=batch["reward"] * scale)
-        cfg = learner.loss_config(reward_clip=0, normalize_advantages=normalize, baseline_cost=0, entropy_cost=0)
-        return float(learner.compute_loss(agent, data, state, cfg)[0].detach())
+        cfg = loss_config(reward_clip=0, normalize_advantages=normalize, baseline_cost=0, entropy_cost=0)
+        return float(compute_loss(agent, data, state, cfg)[0].detach())
 
     assert policy_loss(100.0, False) == pytest.approx(100 * policy_loss(1.0, False), rel=1e-4)
     assert policy_loss(100.0, True) == pytest.approx(policy_loss(1.0, True), rel=1e-4)

@@ -8,7 +8,8 @@ import torch
 
 from rfwp_rl import cli
 from rfwp_rl.agent import Agent
-from rfwp_rl.impala import learner
+from rfwp_rl.errors import UserError
+from rfwp_rl.impala.trust_region import behaviour_kl, limit_policy_change
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -32,7 +33,7 @@ def test_kl_is_zero_on_policy_and_matches_the_closed_form_after_a_change():
     torch.manual_seed(0)
     agent = Agent((3,), 3, "ff")
     batch = _batch(agent, samples=4000)
-    assert float(learner.behaviour_kl(agent, batch, ())) == pytest.approx(0.0, abs=1e-6)
+    assert float(behaviour_kl(agent, batch, ())) == pytest.approx(0.0, abs=1e-6)
     with torch.no_grad():
         out_mu, _ = agent(batch["obs"], batch["reward"], batch["done"], ())
         agent.policy.weight.add_(0.3 * torch.randn_like(agent.policy.weight))
@@ -40,7 +41,7 @@ def test_kl_is_zero_on_policy_and_matches_the_closed_form_after_a_change():
     mu = torch.distributions.Categorical(logits=out_mu["policy_params"][:-1])
     pi = torch.distributions.Categorical(logits=out_pi["policy_params"][:-1])
     exact = float(torch.distributions.kl_divergence(mu, pi).mean())
-    estimate = float(learner.behaviour_kl(agent, batch, ()))
+    estimate = float(behaviour_kl(agent, batch, ()))
     assert exact > 0.01
     assert estimate == pytest.approx(exact, rel=0.1)  # a sample estimate over 4000 x 4 x 6 actions
 
@@ -54,14 +55,14 @@ def test_a_large_step_is_shrunk_to_the_bound_and_a_small_one_kept():
         agent.policy.weight.add_(1.0 * torch.randn_like(agent.policy.weight))
     full = agent.policy.weight.detach().clone()
     old = before[[p is agent.policy.weight for p in agent.parameters()].index(True)]
-    stats = learner.limit_policy_change(agent, before, batch, (), max_kl=0.01)
+    stats = limit_policy_change(agent, before, batch, (), max_kl=0.01)
     assert stats["learner/policy_kl"] > 0.05 and 0 < stats["learner/step_scale"] < 1
-    after = float(learner.behaviour_kl(agent, batch, ()))
+    after = float(behaviour_kl(agent, batch, ()))
     assert 0.004 < after < 0.02  # the quadratic model puts it near the bound
     # the shrunk step points the same way: the parameters lie on the segment from before to the full step
     torch.testing.assert_close(agent.policy.weight, old + stats["learner/step_scale"] * (full - old))
     moved = [p.detach().clone() for p in agent.parameters()]
-    small = learner.limit_policy_change(agent, moved, batch, (), max_kl=1.0)
+    small = limit_policy_change(agent, moved, batch, (), max_kl=1.0)
     assert small["learner/step_scale"] == 1.0
     for p, q in zip(agent.parameters(), moved):
         assert torch.equal(p, q)
@@ -74,7 +75,7 @@ def test_a_non_finite_kl_undoes_the_step():
     before = [p.detach().clone() for p in agent.parameters()]
     with torch.no_grad():
         agent.policy.bias.fill_(float("inf"))
-    stats = learner.limit_policy_change(agent, before, batch, (), max_kl=0.01)
+    stats = limit_policy_change(agent, before, batch, (), max_kl=0.01)
     assert not math.isfinite(stats["learner/policy_kl"]) and stats["learner/step_scale"] == 0.0
     for p, q in zip(agent.parameters(), before):
         assert torch.equal(p, q)

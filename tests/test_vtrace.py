@@ -140,7 +140,7 @@ def test_lambda_on_policy_is_td_lambda():
 
 
 def test_advantage_scale_is_the_rms_with_a_floor_relative_to_the_targets():
-    from rfwp_rl.impala.learner import advantage_scale
+    from rfwp_rl.impala.loss import advantage_scale
 
     adv = torch.tensor([[3.0, 4.0], [0.0, 100.0]])
     targets = torch.tensor([[10.0, 10.0], [10.0, 50.0]])

@@ -58,7 +58,7 @@ Args make_product(void* const* ptrs, const int* dims) {
   a.nh = dims[6];
   return a;
 }
-#define RFWP_EMU_NEWER(S, suffix)                                                                  \
+#define RFWP_EMU_PRODUCT_SRWM(S, suffix)                                                           \
   extern "C" int rfwp_emu_product_forward_##suffix(void* const* p, const int* dims, int threads) {  \
     return rfwp::cuda::product_forward(make_product<rfwp::ProductFwdArgs<S>>(p, dims), threads, nullptr); \
   }                                                                                                \
@@ -69,8 +69,8 @@ Args make_product(void* const* ptrs, const int* dims) {
   }                                                                                                \
   RFWP_EMU_FWD(srwm_forward, SrwmFwdArgs, S, suffix)                                               \
   RFWP_EMU_BWD(srwm_backward, SrwmBwdArgs, S, suffix)
-RFWP_EMU_NEWER(float, f32)
-RFWP_EMU_NEWER(double, f64)
+RFWP_EMU_PRODUCT_SRWM(float, f32)
+RFWP_EMU_PRODUCT_SRWM(double, f64)
 
 // Number of pointer fields of an argument block, to check the caller's field lists.
 extern "C" int rfwp_emu_num_pointers(const char* block) {

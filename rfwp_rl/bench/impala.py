@@ -33,10 +33,16 @@ import gymnasium
 import numpy as np
 import torch
 
-from rfwp_rl import flags
+from rfwp_rl import cores as cores_module, flags
+from rfwp_rl.checkpoint import atomic_write_text
 from rfwp_rl.errors import UserError, check_choice
-from rfwp_rl.impala.config import ImpalaConfig
+from rfwp_rl.impala.actors import Rollout, rollout_spec
+from rfwp_rl.impala.config import ImpalaConfig, trainer_keys
+from rfwp_rl.impala.env_batches import EnvBatches
+from rfwp_rl.impala.run_spec import RunSpec
+from rfwp_rl.impala.train import ImpalaTrainer, config_from_args
 from rfwp_rl.perf import available_cores
+from rfwp_rl.runlog import RunLogger
 from rfwp_rl.texttable import format_columns
 
 COLUMNS = ("agent", "device", "cpu_cores", "env_sps", "env_bound_sps", "learner_bound_sps", "ratio", "actor_device",
@@ -67,8 +73,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _config(args: argparse.Namespace, run, device: str):
-    from rfwp_rl.impala.train import config_from_args
-
     ns = argparse.Namespace(env=args.env, total_steps=10 ** 12, num_actors=args.num_actors,
                             num_env_batches=args.num_env_batches, num_env_processes=args.num_env_processes,
                             env_backend=args.env_backend, batch_size=args.batch_size,
@@ -81,8 +85,6 @@ def _config(args: argparse.Namespace, run, device: str):
 
 def random_batch(agent, T1: int, B: int, g: torch.Generator) -> dict[str, torch.Tensor]:
     """Random rollout data of the agent's spaces (:func:`rfwp_rl.impala.actors.rollout_spec`)."""
-    from rfwp_rl.impala.actors import rollout_spec
-
     dist = agent.action_dist
     params = torch.randn(T1, B, dist.num_params, generator=g)
     with torch.no_grad():
@@ -105,8 +107,6 @@ def random_batch(agent, T1: int, B: int, g: torch.Generator) -> dict[str, torch.
 
 def env_bound(pool, agent, num_envs: int, num_batches: int, seconds: float) -> float:
     """Env steps per second of ``pool`` stepped with uniformly random actions and no agent."""
-    from rfwp_rl.impala.env_pool import EnvBatches
-
     b = num_envs // num_batches
     envs = EnvBatches(pool, num_batches, b)
     dist = agent.action_dist
@@ -133,8 +133,6 @@ def env_bound(pool, agent, num_envs: int, num_batches: int, seconds: float) -> f
 
 def learner_bound(trainer, seconds: float) -> float:
     """Env steps per second of the trainer's learner alone: full updates on random batches of the run's shape."""
-    from rfwp_rl.impala.actors import Rollout
-
     cfg, learner = trainer.cfg, trainer.learner
     trainer.learning.wait_idle()
     g = torch.Generator().manual_seed(0)
@@ -144,7 +142,7 @@ def learner_bound(trainer, seconds: float) -> float:
 
     def update() -> None:
         with learner.lock:
-            trainer.group.hand_in(learner.learn(rollout))
+            learner.update(rollout)
         if learner.device.type == "cuda":
             torch.cuda.synchronize(learner.device)
 
@@ -160,9 +158,6 @@ def learner_bound(trainer, seconds: float) -> float:
 def side_by_side(run, cfg, pool, seconds: float, warmup: float) -> dict[str, float]:
     """The training loop on ``pool`` (``warmup`` seconds, then ``seconds`` timed), then the learner bound of
     the same trainer. Returns the rates and the loop's wall-time shares."""
-    from rfwp_rl.impala.train import ImpalaTrainer
-    from rfwp_rl.runlog import RunLogger
-
     with tempfile.TemporaryDirectory(prefix="rfwp-bench-") as tmp:
         trainer = ImpalaTrainer(cfg, run, Path(tmp), pool=pool)  # sets the trainer's thread count
         trainer.prepare()
@@ -198,9 +193,6 @@ def side_by_side(run, cfg, pool, seconds: float, warmup: float) -> dict[str, flo
 
 
 def _run_spec(core: str, args: argparse.Namespace):
-    from rfwp_rl.impala.config import trainer_keys
-    from rfwp_rl.impala.setup import RunSpec
-
     ns = argparse.Namespace(env=args.env, core=core, preset=None, overrides=list(args.overrides),
                             detach_state_every_step=False, env_options=[], env_config=None)
     return RunSpec.from_args(ns, trainer_keys())
@@ -219,9 +211,6 @@ def format_table(rows: list[dict]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rfwp_rl import cores as cores_module
-    from rfwp_rl.checkpoint import atomic_write_text
-
     cores = [c.strip() for c in args.cores.split(",") if c.strip()]
     devices = [d.strip() for d in args.devices.split(",") if d.strip()]
     for c in cores:

@@ -42,7 +42,7 @@ import torch
 from rfwp_rl import flags
 from rfwp_rl.checkpoint import atomic_write_text
 from rfwp_rl.errors import UserError, check_choice
-from rfwp_rl import ops
+from rfwp_rl import kernels, ops
 from rfwp_rl.kernels import cuda_limits
 from rfwp_rl.ops import cases
 
@@ -150,8 +150,6 @@ def _parse_list(text: str, allowed, what: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rfwp_rl import kernels
-
     sizes = _parse_list(args.sizes, SIZES, "size")
     names = _parse_list(args.ops, tuple(FWD_FLOPS), "op")
     try:

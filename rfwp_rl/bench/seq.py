@@ -21,9 +21,10 @@ import time
 import torch
 import torch.nn.functional as F
 
-from rfwp_rl import flags
+from rfwp_rl import flags, kernels
 from rfwp_rl.checkpoint import atomic_write_text
 from rfwp_rl.errors import UserError, check_choice
+from rfwp_rl.seq.model import SeqModel, core_defaults, core_names
 
 COLUMNS = ("core", "backend", "params", "tokens_per_s", "ms_per_step", "batch_size", "seq_len",
            "vocab", "hidden_size", "num_layers", "num_heads", "torch_threads", "torch", "machine",
@@ -31,8 +32,6 @@ COLUMNS = ("core", "backend", "params", "tokens_per_s", "ms_per_step", "batch_si
 
 
 def default_cores() -> list[str]:
-    from rfwp_rl.seq.model import core_names
-
     return [c for c in core_names() if c != "ff"]
 
 
@@ -52,8 +51,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def core_config(core: str, hidden: int, layers: int, heads: int) -> dict:
-    from rfwp_rl.seq.model import core_defaults
-
     defaults = core_defaults(core)
     config = {"hidden_size": hidden}
     if "num_layers" in defaults:
@@ -67,8 +64,6 @@ class CoreBench:
     """One core's model, optimizer and a fixed random batch; ``time()`` runs ``updates`` steps."""
 
     def __init__(self, core: str, args: argparse.Namespace) -> None:
-        from rfwp_rl.seq.model import SeqModel
-
         torch.manual_seed(0)
         self.core, self.args = core, args
         self.config = core_config(core, args.hidden_size, args.num_layers, args.num_heads)
@@ -96,8 +91,6 @@ class CoreBench:
         args, sec = self.args, statistics.median(self.times)
         backend = self.model.core.config.get("backend", "-")
         if backend == "auto":
-            from rfwp_rl import kernels
-
             backend = kernels.status()[0]
         return {"core": self.core, "backend": backend,
                 "params": sum(p.numel() for p in self.model.parameters()),

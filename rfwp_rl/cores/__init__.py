@@ -34,9 +34,9 @@ layout, stepping) run on every registered core, and a core without a small confi
 Built-in cores: ``ff`` (identity), ``lstm``, ``gru``, ``lt``, ``delta``, ``delta_rnn``, ``rdn``
 (fast-weight block stacks, :mod:`rfwp_rl.cores.fast_weight`), ``fwm``
 (:mod:`rfwp_rl.cores.fwm`); language-modelling variants ``delta_lstm``, ``delta_mlp``,
-``delta_delta`` (:mod:`rfwp_rl.cores.lm_cores`); the delta-rule cores of 2022-2025, ``gated_delta``
-(Gated DeltaNet), ``delta_product`` (DeltaProduct) and ``srwm`` (self-referential weight
-matrix) (:mod:`rfwp_rl.cores.newer_delta`).
+``delta_delta`` (:mod:`rfwp_rl.cores.lm_cores`); ``gated_delta`` (Gated DeltaNet) and
+``delta_product`` (DeltaProduct) (:mod:`rfwp_rl.cores.householder`); ``srwm`` (self-referential
+weight matrix, :mod:`rfwp_rl.cores.srwm`).
 """
 
 from __future__ import annotations
@@ -52,8 +52,9 @@ from rfwp_rl.cores.fast_weight import CORES as _FW_CORES, SPECS as _FW_SPECS
 from rfwp_rl.cores.ff import SPEC as _FF_SPEC, FFCore
 from rfwp_rl.cores.fwm import SPEC as _FWM_SPEC, FWMCore
 from rfwp_rl.cores.gru import SPEC as _GRU_SPEC, GRUCore
+from rfwp_rl.cores.householder import CORES as _HOUSEHOLDER_CORES, SPECS as _HOUSEHOLDER_SPECS
 from rfwp_rl.cores.lstm import SPEC as _LSTM_SPEC, LSTMCore
-from rfwp_rl.cores.newer_delta import CORES as _NEWER_CORES, SPECS as _NEWER_SPECS
+from rfwp_rl.cores.srwm import SPEC as _SRWM_SPEC, SRWMCore
 from rfwp_rl.errors import UserError, check_choice, choices_hint
 
 __all__ = ["Core", "CoreSpec", "State", "available", "make", "register"]
@@ -133,5 +134,6 @@ register(_GRU_SPEC, GRUCore)
 for _kind, _spec in _FW_SPECS.items():
     register(_spec, _FW_CORES[_kind])
 register(_FWM_SPEC, FWMCore)
-for _kind, _spec in _NEWER_SPECS.items():
-    register(_spec, _NEWER_CORES[_kind])
+for _kind, _spec in _HOUSEHOLDER_SPECS.items():
+    register(_spec, _HOUSEHOLDER_CORES[_kind])
+register(_SRWM_SPEC, SRWMCore)

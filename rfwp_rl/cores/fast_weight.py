@@ -43,10 +43,14 @@ from rfwp_rl.cores.base import (Core, CoreSpec, State, check_backend, check_bool
 from rfwp_rl.errors import check_choice
 
 
+def block_defaults(**options: Any) -> dict:
+    """The default config of a block-stack core whose sublayers take ``options``."""
+    return {"hidden_size": 128, "num_layers": 2, "num_heads": 4, "ff_size": 512, "dropout": 0.0,
+            **options, "backend": "auto", "detach_state_every_step": False}
+
+
 def _defaults(feature_map: str) -> dict:
-    return {"hidden_size": 128, "num_layers": 2, "num_heads": 4, "ff_size": 512,
-            "dropout": 0.0, "feature_map": feature_map, "dpfp_nu": 1, "backend": "auto",
-            "detach_state_every_step": False}
+    return block_defaults(feature_map=feature_map, dpfp_nu=1)
 
 
 SPECS = {
@@ -282,6 +286,10 @@ class FastWeightCore(Core):
         self.ff_layers = nn.ModuleList(
             FeedForward(hidden_size, ff_size, dropout) for _ in range(num_layers))
         self._n_state = [len(layer.state_shapes(1)) for layer in self.fast_layers]
+
+    def keep_config(self, keys: Any) -> None:
+        """Record only ``keys`` in ``config`` (a core whose spec lacks some of the block stack's keys)."""
+        self.config = {key: self.config[key] for key in keys}
 
     def state_shapes(self, batch_size: int) -> list[tuple[int, ...]]:
         return [s for layer in self.fast_layers for s in layer.state_shapes(batch_size)]

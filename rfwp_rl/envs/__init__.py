@@ -16,7 +16,7 @@ Contract of every env ``make_env`` returns (gymnasium API):
 * ``seed`` given to ``make_env`` seeds the first ``reset()`` (later resets continue the RNG).
 
 Ids: see :mod:`rfwp_rl.envs.registry`. Atari settings: :data:`ATARI_DEFAULTS`
-(``envs/atari.toml`` in the repository holds the same values, for editing and ``--env-config``).
+(``env_specs/atari.toml`` in the repository holds the same values, for editing and ``--env-config``).
 """
 
 from __future__ import annotations
@@ -183,7 +183,7 @@ def _memory_horizon(env: gymnasium.Env) -> int | None:
 
 
 def load_env_config(path: str | Path, section: str = "atari") -> dict[str, Any]:
-    """Read one table of a TOML env config (e.g. ``envs/atari.toml``) as ``make_env`` overrides.
+    """Read one table of a TOML env config (e.g. ``env_specs/atari.toml``) as ``make_env`` overrides.
 
     Atari tables are validated (unknown keys or bad values: one-line UserError).
     """

@@ -35,9 +35,9 @@ from typing import Any
 import gymnasium
 import numpy as np
 
-from rfwp_rl.errors import UserError
+from rfwp_rl.errors import UserError, check_choice
 
-#: Defaults of the Atari preprocessing (``envs/atari.toml`` holds the same values).
+#: Defaults of the Atari preprocessing (``env_specs/atari.toml`` holds the same values).
 ATARI_DEFAULTS: dict[str, Any] = {
     "noop_max": 30,
     "frame_skip": 4,
@@ -67,7 +67,7 @@ class AtariGame:
 # Measured with ale-py 0.12.1 (``gymnasium.make('ALE/<name>-v5').action_space.n``).
 # The paper trained Amidar and James Bond with 6 actions (RFWP paper App. C: "an action
 # space size of 6, which is smaller than the full action space"); every other game used
-# its minimal action set. envs/atari_games.csv is the same table.
+# its minimal action set. env_specs/atari_games.csv is the same table.
 PAPER_GAMES: tuple[AtariGame, ...] = (
     AtariGame("Alien", "Alien", 18, 18),
     AtariGame("Amidar", "Amidar", 10, 6),
@@ -97,8 +97,6 @@ def check_atari_settings(settings: dict[str, Any]) -> dict[str, Any]:
 
     Raises a one-line :class:`UserError` naming the bad key or value.
     """
-    from rfwp_rl.errors import check_choice
-
     for key in settings:
         check_choice("Atari setting", key, ATARI_DEFAULTS)
     out = {**ATARI_DEFAULTS, **settings}

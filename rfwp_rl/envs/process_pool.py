@@ -5,7 +5,7 @@ in-process pool: a batch's first step resets its envs and ignores the action; an
 ended is reset and reports ``done`` with the new episode's first observation), with no moolib needed:
 the envs of each batch are split in contiguous slices over ``num_processes`` forked workers, which
 write their outputs into memory shared with the trainer and answer over a pipe. Every env is a
-:class:`rfwp_rl.envs.pool.PoolEnv` (so failures are handled as with moolib), seeded
+:class:`rfwp_rl.envs.pool_env.PoolEnv` (so failures are handled as with moolib), seeded
 ``seed * 100_003 + index`` like the in-process pool.
 
 Layout of the shared buffers: one tensor per output key of shape ``[num_batches, batch_size, ...]``
@@ -27,6 +27,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from rfwp_rl.envs import make_env
+
+from rfwp_rl.envs.pool_env import PoolEnv, close_all
+
+from rfwp_rl.perf import single_thread_blas
+
+from rfwp_rl.safety import TrainingAborted
+
 
 _STOP = b"stop"
 
@@ -39,8 +47,6 @@ def _slices(batch_size: int, workers: int) -> list[tuple[int, int]]:
 
 def output_layout(blank_obs: Any) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
     """``{key: (dtype, shape)}`` of one env's step output: what :class:`PoolEnv` reports, plus reward and done."""
-    from rfwp_rl.envs.pool import PoolEnv
-
     probe = PoolEnv(None, make=lambda failures: None, name="layout probe", blank_obs=blank_obs)
     packed = probe._pack(blank_obs, 0.0, 0, False)
     probe.env = None  # nothing to close
@@ -67,7 +73,7 @@ class ProcessEnvPool:
     """``num_batches`` batches of ``batch_size`` envs stepped by ``num_processes`` forked workers.
 
     Make it before the trainer starts threads or touches CUDA (the workers are forked). ``processes``
-    has the ``dead()``, ``kill()`` and ``cpu_seconds()`` of :class:`rfwp_rl.impala.env_pool.PoolProcesses`,
+    has the ``dead()``, ``kill()`` and ``cpu_seconds()`` of :class:`rfwp_rl.impala.env_batches.PoolProcesses`,
     so the trainer watches over these workers as over moolib's.
     """
 
@@ -113,8 +119,6 @@ class ProcessEnvPool:
         return _Step(self, batch_index)
 
     def _collect(self, batch_index: int) -> dict[str, torch.Tensor]:
-        from rfwp_rl.safety import TrainingAborted
-
         # A worker answers its requests in order, but the trainer may ask for batch 1's result after
         # it has already sent batch 0's next step: answers for other batches are kept until asked for.
         for w, conn in enumerate(self.conns):
@@ -183,10 +187,6 @@ class WorkerProcesses:
 def _worker(conn: Connection, env_id: str, env_options: dict, seed: int, start: int, stop: int,
             batch_size: int, outputs: dict[str, torch.Tensor], actions: torch.Tensor, blank_obs: Any) -> None:
     """Steps envs ``start:stop`` of every batch on request (one byte: the batch index) until told to stop."""
-    from rfwp_rl.envs import make_env
-    from rfwp_rl.envs.pool import PoolEnv, close_all
-    from rfwp_rl.perf import single_thread_blas
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the trainer decides when to stop (Ctrl-C reaches the group)
     torch.set_num_threads(1)
     single_thread_blas()

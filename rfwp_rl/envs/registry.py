@@ -26,6 +26,7 @@ from types import ModuleType
 import gymnasium
 
 from rfwp_rl.errors import UserError
+from rfwp_rl.memory import register as register_memory_suite
 
 #: Meta-RL POMDP graph task (FWM paper Sec. 4.2); registered lazily (string entry point),
 #: so importing this package never needs the module.
@@ -50,8 +51,6 @@ def ensure_registered() -> None:
         gymnasium.register_envs(ale_py)
     if POMDP_GRAPH_ID not in gymnasium.registry:
         gymnasium.register(id=POMDP_GRAPH_ID, entry_point=POMDP_GRAPH_ENTRY_POINT)
-    from rfwp_rl.memory import register as register_memory_suite
-
     register_memory_suite()  # rfwp/<Task>-<level>-v0, lazy entry points
     _registered = True
 

@@ -271,11 +271,3 @@ def action_space_dict(space: gymnasium.Space, env_id: str) -> dict:
                         f"supported: {SUPPORTED_ACTIONS}")
     return space_to_dict(space)
 
-
-def legacy_obs_space(obs_shape: Any, kind: str) -> gymnasium.Space:
-    """The tensor observation space a checkpoint that recorded only ``obs_shape`` was trained on:
-    Atari frames (uint8) or float32 vectors."""
-    shape = tuple(int(s) for s in obs_shape)
-    if kind == "atari":
-        return spaces.Box(0, 255, shape, np.uint8)
-    return spaces.Box(-np.inf, np.inf, shape, np.float32)

@@ -3,9 +3,9 @@
 The N environments are split into ``num_batches`` batches (2 by default) that are stepped
 alternately: while the env workers step batch 0, this process runs the model on batch 1's
 observations, and vice versa (double buffering, as in moolib's IMPALA example). Stepping the
-pool and watching over its processes is :mod:`rfwp_rl.impala.env_pool`'s job.
+pool and watching over its processes is :mod:`rfwp_rl.impala.env_batches`'s job.
 
-Per step, every environment reports (:class:`rfwp_rl.envs.pool.PoolEnv`) ``obs``, ``reward``
+Per step, every environment reports (:class:`rfwp_rl.envs.pool_env.PoolEnv`) ``obs``, ``reward``
 (received on arriving at it), ``done`` (it is the first observation of a new episode; the
 pool reset the env after the episode ended) and ``episode_end``/``episode_return``/
 ``episode_step`` (on ``episode_end``: the statistics of the full episode that has just ended;
@@ -13,7 +13,7 @@ for Atari the full game, even with ``episodic_life``).
 
 A rollout is T+1 consecutive steps of one batch; its first entry repeats the last entry of
 the previous rollout, and it carries the core state from before its first entry. See
-:mod:`rfwp_rl.impala.learner` for the meaning of each field.
+:mod:`rfwp_rl.impala.loss` for the meaning of each field.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import torch
 from gymnasium import spaces
 
 from rfwp_rl.envs.spaces import obs_keys, pick_obs, torch_dtype
-from rfwp_rl.impala.env_pool import ENV_TIMEOUT, EnvBatches
+from rfwp_rl.impala.env_batches import ENV_TIMEOUT, EnvBatches
 from rfwp_rl.perf import Timers, autocast
 
 
@@ -94,7 +94,7 @@ class Actors:
     is copied out of inference mode, so the learner can backpropagate through it.
 
     Env faults (``max_env_failures``, ``env_timeout``, ``env_failures``): see
-    :class:`rfwp_rl.impala.env_pool.EnvBatches`. ``timers`` collects the seconds spent waiting
+    :class:`rfwp_rl.impala.env_batches.EnvBatches`. ``timers`` collects the seconds spent waiting
     for env results (``env``) and in inference (``inference``).
     """
 
@@ -205,7 +205,7 @@ class Actors:
         return [rollout]
 
     def release(self) -> None:
-        """See :meth:`rfwp_rl.impala.env_pool.EnvBatches.release`."""
+        """See :meth:`rfwp_rl.impala.env_batches.EnvBatches.release`."""
         self.envs.release()
 
     def drain(self) -> None:

@@ -29,6 +29,9 @@ import signal
 import time
 
 from rfwp_rl.errors import UserError
+from rfwp_rl.impala.net import resolve_address
+from rfwp_rl.impala.wire import resolve_key, secure_moolib
+from rfwp_rl.runlog import format_duration
 
 UPDATE_SECONDS = 0.25  # how often the broker checks timeouts and membership rounds
 
@@ -46,10 +49,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rfwp_rl.impala.net import resolve_address
-    from rfwp_rl.impala.wire import resolve_key, secure_moolib
-    from rfwp_rl.runlog import format_duration
-
     address = resolve_address(args.address, "--address")
     if not args.log_every > 0:
         raise UserError(f"--log-every {args.log_every:g} is invalid; allowed: seconds > 0")

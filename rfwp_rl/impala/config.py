@@ -9,7 +9,7 @@ processes (one per CPU core, at most 8) and torch's thread count are chosen for 
 These are the ``atari`` profile (why: ``docs/profiles/atari.md``). Environments with vector
 observations get the ``vector`` or ``control`` profile (:mod:`rfwp_rl.impala.profiles`) for the
 options the command line leaves unset. Every field is a flag of ``rfwp-rl train`` and a ``--set``
-key (:mod:`rfwp_rl.flags`); the learner's :class:`rfwp_rl.impala.learner.LossConfig` is taken from it.
+key (:mod:`rfwp_rl.flags`); the learner's :class:`rfwp_rl.impala.loss.LossConfig` is taken from it.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ class ImpalaConfig:
     max_env_failures: int = setting(100, "environment failures (an env raised and was replaced, or a worker process "
                                          "died or hung) tolerated over the whole run; one more saves a checkpoint and "
                                          "stops (exit 1). An env whose new instances keep failing before their first "
-                                         "observation (rfwp_rl.envs.pool.MAX_FAILED_CONSTRUCTIONS in a row) stops the "
+                                         "observation (rfwp_rl.envs.pool_env.MAX_FAILED_CONSTRUCTIONS in a row) stops the "
                                          "run at once (exit 1, one line naming the env and its exception)")
     # learner
     batch_size: int = setting(32, "rollouts per optimizer step")

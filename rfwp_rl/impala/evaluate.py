@@ -43,9 +43,16 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from rfwp_rl import flags
-from rfwp_rl.envs.spaces import env_step_action, map_obs, stack_obs
+from rfwp_rl import envs as envs_mod, flags
+from rfwp_rl.checkpoint import (BEST_FILE, add_trust_argument, atomic_write_bytes, check_meta, find_checkpoint_file,
+                                read_checkpoint)
+from rfwp_rl.encoders import has_image_torso
+from rfwp_rl.envs import resolve_env_id
+from rfwp_rl.envs.spaces import action_space_dict, env_step_action, map_obs, space_to_dict, stack_obs
 from rfwp_rl.errors import UserError
+from rfwp_rl.impala.run_spec import META_KEYS, RunSpec, parse_env_options
+from rfwp_rl.perf import choose_torch_threads, set_torch_threads
+from rfwp_rl.scores import canonical_game, eval_file_stem, format_steps, write_eval
 
 DEFAULT_EPISODES = 30  # RFWP paper Sec. 4.4 (after Nair et al.)
 DEFAULT_REPEATS = 5
@@ -125,8 +132,6 @@ class GifRecorder:
 
     def save(self) -> Path | None:
         import io
-
-        from rfwp_rl.checkpoint import atomic_write_bytes
 
         if not self.frames:
             return None
@@ -274,8 +279,6 @@ def choose_checkpoint(path: str | Path, which: str = "latest") -> Path:
     the run directory's newest ``ckpt_*.pt``), ``best`` (the run directory's ``best.pt``: the state
     of its best mean training return), or a checkpoint file (a path, or a name inside the run
     directory). Anything else: a one-line :class:`UserError`."""
-    from rfwp_rl.checkpoint import BEST_FILE, find_checkpoint_file
-
     path = Path(path)
     if which == "latest":
         return find_checkpoint_file(path)
@@ -306,9 +309,6 @@ def load_agent(path: str | Path, core: str | None = None, env: str | None = None
     ``trust``: see :func:`rfwp_rl.checkpoint.read_checkpoint`. Returns
     ``(agent in eval mode, meta, step, checkpoint file)``.
     """
-    from rfwp_rl.checkpoint import check_meta, read_checkpoint
-    from rfwp_rl.impala.setup import RunSpec, recorded_env
-
     file = choose_checkpoint(path, which)
     try:
         obj = read_checkpoint(file, trust=trust)
@@ -318,29 +318,29 @@ def load_agent(path: str | Path, core: str | None = None, env: str | None = None
     if meta.get("trainer") != "impala":
         raise UserError(f"checkpoint {file} was written by trainer {meta.get('trainer')!r}, not 'impala'; "
                         "rfwp-rl eval evaluates IMPALA agents")
-    for key in ("env", "core", "num_actions", "obs_shape"):
-        if key not in meta:
-            raise UserError(f"checkpoint {file} lacks meta {key!r}; was it written by rfwp-rl train?")
-    meta = {**meta, "env": recorded_env(meta, file)}  # module:EnvId with its module, also for older checkpoints
+    if "env" not in meta:
+        raise UserError(f"checkpoint {file} lacks meta 'env'; was it written by rfwp-rl train?")
     module = str(meta["env"]).rpartition(":")[0]
     if module and module.split(".")[0] != "rfwp_rl" and (env is None or env.rpartition(":")[0] != module):
         raise UserError(f"checkpoint {file} was trained on env {meta['env']!r}; evaluating it imports the Python "
                         f"module {module!r}, which runs its code: pass --env {meta['env']} to confirm")
+    missing = [key for key in META_KEYS if key not in meta]
+    if missing:
+        raise UserError(f"checkpoint {file} lacks meta {', '.join(map(repr, missing))}: it has another layout than "
+                        "rfwp-rl train of this version writes")
     wanted: dict[str, Any] = {}
     if core is not None:
         wanted["core"] = core
     if num_actions is not None:
         wanted["num_actions"] = int(num_actions)
     if env is not None:
-        from rfwp_rl.envs import resolve_env_id
-
         want_gym, have_gym = resolve_env_id(env).gym_id, resolve_env_id(str(meta["env"])).gym_id
         if want_gym != have_gym:
             check_meta({"env": meta["env"]}, {"env": want_gym}, file)
     check_meta({k: meta[k] for k in wanted}, wanted, file)
 
     state = obj["state"]
-    weights = state.get("agent", state.get("model")) if isinstance(state, dict) else None
+    weights = state.get("agent") if isinstance(state, dict) else None
     if weights is None:
         raise UserError(f"checkpoint {file} holds no agent weights (state['agent'])")
     agent = RunSpec.from_meta(meta).build_agent()
@@ -350,7 +350,7 @@ def load_agent(path: str | Path, core: str | None = None, env: str | None = None
         raise UserError(f"checkpoint {file}: weights do not fit a {meta['core']!r} agent built from its meta "
                         f"({str(e).splitlines()[0]})") from None
     agent.eval()
-    return agent, meta, int(obj.get("step", 0)), file
+    return agent, meta, int(obj["step"]), file
 
 
 def eval_env_options(meta: dict, overrides: dict, kind: str) -> dict:
@@ -382,11 +382,6 @@ def evaluate(path: str | Path, episodes: int = DEFAULT_EPISODES, repeats: int = 
     return the eval record (what ``rfwp-rl eval`` writes as JSON; see the module docstring).
     ``torch_threads``: set torch's thread count (0: chosen for the agent); None leaves it.
     ``trust_checkpoint``: see :func:`rfwp_rl.checkpoint.read_checkpoint`."""
-    from rfwp_rl import envs as envs_mod
-    from rfwp_rl.encoders import has_image_torso
-    from rfwp_rl.perf import choose_torch_threads, set_torch_threads
-    from rfwp_rl.scores import canonical_game
-
     if episodes < 1 or repeats < 1:
         raise UserError(f"--episodes {episodes} / --repeats {repeats}: both must be >= 1")
     if num_envs < 1:
@@ -433,7 +428,7 @@ def evaluate(path: str | Path, episodes: int = DEFAULT_EPISODES, repeats: int = 
         **summarize(groups),
         "scores": groups, "lengths": [[e.length for e in kept[r * episodes:(r + 1) * episodes]] for r in range(repeats)],
         "dropped_negative": dropped, "truncated": sum(e.truncated for e in kept),
-        "env_options": options, "core_config": meta.get("core_config"), "num_actions": meta["num_actions"],
+        "env_options": options, "core_config": meta["core_config"], "num_actions": meta["num_actions"],
         "num_envs": n, "seed": seed, "env_steps": sum(e.length for e in played),
         "wall_time_s": round(wall, 3), "video": str(video_path) if video_path else None,
         "created": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
@@ -444,19 +439,10 @@ def evaluate(path: str | Path, episodes: int = DEFAULT_EPISODES, repeats: int = 
 
 
 def _check_envs(env: Any, env_id: str, meta: dict, file: Path) -> None:
-    """The evaluation env must have the checkpoint's action and observation spaces (checkpoints that
-    recorded no spaces: its action count and observation shape)."""
-    from rfwp_rl.checkpoint import check_meta
-    from rfwp_rl.envs.spaces import action_space_dict, space_to_dict
-
-    actions = action_space_dict(env.action_space, env_id)
-    if "action_space" in meta and "obs_space" in meta:
-        check_meta({"action_space": meta["action_space"], "obs_space": meta["obs_space"]},
-                   {"action_space": actions, "obs_space": space_to_dict(env.observation_space)}, file)
-        return
-    n = actions.get("n") if actions["type"] == "Discrete" else actions
-    check_meta({"num_actions": meta["num_actions"], "obs_shape": list(meta["obs_shape"])},
-               {"num_actions": n, "obs_shape": list(env.observation_space.shape or ())}, file)
+    """The evaluation env must have the checkpoint's action and observation spaces."""
+    check_meta({"action_space": meta["action_space"], "obs_space": meta["obs_space"]},
+               {"action_space": action_space_dict(env.action_space, env_id),
+                "obs_space": space_to_dict(env.observation_space)}, file)
 
 
 class _Progress:
@@ -520,8 +506,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--core", default=None, help="expected core; a checkpoint of another core is an error")
     g.add_argument("--env", default=None, help="expected env; a checkpoint trained on another env is an error")
     g.add_argument("--num-actions", type=int, default=None, help="expected action count")
-    from rfwp_rl.checkpoint import add_trust_argument
-
     add_trust_argument(g)
     g = parser.add_argument_group("running")
     g.add_argument("--env-option", dest="env_options", action="append", default=[], metavar="KEY=VALUE",
@@ -542,10 +526,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rfwp_rl.scores import eval_file_stem, format_steps, write_eval
-
-    from rfwp_rl.impala.setup import parse_env_options
-
     record = evaluate(args.run, which=args.checkpoint, episodes=args.episodes, repeats=args.repeats, greedy=not args.sample,
                       noneg=args.noneg, num_envs=args.num_actors, seed=args.seed,
                       env_overrides=parse_env_options(args.env_options, "max_episode_frames=0"), core=args.core, env=args.env,

@@ -35,8 +35,8 @@ moolib 0.0.9b0 note: ``Accumulator.reduce_gradients(n)`` uses ``n`` only to deci
 enough data (``set_virtual_batch_size``); the reduced gradient is the plain mean over the number of
 hand-ins. The batch-size weighting is therefore done here, from ``get_gradient_stats()``.
 
-Both take the :class:`rfwp_rl.impala.learner.Learner`. Without ``--broker`` the trainer uses
-:class:`Solo`, a pass-through with the same interface: handed-in gradients are applied at once.
+:class:`LearnerGroup` takes the :class:`rfwp_rl.impala.learner.Learner`. Without ``--broker`` there is no
+group: the learner makes its own optimizer steps (:meth:`rfwp_rl.impala.learner.Learner.update`).
 """
 
 from __future__ import annotations
@@ -54,8 +54,9 @@ from typing import Any
 import torch
 
 from rfwp_rl.errors import UserError
+from rfwp_rl.impala.env_batches import import_moolib
 from rfwp_rl.impala.learner import Gradients, GroupStep
-from rfwp_rl.impala.net import settings_mismatch
+from rfwp_rl.impala.net import resolve_address, settings_mismatch
 from rfwp_rl.impala.wire import RefusalLog, Refused, check_int, check_name
 
 GROUP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-/]{0,99}")
@@ -70,7 +71,7 @@ def group_gradient_factor(num_gradients: int, group_env_steps: int, steps_per_up
     """Factor that turns moolib's reduced gradient into the batch-size-weighted group gradient.
 
     Learner k hands in ``g_k``, the gradient of its loss summed over its ``n_k`` env steps
-    (:func:`rfwp_rl.impala.learner.compute_loss`). moolib 0.0.9b0 puts ``sum_k g_k / K`` in every
+    (:func:`rfwp_rl.impala.loss.compute_loss`). moolib 0.0.9b0 puts ``sum_k g_k / K`` in every
     learner's ``.grad`` (K = ``num_gradients``). The group gradient is the per-step mean over all
     the round's env steps, in the scale of one learner's batch of ``S = steps_per_update`` steps::
 
@@ -87,8 +88,6 @@ def group_gradient_factor(num_gradients: int, group_env_steps: int, steps_per_up
 
 def check_group_args(broker: str, group: str) -> None:
     """One-line :class:`UserError` for ``--broker``/``--group`` values that cannot work."""
-    from rfwp_rl.impala.net import resolve_address
-
     if group and not broker:
         raise UserError(f"--group {group!r} needs --broker HOST:PORT (the moolib broker the group meets at: "
                         "rfwp-rl broker --address HOST:PORT)")
@@ -127,38 +126,6 @@ def unpack(data: torch.Tensor) -> Any:
     return torch.load(io.BytesIO(data.numpy().tobytes()), map_location="cpu", weights_only=True)
 
 
-class Solo:
-    """No group: a pass-through. Handed-in gradients are this learner's step, applied at once."""
-
-    size = 1
-    in_flight = 0  # env steps handed in and not yet applied
-
-    def __init__(self, learner: Any):
-        self.learner = learner
-
-    def sync(self) -> None:
-        """Nothing to synchronise."""
-
-    def wants_gradients(self) -> bool:
-        return True
-
-    def hand_in(self, gradients: Gradients) -> None:
-        """Apply this learner's gradients (not finite: skip the step, count its env steps)."""
-        steps = gradients.env_steps
-        self.learner.apply(GroupStep(env_steps=steps, gradients=int(gradients.finite), own_steps=steps))
-        for p in self.learner.parameters():
-            p.grad = None
-
-    def idle(self) -> None:
-        """Nothing to synchronise."""
-
-    def stats(self) -> dict[str, float]:
-        return {}
-
-    def close(self, finished: bool = False) -> None:
-        """Nothing to close."""
-
-
 class LearnerGroup:
     """This learner's membership of a moolib group, and the rounds of gradient averaging.
 
@@ -182,9 +149,6 @@ class LearnerGroup:
 
     def __init__(self, broker: str, group: str, learner: Any, settings: dict, seed: int,
                  total_steps: int | None = None):
-        from rfwp_rl.impala.env_pool import import_moolib
-        from rfwp_rl.impala.net import resolve_address
-
         moolib = import_moolib()
         self.moolib, self.broker, self.group_name = moolib, broker, group
         self.learner = learner

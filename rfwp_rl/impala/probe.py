@@ -28,9 +28,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rfwp_rl import flags
+from rfwp_rl import envs as envs_mod, flags
+from rfwp_rl.checkpoint import add_trust_argument, atomic_write_text
 from rfwp_rl.errors import UserError
-from rfwp_rl.impala.learner import kl_terms
+from rfwp_rl.impala.evaluate import _check_envs, add_checkpoint_arguments, eval_env_options, load_agent, play, quotas
+from rfwp_rl.impala.run_spec import parse_env_options
+from rfwp_rl.impala.trust_region import kl_terms
 from rfwp_rl.texttable import format_columns
 
 
@@ -105,9 +108,6 @@ def probe(path: str | Path, episodes: int = 20, bin_steps: int = 10, greedy: boo
     """Play ``episodes`` full episodes of the checkpoint at ``path`` and return
     ``{"rows": StepStats.table(), "lengths": [...], "returns": [...], "truncated": int, "step": int,
     "checkpoint": str, "env": str, "core": str, "state_shapes": [...]}``."""
-    from rfwp_rl import envs as envs_mod
-    from rfwp_rl.impala.evaluate import _check_envs, eval_env_options, load_agent, play, quotas
-
     if episodes < 1 or bin_steps < 1 or num_envs < 1:
         raise UserError(f"--episodes {episodes} / --bin {bin_steps} / --num-actors {num_envs}: each must be >= 1")
     if not shift >= 0:
@@ -143,8 +143,6 @@ def format_table(record: dict) -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = "examples:" + __doc__.split("Examples::", 1)[1]
-    from rfwp_rl.impala.evaluate import add_checkpoint_arguments
-
     add_checkpoint_arguments(parser)
     parser.add_argument("--episodes", type=int, default=20, help="full episodes to play (default %(default)s)")
     parser.add_argument("--bin", type=int, default=10, help="env steps per row of the table (default %(default)s)")
@@ -160,15 +158,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--env-option", dest="env_options", action="append", default=[], metavar="KEY=VALUE",
                         help="override an env option of the training run")
     parser.add_argument("--out", default=None, help="CSV path (default: probe_<step>_<mode>.csv in the run directory)")
-    from rfwp_rl.checkpoint import add_trust_argument
-
     add_trust_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    from rfwp_rl.checkpoint import atomic_write_text
-    from rfwp_rl.impala.setup import parse_env_options
-
     if args.torch_threads > 0:
         torch.set_num_threads(args.torch_threads)
     record = probe(args.run, episodes=args.episodes, bin_steps=args.bin, greedy=args.greedy, num_envs=args.num_actors,

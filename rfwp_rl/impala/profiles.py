@@ -18,7 +18,7 @@ below (``VECTOR``, ``CONTROL``) and in :mod:`rfwp_rl.impala.config` (``ATARI``).
   - an entropy cost above Atari's, which keeps the policy from saturating on one action against
     unit-sized advantages; V-trace lambda below 1, which cuts the noise of later rewards in each
     advantage;
-  - a trust-region step on every update (``max_kl``, :mod:`rfwp_rl.impala.learner`), which bounds
+  - a trust-region step on every update (``max_kl``, :mod:`rfwp_rl.impala.trust_region`), which bounds
     how far one batch moves the policy; a learner group runs without it (each member would shrink
     the shared step by its own batch);
   - the agent preset ``agents/vector_<core>.toml`` (MLP torso, the previous action as an input except

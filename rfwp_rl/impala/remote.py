@@ -21,7 +21,7 @@ reaches its step target the actor exits 0. Ctrl-C / SIGTERM stop it cleanly.
 Envs fail as in ``rfwp-rl train``: a failing env is replaced; an env batch without a result for
 ``--env-timeout`` seconds (a hung env) or a dead worker process ends the actor (exit 1: restart it).
 At any exit the env workers get a moment to finish their pending steps and are ended if they do
-not (:meth:`rfwp_rl.impala.env_pool.EnvBatches.release`), so no hung worker outlives the actor.
+not (:meth:`rfwp_rl.impala.env_batches.EnvBatches.release`), so no hung worker outlives the actor.
 """
 
 from __future__ import annotations
@@ -37,9 +37,17 @@ import numpy as np
 import torch
 
 from rfwp_rl import flags
+from rfwp_rl.encoders import has_image_torso
 from rfwp_rl.errors import UserError
-from rfwp_rl.impala.config import ImpalaConfig
-from rfwp_rl.impala.setup import add_run_arguments
+from rfwp_rl.impala.actors import Actors
+from rfwp_rl.impala.config import ImpalaConfig, trainer_keys
+from rfwp_rl.impala.env_batches import EnvPoolBroken
+from rfwp_rl.impala.net import resolve_address
+from rfwp_rl.impala.rollout_server import compat_info
+from rfwp_rl.impala.run_spec import RunSpec, add_run_arguments
+from rfwp_rl.impala.wire import MAX_NAME_CHARS, Refused, check_int, resolve_key, secure_moolib, short
+from rfwp_rl.perf import choose_torch_threads, set_torch_threads
+from rfwp_rl.safety import GracefulStop
 
 MAX_INFLIGHT = 2  # rollouts sent and not yet answered
 MAX_OUTBOX = 4  # completed rollouts held before the actor stops stepping (back-pressure)
@@ -76,12 +84,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def check_args(args: argparse.Namespace) -> str:
     """One-line errors for bad actor options; returns the learner's address, resolved."""
-    from rfwp_rl.impala.net import resolve_address
-
     address = resolve_address(args.connect, "--connect")
     if args.name is not None:
-        from rfwp_rl.impala.wire import MAX_NAME_CHARS
-
         if not 0 < len(args.name) <= MAX_NAME_CHARS or not args.name.isprintable():
             raise UserError(f"--name {args.name!r} is invalid; allowed: 1-{MAX_NAME_CHARS} printable characters")
     for flag in ("num_actors", "num_env_batches", "num_env_processes"):
@@ -94,14 +98,6 @@ def check_args(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rfwp_rl.encoders import has_image_torso
-    from rfwp_rl.impala.config import trainer_keys
-    from rfwp_rl.impala.rollout_server import compat_info
-    from rfwp_rl.impala.setup import RunSpec
-    from rfwp_rl.perf import choose_torch_threads, set_torch_threads
-
-    from rfwp_rl.impala.wire import resolve_key
-
     address = check_args(args)
     key = resolve_key(args.auth_key_file, create=False, role="an actor")
     run_spec = RunSpec.from_args(args, trainer_keys())  # the learner's --set trainer keys are accepted (unused here)
@@ -137,8 +133,6 @@ class RemoteActor:
 
     def __init__(self, pool, agent: torch.nn.Module, info: dict, address: str, name: str,
                  args: argparse.Namespace, device: torch.device, key: str):
-        from rfwp_rl.impala.wire import secure_moolib
-
         self.moolib = secure_moolib(key, connect=[address])  # the learner must prove the key too
         self.pool, self.agent, self.info, self.address, self.name = pool, agent, info, address, name
         self.args, self.device = args, device
@@ -180,8 +174,6 @@ class RemoteActor:
         return reply
 
     def _load_weights(self, reply: dict) -> None:
-        from rfwp_rl.impala.wire import Refused, check_int, short
-
         try:
             version = check_int(reply.get("version"), "weights version", -1, 2**62)
             if "state" in reply:
@@ -212,8 +204,6 @@ class RemoteActor:
                     raise UserError(f"the learner at {self.address} refused this actor: {reply['error']}")
                 if reply.get("finished"):
                     raise _Finished()
-                from rfwp_rl.impala.wire import Refused, check_int
-
                 try:
                     session, unroll = reply.get("session"), check_int(reply.get("unroll_length"), "unroll length",
                                                                        1, 100_000)
@@ -223,8 +213,6 @@ class RemoteActor:
                     raise Disconnected(f"refused the learner's hello reply: {e}") from None
                 self.session = session
                 if self.actors is None:
-                    from rfwp_rl.impala.actors import Actors
-
                     self.actors = Actors(self.pool, self.agent, self.args.num_actors, self.args.num_env_batches,
                                          unroll, self.device, env_timeout=self.args.env_timeout,
                                          precision=self.args.precision)
@@ -349,9 +337,6 @@ class RemoteActor:
                 last_log, last_steps, last_sent = now, self.actors.env_steps, self.rollouts_sent
 
     def run(self) -> int:
-        from rfwp_rl.impala.env_pool import EnvPoolBroken
-        from rfwp_rl.safety import GracefulStop
-
         with GracefulStop() as stop:
             try:
                 while not stop.requested:

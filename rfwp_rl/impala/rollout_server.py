@@ -44,7 +44,7 @@ import torch
 
 from rfwp_rl.errors import UserError
 from rfwp_rl.impala.actors import Rollout
-from rfwp_rl.impala.env_pool import import_moolib
+from rfwp_rl.impala.env_batches import import_moolib
 from rfwp_rl.impala.net import first_mismatch, resolve_address
 from rfwp_rl.impala.rollout_check import Layout, RolloutCheck
 from rfwp_rl.impala.wire import RefusalLog, Refused, check_int, check_name, check_plain, handler
@@ -56,7 +56,7 @@ ACTIVE_SECONDS = 30.0  # an actor counts as connected if it called within this m
 
 def compat_info(run: Any, agent: Any) -> dict:
     """What a remote actor must share with the learner: the run's :meth:`RunSpec.meta
-    <rfwp_rl.impala.setup.RunSpec.meta>` (env, env options, core, core config, agent options,
+    <rfwp_rl.impala.run_spec.RunSpec.meta>` (env, env options, core, core config, agent options,
     action count, observation shape) and the protocol version, JSON-normalised (tuples == lists)."""
     info = {"protocol": PROTOCOL, **run.meta(agent)}
     info.pop("trainer", None)

@@ -3,11 +3,13 @@
 One process holds the model, the actors' inference and the learner (as in TorchBeast's
 monobeast and moolib's IMPALA example); the environments run in ``moolib.EnvPool`` worker
 processes, stepped in two alternating batches so that env stepping overlaps inference.
-:meth:`ImpalaTrainer.train` is the loop, top to bottom: let the learner group finish a round
-(one optimizer step) -> if a full batch is ready and the group takes gradients, compute them ->
-else step one env batch and collect finished rollouts -> log, checkpoint. Defaults are the
-paper's settings (:mod:`rfwp_rl.impala.config`); the run setup is :mod:`rfwp_rl.impala.setup`,
-the resume order :mod:`rfwp_rl.scaffold`.
+:meth:`ImpalaTrainer.train` is the loop, top to bottom: if a full batch is ready, one optimizer
+step on it (:meth:`rfwp_rl.impala.learner.Learner.update`) -> else step one env batch and collect
+finished rollouts -> log, checkpoint. A learner of a group (``--broker``) first lets the group
+finish a round (one optimizer step) and hands its batch's gradients to the group instead
+(:mod:`rfwp_rl.impala.multi_learner`). Defaults are the paper's settings
+(:mod:`rfwp_rl.impala.config`); the run setup is :mod:`rfwp_rl.impala.run_spec`, the resume
+order :mod:`rfwp_rl.scaffold`.
 
 Examples::
 
@@ -35,12 +37,21 @@ import torch
 
 from rfwp_rl import flags
 from rfwp_rl.checkpoint import add_trust_argument
+from rfwp_rl.encoders import has_image_torso
 from rfwp_rl.errors import UserError, check_choice
 from rfwp_rl.impala import profiles
-from rfwp_rl.impala.config import ACTOR_DEVICES, ENV_BACKENDS, OPTIMIZERS, ImpalaConfig
-from rfwp_rl.impala.env_pool import EnvPoolBroken
-from rfwp_rl.impala.setup import DEFAULT_CORE, RunSpec, add_run_arguments
+from rfwp_rl.impala.actors import Actors, RolloutQueue, choose_actor_device, rollout_spec
+from rfwp_rl.impala.config import ACTOR_DEVICES, ENV_BACKENDS, OPTIMIZERS, ImpalaConfig, trainer_keys
+from rfwp_rl.impala.env_batches import EnvPoolBroken, reexec_argv, shutdown_env_pool
+from rfwp_rl.impala.learner import Learner, Learning
+from rfwp_rl.impala.multi_learner import LearnerGroup, check_group_args
+from rfwp_rl.impala.net import parse_address, resolve_address
+from rfwp_rl.impala.rollout_server import NoLocalActors, RolloutServer, compat_info
+from rfwp_rl.impala.run_spec import DEFAULT_CORE, RunSpec, add_run_arguments
+from rfwp_rl.impala.wire import refused_connections, resolve_key, secure_moolib
+from rfwp_rl.overrides import apply_to_trainer
 from rfwp_rl.perf import PRECISIONS, Timers, choose_torch_threads, set_torch_threads
+from rfwp_rl.runlog import run_name
 from rfwp_rl.safety import GracefulStop, TrainingAborted
 from rfwp_rl.scaffold import Trainer, run_trainer
 
@@ -127,8 +138,6 @@ def config_from_args(args: argparse.Namespace, kind: str = "atari", memory_horiz
     """The run's config, checked (:func:`check_config`): the command line's values, the unset ones
     from the profile of the env's ``kind`` (see :mod:`rfwp_rl.impala.profiles`), and on top the
     ``--set`` trainer ``settings`` (:class:`rfwp_rl.overrides.Setting`, from :meth:`RunSpec.from_args`)."""
-    from rfwp_rl.overrides import apply_to_trainer
-
     fields = {f.name for f in dataclasses.fields(ImpalaConfig)}
     given = {k: v for k, v in vars(args).items() if k in fields and k != "profile"}
     profile = profiles.profile_for(kind, getattr(args, "profile", "auto"), continuous_actions)
@@ -144,9 +153,6 @@ def config_from_args(args: argparse.Namespace, kind: str = "atari", memory_horiz
 
 def check_config(cfg: ImpalaConfig) -> None:
     """One-line :class:`UserError` for settings that cannot work."""
-    from rfwp_rl.impala.multi_learner import check_group_args
-    from rfwp_rl.impala.net import parse_address
-
     for name in ("total_steps", "num_actors", "num_env_batches", "num_env_processes", "batch_size", "unroll_length"):
         if getattr(cfg, name) < (0 if name == "num_actors" and cfg.listen else 1):
             raise UserError(f"--{name.replace('_', '-')} {getattr(cfg, name)} is invalid; allowed: an integer >= 1 "
@@ -190,8 +196,6 @@ def check_config(cfg: ImpalaConfig) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rfwp_rl.impala.config import trainer_keys
-
     run_spec = RunSpec.from_args(args, trainer_keys())
     cfg = config_from_args(args, run_spec.kind, run_spec.memory_horizon, run_spec.max_episode_steps,
                            run_spec.trainer_settings, continuous_actions=run_spec.action_space.get("type") == "Box")
@@ -201,8 +205,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_name(env: str, core: str, seed: int) -> str:
-    from rfwp_rl.runlog import run_name
-
     return run_name(env, core, f"s{seed}")
 
 
@@ -234,9 +236,6 @@ class ImpalaTrainer(Trainer):
 
     def __init__(self, cfg: ImpalaConfig, run: RunSpec, run_dir: Path, pool: object = None):
         """``pool``: an env pool to use (and leave open) instead of making one (the benchmark)."""
-        from rfwp_rl.encoders import has_image_torso
-        from rfwp_rl.impala.learner import Learner
-
         self.cfg, self.run, self.run_dir = cfg, run, Path(run_dir)
         self.total, self.log_every = cfg.total_steps, cfg.log_every
         random.seed(cfg.seed)
@@ -251,7 +250,6 @@ class ImpalaTrainer(Trainer):
         self.threads_note = f"{self.threads} torch thread(s) ({why})"
         self.learner = Learner(agent, cfg)
         self.meta = run.meta(agent)
-        self.legacy_metas = tuple(run.legacy_metas(agent))
         self.counts = {"actor_steps": 0, "episodes": 0, "train_seconds": 0.0, "env_failures": 0,
                        "best_return": -math.inf}
         self.returns: deque[float] = deque(maxlen=BEST_WINDOW)
@@ -267,7 +265,7 @@ class ImpalaTrainer(Trainer):
     # ---- checkpoints
     def load_state_dict(self, state: dict, path: Path, step: int) -> None:
         self.learner.load_state_dict(state)
-        self.counts.update({k: state["counters"][k] for k in self.counts if k in state["counters"]})
+        self.counts.update({k: state["counters"][k] for k in self.counts})
         print(f"resuming {self.run_dir} from step {self.step:,} ({path.name})", flush=True)
 
     def state_dict(self) -> dict:
@@ -281,10 +279,6 @@ class ImpalaTrainer(Trainer):
 
     # ---- start: env pool (moolib forks its workers here, before any thread), remote actors, group
     def prepare(self) -> str | None:
-        from rfwp_rl.impala.learner import Learning
-        from rfwp_rl.impala.multi_learner import LearnerGroup, Solo
-        from rfwp_rl.impala.rollout_server import NoLocalActors, RolloutServer, compat_info
-
         cfg, learner = self.cfg, self.learner
         if learner.step >= cfg.total_steps:
             return (f"{self.run_dir} already reached {learner.step:,} >= --total-steps {cfg.total_steps:,} steps; "
@@ -295,16 +289,11 @@ class ImpalaTrainer(Trainer):
                                                cfg.num_env_processes)
         info = compat_info(self.run, learner.agent)
         if cfg.listen or cfg.broker:  # every peer proves the shared key (before any Rpc exists)
-            from rfwp_rl.impala.net import resolve_address
-            from rfwp_rl.impala.wire import resolve_key, secure_moolib
-
             key = resolve_key(cfg.auth_key_file, create=not cfg.broker, role="a learner joining a group")
             secure_moolib(key, [resolve_address(cfg.listen, "--listen")] if cfg.listen else [],
                           [resolve_address(cfg.broker, "--broker")] if cfg.broker else [])
         try:
             if cfg.listen:  # an Rpc endpoint, opened after the pool has forked
-                from rfwp_rl.impala.actors import rollout_spec
-
                 agent = learner.agent
                 self.server = RolloutServer(cfg.listen, learner, info, max_pending=2 * cfg.batch_size,
                                             layout=rollout_spec(agent.obs_space, agent.action_dist),
@@ -313,17 +302,11 @@ class ImpalaTrainer(Trainer):
             if cfg.broker:
                 settings = {**info, **{k: getattr(cfg, k) for k in GROUP_SETTINGS}}
                 self.group = LearnerGroup(cfg.broker, cfg.group, learner, settings, cfg.seed, cfg.total_steps)
-            else:
-                self.group = Solo(learner)
         except BaseException:  # e.g. a learner group that refuses this learner: no worker outlives it
-            from rfwp_rl.impala.env_pool import shutdown_env_pool
-
             if self.server is not None:
                 self.server.close(grace=0.0)
             shutdown_env_pool(self.pool)
             raise
-        from rfwp_rl.impala.actors import choose_actor_device
-
         self.actor_device, why = choose_actor_device(cfg.actor_device, learner.agent, self.device,
                                                      max(1, cfg.num_actors // cfg.num_env_batches))
         self.actor_device_note = f"actors on {self.actor_device} ({why})"
@@ -333,14 +316,10 @@ class ImpalaTrainer(Trainer):
         if self.pool is None:
             self.actors = NoLocalActors(self.counts["env_failures"])
         else:
-            from rfwp_rl.impala.actors import Actors
-
             self.actors = Actors(self.pool, self.learning.acting_agent, cfg.num_actors, cfg.num_env_batches,
                                  cfg.unroll_length, self.actor_device, max_env_failures=cfg.max_env_failures,
                                  env_failures=self.counts["env_failures"], env_timeout=cfg.env_timeout,
                                  precision=cfg.precision, timers=self.timers)
-        from rfwp_rl.impala.actors import RolloutQueue
-
         self.queue = RolloutQueue(cfg.batch_size)
         self._start_clocks()
         return None
@@ -388,23 +367,27 @@ class ImpalaTrainer(Trainer):
             self.learning.close()  # a learner thread's error (TrainingAborted) is raised here
 
     def iterate(self) -> None:
-        """One pass of the loop: the group finishes rounds (optimizer steps), a full batch becomes
-        gradients, and otherwise the actors act."""
+        """One pass of the loop: a full batch becomes an update, and otherwise the actors act. In a
+        learner group, the group first finishes its rounds (optimizer steps), and a full batch becomes
+        this learner's share of a round when the group takes gradients."""
         cfg, group = self.cfg, self.group
-        group.sync()  # alone: nothing; in a group: a finished round is one optimizer step here
-        if self.queue.ready() and group.wants_gradients() and self.handed_in() < cfg.total_steps:
+        if group is not None:
+            group.sync()  # a finished round is one optimizer step here
+        if self.queue.ready() and (group is None or group.wants_gradients()) and self.handed_in() < cfg.total_steps:
             with self.timers("learning"):
-                self.learning.submit(self.queue.get())  # alone: one update; in a group: this round's share
+                self.learning.submit(self.queue.get())
         else:
             self.collect()  # one env step of one env batch, and the remote actors' rollouts
-        group.idle()  # nothing handed in: the group's round goes on without this learner
+        if group is not None:
+            group.idle()  # nothing handed in: the group's round goes on without this learner
         self.drop_stale_batches()
         if self.learning.thread is not None and self.handed_in() >= cfg.total_steps:
             self.learning.wait_idle()
 
     def handed_in(self) -> int:
         """Env steps trained, plus those handed to the learner thread or to the group's round under way."""
-        return self.learner.step + self.group.in_flight + self.learning.pending_steps
+        in_flight = self.group.in_flight if self.group is not None else 0
+        return self.learner.step + in_flight + self.learning.pending_steps
 
     def collect(self) -> None:
         """One env step of the next local env batch, plus the remote actors' rollouts: finished
@@ -461,7 +444,7 @@ class ImpalaTrainer(Trainer):
             extra["return(100)"] = float(np.mean(self.returns))
             self.logger.log(step, {"episode/return_mean100": extra["return(100)"]})
             self.keep_best(extra["return(100)"])
-        group_stats = self.group.stats()
+        group_stats = self.group.stats() if self.group is not None else {}
         if group_stats:
             self.logger.log(step, {**group_stats, "group/dropped_batches": self.dropped_batches})
             extra["learners"] = int(group_stats["group/size"])
@@ -471,8 +454,6 @@ class ImpalaTrainer(Trainer):
             extra.update(remote_actors=int(remote["remote/actors"]), remote_sps=round(remote["remote/env_sps"]),
                          policy_lag=remote["remote/policy_lag"])
         if self.server is not None or self.cfg.broker:  # peers that failed the key handshake (moolib drops them)
-            from rfwp_rl.impala.wire import refused_connections
-
             refused = refused_connections()
             self.logger.log(step, {"net/refused_connections": float(refused)})
             if refused > self.refused_connections:
@@ -497,8 +478,6 @@ class ImpalaTrainer(Trainer):
 
     def close(self) -> None:
         """Leave the group, stop serving remote actors, end the env workers (all of them on a restart)."""
-        from rfwp_rl.impala.env_pool import shutdown_env_pool
-
         if self.logger is not None and self.actors is not None:
             self.logger.progress(self.step, force=True, episodes=self.counts["episodes"],
                                  **({"return(100)": float(np.mean(self.returns))} if self.returns else {}))
@@ -518,8 +497,6 @@ class ImpalaTrainer(Trainer):
         self.pool = None
 
     def finish(self, code: int, saved: Path | None) -> int:
-        from rfwp_rl.impala.env_pool import reexec_argv
-
         step, limit = self.step, self.cfg.max_env_failures
         if self.restart and saved is not None:
             if self.actors.env_failures > limit:

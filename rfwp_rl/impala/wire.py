@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterable
 import torch
 
 from rfwp_rl.errors import UserError
+from rfwp_rl.impala.env_batches import import_moolib
 
 KEY_ENV = "RFWP_AUTH_KEY"
 KEY_FILE_ENV = "RFWP_AUTH_KEY_FILE"
@@ -133,8 +134,6 @@ def listen_hosts(listen: Iterable[str] = (), connect: Iterable[str] = ()) -> lis
 def secure_moolib(key: str, listen: Iterable[str] = (), connect: Iterable[str] = ()) -> Any:
     """moolib, with the shared key set for every connection this process makes or accepts from now
     on, and its own listeners restricted to :func:`listen_hosts`. Call before creating an Rpc."""
-    from rfwp_rl.impala.env_pool import import_moolib
-
     moolib = import_moolib()
     if not hasattr(moolib, "set_auth_key"):
         raise UserError("the installed moolib has no peer authentication (not rfwp_rl's build of it); "
@@ -146,8 +145,6 @@ def secure_moolib(key: str, listen: Iterable[str] = (), connect: Iterable[str] =
 
 def refused_connections() -> int:
     """Connections refused so far in this process for a missing or wrong proof of the key."""
-    from rfwp_rl.impala.env_pool import import_moolib
-
     return int(import_moolib().auth_refusals())
 
 

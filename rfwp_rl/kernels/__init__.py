@@ -31,6 +31,7 @@ import threading
 from typing import Any
 
 from rfwp_rl.errors import UserError
+from rfwp_rl.kernels import _build
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +59,6 @@ def load() -> tuple[Any, str]:
         if os.environ.get("RFWP_RL_KERNELS", "1").strip().lower() in ("0", "false", "no", "off"):
             why = "fused kernels disabled by RFWP_RL_KERNELS=0"
         else:
-            from rfwp_rl.kernels import _build
-
             cuda_note = ""
             try:
                 if _build.torch_has_cuda():

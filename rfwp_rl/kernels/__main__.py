@@ -6,12 +6,12 @@ from __future__ import annotations
 import argparse
 import sys
 
+from rfwp_rl import kernels
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rfwp_rl.kernels", description=__doc__)
     parser.parse_args(argv)
-    from rfwp_rl import kernels
-
     backend, why = kernels.status()
     print(f"{backend}: {why}")
     return 0 if backend == "kernel" else 1

@@ -22,6 +22,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from rfwp_rl.resources import data_dir
+
 OPS = ("lt", "delta", "delta_rnn", "rdn", "gated_delta", "delta_product", "srwm")
 PRODUCT_OPS = ("gated_delta", "delta_product")   # one kernel (csrc/cuda/householder_product.cu)
 DIRECTIONS = ("forward", "backward")
@@ -380,8 +382,6 @@ def resource_usage(csrc: Any = None, archs: tuple[int, ...] = (80, 90)) -> list[
     from pathlib import Path
 
     if csrc is None:
-        from rfwp_rl.resources import data_dir
-
         csrc = data_dir("csrc")
     csrc = Path(csrc)
     rows: list[dict[str, Any]] = []

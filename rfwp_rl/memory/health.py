@@ -27,10 +27,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from rfwp_rl import flags
+from rfwp_rl import cores as cores_mod, flags
 from rfwp_rl.checkpoint import atomic_write_text, list_checkpoints
 from rfwp_rl.errors import UserError, check_choice
 from rfwp_rl.memory import suite
+from rfwp_rl.memory.results import core_rank, read_run
+from rfwp_rl.presets import AGENTS_DIR
+from rfwp_rl.runlog import run_name
 
 TASKS = (suite.env_id("DelayedRecall", "easy"), suite.env_id("AssociativeRecall", "easy"))
 HEALTHY = 0.5  # normalised final return a core must reach on at least one of the tasks
@@ -40,11 +43,7 @@ DEFAULT_STEPS = 300_000
 def agent_cores() -> list[str]:
     """Registered cores that have a vector-env preset (``agents/vector_<core>.toml``), in the
     memory table's order."""
-    from rfwp_rl import cores
-    from rfwp_rl.memory.results import core_rank
-    from rfwp_rl.presets import AGENTS_DIR
-
-    return sorted((c for c in cores.available() if (AGENTS_DIR / f"vector_{c}.toml").is_file()), key=core_rank)
+    return sorted((c for c in cores_mod.available() if (AGENTS_DIR / f"vector_{c}.toml").is_file()), key=core_rank)
 
 
 @dataclass(frozen=True)
@@ -73,8 +72,6 @@ class Job:
 
 def plan(cores: list[str], seeds: list[int], steps: int, runs_root: Path, tasks: tuple[str, ...] = TASKS) -> list[Job]:
     """Every (seed, task, core) run, seed by seed (a partial sweep gives complete first seeds)."""
-    from rfwp_rl.runlog import run_name
-
     return [Job(env, core, seed, steps, runs_root / run_name(env) / f"{core}_s{seed}")
             for seed in seeds for env in tasks for core in cores]
 
@@ -89,8 +86,6 @@ def run_job(job: Job, train_args: list[str]) -> int:
 
 def scores(jobs: list[Job]) -> dict[tuple[str, str], list[float]]:
     """``{(core, env): [normalised final return per seed]}``; NaN for a run that logged no episodes."""
-    from rfwp_rl.memory.results import read_run
-
     out: dict[tuple[str, str], list[float]] = {}
     for job in jobs:
         run = read_run(job.run_dir) if job.run_dir.is_dir() else None
@@ -161,8 +156,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rfwp_rl import cores as cores_mod
-
     if args.total_steps < 1 or args.jobs < 1:
         raise UserError(f"--total-steps {args.total_steps} / --jobs {args.jobs}: both must be >= 1")
     if args.cores is None:

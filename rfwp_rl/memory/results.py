@@ -3,8 +3,7 @@
 ``rfwp-rl memory-results --runs runs/memory/easy_suite --out results/memory/easy_suite`` (the defaults:
 the runs of ``launch/memory_suite.sh`` and the easy-suite table) reads every run directory under
 ``--runs`` whose env is a suite id
-(its ``config.json`` and TensorBoard events; the newest checkpoint's counters only for runs that
-logged no ``perf/train_minutes``) and writes
+(its ``config.json`` and TensorBoard events) and writes
 
 - ``runs.csv``: one row per run: env, task, level, core, seed, parameters, env steps reached and
   targeted, wall-clock minutes, final return and its normalised value, and the run's peak (the
@@ -119,27 +118,9 @@ def read_run(run_dir: Path) -> Run | None:
         return None
     # the learner logs its losses at every update's step: the last one is the step reached
     steps = max(series[-1][0] for series in scalars.values() if series)
-    if scalars.get(MINUTES_TAG):
-        minutes = scalars[MINUTES_TAG][-1][1]
-    else:  # runs from before that scalar was logged: the newest checkpoint's counters
-        minutes, steps = _checkpoint_minutes_steps(run_dir, steps)
+    minutes = scalars[MINUTES_TAG][-1][1] if scalars.get(MINUTES_TAG) else float("nan")  # none logged yet
     return Run(run_dir, env, str(config["core"]), int(config.get("seed", 0)), int(config.get("num_params", 0)),
                int(config.get("total_steps", 0)), steps, minutes, float(curve[-1][1]), curve)
-
-
-def _checkpoint_minutes_steps(run_dir: Path, steps: int) -> tuple[float, int]:
-    from rfwp_rl.checkpoint import list_checkpoints, read_checkpoint
-
-    checkpoints = list_checkpoints(run_dir)  # newest first
-    minutes = float("nan")
-    if checkpoints:
-        try:
-            counters = read_checkpoint(checkpoints[0])["state"]["counters"]
-        except (ValueError, UserError) as e:  # damaged, or holding Python objects: never executed
-            print(f"warning: {run_dir}: no training time from {checkpoints[0].name} ({e})", file=sys.stderr)
-        else:
-            minutes, steps = counters["train_seconds"] / 60.0, int(counters["step"])
-    return minutes, steps
 
 
 def collect(runs_root: Path) -> list[Run]:

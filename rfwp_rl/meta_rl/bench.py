@@ -20,6 +20,7 @@ import torch
 
 from rfwp_rl import flags
 from rfwp_rl.checkpoint import atomic_write_text
+from rfwp_rl.errors import check_choice
 from rfwp_rl.meta_rl import a2c, graph_env
 from rfwp_rl.meta_rl.config import MetaRLConfig
 from rfwp_rl.meta_rl.model import MetaRLAgent, count_parameters
@@ -76,7 +77,6 @@ def time_updates(core: str, config: dict, batch: int, updates: int, replay: bool
 def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.torch_threads)
     names = [c.strip() for c in args.cases.split(",") if c.strip()]
-    from rfwp_rl.errors import check_choice
     for n in names:
         check_choice("case", n, CASES)
     precisions = [p.strip() for p in args.matmul_precision.split(",") if p.strip()]

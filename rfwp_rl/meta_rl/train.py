@@ -45,6 +45,8 @@ from rfwp_rl.meta_rl import a2c, graph_env
 from rfwp_rl.meta_rl.config import EVAL_POLICIES, TIME_LIMITS, MetaRLConfig
 from rfwp_rl.meta_rl.graph_env import GraphBatchEnv
 from rfwp_rl.meta_rl.model import MetaRLAgent, count_parameters
+from rfwp_rl.overrides import apply_settings
+from rfwp_rl.presets import Preset, load_preset
 from rfwp_rl.runlog import format_duration, run_name
 from rfwp_rl.safety import GracefulStop, NonFiniteGuard, TrainingAborted
 from rfwp_rl.scaffold import Trainer, run_trainer
@@ -94,9 +96,6 @@ def resolve_agent(core: str | None, preset: str | None, overrides: list[str], tr
     (``lstm512``), else the core name. ``--set`` takes ``core``, ``core_config.<option>`` and
     the trainer's settings (``trainer_keys``, applied to ``trainer``); the agent has no other options.
     """
-    from rfwp_rl.overrides import apply_settings
-    from rfwp_rl.presets import Preset, load_preset
-
     if preset is not None:
         p = load_preset(preset)
         if core is not None and core != p.core:

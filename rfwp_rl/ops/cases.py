@@ -40,7 +40,7 @@ class Rand:
 
 
 def _spec(name: str):
-    from rfwp_rl import ops   # the registry (ops imports this module's users, not this module)
+    from rfwp_rl import ops  # the registry, here: ops imports this module (through ops.dispatch)
 
     return ops.spec(name)
 

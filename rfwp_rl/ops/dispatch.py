@@ -28,6 +28,7 @@ import torch
 
 from rfwp_rl import kernels
 from rfwp_rl.errors import UserError, check_choice
+from rfwp_rl.ops import cases
 from rfwp_rl.ops.base import HALF_DTYPES, Dims, OpSpec
 
 log = logging.getLogger("rfwp_rl.ops")
@@ -102,8 +103,6 @@ def first_use_check(spec: OpSpec, call: FusedCall) -> str | None:
     with _lock:
         if key in _verified:
             return _verified[key]
-    from rfwp_rl.ops import cases
-
     dtype = call.compute_dtype
     tol = VERIFY_TOLERANCE[dtype]
     try:
@@ -192,7 +191,7 @@ class ResolvedOp:
 
 
 def _rebuild(name: str, backend: str, dims: Dims | None, options: dict) -> ResolvedOp:
-    from rfwp_rl import ops
+    from rfwp_rl import ops  # the registry, here: ops imports this module
 
     return ResolvedOp(ops.spec(name), backend, dims, options)
 

@@ -18,7 +18,8 @@ from typing import Any, Callable, Iterable
 import torch
 
 from rfwp_rl import kernels
-from rfwp_rl.kernels import cuda_limits
+from rfwp_rl.kernels import _build, cuda_limits
+from rfwp_rl.kernels.emulated import EmulatedCuda
 from rfwp_rl.ops import OPS, cases
 
 TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-4}
@@ -74,9 +75,6 @@ def backends(emulation: bool = True) -> tuple[list[Backend], list[str]]:
                 notes.append("CUDA: a GPU is present but this build has CPU kernels only "
                              f"({why})")
     if emulation:
-        from rfwp_rl.kernels import _build
-        from rfwp_rl.kernels.emulated import EmulatedCuda
-
         try:   # every emulated GPU thread is a host thread: tiny sizes
             found.append(Backend("cpu", "emulated CUDA", EmulatedCuda(threads=32),
                                  T=6, B=2, H=1, d=8, cuda=True))

@@ -29,6 +29,7 @@ from torch import Tensor, nn
 from rfwp_rl import cores
 from rfwp_rl.cores.fast_weight import FastWeightCore
 from rfwp_rl.errors import UserError, check_choice
+from rfwp_rl.seq.attention import DEFAULTS, TransformerCore
 
 TRANSFORMER = "transformer"
 
@@ -41,8 +42,6 @@ def core_names() -> list[str]:
 def core_defaults(name: str) -> dict[str, Any]:
     check_choice("core", name, core_names())
     if name == TRANSFORMER:
-        from rfwp_rl.seq.attention import DEFAULTS
-
         return dict(DEFAULTS)
     return dict(cores.available()[name].defaults)
 
@@ -52,8 +51,6 @@ def make_core(name: str, input_size: int, **config: Any) -> nn.Module:
     check_choice("core", name, core_names())
     if name != TRANSFORMER:
         return cores.make(name, input_size, **config)
-    from rfwp_rl.seq.attention import DEFAULTS, TransformerCore
-
     for key in config:
         if key not in DEFAULTS:
             raise UserError(f"unknown config key {key!r} for core 'transformer'; "

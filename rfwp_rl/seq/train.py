@@ -30,12 +30,17 @@ import torch
 from rfwp_rl import flags
 from rfwp_rl.checkpoint import add_trust_argument, atomic_torch_save, atomic_write_text
 from rfwp_rl.errors import UserError, check_choice
+from rfwp_rl.overrides import apply_settings
+from rfwp_rl.presets import Preset
 from rfwp_rl.runlog import format_duration, run_name
 from rfwp_rl.safety import GracefulStop, NonFiniteGuard
 from rfwp_rl.scaffold import Trainer, run_trainer
 from rfwp_rl.seq import tasks as T
 from rfwp_rl.seq.config import CORE_FLAGS, MODELS, NOT_SET_KEYS, POSITIONS, SeqConfig
+from rfwp_rl.seq.data import builtin_corpus_dir
+from rfwp_rl.seq.memory import AssocMemory
 from rfwp_rl.seq.model import SeqModel, core_defaults, core_names
+from rfwp_rl.seq.tasks.lm import CONTEXTS, EVAL_MODES, LEVELS, LMTask, load_corpus
 
 # the training settings recorded in config.json and results.json (the model's come from the model)
 TRAINING = ("total_steps", "batch_size", "learning_rate", "warmup", "grad_norm_clip", "seed")
@@ -86,9 +91,6 @@ def make_task(cfg: SeqConfig):
     """The task object for ``cfg.task``."""
     check_choice("task", cfg.task, T.TASKS)
     if cfg.task == "lm":
-        from rfwp_rl.seq.data import builtin_corpus_dir
-        from rfwp_rl.seq.tasks.lm import LMTask, load_corpus
-
         data = builtin_corpus_dir() if cfg.data == "builtin" else cfg.data
         return LMTask(load_corpus(data, cfg.level, cfg.min_count), cfg.seg_len, cfg.context)
     try:
@@ -106,8 +108,6 @@ def make_task(cfg: SeqConfig):
 
 def make_memory(cfg: SeqConfig, task, extra: dict[str, Any]):
     """The Secretly-FWP Sec. 6.1 memory for ``--model memory`` (``extra``: its ``--set core_config.*`` options)."""
-    from rfwp_rl.seq.memory import AssocMemory
-
     if cfg.task != "assoc":
         raise UserError(f"--model memory is for --task assoc, not {cfg.task!r}; allowed: --model seq")
     options = {"dpfp_nu": 1, "backend": "auto"}
@@ -120,9 +120,6 @@ def make_memory(cfg: SeqConfig, task, extra: dict[str, Any]):
 
 def apply_sets(cfg: SeqConfig, overrides: list[str]) -> dict[str, Any]:
     """``--set``: settings into ``cfg``, ``core`` too; returns the ``core_config.*`` options."""
-    from rfwp_rl.overrides import apply_settings
-    from rfwp_rl.presets import Preset
-
     defaults = core_defaults(cfg.core) if cfg.core in core_names() else {}
     preset = apply_settings(overrides, Preset(core=cfg.core), cfg, flags.settings_keys(SeqConfig, NOT_SET_KEYS),
                             sections=("core_config",), core_options=defaults)
@@ -145,8 +142,6 @@ def check_config(cfg: SeqConfig) -> None:
     if cfg.model == "seq":
         check_choice("core", cfg.core, core_names())
     if cfg.task == "lm":
-        from rfwp_rl.seq.tasks.lm import CONTEXTS, EVAL_MODES, LEVELS
-
         check_choice("--level", cfg.level, LEVELS)
         check_choice("--context", cfg.context, CONTEXTS)
         check_choice("--eval-mode", cfg.eval_mode, EVAL_MODES)
@@ -275,7 +270,7 @@ class SeqTrainer(Trainer):
         self.steps_done = step
         self.carried, self.best, self.best_step = state["carried"], state["best"], state["best_step"]
         self.elapsed, self.early = state["elapsed"], state["early"]
-        self.guard.skipped = state.get("skipped", 0)
+        self.guard.skipped = state["skipped"]
         print(f"resuming {self.run_dir} from step {self.steps_done:,}", flush=True)
 
     def prepare(self) -> str | None:

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import FunctionCtx, once_differentiable
 
+from rfwp_rl import kernels
 from rfwp_rl.kernels.cuda_limits import DeviceLimits
 from rfwp_rl.ops.base import (KERNEL_DTYPES, Dims, contiguous as _c, kernel_supported, needs_grad,
                               reset_mask)
@@ -169,8 +170,6 @@ def stepper(B: int, H: int, m: int, like: Tensor, F0: Tensor | None = None,
     caller then steps through the op)."""
     if backend == "reference" or like.device.type != "cpu" or like.dtype not in KERNEL_DTYPES:
         return None
-    from rfwp_rl import kernels
-
     ext, _ = kernels.load()
     return None if ext is None else Stepper(ext, B, H, m, like, F0, record)
 

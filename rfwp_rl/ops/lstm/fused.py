@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import FunctionCtx, once_differentiable
 
+from rfwp_rl import kernels, ops
 from rfwp_rl.kernels.cuda_limits import DeviceLimits
 from rfwp_rl.ops.base import (HALF_DTYPES, KERNEL_DTYPES, Dims, contiguous as _c,
                               kernel_supported, needs_grad, reset_mask)
@@ -144,8 +145,6 @@ def dims_of(args: Sequence[Any], options: dict) -> Dims:
 
 @functools.lru_cache(maxsize=None)
 def _kernel_op() -> Callable[..., tuple]:
-    from rfwp_rl import ops
-
     return ops.get("lstm", "kernel")
 
 
@@ -154,8 +153,6 @@ def recorder(backend: str, like: Tensor, hidden_size: int, h0: Tensor,
     """A :class:`Recorder` where :func:`layer` runs the fused op, else None."""
     if layer(backend, like, hidden_size) is None:
         return None
-    from rfwp_rl import kernels
-
     return Recorder(kernels.load()[0], h0, c0)
 
 
@@ -170,8 +167,6 @@ def layer(backend: str, like: Tensor, hidden_size: int) -> Callable[..., tuple] 
             or like.dtype not in KERNEL_DTYPES + HALF_DTYPES
             or (backend == "auto" and hidden_size > AUTO_MAX_HIDDEN)):
         return None
-    from rfwp_rl import kernels, ops
-
     if kernels.load()[0] is None:
         if backend == "kernel":
             ops.resolve("lstm", "kernel")   # raises the one-line error naming why

@@ -14,6 +14,7 @@ from torch.autograd.function import FunctionCtx, once_differentiable
 from rfwp_rl.kernels.cuda_limits import DeviceLimits
 from rfwp_rl.ops.base import Dims, contiguous as _c, kernel_supported, needs_grad, reset_mask
 from rfwp_rl.ops.common import softmax
+from rfwp_rl.ops.srwm.naive import head_size
 
 
 class SrwmFunction(torch.autograd.Function):
@@ -62,8 +63,6 @@ def dims_of(args: Sequence[Any], options: dict) -> Dims:
     """Sizes of one call ``(x, W_init, dW0, reset)``: key size D (columns), value size d (from
     the 3d + 4 rows); the feature map is the ``feature_map`` option (None or
     :func:`rfwp_rl.ops.common.softmax`: softmax)."""
-    from rfwp_rl.ops.srwm.naive import head_size
-
     fm = options.get("feature_map")
     name = "softmax" if fm is None or fm is softmax else getattr(fm, "__name__", repr(fm))
     return Dims(dk=args[0].shape[-1], dv=head_size(args[1].shape[-2]), feature_map=name)

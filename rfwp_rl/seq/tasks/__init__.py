@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from rfwp_rl.errors import check_choice
+from rfwp_rl.seq.tasks import assoc, code_exec, listops
 
 IGNORE = -100
 TASKS = ("lm", "code_exec", "listops", "assoc")
@@ -115,8 +116,6 @@ class CodeExecTask(FixedSetTask):
 
     def __init__(self, seed: int, num_vars: int = 3, num_statements: int = 100,
                  sizes: tuple[int, int, int] = (10000, 1000, 1000)):
-        from rfwp_rl.seq.tasks import code_exec
-
         super().__init__(seed)
         self.config = code_exec.CodeExecConfig(num_vars=num_vars, num_statements=num_statements)
         self.config.check()
@@ -138,8 +137,6 @@ class ListOpsTask(FixedSetTask):
 
     def __init__(self, seed: int, depth: int = 10, max_args: int = 5,
                  sizes: tuple[int, int, int] = (10000, 1000, 1000)):
-        from rfwp_rl.seq.tasks import listops
-
         super().__init__(seed)
         self.config = listops.ListOpsConfig(depth=depth, max_args=max_args)
         self.config.check()
@@ -157,8 +154,6 @@ class AssocTask(TaggingTask):
     main_metric = "seq_acc"
 
     def __init__(self, seed: int, num_keys: int = 32, setting: int = 1, eval_sequences: int = 20):
-        from rfwp_rl.seq.tasks import assoc
-
         super().__init__(seed)
         self.config = assoc.AssocConfig(num_keys=num_keys, setting=setting)
         self.config.check()

@@ -1,4 +1,4 @@
-"""The newer delta-rule cores (``gated_delta``, ``delta_product``, ``srwm``) against the papers'
+"""The Householder delta-rule cores (``gated_delta``, ``delta_product``) and ``srwm`` against the papers'
 equations, written out step by step with explicit vectors and matrices: per step, per batch
 entry, per layer and per head, sharing no code with rfwp_rl.cores or rfwp_rl.ops (only the
 weights are taken from the module under test); their options, parameter counts and errors.

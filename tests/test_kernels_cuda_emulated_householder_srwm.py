@@ -1,4 +1,4 @@
-"""The CUDA kernels of the newer delta-rule ops (``gated_delta``, ``delta_product``: one kernel,
+"""The CUDA kernels of the Householder delta-rule ops (``gated_delta``, ``delta_product``: one kernel,
 ``csrc/cuda/householder_product.cu``; ``srwm``: ``csrc/cuda/srwm.cu``) without a GPU: the real
 sources run through the host emulation (``csrc/cuda_emu``) equal the PyTorch reference in values
 and gradients (resets mid-sequence, non-zero initial states, several checkpoint intervals and
@@ -18,7 +18,7 @@ from rfwp_rl.kernels import _build, cuda_limits
 from rfwp_rl.kernels.emulated import EmulatedCuda
 from rfwp_rl.ops import cases
 
-NEWER = ("gated_delta", "delta_product", "srwm")
+OPS = ("gated_delta", "delta_product", "srwm")
 TOL = {torch.float32: 2e-5, torch.float64: 1e-12}
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -38,7 +38,7 @@ def emulated(emu, name, chunk):
     return lambda *a: ops.spec(name).fused(emu, chunk, *a)
 
 
-@pytest.mark.parametrize("name", NEWER)
+@pytest.mark.parametrize("name", OPS)
 @pytest.mark.parametrize("d,threads", [(5, 32), (33, 32), (4, 64), (16, 64)])
 def test_emulated_equals_reference(emu, name, d, threads):
     # d = 5: fewer rows than threads; d = 33: more rows than threads (and, for srwm, 103 rows);
@@ -51,7 +51,7 @@ def test_emulated_equals_reference(emu, name, d, threads):
         assert err < TOL[torch.float64] and gerr < TOL[torch.float64], (chunk, err, gerr)
 
 
-@pytest.mark.parametrize("name", NEWER)
+@pytest.mark.parametrize("name", OPS)
 def test_emulated_float32(emu, name):
     emu.threads = 32
     args, reset = cases.make_inputs(name, T=8, B=2, H=1, d=8, reset_at=((3, 1),), seed=4)
@@ -82,7 +82,7 @@ def test_emulated_delta_product_with_three_householder_steps(emu):
     assert err < 1e-12 and gerr < 1e-12
 
 
-@pytest.mark.parametrize("name", NEWER)
+@pytest.mark.parametrize("name", OPS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
 def test_launches_are_what_cuda_limits_says(emu, name, dtype):
     # one block per (b, h) with the block size and dynamic shared memory of the launch model

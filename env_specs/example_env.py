@@ -10,10 +10,10 @@ Three things make an environment usable by rfwp-rl:
 2. ``gymnasium.register(...)`` of an id when this module is imported;
 3. the trainer imports the module before it calls ``make_env``:
 
-    rfwp-rl train --env envs/example_new_env.py:rfwp_examples/TMaze-v0 --core lstm
+    rfwp-rl train --env env_specs/example_env.py:rfwp_examples/TMaze-v0 --core lstm
     # or, for a module on the Python path:  --env mypackage.mymodule:TMaze-v0
 
-Check it without training:  python envs/example_new_env.py
+Check it without training:  python env_specs/example_env.py
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""Newer delta-rule cores: ``gated_delta`` (Gated DeltaNet), ``delta_product`` (DeltaProduct)
-and ``srwm`` (the modern self-referential weight matrix).
+"""The delta-rule cores whose state transition is a product of Householder matrices:
+``gated_delta`` (Gated DeltaNet) and ``delta_product`` (DeltaProduct), one token mixer
+(:class:`HouseholderSublayer`) and one fused kernel (``csrc/cuda/householder_product.cu``).
 
 They are the block stacks of :class:`rfwp_rl.cores.fast_weight.FastWeightCore` (input
 projection, then per layer a pre-LayerNorm residual token-mixing sublayer and a pre-LayerNorm
@@ -18,21 +19,12 @@ residual feed-forward sublayer) with these sublayers (per head of size d = hidde
   ``num_householder`` = n_h keys, values and β per input, written one after another (the
   ``delta_product`` op: n_h Householder steps per input); β = σ(·), or 2σ(·) in (0, 2) with
   ``allow_negative_eigenvalues`` (the state transition's eigenvalues 1 - β then reach (-1, 1)).
-- ``srwm`` (Irie, Schlag, Csordás, Schmidhuber, *A Modern Self-Referential Weight Matrix That
-  Learns to Modify Itself*, ICML 2022): no slow projection; the normalised input of each head
-  goes through φ (``feature_map``, the paper's softmax by default) into the head's
-  self-referential matrix W ``[3d + 4, D]``, which outputs ``[y, q, k, β] = W φ(x)`` and
-  rewrites itself (SRWM Eq. 5-8, the ``srwm`` op); W starts from a slow parameter W_0 drawn
-  N(0, 1/d) (the authors' initialisation) and the state is ΔW = W - W_0. Then the output
-  projection.
 
-State of each layer (batch dim 0; concatenated over layers):
-``gated_delta``/``delta_product``: ``S [B, H, d, d]``, then, with a short convolution,
-``conv [B, conv_size - 1, C]`` (the last conv_size - 1 inputs of the convolution, C = (1 + 2
-n_h) hidden channels of q, k, v; zero before the episode's first step). Note that the
-recurrence of ``delta_product`` makes n_h Householder steps per input, so S after an input
-has seen all n_h writes. ``srwm``: ``ΔW [B, H, 3d + 4, D]`` (D = d, or 2νd for dpfp), whose
-rows map φ(x) to y, q, k (d each) and the 4 learning rates.
+State of each layer (batch dim 0; concatenated over layers): ``S [B, H, d, d]``, then, with a
+short convolution, ``conv [B, conv_size - 1, C]`` (the last conv_size - 1 inputs of the
+convolution, C = (1 + 2 n_h) hidden channels of q, k, v; zero before the episode's first step).
+Note that the recurrence of ``delta_product`` makes n_h Householder steps per input, so S after
+an input has seen all n_h writes.
 """
 
 from __future__ import annotations
@@ -45,21 +37,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from rfwp_rl import ops
-from rfwp_rl.cores import feature_maps
-from rfwp_rl.cores.base import (CoreSpec, State, check_bool, check_heads, check_positive_float,
-                                check_positive_int)
-from rfwp_rl.cores.fast_weight import FastWeightCore
+from rfwp_rl.cores.base import CoreSpec, State, check_bool, check_heads, check_positive_int
+from rfwp_rl.cores.fast_weight import FastWeightCore, block_defaults
 from rfwp_rl.errors import UserError
 from rfwp_rl.ops.common import unit_vectors
-from rfwp_rl.ops.srwm.naive import rows as srwm_rows
 
 RMS_EPS = 1e-5
 """Epsilon of the per-head RMS normalisation of the Gated DeltaNet / DeltaProduct output."""
-
-
-def _defaults(**options: Any) -> dict:
-    return {"hidden_size": 128, "num_layers": 2, "num_heads": 4, "ff_size": 512, "dropout": 0.0,
-            **options, "backend": "auto", "detach_state_every_step": False}
 
 
 SPECS = {
@@ -67,16 +51,11 @@ SPECS = {
         "gated_delta", "Gated DeltaNet: the delta rule with a data-dependent decay α_t, "
         "short convolution and output gate optional",
         "Gated DeltaNet paper (ICLR 2025) Eq. 10, §3.4",
-        _defaults(conv_size=4, output_gate=True)),
+        block_defaults(conv_size=4, output_gate=True)),
     "delta_product": CoreSpec(
         "delta_product", "DeltaProduct: n_h delta-rule (Householder) steps per input, β in "
         "(0, 2) optional", "DeltaProduct paper (NeurIPS 2025) Sec. 3",
-        _defaults(num_householder=2, allow_negative_eigenvalues=False, conv_size=4,
-                  output_gate=True)),
-    "srwm": CoreSpec(
-        "srwm", "Self-referential weight matrix: one fast matrix per head generates its own "
-        "output, query, key and learning rates", "SRWM paper (ICML 2022) Eq. 5-8",
-        _defaults(feature_map="softmax", dpfp_nu=1, qk_init_scale=1.0, input_layer_norm=True)),
+        block_defaults(num_householder=2, allow_negative_eigenvalues=False, conv_size=4, output_gate=True)),
 }
 
 
@@ -250,55 +229,9 @@ class DeltaProductSublayer(HouseholderSublayer):
         return self.op(q, k, v, beta, S0, reset)
 
 
-class SRWMSublayer(nn.Module):
-    """Pre-LayerNorm residual self-referential sublayer (SRWM paper Eq. 5-8), see the module
-    docstring: ``x + drop(W_out y)``, ``y`` from ``srwm(φ(LN(x)) per head)``.
-
-    The slow parameters are the initial matrices ``W_init [H, 3d + 4, D]`` (N(0, 1/d), the
-    authors' initialisation, β rows included) and the output projection. φ runs on the
-    input here and on the generated q, k inside the op (whose fused kernel has softmax).
-    """
-
-    def __init__(self, hidden_size: int, num_heads: int, dropout: float, feature_map: str,
-                 dpfp_nu: int, backend: str, *, qk_init_scale: float = 1.0,
-                 input_layer_norm: bool = True) -> None:
-        super().__init__()
-        self.H, self.d = num_heads, check_heads(hidden_size, num_heads)
-        self.phi = feature_maps.get(feature_map, self.d, dpfp_nu)
-        self.D = feature_maps.feature_dim(feature_map, self.d, dpfp_nu)
-        # the official RL code softmaxes each head's input without a LayerNorm before it
-        self.norm = nn.LayerNorm(hidden_size) if check_bool("input_layer_norm", input_layer_norm) else nn.Identity()
-        W_init = torch.randn(num_heads, srwm_rows(self.d), self.D) / math.sqrt(self.d)
-        # The q and k rows' logits go through a softmax over d entries; at N(0, 1/d) they are small,
-        # softmax(q) ~ softmax(k) ~ uniform, so v - v̄ = W (φ(q) - φ(k)) is small next to W φ(x) and
-        # little is written. qk_init_scale multiplies those rows' initial values.
-        W_init[:, self.d:3 * self.d] *= check_positive_float("qk_init_scale", qk_init_scale)
-        self.W_init = nn.Parameter(W_init)
-        self.out = nn.Linear(hidden_size, hidden_size, bias=False)
-        self.drop = nn.Dropout(dropout)
-        self.op = ops.resolve("srwm", backend, ops.Dims(self.D, self.d, feature_map),
-                              feature_map=self.phi)
-
-    def state_shapes(self, batch_size: int) -> list[tuple[int, ...]]:
-        return [(batch_size, self.H, srwm_rows(self.d), self.D)]
-
-    def forward(self, x: Tensor, state: State, reset: Tensor | None) -> tuple[Tensor, State]:
-        T, B, hidden = x.shape
-        z = self.phi(self.norm(x).view(T, B, self.H, self.d))
-        y, dW = self.op(z, self.W_init, state[0], reset)
-        return x + self.drop(self.out(y.reshape(T, B, hidden))), (dW,)
-
-
 # ------------------------------------------------------------------------- the cores
 
-class _NewerCore(FastWeightCore):
-    """A :class:`FastWeightCore` whose config is exactly its spec's keys."""
-
-    def _keep_spec_config(self) -> None:
-        self.config = {key: self.config[key] for key in SPECS[self.kind].defaults}
-
-
-class GatedDeltaCore(_NewerCore):
+class GatedDeltaCore(FastWeightCore):
     """``gated_delta``: Gated DeltaNet block stack (Gated DeltaNet paper Eq. 10, §3.4)."""
 
     kind = "gated_delta"
@@ -312,10 +245,10 @@ class GatedDeltaCore(_NewerCore):
         super().__init__(input_size, hidden_size, num_layers, num_heads, ff_size, dropout,
                          "softmax", 1, backend, detach_state_every_step,
                          sublayer_config={"conv_size": conv_size, "output_gate": output_gate})
-        self._keep_spec_config()
+        self.keep_config(SPECS[self.kind].defaults)
 
 
-class DeltaProductCore(_NewerCore):
+class DeltaProductCore(FastWeightCore):
     """``delta_product``: DeltaProduct block stack (DeltaProduct paper Sec. 3)."""
 
     kind = "delta_product"
@@ -331,25 +264,7 @@ class DeltaProductCore(_NewerCore):
                          sublayer_config={"num_householder": num_householder,
                                           "allow_negative_eigenvalues": allow_negative_eigenvalues,
                                           "conv_size": conv_size, "output_gate": output_gate})
-        self._keep_spec_config()
+        self.keep_config(SPECS[self.kind].defaults)
 
 
-class SRWMCore(_NewerCore):
-    """``srwm``: self-referential weight matrix block stack (SRWM paper Eq. 5-8)."""
-
-    kind = "srwm"
-    sublayer_cls = SRWMSublayer
-
-    def __init__(self, input_size: int, hidden_size: int = 128, num_layers: int = 2,
-                 num_heads: int = 4, ff_size: int = 512, dropout: float = 0.0,
-                 feature_map: str = "softmax", dpfp_nu: int = 1, qk_init_scale: float = 1.0,
-                 input_layer_norm: bool = True, backend: str = "auto",
-                 detach_state_every_step: bool = False) -> None:
-        super().__init__(input_size, hidden_size, num_layers, num_heads, ff_size, dropout,
-                         feature_map, dpfp_nu, backend, detach_state_every_step,
-                         sublayer_config={"qk_init_scale": qk_init_scale,
-                                          "input_layer_norm": input_layer_norm})
-        self._keep_spec_config()
-
-
-CORES = {"gated_delta": GatedDeltaCore, "delta_product": DeltaProductCore, "srwm": SRWMCore}
+CORES = {"gated_delta": GatedDeltaCore, "delta_product": DeltaProductCore}

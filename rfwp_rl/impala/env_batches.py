@@ -9,7 +9,7 @@ exceptions the trainers handle; :mod:`rfwp_rl.impala.actors` runs the model on t
 Faults:
 
 - An env that raises (in ``step``, ``reset`` or its constructor) is replaced inside its worker
-  (:class:`rfwp_rl.envs.pool.PoolEnv`), which reports the failures in ``env_error``;
+  (:class:`rfwp_rl.envs.pool_env.PoolEnv`), which reports the failures in ``env_error``;
   :class:`EnvBatches` reports them (env index) and counts them in ``env_failures``; more than
   ``max_env_failures`` raise :class:`TrainingAborted`.
 - An env slot whose new envs fail ``MAX_FAILED_CONSTRUCTIONS`` times in a row before their first
@@ -42,6 +42,8 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from rfwp_rl.envs import make_env
+from rfwp_rl.envs.pool_env import ActionTable, PoolEnv, PoolEnvFactory, decode_fatal
 from rfwp_rl.envs.process_pool import ProcessEnvPool, process_cpu_seconds
 from rfwp_rl.errors import UserError
 from rfwp_rl.impala.config import DEFAULTS
@@ -220,9 +222,6 @@ class LocalEnvPool:
 
     def __init__(self, env_id: str, env_options: dict, seed: int, batch_size: int, num_batches: int,
                  blank_obs: Any = None):
-        from rfwp_rl.envs import make_env
-        from rfwp_rl.envs.pool import PoolEnv
-
         def create(i: int) -> PoolEnv:
             def make(failures: int):  # a replacement after a failure gets a new seed
                 return make_env(env_id, seed=(seed * 100_003 + i + 7919 * failures) % 2 ** 31, **env_options)
@@ -272,9 +271,9 @@ def make_env_pool(backend: str, env_id: str, env_options: dict, seed: int, num_e
     envs from OS entropy (runs with moolib are not bit-reproducible anyway: worker timing
     decides which model version acts). ``blank_obs`` (one observation's shape and dtype, e.g.
     ``np.zeros(spec.obs_shape, spec.obs_dtype)``) lets an env slot whose envs can never be made
-    report that as ``env_fatal`` (see :mod:`rfwp_rl.envs.pool`). ``action_row`` (``(shape, numpy dtype)`` of
+    report that as ``env_fatal`` (see :mod:`rfwp_rl.envs.pool_env`). ``action_row`` (``(shape, numpy dtype)`` of
     one env action, for actions that are not one integer) makes the moolib pool's
-    :class:`rfwp_rl.envs.pool.ActionTable`; the in-process pool takes such actions as they are."""
+    :class:`rfwp_rl.envs.pool_env.ActionTable`; the in-process pool takes such actions as they are."""
     if num_envs % num_batches:
         raise UserError(f"--num-actors {num_envs} must be a multiple of --num-env-batches {num_batches}")
     if not 1 <= num_batches <= 4:
@@ -290,8 +289,6 @@ def make_env_pool(backend: str, env_id: str, env_options: dict, seed: int, num_e
         raise UserError("moolib allows one EnvPool per process (it forks its workers once and aborts a second "
                         "fork); run each training in its own process, reuse the pool, or use --env-backend local")
     moolib = import_moolib()
-    from rfwp_rl.envs.pool import ActionTable, PoolEnvFactory
-
     _moolib_pool_made = True
     before = set(_children(os.getpid()))
     factory = PoolEnvFactory(env_id, **env_options)
@@ -349,7 +346,7 @@ class EnvBatches:
         self.futures[index] = None
         if "env_fatal" in out and bool(out["env_fatal"].any()):  # uint8 [b, FATAL_MESSAGE_BYTES]
             self._env_fatal(index, out["env_fatal"])
-        if "env_error" in out and bool(out["env_error"].any()):  # int32 [b] (bool from older workers)
+        if "env_error" in out and bool(out["env_error"].any()):  # int32 [b]
             errors = out["env_error"]
             self._env_failed(index, torch.nonzero(errors).flatten().tolist(), int(errors.sum()))
         return out
@@ -372,8 +369,6 @@ class EnvBatches:
         return self._waiter.wait(future, poll)
 
     def _env_fatal(self, index: int, fatal: torch.Tensor) -> None:
-        from rfwp_rl.envs.pool import decode_fatal
-
         row = int(torch.nonzero(fatal.any(dim=1)).flatten()[0])
         message = decode_fatal(fatal[row]) or "an env cannot be made to work"
         raise TrainingAborted(f"{message} (actor env {index * self.batch_size + row})")

@@ -11,19 +11,26 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from rfwp_rl import flags
+from rfwp_rl import cores, envs, flags
+from rfwp_rl.agent import build_agent
+from rfwp_rl.distributions import make_distribution
+from rfwp_rl.envs.spaces import space_from_dict, zero_obs
 from rfwp_rl.errors import UserError
 from rfwp_rl.impala.config import ImpalaConfig
-from rfwp_rl.presets import Preset
+from rfwp_rl.impala.env_batches import make_env_pool
+from rfwp_rl.overrides import apply_to_preset, parse_value, split_settings
+from rfwp_rl.presets import Preset, resolve_preset
 
 DEFAULT_CORE = "rdn"  # the RFWP paper's main agent
+#: the keys of a checkpoint's meta (:meth:`RunSpec.meta`)
+META_KEYS = ("trainer", "env", "env_options", "core", "core_config", "num_actions", "obs_shape", "obs_space",
+             "action_space", "agent")
 
 
 def add_run_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
@@ -47,16 +54,12 @@ def add_run_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup)
 
 def env_options_from_args(args: argparse.Namespace, kind: str) -> dict:
     """``--env-config`` table, then the ``--env-option KEY=VALUE`` items (TOML values)."""
-    from rfwp_rl.envs import load_env_config
-
-    options = load_env_config(args.env_config, "atari" if kind == "atari" else "env") if args.env_config else {}
+    options = envs.load_env_config(args.env_config, "atari" if kind == "atari" else "env") if args.env_config else {}
     return {**options, **parse_env_options(args.env_options, "repeat_action_probability=0.25")}
 
 
 def parse_env_options(items: list[str], example: str) -> dict:
     """``--env-option KEY=VALUE`` items as a dict (TOML values); a malformed item is a one-line error."""
-    from rfwp_rl.overrides import parse_value
-
     options = {}
     for item in items:
         key, sep, text = item.partition("=")
@@ -70,9 +73,7 @@ def canonical_env_id(env: str) -> str:
     """The env id a run is recorded under: the gymnasium id (``Pong`` -> ``ALE/Pong-v5``), keeping
     the module of a ``module:EnvId`` id (``mypkg.envs:Maze-v0``; a file by its absolute path), so
     that eval and remote actors can make the env from the record alone."""
-    from rfwp_rl.envs import resolve_env_id
-
-    gym_id = resolve_env_id(env).gym_id
+    gym_id = envs.resolve_env_id(env).gym_id
     module = env.rpartition(":")[0] if ":" in env else ""
     if module.endswith(".py") or Path(module).is_file():  # a file: recorded by absolute path (eval may run elsewhere)
         module = str(Path(module).resolve())
@@ -97,18 +98,12 @@ class RunSpec:
     def from_args(cls, args: argparse.Namespace, trainer_keys: Any = ()) -> "RunSpec":
         """From the options of :func:`add_run_arguments`. ``--set`` items with a key of ``trainer_keys``
         are kept in ``trainer_settings`` for the trainer's config (:func:`rfwp_rl.overrides.apply_to_trainer`)."""
-        from rfwp_rl import envs
-        from rfwp_rl.overrides import apply_to_preset, split_settings
-        from rfwp_rl.presets import resolve_preset
-
         resolved = envs.resolve_env_id(args.env)  # unknown env: one-line error with close matches
         agent_settings, trainer_settings = split_settings(args.overrides, trainer_keys)
         preset = resolve_preset(args.core, args.preset, (), kind=resolved.kind, default_core=DEFAULT_CORE)
         preset = apply_to_preset(preset, agent_settings)
         if args.detach_state_every_step:
-            from rfwp_rl.cores import available
-
-            core_spec = available().get(preset.core)  # an unknown core is reported when the agent is built
+            core_spec = cores.available().get(preset.core)  # an unknown core is reported when the agent is built
             if core_spec is not None and "detach_state_every_step" not in core_spec.defaults:
                 raise UserError(f"--detach-state-every-step: core {preset.core!r} has no recurrent state")
             preset.core_config["detach_state_every_step"] = True
@@ -119,24 +114,15 @@ class RunSpec:
 
     @classmethod
     def from_meta(cls, meta: dict, env_options: dict | None = None) -> "RunSpec":
-        """From a checkpoint's meta (:meth:`meta`); ``env_options`` replace the recorded ones. Checkpoints
-        written before the spaces were recorded (``obs_shape`` and ``num_actions`` only) were Atari frames or
-        float32 vectors with ``Discrete(num_actions)``."""
-        from rfwp_rl import envs
-        from rfwp_rl.envs.spaces import legacy_obs_space, space_to_dict
-
+        """From a checkpoint's meta (:meth:`meta`, every key of :data:`META_KEYS`); ``env_options`` replace
+        the recorded ones."""
         kind = envs.resolve_env_id(str(meta["env"])).kind
-        preset = Preset(core=meta["core"], core_config=dict(meta.get("core_config") or {}),
-                        agent=dict(meta.get("agent") or {}))
-        options = dict(meta.get("env_options") or {}) if env_options is None else env_options
-        obs_space = meta.get("obs_space") or space_to_dict(legacy_obs_space(meta["obs_shape"], kind))
-        action_space = meta.get("action_space") or {"type": "Discrete", "n": int(meta["num_actions"]), "start": 0}
-        return cls(str(meta["env"]), kind, dict(obs_space), dict(action_space), options, preset)
+        preset = Preset(core=meta["core"], core_config=dict(meta["core_config"]), agent=dict(meta["agent"]))
+        options = dict(meta["env_options"]) if env_options is None else env_options
+        return cls(str(meta["env"]), kind, dict(meta["obs_space"]), dict(meta["action_space"]), options, preset)
 
     def spaces(self) -> tuple[Any, Any]:
         """``(tensor observation space, action space)`` as gymnasium spaces."""
-        from rfwp_rl.envs.spaces import space_from_dict
-
         return space_from_dict(self.obs_space), space_from_dict(self.action_space)
 
     @property
@@ -148,14 +134,10 @@ class RunSpec:
     @property
     def num_actions(self) -> int:
         """Width of the policy head (``n`` for ``Discrete(n)``)."""
-        from rfwp_rl.distributions import make_distribution
-
         return make_distribution(self.spaces()[1]).num_params
 
     def build_agent(self, device: torch.device | str = "cpu") -> torch.nn.Module:
         """The agent of this run (untrained) on ``device``."""
-        from rfwp_rl.agent import build_agent
-
         return build_agent(self.preset, *self.spaces()).to(device)
 
     def meta(self, agent: torch.nn.Module) -> dict:
@@ -165,43 +147,12 @@ class RunSpec:
                 "obs_shape": list(self.obs_shape or []), "obs_space": dict(self.obs_space),
                 "action_space": dict(self.action_space), "agent": agent.config.to_dict()}
 
-    def legacy_metas(self, agent: torch.nn.Module) -> list[dict]:
-        """The metas older versions recorded for this run, which a resume still accepts: without the spaces
-        (for a Discrete agent on frames or vectors), and for a ``module:EnvId`` env the id without its module."""
-        meta = self.meta(agent)
-        metas = []
-        legacy_dtype = "uint8" if self.kind == "atari" else "float32"
-        if (self.action_space["type"] == "Discrete" and self.obs_space["type"] == "Box"
-                and self.obs_space["dtype"] == legacy_dtype):
-            metas.append({k: v for k, v in meta.items() if k not in ("obs_space", "action_space")})
-        if ":" in self.env:
-            metas += [{**m, "env": self.env.rpartition(":")[2]} for m in [meta, *metas]]
-        return metas
-
     def make_env_pool(self, backend: str, seed: int, num_envs: int, num_batches: int, num_processes: int):
-        """The env pool (see :func:`rfwp_rl.impala.env_pool.make_env_pool`); an env slot that can never
+        """The env pool (see :func:`rfwp_rl.impala.env_batches.make_env_pool`); an env slot that can never
         make its env reports it as ``env_fatal`` (one line) instead of failing its worker."""
-        from rfwp_rl.distributions import make_distribution
-        from rfwp_rl.envs.spaces import zero_obs
-
-        from rfwp_rl.impala.env_pool import make_env_pool
-
         obs_space, action_space = self.spaces()
         dist = make_distribution(action_space)
         action_row = (dist.action_shape, np.dtype(action_space.dtype)) if dist.action_shape else None
         return make_env_pool(backend, self.env, self.env_options, seed, num_envs, num_batches, num_processes,
                              blank_obs=zero_obs(obs_space), action_row=action_row)
 
-
-def recorded_env(meta: dict, checkpoint: Path) -> str:
-    """The env a checkpoint was trained on. Checkpoints of older versions recorded a ``module:EnvId``
-    env without its module; the run's ``config.json`` still has the id as given, which is used then."""
-    env = str(meta["env"])
-    config = Path(checkpoint).parent / "config.json"
-    if ":" in env or not config.is_file():
-        return env
-    try:
-        given = str(json.loads(config.read_text()).get("env", ""))
-    except (OSError, ValueError):
-        return env
-    return given if ":" in given and given.rpartition(":")[2] in (env, env.rpartition("/")[2]) else env
