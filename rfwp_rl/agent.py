@@ -26,7 +26,8 @@ GRU (312 units, sized to the LSTM's count) 1,624,001 + 313A, FWM 1,683,122 + 257
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import gymnasium
 import numpy as np
@@ -37,7 +38,15 @@ from gymnasium import spaces
 from rfwp_rl import cores
 from rfwp_rl.distributions import ActionDistribution, make_distribution
 from rfwp_rl.encoders import (  # noqa: F401 - the torsos, also importable from here
-    ACTIVATIONS, PART_ENCODERS, TORSOS, GridTorso, MLPTorso, ResidualBlock, ResNetTorso, make_torso)
+    ACTIVATIONS,
+    PART_ENCODERS,
+    TORSOS,
+    GridTorso,
+    MLPTorso,
+    ResidualBlock,
+    ResNetTorso,
+    make_torso,
+)
 from rfwp_rl.errors import check_choice
 from rfwp_rl.presets import load_preset
 
@@ -75,7 +84,7 @@ class AgentConfig:
     separate_baseline: bool = False
 
     @classmethod
-    def from_dict(cls, d: dict | None) -> "AgentConfig":
+    def from_dict(cls, d: dict | None) -> AgentConfig:
         d = dict(d or {})
         fields = {f.name for f in dataclasses.fields(cls)}
         for key in d:
@@ -122,9 +131,14 @@ class Agent(nn.Module):
         agent_config: :class:`AgentConfig` or its dict form.
     """
 
-    def __init__(self, obs_space: gymnasium.Space | Sequence[int], action_space: gymnasium.Space | int,
-                 core: str = "lstm", core_config: dict | None = None,
-                 agent_config: AgentConfig | dict | None = None):
+    def __init__(
+        self,
+        obs_space: gymnasium.Space | Sequence[int],
+        action_space: gymnasium.Space | int,
+        core: str = "lstm",
+        core_config: dict | None = None,
+        agent_config: AgentConfig | dict | None = None,
+    ):
         super().__init__()
         self.obs_space = as_obs_space(obs_space)
         self.action_space = as_action_space(action_space)
@@ -154,9 +168,15 @@ class Agent(nn.Module):
             state += tuple(self.baseline_core.initial_state(batch_size, device=device))
         return state
 
-    def forward(self, obs: torch.Tensor | dict[str, torch.Tensor], reward: torch.Tensor, done: torch.Tensor,
-                state: tuple, prev_action: torch.Tensor | None = None,
-                greedy: bool = False) -> tuple[dict[str, torch.Tensor], tuple]:
+    def forward(
+        self,
+        obs: torch.Tensor | dict[str, torch.Tensor],
+        reward: torch.Tensor,
+        done: torch.Tensor,
+        state: tuple,
+        prev_action: torch.Tensor | None = None,
+        greedy: bool = False,
+    ) -> tuple[dict[str, torch.Tensor], tuple]:
         """Run T steps of B environments.
 
         Args:
@@ -181,7 +201,7 @@ class Agent(nn.Module):
         else:
             flat = obs.reshape(T * B, *obs.shape[2:])
         done = done.bool()
-        policy_state, baseline_state = tuple(state[:self.policy_state_size]), tuple(state[self.policy_state_size:])
+        policy_state, baseline_state = tuple(state[: self.policy_state_size]), tuple(state[self.policy_state_size :])
         features = self.torso(flat).view(T, B, -1)
         if self.baseline_torso is not None:
             baseline_features = self.baseline_torso(flat).view(T, B, -1)
@@ -189,16 +209,28 @@ class Agent(nn.Module):
             core_out, policy_state = self._core(self.core, features.float(), reward, done, policy_state, prev_action)
             baseline_out = core_out
             if self.baseline_core is not None:
-                baseline_out, baseline_state = self._core(self.baseline_core, baseline_features.float(), reward, done,
-                                                          baseline_state, prev_action)
+                baseline_out, baseline_state = self._core(
+                    self.baseline_core, baseline_features.float(), reward, done, baseline_state, prev_action
+                )
             params = self.policy(core_out)
             baseline = self.baseline(baseline_out).squeeze(-1)
             action = self.action_dist.act(params, greedy)
-            return {"policy_params": params, "baseline": baseline, "action": action,
-                    "log_prob": self.action_dist.log_prob(params, action)}, policy_state + baseline_state
+            return {
+                "policy_params": params,
+                "baseline": baseline,
+                "action": action,
+                "log_prob": self.action_dist.log_prob(params, action),
+            }, policy_state + baseline_state
 
-    def _core(self, core: nn.Module, features: torch.Tensor, reward: torch.Tensor, done: torch.Tensor, state: tuple,
-              prev_action: torch.Tensor | None) -> tuple[torch.Tensor, tuple]:
+    def _core(
+        self,
+        core: nn.Module,
+        features: torch.Tensor,
+        reward: torch.Tensor,
+        done: torch.Tensor,
+        state: tuple,
+        prev_action: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, tuple]:
         """``features [T, B, F]`` fp32 with the clipped reward (and the previous action) -> ``core``
         (its fused kernels are fp32) -> ``([T, B, core.output_size], new state)``."""
         inputs = [features, reward.float().clamp(-1.0, 1.0).unsqueeze(-1)]
@@ -217,8 +249,16 @@ def count_parameters(module: nn.Module) -> int:
 
 ATARI_OBS_SHAPE = (4, 84, 84)
 # The Atari agent presets by core: the paper's six, then the GRU and FWM baselines.
-ATARI_PRESETS = {"ff": "atari_ff", "lstm": "atari_lstm", "lt": "atari_lt", "delta": "atari_delta",
-                 "rdn": "atari_rdn", "delta_rnn": "atari_delta_rnn", "gru": "atari_gru", "fwm": "atari_fwm"}
+ATARI_PRESETS = {
+    "ff": "atari_ff",
+    "lstm": "atari_lstm",
+    "lt": "atari_lt",
+    "delta": "atari_delta",
+    "rdn": "atari_rdn",
+    "delta_rnn": "atari_delta_rnn",
+    "gru": "atari_gru",
+    "fwm": "atari_fwm",
+}
 
 
 def build_agent(preset: Any, obs_space: gymnasium.Space | Sequence[int], action_space: gymnasium.Space | int) -> Agent:

@@ -96,8 +96,13 @@ def rng_state() -> dict:
     name, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
     return {
         "python": random.getstate(),
-        "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
-                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached_gaussian)},
+        "numpy": {
+            "name": name,
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached_gaussian),
+        },
         "torch": torch.get_rng_state(),
     }
 
@@ -106,8 +111,15 @@ def set_rng_state(state: dict) -> None:
     """Inverse of :func:`rng_state`."""
     random.setstate(state["python"])
     numpy_state = state["numpy"]
-    np.random.set_state((numpy_state["name"], numpy_state["keys"].numpy().astype(np.uint32), numpy_state["pos"],
-                         numpy_state["has_gauss"], numpy_state["cached_gaussian"]))
+    np.random.set_state(
+        (
+            numpy_state["name"],
+            numpy_state["keys"].numpy().astype(np.uint32),
+            numpy_state["pos"],
+            numpy_state["has_gauss"],
+            numpy_state["cached_gaussian"],
+        )
+    )
     torch.set_rng_state(state["torch"])
 
 
@@ -159,25 +171,32 @@ def read_checkpoint(path: str | os.PathLike, trust: bool = False) -> dict:
         raise UnsafeCheckpoint(
             f"checkpoint {path} holds a Python object ({found.group(1)}) that loading would have to execute; "
             "refusing it (a file of unknown origin can run any code); if you know where the file comes from, "
-            "pass --trust-checkpoint") from None
+            "pass --trust-checkpoint"
+        ) from None
     except (RuntimeError, EOFError, KeyError, zipfile.BadZipFile) as e:  # damaged archive or records
         raise ValueError(f"{type(e).__name__}: {_first_line(e)}") from None
     except (OSError, MemoryError) as e:
-        raise UserError(f"cannot load checkpoint {path}: {type(e).__name__}: {_first_line(e)} (the file may be "
-                        "fine; it is left as it is)") from None
+        raise UserError(
+            f"cannot load checkpoint {path}: {type(e).__name__}: {_first_line(e)} (the file may be "
+            "fine; it is left as it is)"
+        ) from None
     if not isinstance(obj, dict) or not {"format", "meta", "step", "state"} <= set(obj):
         raise ValueError("not an rfwp_rl checkpoint")
     if obj["format"] != FORMAT:
-        raise UserError(f"checkpoint {path} has format {obj['format']!r}; this version of rfwp_rl reads format "
-                        f"{FORMAT} only")
+        raise UserError(
+            f"checkpoint {path} has format {obj['format']!r}; this version of rfwp_rl reads format {FORMAT} only"
+        )
     return obj
 
 
 def add_trust_argument(parser: Any) -> None:
     """The ``--trust-checkpoint`` flag of the commands that load checkpoints."""
-    parser.add_argument("--trust-checkpoint", action="store_true",
-                        help="also load a checkpoint that holds Python objects, whose loading can run any code: "
-                             "only for files whose origin you know")
+    parser.add_argument(
+        "--trust-checkpoint",
+        action="store_true",
+        help="also load a checkpoint that holds Python objects, whose loading can run any code: "
+        "only for files whose origin you know",
+    )
 
 
 def _first_line(error: BaseException) -> str:
@@ -233,8 +252,9 @@ def check_finite(state: Any) -> None:
     bad = non_finite_entries(state)
     if bad:
         more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
-        raise NonFiniteState(f"refusing to write a checkpoint: {bad[0]}{more} holds NaN/inf values; "
-                             "the previous checkpoint is kept")
+        raise NonFiniteState(
+            f"refusing to write a checkpoint: {bad[0]}{more} holds NaN/inf values; the previous checkpoint is kept"
+        )
 
 
 class Checkpointer:
@@ -260,7 +280,7 @@ class Checkpointer:
         path = self.run_dir / f"ckpt_{step:012d}.pt"
         atomic_torch_save({"format": FORMAT, "meta": self.meta, "step": step, "state": state}, path)
         # the file just written is the newest readable one, whatever the others' step numbers
-        for old in [p for p in list_checkpoints(self.run_dir) if p != path][self.keep - 1:]:
+        for old in [p for p in list_checkpoints(self.run_dir) if p != path][self.keep - 1 :]:
             old.unlink(missing_ok=True)
         for tmp in [*self.run_dir.glob(".tmp-ckpt_*"), *self.run_dir.glob(f".tmp-{BEST_FILE}-*")]:
             tmp.unlink(missing_ok=True)  # leftovers of a killed writer
@@ -271,8 +291,9 @@ class Checkpointer:
         score that made it the best) stored beside the state. Never pruned by :meth:`save`."""
         check_finite(state)
         path = self.run_dir / BEST_FILE
-        atomic_torch_save({"format": FORMAT, "meta": self.meta, "step": step, "state": state, "score": float(score)},
-                          path)
+        atomic_torch_save(
+            {"format": FORMAT, "meta": self.meta, "step": step, "state": state, "score": float(score)}, path
+        )
         return path
 
     def snapshot(self, state: dict, step: int) -> Path:
@@ -300,14 +321,18 @@ class Checkpointer:
                     path.rename(aside)
                 except OSError:
                     aside = path
-                print(f"warning: checkpoint {path} is unreadable ({e}); kept as {aside.name}, trying the previous one",
-                      file=sys.stderr)
+                print(
+                    f"warning: checkpoint {path} is unreadable ({e}); kept as {aside.name}, trying the previous one",
+                    file=sys.stderr,
+                )
                 continue
             check_meta(obj["meta"], self.meta, path)
             return {"step": int(obj["step"]), "state": obj["state"], "meta": obj["meta"], "path": path}
         raise UserError(
-            "no usable checkpoint in " f"{self.run_dir}: {', '.join(p.name for p in files)} are all "
-            "unreadable; move them away to start the run from scratch")
+            "no usable checkpoint in "
+            f"{self.run_dir}: {', '.join(p.name for p in files)} are all "
+            "unreadable; move them away to start the run from scratch"
+        )
 
 
 def check_meta(saved: dict, expected: dict, path: str | os.PathLike) -> None:
@@ -333,8 +358,9 @@ def lock_run_dir(run_dir: str | os.PathLike):
         f.seek(0)
         holder = f.read().strip() or "another process"
         f.close()
-        raise UserError(f"run directory {run_dir} is in use by pid {holder}; stop that run first "
-                        "or pass another --run-dir") from None
+        raise UserError(
+            f"run directory {run_dir} is in use by pid {holder}; stop that run first or pass another --run-dir"
+        ) from None
     f.seek(0)
     f.truncate()
     f.write(f"{os.getpid()}\n")

@@ -20,14 +20,20 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "info": ("rfwp_rl.info", "list cores, their options, Atari preset sizes and the kernel backend"),
     "train": ("rfwp_rl.impala.train", "train an agent with IMPALA/V-trace (Atari or any gymnasium env)"),
     "eval": ("rfwp_rl.impala.evaluate", "evaluate a saved agent (30 episodes x 5 repeats)"),
-    "probe": ("rfwp_rl.impala.probe", "what a saved agent's memory does over an episode: entropy, value, state norms by step"),
+    "probe": (
+        "rfwp_rl.impala.probe",
+        "what a saved agent's memory does over an episode: entropy, value, state norms by step",
+    ),
     "actor": ("rfwp_rl.impala.remote", "run remote actors that feed a learner over moolib RPC"),
     "broker": ("rfwp_rl.impala.broker", "run the moolib broker at which groups of learners (train --broker) meet"),
     "memory-results": ("rfwp_rl.memory.results", "memory-suite runs -> tables (default results/memory/easy_suite)"),
     "compare": ("rfwp_rl.compare", "compare cores per game: tables and relative-improvement charts"),
     "meta-rl": ("rfwp_rl.meta_rl.train", "A2C meta-RL on random POMDP graphs (FWM paper, Sec. 4.2)"),
     "seq": ("rfwp_rl.seq.train", "language modelling and algorithmic sequence tasks"),
-    "bench": ("rfwp_rl.bench", "benchmarks: kernels, impala, seq, meta_rl, memory-health (tables + CSV under results/)"),
+    "bench": (
+        "rfwp_rl.bench",
+        "benchmarks: kernels, impala, seq, meta_rl, memory-health (tables + CSV under results/)",
+    ),
 }
 
 

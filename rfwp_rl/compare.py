@@ -33,14 +33,27 @@ import os
 import shlex
 import sys
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from rfwp_rl.checkpoint import atomic_write_figure, atomic_write_text
 from rfwp_rl.errors import UserError, choices_hint
-from rfwp_rl.scores import (METRICS, MODEL_LABELS, PAPER_GAMES, PAPER_TABLES, Score, canonical_game,
-                            canonical_model, format_steps, game_label, load_paper, load_runs,
-                            model_label, parse_steps, relative_improvement)
+from rfwp_rl.scores import (
+    METRICS,
+    MODEL_LABELS,
+    PAPER_GAMES,
+    PAPER_TABLES,
+    Score,
+    canonical_game,
+    canonical_model,
+    format_steps,
+    game_label,
+    load_paper,
+    load_runs,
+    model_label,
+    parse_steps,
+    relative_improvement,
+)
 from rfwp_rl.texttable import format_columns
 
 SOURCES = ("paper", "run")
@@ -93,6 +106,7 @@ def _order_models(models) -> list[str]:
         src, _, m = col.rpartition(":")
         known = list(MODEL_LABELS)
         return (known.index(m) if m in known else len(known), m, src)
+
     return sorted(models, key=key)
 
 
@@ -100,12 +114,16 @@ def _select_paper(scores: list[Score], steps: int | None) -> tuple[list[Score], 
     have = sorted({s.steps for s in scores})
     if steps is None:
         if len(have) > 1:
-            raise UserError("the chosen paper tables hold scores at "
-                            f"{', '.join(format_steps(x) for x in have)} env steps; pick one with --steps")
+            raise UserError(
+                "the chosen paper tables hold scores at "
+                f"{', '.join(format_steps(x) for x in have)} env steps; pick one with --steps"
+            )
         steps = have[0] if have else None
     if steps not in have:
-        raise UserError(f"the paper tables have no scores at {format_steps(steps)} steps; "
-                        f"allowed: {', '.join(format_steps(x) for x in have)}")
+        raise UserError(
+            f"the paper tables have no scores at {format_steps(steps)} steps; "
+            f"allowed: {', '.join(format_steps(x) for x in have)}"
+        )
     return [s for s in scores if s.steps == steps], steps
 
 
@@ -122,8 +140,9 @@ def _select_runs(scores: list[Score], steps: int | None, tolerance: float, mode:
             continue
         k = (s.game, s.model, str(Path(s.source).parent))
         old = per_run.get(k)
-        better = (old is None or (abs(s.steps - steps) < abs(old.steps - steps) if steps is not None
-                                  else s.steps > old.steps))
+        better = old is None or (
+            abs(s.steps - steps) < abs(old.steps - steps) if steps is not None else s.steps > old.steps
+        )
         if not better and old is not None and s.steps == old.steps:
             better = _mtime(s.source) > _mtime(old.source)  # re-evaluated: newest file wins
         if better:
@@ -139,8 +158,17 @@ def _select_runs(scores: list[Score], steps: int | None, tolerance: float, mode:
         means = [s.mean for s in group]
         mu = sum(means) / len(means)
         sd = math.sqrt(sum((m - mu) ** 2 for m in means) / len(means))
-        out.append(Score(game, model, round(sum(s.steps for s in group) / len(group)), mu, sd,
-                         source=f"{len(group)} runs", extra={"runs": len(group)}))
+        out.append(
+            Score(
+                game,
+                model,
+                round(sum(s.steps for s in group) / len(group)),
+                mu,
+                sd,
+                source=f"{len(group)} runs",
+                extra={"runs": len(group)},
+            )
+        )
     return out
 
 
@@ -167,16 +195,25 @@ def _resolve(name: str, columns: list[str], what: str, sources: dict[str, str]) 
         return model
     both = [c for c in columns if c.endswith(":" + model)]
     if both:
-        raise UserError(f"{what} {name!r} is in both the paper and the runs; write "
-                        f"{' or '.join(both)}")
+        raise UserError(f"{what} {name!r} is in both the paper and the runs; write {' or '.join(both)}")
     raise UserError(f"{what} {name!r} has no scores here; {choices_hint(model, columns)}")
 
 
-def compare(paper: str | Sequence[str] | None = None, runs: Sequence[str | Path] = (),
-            model: str | None = None, baseline: str | None = None, steps: int | str | None = None,
-            models: Sequence[str] = (), games: Sequence[str] = (), similar: float = 5.0,
-            paper_dir: str | Path | None = None, steps_tolerance: float = 0.1,
-            mode: str = "greedy", metric: str = "relative", run_steps: int | str | None = None) -> Comparison:
+def compare(
+    paper: str | Sequence[str] | None = None,
+    runs: Sequence[str | Path] = (),
+    model: str | None = None,
+    baseline: str | None = None,
+    steps: int | str | None = None,
+    models: Sequence[str] = (),
+    games: Sequence[str] = (),
+    similar: float = 5.0,
+    paper_dir: str | Path | None = None,
+    steps_tolerance: float = 0.1,
+    mode: str = "greedy",
+    metric: str = "relative",
+    run_steps: int | str | None = None,
+) -> Comparison:
     """Build the per-game comparison (no printing, no files). See the module docstring.
 
     ``steps`` selects the paper's table rows and the runs' evals (closest within
@@ -220,8 +257,9 @@ def compare(paper: str | Sequence[str] | None = None, runs: Sequence[str | Path]
         game_list = wanted
     else:
         game_list = _order_games(cells)
-    result = Comparison(games=game_list, columns=columns, cells=dict(cells), steps=steps,
-                        similar=similar, metric=metric)
+    result = Comparison(
+        games=game_list, columns=columns, cells=dict(cells), steps=steps, similar=similar, metric=metric
+    )
     if model is not None:
         all_columns = _order_models({c for row in cells.values() for c in row})
         m = _resolve(model, all_columns, "--model", sources)
@@ -238,8 +276,9 @@ def compare(paper: str | Sequence[str] | None = None, runs: Sequence[str | Path]
         for g in paired:
             r = relative_improvement(cells[g][m].mean, cells[g][b].mean, metric)
             result.rel[g] = r
-            result.verdict[g] = ("n/a" if math.isnan(r) else "better" if r > similar
-                                 else "worse" if r < -similar else "similar")
+            result.verdict[g] = (
+                "n/a" if math.isnan(r) else "better" if r > similar else "worse" if r < -similar else "similar"
+            )
     return result
 
 
@@ -302,9 +341,12 @@ def summary(c: Comparison) -> str:
     strictly = sum(1 for g in c.games if c.rel[g] < 0)
     na = f", n/a (zero baseline) on {len(n['n/a'])}" if n["n/a"] else ""
     metric = "" if c.metric == "relative" else f" (metric {c.metric})"
-    return (f"{_header(c, c.model)} vs {_header(c, c.baseline)}{at}{metric} on {len(c.games)} game{'s' if len(c.games) != 1 else ''}: "
-            f"better on {len(n['better'])}, similar (within ±{c.similar:g}%) on {len(n['similar'])}, "
-            f"worse on {len(n['worse'])}{worse}{na}; strictly lower score on {strictly}")
+    return (
+        f"{_header(c, c.model)} vs {_header(c, c.baseline)}{at}{metric} on {len(c.games)} "
+        f"game{'s' if len(c.games) != 1 else ''}: "
+        f"better on {len(n['better'])}, similar (within ±{c.similar:g}%) on {len(n['similar'])}, "
+        f"worse on {len(n['worse'])}{worse}{na}; strictly lower score on {strictly}"
+    )
 
 
 def to_csv(c: Comparison) -> str:
@@ -335,6 +377,7 @@ def plot(c: Comparison, path: str | Path, axis_limit: float = 200.0, footer: str
     sorted, with ±``similar`` band; bars beyond ±``axis_limit`` % are cut and labelled with their
     value (``axis_limit`` <= 0: no cut). Written atomically as PNG."""
     import matplotlib
+
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
@@ -357,13 +400,18 @@ def plot(c: Comparison, path: str | Path, axis_limit: float = 200.0, footer: str
     span = (hi - lo) or 1.0
     for i, (v, s) in enumerate(zip(values, shown)):
         label = f"{v:+.0f}%" if abs(v) >= 10 else f"{v:+.1f}%"
-        ax.text(s + (0.01 * span if s >= 0 else -0.01 * span), i, label, va="center",
-                ha="left" if s >= 0 else "right", fontsize=7,
-                fontweight="bold" if s != v else "normal")
+        ax.text(
+            s + (0.01 * span if s >= 0 else -0.01 * span),
+            i,
+            label,
+            va="center",
+            ha="left" if s >= 0 else "right",
+            fontsize=7,
+            fontweight="bold" if s != v else "normal",
+        )
     ax.set_xlim(lo - (0.18 if lo < 0 else 0.03) * span, hi + (0.18 if hi > 0 else 0.03) * span)
     at = f" after {format_steps(c.steps)} env. steps" if c.steps else ""
-    ax.set_title(f"Relative improvement of {_header(c, c.model)} over {_header(c, c.baseline)}{at}",
-                 fontsize=10)
+    ax.set_title(f"Relative improvement of {_header(c, c.model)} over {_header(c, c.baseline)}{at}", fontsize=10)
     formula = "|baseline|" if c.metric == "relative" else "max(|model|, |baseline|)"
     cut = f"; axis cut at ±{axis_limit:g}%" if axis_limit > 0 and shown != values else ""
     ax.set_xlabel(f"100 × (model − baseline) / {formula}  (%){cut}", fontsize=8)
@@ -382,38 +430,83 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = "examples:" + __doc__.split("Examples::", 1)[1]
     src = parser.add_argument_group("inputs")
-    src.add_argument("--paper", nargs="?", const="all", choices=PAPER_TABLES + ("all",), default=None,
-                     help="the RFWP paper's table(s): table9 = 50M steps, table10 = 200M, table3 = larger "
-                          "RDN, table8 = gated FF (both 200M); 'all' (default when no value) needs --steps")
-    src.add_argument("--paper-dir", default=None, help="folder of the paper CSVs (default: the checkout's results/paper, "
-                                                       "else the copy installed with the package)")
-    src.add_argument("--runs", nargs="+", default=[], metavar="PATH",
-                     help="eval_*.json / eval_*.csv files, run directories, or directories of runs")
+    src.add_argument(
+        "--paper",
+        nargs="?",
+        const="all",
+        choices=PAPER_TABLES + ("all",),
+        default=None,
+        help="the RFWP paper's table(s): table9 = 50M steps, table10 = 200M, table3 = larger "
+        "RDN, table8 = gated FF (both 200M); 'all' (default when no value) needs --steps",
+    )
+    src.add_argument(
+        "--paper-dir",
+        default=None,
+        help="folder of the paper CSVs (default: the checkout's results/paper, "
+        "else the copy installed with the package)",
+    )
+    src.add_argument(
+        "--runs",
+        nargs="+",
+        default=[],
+        metavar="PATH",
+        help="eval_*.json / eval_*.csv files, run directories, or directories of runs",
+    )
     sel = parser.add_argument_group("selection")
     sel.add_argument("--model", default=None, help="model to rate, e.g. RDN, rdn, run:rdn, paper:lstm")
     sel.add_argument("--baseline", default=None, help="model to rate it against, e.g. LT, lstm")
-    sel.add_argument("--steps", default=None,
-                     help="env steps, e.g. 50M or 200M (runs: the eval closest to it within --steps-tolerance)")
-    sel.add_argument("--run-steps", default=None,
-                     help="env steps of the runs' evals when they differ from --steps (default: --steps, "
-                          "else each run's latest eval)")
-    sel.add_argument("--steps-tolerance", type=float, default=0.1,
-                     help="relative distance from --steps / --run-steps accepted for runs (default %(default)s)")
+    sel.add_argument(
+        "--steps",
+        default=None,
+        help="env steps, e.g. 50M or 200M (runs: the eval closest to it within --steps-tolerance)",
+    )
+    sel.add_argument(
+        "--run-steps",
+        default=None,
+        help="env steps of the runs' evals when they differ from --steps (default: --steps, "
+        "else each run's latest eval)",
+    )
+    sel.add_argument(
+        "--steps-tolerance",
+        type=float,
+        default=0.1,
+        help="relative distance from --steps / --run-steps accepted for runs (default %(default)s)",
+    )
     sel.add_argument("--models", nargs="+", default=[], help="columns to show (default: every model found)")
     sel.add_argument("--games", nargs="+", default=[], help="games to show (default: all)")
-    sel.add_argument("--mode", choices=("greedy", "sample", "any"), default="greedy",
-                     help="which evals of runs to use (default: greedy, the paper's test protocol)")
-    sel.add_argument("--metric", choices=METRICS, default="relative",
-                     help="relative: 100 (M - B) / |B| (default); gap: 100 (M - B) / max(|M|, |B|), bounded "
-                          "by ±100 (the paper does not print its formula; see rfwp_rl.scores.relative_improvement)")
-    sel.add_argument("--similar", type=float, default=5.0,
-                     help="|relative improvement| (%%) counted as 'similar' (default %(default)s)")
+    sel.add_argument(
+        "--mode",
+        choices=("greedy", "sample", "any"),
+        default="greedy",
+        help="which evals of runs to use (default: greedy, the paper's test protocol)",
+    )
+    sel.add_argument(
+        "--metric",
+        choices=METRICS,
+        default="relative",
+        help="relative: 100 (M - B) / |B| (default); gap: 100 (M - B) / max(|M|, |B|), bounded "
+        "by ±100 (the paper does not print its formula; see rfwp_rl.scores.relative_improvement)",
+    )
+    sel.add_argument(
+        "--similar",
+        type=float,
+        default=5.0,
+        help="|relative improvement| (%%) counted as 'similar' (default %(default)s)",
+    )
     out = parser.add_argument_group("outputs")
-    out.add_argument("--out", default=None,
-                     help="output path prefix for .csv and .png (default: ./compare_<model>_vs_<baseline>_<steps>)")
+    out.add_argument(
+        "--out",
+        default=None,
+        help="output path prefix for .csv and .png (default: ./compare_<model>_vs_<baseline>_<steps>)",
+    )
     out.add_argument("--no-plot", action="store_true", help="write only the CSV")
-    out.add_argument("--axis-limit", type=float, default=200.0, metavar="PERCENT",
-                     help="cut the chart's axis at ±PERCENT %% and label longer bars (0: no cut; default %(default)s)")
+    out.add_argument(
+        "--axis-limit",
+        type=float,
+        default=200.0,
+        metavar="PERCENT",
+        help="cut the chart's axis at ±PERCENT %% and label longer bars (0: no cut; default %(default)s)",
+    )
 
 
 def _default_prefix(c: Comparison) -> str:
@@ -428,10 +521,21 @@ def _default_prefix(c: Comparison) -> str:
 def run(args: argparse.Namespace) -> int:
     if args.similar < 0:
         raise UserError(f"--similar must be >= 0, got {args.similar}")
-    c = compare(paper=args.paper, runs=args.runs, model=args.model, baseline=args.baseline,
-                steps=args.steps, models=args.models, games=args.games, similar=args.similar,
-                paper_dir=args.paper_dir, steps_tolerance=args.steps_tolerance, mode=args.mode,
-                metric=args.metric, run_steps=args.run_steps)
+    c = compare(
+        paper=args.paper,
+        runs=args.runs,
+        model=args.model,
+        baseline=args.baseline,
+        steps=args.steps,
+        models=args.models,
+        games=args.games,
+        similar=args.similar,
+        paper_dir=args.paper_dir,
+        steps_tolerance=args.steps_tolerance,
+        mode=args.mode,
+        metric=args.metric,
+        run_steps=args.run_steps,
+    )
     print(format_table(c))
     print(summary(c))
     prefix = args.out or _default_prefix(c)
@@ -439,7 +543,9 @@ def run(args: argparse.Namespace) -> int:
     atomic_write_text(csv_path, to_csv(c))
     print(f"wrote {csv_path}")
     if c.model and not args.no_plot:
-        command = "rfwp-rl compare " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if sys.argv[1:2] == ["compare"] else ""
+        command = (
+            "rfwp-rl compare " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if sys.argv[1:2] == ["compare"] else ""
+        )
         png = plot(c, prefix + ".png", axis_limit=args.axis_limit, footer=command)
         print(f"wrote {png}")
     return 0

@@ -149,8 +149,9 @@ class MultiCategorical(ActionDistribution):
         self.nvec = [int(n) for n in nvec]
         self.num_params = self.prev_action_size = sum(self.nvec)
         self.action_shape, self.action_dtype, self.env_dtype = (len(self.nvec),), torch.int64, torch.int64
-        self.register_buffer("start", torch.tensor(list(start or [0] * len(self.nvec)), dtype=torch.int64),
-                             persistent=False)
+        self.register_buffer(
+            "start", torch.tensor(list(start or [0] * len(self.nvec)), dtype=torch.int64), persistent=False
+        )
         self.register_buffer("high", torch.tensor(self.nvec, dtype=torch.int64), persistent=False)
 
     def _parts(self, params: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -177,8 +178,11 @@ class MultiCategorical(ActionDistribution):
         return action + self.start.to(action.device)
 
     def valid(self, action: torch.Tensor) -> bool:
-        return (action.dtype == torch.int64 and tuple(action.shape[-1:]) == self.action_shape
-                and bool(((action >= 0) & (action < self.high.to(action.device))).all()))
+        return (
+            action.dtype == torch.int64
+            and tuple(action.shape[-1:]) == self.action_shape
+            and bool(((action >= 0) & (action < self.high.to(action.device))).all())
+        )
 
 
 class Bernoulli(ActionDistribution):
@@ -209,8 +213,11 @@ class Bernoulli(ActionDistribution):
         return action.float()
 
     def valid(self, action: torch.Tensor) -> bool:
-        return (action.dtype == torch.int64 and tuple(action.shape[-1:]) == self.action_shape
-                and bool(((action == 0) | (action == 1)).all()))
+        return (
+            action.dtype == torch.int64
+            and tuple(action.shape[-1:]) == self.action_shape
+            and bool(((action == 0) | (action == 1)).all())
+        )
 
 
 class DiagGaussian(ActionDistribution):
@@ -222,8 +229,9 @@ class DiagGaussian(ActionDistribution):
 
     kind = "gaussian"
 
-    def __init__(self, low: np.ndarray, high: np.ndarray, env_dtype: torch.dtype = torch.float32,
-                 log_std_init: float = 0.0):
+    def __init__(
+        self, low: np.ndarray, high: np.ndarray, env_dtype: torch.dtype = torch.float32, log_std_init: float = 0.0
+    ):
         super().__init__()
         low, high = np.asarray(low, np.float64).reshape(-1), np.asarray(high, np.float64).reshape(-1)
         A = low.shape[0]
@@ -234,8 +242,12 @@ class DiagGaussian(ActionDistribution):
         low0, high0 = np.where(bounded, low, 0.0), np.where(bounded, high, 0.0)  # no inf - inf below
         scale = np.where(bounded, (high0 - low0) / 2, 1.0)
         centre = (high0 + low0) / 2
-        for name, value in (("scale", scale), ("centre", centre), ("low", np.where(bounded, low, -np.inf)),
-                            ("high", np.where(bounded, high, np.inf))):
+        for name, value in (
+            ("scale", scale),
+            ("centre", centre),
+            ("low", np.where(bounded, low, -np.inf)),
+            ("high", np.where(bounded, high, np.inf)),
+        ):
             self.register_buffer(name, torch.tensor(value, dtype=torch.float32), persistent=False)
         self.register_buffer("bounded", torch.tensor(bounded), persistent=False)
 
@@ -269,8 +281,11 @@ class DiagGaussian(ActionDistribution):
         return torch.maximum(torch.minimum(mapped, self.high), self.low).to(self.env_dtype)
 
     def valid(self, action: torch.Tensor) -> bool:
-        return (action.dtype == torch.float32 and tuple(action.shape[-1:]) == self.action_shape
-                and bool(torch.isfinite(action).all()))
+        return (
+            action.dtype == torch.float32
+            and tuple(action.shape[-1:]) == self.action_shape
+            and bool(torch.isfinite(action).all())
+        )
 
 
 def make_distribution(space: gymnasium.Space, log_std_init: float = 0.0) -> ActionDistribution:

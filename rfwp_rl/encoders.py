@@ -19,7 +19,8 @@ per part of a Dict; ``"skip"`` leaves a part out).
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import gymnasium
 import numpy as np
@@ -82,16 +83,25 @@ class ResNetTorso(nn.Module):
     The convolutions run in ``channels_last`` memory format (same numbers as the default
     layout, faster forward+backward on CPU); :meth:`use_memory_format` switches."""
 
-    def __init__(self, obs_shape: Sequence[int], channels: Sequence[int] = (16, 32, 32), output_size: int = 256,
-                 hwc: bool = False, divisor: float = 255.0):
+    def __init__(
+        self,
+        obs_shape: Sequence[int],
+        channels: Sequence[int] = (16, 32, 32),
+        output_size: int = 256,
+        hwc: bool = False,
+        divisor: float = 255.0,
+    ):
         super().__init__()
         in_ch, h, w = obs_shape
         self.hwc, self.divisor = hwc, divisor
         stages = []
         for out_ch in channels:
-            stages += [nn.Conv2d(in_ch, out_ch, 3, stride=1, padding=1),
-                       nn.MaxPool2d(3, stride=2, padding=1),
-                       ResidualBlock(out_ch), ResidualBlock(out_ch)]
+            stages += [
+                nn.Conv2d(in_ch, out_ch, 3, stride=1, padding=1),
+                nn.MaxPool2d(3, stride=2, padding=1),
+                ResidualBlock(out_ch),
+                ResidualBlock(out_ch),
+            ]
             in_ch, h, w = out_ch, _pooled_size(h), _pooled_size(w)
         self.stages = nn.Sequential(*stages)
         self.flat_size = in_ch * h * w
@@ -99,7 +109,7 @@ class ResNetTorso(nn.Module):
         self.output_size = output_size
         self.use_memory_format(torch.channels_last)
 
-    def use_memory_format(self, memory_format: torch.memory_format) -> "ResNetTorso":
+    def use_memory_format(self, memory_format: torch.memory_format) -> ResNetTorso:
         """Run the convolutions in ``memory_format`` (``torch.channels_last`` or ``torch.contiguous_format``)."""
         self.memory_format = memory_format
         self.stages.to(memory_format=memory_format)
@@ -116,8 +126,14 @@ class GridTorso(nn.Module):
     convolutions (stride 1, pad 1, relu) with ``channels``, no pooling (every cell of a 7x7 grid keeps its
     own features), flatten, linear, relu."""
 
-    def __init__(self, obs_shape: Sequence[int], channels: Sequence[int] = (16, 32, 32), output_size: int = 256,
-                 hwc: bool = False, divisor: float = 255.0):
+    def __init__(
+        self,
+        obs_shape: Sequence[int],
+        channels: Sequence[int] = (16, 32, 32),
+        output_size: int = 256,
+        hwc: bool = False,
+        divisor: float = 255.0,
+    ):
         super().__init__()
         in_ch, h, w = obs_shape
         self.hwc, self.divisor = hwc, divisor
@@ -144,7 +160,8 @@ def vector_width(space: gymnasium.Space) -> int:
 
 
 def vector_features(space: gymnasium.Space, x: torch.Tensor) -> torch.Tensor:
-    """One leaf ``[N, *shape]`` -> float ``[N, vector_width(space)]``: one-hot for Discrete/MultiDiscrete, else flattened."""
+    """One leaf ``[N, *shape]`` -> float ``[N, vector_width(space)]``: one-hot for Discrete/MultiDiscrete, else
+    flattened."""
     if isinstance(space, spaces.Discrete):
         return F.one_hot(x.long(), int(space.n)).float()
     if isinstance(space, spaces.MultiDiscrete):
@@ -156,8 +173,13 @@ class MLPTorso(nn.Module):
     """Vector observations ``[N, *obs_shape]`` (flattened) -> ``[N, sizes[-1]]``. With ``space`` (a Discrete
     or MultiDiscrete leaf) the input is its integer observation, one-hot encoded first."""
 
-    def __init__(self, obs_shape: Sequence[int], sizes: Sequence[int] = (64, 64), activation: str = "tanh",
-                 space: gymnasium.Space | None = None):
+    def __init__(
+        self,
+        obs_shape: Sequence[int],
+        sizes: Sequence[int] = (64, 64),
+        activation: str = "tanh",
+        space: gymnasium.Space | None = None,
+    ):
         super().__init__()
         layers: list[nn.Module] = []
         self.space = space
@@ -185,8 +207,7 @@ def choose_encoder(space: gymnasium.Space, choice: str, what: str) -> str:
         (_, h, w), _ = image_layout(space.shape)
         return "resnet" if min(h, w) >= RESNET_MIN_SIDE else "grid"
     if choice in ("resnet", "grid") and not _is_image(space):
-        raise UserError(f"{what} {choice!r} needs image observations [C, H, W] or [H, W, C], got {space}; "
-                        "use 'mlp'")
+        raise UserError(f"{what} {choice!r} needs image observations [C, H, W] or [H, W, C], got {space}; use 'mlp'")
     return choice
 
 
@@ -219,8 +240,9 @@ class DictTorso(nn.Module):
         overrides = dict(cfg.encoders)
         for key in overrides:
             if key not in space.spaces:
-                raise UserError(f"agent encoders: observation part {key!r} does not exist; parts: "
-                                f"{', '.join(space.spaces)}")
+                raise UserError(
+                    f"agent encoders: observation part {key!r} does not exist; parts: {', '.join(space.spaces)}"
+                )
         self.images = nn.ModuleDict()
         self.vector_parts: dict[str, gymnasium.Space] = {}
         for key, sub in space.spaces.items():
@@ -234,7 +256,8 @@ class DictTorso(nn.Module):
         width = sum(vector_width(s) for s in self.vector_parts.values())
         self.vector = MLPTorso((width,), cfg.mlp_sizes, cfg.mlp_activation) if width else None
         self.output_size = (self.vector.output_size if self.vector is not None else 0) + sum(
-            t.output_size for t in self.images.values())
+            t.output_size for t in self.images.values()
+        )
         if self.output_size == 0:
             raise UserError("agent encoders skip every observation part; keep at least one")
 
@@ -251,4 +274,3 @@ def make_torso(space: gymnasium.Space, cfg: Any) -> nn.Module:
     if isinstance(space, spaces.Dict):
         return DictTorso(space, cfg)
     return leaf_torso(space, cfg)
-

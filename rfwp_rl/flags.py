@@ -19,7 +19,8 @@ import dataclasses
 import functools
 import types
 import typing
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 SECONDS = "seconds"
 ENV_STEPS = "env steps"
@@ -44,9 +45,16 @@ SHARED: dict[str, str] = {
 }
 
 
-def setting(default: Any = dataclasses.MISSING, help: str = "", *, unit: str = "",
-            default_factory: Callable[[], Any] | Any = dataclasses.MISSING, type: Callable[[str], Any] | None = None,
-            choices: tuple | None = None, metavar: str | None = None) -> Any:
+def setting(
+    default: Any = dataclasses.MISSING,
+    help: str = "",
+    *,
+    unit: str = "",
+    default_factory: Callable[[], Any] | Any = dataclasses.MISSING,
+    type: Callable[[str], Any] | None = None,
+    choices: tuple | None = None,
+    metavar: str | None = None,
+) -> Any:
     """A config dataclass field that is also a flag: ``help`` (after the :data:`SHARED` text of its
     name, if any), ``unit`` (seconds, env steps, optimizer steps: shown in the help), and for the flag
     a parser ``type`` (default: from the annotation), ``choices`` and ``metavar``."""
@@ -76,7 +84,7 @@ def flag_name(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
@@ -127,8 +135,15 @@ def _parser_type(cls: type, f: dataclasses.Field) -> tuple[Any, Callable[[str], 
     raise TypeError(f"{cls.__name__}.{f.name}: give its flag a parser type (flags.setting(type=...))")
 
 
-def add_field(group: argparse.ArgumentParser | argparse._ArgumentGroup, cls: type, name: str, *,
-              default: Any = dataclasses.MISSING, help: str | None = None, **kwargs: Any) -> argparse.Action:
+def add_field(
+    group: argparse.ArgumentParser | argparse._ArgumentGroup,
+    cls: type,
+    name: str,
+    *,
+    default: Any = dataclasses.MISSING,
+    help: str | None = None,
+    **kwargs: Any,
+) -> argparse.Action:
     """The flag ``--<name>`` of field ``name`` of the config dataclass ``cls`` (dest ``name``). Its
     default is the field's, or ``default`` (None: a setting filled later, e.g. by a profile); ``help``
     replaces the field's own text (the shared text, unit and default stay); ``kwargs`` go to
@@ -167,8 +182,15 @@ def settings_keys(cls: type, exclude: tuple[str, ...] = ()) -> list[str]:
     return [f.name for f in dataclasses.fields(cls) if f.name not in exclude]
 
 
-def add_shared(group: argparse.ArgumentParser | argparse._ArgumentGroup, name: str, default: Any,
-               help: str = "", *, unit: str = "", **kwargs: Any) -> argparse.Action:
+def add_shared(
+    group: argparse.ArgumentParser | argparse._ArgumentGroup,
+    name: str,
+    default: Any,
+    help: str = "",
+    *,
+    unit: str = "",
+    **kwargs: Any,
+) -> argparse.Action:
     """A :data:`SHARED` setting as a flag of a command without a config dataclass (eval, probe, bench):
     ``--<name>`` with the shared help, then ``help`` (this command's own), ``unit`` and the default."""
     shared = SHARED[name].format(unit=unit)
@@ -177,8 +199,14 @@ def add_shared(group: argparse.ArgumentParser | argparse._ArgumentGroup, name: s
         text += f"; in {unit}"
     if default is not None and "%(default)" not in text:
         text += " (default %(default)s)"
-    kwargs.setdefault("type", integer if isinstance(default, int) and not isinstance(default, bool) else
-                      type(default) if default is not None else str)
+    kwargs.setdefault(
+        "type",
+        integer
+        if isinstance(default, int) and not isinstance(default, bool)
+        else type(default)
+        if default is not None
+        else str,
+    )
     return group.add_argument(flag_name(name), dest=name, default=default, help=text, **kwargs)
 
 
@@ -187,13 +215,21 @@ def add_shared(group: argparse.ArgumentParser | argparse._ArgumentGroup, name: s
 
 def add_set_argument(group: argparse.ArgumentParser | argparse._ArgumentGroup, what: str, example: str) -> None:
     """``--set KEY=VALUE`` (:mod:`rfwp_rl.overrides`), repeatable; dest ``overrides``."""
-    group.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                       help=f"override {what} or a setting of this command by its flag's name with _ for -, "
-                            f"e.g. {example} (TOML values; repeatable)")
+    group.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"override {what} or a setting of this command by its flag's name with _ for -, "
+        f"e.g. {example} (TOML values; repeatable)",
+    )
 
 
 def add_run_dir_argument(group: argparse.ArgumentParser | argparse._ArgumentGroup, default_text: str) -> None:
     """``--run-dir``: the run directory (dest ``run_dir``; None: the command's default)."""
-    group.add_argument("--run-dir", default=None,
-                       help=f"run directory; a run started again with it resumes from its newest checkpoint "
-                            f"(default {default_text})")
+    group.add_argument(
+        "--run-dir",
+        default=None,
+        help=f"run directory; a run started again with it resumes from its newest checkpoint (default {default_text})",
+    )

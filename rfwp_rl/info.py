@@ -8,26 +8,33 @@ from __future__ import annotations
 import argparse
 
 from rfwp_rl import __version__, cores, kernels
-
 from rfwp_rl.agent import atari_param_counts
-
 from rfwp_rl.ops import selftest
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--num-actions", type=int, default=6,
-                        help="action count for the Atari preset parameter counts (default %(default)s: Pong)")
-    parser.add_argument("--check", action="store_true",
-                        help="run every op's fused kernels (CPU, each GPU, and the CUDA sources "
-                             "emulated on the host) against the PyTorch reference: values and "
-                             "gradients, a table with timings; exit code 1 if any disagrees")
+    parser.add_argument(
+        "--num-actions",
+        type=int,
+        default=6,
+        help="action count for the Atari preset parameter counts (default %(default)s: Pong)",
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="run every op's fused kernels (CPU, each GPU, and the CUDA sources "
+        "emulated on the host) against the PyTorch reference: values and "
+        "gradients, a table with timings; exit code 1 if any disagrees",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    print(f"rfwp_rl {__version__} | torch {torch.__version__} | "
-          f"cuda {'available' if torch.cuda.is_available() else 'not available'}")
+    print(
+        f"rfwp_rl {__version__} | torch {torch.__version__} | "
+        f"cuda {'available' if torch.cuda.is_available() else 'not available'}"
+    )
     backend, why = kernels.status()
     print(f"\nkernel backend: {backend} ({why})")
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import typing
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 try:
     import tomllib
@@ -63,8 +64,9 @@ def parse_settings(items: Iterable[str], flag: str = "--set") -> list[Setting]:
     return out
 
 
-def unknown_key(setting: Setting, sections: Iterable[str], trainer_keys: Iterable[str],
-                core_options: Iterable[str] = ()) -> UserError:
+def unknown_key(
+    setting: Setting, sections: Iterable[str], trainer_keys: Iterable[str], core_options: Iterable[str] = ()
+) -> UserError:
     """The one-line error for a key no trainer part takes (the same wording for every trainer)."""
     allowed = ["core", *(f"{s}.<option>" for s in sections)]
     keys = sorted(trainer_keys)
@@ -96,13 +98,18 @@ def coerce(setting: Setting, current: Any) -> Any:
     else:
         ok = True
     if not ok:
-        raise UserError(f"--set {setting.item!r}: {setting.key} takes a {type(current).__name__} "
-                        f"(like {current!r}), got {value!r}")
+        raise UserError(
+            f"--set {setting.item!r}: {setting.key} takes a {type(current).__name__} (like {current!r}), got {value!r}"
+        )
     return value
 
 
-def split_settings(items: Iterable[str], trainer_keys: Iterable[str] = (), sections: Iterable[str] = PRESET_SECTIONS,
-                   core_options: Iterable[str] = ()) -> tuple[list[Setting], list[Setting]]:
+def split_settings(
+    items: Iterable[str],
+    trainer_keys: Iterable[str] = (),
+    sections: Iterable[str] = PRESET_SECTIONS,
+    core_options: Iterable[str] = (),
+) -> tuple[list[Setting], list[Setting]]:
     """Parse ``--set`` items into (agent settings: ``core`` and ``<section>.<option>``, trainer
     settings: ``trainer_keys``); any other key is the one-line :func:`unknown_key` error.
     ``core_options``: the core's option names, only for a better error on a bare option name."""
@@ -144,13 +151,17 @@ def apply_to_trainer(trainer: Any, settings: Iterable[Setting]) -> None:
         setattr(trainer, setting.key, coerce(setting, current))
 
 
-def apply_settings(items: Iterable[str], preset: Any = None, trainer: Any = None,
-                   trainer_keys: Iterable[str] = (), sections: Iterable[str] = PRESET_SECTIONS,
-                   core_options: Iterable[str] = ()) -> Any:
+def apply_settings(
+    items: Iterable[str],
+    preset: Any = None,
+    trainer: Any = None,
+    trainer_keys: Iterable[str] = (),
+    sections: Iterable[str] = PRESET_SECTIONS,
+    core_options: Iterable[str] = (),
+) -> Any:
     """Apply ``--set`` items: ``core``/``<section>.<option>`` to a copy of ``preset`` (returned),
     trainer keys to ``trainer`` (changed in place). See :func:`split_settings`."""
-    agent, trainer_settings = split_settings(items, trainer_keys if trainer is not None else (), sections,
-                                             core_options)
+    agent, trainer_settings = split_settings(items, trainer_keys if trainer is not None else (), sections, core_options)
     apply_to_trainer(trainer, trainer_settings)
     return apply_to_preset(preset, agent) if preset is not None else None
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 
@@ -22,8 +22,9 @@ def available_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def choose_torch_threads(requested: int, env_processes: int = 0, heavy_model: bool = True,
-                         gpu: bool = False) -> tuple[int, str]:
+def choose_torch_threads(
+    requested: int, env_processes: int = 0, heavy_model: bool = True, gpu: bool = False
+) -> tuple[int, str]:
     """Torch intra-op threads for a trainer and why (for the start-up line).
 
     ``requested`` > 0 wins. Otherwise: a small model (vector observations, an MLP torso) runs
@@ -42,8 +43,13 @@ def choose_torch_threads(requested: int, env_processes: int = 0, heavy_model: bo
     return threads, f"{cores} cores, {env_processes} env processes; --torch-threads N to change"
 
 
-_BLAS_THREAD_SETTERS = ("openblas_set_num_threads", "openblas_set_num_threads64_", "scipy_openblas_set_num_threads",
-                        "scipy_openblas_set_num_threads64_", "MKL_Set_Num_Threads")
+_BLAS_THREAD_SETTERS = (
+    "openblas_set_num_threads",
+    "openblas_set_num_threads64_",
+    "scipy_openblas_set_num_threads",
+    "scipy_openblas_set_num_threads64_",
+    "MKL_Set_Num_Threads",
+)
 
 
 def single_thread_blas() -> int:

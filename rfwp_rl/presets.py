@@ -19,8 +19,9 @@ applies ``--set`` overrides; values use TOML syntax (``64``, ``true``, ``'softma
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 try:
     import tomllib
@@ -69,8 +70,9 @@ def preset_path(name_or_path: str | Path) -> Path:
     if candidate.is_file():
         return candidate
     if not AGENTS_DIR.is_dir():
-        raise UserError(f"preset {str(name_or_path)!r}: the presets folder {AGENTS_DIR} is missing "
-                        "(pass a file path to --preset)")
+        raise UserError(
+            f"preset {str(name_or_path)!r}: the presets folder {AGENTS_DIR} is missing (pass a file path to --preset)"
+        )
     check_choice("preset", str(name_or_path), available_presets())
     raise AssertionError("unreachable")
 
@@ -81,13 +83,17 @@ def parse_preset(data: dict, source: str) -> Preset:
         if key not in TOP_LEVEL_KEYS:
             check_choice(f"key in preset {source}:", key, TOP_LEVEL_KEYS)
     if "core" not in data or not isinstance(data["core"], str):
-        raise UserError(f"preset {source} needs a line core = \"<name>\" (e.g. core = \"rdn\")")
+        raise UserError(f'preset {source} needs a line core = "<name>" (e.g. core = "rdn")')
     for table in ("core_config", "agent"):
         if not isinstance(data.get(table, {}), dict):
             raise UserError(f"preset {source}: {table} must be a table ([{table}])")
-    return Preset(core=data["core"], core_config=dict(data.get("core_config", {})),
-                  agent=dict(data.get("agent", {})), description=str(data.get("description", "")),
-                  source=source)
+    return Preset(
+        core=data["core"],
+        core_config=dict(data.get("core_config", {})),
+        agent=dict(data.get("agent", {})),
+        description=str(data.get("description", "")),
+        source=source,
+    )
 
 
 def load_preset(name_or_path: str | Path) -> Preset:
@@ -107,8 +113,13 @@ def apply_overrides(preset: Preset, overrides: Iterable[str]) -> Preset:
     return apply_settings(overrides, preset)
 
 
-def resolve_preset(core: str | None, preset: str | None, overrides: Iterable[str] = (),
-                   kind: str = "vector", default_core: str = "lstm") -> Preset:
+def resolve_preset(
+    core: str | None,
+    preset: str | None,
+    overrides: Iterable[str] = (),
+    kind: str = "vector",
+    default_core: str = "lstm",
+) -> Preset:
     """The preset a training run uses.
 
     ``preset`` (name or path) wins; otherwise ``--core NAME`` picks ``agents/<kind>_NAME.toml``
@@ -119,8 +130,9 @@ def resolve_preset(core: str | None, preset: str | None, overrides: Iterable[str
     if preset is not None:
         p = load_preset(preset)
         if core is not None and core != p.core:
-            raise UserError(f"--core {core!r} contradicts preset {p.source} (core = {p.core!r}); "
-                            "pass only one, or --set core=...")
+            raise UserError(
+                f"--core {core!r} contradicts preset {p.source} (core = {p.core!r}); pass only one, or --set core=..."
+            )
     else:
         name = core or default_core
         check_choice("core", name, sorted(cores.available()))

@@ -31,7 +31,7 @@ SOURCE_ROOT = PACKAGE_DIR.parent
 SHIPPED_ROOT = PACKAGE_DIR / "_data"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _is_source_tree(root: Path) -> bool:
     """``root`` is this project's checkout: its pyproject.toml names the rfwp_rl project (so an
     unrelated ``agents/`` next to an installed package in site-packages is never picked up)."""
@@ -60,7 +60,9 @@ def data_dir(name: str, required: bool = True) -> Path:
         if path.is_dir():
             return path
     if required:
-        raise UserError(f"rfwp_rl's {name}/ folder is missing (looked in "
-                        f"{' and '.join(str(p) for p in candidates)}); reinstall rfwp_rl or use a "
-                        "complete checkout of the repository")
+        raise UserError(
+            f"rfwp_rl's {name}/ folder is missing (looked in "
+            f"{' and '.join(str(p) for p in candidates)}); reinstall rfwp_rl or use a "
+            "complete checkout of the repository"
+        )
     return candidates[0]

@@ -13,8 +13,8 @@ import math
 import re
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 from rfwp_rl.checkpoint import atomic_write_text
 
@@ -58,8 +58,11 @@ def _after_newest_event_file(tb_dir: Path) -> None:
     run's event files in name order, and a name starts with the second it was made in, then the host and
     the pid: a run resumed within the second of its crash could otherwise sort before it, and its purge of
     the crashed run's last points would be read first and undone."""
-    seconds = [int(p.name.split(".")[3]) for p in tb_dir.glob("events.out.tfevents.*")
-               if len(p.name.split(".")) > 3 and p.name.split(".")[3].isdigit()]
+    seconds = [
+        int(p.name.split(".")[3])
+        for p in tb_dir.glob("events.out.tfevents.*")
+        if len(p.name.split(".")) > 3 and p.name.split(".")[3].isdigit()
+    ]
     while seconds and time.time() < max(seconds) + 1:
         time.sleep(0.01)
 
@@ -79,9 +82,17 @@ class RunLogger:
         log_every: seconds between progress lines.
     """
 
-    def __init__(self, run_dir: str | Path, config: Mapping, total: int, start: int = 0,
-                 unit: str = "steps", metrics: tuple[str, ...] = (), log_every: float = 5.0,
-                 stream=None):
+    def __init__(
+        self,
+        run_dir: str | Path,
+        config: Mapping,
+        total: int,
+        start: int = 0,
+        unit: str = "steps",
+        metrics: tuple[str, ...] = (),
+        log_every: float = 5.0,
+        stream=None,
+    ):
         from torch.utils.tensorboard import SummaryWriter
         from torch.utils.tensorboard.summary import hparams
 
@@ -118,8 +129,11 @@ class RunLogger:
         avg = (step - self._s0) / max(now - self._t0, 1e-9)
         eta = (self.total - step) / avg if avg > 0 else float("inf")
         pct = 100.0 * step / max(self.total, 1)
-        parts = [f"{step:,}/{self.total:,} {self.unit} ({pct:.1f}%)", f"{self.rate:,.0f}/s",
-                 f"ETA {format_duration(eta)}"]
+        parts = [
+            f"{step:,}/{self.total:,} {self.unit} ({pct:.1f}%)",
+            f"{self.rate:,.0f}/s",
+            f"ETA {format_duration(eta)}",
+        ]
         parts += [f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in extra.items()]
         print(" | ".join(parts), file=self.stream or sys.stdout, flush=True)
 

@@ -6,7 +6,7 @@ import math
 import os
 import signal
 import sys
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 
@@ -36,10 +36,13 @@ class GracefulStop:
             os._exit(130)
         self.requested = True
         self.signal_name = signal.Signals(signum).name
-        print(f"{self.signal_name} received: saving a checkpoint and stopping "
-              "(send it again to exit at once)", file=sys.stderr, flush=True)
+        print(
+            f"{self.signal_name} received: saving a checkpoint and stopping (send it again to exit at once)",
+            file=sys.stderr,
+            flush=True,
+        )
 
-    def __enter__(self) -> "GracefulStop":
+    def __enter__(self) -> GracefulStop:
         for sig in (signal.SIGINT, signal.SIGTERM):
             try:
                 self._old[sig] = signal.signal(sig, self._handle)
@@ -81,9 +84,12 @@ class NonFiniteGuard:
             return True
         self.skipped += 1
         self.consecutive += 1
-        print(f"warning: non-finite loss or gradient, update skipped "
-              f"({self.consecutive} in a row, {self.skipped} in total)", file=sys.stderr, flush=True)
+        print(
+            f"warning: non-finite loss or gradient, update skipped "
+            f"({self.consecutive} in a row, {self.skipped} in total)",
+            file=sys.stderr,
+            flush=True,
+        )
         if self.consecutive > self.max_consecutive:
-            raise TrainingAborted(f"{self.consecutive} non-finite updates in a row "
-                                  f"(limit {self.max_consecutive})")
+            raise TrainingAborted(f"{self.consecutive} non-finite updates in a row (limit {self.max_consecutive})")
         return False

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+
 from rfwp_rl.checkpoint import Checkpointer, NonFiniteState, lock_run_dir, rng_state, set_rng_state
 from rfwp_rl.runlog import RunLogger
 from rfwp_rl.safety import GracefulStop, TrainingAborted
@@ -115,8 +116,15 @@ def run_trainer(trainer: Trainer) -> int:
 
 
 def _train_and_save(trainer: Trainer) -> int:
-    trainer.logger = RunLogger(trainer.run_dir, trainer.hparams(), total=trainer.total, start=trainer.step,
-                               unit=trainer.unit, metrics=trainer.metrics, log_every=trainer.log_every)
+    trainer.logger = RunLogger(
+        trainer.run_dir,
+        trainer.hparams(),
+        total=trainer.total,
+        start=trainer.step,
+        unit=trainer.unit,
+        metrics=trainer.metrics,
+        log_every=trainer.log_every,
+    )
     code, saved = 0, None
     try:
         with GracefulStop() as stop:  # held through the final save
@@ -144,4 +152,3 @@ def _final_save(trainer: Trainer) -> Path | None:
     except NonFiniteState as e:  # never written; the previous checkpoint stays the newest
         print(f"error: {e}", file=sys.stderr, flush=True)
         return None
-

@@ -27,8 +27,8 @@ import io
 import json
 import math
 import re
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 from rfwp_rl.checkpoint import atomic_write_text
 from rfwp_rl.errors import UserError, check_choice
@@ -39,24 +39,53 @@ EVAL_FORMAT = "rfwp_rl.eval/1"
 
 # The 20 games of RFWP paper Sec. 4.4 / App. C (ALE name -> label printed in Tables 9-10).
 PAPER_GAMES = {
-    "Alien": "Alien", "Amidar": "Amidar", "Assault": "Assault", "BattleZone": "Battlezone",
-    "Berzerk": "Berzerk", "BankHeist": "B. Heist", "BeamRider": "B. Rider",
-    "DemonAttack": "D. Attack", "Gopher": "Gopher", "Jamesbond": "James Bond",
-    "KungFuMaster": "Kung-fu", "MsPacman": "MsPacman", "Pong": "Pong", "Qbert": "Q*Bert",
-    "Robotank": "Robotank", "Seaquest": "Seaquest", "SpaceInvaders": "S. Invaders",
-    "StarGunner": "Stargunner", "UpNDown": "Up'n down", "Zaxxon": "Zaxxon",
+    "Alien": "Alien",
+    "Amidar": "Amidar",
+    "Assault": "Assault",
+    "BattleZone": "Battlezone",
+    "Berzerk": "Berzerk",
+    "BankHeist": "B. Heist",
+    "BeamRider": "B. Rider",
+    "DemonAttack": "D. Attack",
+    "Gopher": "Gopher",
+    "Jamesbond": "James Bond",
+    "KungFuMaster": "Kung-fu",
+    "MsPacman": "MsPacman",
+    "Pong": "Pong",
+    "Qbert": "Q*Bert",
+    "Robotank": "Robotank",
+    "Seaquest": "Seaquest",
+    "SpaceInvaders": "S. Invaders",
+    "StarGunner": "Stargunner",
+    "UpNDown": "Up'n down",
+    "Zaxxon": "Zaxxon",
 }
 
 # Model ids (core names, plus the two extra models of Tables 3 and 8) -> label in the paper.
 MODEL_LABELS = {
-    "ff": "Feedforward", "lstm": "LSTM", "gru": "GRU", "lt": "LT", "delta": "Delta Net", "rdn": "RDN",
-    "delta_rnn": "Delta RNN", "rdn_large": "RDN larger", "ff_gated": "FF gated",
+    "ff": "Feedforward",
+    "lstm": "LSTM",
+    "gru": "GRU",
+    "lt": "LT",
+    "delta": "Delta Net",
+    "rdn": "RDN",
+    "delta_rnn": "Delta RNN",
+    "rdn_large": "RDN larger",
+    "ff_gated": "FF gated",
 }
 _MODEL_ALIASES = {
-    "feedforward": "ff", "linear transformer": "lt", "lineartransformer": "lt",
-    "deltanet": "delta", "delta net": "delta", "recurrent delta net": "rdn",
-    "recurrentdeltanet": "rdn", "deltarnn": "delta_rnn", "delta rnn": "delta_rnn",
-    "rdn larger": "rdn_large", "rdn-large": "rdn_large", "ff gated": "ff_gated",
+    "feedforward": "ff",
+    "linear transformer": "lt",
+    "lineartransformer": "lt",
+    "deltanet": "delta",
+    "delta net": "delta",
+    "recurrent delta net": "rdn",
+    "recurrentdeltanet": "rdn",
+    "deltarnn": "delta_rnn",
+    "delta rnn": "delta_rnn",
+    "rdn larger": "rdn_large",
+    "rdn-large": "rdn_large",
+    "ff gated": "ff_gated",
     "ff-gated": "ff_gated",
 }
 
@@ -99,8 +128,12 @@ def canonical_game(name: str) -> str:
         if key in (game.lower(), re.sub(r"[^a-z0-9]", "", label.lower())):
             return game
     if key in ("sinvader", "spaceinvader", "sequester", "kungfu"):  # paper variants
-        return {"sinvader": "SpaceInvaders", "spaceinvader": "SpaceInvaders",
-                "sequester": "Seaquest", "kungfu": "KungFuMaster"}[key]
+        return {
+            "sinvader": "SpaceInvaders",
+            "spaceinvader": "SpaceInvaders",
+            "sequester": "Seaquest",
+            "kungfu": "KungFuMaster",
+        }[key]
     return base
 
 
@@ -157,15 +190,24 @@ def read_score_csv(path: str | Path, source: str | None = None) -> list[Score]:
     reader = csv.DictReader(io.StringIO(text))
     missing = [c for c in CSV_COLUMNS if c not in (reader.fieldnames or [])]
     if missing:
-        raise UserError(f"{path}: not a score table (missing column(s) {', '.join(missing)}; "
-                        f"need {', '.join(CSV_COLUMNS)})")
+        raise UserError(
+            f"{path}: not a score table (missing column(s) {', '.join(missing)}; need {', '.join(CSV_COLUMNS)})"
+        )
     rows = []
     for i, row in enumerate(reader, start=2):
         where = f"{path}:{i}"
         extra = {k: v for k, v in row.items() if k not in CSV_COLUMNS and k is not None}
-        rows.append(Score(game=canonical_game(row["game"]), model=canonical_model(row["model"]),
-                          steps=parse_steps(row["steps"]), mean=_number(row["mean"], where),
-                          std=_number(row["std"], where), source=source or str(path), extra=extra))
+        rows.append(
+            Score(
+                game=canonical_game(row["game"]),
+                model=canonical_model(row["model"]),
+                steps=parse_steps(row["steps"]),
+                mean=_number(row["mean"], where),
+                std=_number(row["std"], where),
+                source=source or str(path),
+                extra=extra,
+            )
+        )
     return rows
 
 
@@ -189,13 +231,16 @@ def load_paper(tables: str | Sequence[str] = "all", directory: str | Path | None
         check_choice("paper table", name, PAPER_TABLES + ("all",))
         path = directory / f"{name}.csv"
         if not path.is_file():
-            raise UserError(f"paper table {path} not found; pass --paper-dir DIR (the repository's "
-                            "results/paper folder)")
+            raise UserError(
+                f"paper table {path} not found; pass --paper-dir DIR (the repository's results/paper folder)"
+            )
         for s in read_score_csv(path, source=f"paper:{name}"):
             old = out.get(s.key)
             if old is not None and (old.mean, old.std) != (s.mean, s.std):
-                raise UserError(f"{s.game}/{s.model}/{format_steps(s.steps)}: {old.source} has "
-                                f"{old.mean:g}±{old.std:g} but {s.source} has {s.mean:g}±{s.std:g}")
+                raise UserError(
+                    f"{s.game}/{s.model}/{format_steps(s.steps)}: {old.source} has "
+                    f"{old.mean:g}±{old.std:g} but {s.source} has {s.mean:g}±{s.std:g}"
+                )
             out.setdefault(s.key, s)
     return list(out.values())
 
@@ -209,11 +254,16 @@ def read_eval_json(path: str | Path) -> Score:
         raise UserError(f"{path}: cannot read eval JSON ({e})") from None
     if not isinstance(d, dict) or d.get("format") != EVAL_FORMAT:
         raise UserError(f"{path}: not an rfwp-rl eval file (expected format {EVAL_FORMAT!r})")
-    extra = {k: d[k] for k in ("env", "mode", "noneg", "episodes", "repeats", "checkpoint", "core")
-             if k in d}
-    return Score(game=canonical_game(d["game"]), model=canonical_model(d["model"]),
-                 steps=int(d["steps"]), mean=float(d["mean"]), std=float(d["std"]),
-                 source=str(path), extra=extra)
+    extra = {k: d[k] for k in ("env", "mode", "noneg", "episodes", "repeats", "checkpoint", "core") if k in d}
+    return Score(
+        game=canonical_game(d["game"]),
+        model=canonical_model(d["model"]),
+        steps=int(d["steps"]),
+        mean=float(d["mean"]),
+        std=float(d["std"]),
+        source=str(path),
+        extra=extra,
+    )
 
 
 def _eval_files(directory: Path) -> list[Path]:
@@ -233,8 +283,7 @@ def load_runs(paths: Iterable[str | Path]) -> list[Score]:
         if p.is_dir():
             files = _eval_files(p)
             if not files:
-                raise UserError(f"no eval results (eval_*.json or eval_*.csv) under {p}; run "
-                                f"'rfwp-rl eval {p}' first")
+                raise UserError(f"no eval results (eval_*.json or eval_*.csv) under {p}; run 'rfwp-rl eval {p}' first")
         elif p.is_file():
             files = [p]
         else:
@@ -259,8 +308,18 @@ def score_rows_csv(scores: Sequence[Score], extra_columns: Sequence[str] = ()) -
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(cols)
     for s in scores:
-        w.writerow([s.game, game_label(s.game), s.model, model_label(s.model), s.steps,
-                    f"{s.mean:.6g}", f"{s.std:.6g}", *(s.extra.get(c, "") for c in extra_columns)])
+        w.writerow(
+            [
+                s.game,
+                game_label(s.game),
+                s.model,
+                model_label(s.model),
+                s.steps,
+                f"{s.mean:.6g}",
+                f"{s.std:.6g}",
+                *(s.extra.get(c, "") for c in extra_columns),
+            ]
+        )
     return buf.getvalue()
 
 
@@ -318,8 +377,13 @@ def write_eval(record: dict, directory: str | Path, stem: str | None = None) -> 
     stem = stem or eval_file_stem(record["steps"], record.get("mode", "greedy"), bool(record.get("noneg")))
     json_path, csv_path = directory / f"{stem}.json", directory / f"{stem}.csv"
     atomic_write_text(json_path, json.dumps(record, indent=1, default=str) + "\n")
-    score = Score(game=canonical_game(record["game"]), model=canonical_model(record["model"]),
-                  steps=int(record["steps"]), mean=float(record["mean"]), std=float(record["std"]),
-                  extra={k: record.get(k, "") for k in EVAL_CSV_EXTRA})
+    score = Score(
+        game=canonical_game(record["game"]),
+        model=canonical_model(record["model"]),
+        steps=int(record["steps"]),
+        mean=float(record["mean"]),
+        std=float(record["std"]),
+        extra={k: record.get(k, "") for k in EVAL_CSV_EXTRA},
+    )
     atomic_write_text(csv_path, score_rows_csv([score], EVAL_CSV_EXTRA))
     return json_path, csv_path

@@ -14,8 +14,8 @@ evaluates every bootstrap resample at once.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import numpy as np
 
@@ -34,7 +34,7 @@ def iqm(scores: np.ndarray | Sequence[float]) -> np.ndarray | float:
     if n == 0:
         raise ValueError("iqm of no scores")
     cut = int(0.25 * n)
-    out = x[..., cut:n - cut].mean(axis=-1)
+    out = x[..., cut : n - cut].mean(axis=-1)
     return float(out) if out.ndim == 0 else out
 
 
@@ -66,8 +66,13 @@ def stratified_resamples(per_task: Sequence[Sequence[float]], reps: int, rng: np
     return np.concatenate(parts, axis=1)
 
 
-def stratified_bootstrap(per_task: Sequence[Sequence[float]], statistic: Callable[[np.ndarray], np.ndarray],
-                         reps: int = INTERVAL_REPS, confidence: float = 0.95, seed: int = 0) -> Interval:
+def stratified_bootstrap(
+    per_task: Sequence[Sequence[float]],
+    statistic: Callable[[np.ndarray], np.ndarray],
+    reps: int = INTERVAL_REPS,
+    confidence: float = 0.95,
+    seed: int = 0,
+) -> Interval:
     """``statistic`` of all runs pooled, with its percentile interval over ``reps`` stratified
     bootstrap resamples (Agarwal et al. Sec. 3 / App. A; Efron & Tibshirani 1993, percentile
     method: the (1 - c)/2 and (1 + c)/2 quantiles of the resampled statistic).

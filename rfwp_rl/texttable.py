@@ -11,8 +11,9 @@ def format_columns(header: list[str], rows: list[list[str]], first_left: bool = 
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
 
     def join(line: list[str]) -> str:
-        return "  ".join(c.ljust(w) if i == 0 and first_left else c.rjust(w)
-                         for i, (c, w) in enumerate(zip(line, widths)))
+        return "  ".join(
+            c.ljust(w) if i == 0 and first_left else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths))
+        )
 
     out = [join(header)]
     if rule:

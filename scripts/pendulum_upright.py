@@ -39,10 +39,12 @@ def upright_counts(run: str, episodes: int) -> str:
     upright = {e.env: np.mean(np.array(cosines[e.env][-100:]) > 0.95) >= 0.9 for e in played}
     below = [e.env for e in played if cosines[e.env][0] < 0]
     above = [e.env for e in played if cosines[e.env][0] >= 0]
-    return (f"{run} (step {step:,}): greedy mean return {np.mean([e.score for e in played]):.0f}; upright at the "
-            f"end: started below {sum(upright[i] for i in below)} of {len(below)}, "
-            f"above {sum(upright[i] for i in above)} of {len(above)}; mean past the bound in "
-            f"{np.mean(past > 0):.0%} of states, past twice it in {np.mean(past > 1):.0%}")
+    return (
+        f"{run} (step {step:,}): greedy mean return {np.mean([e.score for e in played]):.0f}; upright at the "
+        f"end: started below {sum(upright[i] for i in below)} of {len(below)}, "
+        f"above {sum(upright[i] for i in above)} of {len(above)}; mean past the bound in "
+        f"{np.mean(past > 0):.0%} of states, past twice it in {np.mean(past > 1):.0%}"
+    )
 
 
 def main(argv: list[str]) -> int:

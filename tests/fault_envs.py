@@ -38,8 +38,14 @@ class FaultCartPole(gymnasium.Wrapper):
             hanging (a re-executed trainer then runs on).
     """
 
-    def __init__(self, reset_fails: str = "", make_fails: bool = False, hang_at: int = 0,
-                 hang_seconds: float = 3600.0, hang_marker: str = "") -> None:
+    def __init__(
+        self,
+        reset_fails: str = "",
+        make_fails: bool = False,
+        hang_at: int = 0,
+        hang_seconds: float = 3600.0,
+        hang_marker: str = "",
+    ) -> None:
         MADE["n"] += 1
         if make_fails and MADE["n"] > 1:
             raise RuntimeError(f"injected construction failure #{MADE['n']}")

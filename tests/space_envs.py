@@ -27,7 +27,7 @@ class SpaceEnv(gymnasium.Env):
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
-        self.observation_space.seed(int(self.np_random.integers(2 ** 31)))
+        self.observation_space.seed(int(self.np_random.integers(2**31)))
         self._t = 0
         self._target = int(self.np_random.integers(2))
         return self._observe(), {}
@@ -37,8 +37,11 @@ class SpaceEnv(gymnasium.Env):
         return obs
 
     def step(self, action):
-        assert self.action_space.contains(np.asarray(action, self.action_space.dtype)
-                                           if not isinstance(self.action_space, spaces.Discrete) else action), action
+        assert self.action_space.contains(
+            np.asarray(action, self.action_space.dtype)
+            if not isinstance(self.action_space, spaces.Discrete)
+            else action
+        ), action
         self._t += 1
         reward = self.reward(action)
         return self._observe(), float(reward), self._t >= LENGTH, False, {}
@@ -61,8 +64,9 @@ def multi_binary_env():
 
 
 def dict_env():
-    obs = spaces.Dict({"image": spaces.Box(0, 255, (7, 7, 3), np.uint8), "direction": spaces.Discrete(4),
-                       "mission": spaces.Text(20)})
+    obs = spaces.Dict(
+        {"image": spaces.Box(0, 255, (7, 7, 3), np.uint8), "direction": spaces.Discrete(4), "mission": spaces.Text(20)}
+    )
     return SpaceEnv(obs, spaces.Discrete(3))
 
 
@@ -79,9 +83,14 @@ def sequence_env():
     return SpaceEnv(spaces.Sequence(spaces.Discrete(3)), spaces.Discrete(2))
 
 
-for _name, _entry in [("SpaceBox-v0", box_env), ("SpaceMultiDiscrete-v0", multi_discrete_env),
-                      ("SpaceMultiBinary-v0", multi_binary_env), ("SpaceDict-v0", dict_env),
-                      ("SpaceTuple-v0", tuple_env), ("SpaceGraph-v0", graph_env),
-                      ("SpaceSequence-v0", sequence_env)]:
+for _name, _entry in [
+    ("SpaceBox-v0", box_env),
+    ("SpaceMultiDiscrete-v0", multi_discrete_env),
+    ("SpaceMultiBinary-v0", multi_binary_env),
+    ("SpaceDict-v0", dict_env),
+    ("SpaceTuple-v0", tuple_env),
+    ("SpaceGraph-v0", graph_env),
+    ("SpaceSequence-v0", sequence_env),
+]:
     if _name not in gymnasium.registry:
         gymnasium.register(_name, entry_point=_entry, disable_env_checker=True)

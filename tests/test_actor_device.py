@@ -99,9 +99,34 @@ def test_minatar_ids_register_on_demand_or_say_what_is_missing(monkeypatch):
 
 def test_bench_impala_writes_both_bounds_per_agent_and_device(tmp_path):
     out = tmp_path / "bench.csv"
-    code = main(["bench", "impala", "--env", "CartPole-v1", "--cores", "lstm", "--devices", "cpu",
-                 "--env-backend", "process", "--num-actors", "8", "--num-env-processes", "2", "--batch-size", "4",
-                 "--unroll-length", "10", "--seconds", "0.5", "--warmup-seconds", "0", "--out", str(out)])
+    code = main(
+        [
+            "bench",
+            "impala",
+            "--env",
+            "CartPole-v1",
+            "--cores",
+            "lstm",
+            "--devices",
+            "cpu",
+            "--env-backend",
+            "process",
+            "--num-actors",
+            "8",
+            "--num-env-processes",
+            "2",
+            "--batch-size",
+            "4",
+            "--unroll-length",
+            "10",
+            "--seconds",
+            "0.5",
+            "--warmup-seconds",
+            "0",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     rows = list(csv.DictReader(out.open()))
     assert [(r["agent"], r["device"]) for r in rows] == [("lstm", "cpu")]

@@ -8,16 +8,26 @@ from rfwp_rl.errors import UserError
 from rfwp_rl.presets import apply_overrides, available_presets, load_preset, resolve_preset
 
 # RFWP paper App. C (reference implementation): base + per-action parameters.
-PAPER_COUNTS = {"ff": (1_089_490, 258), "lstm": (1_616_849, 257), "lt": (1_517_905, 129),
-                "delta": (1_518_929, 129), "rdn": (1_543_761, 129), "delta_rnn": (1_585_489, 129)}
+PAPER_COUNTS = {
+    "ff": (1_089_490, 258),
+    "lstm": (1_616_849, 257),
+    "lt": (1_517_905, 129),
+    "delta": (1_518_929, 129),
+    "rdn": (1_543_761, 129),
+    "delta_rnn": (1_585_489, 129),
+}
 # the presets that are not the paper's. GRU: the ResNet torso (1,089,232: the LSTM agent's
 # 1,616,849 less its core, 527,360, and its baseline head, 257), a GRU core of 312 units
 # (3 gate blocks of 312 x (257 + 312) weights, two biases each) and the heads (313 + 313 A).
 # FWM: agents/atari_fwm.toml.
 OTHER_COUNTS = {"gru": (1_089_232 + 3 * 312 * 569 + 6 * 312 + 313, 313), "fwm": (1_683_122, 257)}
 CORES = ["ff", "lstm", "gru", "lt", "delta", "delta_rnn", "rdn", "fwm"]
-SMALL = {"lstm": {"hidden_size": 16}, "gru": {"hidden_size": 16}, "fwm": {"hidden_size": 16, "memory_size": 4, "num_reads": 2},
-         "ff": {}}
+SMALL = {
+    "lstm": {"hidden_size": 16},
+    "gru": {"hidden_size": 16},
+    "fwm": {"hidden_size": 16, "memory_size": 4, "num_reads": 2},
+    "ff": {},
+}
 FAST = {"hidden_size": 16, "num_layers": 1, "num_heads": 2, "ff_size": 32}
 
 
@@ -27,7 +37,7 @@ def test_atari_param_counts_match_paper(num_actions):
     assert list(counts) == [*PAPER_COUNTS, *OTHER_COUNTS]
     for core, (base, per_action) in {**PAPER_COUNTS, **OTHER_COUNTS}.items():
         assert counts[core] == base + per_action * num_actions, core
-    assert OTHER_COUNTS["gru"][0] == 1_624_001     # the count agents/atari_gru.toml states
+    assert OTHER_COUNTS["gru"][0] == 1_624_001  # the count agents/atari_gru.toml states
 
 
 def test_resnet_torso_shapes():
@@ -61,7 +71,7 @@ def test_forward_shapes_and_reset_semantics(core, separate_baseline):
 
     s = state
     for t in range(T):
-        step, s = agent(obs[t:t + 1], reward[t:t + 1], done[t:t + 1], s)
+        step, s = agent(obs[t : t + 1], reward[t : t + 1], done[t : t + 1], s)
         torch.testing.assert_close(step["policy_params"][0], out["policy_params"][t], rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(step["baseline"][0], out["baseline"][t], rtol=1e-5, atol=1e-5)
     assert len(s) == len(new_state) == len(state)
@@ -90,11 +100,14 @@ def test_separate_baseline_has_its_own_torso_core_and_state(core):
     done = torch.zeros(5, 2, dtype=torch.bool)
     out, new_state = separate(obs, reward, done, state)
     policy_side = [*separate.torso.parameters(), *separate.core.parameters(), *separate.policy.parameters()]
-    baseline_side = [*separate.baseline_torso.parameters(), *separate.baseline_core.parameters(),
-                     *separate.baseline.parameters()]
+    baseline_side = [
+        *separate.baseline_torso.parameters(),
+        *separate.baseline_core.parameters(),
+        *separate.baseline.parameters(),
+    ]
     grads = torch.autograd.grad(out["baseline"].sum(), policy_side + baseline_side, allow_unused=True)
-    assert all(g is None for g in grads[:len(policy_side)])
-    assert all(g is not None and g.abs().sum() > 0 for g in grads[len(policy_side):])
+    assert all(g is None for g in grads[: len(policy_side)])
+    assert all(g is not None and g.abs().sum() > 0 for g in grads[len(policy_side) :])
     grads = torch.autograd.grad(out["policy_params"].sum(), baseline_side, allow_unused=True)
     assert all(g is None for g in grads)
     # the baseline core's state moved, the policy core's too, each from its own inputs
@@ -151,8 +164,9 @@ def test_presets_load_override_and_errors(tmp_path):
     rdn = load_preset("atari_rdn")
     assert rdn.core == "rdn" and rdn.core_config["hidden_size"] == 128
     assert rdn.core_config["feature_map"] == "softmax"
-    p = apply_overrides(rdn, ["core_config.hidden_size=64", "agent.use_prev_action=true",
-                              "core_config.feature_map=dpfp"])
+    p = apply_overrides(
+        rdn, ["core_config.hidden_size=64", "agent.use_prev_action=true", "core_config.feature_map=dpfp"]
+    )
     assert p.core_config["hidden_size"] == 64 and p.agent["use_prev_action"] is True
     assert p.core_config["feature_map"] == "dpfp" and rdn.core_config["hidden_size"] == 128
 
@@ -167,8 +181,11 @@ def test_presets_load_override_and_errors(tmp_path):
 
     f = tmp_path / "mine.toml"
     f.write_text('core = "delta"\n[core_config]\nhidden_size = 32\nnum_heads = 2\n')
-    assert resolve_preset(None, str(f), ["core_config.num_layers=1"]).core_config == \
-        {"hidden_size": 32, "num_heads": 2, "num_layers": 1}
+    assert resolve_preset(None, str(f), ["core_config.num_layers=1"]).core_config == {
+        "hidden_size": 32,
+        "num_heads": 2,
+        "num_layers": 1,
+    }
     f.write_text('core = "delta"\n[core_config\n')
     with pytest.raises(UserError, match="not valid TOML"):
         load_preset(str(f))

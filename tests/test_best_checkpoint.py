@@ -36,8 +36,9 @@ def test_best_file_survives_pruning_and_keeps_its_score(tmp_path):
 
 def test_trainer_keeps_the_best_only_with_a_full_window_and_a_strictly_better_mean():
     saved = []
-    trainer = SimpleNamespace(returns=[0.0] * (BEST_WINDOW - 1), counts={"best_return": -math.inf},
-                              save_best=saved.append)
+    trainer = SimpleNamespace(
+        returns=[0.0] * (BEST_WINDOW - 1), counts={"best_return": -math.inf}, save_best=saved.append
+    )
     ImpalaTrainer.keep_best(trainer, 0.5)  # 99 episodes: too few
     trainer.returns.append(0.0)
     for mean in (0.5, 0.4, 0.5, 0.6):
@@ -50,9 +51,36 @@ def test_training_writes_best_and_eval_picks_it(tmp_path, capsys):
     """A tiny CartPole run past 100 episodes: best.pt holds the best logged mean, the latest
     checkpoint carries it on (for a resume), and eval evaluates best, latest or a named file."""
     run = tmp_path / "run"
-    assert cli.main(["train", "--env", "CartPole-v1", "--core", "lstm", "--set", "core_config.hidden_size=8",
-                     "--total-steps", "3000", "--num-actors", "4", "--unroll-length", "5", "--batch-size", "2",
-                     "--env-backend", "local", "--run-dir", str(run), "--log-every", "0.02", "--checkpoint-every", "0.2"]) == 0
+    assert (
+        cli.main(
+            [
+                "train",
+                "--env",
+                "CartPole-v1",
+                "--core",
+                "lstm",
+                "--set",
+                "core_config.hidden_size=8",
+                "--total-steps",
+                "3000",
+                "--num-actors",
+                "4",
+                "--unroll-length",
+                "5",
+                "--batch-size",
+                "2",
+                "--env-backend",
+                "local",
+                "--run-dir",
+                str(run),
+                "--log-every",
+                "0.02",
+                "--checkpoint-every",
+                "0.2",
+            ]
+        )
+        == 0
+    )
     best = read_checkpoint(run / BEST_FILE)
     latest = read_checkpoint(list_checkpoints(run)[0])
     assert latest["step"] == 3000 and best["step"] <= 3000 and len(list_checkpoints(run)) == 2

@@ -8,8 +8,14 @@ import textwrap
 import pytest
 import torch
 
-from rfwp_rl.checkpoint import (Checkpointer, atomic_torch_save, list_checkpoints, read_checkpoint,
-                                rng_state, set_rng_state)
+from rfwp_rl.checkpoint import (
+    Checkpointer,
+    atomic_torch_save,
+    list_checkpoints,
+    read_checkpoint,
+    rng_state,
+    set_rng_state,
+)
 from rfwp_rl.errors import UserError
 
 META = {"trainer": "test", "core": "rdn", "num_actions": 6, "core_config": {"hidden_size": 16}}
@@ -90,12 +96,16 @@ def test_a_run_resumes_with_other_initialisation_options(tmp_path):
     # the weights come from the checkpoint, so the init options do not matter on resume, and
     # checkpoints made before the lstm core had them still load
     Checkpointer(tmp_path, dict(META, core="lstm")).save(_state(1), 1)
-    for init in ({"forget_bias": None, "recurrent_init": "default"},
-                 {"forget_bias": 1.0, "recurrent_init": "orthogonal"}):
+    for init in (
+        {"forget_bias": None, "recurrent_init": "default"},
+        {"forget_bias": 1.0, "recurrent_init": "orthogonal"},
+    ):
         run = dict(META, core="lstm", core_config={"hidden_size": 16, **init})
         assert Checkpointer(tmp_path, run).load_latest()["step"] == 1
     with pytest.raises(UserError, match=r"core_config\.hidden_size: checkpoint has 16, this run has 8"):
-        Checkpointer(tmp_path, dict(META, core="lstm", core_config={"hidden_size": 8, "forget_bias": 1.0})).load_latest()
+        Checkpointer(
+            tmp_path, dict(META, core="lstm", core_config={"hidden_size": 8, "forget_bias": 1.0})
+        ).load_latest()
 
 
 def test_snapshots_are_not_pruned(tmp_path):

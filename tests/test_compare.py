@@ -110,10 +110,23 @@ def test_table_only_without_model(tmp_path, capsys):
 
 def _fake_eval(directory, game, model, steps, scores, mode="greedy"):
     import numpy as np
+
     means = [float(np.mean(s)) for s in scores]
-    rec = {"game": game, "env": f"ALE/{game}-v5", "model": model, "core": model, "steps": steps, "mode": mode,
-           "noneg": False, "episodes": len(scores[0]), "repeats": len(scores), "scores": scores,
-           "mean": float(np.mean(means)), "std": float(np.std(means)), "repeat_means": means}
+    rec = {
+        "game": game,
+        "env": f"ALE/{game}-v5",
+        "model": model,
+        "core": model,
+        "steps": steps,
+        "mode": mode,
+        "noneg": False,
+        "episodes": len(scores[0]),
+        "repeats": len(scores),
+        "scores": scores,
+        "mean": float(np.mean(means)),
+        "std": float(np.std(means)),
+        "repeat_means": means,
+    }
     return write_eval(rec, directory)
 
 
@@ -162,5 +175,7 @@ def test_one_line_errors(tmp_path):
         compare(paper="table9", model="rdn")
     with pytest.raises(UserError, match="no eval results"):
         compare(runs=[tmp_path])
-    assert cli.main(["compare", "--paper", "table9", "--model", "rdn", "--baseline", "xyz",
-                     "--out", str(tmp_path / "x")]) == 2
+    assert (
+        cli.main(["compare", "--paper", "table9", "--model", "rdn", "--baseline", "xyz", "--out", str(tmp_path / "x")])
+        == 2
+    )

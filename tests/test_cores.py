@@ -16,12 +16,10 @@ from rfwp_rl.errors import UserError
 
 D = torch.float64
 IN = 5
-BUILTIN = ("ff", "lstm", "gru", "lt", "delta", "delta_rnn", "rdn", "fwm", "gated_delta",
-           "delta_product", "srwm")
-RECURRENT = ("lstm", "gru", "lt", "delta", "delta_rnn", "rdn", "fwm", "gated_delta", "delta_product",
-             "srwm")
+BUILTIN = ("ff", "lstm", "gru", "lt", "delta", "delta_rnn", "rdn", "fwm", "gated_delta", "delta_product", "srwm")
+RECURRENT = ("lstm", "gru", "lt", "delta", "delta_rnn", "rdn", "fwm", "gated_delta", "delta_product", "srwm")
 FAST = ("lt", "delta", "delta_rnn", "rdn")
-ALL = tuple(cores.available())          # every registered core, built-in or added by a module
+ALL = tuple(cores.available())  # every registered core, built-in or added by a module
 
 # small configs so the suite stays fast: one per registered core (a new core must add one)
 FW_SMALL = {"hidden_size": 8, "num_layers": 2, "num_heads": 2, "ff_size": 12}
@@ -34,19 +32,36 @@ SMALL = {
     "delta_lstm": FW_SMALL,
     "delta_mlp": {**FW_SMALL, "fast_layers": 2},
     "delta_delta": FW_SMALL,
-    "gated_delta": FW_SMALL,                                   # short conv of 4, output gate
+    "gated_delta": FW_SMALL,  # short conv of 4, output gate
     "delta_product": {**FW_SMALL, "num_householder": 2},
     "srwm": FW_SMALL,
 }
 # state tensors per core for its SMALL config (checked when listed)
-N_STATE = {"ff": 0, "lstm": 2, "gru": 1, "fwm": 3, "lt": 2, "delta": 2, "delta_rnn": 6, "rdn": 4,
-           "delta_lstm": 8, "delta_mlp": 4, "delta_delta": 4,
-           "gated_delta": 4, "delta_product": 4, "srwm": 2}     # (S, conv) or (ΔW,) per layer
+N_STATE = {
+    "ff": 0,
+    "lstm": 2,
+    "gru": 1,
+    "fwm": 3,
+    "lt": 2,
+    "delta": 2,
+    "delta_rnn": 6,
+    "rdn": 4,
+    "delta_lstm": 8,
+    "delta_mlp": 4,
+    "delta_delta": 4,
+    "gated_delta": 4,
+    "delta_product": 4,
+    "srwm": 2,
+}  # (S, conv) or (ΔW,) per layer
 # (core, extra config) combinations: every core as configured in SMALL, plus every feature map
 VARIANTS = [(n, {}) for n in ALL] + [
-    ("lt", {"feature_map": "dpfp", "dpfp_nu": 2}), ("delta", {"feature_map": "softmax"}),
-    ("delta", {"feature_map": "dpfp"}), ("delta_rnn", {"feature_map": "elu_sum"}),
-    ("rdn", {"feature_map": "elu_sum"}), ("rdn", {"feature_map": "dpfp"}), ("rdn", {"feature_map": "l2"}),
+    ("lt", {"feature_map": "dpfp", "dpfp_nu": 2}),
+    ("delta", {"feature_map": "softmax"}),
+    ("delta", {"feature_map": "dpfp"}),
+    ("delta_rnn", {"feature_map": "elu_sum"}),
+    ("rdn", {"feature_map": "elu_sum"}),
+    ("rdn", {"feature_map": "dpfp"}),
+    ("rdn", {"feature_map": "l2"}),
     ("delta_lstm", {"feature_map": "dpfp"}),
     ("delta_mlp", {"feature_map": "elu_sum", "fast_layers": 3}),
     ("delta_delta", {"feature_map": "softmax"}),
@@ -55,7 +70,8 @@ VARIANTS = [(n, {}) for n in ALL] + [
     ("gated_delta", {"conv_size": 2}),
     ("delta_product", {"num_householder": 3, "allow_negative_eigenvalues": True}),
     ("delta_product", {"num_householder": 1, "conv_size": 0}),
-    ("srwm", {"feature_map": "elu_sum"}), ("srwm", {"feature_map": "dpfp", "dpfp_nu": 2}),
+    ("srwm", {"feature_map": "elu_sum"}),
+    ("srwm", {"feature_map": "dpfp", "dpfp_nu": 2}),
     ("lstm", {"forget_bias": 1.0, "recurrent_init": "orthogonal"}),
     ("gru", {"recurrent_init": "orthogonal"}),
     ("gru", {"update_bias": 1.0}),
@@ -83,8 +99,10 @@ def _stateful(name: str) -> bool:
 
 def _nonzero_state(core: Core, B: int, seed: int = 3) -> tuple:
     """A non-zero initial state: leaf tensors that collect their gradients."""
-    return tuple((s + 0.1 * rand(*s.shape, seed=seed + i, dtype=s.dtype)).requires_grad_()
-                 for i, s in enumerate(core.initial_state(B)))
+    return tuple(
+        (s + 0.1 * rand(*s.shape, seed=seed + i, dtype=s.dtype)).requires_grad_()
+        for i, s in enumerate(core.initial_state(B))
+    )
 
 
 def _loss(y, state, seed=7):
@@ -98,8 +116,7 @@ def _loss(y, state, seed=7):
 def _grads(core, x, state0=()):
     """Gradients w.r.t. the parameters, the input and the initial state; then cleared."""
     assert all(s.grad is not None for s in state0), "no gradient reaches the initial state"
-    g = [p.grad.clone() for p in core.parameters()] + [x.grad.clone()] + \
-        [s.grad.clone() for s in state0]
+    g = [p.grad.clone() for p in core.parameters()] + [x.grad.clone()] + [s.grad.clone() for s in state0]
     core.zero_grad()
     for t in (x, *state0):
         t.grad = None
@@ -108,17 +125,19 @@ def _grads(core, x, state0=()):
 
 # ------------------------------------------------------------------------- registry table
 
+
 def test_every_registered_core_has_a_small_config():
     specs = cores.available()
     missing = sorted(set(specs) - set(SMALL))
     assert not missing, f"registered cores without a small test config in SMALL: {missing}"
     assert not sorted(set(SMALL) - set(specs)), "SMALL lists cores that are not registered"
-    assert {"delta_lstm", "delta_mlp", "delta_delta"} <= set(ALL)    # lm_cores is covered
+    assert {"delta_lstm", "delta_mlp", "delta_delta"} <= set(ALL)  # lm_cores is covered
     for name, config in SMALL.items():
         assert set(config) <= set(specs[name].defaults), name
 
 
 # ------------------------------------------------------------------------- chunking
+
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=_id)
 def test_one_call_equals_step_by_step_values_and_gradients(variant):
@@ -136,7 +155,7 @@ def test_one_call_equals_step_by_step_values_and_gradients(variant):
 
     ys, s = [], state0
     for t in range(T):
-        yt, s = core(x[t:t + 1], s, reset[t:t + 1])
+        yt, s = core(x[t : t + 1], s, reset[t : t + 1])
         ys.append(yt)
     y_steps = torch.cat(ys)
     torch.testing.assert_close(y_steps, y)
@@ -146,10 +165,10 @@ def test_one_call_equals_step_by_step_values_and_gradients(variant):
     _loss(y_steps, s).backward()
     g_steps = _grads(core, x, state0)
     assert len(g_steps) == len(g_full)
-    for a, b in zip(g_steps, g_full):       # parameters, input, initial state
+    for a, b in zip(g_steps, g_full):  # parameters, input, initial state
         torch.testing.assert_close(a, b)
-    if state0:   # the initial state reaches the loss until each entry's reset
-        assert max(g.abs().max() for g in g_full[-len(state0):]) > 0
+    if state0:  # the initial state reaches the loss until each entry's reset
+        assert max(g.abs().max() for g in g_full[-len(state0) :]) > 0
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -183,6 +202,7 @@ def test_state_slices_and_concatenates_across_batch(name):
 
 # ------------------------------------------------------------------------- resets
 
+
 @pytest.mark.parametrize("variant", VARIANTS, ids=_id)
 def test_reset_mid_sequence_equals_separate_sequences(variant):
     name, extra = variant
@@ -194,7 +214,7 @@ def test_reset_mid_sequence_equals_separate_sequences(variant):
     s0 = tuple(s + 0.3 for s in core.initial_state(B))
     y, s = core(x, s0, reset)
     y_first, _ = core(x[:cut, 1:], tuple(t[1:] for t in s0))
-    y_second, s_second = core(x[cut:, 1:], None)                 # from the initial state
+    y_second, s_second = core(x[cut:, 1:], None)  # from the initial state
     torch.testing.assert_close(y[:cut, 1:], y_first)
     torch.testing.assert_close(y[cut:, 1:], y_second)
     for a, b in zip(s, s_second):
@@ -218,11 +238,12 @@ def test_reset_accepts_non_bool_and_none():
 
 # ------------------------------------------------------------------------- gradient reach
 
+
 @pytest.mark.parametrize("name", ALL)
 @pytest.mark.parametrize("detach", [False, True])
 def test_last_output_gradient_reaches_first_input(name, detach):
     stateful = _stateful(name)
-    if stateful:   # every recurrent core accepts detach_state_every_step
+    if stateful:  # every recurrent core accepts detach_state_every_step
         assert "detach_state_every_step" in cores.available()[name].defaults
     core = small(name, **({"detach_state_every_step": detach} if stateful else {}))
     x = rand(6, 2, IN).requires_grad_()
@@ -234,7 +255,7 @@ def test_last_output_gradient_reaches_first_input(name, detach):
     else:
         assert reach == 0.0
     assert x.grad[-1].abs().max() > 0
-    if stateful and detach:    # 1-step BPTT keeps the forward values of full BPTT
+    if stateful and detach:  # 1-step BPTT keeps the forward values of full BPTT
         torch.testing.assert_close(y, small(name)(x.detach(), None)[0])
 
 
@@ -243,6 +264,7 @@ def test_the_builtin_recurrent_cores_have_state():
 
 
 # ------------------------------------------------------------------------- backends
+
 
 @pytest.mark.parametrize("name", [n for n in ALL if "backend" in cores.available()[n].defaults])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
@@ -273,13 +295,20 @@ def test_reference_and_auto_backends_agree(name, dtype):
 
 # ------------------------------------------------------------------------- sizes
 
+
 def test_parameter_counts_of_the_atari_cores():
     # Atari setting: core input 257 (256 torso features + clipped reward). With the
     # torso+heads of the reference agents these give the design's agent totals, e.g.
     # Delta RNN 1,089,361 + 496,128 = 1,585,489 (+129 A).
-    expect = {"lt": 428_544, "delta": 429_568, "rdn": 454_400, "delta_rnn": 496_128,
-              "lstm": 527_360, "ff": 0,
-              "gru": 3 * 256 * (257 + 256) + 6 * 256}   # nn.GRU: 3 gate blocks, two biases each
+    expect = {
+        "lt": 428_544,
+        "delta": 429_568,
+        "rdn": 454_400,
+        "delta_rnn": 496_128,
+        "lstm": 527_360,
+        "ff": 0,
+        "gru": 3 * 256 * (257 + 256) + 6 * 256,
+    }  # nn.GRU: 3 gate blocks, two biases each
     for name, n in expect.items():
         core = cores.make(name, 257)
         assert sum(p.numel() for p in core.parameters()) == n, name
@@ -301,24 +330,46 @@ def test_dpfp_widens_the_fast_weights():
 
 # ------------------------------------------------------------------------- registry
 
+
 def test_available_lists_the_builtin_cores_with_defaults():
     specs = cores.available()
     assert set(BUILTIN) <= set(specs)
     for name in BUILTIN:
         assert specs[name].name == name and specs[name].description and specs[name].equations
-    fw = {"hidden_size": 128, "num_layers": 2, "num_heads": 4, "ff_size": 512, "dropout": 0.0,
-          "dpfp_nu": 1, "backend": "auto", "detach_state_every_step": False}
-    for name, fm in (("lt", "elu_sum"), ("delta", "elu_sum"), ("delta_rnn", "softmax"),
-                     ("rdn", "softmax")):
+    fw = {
+        "hidden_size": 128,
+        "num_layers": 2,
+        "num_heads": 4,
+        "ff_size": 512,
+        "dropout": 0.0,
+        "dpfp_nu": 1,
+        "backend": "auto",
+        "detach_state_every_step": False,
+    }
+    for name, fm in (("lt", "elu_sum"), ("delta", "elu_sum"), ("delta_rnn", "softmax"), ("rdn", "softmax")):
         assert specs[name].defaults == {**fw, "feature_map": fm}
-    assert specs["lstm"].defaults == {"hidden_size": 256, "num_layers": 1,
-                                      "detach_state_every_step": False, "backend": "auto",
-                                      "forget_bias": None, "recurrent_init": "default"}
-    assert specs["gru"].defaults == {"hidden_size": 256, "num_layers": 1,
-                                     "detach_state_every_step": False, "recurrent_init": "default",
-                                     "update_bias": None}
-    assert specs["fwm"].defaults == {"hidden_size": 32, "memory_size": 16, "num_reads": 3,
-                                     "detach_state_every_step": False, "backend": "auto"}
+    assert specs["lstm"].defaults == {
+        "hidden_size": 256,
+        "num_layers": 1,
+        "detach_state_every_step": False,
+        "backend": "auto",
+        "forget_bias": None,
+        "recurrent_init": "default",
+    }
+    assert specs["gru"].defaults == {
+        "hidden_size": 256,
+        "num_layers": 1,
+        "detach_state_every_step": False,
+        "recurrent_init": "default",
+        "update_bias": None,
+    }
+    assert specs["fwm"].defaults == {
+        "hidden_size": 32,
+        "memory_size": 16,
+        "num_reads": 3,
+        "detach_state_every_step": False,
+        "backend": "auto",
+    }
     assert specs["ff"].defaults == {}
 
 
@@ -357,6 +408,7 @@ def test_register_adds_a_core_and_rejects_a_clash():
 
 # ------------------------------------------------------------------------- errors
 
+
 def _err(match, fn, *args, **kw):
     with pytest.raises(UserError, match=match) as info:
         fn(*args, **kw)
@@ -365,33 +417,41 @@ def _err(match, fn, *args, **kw):
 
 def test_errors_are_one_line_and_name_the_value():
     _err(r"unknown core 'dleta'; did you mean 'delta'", cores.make, "dleta", 4)
-    _err(r"unknown config key 'hiden_size' for core 'lt'; did you mean 'hidden_size'",
-         cores.make, "lt", 4, hiden_size=8)
-    _err(r"unknown config key 'hidden_size' for core 'ff'; allowed: none", cores.make, "ff", 4,
-         hidden_size=8)
-    _err(r"hidden_size 130 is not divisible by num_heads 4", cores.make, "delta", 4,
-         hidden_size=130)
+    _err(
+        r"unknown config key 'hiden_size' for core 'lt'; did you mean 'hidden_size'", cores.make, "lt", 4, hiden_size=8
+    )
+    _err(r"unknown config key 'hidden_size' for core 'ff'; allowed: none", cores.make, "ff", 4, hidden_size=8)
+    _err(r"hidden_size 130 is not divisible by num_heads 4", cores.make, "delta", 4, hidden_size=130)
     _err(r"unknown feature_map 'relu'", cores.make, "lt", 4, feature_map="relu")
     _err(r"unknown backend 'cuda'", cores.make, "lt", 4, backend="cuda")
     _err(r"hidden_size='8' has type str; allowed: int", cores.make, "lstm", 4, hidden_size="8")
     _err(r"num_layers 0 is invalid", cores.make, "lstm", 4, num_layers=0)
     _err(r"num_layers 0 is invalid", cores.make, "gru", 4, num_layers=0)
-    _err(r"unknown recurrent_init 'orthgonal'; did you mean 'orthogonal'", cores.make, "gru", 4,
-         recurrent_init="orthgonal")
+    _err(
+        r"unknown recurrent_init 'orthgonal'; did you mean 'orthogonal'",
+        cores.make,
+        "gru",
+        4,
+        recurrent_init="orthgonal",
+    )
     _err(r"recurrent_init=1 has type int; allowed: str", cores.make, "lstm", 4, recurrent_init=1)
-    _err(r"forget_bias 'one' is invalid; allowed: a finite number", cores.make, "lstm", 4,
-         forget_bias="one")
+    _err(r"forget_bias 'one' is invalid; allowed: a finite number", cores.make, "lstm", 4, forget_bias="one")
     _err(r"forget_bias inf is invalid", cores.make, "lstm", 4, forget_bias=float("inf"))
     _err(r"unknown config key 'forget_bias' for core 'gru'", cores.make, "gru", 4, forget_bias=1.0)
     _err(r"update_bias nan is invalid", cores.make, "gru", 4, update_bias=float("nan"))
     _err(r"unknown config key 'update_bias' for core 'lstm'", cores.make, "lstm", 4, update_bias=1.0)
     _err(r"dropout 1.5 is invalid", cores.make, "lt", 4, dropout=1.5)
-    _err(r"dpfp_nu 64 is invalid for head size 32", cores.make, "lt", 4, feature_map="dpfp",
-         dpfp_nu=64)
+    _err(r"dpfp_nu 64 is invalid for head size 32", cores.make, "lt", 4, feature_map="dpfp", dpfp_nu=64)
     _err(r"input_size 0 is invalid", cores.make, "lt", 0)
-    _err(r"backend 'kernel' cannot run op 'rdn' at key size 32, value size 32: rdn with feature "
-         r"map 'elu_sum' \(the fused kernel implements softmax only\)", cores.make, "rdn", 4,
-         feature_map="elu_sum", backend="kernel")
+    _err(
+        r"backend 'kernel' cannot run op 'rdn' at key size 32, value size 32: rdn with feature "
+        r"map 'elu_sum' \(the fused kernel implements softmax only\)",
+        cores.make,
+        "rdn",
+        4,
+        feature_map="elu_sum",
+        backend="kernel",
+    )
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -400,12 +460,17 @@ def test_call_errors(name):
     _err(r"input x has shape \(3, 2, 4\); allowed: \[T, B, 5\]", core, torch.zeros(3, 2, 4, dtype=D))
     _err(r"input x has shape \(2, 5\)", core, torch.zeros(2, 5, dtype=D))
     _err(r"input x has shape \(0, 2, 5\)", core, torch.zeros(0, 2, IN, dtype=D))
-    _err(r"reset has shape \(3, 1\); allowed: \[T, B\] = \[3, 2\]", core,
-         torch.zeros(3, 2, IN, dtype=D), None, torch.zeros(3, 1, dtype=torch.bool))
+    _err(
+        r"reset has shape \(3, 1\); allowed: \[T, B\] = \[3, 2\]",
+        core,
+        torch.zeros(3, 2, IN, dtype=D),
+        None,
+        torch.zeros(3, 1, dtype=torch.bool),
+    )
     if name != "ff":
         bad = core.initial_state(3)
         _err(r"state\[0\] has shape \(3, .*for batch 2", core, torch.zeros(3, 2, IN, dtype=D), bad)
-        wrong = bad[:1] if len(bad) > 1 else bad * 2      # one tensor too few, or too many
+        wrong = bad[:1] if len(bad) > 1 else bad * 2  # one tensor too few, or too many
         _err(rf"state has {len(wrong)} tensors", core, torch.zeros(3, 2, IN, dtype=D), wrong)
 
 
@@ -447,5 +512,7 @@ def test_gate_bias_sets_one_gate_and_keeps_the_others(name, option, gates, gate)
         torch.testing.assert_close(blocks[gate], torch.full((6,), 1.5))
         for g in set(range(gates)) - {gate}:
             for kind in ("ih", "hh"):
-                torch.testing.assert_close(getattr(rnn_biased, f"bias_{kind}_l{layer}").view(gates, 6)[g],
-                                           getattr(rnn_plain, f"bias_{kind}_l{layer}").view(gates, 6)[g])
+                torch.testing.assert_close(
+                    getattr(rnn_biased, f"bias_{kind}_l{layer}").view(gates, 6)[g],
+                    getattr(rnn_plain, f"bias_{kind}_l{layer}").view(gates, 6)[g],
+                )

@@ -27,11 +27,11 @@ def softplus(x):
     return torch.log1p(torch.exp(x))
 
 
-def unit(x):                 # L2 normalisation of q and k (Gated DeltaNet §3.4), eps 1e-6
+def unit(x):  # L2 normalisation of q and k (Gated DeltaNet §3.4), eps 1e-6
     return x / torch.sqrt((x * x).sum() + 1e-6)
 
 
-def rms_norm(x, weight):     # the per-head output normalisation, eps 1e-5
+def rms_norm(x, weight):  # the per-head output normalisation, eps 1e-5
     return x / torch.sqrt((x * x).mean() + 1e-5) * weight
 
 
@@ -50,6 +50,7 @@ def _perturb_norms(core):
 
 
 # ------------------------------------------------------------------------- gated_delta / delta_product
+
 
 def manual_householder_core(core, x, reset):
     """Gated DeltaNet (§3.4 block, Eq. 10) or DeltaProduct (Sec. 3) per step, entry, layer, head.
@@ -71,8 +72,10 @@ def manual_householder_core(core, x, reset):
     eye = torch.eye(d, dtype=D)
 
     def fresh():
-        return {"S": [torch.zeros(d, d, dtype=D) for _ in range(H)],
-                "hist": [torch.zeros(C, dtype=D) for _ in range(max(K - 1, 0))]}
+        return {
+            "S": [torch.zeros(d, d, dtype=D) for _ in range(H)],
+            "hist": [torch.zeros(C, dtype=D) for _ in range(max(K - 1, 0))],
+        }
 
     state = [[fresh() for _ in range(L)] for _ in range(B)]
     out = torch.zeros(T, B, hid, dtype=D)
@@ -85,32 +88,34 @@ def manual_householder_core(core, x, reset):
                 fl, st = core.fast_layers[layer], state[b][layer]
                 p = fl.proj.weight @ layer_norm(h, fl.norm.weight, fl.norm.bias)
                 qkv, p = p[:C], p[C:]
-                bb, p = p[:n * H], p[n * H:]
+                bb, p = p[: n * H], p[n * H :]
                 a, g = (p[:H], p[H:]) if gated else (None, p)
                 if K:
-                    window = st["hist"] + [qkv]                   # inputs t-K+1 .. t
+                    window = st["hist"] + [qkv]  # inputs t-K+1 .. t
                     qkv = sum(fl.conv.weight[:, 0, i] * window[i] for i in range(K))
                     st["hist"] = window[1:]
                 qkv = silu(qkv)
-                q, k, v = qkv[:hid], qkv[hid:hid + n * hid], qkv[hid + n * hid:]
+                q, k, v = qkv[:hid], qkv[hid : hid + n * hid], qkv[hid + n * hid :]
                 heads = []
                 for hd in range(H):
                     S = st["S"][hd]
-                    keys = [unit(k[(hd * n + j) * d:(hd * n + j + 1) * d]) for j in range(n)]
-                    vals = [v[(hd * n + j) * d:(hd * n + j + 1) * d] for j in range(n)]
+                    keys = [unit(k[(hd * n + j) * d : (hd * n + j + 1) * d]) for j in range(n)]
+                    vals = [v[(hd * n + j) * d : (hd * n + j + 1) * d] for j in range(n)]
                     betas = [scale * sigmoid(bb[hd * n + j]) for j in range(n)]
-                    if gated:                                            # Eq. 10
+                    if gated:  # Eq. 10
                         alpha = torch.exp(-torch.exp(fl.A_log[hd]) * softplus(a[hd] + fl.dt_bias[hd]))
-                        S = S @ (alpha * (eye - betas[0] * torch.outer(keys[0], keys[0]))) \
-                            + betas[0] * torch.outer(vals[0], keys[0])
-                    else:                                                # n Householder steps
+                        S = S @ (alpha * (eye - betas[0] * torch.outer(keys[0], keys[0]))) + betas[0] * torch.outer(
+                            vals[0], keys[0]
+                        )
+                    else:  # n Householder steps
                         for j in range(n):
-                            S = S @ (eye - betas[j] * torch.outer(keys[j], keys[j])) \
-                                + betas[j] * torch.outer(vals[j], keys[j])
+                            S = S @ (eye - betas[j] * torch.outer(keys[j], keys[j])) + betas[j] * torch.outer(
+                                vals[j], keys[j]
+                            )
                     st["S"][hd] = S
-                    o = rms_norm(S @ unit(q[hd * d:(hd + 1) * d]), fl.out_norm.weight)
+                    o = rms_norm(S @ unit(q[hd * d : (hd + 1) * d]), fl.out_norm.weight)
                     if gate:
-                        o = o * silu(g[hd * d:(hd + 1) * d])
+                        o = o * silu(g[hd * d : (hd + 1) * d])
                     heads.append(o)
                 h = h + fl.out.weight @ torch.cat(heads)
                 h = feed_forward(core.ff_layers[layer], h)
@@ -127,28 +132,30 @@ HOUSEHOLDER_CASES = [
 
 
 @pytest.mark.parametrize("backend", ["reference", "auto"])
-@pytest.mark.parametrize("name,options", HOUSEHOLDER_CASES,
-                         ids=[f"{n}-{'-'.join(f'{k}={v}' for k, v in o.items())}"
-                              for n, o in HOUSEHOLDER_CASES])
+@pytest.mark.parametrize(
+    "name,options",
+    HOUSEHOLDER_CASES,
+    ids=[f"{n}-{'-'.join(f'{k}={v}' for k, v in o.items())}" for n, o in HOUSEHOLDER_CASES],
+)
 def test_householder_cores_match_the_papers_equations(name, options, backend):
     torch.manual_seed(0)
-    core = cores.make(name, IN, hidden_size=8, num_heads=2, ff_size=12, num_layers=2,
-                      backend=backend, **options).to(D)
+    core = cores.make(name, IN, hidden_size=8, num_heads=2, ff_size=12, num_layers=2, backend=backend, **options).to(D)
     _perturb_norms(core)
     T, B = 6, 2
     x = rand(T, B, IN)
     reset = torch.zeros(T, B, dtype=torch.bool)
-    reset[4, 1] = True     # with conv_size 3 the window at step 4 would still see steps 2, 3
+    reset[4, 1] = True  # with conv_size 3 the window at step 4 would still see steps 2, 3
     with torch.no_grad():
         y, state = core(x, None, reset)
         y_manual, st = manual_householder_core(core, x, reset)
     torch.testing.assert_close(y, y_manual)
-    torch.testing.assert_close(state[0][1, 1], st[1][0]["S"][1])     # layer 0, entry 1, head 1
-    if core.fast_layers[0].K > 1:                                     # the conv window, oldest first
+    torch.testing.assert_close(state[0][1, 1], st[1][0]["S"][1])  # layer 0, entry 1, head 1
+    if core.fast_layers[0].K > 1:  # the conv window, oldest first
         torch.testing.assert_close(state[1][0], torch.stack(st[0][0]["hist"]))
 
 
 # ------------------------------------------------------------------------- srwm
+
 
 def manual_srwm_core(core, x, reset):
     """SRWM paper Eq. 5-8 per step, entry, layer, head: φ = softmax of LN(h) per head,
@@ -176,9 +183,9 @@ def manual_srwm_core(core, x, reset):
                 heads = []
                 for hd in range(H):
                     W = fl.W_init[hd] + state[b][layer][hd]
-                    p = W @ softmax(z[hd * d:(hd + 1) * d])                          # Eq. 5
-                    y, q, k, beta = p[:d], softmax(p[d:2 * d]), softmax(p[2 * d:3 * d]), p[3 * d:]
-                    v, v_bar = W @ q, W @ k                                           # Eq. 6, 7
+                    p = W @ softmax(z[hd * d : (hd + 1) * d])  # Eq. 5
+                    y, q, k, beta = p[:d], softmax(p[d : 2 * d]), softmax(p[2 * d : 3 * d]), p[3 * d :]
+                    v, v_bar = W @ q, W @ k  # Eq. 6, 7
                     sig = torch.stack([sigmoid(beta[rate_of_row[r]]) for r in range(R)])
                     state[b][layer][hd] = state[b][layer][hd] + torch.outer(sig * (v - v_bar), k)  # Eq. 8
                     heads.append(y)
@@ -191,8 +198,7 @@ def manual_srwm_core(core, x, reset):
 @pytest.mark.parametrize("backend", ["reference", "auto"])
 def test_srwm_core_matches_the_papers_equations(backend):
     torch.manual_seed(0)
-    core = cores.make("srwm", IN, hidden_size=8, num_heads=2, ff_size=12, num_layers=2,
-                      backend=backend).to(D)
+    core = cores.make("srwm", IN, hidden_size=8, num_heads=2, ff_size=12, num_layers=2, backend=backend).to(D)
     _perturb_norms(core)
     T, B = 5, 2
     x = rand(T, B, IN)
@@ -202,7 +208,7 @@ def test_srwm_core_matches_the_papers_equations(backend):
         y, state = core(x, None, reset)
         y_manual, st = manual_srwm_core(core, x, reset)
     torch.testing.assert_close(y, y_manual)
-    torch.testing.assert_close(state[1][0, 1], st[0][1][1])            # layer 1, entry 0, head 1
+    torch.testing.assert_close(state[1][0, 1], st[0][1][1])  # layer 1, entry 0, head 1
 
 
 def test_srwm_initial_weights_are_the_slow_parameter():
@@ -220,6 +226,7 @@ def test_srwm_initial_weights_are_the_slow_parameter():
 
 # ------------------------------------------------------------------------- sizes, options, errors
 
+
 def test_parameter_counts():
     # hidden 128, 4 heads of 32, FF 512, input 257 (the Atari core input), 2 layers:
     # input projection 33,024; per layer LN 256 + FF 131,712 + LN 256 (the block) plus
@@ -228,37 +235,52 @@ def test_parameter_counts():
     #   delta_product (n_h = 2): proj 128·(640 + 8 + 128) = 99,328, conv 640·4, 32, 16,384
     #   srwm: W_init 4·100·32 = 12,800, out 16,384 (no slow projection)
     block = 256 + 131_712 + 256
-    expect = {"gated_delta": 33_024 + 2 * (block + 66_560 + 1_536 + 32 + 16_384 + 8),
-              "delta_product": 33_024 + 2 * (block + 99_328 + 2_560 + 32 + 16_384),
-              "srwm": 33_024 + 2 * (block + 12_800 + 16_384)}
+    expect = {
+        "gated_delta": 33_024 + 2 * (block + 66_560 + 1_536 + 32 + 16_384 + 8),
+        "delta_product": 33_024 + 2 * (block + 99_328 + 2_560 + 32 + 16_384),
+        "srwm": 33_024 + 2 * (block + 12_800 + 16_384),
+    }
     for name, count in expect.items():
         assert sum(p.numel() for p in cores.make(name, 257).parameters()) == count, name
     # options that change the count: no conv, no gate; more Householder steps
     small = cores.make("gated_delta", 257, conv_size=0, output_gate=False)
-    assert sum(p.numel() for p in small.parameters()) == \
-        expect["gated_delta"] - 2 * (1_536 + 128 * 128)
+    assert sum(p.numel() for p in small.parameters()) == expect["gated_delta"] - 2 * (1_536 + 128 * 128)
     three = cores.make("delta_product", 257, num_householder=3)
-    assert sum(p.numel() for p in three.parameters()) == \
-        expect["delta_product"] + 2 * (128 * (256 + 4) + 256 * 4)
+    assert sum(p.numel() for p in three.parameters()) == expect["delta_product"] + 2 * (128 * (256 + 4) + 256 * 4)
 
 
 def test_state_shapes_and_defaults():
     specs = cores.available()
-    base = {"hidden_size": 128, "num_layers": 2, "num_heads": 4, "ff_size": 512, "dropout": 0.0,
-            "backend": "auto", "detach_state_every_step": False}
+    base = {
+        "hidden_size": 128,
+        "num_layers": 2,
+        "num_heads": 4,
+        "ff_size": 512,
+        "dropout": 0.0,
+        "backend": "auto",
+        "detach_state_every_step": False,
+    }
     assert specs["gated_delta"].defaults == {**base, "conv_size": 4, "output_gate": True}
-    assert specs["delta_product"].defaults == {**base, "num_householder": 2,
-                                               "allow_negative_eigenvalues": False,
-                                               "conv_size": 4, "output_gate": True}
-    assert specs["srwm"].defaults == {**base, "feature_map": "softmax", "dpfp_nu": 1, "qk_init_scale": 1.0,
-                                        "input_layer_norm": True}
+    assert specs["delta_product"].defaults == {
+        **base,
+        "num_householder": 2,
+        "allow_negative_eigenvalues": False,
+        "conv_size": 4,
+        "output_gate": True,
+    }
+    assert specs["srwm"].defaults == {
+        **base,
+        "feature_map": "softmax",
+        "dpfp_nu": 1,
+        "qk_init_scale": 1.0,
+        "input_layer_norm": True,
+    }
     g = cores.make("gated_delta", 3, hidden_size=16, num_heads=2, num_layers=1, conv_size=3)
     assert g.state_shapes(5) == [(5, 2, 8, 8), (5, 2, 48)]
     assert cores.make("gated_delta", 3, conv_size=0, num_layers=1).state_shapes(2) == [(2, 4, 32, 32)]
     p = cores.make("delta_product", 3, hidden_size=16, num_heads=2, num_layers=1, num_householder=3)
-    assert p.state_shapes(5) == [(5, 2, 8, 8), (5, 3, 16 * 7)]      # S is d x d whatever n_h
-    s = cores.make("srwm", 3, hidden_size=16, num_heads=2, num_layers=1, feature_map="dpfp",
-                   dpfp_nu=2)
+    assert p.state_shapes(5) == [(5, 2, 8, 8), (5, 3, 16 * 7)]  # S is d x d whatever n_h
+    s = cores.make("srwm", 3, hidden_size=16, num_heads=2, num_layers=1, feature_map="dpfp", dpfp_nu=2)
     assert s.state_shapes(5) == [(5, 2, 3 * 8 + 4, 2 * 2 * 8)]
     assert set(s.config) == set(specs["srwm"].defaults)
     assert set(p.config) == set(specs["delta_product"].defaults) and p.config["num_householder"] == 3
@@ -268,8 +290,9 @@ def test_negative_eigenvalues_double_beta():
     # allow_negative_eigenvalues: β = 2σ(·), the same weights otherwise give other outputs
     torch.manual_seed(3)
     a = cores.make("delta_product", IN, hidden_size=8, num_heads=2, num_layers=1, ff_size=4).to(D)
-    b = cores.make("delta_product", IN, hidden_size=8, num_heads=2, num_layers=1, ff_size=4,
-                   allow_negative_eigenvalues=True).to(D)
+    b = cores.make(
+        "delta_product", IN, hidden_size=8, num_heads=2, num_layers=1, ff_size=4, allow_negative_eigenvalues=True
+    ).to(D)
     b.load_state_dict(a.state_dict())
     x = rand(5, 2, IN)
     assert not torch.allclose(a(x)[0], b(x)[0])
@@ -283,21 +306,37 @@ def _err(match, fn, *args, **kw):
 
 
 def test_option_errors_are_one_line():
-    _err(r"conv_size 1 is invalid; allowed: 0 \(no short convolution\) or an integer >= 2",
-         cores.make, "gated_delta", 4, conv_size=1)
+    _err(
+        r"conv_size 1 is invalid; allowed: 0 \(no short convolution\) or an integer >= 2",
+        cores.make,
+        "gated_delta",
+        4,
+        conv_size=1,
+    )
     _err(r"conv_size -2 is invalid", cores.make, "delta_product", 4, conv_size=-2)
-    _err(r"num_householder 0 is invalid; allowed: an integer >= 1", cores.make,
-         "delta_product", 4, num_householder=0)
-    _err(r"allow_negative_eigenvalues='yes' has type str; allowed: bool", cores.make,
-         "delta_product", 4, allow_negative_eigenvalues="yes")
+    _err(r"num_householder 0 is invalid; allowed: an integer >= 1", cores.make, "delta_product", 4, num_householder=0)
+    _err(
+        r"allow_negative_eigenvalues='yes' has type str; allowed: bool",
+        cores.make,
+        "delta_product",
+        4,
+        allow_negative_eigenvalues="yes",
+    )
     _err(r"output_gate=1 has type int; allowed: bool", cores.make, "gated_delta", 4, output_gate=1)
-    _err(r"unknown config key 'feature_map' for core 'gated_delta'", cores.make, "gated_delta", 4,
-         feature_map="softmax")
+    _err(
+        r"unknown config key 'feature_map' for core 'gated_delta'", cores.make, "gated_delta", 4, feature_map="softmax"
+    )
     _err(r"unknown feature_map 'relu'", cores.make, "srwm", 4, feature_map="relu")
     _err(r"hidden_size 10 is not divisible by num_heads 4", cores.make, "srwm", 4, hidden_size=10)
-    _err(r"backend 'kernel' cannot run op 'srwm' at key size 32, value size 32: srwm with feature "
-         r"map 'elu_sum' \(the fused kernel implements softmax only\)", cores.make, "srwm", 4,
-         feature_map="elu_sum", backend="kernel")
+    _err(
+        r"backend 'kernel' cannot run op 'srwm' at key size 32, value size 32: srwm with feature "
+        r"map 'elu_sum' \(the fused kernel implements softmax only\)",
+        cores.make,
+        "srwm",
+        4,
+        feature_map="elu_sum",
+        backend="kernel",
+    )
 
 
 # ------------------------------------------------------------------------- in every trainer
@@ -319,14 +358,17 @@ def test_vector_presets_in_the_impala_agent(name):
     torch.manual_seed(0)
     agent = Agent((9,), 4, name, core_config=preset.core_config, agent_config=preset.agent)
     assert count_parameters(agent) == VECTOR_PRESETS[name]
-    assert count_parameters(Agent((9,), 5, name, core_config=preset.core_config,
-                                  agent_config=preset.agent)) == VECTOR_PRESETS[name] + 257
+    assert (
+        count_parameters(Agent((9,), 5, name, core_config=preset.core_config, agent_config=preset.agent))
+        == VECTOR_PRESETS[name] + 257
+    )
     # one learner step: an unroll with an episode start inside, gradients through the state
     T, B = 4, 3
     done = torch.zeros(T, B, dtype=torch.bool)
     done[2, 1] = True
-    out, state = agent(torch.randn(T, B, 9), torch.randn(T, B), done, agent.initial_state(B),
-                       prev_action=torch.randint(0, 4, (T, B)))
+    out, state = agent(
+        torch.randn(T, B, 9), torch.randn(T, B), done, agent.initial_state(B), prev_action=torch.randint(0, 4, (T, B))
+    )
     assert out["policy_params"].shape == (T, B, 4) and out["action"].shape == (T, B)
     (out["policy_params"].sum() + out["baseline"].sum()).backward()
     assert all(p.grad is not None for p in agent.core.parameters())
@@ -344,7 +386,7 @@ def test_meta_rl_and_sequence_models_build_and_step(name):
     logits, value = stepper.step(torch.randn(2, 17))
     assert logits.shape == (2, 3) and value.shape == (2,)
     model = SeqModel(name, [11], 7, emb_size=8, core_config=config)
-    assert isinstance(model.norm, torch.nn.LayerNorm)      # a pre-LN block stack: final norm
+    assert isinstance(model.norm, torch.nn.LayerNorm)  # a pre-LN block stack: final norm
     logits, state = model(torch.randint(0, 11, (5, 2)))
     assert logits.shape == (5, 2, 7)
     model.loss(logits, torch.randint(0, 7, (5, 2))).backward()
@@ -357,10 +399,10 @@ def test_srwm_qk_init_scale_scales_only_the_query_and_key_rows_of_w0():
     base = cores.make("srwm", 6, hidden_size=16, num_layers=1, num_heads=2, ff_size=8)
     torch.manual_seed(0)
     scaled = cores.make("srwm", 6, hidden_size=16, num_layers=1, num_heads=2, ff_size=8, qk_init_scale=4.0)
-    w0, w4 = base.fast_layers[0].W_init, scaled.fast_layers[0].W_init   # [H, 3d + 4, d]: rows y, q, k, beta
+    w0, w4 = base.fast_layers[0].W_init, scaled.fast_layers[0].W_init  # [H, 3d + 4, d]: rows y, q, k, beta
     torch.testing.assert_close(w4[:, :d], w0[:, :d])
-    torch.testing.assert_close(w4[:, d:3 * d], 4.0 * w0[:, d:3 * d])
-    torch.testing.assert_close(w4[:, 3 * d:], w0[:, 3 * d:])
+    torch.testing.assert_close(w4[:, d : 3 * d], 4.0 * w0[:, d : 3 * d])
+    torch.testing.assert_close(w4[:, 3 * d :], w0[:, 3 * d :])
     assert scaled.config["qk_init_scale"] == 4.0
     with pytest.raises(UserError, match="qk_init_scale 0 is invalid; allowed: a finite number > 0"):
         cores.make("srwm", 6, hidden_size=16, num_layers=1, num_heads=2, ff_size=8, qk_init_scale=0)

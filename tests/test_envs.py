@@ -265,7 +265,11 @@ def test_vector_env_cartpole():
     assert info["episode"]["l"] == steps and info["episode"]["r"] == pytest.approx(steps)
     info = env_spec("CartPole-v1")
     assert (info.kind, info.obs_shape, info.obs_dtype, info.num_actions, info.max_episode_steps) == (
-        "vector", (4,), "float32", 2, 500
+        "vector",
+        (4,),
+        "float32",
+        2,
+        500,
     )
     first = [make_env("CartPole-v1", seed=5).reset()[0] for _ in range(2)]
     np.testing.assert_array_equal(first[0], first[1])

@@ -24,17 +24,31 @@ def _rollout(agent: Agent, T: int = 6, B: int = 64) -> Rollout:
         out, _ = agent(obs, torch.zeros(T + 1, B), torch.zeros(T + 1, B, dtype=torch.bool), ())
     logits = out["policy_params"]
     action = torch.distributions.Categorical(logits=logits).sample()
-    data = {"obs": obs, "reward": (action == 0).float(), "done": torch.zeros(T + 1, B, dtype=torch.bool),
-            "prev_action": torch.zeros(T + 1, B, dtype=torch.long), "action": action,
-            "behaviour_log_prob": torch.log_softmax(logits, -1).gather(-1, action[..., None])[..., 0]}
+    data = {
+        "obs": obs,
+        "reward": (action == 0).float(),
+        "done": torch.zeros(T + 1, B, dtype=torch.bool),
+        "prev_action": torch.zeros(T + 1, B, dtype=torch.long),
+        "action": action,
+        "behaviour_log_prob": torch.log_softmax(logits, -1).gather(-1, action[..., None])[..., 0],
+    }
     return Rollout(data, ())
 
 
 def _learn_one_batch(epochs: int, max_kl: float) -> tuple[learner.Learner, Rollout, Agent]:
     torch.manual_seed(0)
     agent = Agent((3,), 3, "ff")
-    cfg = dataclasses.replace(ImpalaConfig(), batch_size=64, unroll_length=6, total_steps=10_000, optimizer="adam",
-                              learning_rate=3e-3, normalize_advantages=True, epochs=epochs, max_kl=max_kl)
+    cfg = dataclasses.replace(
+        ImpalaConfig(),
+        batch_size=64,
+        unroll_length=6,
+        total_steps=10_000,
+        optimizer="adam",
+        learning_rate=3e-3,
+        normalize_advantages=True,
+        epochs=epochs,
+        max_kl=max_kl,
+    )
     lrn = learner.Learner(agent, cfg)
     batch = _rollout(agent)
     learner.Learning(lrn).submit(batch)
@@ -59,21 +73,58 @@ def test_the_trust_region_bounds_the_move_over_all_epochs():
 
 
 def test_training_with_epochs_counts_updates(tmp_path):
-    argv = ["train", "--env", "CartPole-v1", "--core", "ff", "--env-backend", "local", "--num-actors", "4",
-            "--unroll-length", "5", "--batch-size", "2", "--total-steps", "200", "--epochs", "3",
-            "--run-dir", str(tmp_path / "run"), "--log-every", "0"]
+    argv = [
+        "train",
+        "--env",
+        "CartPole-v1",
+        "--core",
+        "ff",
+        "--env-backend",
+        "local",
+        "--num-actors",
+        "4",
+        "--unroll-length",
+        "5",
+        "--batch-size",
+        "2",
+        "--total-steps",
+        "200",
+        "--epochs",
+        "3",
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--log-every",
+        "0",
+    ]
     assert cli.main(argv) == 0
     ckpt = sorted((tmp_path / "run").glob("ckpt_*.pt"))[-1]
     counters = torch.load(ckpt, weights_only=True)["state"]["counters"]
     assert counters["updates"] == 3 * counters["step"] // 10
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--epochs", "0"], "--epochs 0 is invalid"),
-    (["--epochs", "2", "--broker", "127.0.0.1:4431", "--group", "g"], "--epochs 2 needs one learner"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--epochs", "0"], "--epochs 0 is invalid"),
+        (["--epochs", "2", "--broker", "127.0.0.1:4431", "--group", "g"], "--epochs 2 needs one learner"),
+    ],
+)
 def test_bad_epochs_get_one_line(tmp_path, capsys, argv, message):
-    code = cli.main(["train", "--env", "CartPole-v1", "--core", "ff", "--env-backend", "local",
-                     "--total-steps", "10", "--run-dir", str(tmp_path / "run"), *argv])
+    code = cli.main(
+        [
+            "train",
+            "--env",
+            "CartPole-v1",
+            "--core",
+            "ff",
+            "--env-backend",
+            "local",
+            "--total-steps",
+            "10",
+            "--run-dir",
+            str(tmp_path / "run"),
+            *argv,
+        ]
+    )
     err = capsys.readouterr().err
     assert code != 0 and message in err and "Traceback" not in err

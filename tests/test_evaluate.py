@@ -19,18 +19,25 @@ from rfwp_rl.impala.run_spec import RunSpec
 from rfwp_rl.presets import Preset
 from rfwp_rl.scores import load_runs
 
-
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def make_checkpoint(run_dir, env_id, core="lstm", core_config=None, env_options=None, step=1000,
-                    trainer="impala", meta_num_actions=None):
+def make_checkpoint(
+    run_dir, env_id, core="lstm", core_config=None, env_options=None, step=1000, trainer="impala", meta_num_actions=None
+):
     """Save an untrained agent exactly as ``rfwp-rl train`` does (``RunSpec.meta`` + state['agent'])."""
     spec = envs.env_spec(env_id, **(env_options or {}))
-    action_space = spec.action_space if meta_num_actions is None else \
-        {"type": "Discrete", "n": meta_num_actions, "start": 0}
-    run = RunSpec(spec.gym_id, spec.kind, spec.obs_space, action_space, dict(env_options or {}),
-                  Preset(core, dict(core_config or {})))
+    action_space = (
+        spec.action_space if meta_num_actions is None else {"type": "Discrete", "n": meta_num_actions, "start": 0}
+    )
+    run = RunSpec(
+        spec.gym_id,
+        spec.kind,
+        spec.obs_space,
+        action_space,
+        dict(env_options or {}),
+        Preset(core, dict(core_config or {})),
+    )
     torch.manual_seed(0)
     agent = run.build_agent()
     meta = {**run.meta(agent), "trainer": trainer}
@@ -115,8 +122,12 @@ def test_play_feeds_rewards_and_resets_like_training_and_keeps_states_apart():
     eps = play(spy, [envs.make_env(SIGN_ID, seed=i) for i in range(2)], [2, 1])
     assert [(e.env, e.index, e.score, e.length) for e in eps] == [(0, 0, 2.0, 2), (0, 1, -1.0, 2), (1, 0, 2.0, 2)]
     # env 0's second episode starts with the previous episode's last reward (1.0) and done=True
-    assert [c[:2] for c in spy.calls] == [([0.0, 0.0], [True, True]), ([1.0, 1.0], [False, False]),
-                                          ([1.0], [True]), ([-0.5], [False])]
+    assert [c[:2] for c in spy.calls] == [
+        ([0.0, 0.0], [True, True]),
+        ([1.0, 1.0], [False, False]),
+        ([1.0], [True]),
+        ([-0.5], [False]),
+    ]
     # env 0 played alone gives the same outputs: batching and dropping finished envs keep states apart
     alone = SpyAgent((3,), 2, "lstm", {"hidden_size": 8})
     alone.load_state_dict(spy.state_dict())
@@ -149,9 +160,14 @@ def test_cartpole_cli_5_by_30_outputs_and_tensorboard(tmp_path, capsys):
     (score,) = load_runs([run])
     assert (score.game, score.model, score.steps) == ("CartPole", "lstm", 4321)
     assert score.mean == pytest.approx(rec["mean"])
-    assert (run / "eval_000000004321_greedy.csv").read_text().startswith("game,game_label,model,model_label,steps,mean,std")
+    assert (
+        (run / "eval_000000004321_greedy.csv")
+        .read_text()
+        .startswith("game,game_label,model,model_label,steps,mean,std")
+    )
     # TensorBoard scalars at the checkpoint's step
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     acc = EventAccumulator(str(run / "tb"))
     acc.Reload()
     (ev,) = acc.Scalars("eval/greedy/mean")
@@ -167,10 +183,18 @@ def test_atari_full_games_tiny_limit_and_gif(tmp_path):
 
     run = tmp_path / "pong"
     # trained with episodic_life on: eval must still play full games
-    make_checkpoint(run, "Pong", core_config={"hidden_size": 32},
-                    env_options={"episodic_life": True, "max_episode_frames": 120})
-    rec = evaluate(run, episodes=2, repeats=5, num_envs=10, video=tmp_path / "pong.gif", quiet=True,
-                   env_overrides={"max_episode_frames": 120})
+    make_checkpoint(
+        run, "Pong", core_config={"hidden_size": 32}, env_options={"episodic_life": True, "max_episode_frames": 120}
+    )
+    rec = evaluate(
+        run,
+        episodes=2,
+        repeats=5,
+        num_envs=10,
+        video=tmp_path / "pong.gif",
+        quiet=True,
+        env_overrides={"max_episode_frames": 120},
+    )
     assert np.array(rec["scores"]).shape == (5, 2)
     assert rec["env_options"] == {"episodic_life": False, "max_episode_frames": 120} and rec["env"] == "ALE/Pong-v5"
     assert rec["truncated"] == 10  # every game hit the 120-frame limit (<= 30 agent steps)
@@ -186,8 +210,11 @@ def test_atari_full_games_tiny_limit_and_gif(tmp_path):
 
 def test_eval_env_options_full_games_and_paper_frame_cap():
     meta = {"env_options": {"episodic_life": True, "max_episode_frames": 108000, "repeat_action_probability": 0.25}}
-    assert eval_env_options(meta, {}, "atari") == {"episodic_life": False, "max_episode_frames": 400_000,
-                                                    "repeat_action_probability": 0.25}
+    assert eval_env_options(meta, {}, "atari") == {
+        "episodic_life": False,
+        "max_episode_frames": 400_000,
+        "repeat_action_probability": 0.25,
+    }
     assert eval_env_options(meta, {"max_episode_frames": 0}, "atari")["max_episode_frames"] == 0
     assert eval_env_options({"env_options": {"max_episode_steps": 50}}, {}, "vector") == {"max_episode_steps": 50}
 
@@ -221,12 +248,53 @@ def test_mismatched_core_env_or_actions_give_one_line_errors(tmp_path, capsys):
 def test_evaluates_a_checkpoint_written_by_the_trainer(tmp_path, capsys):
     """Guards the trainer <-> eval contract (meta keys, state['agent']) with a real tiny run."""
     run = tmp_path / "tiny"
-    assert cli.main(["train", "--env", "CartPole-v1", "--core", "lstm", "--set", "core_config.hidden_size=8",
-                     "--total-steps", "160", "--num-actors", "2", "--unroll-length", "10", "--batch-size", "2",
-                     "--env-backend", "local", "--run-dir", str(run)]) == 0
+    assert (
+        cli.main(
+            [
+                "train",
+                "--env",
+                "CartPole-v1",
+                "--core",
+                "lstm",
+                "--set",
+                "core_config.hidden_size=8",
+                "--total-steps",
+                "160",
+                "--num-actors",
+                "2",
+                "--unroll-length",
+                "10",
+                "--batch-size",
+                "2",
+                "--env-backend",
+                "local",
+                "--run-dir",
+                str(run),
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
-    assert cli.main(["eval", str(run), "--episodes", "3", "--repeats", "2", "--core", "lstm",
-                     "--env", "CartPole-v1", "--num-actions", "2", "--no-tensorboard"]) == 0
+    assert (
+        cli.main(
+            [
+                "eval",
+                str(run),
+                "--episodes",
+                "3",
+                "--repeats",
+                "2",
+                "--core",
+                "lstm",
+                "--env",
+                "CartPole-v1",
+                "--num-actions",
+                "2",
+                "--no-tensorboard",
+            ]
+        )
+        == 0
+    )
     (score,) = load_runs([run])
     assert (score.game, score.model, score.steps) == ("CartPole", "lstm", 160)
     rec = json.loads(next(run.glob("eval_*_greedy.json")).read_text())
@@ -242,9 +310,32 @@ def test_eval_of_an_env_from_a_module_imports_it_only_when_env_names_it(tmp_path
     from rfwp_rl.checkpoint import atomic_torch_save, list_checkpoints, read_checkpoint
 
     run = tmp_path / "mod"
-    assert cli.main(["train", "--env", "fault_envs:FaultCartPole-v0", "--core", "lstm", "--set",
-                     "core_config.hidden_size=8", "--total-steps", "40", "--num-actors", "2", "--unroll-length", "10",
-                     "--batch-size", "2", "--env-backend", "local", "--run-dir", str(run)]) == 0
+    assert (
+        cli.main(
+            [
+                "train",
+                "--env",
+                "fault_envs:FaultCartPole-v0",
+                "--core",
+                "lstm",
+                "--set",
+                "core_config.hidden_size=8",
+                "--total-steps",
+                "40",
+                "--num-actors",
+                "2",
+                "--unroll-length",
+                "10",
+                "--batch-size",
+                "2",
+                "--env-backend",
+                "local",
+                "--run-dir",
+                str(run),
+            ]
+        )
+        == 0
+    )
     file = list_checkpoints(run)[0]
     assert read_checkpoint(file)["meta"]["env"] == "fault_envs:FaultCartPole-v0"
     capsys.readouterr()
@@ -254,9 +345,27 @@ def test_eval_of_an_env_from_a_module_imports_it_only_when_env_names_it(tmp_path
     env = ["--env", "fault_envs:FaultCartPole-v0"]
     assert cli.main(["eval", str(run), *env, "--episodes", "2", "--repeats", "1", "--num-actors", "2"]) == 0
     assert "on fault_envs:FaultCartPole-v0" in capsys.readouterr().out
-    train = ["train", "--env", "fault_envs:FaultCartPole-v0", "--core", "lstm", "--set", "core_config.hidden_size=8",
-             "--total-steps", "60", "--num-actors", "2", "--unroll-length", "10", "--batch-size", "2",
-             "--env-backend", "local", "--run-dir", str(run)]
+    train = [
+        "train",
+        "--env",
+        "fault_envs:FaultCartPole-v0",
+        "--core",
+        "lstm",
+        "--set",
+        "core_config.hidden_size=8",
+        "--total-steps",
+        "60",
+        "--num-actors",
+        "2",
+        "--unroll-length",
+        "10",
+        "--batch-size",
+        "2",
+        "--env-backend",
+        "local",
+        "--run-dir",
+        str(run),
+    ]
     assert cli.main(train) == 0  # resumes
     assert "from step 40" in capsys.readouterr().out
     file = list_checkpoints(run)[0]
@@ -265,8 +374,10 @@ def test_eval_of_an_env_from_a_module_imports_it_only_when_env_names_it(tmp_path
     atomic_torch_save(other, file)
     assert cli.main(["eval", str(run), *env, "--episodes", "2", "--repeats", "1", "--num-actors", "2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"error: checkpoint {file} lacks meta 'obs_space': it has another layout than rfwp-rl train of "
-                   "this version writes"], err
+    assert err == [
+        f"error: checkpoint {file} lacks meta 'obs_space': it has another layout than rfwp-rl train of "
+        "this version writes"
+    ], err
     assert cli.main([*train, "--total-steps", "80"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "obs_space: checkpoint has '<missing>'" in err[0], err

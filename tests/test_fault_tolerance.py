@@ -34,23 +34,91 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # (argv for a run directory and a target, TensorBoard tag logged once per step/update,
 #  step of the target, state key of the model)
-IMPALA = ["train", "--env", "CartPole-v1", "--core", "lstm", "--set", "core_config.hidden_size=8",
-          "--env-backend", "local", "--num-actors", "4", "--unroll-length", "5", "--batch-size", "2",
-          "--checkpoint-every", "0.3", "--log-every", "0.2"]
-META = ["meta-rl", "--core", "lstm", "--set", "core_config.hidden_size=8", "--batch-size", "4", "--train-graphs", "8",
-        "--test-graphs", "4", "--episode-steps", "10", "--eval-every", "100000000", "--checkpoint-every", "0.3",
-        "--torch-threads", "1", "--log-every", "1000"]
-SEQ = ["seq", "--task", "assoc", "--num-keys", "4", "--core", "lt", "--num-layers", "1", "--num-heads", "1",
-       "--hidden-size", "8", "--ff-size", "16", "--emb-size", "8", "--batch-size", "4", "--torch-threads", "1",
-       "--eval-every", "100000", "--eval-batch-size", "8"]
+IMPALA = [
+    "train",
+    "--env",
+    "CartPole-v1",
+    "--core",
+    "lstm",
+    "--set",
+    "core_config.hidden_size=8",
+    "--env-backend",
+    "local",
+    "--num-actors",
+    "4",
+    "--unroll-length",
+    "5",
+    "--batch-size",
+    "2",
+    "--checkpoint-every",
+    "0.3",
+    "--log-every",
+    "0.2",
+]
+META = [
+    "meta-rl",
+    "--core",
+    "lstm",
+    "--set",
+    "core_config.hidden_size=8",
+    "--batch-size",
+    "4",
+    "--train-graphs",
+    "8",
+    "--test-graphs",
+    "4",
+    "--episode-steps",
+    "10",
+    "--eval-every",
+    "100000000",
+    "--checkpoint-every",
+    "0.3",
+    "--torch-threads",
+    "1",
+    "--log-every",
+    "1000",
+]
+SEQ = [
+    "seq",
+    "--task",
+    "assoc",
+    "--num-keys",
+    "4",
+    "--core",
+    "lt",
+    "--num-layers",
+    "1",
+    "--num-heads",
+    "1",
+    "--hidden-size",
+    "8",
+    "--ff-size",
+    "16",
+    "--emb-size",
+    "8",
+    "--batch-size",
+    "4",
+    "--torch-threads",
+    "1",
+    "--eval-every",
+    "100000",
+    "--eval-batch-size",
+    "8",
+]
 EPISODE = 4 * 10  # meta-RL: env steps of one episode of the batch (one update)
 TRAINERS = {
     # name: (argv(run_dir, target, checkpoint_every seconds), TensorBoard tag, model key in the state)
     "impala": (lambda d, n, c=None: IMPALA + ["--run-dir", str(d), "--total-steps", str(n)], "loss/total", "agent"),
-    "meta_rl": (lambda d, n, c=None: META + ["--run-dir", str(d), "--total-steps", str(n)], "train/total_reward",
-                "model"),
-    "seq": (lambda d, n, c=0.3: SEQ + ["--run-dir", str(d), "--total-steps", str(n), "--checkpoint-every", str(c)],
-            "train/loss", "model"),
+    "meta_rl": (
+        lambda d, n, c=None: META + ["--run-dir", str(d), "--total-steps", str(n)],
+        "train/total_reward",
+        "model",
+    ),
+    "seq": (
+        lambda d, n, c=0.3: SEQ + ["--run-dir", str(d), "--total-steps", str(n), "--checkpoint-every", str(c)],
+        "train/loss",
+        "model",
+    ),
 }
 UNREACHABLE = 10**9  # the target of the runs that are signalled: they never end before the signal
 FINISH = {"impala": 400, "meta_rl": 60 * EPISODE, "seq": 60}  # the last run's target: this far past the stop
@@ -69,8 +137,14 @@ def _env() -> dict:
 
 
 def _start(argv: list[str], env: dict | None = None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "rfwp_rl", *argv], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=env or _env(), cwd=ROOT)
+    return subprocess.Popen(
+        [sys.executable, "-m", "rfwp_rl", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env or _env(),
+        cwd=ROOT,
+    )
 
 
 def _newest_step(run_dir: Path) -> int:
@@ -103,6 +177,7 @@ def _tb_values(run_dir: Path, tag: str) -> list[tuple[int, float]]:
 
 
 # ------------------------------------------------------------------ hard kills, SIGTERM
+
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(TRAINERS))
@@ -164,6 +239,7 @@ def test_sigkill_at_random_moments_then_sigterm_then_finish(tmp_path, name):
 
 # ------------------------------------------------------------------ broken checkpoints
 
+
 def _two_checkpoints(tmp_path: Path, name: str) -> tuple[Path, list[Path]]:
     argv_of, _, _ = TRAINERS[name]
     run_dir = tmp_path / name
@@ -195,7 +271,9 @@ def test_broken_and_mismatched_checkpoints_through_the_cli(tmp_path, name, capsy
         other = [a for a in other if a not in ("--set", "core_config.hidden_size=8")]
         refused = "core: checkpoint has 'lstm', this run has 'ff'"
     elif name == "meta_rl":
-        other = [a if a != "core_config.hidden_size=8" else "core_config.hidden_size=12" for a in argv_of(run_dir, target)]
+        other = [
+            a if a != "core_config.hidden_size=8" else "core_config.hidden_size=12" for a in argv_of(run_dir, target)
+        ]
         refused = "core_config.hidden_size: checkpoint has 8, this run has 12"
     else:
         other = [a if a != "lt" else "delta" for a in argv_of(run_dir, target, 2)]
@@ -272,7 +350,11 @@ def flaky_module(tmp_path, monkeypatch):
 
 def test_env_that_raises_is_replaced_and_training_reaches_its_target(tmp_path, flaky_module, capsys):
     argv = [a if a != "CartPole-v1" else flaky_module for a in IMPALA] + [
-        "--run-dir", str(tmp_path / "run"), "--total-steps", "300"]
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--total-steps",
+        "300",
+    ]
     assert cli.main(argv) == 0
     cap = capsys.readouterr()
     assert "finished at step 300" in cap.out
@@ -287,7 +369,13 @@ def test_env_that_raises_is_replaced_and_training_reaches_its_target(tmp_path, f
 
 def test_too_many_env_failures_stop_with_a_checkpoint(tmp_path, flaky_module, capsys):
     argv = [a if a != "CartPole-v1" else flaky_module for a in IMPALA] + [
-        "--run-dir", str(tmp_path / "run"), "--total-steps", "100000", "--max-env-failures", "2"]
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--total-steps",
+        "100000",
+        "--max-env-failures",
+        "2",
+    ]
     assert cli.main(argv) == 1
     err = capsys.readouterr().err
     # the 2 envs of a batch fail at the same step: 4 failures when the limit is crossed
@@ -307,10 +395,22 @@ def test_moolib_failing_env_and_killed_worker_process(tmp_path):
     env = _env()
     env["PYTHONPATH"] = os.pathsep.join((str(tmp_path), env["PYTHONPATH"]))
     run_dir, gate = tmp_path / "run", tmp_path / "gate"
-    argv = [a if a not in ("CartPole-v1", "local") else {"CartPole-v1": "flaky_env_mod:FlakyCartPole-v0",
-                                                        "local": "moolib"}[a] for a in IMPALA]
-    argv += ["--num-env-processes", "2", "--run-dir", str(run_dir), "--total-steps", "400",
-             "--env-option", f"gate={gate}"]
+    argv = [
+        a
+        if a not in ("CartPole-v1", "local")
+        else {"CartPole-v1": "flaky_env_mod:FlakyCartPole-v0", "local": "moolib"}[a]
+        for a in IMPALA
+    ]
+    argv += [
+        "--num-env-processes",
+        "2",
+        "--run-dir",
+        str(run_dir),
+        "--total-steps",
+        "400",
+        "--env-option",
+        f"gate={gate}",
+    ]
     proc = _start(argv, env)
     deadline = time.monotonic() + DEADLINE
     while not Path(f"{gate}.waiting").exists():
@@ -345,6 +445,7 @@ def test_moolib_failing_env_and_killed_worker_process(tmp_path):
 
 # ------------------------------------------------------------------ non-finite updates
 
+
 def _nan_on_calls(real, calls: set[int]):
     """Wrap a loss function so that its result is NaN (loss and gradients) on the given calls."""
     count = {"n": 0}
@@ -369,14 +470,17 @@ def test_nan_loss_skips_the_update_and_is_logged(tmp_path, name, monkeypatch, ca
     run_dir = tmp_path / "run"
     if name == "impala":
         from rfwp_rl.impala import learner
+
         monkeypatch.setattr(learner, "compute_loss", _nan_on_calls(learner.compute_loss, {2, 3}))
         argv, target = argv_of(run_dir, 60) + ["--log-every", "0"], 60
     elif name == "meta_rl":
         from rfwp_rl.meta_rl import a2c
+
         monkeypatch.setattr(a2c, "a2c_loss", _nan_on_calls(a2c.a2c_loss, {2, 3}))
         argv, target = argv_of(run_dir, 6 * EPISODE), 6 * EPISODE
     else:
         from rfwp_rl.seq.model import SeqModel
+
         monkeypatch.setattr(SeqModel, "loss", staticmethod(_nan_on_calls(SeqModel.loss, {2, 3})))
         argv, target = argv_of(run_dir, 6, 3), 6
     assert cli.main(argv) == 0
@@ -391,6 +495,7 @@ def test_nan_loss_skips_the_update_and_is_logged(tmp_path, name, monkeypatch, ca
 
 def test_nan_every_update_aborts_with_the_last_finite_checkpoint(tmp_path, monkeypatch, capsys):
     from rfwp_rl.seq.model import SeqModel
+
     monkeypatch.setattr(SeqModel, "loss", staticmethod(_nan_on_calls(SeqModel.loss, set(range(4, 1000)))))
     run_dir = tmp_path / "run"
     assert cli.main(TRAINERS["seq"][0](run_dir, 100, 1000)) == 1
@@ -402,6 +507,7 @@ def test_nan_every_update_aborts_with_the_last_finite_checkpoint(tmp_path, monke
 
 def test_checkpointer_refuses_non_finite_state(tmp_path):
     from rfwp_rl.checkpoint import NonFiniteState
+
     ck = Checkpointer(tmp_path, {"trainer": "t"})
     ck.save({"model": {"w": torch.ones(2)}}, 1)
     with pytest.raises(NonFiniteState, match=r"model\.w holds NaN/inf"):

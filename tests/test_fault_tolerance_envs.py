@@ -39,9 +39,25 @@ import fault_envs  # noqa: E402  (registers FaultCartPole-v0)
 from procs import children_and_grandchildren, ended  # noqa: E402  (tests/procs.py)
 
 ENV = "fault_envs:FaultCartPole-v0"
-IMPALA = ["train", "--env", ENV, "--core", "lstm", "--set", "core_config.hidden_size=8",
-          "--num-actors", "4", "--unroll-length", "5", "--batch-size", "2",
-          "--checkpoint-every", "0.3", "--log-every", "0.2"]
+IMPALA = [
+    "train",
+    "--env",
+    ENV,
+    "--core",
+    "lstm",
+    "--set",
+    "core_config.hidden_size=8",
+    "--num-actors",
+    "4",
+    "--unroll-length",
+    "5",
+    "--batch-size",
+    "2",
+    "--checkpoint-every",
+    "0.3",
+    "--log-every",
+    "0.2",
+]
 LOCAL = ["--env-backend", "local"]
 MOOLIB = ["--env-backend", "moolib", "--num-env-processes", "2"]
 DEADLINE = 300  # s: only ever a failure deadline (a slow or busy machine just takes longer)
@@ -60,9 +76,15 @@ def _env() -> dict:
 
 
 def _start(argv: list[str], new_session: bool = False) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "rfwp_rl", *argv], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=_env(), cwd=ROOT,
-                            start_new_session=new_session)
+    return subprocess.Popen(
+        [sys.executable, "-m", "rfwp_rl", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=_env(),
+        cwd=ROOT,
+        start_new_session=new_session,
+    )
 
 
 def _run(argv: list[str], timeout: float = DEADLINE) -> tuple[int, str]:
@@ -105,6 +127,7 @@ def _reports(text: str, where: str) -> list[str]:
 
 
 # ------------------------------------------------------------------ PoolEnv unit checks
+
 
 def _maker(**options):
     return lambda failures: make_env(ENV, seed=failures, **options)
@@ -160,8 +183,10 @@ def test_pool_env_gives_up_after_consecutive_failed_constructions(mode, capsys):
     message = decode_fatal(out["env_fatal"])
     last = "injected reset failure (always)" if mode == "reset" else "injected construction failure #4"
     stage = "first reset" if mode == "reset" else "construction"
-    assert message == (f"env fault:X-v0 #3: 3 new envs in a row failed at construction or first reset "
-                       f"(limit 3); last: RuntimeError: {last}")
+    assert message == (
+        f"env fault:X-v0 #3: 3 new envs in a row failed at construction or first reset "
+        f"(limit 3); last: RuntimeError: {last}"
+    )
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 2 and all(f" in {stage} (failure " in line and "replacing it" in line for line in err), err
     # the slot stays given up (the worker must not die); no further envs are made
@@ -189,6 +214,7 @@ def test_fatal_message_roundtrip_and_truncation():
 
 # ------------------------------------------------------------------ trainer, local backend
 
+
 @pytest.mark.parametrize("mode", ["odd_first", "after_episode"])
 def test_local_reset_failures_are_replaced_and_counted(tmp_path, mode, capsys):
     run_dir = tmp_path / "run"
@@ -203,7 +229,8 @@ def test_local_reset_failures_are_replaced_and_counted(tmp_path, mode, capsys):
     assert all("FaultCartPole-v0 #" in line and "replacing it" in line for line in reports)
     if mode == "odd_first":  # each of the 4 slots: its first env fails once, its replacement works
         assert len(reports) == 4 and {line.split(" (pid")[0] for line in reports} == {
-            f"warning: env {ENV} #{i}" for i in range(4)}
+            f"warning: env {ENV} #{i}" for i in range(4)
+        }
     else:  # every env fails at its first reset after an episode; that episode still counts
         assert len(reports) >= 8
         assert counters["episodes"] == counters["env_failures"]
@@ -220,9 +247,11 @@ def test_local_env_that_never_works_stops_with_one_line_error(tmp_path, mode, ca
     err = capsys.readouterr().err
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     last = "injected reset failure (always)" if mode == "reset" else "injected construction failure #4"
-    assert errors == [f"error: training aborted: env {ENV} #0: 3 new envs in a row failed at construction or "
-                      f"first reset (limit 3); last: RuntimeError: {last} (actor env 0); "
-                      "the last good model is saved"], err
+    assert errors == [
+        f"error: training aborted: env {ENV} #0: 3 new envs in a row failed at construction or "
+        f"first reset (limit 3); last: RuntimeError: {last} (actor env 0); "
+        "the last good model is saved"
+    ], err
     assert "Traceback" not in err
     assert _checkpoint(run_dir)["step"] == 0
 
@@ -237,14 +266,16 @@ def test_env_timeout_must_be_positive(tmp_path, capsys):
 
 # ------------------------------------------------------------------ trainer, moolib backend
 
+
 @pytest.mark.moolib
 @pytest.mark.slow
 def test_moolib_reset_failures_are_replaced_and_a_broken_env_stops_the_run(tmp_path):
     """In the workers: first resets that raise are replaced and counted; an env that never
     resets stops the run with one line (no worker death, no restart loop)."""
     run_dir = tmp_path / "flaky"
-    code, out = _run(IMPALA + MOOLIB + ["--env-option", "reset_fails=odd_first", "--run-dir", str(run_dir),
-                                        "--total-steps", "200"])
+    code, out = _run(
+        IMPALA + MOOLIB + ["--env-option", "reset_fails=odd_first", "--run-dir", str(run_dir), "--total-steps", "200"]
+    )
     assert code == 0, out
     assert "finished at step 200" in out
     reports = _reports(out, "first reset")
@@ -254,14 +285,17 @@ def test_moolib_reset_failures_are_replaced_and_a_broken_env_stops_the_run(tmp_p
 
     run_dir = tmp_path / "broken"
     t0 = time.monotonic()
-    code, out = _run(IMPALA + MOOLIB + ["--env-option", "reset_fails=always", "--run-dir", str(run_dir),
-                                        "--total-steps", "200"])
+    code, out = _run(
+        IMPALA + MOOLIB + ["--env-option", "reset_fails=always", "--run-dir", str(run_dir), "--total-steps", "200"]
+    )
     assert code == 1, out
     errors = [line for line in out.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, out
     assert errors[0].startswith(f"error: training aborted: env {ENV} (worker slot ")
-    assert ("3 new envs in a row failed at construction or first reset (limit 3); "
-            "last: RuntimeError: injected reset failure (always)") in errors[0]
+    assert (
+        "3 new envs in a row failed at construction or first reset (limit 3); "
+        "last: RuntimeError: injected reset failure (always)"
+    ) in errors[0]
     assert "Traceback" not in out and "restarting" not in out and "died" not in out
     assert time.monotonic() - t0 < 60
 
@@ -285,8 +319,20 @@ def test_moolib_signal_while_waiting_on_a_hung_env(tmp_path, sig):
     as Ctrl-C does) -> checkpoint, exit 0 within seconds, and the hung worker processes are ended
     rather than left behind."""
     run_dir, marker = tmp_path / "run", tmp_path / "hung"
-    argv = IMPALA + MOOLIB + ["--env-option", "hang_at=40", "--env-option", f"hang_marker={marker}",
-                              "--run-dir", str(run_dir), "--total-steps", "100000"]
+    argv = (
+        IMPALA
+        + MOOLIB
+        + [
+            "--env-option",
+            "hang_at=40",
+            "--env-option",
+            f"hang_marker={marker}",
+            "--run-dir",
+            str(run_dir),
+            "--total-steps",
+            "100000",
+        ]
+    )
     proc = _start(argv, new_session=True)
     workers: list[int] = []
     try:
@@ -323,8 +369,22 @@ def test_moolib_hung_env_times_out_like_a_dead_worker(tmp_path):
     """--env-timeout 5: an env that hangs once -> the batch times out, the trainer checkpoints,
     ends the pool, re-executes itself (counted as one env failure) and finishes."""
     run_dir, marker = tmp_path / "run", tmp_path / "hung"
-    code, out = _run(IMPALA + MOOLIB + ["--env-option", "hang_at=40", "--env-option", f"hang_marker={marker}",
-                                        "--env-timeout", "5", "--run-dir", str(run_dir), "--total-steps", "300"])
+    code, out = _run(
+        IMPALA
+        + MOOLIB
+        + [
+            "--env-option",
+            "hang_at=40",
+            "--env-option",
+            f"hang_marker={marker}",
+            "--env-timeout",
+            "5",
+            "--run-dir",
+            str(run_dir),
+            "--total-steps",
+            "300",
+        ]
+    )
     assert code == 0, out
     assert marker.exists()
     assert "(env timeout 5 s): an env is hung); saving a checkpoint and restarting" in out
@@ -339,8 +399,22 @@ def test_moolib_env_hung_for_ever_stops_at_the_failure_limit(tmp_path):
     """An env that always hangs, with --max-env-failures 0: the first timeout stops the run
     (checkpoint, exit 1, one error line), and no worker is left behind."""
     run_dir = tmp_path / "run"
-    proc = _start(IMPALA + MOOLIB + ["--env-option", "hang_at=40", "--env-timeout", "4", "--max-env-failures", "0",
-                                     "--run-dir", str(run_dir), "--total-steps", "100000"])
+    proc = _start(
+        IMPALA
+        + MOOLIB
+        + [
+            "--env-option",
+            "hang_at=40",
+            "--env-timeout",
+            "4",
+            "--max-env-failures",
+            "0",
+            "--run-dir",
+            str(run_dir),
+            "--total-steps",
+            "100000",
+        ]
+    )
     workers: list[int] = []
     t0 = time.monotonic()
     while proc.poll() is None and time.monotonic() - t0 < DEADLINE:
@@ -355,7 +429,9 @@ def test_moolib_env_hung_for_ever_stops_at_the_failure_limit(tmp_path):
     errors = [line for line in out.splitlines() if line.startswith("error:")]
     assert errors[0].startswith("error: environment pool broken (no result from env batch ")
     step = _checkpoint(run_dir)["step"]
-    assert errors[1] == (f"error: 1 environment failures (limit --max-env-failures 0); stopped at step {step:,}; "
-                         f"checkpoint {run_dir / list_checkpoints(run_dir)[0].name}")
+    assert errors[1] == (
+        f"error: 1 environment failures (limit --max-env-failures 0); stopped at step {step:,}; "
+        f"checkpoint {run_dir / list_checkpoints(run_dir)[0].name}"
+    )
     assert "restarting at step" not in out
     assert not left and len(workers) == 3, (workers, left)

@@ -50,8 +50,11 @@ def test_every_setting_of_a_trainer_is_a_flag_with_the_fields_default(command):
             assert action.default is None, f.name
         elif f.name != "profile":  # --profile auto: chosen from the env's spaces
             assert action.default == flags.default_of(cls, f.name), f.name
-        assert "%(default)" in action.help or action.default in (None, False, "", ()) or \
-            f.default_factory is not dataclasses.MISSING, f"{f.name}: the help must not restate the default"
+        assert (
+            "%(default)" in action.help
+            or action.default in (None, False, "", ())
+            or f.default_factory is not dataclasses.MISSING
+        ), f"{f.name}: the help must not restate the default"
 
 
 @pytest.mark.parametrize("command", sorted(TRAINERS))
@@ -69,8 +72,11 @@ def test_a_command_line_without_flags_gives_the_config_defaults(command):
 def test_set_keys_are_the_config_fields():
     assert set(trainer_keys()) == {f.name for f in dataclasses.fields(ImpalaConfig)} - {"env", "profile"}
     assert set(flags.settings_keys(MetaRLConfig)) == {f.name for f in dataclasses.fields(MetaRLConfig)}
-    assert set(flags.settings_keys(SeqConfig, NOT_SET_KEYS)) == \
-        {f.name for f in dataclasses.fields(SeqConfig)} - {"task", "model", "core"}
+    assert set(flags.settings_keys(SeqConfig, NOT_SET_KEYS)) == {f.name for f in dataclasses.fields(SeqConfig)} - {
+        "task",
+        "model",
+        "core",
+    }
 
 
 def test_shared_settings_have_one_name_in_every_command_and_no_aliases():
@@ -84,8 +90,18 @@ def test_shared_settings_have_one_name_in_every_command_and_no_aliases():
             if action.dest in flags.SHARED:
                 assert long == [flags.flag_name(action.dest)], (command, action.option_strings)
                 seen.setdefault(action.dest, set()).add(command)
-    assert {"train", "actor", "eval", "probe", "meta-rl", "seq", "bench impala", "bench seq", "bench kernels",
-            "bench meta_rl"} <= seen["torch_threads"]
+    assert {
+        "train",
+        "actor",
+        "eval",
+        "probe",
+        "meta-rl",
+        "seq",
+        "bench impala",
+        "bench seq",
+        "bench kernels",
+        "bench meta_rl",
+    } <= seen["torch_threads"]
     for name in ("learning_rate", "grad_norm_clip", "checkpoint_every", "log_every", "total_steps", "seed"):
         assert {"train", "meta-rl", "seq"} <= seen[name], name
     for name in ("entropy_cost", "baseline_cost", "discount"):
@@ -103,10 +119,12 @@ def test_durations_are_seconds_and_budgets_name_their_unit(command):
 
 
 def test_the_loss_settings_are_the_trainers():
-    assert [f.name for f in dataclasses.fields(LossConfig)
-            if f.default is not dataclasses.MISSING] == ["clip_pg_rho"]  # not a trainer setting
-    assert {f.name for f in dataclasses.fields(LossConfig)} - {"clip_pg_rho"} <= \
-        {f.name for f in dataclasses.fields(ImpalaConfig)}
+    assert [f.name for f in dataclasses.fields(LossConfig) if f.default is not dataclasses.MISSING] == [
+        "clip_pg_rho"
+    ]  # not a trainer setting
+    assert {f.name for f in dataclasses.fields(LossConfig)} - {"clip_pg_rho"} <= {
+        f.name for f in dataclasses.fields(ImpalaConfig)
+    }
     cfg = ImpalaConfig(discount=0.5, entropy_cost=0.2, max_kl=0.01)
     loss = loss_config(cfg)
     assert (loss.discount, loss.entropy_cost, loss.max_kl, loss.reward_clip) == (0.5, 0.2, 0.01, cfg.reward_clip)

@@ -14,7 +14,7 @@ from rfwp_rl.cores.fwm import FWMStepper
 from rfwp_rl.errors import UserError
 
 D = torch.float64
-IN = 17   # the meta-RL observation
+IN = 17  # the meta-RL observation
 
 
 def _paper_core(backend: str, scale: float = 3.0) -> cores.Core:
@@ -30,9 +30,9 @@ def _paper_core(backend: str, scale: float = 3.0) -> cores.Core:
 
 def test_stepper_kinds(ext):
     core = cores.make("fwm", 5, hidden_size=6, memory_size=3, num_reads=2)
-    assert type(core.stepper(2)) is CoreStepper                        # with gradients
+    assert type(core.stepper(2)) is CoreStepper  # with gradients
     with torch.no_grad():
-        assert isinstance(core.stepper(2), FWMStepper)                 # acting
+        assert isinstance(core.stepper(2), FWMStepper)  # acting
         assert type(core.stepper(2, specialised=False)) is CoreStepper
         reference = cores.make("fwm", 5, hidden_size=6, memory_size=3, backend="reference")
         assert type(reference.stepper(2)) is CoreStepper
@@ -50,7 +50,7 @@ def test_kernel_equals_reference_in_the_core_with_active_rescaling(ext):
         grads = torch.autograd.grad((y * w).sum() + state[2].sum(), list(core.parameters()))
         out[backend] = (y, state, grads)
     y, state, grads = out["kernel"]
-    assert state[2].flatten(1).norm(dim=1).max().item() == pytest.approx(1.0)   # Eq. 4 was active
+    assert state[2].flatten(1).norm(dim=1).max().item() == pytest.approx(1.0)  # Eq. 4 was active
     torch.testing.assert_close(y, out["reference"][0], rtol=1e-10, atol=1e-12)
     for a, b in zip(state + grads, out["reference"][1] + out["reference"][2]):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
@@ -89,13 +89,15 @@ def test_recording_stepper_replays_one_call_in_values_and_gradients(ext):
     torch.testing.assert_close(y, y_steps, rtol=1e-12, atol=1e-14)  # the steps' numbers (W_o n in one GEMM)
     torch.testing.assert_close(y, y_ref, rtol=1e-10, atol=1e-12)
     w = torch.randn(y.shape, dtype=D, generator=torch.Generator().manual_seed(5))
-    for a, b in zip(torch.autograd.grad((y * w).sum(), list(core.parameters())),
-                    torch.autograd.grad((y_ref * w).sum(), list(core.parameters()))):
+    for a, b in zip(
+        torch.autograd.grad((y * w).sum(), list(core.parameters())),
+        torch.autograd.grad((y_ref * w).sum(), list(core.parameters())),
+    ):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
     with torch.no_grad():
         plain = core.stepper(5)
         plain.step(x[0])
-    assert plain.replay() is None                                      # no record asked for
+    assert plain.replay() is None  # no record asked for
     reference = cores.make("fwm", IN, backend="reference")
     with torch.no_grad():
-        assert reference.stepper(5, record=True).replay() is None      # generic stepper
+        assert reference.stepper(5, record=True).replay() is None  # generic stepper

@@ -16,11 +16,18 @@ from rfwp_rl.impala.loss import compute_loss, loss_config
 
 CORES = ["ff", "lstm", "gru", "lt", "delta", "delta_rnn", "rdn", "fwm"]
 # Tiny cores so that every end-to-end run takes about a second.
-TINY = {"lstm": ["core_config.hidden_size=16"], "gru": ["core_config.hidden_size=16"],
-        "fwm": ["core_config.hidden_size=16", "core_config.memory_size=4", "core_config.num_reads=2"],
-        "ff": []}
-FW_TINY = ["core_config.hidden_size=16", "core_config.num_layers=1", "core_config.num_heads=2",
-           "core_config.ff_size=32"]
+TINY = {
+    "lstm": ["core_config.hidden_size=16"],
+    "gru": ["core_config.hidden_size=16"],
+    "fwm": ["core_config.hidden_size=16", "core_config.memory_size=4", "core_config.num_reads=2"],
+    "ff": [],
+}
+FW_TINY = [
+    "core_config.hidden_size=16",
+    "core_config.num_layers=1",
+    "core_config.num_heads=2",
+    "core_config.ff_size=32",
+]
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
@@ -28,9 +35,29 @@ def train(tmp_path, env, core, steps, *extra, name="run"):
     overrides = []
     for item in TINY.get(core, FW_TINY):
         overrides += ["--set", item]
-    argv = ["train", "--env", env, "--core", core, "--env-backend", "local", "--num-actors", "4",
-            "--unroll-length", "5", "--batch-size", "2", "--total-steps", str(steps),
-            "--run-dir", str(tmp_path / name), "--log-every", "0.5", *overrides, *extra]
+    argv = [
+        "train",
+        "--env",
+        env,
+        "--core",
+        core,
+        "--env-backend",
+        "local",
+        "--num-actors",
+        "4",
+        "--unroll-length",
+        "5",
+        "--batch-size",
+        "2",
+        "--total-steps",
+        str(steps),
+        "--run-dir",
+        str(tmp_path / name),
+        "--log-every",
+        "0.5",
+        *overrides,
+        *extra,
+    ]
     return cli.main(argv)
 
 
@@ -65,8 +92,9 @@ def test_rollouts_chain_and_replay_on_policy(core):
             assert r.data["obs"].shape == (9, 3, 4) and r.data["behaviour_log_prob"].shape == (9, 3)
             saw_reset |= bool(r.data["done"][1:].any())
             with torch.no_grad():
-                out, _ = agent(r.data["obs"], r.data["reward"], r.data["done"], r.state,
-                               prev_action=r.data["prev_action"])
+                out, _ = agent(
+                    r.data["obs"], r.data["reward"], r.data["done"], r.state, prev_action=r.data["prev_action"]
+                )
             log_mu = torch.log_softmax(out["policy_params"], -1).gather(-1, r.data["action"][..., None])[..., 0]
             torch.testing.assert_close(log_mu, r.data["behaviour_log_prob"], rtol=1e-5, atol=1e-5)
             # prev_action[t] is action[t-1] inside a rollout
@@ -78,8 +106,10 @@ def test_rollout_queue_makes_exact_batches():
     q = RolloutQueue(batch_size=4)
 
     def rollout(b, start):
-        data = {k: torch.arange(start, start + b).repeat(3, 1) for k in
-                ("obs", "reward", "done", "prev_action", "action", "behaviour_log_prob")}
+        data = {
+            k: torch.arange(start, start + b).repeat(3, 1)
+            for k in ("obs", "reward", "done", "prev_action", "action", "behaviour_log_prob")
+        }
         return Rollout(data, (torch.arange(start, start + b),))
 
     q.put(rollout(3, 0))
@@ -98,12 +128,18 @@ def test_loss_is_on_policy_actor_critic_when_ratios_are_one():
     torch.manual_seed(1)
     agent = Agent((3,), 2, "ff")
     T, B = 4, 2
-    batch = {"obs": torch.randn(T + 1, B, 3), "reward": torch.randn(T + 1, B),
-             "done": torch.zeros(T + 1, B, dtype=torch.bool), "prev_action": torch.zeros(T + 1, B, dtype=torch.long),
-             "action": torch.randint(2, (T + 1, B))}
+    batch = {
+        "obs": torch.randn(T + 1, B, 3),
+        "reward": torch.randn(T + 1, B),
+        "done": torch.zeros(T + 1, B, dtype=torch.bool),
+        "prev_action": torch.zeros(T + 1, B, dtype=torch.long),
+        "action": torch.randint(2, (T + 1, B)),
+    }
     with torch.no_grad():
         out, _ = agent(batch["obs"], batch["reward"], batch["done"], ())
-    batch["behaviour_log_prob"] = torch.log_softmax(out["policy_params"], -1).gather(-1, batch["action"][..., None])[..., 0]
+    batch["behaviour_log_prob"] = torch.log_softmax(out["policy_params"], -1).gather(-1, batch["action"][..., None])[
+        ..., 0
+    ]
     cfg = loss_config(reward_clip=0.0)
     loss, stats = compute_loss(agent, batch, (), cfg)
     v = out["baseline"]
@@ -178,8 +214,22 @@ def test_cli_errors(tmp_path, capsys):
     assert "unknown core 'rdnn'" in capsys.readouterr().err
     assert train(tmp_path, "CartPole-v1", "rdn", 10, "--set", "core_config.hiden_size=8") == 2
     assert "unknown config key 'hiden_size'" in capsys.readouterr().err
-    assert cli.main(["train", "--env", "CartPole-v1", "--num-actors", "5", "--env-backend", "local",
-                     "--run-dir", str(tmp_path / "x")]) == 2
+    assert (
+        cli.main(
+            [
+                "train",
+                "--env",
+                "CartPole-v1",
+                "--num-actors",
+                "5",
+                "--env-backend",
+                "local",
+                "--run-dir",
+                str(tmp_path / "x"),
+            ]
+        )
+        == 2
+    )
     assert "multiple of --num-env-batches" in capsys.readouterr().err
     assert train(tmp_path, "CartPole-v1", "ff", 10, "--detach-state-every-step") == 2
     assert "core 'ff' has no recurrent state" in capsys.readouterr().err
@@ -215,9 +265,27 @@ def test_tiny_run_with_moolib_envpool(tmp_path, env):
     one EnvPool per process, and a second one in the pytest process would abort it)."""
     import subprocess
 
-    argv = ["train", "--env", env, "--core", "lstm", "--set", "core_config.hidden_size=16", "--num-actors", "4",
-            "--num-env-processes", "2", "--unroll-length", "5", "--batch-size", "2", "--total-steps", "60",
-            "--run-dir", str(tmp_path / "m")]
+    argv = [
+        "train",
+        "--env",
+        env,
+        "--core",
+        "lstm",
+        "--set",
+        "core_config.hidden_size=16",
+        "--num-actors",
+        "4",
+        "--num-env-processes",
+        "2",
+        "--unroll-length",
+        "5",
+        "--batch-size",
+        "2",
+        "--total-steps",
+        "60",
+        "--run-dir",
+        str(tmp_path / "m"),
+    ]
     proc = subprocess.run([sys.executable, "-c", MOOLIB_SCRIPT, *argv], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "exit 0" in proc.stdout and "[moolib]" in proc.stdout
@@ -241,9 +309,14 @@ def test_non_finite_update_is_skipped():
     torch.manual_seed(0)
     agent = Agent((3,), 2, "ff")
     T1, B = 4, 2
-    batch = {"obs": torch.randn(T1, B, 3), "reward": torch.randn(T1, B), "done": torch.zeros(T1, B, dtype=torch.bool),
-             "prev_action": torch.zeros(T1, B, dtype=torch.long), "action": torch.randint(2, (T1, B)),
-             "behaviour_log_prob": torch.randn(T1, B)}
+    batch = {
+        "obs": torch.randn(T1, B, 3),
+        "reward": torch.randn(T1, B),
+        "done": torch.zeros(T1, B, dtype=torch.bool),
+        "prev_action": torch.zeros(T1, B, dtype=torch.long),
+        "action": torch.randint(2, (T1, B)),
+        "behaviour_log_prob": torch.randn(T1, B),
+    }
     batch["obs"][2, 1, 0] = float("nan")
     # the training path of a single learner: Learner.update; 6 of 600 env steps per update
     lrn = learner.Learner(agent, ImpalaConfig(total_steps=600, batch_size=B, unroll_length=T1 - 1, max_nonfinite=5))
@@ -263,9 +336,14 @@ def test_a_single_learner_steps_at_once_and_clears_the_gradients():
     torch.manual_seed(0)
     agent = Agent((3,), 2, "ff")
     T1, B = 4, 2
-    batch = {"obs": torch.randn(T1, B, 3), "reward": torch.randn(T1, B), "done": torch.zeros(T1, B, dtype=torch.bool),
-             "prev_action": torch.zeros(T1, B, dtype=torch.long), "action": torch.randint(2, (T1, B)),
-             "behaviour_log_prob": torch.randn(T1, B)}
+    batch = {
+        "obs": torch.randn(T1, B, 3),
+        "reward": torch.randn(T1, B),
+        "done": torch.zeros(T1, B, dtype=torch.bool),
+        "prev_action": torch.zeros(T1, B, dtype=torch.long),
+        "action": torch.randint(2, (T1, B)),
+        "behaviour_log_prob": torch.randn(T1, B),
+    }
     lrn = learner.Learner(agent, ImpalaConfig(total_steps=600, batch_size=B, unroll_length=T1 - 1))
     before = [p.detach().clone() for p in agent.parameters()]
     lrn.update(Rollout(batch, ()))
@@ -283,10 +361,32 @@ def test_ctrl_c_saves_and_exits_zero(tmp_path):
     import subprocess
     import threading
 
-    cmd = [sys.executable, "-m", "rfwp_rl.cli", "train", "--env", "CartPole-v1", "--core", "lstm",
-           "--set", "core_config.hidden_size=16", "--env-backend", "local", "--num-actors", "2",
-           "--unroll-length", "5", "--batch-size", "2", "--total-steps", "10000000",
-           "--run-dir", str(tmp_path / "run"), "--log-every", "0.2"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "rfwp_rl.cli",
+        "train",
+        "--env",
+        "CartPole-v1",
+        "--core",
+        "lstm",
+        "--set",
+        "core_config.hidden_size=16",
+        "--env-backend",
+        "local",
+        "--num-actors",
+        "2",
+        "--unroll-length",
+        "5",
+        "--batch-size",
+        "2",
+        "--total-steps",
+        "10000000",
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--log-every",
+        "0.2",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     watchdog = threading.Timer(300, proc.kill)  # only ever a failure deadline
     watchdog.start()

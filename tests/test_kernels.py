@@ -57,6 +57,7 @@ def test_cuda_build_cache_key_names_the_gpu_architecture(monkeypatch):
 
 # ------------------------------------------------------------------------- the extension
 
+
 def test_binding_rejects_bad_shapes(ext):
     (q, k, v, W0), reset = cases.make_inputs("lt", T=3, B=2, H=1, d=4)
     with pytest.raises(RuntimeError, match="W0 has shape"):
@@ -69,8 +70,7 @@ def test_build_failure_warns_once_and_uses_reference(monkeypatch, caplog):
     def failing(with_cuda):
         raise _build.BuildError("build failed (error: boom)", Path("/tmp/x/build.log"))
 
-    monkeypatch.setattr(kernels, "_state", {"loaded": False, "ext": None, "why": "",
-                                            "build_seconds": 0.0})
+    monkeypatch.setattr(kernels, "_state", {"loaded": False, "ext": None, "why": "", "build_seconds": 0.0})
     monkeypatch.setattr(_build, "load_extension", failing)
     monkeypatch.setattr(_build, "torch_has_cuda", lambda: False)
     with caplog.at_level(logging.WARNING, logger="rfwp_rl.kernels"):
@@ -132,8 +132,7 @@ def test_missing_sources_one_line_on_stderr(tmp_path):
 
 
 def test_disabled_by_environment(monkeypatch):
-    monkeypatch.setattr(kernels, "_state", {"loaded": False, "ext": None, "why": "",
-                                            "build_seconds": 0.0})
+    monkeypatch.setattr(kernels, "_state", {"loaded": False, "ext": None, "why": "", "build_seconds": 0.0})
     monkeypatch.setenv("RFWP_RL_KERNELS", "0")
     assert kernels.status() == ("reference", "fused kernels disabled by RFWP_RL_KERNELS=0")
     assert ops.get("delta") is ops.naive("delta")
@@ -150,10 +149,14 @@ def test_prebuild_command(ext, capsys):
 def test_kernel_exp_and_tanh_accuracy(ext, dtype):
     # the CPU kernels' vectorisable exp/tanh (csrc/cpu/vec_math.h) against torch's, in ulp
     g = torch.Generator().manual_seed(0)
-    x = torch.cat([torch.randn(200_000, generator=g, dtype=torch.float64) * 3,
-                   torch.logspace(-12, 3, 20_000, dtype=torch.float64),
-                   -torch.logspace(-12, 3, 20_000, dtype=torch.float64),
-                   torch.linspace(-0.25, 0.25, 10_001, dtype=torch.float64)]).to(dtype)
+    x = torch.cat(
+        [
+            torch.randn(200_000, generator=g, dtype=torch.float64) * 3,
+            torch.logspace(-12, 3, 20_000, dtype=torch.float64),
+            -torch.logspace(-12, 3, 20_000, dtype=torch.float64),
+            torch.linspace(-0.25, 0.25, 10_001, dtype=torch.float64),
+        ]
+    ).to(dtype)
     fi = torch.finfo(dtype)
     for fn, ref_fn, max_ulp in (("exp", torch.exp, 2), ("tanh", torch.tanh, 8)):
         xs = x[x < 700] if fn == "exp" and dtype == torch.float64 else x
@@ -163,8 +166,7 @@ def test_kernel_exp_and_tanh_accuracy(ext, dtype):
         ulp = torch.clamp((want.abs() * fi.eps).to(dtype), min=fi.tiny).double()
         err = ((got.double() - want).abs() / ulp).max().item()
         assert err <= max_ulp, (fn, err)
-    special = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 1e4, -1e4],
-                           dtype=dtype)
+    special = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 1e4, -1e4], dtype=dtype)
     e, t = ext._vec_math(special, "exp"), ext._vec_math(special, "tanh")
     assert e[:4].tolist() == [1.0, 1.0, float("inf"), 0.0] and e[4].isnan() and e[5] == float("inf")
     assert e[6] == 0 and t[:4].tolist() == [0.0, 0.0, 1.0, -1.0] and t[4].isnan()

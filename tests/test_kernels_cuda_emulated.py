@@ -24,7 +24,7 @@ from rfwp_rl.kernels import _build, cuda_limits
 from rfwp_rl.kernels.emulated import EmulatedCuda, EmulationError
 from rfwp_rl.ops import cases
 
-OPS = tuple(n for n in ops.OPS if n in cuda_limits.OPS)   # the ops with CUDA kernels
+OPS = tuple(n for n in ops.OPS if n in cuda_limits.OPS)  # the ops with CUDA kernels
 ELEM = {torch.float32: 4, torch.float64: 8}
 # relative tolerance against the float64 reference (cases.max_errors scales by the largest value)
 TOL = {torch.float32: 2e-5, torch.float64: 1e-12}
@@ -33,7 +33,7 @@ TOL = {torch.float32: 2e-5, torch.float64: 1e-12}
 @pytest.fixture(autouse=True)
 def one_thread():
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)   # the reference's tiny ops (see test_kernels.py)
+    torch.set_num_threads(1)  # the reference's tiny ops (see test_kernels.py)
     yield
     torch.set_num_threads(threads)
 
@@ -60,6 +60,7 @@ def device_limits(emu):
 
 
 # ----------------------------------------------------------------------------------- nvcc
+
 
 # the nvcc and ThreadSanitizer builds take minutes on a cold kernel cache: marked slow
 @pytest.mark.slow
@@ -113,6 +114,7 @@ def test_cuda_torch_binding_compiles():
 
 # ------------------------------------------------------------------- emulated = reference
 
+
 def emulated(emu, name, chunk):
     return lambda *a: ops.spec(name).fused(emu, chunk, *a)
 
@@ -123,8 +125,7 @@ def test_emulated_kernels_equal_reference(emu, name, d, threads):
     # d = 5: 4 lanes per row, 20 of 32 threads busy; d = 33: more rows than threads (one lane
     # per row); d = 4 with 64 threads: 8 lanes per row over two warps, half the threads idle
     emu.threads = threads
-    args, reset = cases.make_inputs(name, T=6, B=2, H=2, d=d, seed=d,
-                                    reset_at=((0, 1), (2, 1), (4, 0)))
+    args, reset = cases.make_inputs(name, T=6, B=2, H=2, d=d, seed=d, reset_at=((0, 1), (2, 1), (4, 0)))
     for chunk in (1, 4):
         err, gerr = cases.max_errors(name, emulated(emu, name, chunk), args, reset)
         assert err < 1e-12 and gerr < 1e-12, (chunk, err, gerr)
@@ -138,8 +139,9 @@ SIZES = [(16, 0), (32, 0), (64, 128), (128, 128)]
 
 def _fits(emu, name, d, dk, dtype) -> str | None:
     limits = cuda_limits.DeviceLimits("emulated", 90, emu.device_smem_optin())
-    return (cuda_limits.check(name, "forward", dk, d, ELEM[dtype], limits)
-            or cuda_limits.check(name, "backward", dk, d, ELEM[dtype], limits))
+    return cuda_limits.check(name, "forward", dk, d, ELEM[dtype], limits) or cuda_limits.check(
+        name, "backward", dk, d, ELEM[dtype], limits
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
@@ -148,10 +150,9 @@ def _fits(emu, name, d, dk, dtype) -> str | None:
 def test_emulated_head_sizes(device_limits, name, d, threads, dtype):
     emu = device_limits
     emu.threads = threads
-    args, reset = cases.make_inputs(name, T=5, B=2, H=1, d=d, seed=d + 1, dtype=dtype,
-                                    reset_at=((1, 1), (3, 0)))
+    args, reset = cases.make_inputs(name, T=5, B=2, H=1, d=d, seed=d + 1, dtype=dtype, reset_at=((1, 1), (3, 0)))
     why = _fits(emu, name, d, d, dtype)
-    if why is not None:   # beyond the device: the launcher refuses as cuda_limits says
+    if why is not None:  # beyond the device: the launcher refuses as cuda_limits says
         assert name == "delta_rnn" and d == 128 and dtype == torch.float64, why
         with pytest.raises(EmulationError, match="CUDA error 9"):
             emulated(emu, name, 2)(*args, reset)
@@ -167,8 +168,7 @@ def test_emulated_dpfp_key_size(emu, name, dtype):
     # DPFP-1 keys of a d = 16 head: dk = 2 * 1 * 16 = 32, dv = 16 (rdn's fused kernel is
     # softmax-only; DPFP rdn runs on the reference)
     emu.threads = 0
-    args, reset = cases.make_inputs(name, T=5, B=2, H=2, d=16, dk=32, dtype=dtype, seed=3,
-                                    reset_at=((2, 0), (4, 1)))
+    args, reset = cases.make_inputs(name, T=5, B=2, H=2, d=16, dk=32, dtype=dtype, seed=3, reset_at=((2, 0), (4, 1)))
     err, gerr = cases.max_errors(name, emulated(emu, name, 3), args, reset)
     emu.threads = 32
     assert err < TOL[dtype] and gerr < TOL[dtype], (err, gerr)
@@ -190,7 +190,7 @@ def test_emulated_unstaged_layouts(device_limits, name):
     emu = device_limits
     emu.threads = 64
     args, reset = cases.make_inputs(name, T=6, B=2, H=1, d=16, seed=5, reset_at=((2, 1), (4, 0)))
-    small = emu.smem_request(name, "backward", 16, 16, 8, optin=1)   # the unstaged size
+    small = emu.smem_request(name, "backward", 16, 16, 8, optin=1)  # the unstaged size
     assert small < emu.smem_request(name, "backward", 16, 16, 8)
     emu.set_device_smem_optin(small)
     emu.launches()
@@ -218,7 +218,7 @@ def test_emulated_inference_without_checkpoints(emu, name):
     emu.threads = 32
     args, reset = cases.make_inputs(name, T=4, B=2, H=1, d=5, reset_at=((1, 0),))
     with torch.no_grad():
-        out = ops.spec(name).fused(emu, 3, *args, reset)   # no grad needed: chunk 0 inside
+        out = ops.spec(name).fused(emu, 3, *args, reset)  # no grad needed: chunk 0 inside
     torch.testing.assert_close(out, ops.naive(name)(*args, reset), rtol=1e-12, atol=1e-12)
 
 
@@ -228,8 +228,8 @@ def test_emulated_empty_sequence(emu, name):
     # gradients are those of the final states, every other gradient is zero or empty
     emu.threads = 32
     args, reset = cases.make_inputs(name, T=0, B=2, H=2, d=5)
-    states = ops.spec(name).state_args[:2 if name == "rdn" else len(ops.spec(name).state_args)]
-    states = states[:2] if name == "delta_rnn" else states[:1]   # the final states returned
+    states = ops.spec(name).state_args[: 2 if name == "rdn" else len(ops.spec(name).state_args)]
+    states = states[:2] if name == "delta_rnn" else states[:1]  # the final states returned
     g = torch.Generator().manual_seed(7)
     shapes = [(0, 2, 2, 5)] + [args[s].shape for s in states]
     cotangents = [torch.randn(sh, generator=g, dtype=torch.float64) for sh in shapes]
@@ -240,7 +240,7 @@ def test_emulated_empty_sequence(emu, name):
     for i, gr in enumerate(grads):
         if i in states:
             assert torch.equal(gr, cotangents[1 + states.index(i)])
-        else:   # inputs over time: empty; y0 and rdn's slow weights: nothing read them
+        else:  # inputs over time: empty; y0 and rdn's slow weights: nothing read them
             assert gr.shape == args[i].shape
             assert gr.numel() == 0 or torch.equal(gr, torch.zeros_like(gr)), i
 
@@ -257,16 +257,16 @@ def test_smem_request_equals_cuda_limits(emu, optin):
         for direction in cuda_limits.DIRECTIONS:
             for elem in (4, 8):
                 for dk, dv in DIMS:
-                    if not ops.spec(name).key_size_free and dk != dv:   # rdn, srwm
+                    if not ops.spec(name).key_size_free and dk != dv:  # rdn, srwm
                         continue
                     want = cuda_limits.smem_request(name, direction, dk, dv, elem, optin_bytes)
                     assert emu.smem_request(name, direction, dk, dv, elem, optin_bytes) == want
-                    req = cuda_limits.requirements(name, direction, dk, dv, elem,
-                                                   smem_optin=optin_bytes)
+                    req = cuda_limits.requirements(name, direction, dk, dv, elem, smem_optin=optin_bytes)
                     assert req.smem_dynamic == want
     # half types compute in float32
-    assert cuda_limits.requirements("delta", "forward", 32, 32, 2) == \
-        cuda_limits.requirements("delta", "forward", 32, 32, 4)
+    assert cuda_limits.requirements("delta", "forward", 32, 32, 2) == cuda_limits.requirements(
+        "delta", "forward", 32, 32, 4
+    )
 
 
 def test_launch_threads_equal_cuda_limits(emu):
@@ -281,25 +281,22 @@ def test_launch_threads_equal_cuda_limits(emu):
 def test_launches_ask_what_cuda_limits_says(device_limits, name):
     # the recorded launches (grid, block, dynamic shared memory) of a forward and backward
     emu = device_limits
-    for d, dk, dtype, threads in ((5, 5, torch.float64, 40), (16, 16, torch.float32, 0),
-                                  (8, 12, torch.float64, 3000)):
-        if not ops.spec(name).key_size_free and dk != d:   # rdn, srwm
+    for d, dk, dtype, threads in ((5, 5, torch.float64, 40), (16, 16, torch.float32, 0), (8, 12, torch.float64, 3000)):
+        if not ops.spec(name).key_size_free and dk != d:  # rdn, srwm
             continue
         emu.threads = threads
-        args, reset = cases.make_inputs(name, T=3, B=1, H=2, d=d, dk=dk, dtype=dtype,
-                                        reset_at=((1, 0),))
+        args, reset = cases.make_inputs(name, T=3, B=1, H=2, d=d, dk=dk, dtype=dtype, reset_at=((1, 0),))
         emu.launches()
         cases.forward_backward(emulated(emu, name, 2), args, reset)
         log = emu.launches()
         optin = emu.device_smem_optin()
         expect = []
         for direction in ("forward", "backward"):
-            req = cuda_limits.requirements(name, direction, dk, d, ELEM[dtype], threads=threads,
-                                           smem_optin=optin)
+            req = cuda_limits.requirements(name, direction, dk, d, ELEM[dtype], threads=threads, smem_optin=optin)
             expect.append((1 * 2, req.threads_per_block, req.smem_dynamic))
         assert log[:2] == expect, (d, dk, threads)
         assert all(block <= cuda_limits.MAX_THREADS and block % 32 == 0 for _, block, _ in log)
-        if name == "rdn":   # the slow-weight gradients: one launch for Rq, Rk, Rv, one for rb
+        if name == "rdn":  # the slow-weight gradients: one launch for Rq, Rk, Rv, one for rb
             assert len(log) == 4
 
 
@@ -321,8 +318,9 @@ def test_launch_beyond_the_device_is_refused_and_cleared(device_limits):
     assert emu.pending_error() == 0
     emu.set_device_smem_optin(None)
     small, reset = cases.make_inputs("delta", T=2, B=1, H=1, d=4)
-    torch.testing.assert_close(emu.delta_forward(*small, reset, 0)[0], ops.naive("delta")(*small, reset)[0],
-                               rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(
+        emu.delta_forward(*small, reset, 0)[0], ops.naive("delta")(*small, reset)[0], rtol=1e-12, atol=1e-12
+    )
 
 
 def test_cuda_limits_table_and_messages():
@@ -334,19 +332,21 @@ def test_cuda_limits_table_and_messages():
                 assert cuda_limits.check(name, direction, d, d, 4, A) is None
             assert cuda_limits.check(name, direction, 128, 128, 4, A) is None
     assert cuda_limits.check("delta", "backward", 128, 128, 8, A) is None
-    assert cuda_limits.check("rdn", "backward", 64, 64, 8, A) is None   # unstaged on an A100
+    assert cuda_limits.check("rdn", "backward", 64, 64, 8, A) is None  # unstaged on an A100
     assert cuda_limits.check("rdn", "backward", 128, 128, 8, H) is None
     why = cuda_limits.check("rdn", "backward", 128, 128, 8, A)
     assert why is not None and why.startswith("rdn backward at d=128 float64 needs ")
     assert "KB of shared memory; this GPU (A100, sm_80) allows 163 KB per block" in why
     why = cuda_limits.check("delta_rnn", "forward", 128, 128, 8, H)
-    assert why == ("delta_rnn forward at d=128 float64 needs 280 KB of shared memory; "
-                   "this GPU (H100, sm_90) allows 227 KB per block")
-    assert "dk=64, dv=32" in cuda_limits.check("delta_rnn", "backward", 64, 32, 8,
-                                               cuda_limits.DeviceLimits("small", 80, 16 * 1024))
+    assert why == (
+        "delta_rnn forward at d=128 float64 needs 280 KB of shared memory; "
+        "this GPU (H100, sm_90) allows 227 KB per block"
+    )
+    assert "dk=64, dv=32" in cuda_limits.check(
+        "delta_rnn", "backward", 64, 32, 8, cuda_limits.DeviceLimits("small", 80, 16 * 1024)
+    )
     # a block that exceeds the register file (a device with fewer registers than the bound)
-    few_regs = cuda_limits.DeviceLimits("tiny", 90, 227 * 1024, regs_per_block=16384,
-                                        regs_per_sm=16384)
+    few_regs = cuda_limits.DeviceLimits("tiny", 90, 227 * 1024, regs_per_block=16384, regs_per_sm=16384)
     assert "registers per block" in cuda_limits.check("rdn", "forward", 64, 64, 4, few_regs)
     with pytest.raises(ValueError, match="rdn needs dk == dv"):
         cuda_limits.requirements("rdn", "forward", 32, 16, 4)
@@ -367,6 +367,7 @@ def test_cuda_limits_from_torch_needs_a_gpu():
 
 # ------------------------------------------------------------------ half precision binding
 
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
 @pytest.mark.parametrize("name", tuple(ops.OPS))
 def test_half_inputs_computed_in_float32_by_the_binding(name, dtype):
@@ -379,12 +380,12 @@ def test_half_inputs_computed_in_float32_by_the_binding(name, dtype):
         pytest.skip(f"CPU extension not available: {e}")
     args, reset = cases.make_inputs(name, T=5, B=2, H=1, d=8, seed=4, reset_at=((2, 0),))
     halves = [a.to(dtype) for a in args]
-    dtypes, worst = cases.half_precision_errors(name, lambda *a: ops.spec(name).fused(ext, 2, *a), halves,
-                                                reset)
+    dtypes, worst = cases.half_precision_errors(name, lambda *a: ops.spec(name).fused(ext, 2, *a), halves, reset)
     assert dtypes == {dtype} and worst <= 4, (dtypes, worst)  # within 4 eps of the float64 reference
 
 
 # ------------------------------------------------------------------ races, emulator itself
+
 
 def _race_check(binary: Path, shape: tuple[str, ...]) -> subprocess.CompletedProcess:
     return subprocess.run([str(binary), *shape], capture_output=True, text=True, timeout=600)
@@ -398,7 +399,7 @@ def test_no_data_race_between_threads_of_a_block(shape):
     # result. d = 5 with 64 threads: 8 lanes per row over two warps
     try:
         binary = _build.race_check_binary()
-    except _build.BuildError as e:   # kernel compile errors fail the other tests of this file
+    except _build.BuildError as e:  # kernel compile errors fail the other tests of this file
         pytest.skip(f"cannot build with ThreadSanitizer here: {e}")
     proc = _race_check(binary, shape)
     assert proc.returncode == 0 and "ThreadSanitizer" not in proc.stderr, proc.stderr[-4000:]
@@ -420,9 +421,26 @@ def test_race_check_finds_a_removed_barrier():
         shutil.copytree(_build.CSRC, src, dirs_exist_ok=True)
         (src / "cuda" / "lt_delta.cu").write_text(text.replace(barrier, ""))
     cu = src / "cuda" / "lt_delta.cu"
-    cmd = [cxx, "-std=c++20", "-O1", "-g", "-fsanitize=thread", "-pthread", "-DRFWP_RACE_LT_DELTA_ONLY",
-           f"-I{src}", "-include", str(src / "cuda_emu" / "cuda_emulation.h"), "-x", "c++",
-           str(cu), "-x", "none", str(src / "cuda_emu" / "race_check.cpp"), "-o", "{out}/race_check"]
+    cmd = [
+        cxx,
+        "-std=c++20",
+        "-O1",
+        "-g",
+        "-fsanitize=thread",
+        "-pthread",
+        "-DRFWP_RACE_LT_DELTA_ONLY",
+        f"-I{src}",
+        "-include",
+        str(src / "cuda_emu" / "cuda_emulation.h"),
+        "-x",
+        "c++",
+        str(cu),
+        "-x",
+        "none",
+        str(src / "cuda_emu" / "race_check.cpp"),
+        "-o",
+        "{out}/race_check",
+    ]
     ok, output, out_dir = _build._cached_command("tsan_mutant", cmd, text + _build._tool_version(cxx))
     if not ok:
         pytest.skip(f"cannot build with ThreadSanitizer here: {output[-500:]}")
@@ -438,11 +456,10 @@ def test_emulator_selftest(emu):
         counter, fsum = np.zeros(1, np.int32), np.zeros(1, np.float32)
         maxv, cas = np.full(1, -1, np.int32), np.full(1, -1, np.int32)
         sums, probe = np.zeros(blocks, np.int32), np.zeros(blocks, np.float32)
-        assert lib.rfwp_emu_selftest(blocks, threads, P(counter), P(fsum), P(maxv), P(cas),
-                                     P(sums), P(probe)) == 0
+        assert lib.rfwp_emu_selftest(blocks, threads, P(counter), P(fsum), P(maxv), P(cas), P(sums), P(probe)) == 0
         n = blocks * threads
         assert counter[0] == n and fsum[0] == 0.5 * n and maxv[0] == n - 1
-        assert 0 <= cas[0] < threads          # some thread of block 0 won (blocks run in order)
+        assert 0 <= cas[0] < threads  # some thread of block 0 won (blocks run in order)
         assert (sums == threads * (threads + 1) // 2).all()
         assert all(math.isnan(p) for p in probe)
 

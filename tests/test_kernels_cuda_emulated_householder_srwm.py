@@ -44,8 +44,7 @@ def test_emulated_equals_reference(emu, name, d, threads):
     # d = 5: fewer rows than threads; d = 33: more rows than threads (and, for srwm, 103 rows);
     # d = 4 with 64 threads: most threads idle; d = 16: a head size of the presets
     emu.threads = threads
-    args, reset = cases.make_inputs(name, T=6, B=2, H=2, d=d, seed=d,
-                                    reset_at=((0, 1), (2, 1), (4, 0)))
+    args, reset = cases.make_inputs(name, T=6, B=2, H=2, d=d, seed=d, reset_at=((0, 1), (2, 1), (4, 0)))
     for chunk in (1, 4):
         err, gerr = cases.max_errors(name, emulated(emu, name, chunk), args, reset)
         assert err < TOL[torch.float64] and gerr < TOL[torch.float64], (chunk, err, gerr)
@@ -74,8 +73,13 @@ def test_emulated_delta_product_with_three_householder_steps(emu):
     g = torch.Generator().manual_seed(9)
     r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)
     unit = lambda x: x / x.norm(dim=-1, keepdim=True)
-    args = [unit(r(5, 2, 2, 6)), unit(r(5, 2, 2, 3, 6)), r(5, 2, 2, 3, 6),
-            2 * torch.sigmoid(r(5, 2, 2, 3)), r(2, 2, 6, 6)]
+    args = [
+        unit(r(5, 2, 2, 6)),
+        unit(r(5, 2, 2, 3, 6)),
+        r(5, 2, 2, 3, 6),
+        2 * torch.sigmoid(r(5, 2, 2, 3)),
+        r(2, 2, 6, 6),
+    ]
     reset = torch.zeros(5, 2, dtype=torch.bool)
     reset[3, 1] = True
     err, gerr = cases.max_errors("delta_product", emulated(emu, "delta_product", 2), args, reset)
@@ -95,8 +99,7 @@ def test_launches_are_what_cuda_limits_says(emu, name, dtype):
     log = emu.launches()
     elem = torch.empty((), dtype=dtype).element_size()
     expect = [cuda_limits.requirements(name, direction, d, d, elem) for direction in ("forward", "backward")]
-    assert [(g, t, s) for g, t, s in log[:2]] == [(B * H, r.threads_per_block, r.smem_dynamic)
-                                                  for r in expect]
+    assert [(g, t, s) for g, t, s in log[:2]] == [(B * H, r.threads_per_block, r.smem_dynamic) for r in expect]
     assert len(log) == (3 if name == "srwm" else 2)
     if name == "srwm":
         assert log[0][1] == emu.srwm_threads(d, 0) == cuda_limits.block_threads("srwm", d, d)
@@ -110,8 +113,9 @@ def test_emulated_srwm_unstaged_layout(emu):
     d = 6
     staged = [cuda_limits.smem_request("srwm", direction, d, d, 8) for direction in ("forward", "backward")]
     optin = min(staged) - 1
-    unstaged = [cuda_limits.smem_request("srwm", direction, d, d, 8, smem_optin=optin)
-                for direction in ("forward", "backward")]
+    unstaged = [
+        cuda_limits.smem_request("srwm", direction, d, d, 8, smem_optin=optin) for direction in ("forward", "backward")
+    ]
     assert all(u < s for u, s in zip(unstaged, staged)) and max(unstaged) <= optin
     args, reset = cases.make_inputs("srwm", T=5, B=2, H=2, d=d, reset_at=((2, 1),), seed=3)
     emu.set_device_smem_optin(optin)
@@ -122,4 +126,4 @@ def test_emulated_srwm_unstaged_layout(emu):
     finally:
         emu.set_device_smem_optin(None)
     assert err < 1e-12 and gerr < 1e-12
-    assert [smem for _, _, smem in log] == unstaged + [0]     # then the batch sum
+    assert [smem for _, _, smem in log] == unstaged + [0]  # then the batch sum

@@ -7,8 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rfwp_rl import kernels
-from rfwp_rl import ops
+from rfwp_rl import kernels, ops
 from rfwp_rl.kernels import cuda_limits
 from rfwp_rl.ops import cases
 
@@ -17,7 +16,7 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device (torch.cuda.is_available() is False)"),
 ]
 
-OPS = tuple(n for n in ops.OPS if n in cuda_limits.OPS)   # the ops with CUDA kernels
+OPS = tuple(n for n in ops.OPS if n in cuda_limits.OPS)  # the ops with CUDA kernels
 
 
 def test_op_without_cuda_kernel_runs_the_reference_on_the_gpu():
@@ -53,8 +52,7 @@ class _Threads:
 @pytest.mark.parametrize("name", OPS)
 @pytest.mark.parametrize("d,threads", [(5, 0), (16, 32), (32, 0), (33, 64), (64, 0)])
 def test_cuda_equals_reference_float64(ext, name, d, threads):
-    args, reset = cases.make_inputs(name, T=9, B=3, H=2, d=d, device="cuda", seed=d,
-                                    reset_at=((0, 1), (3, 2), (5, 0)))
+    args, reset = cases.make_inputs(name, T=9, B=3, H=2, d=d, device="cuda", seed=d, reset_at=((0, 1), (3, 2), (5, 0)))
     be = _Threads(ext, threads)
     for chunk in (1, 4):
         fn = lambda *a, chunk=chunk: ops.spec(name).fused(be, chunk, *a)
@@ -64,8 +62,7 @@ def test_cuda_equals_reference_float64(ext, name, d, threads):
 
 @pytest.mark.parametrize("name", OPS)
 def test_cuda_float32_atari_size(ext, name):
-    args, reset = cases.make_inputs(name, T=51, B=32, H=4, d=32, device="cuda", seed=3,
-                                    reset_at=((17, 1), (30, 31)))
+    args, reset = cases.make_inputs(name, T=51, B=32, H=4, d=32, device="cuda", seed=3, reset_at=((17, 1), (30, 31)))
     true_out, true_grad = cases.forward_backward(ops.naive(name), args, reset)
     out, grad = cases.forward_backward(ops.get(name, "kernel"), [a.float() for a in args], reset)
     for x, y in zip(true_out + true_grad, out + grad):
@@ -74,8 +71,7 @@ def test_cuda_float32_atari_size(ext, name):
 
 @pytest.mark.parametrize("name", OPS)
 def test_cuda_deterministic_and_side_effect_free(ext, name):
-    args, reset = cases.make_inputs(name, T=12, B=4, H=2, d=32, device="cuda", dtype=torch.float32,
-                                    reset_at=((5, 1),))
+    args, reset = cases.make_inputs(name, T=12, B=4, H=2, d=32, device="cuda", dtype=torch.float32, reset_at=((5, 1),))
     before = [a.clone() for a in args]
     fn = ops.get(name, "kernel")
     (o1, g1), (o2, g2) = cases.forward_backward(fn, args, reset), cases.forward_backward(fn, args, reset)
@@ -95,10 +91,10 @@ def test_device_guard_second_gpu(ext):
 # ------------------------------------------------------- sizes, limits, dtypes, edge cases
 
 
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
-@pytest.mark.parametrize("d,dk", [(16, 16), (32, 32), (64, 64), (128, 128), (16, 32)],
-                         ids=["d16", "d32", "d64", "d128", "dpfp16"])
+@pytest.mark.parametrize(
+    "d,dk", [(16, 16), (32, 32), (64, 64), (128, 128), (16, 32)], ids=["d16", "d32", "d64", "d128", "dpfp16"]
+)
 @pytest.mark.parametrize("name", OPS)
 def test_cuda_head_sizes_or_a_clean_refusal(ext, name, d, dk, dtype):
     # every size either equals the reference or is refused with NotImplementedError exactly
@@ -106,10 +102,12 @@ def test_cuda_head_sizes_or_a_clean_refusal(ext, name, d, dk, dtype):
     if name in ("rdn", "srwm") and dk != d:
         pytest.skip(f"{name} has keys of the head size only (its DPFP form runs on the reference)")
     limits = cuda_limits.DeviceLimits.from_torch(torch.cuda.current_device())
-    why = (cuda_limits.check(name, "forward", dk, d, dtype.itemsize, limits)
-           or cuda_limits.check(name, "backward", dk, d, dtype.itemsize, limits))
-    args, reset = cases.make_inputs(name, T=20, B=3, H=2, d=d, dk=dk, device="cuda", seed=d,
-                                    dtype=dtype, reset_at=((3, 1), (11, 0), (12, 2)))
+    why = cuda_limits.check(name, "forward", dk, d, dtype.itemsize, limits) or cuda_limits.check(
+        name, "backward", dk, d, dtype.itemsize, limits
+    )
+    args, reset = cases.make_inputs(
+        name, T=20, B=3, H=2, d=d, dk=dk, device="cuda", seed=d, dtype=dtype, reset_at=((3, 1), (11, 0), (12, 2))
+    )
     fn = lambda *a: ops.spec(name).fused(ext, 8, *a)
     if why is not None:
         with pytest.raises(NotImplementedError, match="cannot run on this GPU"):
@@ -123,11 +121,9 @@ def test_cuda_head_sizes_or_a_clean_refusal(ext, name, d, dk, dtype):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
 @pytest.mark.parametrize("name", OPS)
 def test_cuda_half_inputs(ext, name, dtype):
-    args, reset = cases.make_inputs(name, T=9, B=3, H=2, d=32, device="cuda", seed=2,
-                                    reset_at=((4, 1),))
+    args, reset = cases.make_inputs(name, T=9, B=3, H=2, d=32, device="cuda", seed=2, reset_at=((4, 1),))
     halves = [a.to(dtype) for a in args]
-    dtypes, worst = cases.half_precision_errors(name, lambda *a: ops.spec(name).fused(ext, 4, *a), halves,
-                                                reset)
+    dtypes, worst = cases.half_precision_errors(name, lambda *a: ops.spec(name).fused(ext, 4, *a), halves, reset)
     assert dtypes == {dtype} and worst <= 4, (dtypes, worst)  # within 4 eps of the float64 reference
 
 

@@ -33,6 +33,7 @@ def rand(*shape, seed=1):
 
 # ------------------------------------------------------------------------- registry
 
+
 def test_registered_with_defaults_and_equations():
     specs = cores.available()
     for name in LM:
@@ -54,7 +55,7 @@ def test_state_layout():
     }
     for name in LM:
         core = small(name)
-        assert core.state_shapes(B) == expect[name] * 2          # two layers
+        assert core.state_shapes(B) == expect[name] * 2  # two layers
         y, state = core(rand(4, B, IN), None)
         assert y.shape == (4, B, 8) and [tuple(s.shape) for s in state] == expect[name] * 2
 
@@ -63,14 +64,17 @@ def test_parameter_differences_match_the_paper_lm_setting():
     # RFWP Table 1: 16 layers, hidden 128, 8 heads (d = 16), FF 2048. Delta Net 44.0M,
     # Delta-Delta 44.6M, Delta LSTM 47.3M: the differences come from the slow projections.
     cfg = {"hidden_size": 128, "num_layers": 16, "num_heads": 8, "ff_size": 2048}
-    n = {name: sum(p.numel() for p in cores.make(name, 128, **cfg).parameters())
-         for name in ("delta", "delta_delta", "delta_lstm")}
-    assert n["delta_delta"] - n["delta"] == 16 * 128 * 8 * (5 * 16 + 2 - (3 * 16 + 1))   # 540,672
+    n = {
+        name: sum(p.numel() for p in cores.make(name, 128, **cfg).parameters())
+        for name in ("delta", "delta_delta", "delta_lstm")
+    }
+    assert n["delta_delta"] - n["delta"] == 16 * 128 * 8 * (5 * 16 + 2 - (3 * 16 + 1))  # 540,672
     assert n["delta_lstm"] - n["delta"] == 16 * 128 * 8 * (15 * 16 + 6 - (3 * 16 + 1))  # 3,227,648
     assert round((n["delta_lstm"] - n["delta"]) / 1e6, 1) == pytest.approx(47.3 - 44.0, abs=0.1)
 
 
 # ------------------------------------------------------------------------- construction
+
 
 def _keys(layer_params):
     """state_dict keys of a 2-layer block stack whose fast-weight sublayers own ``layer_params``."""
@@ -78,8 +82,10 @@ def _keys(layer_params):
     for i in range(2):
         keys += [f"fast_layers.{i}.{k}" for k in layer_params]
     for i in range(2):
-        keys += [f"ff_layers.{i}.{k}" for k in ("norm.weight", "norm.bias", "net.0.weight",
-                                                 "net.0.bias", "net.3.weight", "net.3.bias")]
+        keys += [
+            f"ff_layers.{i}.{k}"
+            for k in ("norm.weight", "norm.bias", "net.0.weight", "net.0.bias", "net.3.weight", "net.3.bias")
+        ]
     return keys
 
 
@@ -87,20 +93,28 @@ def test_state_dict_keys_and_parameter_order():
     # the layout a checkpoint of every LM core and of lt/delta/delta_rnn/rdn records, and the
     # parameter order the optimizer's state follows
     plain = ("norm.weight", "norm.bias", "slow.weight", "out.weight")
-    expect = {"lt": (22, 384), "delta": (22, 388), "delta_rnn": (22, 648), "rdn": (30, 388),
-              "delta_lstm": (22, 1944), "delta_mlp": (22, 648), "delta_delta": (22, 648)}
+    expect = {
+        "lt": (22, 384),
+        "delta": (22, 388),
+        "delta_rnn": (22, 648),
+        "rdn": (30, 388),
+        "delta_lstm": (22, 1944),
+        "delta_mlp": (22, 648),
+        "delta_delta": (22, 648),
+    }
     for name, (count, slow_rows) in expect.items():
-        core = cores.make(name, 7)                  # defaults: hidden 128, 4 heads, 2 layers
+        core = cores.make(name, 7)  # defaults: hidden 128, 4 heads, 2 layers
         sd = core.state_dict()
         layer = (("Rq", "Rk", "Rv", "rb") if name == "rdn" else ()) + plain
         assert list(sd) == _keys(layer) and len(sd) == count, name
-        assert [n for n, _ in core.named_parameters()] == list(sd), name   # optimizer order
+        assert [n for n, _ in core.named_parameters()] == list(sd), name  # optimizer order
         assert sd["fast_layers.1.slow.weight"].shape == (slow_rows, 128), name
         assert sd["input_proj.weight"].shape == (128, 7) and sd["ff_layers.0.net.0.weight"].shape == (512, 128)
     sd = cores.make("delta_mlp", 7, fast_layers=3).state_dict()
     assert list(sd) == _keys(plain) and sd["fast_layers.0.slow.weight"].shape == (4 * (32 + 3 * 65), 128)
     # the sequence trainer's softmax Transformer is built the same way (LMFastWeightCore)
     from rfwp_rl.seq.attention import TransformerCore
+
     sd = TransformerCore(7).state_dict()
     assert list(sd) == _keys(plain) and sd["fast_layers.0.slow.weight"].shape == (384, 128)
 
@@ -119,10 +133,10 @@ def test_the_sublayer_class_is_chosen_at_construction():
 
     core = Core(IN, hidden_size=8, num_heads=2)
     assert [type(layer) for layer in core.fast_layers] == [lm_cores.DeltaDeltaSublayer] * 2
-    core = Core(IN, hidden_size=8, num_heads=2, sublayer_cls=lm_cores.DeltaMLPSublayer,
-                sublayer_config={"fast_layers": 4})                       # argument wins
-    assert all(type(layer) is lm_cores.DeltaMLPSublayer and layer.K == 4
-               for layer in core.fast_layers)
+    core = Core(
+        IN, hidden_size=8, num_heads=2, sublayer_cls=lm_cores.DeltaMLPSublayer, sublayer_config={"fast_layers": 4}
+    )  # argument wins
+    assert all(type(layer) is lm_cores.DeltaMLPSublayer and layer.K == 4 for layer in core.fast_layers)
     assert core.config["fast_layers"] == 4 and len(core.state_shapes(1)) == 8
     with pytest.raises(TypeError, match="no fast-weight sublayer class"):
         fast_weight.FastWeightCore(IN)
@@ -131,6 +145,7 @@ def test_the_sublayer_class_is_chosen_at_construction():
 # ------------------------------------------------------------------------- equations by hand
 # One head (H = 1), d = 2, T = 3, feature map softmax; the sublayer's recurrence on given
 # slow projections p is compared with loops over python floats written from the equations.
+
 
 def softmax(v):
     e = [pow(2.718281828459045, a) for a in v]
@@ -168,17 +183,17 @@ def test_delta_lstm_version_d_by_hand():
     p = rand(T, 1, 1, layer.slow_per_head(), seed=11)
     y, _ = layer.recurrence(p, tuple(torch.zeros(s, dtype=D) for s in layer.state_shapes(1)), None)
     P = p[:, 0, 0].tolist()
-    Wm = [zeros(d, d) for _ in range(3)]     # W, W_f, W_o
-    Rm = [zeros(d, d) for _ in range(3)]     # R, R_f, R_o
+    Wm = [zeros(d, d) for _ in range(3)]  # W, W_f, W_o
+    Rm = [zeros(d, d) for _ in range(3)]  # R, R_f, R_o
     c, yp = [0.0] * d, [0.0] * d
     for t in range(T):
         row = P[t]
-        q = [row[g * d:(g + 1) * d] for g in range(3)]
-        k = [row[3 * d + g * d:3 * d + (g + 1) * d] for g in range(3)]
-        v = [row[6 * d + g * d:6 * d + (g + 1) * d] for g in range(3)]
-        kr = [row[9 * d + g * d:9 * d + (g + 1) * d] for g in range(3)]
-        vr = [row[12 * d + g * d:12 * d + (g + 1) * d] for g in range(3)]
-        bw, br = row[15 * d:15 * d + 3], row[15 * d + 3:15 * d + 6]
+        q = [row[g * d : (g + 1) * d] for g in range(3)]
+        k = [row[3 * d + g * d : 3 * d + (g + 1) * d] for g in range(3)]
+        v = [row[6 * d + g * d : 6 * d + (g + 1) * d] for g in range(3)]
+        kr = [row[9 * d + g * d : 9 * d + (g + 1) * d] for g in range(3)]
+        vr = [row[12 * d + g * d : 12 * d + (g + 1) * d] for g in range(3)]
+        bw, br = row[15 * d : 15 * d + 3], row[15 * d + 3 : 15 * d + 6]
         z, r = [], []
         fy = softmax(yp)
         for g in range(3):
@@ -186,11 +201,11 @@ def test_delta_lstm_version_d_by_hand():
             Rm[g] = delta_write(Rm[g], softmax(kr[g]), vr[g], sigmoid(br[g]))
             z.append(matvec(Wm[g], softmax(q[g])))
             r.append(matvec(Rm[g], fy))
-        u = [z[0][i] + r[0][i] for i in range(d)]                       # Eq. 36
-        f = [sigmoid(z[1][i] + r[1][i]) for i in range(d)]              # Eq. 37
-        o = [sigmoid(z[2][i] + r[2][i]) for i in range(d)]              # Eq. 38
-        c = [f[i] * c[i] + (1 - f[i]) * u[i] for i in range(d)]         # Eq. 39
-        yp = [c[i] * o[i] for i in range(d)]                            # Eq. 40
+        u = [z[0][i] + r[0][i] for i in range(d)]  # Eq. 36
+        f = [sigmoid(z[1][i] + r[1][i]) for i in range(d)]  # Eq. 37
+        o = [sigmoid(z[2][i] + r[2][i]) for i in range(d)]  # Eq. 38
+        c = [f[i] * c[i] + (1 - f[i]) * u[i] for i in range(d)]  # Eq. 39
+        yp = [c[i] * o[i] for i in range(d)]  # Eq. 40
         assert y[t, 0, 0].tolist() == pytest.approx(yp, abs=1e-12)
 
 
@@ -202,29 +217,29 @@ def test_delta_mlp_by_hand():
     Ws = [zeros(d, d), zeros(d, d)]
     for t in range(T):
         row = p[t, 0, 0].tolist()
-        h = row[:d]                                                     # h_0 = q
+        h = row[:d]  # h_0 = q
         for k in range(2):
-            key = row[d + k * (2 * d + 1): d + k * (2 * d + 1) + d]
-            val = row[2 * d + k * (2 * d + 1): 3 * d + k * (2 * d + 1)]
+            key = row[d + k * (2 * d + 1) : d + k * (2 * d + 1) + d]
+            val = row[2 * d + k * (2 * d + 1) : 3 * d + k * (2 * d + 1)]
             beta = row[3 * d + k * (2 * d + 1)]
             Ws[k] = delta_write(Ws[k], softmax(key), val, sigmoid(beta))
-            h = matvec(Ws[k], softmax(h))                               # Eq. 13
-        assert y[t, 0, 0].tolist() == pytest.approx(h, abs=1e-12)       # Eq. 14
+            h = matvec(Ws[k], softmax(h))  # Eq. 13
+        assert y[t, 0, 0].tolist() == pytest.approx(h, abs=1e-12)  # Eq. 14
 
 
 def test_delta_delta_by_hand():
     layer = sublayer("delta_delta")
     T, d = 3, 2
     p = rand(T, 1, 1, layer.slow_per_head(), seed=13)
-    assert layer.slow_per_head() == 5 * d + 2                            # App. A.3
+    assert layer.slow_per_head() == 5 * d + 2  # App. A.3
     y, (M, W) = layer.recurrence(p, tuple(torch.zeros(s, dtype=D) for s in layer.state_shapes(1)), None)
     Mh, Wh = zeros(3 * d + 1, d), zeros(d, d)
     for t in range(T):
         row = p[t, 0, 0].tolist()
-        qs, ks, vs, bs = row[:d], row[d:2 * d], row[2 * d:5 * d + 1], row[5 * d + 1]
-        Mh = delta_write(Mh, softmax(ks), vs, sigmoid(bs))              # the fast slow-weights
-        proj = matvec(Mh, softmax(qs))                                  # [q, k, v, beta]
-        q, k, v, b = proj[:d], proj[d:2 * d], proj[2 * d:3 * d], proj[3 * d]
-        Wh = delta_write(Wh, softmax(k), v, sigmoid(b))                 # RFWP Eq. 8-10
+        qs, ks, vs, bs = row[:d], row[d : 2 * d], row[2 * d : 5 * d + 1], row[5 * d + 1]
+        Mh = delta_write(Mh, softmax(ks), vs, sigmoid(bs))  # the fast slow-weights
+        proj = matvec(Mh, softmax(qs))  # [q, k, v, beta]
+        q, k, v, b = proj[:d], proj[d : 2 * d], proj[2 * d : 3 * d], proj[3 * d]
+        Wh = delta_write(Wh, softmax(k), v, sigmoid(b))  # RFWP Eq. 8-10
         assert y[t, 0, 0].tolist() == pytest.approx(matvec(Wh, softmax(q)), abs=1e-12)
     assert M[0, 0].flatten().tolist() == pytest.approx(sum(Mh, []), abs=1e-12)

@@ -26,12 +26,20 @@ def test_flag_only_below_the_bar_on_both_tasks():
     assert health.flagged([0.1, 0.49])
     assert not health.flagged([0.5, 0.0]) and not health.flagged([0.2, 0.9])
     assert health.flagged([math.nan, 0.3]) and not health.flagged([math.nan, 0.95])  # no result counts as below
-    by_run = {("lstm", DR): [1.0, 0.0], ("lstm", AR): [0.2, 0.1],  # mean 0.5 on DR: healthy
-              ("srwm", DR): [0.1, 0.2], ("srwm", AR): [0.0, 0.45],  # below on both
-              ("ff", DR): [0.0], ("ff", AR): [math.nan]}  # one seed, one run without episodes
+    by_run = {
+        ("lstm", DR): [1.0, 0.0],
+        ("lstm", AR): [0.2, 0.1],  # mean 0.5 on DR: healthy
+        ("srwm", DR): [0.1, 0.2],
+        ("srwm", AR): [0.0, 0.45],  # below on both
+        ("ff", DR): [0.0],
+        ("ff", AR): [math.nan],
+    }  # one seed, one run without episodes
     rows = health.health_rows(["lstm", "srwm", "ff"], health.TASKS, by_run)
-    assert [(r["core"], r["flagged"], r["seeds"]) for r in rows] == [("lstm", False, 2), ("srwm", True, 2),
-                                                                     ("ff", True, 1)]
+    assert [(r["core"], r["flagged"], r["seeds"]) for r in rows] == [
+        ("lstm", False, 2),
+        ("srwm", True, 2),
+        ("ff", True, 1),
+    ]
     assert rows[0]["DelayedRecall"] == 0.5 and rows[1]["AssociativeRecall"] == pytest.approx(0.225)
     table = health.markdown(rows, health.TASKS, 1000)
     assert "| srwm | 0.15 | 0.23 | 2 | **FLAGGED** |" in table and "| lstm | 0.50 | 0.15 | 2 |  |" in table
@@ -52,10 +60,23 @@ def test_finished_runs_are_skipped(tmp_path):
 
 @pytest.mark.slow
 def test_a_tiny_sweep_writes_the_table_and_skips_on_rerun(tmp_path, capsys):
-    argv = ["bench", "memory-health", "--cores", "ff", "lstm", "--total-steps", "2000",
-            "--runs", str(tmp_path / "runs"),
-            "--out", str(tmp_path / "out"), "--jobs", "2",
-            "--train-args", "--env-backend local --log-every 0.2"]
+    argv = [
+        "bench",
+        "memory-health",
+        "--cores",
+        "ff",
+        "lstm",
+        "--total-steps",
+        "2000",
+        "--runs",
+        str(tmp_path / "runs"),
+        "--out",
+        str(tmp_path / "out"),
+        "--jobs",
+        "2",
+        "--train-args",
+        "--env-backend local --log-every 0.2",
+    ]
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
     assert "4 to train" in out and out.count("done  ") == 4

@@ -20,8 +20,18 @@ def fake_run(root, core, seed, returns, minutes=2.0, env=ENV, minutes_step=None)
     perf/train_minutes with the loss at ``minutes_step`` (default: the last return's step) unless
     ``minutes`` is None."""
     run_dir = root / env.replace("/", "-") / f"{core}_s{seed}"
-    logger = RunLogger(run_dir, {"env": env, "core": core, "seed": seed, "num_params": 1000 + seed,
-                                 "total_steps": 1000 * len(returns), "trainer": "impala"}, total=1000 * len(returns))
+    logger = RunLogger(
+        run_dir,
+        {
+            "env": env,
+            "core": core,
+            "seed": seed,
+            "num_params": 1000 + seed,
+            "total_steps": 1000 * len(returns),
+            "trainer": "impala",
+        },
+        total=1000 * len(returns),
+    )
     for i, r in enumerate(returns):
         logger.log(1000 * (i + 1), {"episode/return_mean100": r})
     if minutes is not None:
@@ -32,8 +42,8 @@ def fake_run(root, core, seed, returns, minutes=2.0, env=ENV, minutes_step=None)
 
 def test_runs_summary_table_and_curves(tmp_path):
     runs = tmp_path / "runs"
-    fake_run(runs, "lstm", 1, [0.25, 0.5, 1.0])         # normalised final 1.0
-    fake_run(runs, "lstm", 2, [0.25, 0.4, 0.625])       # normalised 0.5
+    fake_run(runs, "lstm", 1, [0.25, 0.5, 1.0])  # normalised final 1.0
+    fake_run(runs, "lstm", 2, [0.25, 0.4, 0.625])  # normalised 0.5
     fake_run(runs, "rdn", 1, [0.3, 0.7], minutes=None)  # no minutes logged yet
     # a second easy task (random 1/4, optimal 1): lstm normalised 0.0 and 0.75
     fake_run(runs, "lstm", 1, [0.25], env=AR, minutes=3.0, minutes_step=1500)
@@ -43,15 +53,22 @@ def test_runs_summary_table_and_curves(tmp_path):
     (runs / "other" / "config.json").write_text('{"env": "CartPole-v1", "core": "lstm"}')  # not a suite run
     out = tmp_path / "out"
     (out).mkdir()
-    (out / "README.md").write_text("# intro kept\n\n<!-- memory-table -->\nold\n<!-- /memory-table -->\n\nmiddle kept\n"
-                                   "<!-- memory-aggregate -->\nold\n<!-- /memory-aggregate -->\ntail kept\n")
+    (out / "README.md").write_text(
+        "# intro kept\n\n<!-- memory-table -->\nold\n<!-- /memory-table -->\n\nmiddle kept\n"
+        "<!-- memory-aggregate -->\nold\n<!-- /memory-aggregate -->\ntail kept\n"
+    )
 
     summary, agg = results.write_results(runs, out, reps=2000)
 
     rows = list(csv.DictReader((out / "runs.csv").open()))
     assert [(r["env"], r["core"], r["seed"]) for r in rows] == [
-        (ENV, "lstm", "1"), (ENV, "lstm", "2"), (ENV, "rdn", "1"), ("rfwp/DelayedRecall-medium-v0", "lstm", "1"),
-        (AR, "lstm", "1"), (AR, "lstm", "2")]
+        (ENV, "lstm", "1"),
+        (ENV, "lstm", "2"),
+        (ENV, "rdn", "1"),
+        ("rfwp/DelayedRecall-medium-v0", "lstm", "1"),
+        (AR, "lstm", "1"),
+        (AR, "lstm", "2"),
+    ]
     assert [(float(r["minutes"]), r["steps"]) for r in rows[4:]] == [(3.0, "1500"), (5.0, "1500")]
     assert float(rows[1]["normalized"]) == pytest.approx(0.5, abs=1e-4)
     assert float(rows[0]["minutes"]) == pytest.approx(2.0) and math.isnan(float(rows[2]["minutes"]))
@@ -76,7 +93,7 @@ def test_runs_summary_table_and_curves(tmp_path):
     # mean 0.75; sd = 0.3536; half-width t(0.975, 1) * sd / sqrt(2) = 12.706 * 0.25
     assert lstm["normalized_mean"] == pytest.approx(0.75)
     assert lstm["normalized_ci95"] == pytest.approx(12.706 * 0.25, rel=1e-4)
-    assert lstm["normalized_std"] == pytest.approx(0.5 ** 0.5 / 2)
+    assert lstm["normalized_std"] == pytest.approx(0.5**0.5 / 2)
     assert lstm["seeds"] == 2 and lstm["params"] == 1002
     rdn = next(r for r in summary if r["core"] == "rdn")
     assert rdn["normalized_mean"] == pytest.approx((0.7 - 0.25) / 0.75) and math.isnan(rdn["normalized_ci95"])
@@ -88,7 +105,9 @@ def test_runs_summary_table_and_curves(tmp_path):
     # IQM of lstm's 4 easy runs (1.0, 0.5; 0.0, 0.75): drop one at each end, mean(0.5, 0.75)
     assert [(a["core"], a["runs"], a["tasks"]) for a in agg] == [("lstm", 4, 2), ("rdn", 1, 1)]
     assert agg[0]["iqm"] == pytest.approx(0.625) and agg[1]["iqm"] == pytest.approx(0.6)
-    assert agg[0]["ci95_low"] < 0.625 < agg[0]["ci95_high"] and agg[1]["ci95_low"] == agg[1]["ci95_high"] == pytest.approx(0.6)
+    assert agg[0]["ci95_low"] < 0.625 < agg[0]["ci95_high"] and agg[1]["ci95_low"] == agg[1][
+        "ci95_high"
+    ] == pytest.approx(0.6)
     again = stats.stratified_bootstrap([[1.0, 0.5], [0.0, 0.75]], stats.iqm, reps=2000)
     assert (agg[0]["ci95_low"], agg[0]["ci95_high"]) == pytest.approx((again.low, again.high))
     assert "| lstm | 0.62 [" in readme and "| rdn | 0.60 [0.60, 0.60] | 1 | 1 of 2 | 1 | no difference |" in readme
@@ -99,9 +118,11 @@ def test_runs_summary_table_and_curves(tmp_path):
 
 
 def test_versus_best_follows_the_intervals():
-    rows = [{"core": "a", "iqm": 0.9, "ci95_low": 0.8, "ci95_high": 1.0},
-            {"core": "b", "iqm": 0.7, "ci95_low": 0.5, "ci95_high": 0.8},  # touches the best's low end
-            {"core": "c", "iqm": 0.6, "ci95_low": 0.55, "ci95_high": 0.79}]
+    rows = [
+        {"core": "a", "iqm": 0.9, "ci95_low": 0.8, "ci95_high": 1.0},
+        {"core": "b", "iqm": 0.7, "ci95_low": 0.5, "ci95_high": 0.8},  # touches the best's low end
+        {"core": "c", "iqm": 0.6, "ci95_low": 0.55, "ci95_high": 0.79},
+    ]
     assert results.versus_best(rows) == {"a": "best", "b": "no difference", "c": "below"}
 
 
@@ -116,8 +137,26 @@ def test_a_short_default_run_on_the_easiest_task_learns(tmp_path, capsys):
     """`rfwp-rl train --env rfwp/DelayedRecall-easy-v0 --core rdn` with the defaults (vector profile,
     agents/vector_rdn.toml) ends clearly above random (1/4) after 100k env steps (~30 s here)."""
     run_dir = tmp_path / "run"
-    assert cli.main(["train", "--env", ENV, "--core", "rdn", "--total-steps", "100000", "--env-backend", "local",
-                     "--run-dir", str(run_dir), "--log-every", "5"]) == 0
+    assert (
+        cli.main(
+            [
+                "train",
+                "--env",
+                ENV,
+                "--core",
+                "rdn",
+                "--total-steps",
+                "100000",
+                "--env-backend",
+                "local",
+                "--run-dir",
+                str(run_dir),
+                "--log-every",
+                "5",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "settings (vector profile)" in out and "batch 16 x unroll 20" in out
     run = results.read_run(run_dir)

@@ -162,8 +162,11 @@ def test_make_env_in_a_fresh_process_registers_the_suite():
 def test_unknown_level_and_option_are_one_line_errors():
     for env_id in (suite.env_id(t, "easy") for t in suite.ENTRY_POINTS):
         task = suite.SUITE[env_id].task
-        with pytest.raises(UserError, match=rf"^unknown {task} level 'hardest'; did you mean 'hard'\? "
-                                            r"allowed: easy, hard, medium$"):
+        with pytest.raises(
+            UserError,
+            match=rf"^unknown {task} level 'hardest'; did you mean 'hard'\? "
+            r"allowed: easy, hard, medium$",
+        ):
             raw(env_id, level="hardest")
         name = next(iter(suite.LEVEL_PARAMS[task]["easy"]))
         with pytest.raises(UserError, match=rf"^unknown {task} option '{name}x'; did you mean '{name}'.*allowed: "):
@@ -288,8 +291,11 @@ def test_repeat_previous_episode_by_hand():
             assert r == (1 / 3 if t >= 2 and right else 0.0)  # 1 / (length - k) per right answer
             assert (term, trunc) == (t == 4, False)
         assert not obs.any()
-    with pytest.raises(UserError, match=r"^RepeatPrevious: length 3 leaves no scored step with k 3; "
-                                        r"allowed: length >= k \+ 1 = 4$"):
+    with pytest.raises(
+        UserError,
+        match=r"^RepeatPrevious: length 3 leaves no scored step with k 3; "
+        r"allowed: length >= k \+ 1 = 4$",
+    ):
         raw("rfwp/RepeatPrevious-easy-v0", k=3, length=3)
     with pytest.raises(UserError, match=r"^RepeatPrevious: k 0 is invalid; allowed: an integer >= 1$"):
         raw("rfwp/RepeatPrevious-easy-v0", k=0)
@@ -323,8 +329,11 @@ def test_count_recall_episode_by_hand():
             assert r == (0.5 if j == 0 else 0.0) and (term, trunc) == (j == 1, False)
         assert len(set(asked)) == 2
     assert set(answers) == {0, 1, 2}
-    with pytest.raises(UserError, match=r"^CountRecall: n_show 5 cannot hold 2 counts up to max_count 3; "
-                                        r"allowed: n_show >= n_queries \* max_count = 6$"):
+    with pytest.raises(
+        UserError,
+        match=r"^CountRecall: n_show 5 cannot hold 2 counts up to max_count 3; "
+        r"allowed: n_show >= n_queries \* max_count = 6$",
+    ):
         raw("rfwp/CountRecall-easy-v0", n_show=5)
     with pytest.raises(UserError, match=r"^CountRecall: n_queries 4 is invalid; allowed: an integer in 1..3$"):
         raw("rfwp/CountRecall-easy-v0", n_queries=4)
@@ -355,8 +364,11 @@ def test_associative_recall_episode_by_hand():
             obs, r, term, trunc, _ = env.step(memory[key] if j == 1 else (memory[key] + 1) % 3)
             assert r == (0.5 if j == 1 else 0.0) and (term, trunc) == (j == 1, False)
         assert len(set(asked)) == 2
-    with pytest.raises(UserError, match=r"^AssociativeRecall: n_pairs 9 is too large for n_keys 8 "
-                                        r"\(each key is written once\); allowed: n_pairs <= n_keys$"):
+    with pytest.raises(
+        UserError,
+        match=r"^AssociativeRecall: n_pairs 9 is too large for n_keys 8 "
+        r"\(each key is written once\); allowed: n_pairs <= n_keys$",
+    ):
         raw("rfwp/AssociativeRecall-easy-v0", n_pairs=9)
     with pytest.raises(UserError, match=r"^AssociativeRecall: n_queries 5 is more than the 4 keys written"):
         raw("rfwp/AssociativeRecall-easy-v0", n_queries=5)
@@ -365,8 +377,7 @@ def test_associative_recall_episode_by_hand():
 
 
 def test_associative_recall_reassign_scores_only_the_newest_value():
-    env = raw("rfwp/AssociativeRecallReassign-easy-v0", n_keys=3, n_values=3, n_pairs=5, n_reassign=2,
-              n_queries=3)
+    env = raw("rfwp/AssociativeRecallReassign-easy-v0", n_keys=3, n_values=3, n_pairs=5, n_reassign=2, n_queries=3)
     assert (env.max_episode_steps, env.memory_horizon, env.n_distinct) == (8, 7, 3)
     for seed in range(20):
         obs, _ = env.reset(seed=seed)
@@ -401,11 +412,17 @@ def test_associative_recall_reassign_scores_only_the_newest_value():
         asked = ep.obs[64:, :48].argmax(1)
         assert all((writes == k).sum() == 2 for k in asked)
         assert len(set(asked.tolist())) == 16
-    with pytest.raises(UserError, match=r"^AssociativeRecallReassign: n_pairs 8 with n_reassign 2 needs 6 distinct "
-                                        r"keys, more than n_keys 4; allowed: n_pairs - n_reassign <= n_keys$"):
+    with pytest.raises(
+        UserError,
+        match=r"^AssociativeRecallReassign: n_pairs 8 with n_reassign 2 needs 6 distinct "
+        r"keys, more than n_keys 4; allowed: n_pairs - n_reassign <= n_keys$",
+    ):
         raw("rfwp/AssociativeRecallReassign-easy-v0", n_pairs=8)
-    with pytest.raises(UserError, match=r"^AssociativeRecallReassign: n_reassign 6 is invalid; "
-                                        r"allowed: an integer in 1..5$"):
+    with pytest.raises(
+        UserError,
+        match=r"^AssociativeRecallReassign: n_reassign 6 is invalid; "
+        r"allowed: an integer in 1..5$",
+    ):
         raw("rfwp/AssociativeRecallReassign-easy-v0", n_reassign=6)
     with pytest.raises(UserError, match=r"^AssociativeRecallReassign: n_queries 5 is more than the 4 distinct"):
         raw("rfwp/AssociativeRecallReassign-easy-v0", n_queries=5)
@@ -421,7 +438,7 @@ def grid_obs(env, x: int, y: int, cue: int | None) -> np.ndarray:
     if cue is not None:
         obs[cue] = 1
     obs[g + x] = obs[g + s + y] = 1
-    obs[g + 2 * s:] = [y == 0, x == s - 1, y == s - 1, x == 0]  # walls up, right, down, left
+    obs[g + 2 * s :] = [y == 0, x == s - 1, y == s - 1, x == 0]  # walls up, right, down, left
     return obs
 
 
@@ -508,8 +525,11 @@ def test_cue_grid_a_memoryless_policy_cannot_carry_the_cue():
 
 
 def test_cue_grid_bad_settings():
-    with pytest.raises(UserError, match=r"^CueGrid: size 6 is invalid \(the start is the centre cell\); "
-                                        r"allowed: an odd integer >= 3$"):
+    with pytest.raises(
+        UserError,
+        match=r"^CueGrid: size 6 is invalid \(the start is the centre cell\); "
+        r"allowed: an odd integer >= 3$",
+    ):
         raw("rfwp/CueGrid-easy-v0", size=6)
     with pytest.raises(UserError, match=r"^CueGrid: n_goals 5 is invalid; allowed: an integer in 2..4$"):
         raw("rfwp/CueGrid-easy-v0", n_goals=5)

@@ -17,7 +17,6 @@ from rfwp_rl.meta_rl.config import MetaRLConfig
 from rfwp_rl.meta_rl.model import MetaRLAgent, count_parameters
 from rfwp_rl.presets import AGENTS_DIR, load_preset
 
-
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 CFG = MetaRLConfig()
@@ -25,6 +24,7 @@ LOSS = dict(discount=CFG.discount, baseline_cost=CFG.baseline_cost, entropy_cost
 
 
 # ------------------------------------------------------------------------------- the loss
+
 
 def test_discounted_returns_by_hand():
     r = torch.tensor([[1.0, 0.0], [0.0, 2.0], [3.0, 0.0]])
@@ -43,8 +43,9 @@ def test_discounted_returns_cut_at_termination_and_bootstrapped_at_truncation():
     terminated = torch.tensor([[False], [True], [False], [False], [False]])
     truncated = torch.tensor([[False], [False], [False], [True], [False]])
     final_values = torch.tensor([[0.0], [0.0], [0.0], [6.0], [0.0]])
-    out = a2c.discounted_returns(r, 0.5, bootstrap=torch.tensor([8.0]), terminated=terminated,
-                                 truncated=truncated, final_values=final_values)
+    out = a2c.discounted_returns(
+        r, 0.5, bootstrap=torch.tensor([8.0]), terminated=terminated, truncated=truncated, final_values=final_values
+    )
     # R4 = 1 + .5*8 = 5; R3 = 4 + .5*6 = 7; R2 = 0 + .5*7 = 3.5; R1 = 2 (terminal); R0 = 1 + .5*2 = 2
     torch.testing.assert_close(out[:, 0], torch.tensor([2.0, 2.0, 3.5, 7.0, 5.0]))
     with pytest.raises(ValueError, match="final_values"):
@@ -53,9 +54,13 @@ def test_discounted_returns_cut_at_termination_and_bootstrapped_at_truncation():
 
 def test_a2c_loss_equals_hand_computation():
     L3 = math.log(3.0)
-    logits = torch.tensor([[[0, 0], [L3, 0]],      # t = 0: p = (.5, .5) and (.75, .25)
-                           [[L3, 0], [0, 0]],      # t = 1
-                           [[0, 0], [L3, 0]]])     # t = 2
+    logits = torch.tensor(
+        [
+            [[0, 0], [L3, 0]],  # t = 0: p = (.5, .5) and (.75, .25)
+            [[L3, 0], [0, 0]],  # t = 1
+            [[0, 0], [L3, 0]],
+        ]
+    )  # t = 2
     actions = torch.tensor([[1, 0], [1, 1], [0, 1]])
     rewards = torch.tensor([[0.0, 10.0], [-0.05, 0.0], [10.0, 0.0]])
     values = torch.tensor([[1.0, 2.0], [3.0, 0.0], [4.0, -1.0]], requires_grad=True)
@@ -66,8 +71,8 @@ def test_a2c_loss_equals_hand_computation():
     #   agent 0: R2 = 10, R1 = -0.05 + 0.9 * 10 = 8.95, R0 = 0 + 0.9 * 8.95 = 8.055
     #   agent 1: R2 = 0,  R1 = 0,                        R0 = 10
     # advantages R - V: agent 0: 7.055, 5.95, 6; agent 1: 8, 0, 1
-    adv = [7.055, 8.0, 5.95, 0.0, 6.0, 1.0]              # (t, b) in row-major order
-    logp = [math.log(.5), math.log(.75), math.log(.25), math.log(.5), math.log(.5), math.log(.25)]
+    adv = [7.055, 8.0, 5.95, 0.0, 6.0, 1.0]  # (t, b) in row-major order
+    logp = [math.log(0.5), math.log(0.75), math.log(0.25), math.log(0.5), math.log(0.5), math.log(0.25)]
     policy = -sum(lp * a for lp, a in zip(logp, adv)) / 6
     value = sum(a * a for a in adv) / 6
     h_half, h_34 = math.log(2), -(0.75 * math.log(0.75) + 0.25 * math.log(0.25))
@@ -88,11 +93,13 @@ def test_a2c_loss_equals_hand_computation():
 
 def test_a2c_loss_rejects_bad_shapes():
     with pytest.raises(ValueError, match="shape mismatch"):
-        a2c.a2c_loss(torch.zeros(3, 2, 3), torch.zeros(3, 2), torch.zeros(3, 2, dtype=torch.long),
-                     torch.zeros(2, 3), **LOSS)
+        a2c.a2c_loss(
+            torch.zeros(3, 2, 3), torch.zeros(3, 2), torch.zeros(3, 2, dtype=torch.long), torch.zeros(2, 3), **LOSS
+        )
 
 
 # ------------------------------------------------------------------------------- agents
+
 
 def test_paper_agents_parameter_counts_and_presets():
     fwm = load_preset(AGENTS_DIR / "meta_rl_fwm.toml")
@@ -108,7 +115,7 @@ def test_paper_agents_parameter_counts_and_presets():
         formula = 4 * h * (17 + h) + 8 * h + 4 * h + 4
         assert f"{formula:,}" in (AGENTS_DIR / f"meta_rl_lstm{h}.toml").read_text()
     assert count_parameters(MetaRLAgent("lstm", {"hidden_size": 512}, 17, 3)) == 4 * 512 * 529 + 12 * 512 + 4
-    assert 4 * 4096 * (17 + 4096) + 12 * 4096 + 4 == 67_436_548   # paper: "67.4M"
+    assert 4 * 4096 * (17 + 4096) + 12 * 4096 + 4 == 67_436_548  # paper: "67.4M"
 
 
 @pytest.mark.parametrize("name", sorted(cores.available()))
@@ -116,8 +123,14 @@ def test_every_core_trains_one_episode(name):
     torch.manual_seed(0)
     train_t, _ = graph_env.graph_sets()
     env = graph_env.GraphBatchEnv(train_t[:3], rng=0)
-    small = {"hidden_size": 16, "num_heads": 2, "num_layers": 1, "ff_size": 32, "memory_size": 8,
-             "backend": "reference"}  # (the fused kernels have their own tests)
+    small = {
+        "hidden_size": 16,
+        "num_heads": 2,
+        "num_layers": 1,
+        "ff_size": 32,
+        "memory_size": 8,
+        "backend": "reference",
+    }  # (the fused kernels have their own tests)
     config = {k: v for k, v in small.items() if k in cores.available()[name].defaults}
     agent = MetaRLAgent(name, config, 17, 3)
     out = train.rollout(agent, env, torch.device("cpu"), torch.Generator().manual_seed(0))
@@ -167,13 +180,14 @@ def test_training_rollout_replays_the_acting_steps_with_the_gradients_of_one_cal
             s = stepper(self, *a, record=record and RECORD, **k)  # noqa: B023
             made.append(s)  # noqa: B023
             return s
+
         RECORD = record
         FWMCore.stepper = spy
         try:
             out = train.rollout(agent, env, torch.device("cpu"), torch.Generator().manual_seed(0))
         finally:
             FWMCore.stepper = stepper
-        assert (made[0].replay() is not None) == record     # the record is what was used
+        assert (made[0].replay() is not None) == record  # the record is what was used
         loss = a2c.a2c_loss(out["logits"], out["values"], out["actions"], out["rewards"], **LOSS)["loss"]
         grads[record] = (out["logits"], torch.autograd.grad(loss, list(agent.parameters())))
     torch.testing.assert_close(grads[True][0], grads[False][0], rtol=1e-5, atol=1e-6)
@@ -182,6 +196,7 @@ def test_training_rollout_replays_the_acting_steps_with_the_gradients_of_one_cal
 
 
 # ------------------------------------------------------------------------------- the trainer
+
 
 def _rows(run_dir):
     with open(run_dir / "metrics.csv") as f:
@@ -193,10 +208,35 @@ def test_short_run_learns_on_unseen_graphs(tmp_path, capsys):
     the agent learns to stop repeating invalid actions, which needs memory of the previous
     location, and the sampled test reward on the 600 unseen graphs rises clearly (about +10;
     the evaluation noise of a mean over 600 episodes is about 1)."""
-    code = main(["meta-rl", "--core", "lstm", "--set", "core_config.hidden_size=32", "--learning-rate", "2e-2",
-                 "--invalid-penalty", "10", "--episode-steps", "10", "--batch-size", "256",
-                 "--total-steps", str(400 * 2560), "--eval-every", str(200 * 2560), "--seed", "0",
-                 "--torch-threads", "1", "--run-dir", str(tmp_path), "--log-every", "1000"])
+    code = main(
+        [
+            "meta-rl",
+            "--core",
+            "lstm",
+            "--set",
+            "core_config.hidden_size=32",
+            "--learning-rate",
+            "2e-2",
+            "--invalid-penalty",
+            "10",
+            "--episode-steps",
+            "10",
+            "--batch-size",
+            "256",
+            "--total-steps",
+            str(400 * 2560),
+            "--eval-every",
+            str(200 * 2560),
+            "--seed",
+            "0",
+            "--torch-threads",
+            "1",
+            "--run-dir",
+            str(tmp_path),
+            "--log-every",
+            "1000",
+        ]
+    )
     assert code == 0
     rows = _rows(tmp_path)
     assert [r["episode"] for r in rows] == ["0", "200", "400"]
@@ -212,10 +252,31 @@ STEPS = 8 * 30  # env steps of an episode of the batch below
 
 
 def _run_args(run_dir, episodes):
-    return ["meta-rl", "--core", "fwm", "--set", "core_config.hidden_size=16", "--set", "core_config.memory_size=8",
-            "--batch-size", "8", "--test-graphs", "8", "--total-steps", str(episodes * STEPS),
-            "--eval-every", str(2 * STEPS), "--eval-policy", "both", "--seed", "3", "--run-dir", str(run_dir),
-            "--log-every", "1000"]
+    return [
+        "meta-rl",
+        "--core",
+        "fwm",
+        "--set",
+        "core_config.hidden_size=16",
+        "--set",
+        "core_config.memory_size=8",
+        "--batch-size",
+        "8",
+        "--test-graphs",
+        "8",
+        "--total-steps",
+        str(episodes * STEPS),
+        "--eval-every",
+        str(2 * STEPS),
+        "--eval-policy",
+        "both",
+        "--seed",
+        "3",
+        "--run-dir",
+        str(run_dir),
+        "--log-every",
+        "1000",
+    ]
 
 
 def test_resume_after_interruption_continues_at_saved_episode(tmp_path, monkeypatch, capsys):
@@ -241,12 +302,12 @@ def test_resume_after_interruption_continues_at_saved_episode(tmp_path, monkeypa
     assert f"stopped at env step {4 * STEPS:,} (episode 4)" in out
     assert read_checkpoint(find_checkpoint_file(interrupted))["step"] == 4 * STEPS
 
-    assert main(_run_args(interrupted, 6)) == 0                 # the same command resumes
+    assert main(_run_args(interrupted, 6)) == 0  # the same command resumes
     assert "resuming" in capsys.readouterr().out
     a = read_checkpoint(find_checkpoint_file(straight))
     b = read_checkpoint(find_checkpoint_file(interrupted))
     assert a["step"] == b["step"] == 6 * STEPS
-    for k, v in a["state"]["model"].items():                     # identical training trajectory
+    for k, v in a["state"]["model"].items():  # identical training trajectory
         assert torch.equal(v, b["state"]["model"][k]), k
     keep = [c for c in train.CSV_COLUMNS if c not in ("wall_minutes", "episodes_per_s")]
     ra, rb = _rows(straight), _rows(interrupted)
@@ -278,15 +339,20 @@ def test_two_trainers_never_share_a_run_directory(tmp_path, capsys):
     assert main(_run_args(tmp_path, 2)) == 0
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--core", "lstn"], "unknown core 'lstn'; did you mean 'lstm'"),
-    (["--core", "fwm", "--set", "hiden_size=4"], "hiden_size"),
-    (["--core", "fwm", "--set", "hidden_size=4"],  # the old bare spelling names the new one
-     "--set 'hidden_size=4': unknown key 'hidden_size'; core options are set as --set core_config.hidden_size=4"),
-    (["--core", "lstm", "--preset", str(AGENTS_DIR / "meta_rl_fwm.toml")], "contradicts preset"),
-    (["--total-steps", "0"], "--total-steps 0 is invalid"),
-    (["--preset", "agents/nope.toml"], "does not exist"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--core", "lstn"], "unknown core 'lstn'; did you mean 'lstm'"),
+        (["--core", "fwm", "--set", "hiden_size=4"], "hiden_size"),
+        (
+            ["--core", "fwm", "--set", "hidden_size=4"],  # the old bare spelling names the new one
+            "--set 'hidden_size=4': unknown key 'hidden_size'; core options are set as --set core_config.hidden_size=4",
+        ),
+        (["--core", "lstm", "--preset", str(AGENTS_DIR / "meta_rl_fwm.toml")], "contradicts preset"),
+        (["--total-steps", "0"], "--total-steps 0 is invalid"),
+        (["--preset", "agents/nope.toml"], "does not exist"),
+    ],
+)
 def test_cli_errors_are_one_line(tmp_path, capsys, args, message):
     assert main(["meta-rl", *args, "--run-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
@@ -296,13 +362,17 @@ def test_cli_errors_are_one_line(tmp_path, capsys, args, message):
 def test_preset_and_core_flags_pick_the_papers_fwm(tmp_path):
     core, config, label = train.resolve_agent(None, str(AGENTS_DIR / "meta_rl_lstm512.toml"), [])
     assert (core, config, label) == ("lstm", {"hidden_size": 512, "num_layers": 1}, "lstm512")
-    assert train.resolve_agent("fwm", None, []) == ("fwm", {"hidden_size": 32, "memory_size": 16,
-                                                            "num_reads": 3}, "fwm")
+    assert train.resolve_agent("fwm", None, []) == (
+        "fwm",
+        {"hidden_size": 32, "memory_size": 16, "num_reads": 3},
+        "fwm",
+    )
     assert train.resolve_agent(None, None, ["core_config.num_reads=2"])[1]["num_reads"] == 2
     assert train.resolve_agent("lstm", None, ["core_config.hidden_size=8"])[1] == {"hidden_size": 8}
 
 
 # ------------------------------------------------------------------------------- results
+
 
 def test_plot_summarises_runs_at_equal_episodes(tmp_path):
     from rfwp_rl.meta_rl import plot
@@ -325,7 +395,7 @@ def test_plot_summarises_runs_at_equal_episodes(tmp_path):
     fwm, lstm = rows["fwm (s1)"], rows["lstm512 (s1)"]
     # running mean of 5 evaluations: 85 at episode 600, (80+90+95+100+100)/5 = 93 at 700
     assert float(fwm["episodes_to_test_90"]) == 700 and float(fwm["minutes_to_test_90"]) == 7.0
-    assert float(fwm["episodes_to_test_100"]) == 1000                  # (100 x 5) at 1000
+    assert float(fwm["episodes_to_test_100"]) == 1000  # (100 x 5) at 1000
     assert float(fwm["common_episode"]) == float(lstm["common_episode"]) == 500
     assert float(fwm["test_at_common_episode"]) == pytest.approx((50 + 60 + 80 + 90 + 95) / 5)
     assert float(lstm["test_at_common_episode"]) == pytest.approx((50 + 50 + 52 + 54 + 56) / 5)
@@ -337,8 +407,23 @@ def test_bench_meta_rl_writes_a_row_per_case(tmp_path, capsys):
     from rfwp_rl.meta_rl import bench
 
     out = tmp_path / "update_time.csv"
-    assert main(["bench", "meta_rl", "--cases", "fwm (fused),fwm (fused) no replay", "--batch-size", "4",
-                 "--updates", "1", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "meta_rl",
+                "--cases",
+                "fwm (fused),fwm (fused) no replay",
+                "--batch-size",
+                "4",
+                "--updates",
+                "1",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     rows = list(csv.DictReader(out.open()))
     assert [r["case"] for r in rows] == ["fwm (fused)", "fwm (fused) no replay"]
     assert all(float(r["cpu_seconds_per_update"]) > 0 and r["batch_size"] == "4" for r in rows)

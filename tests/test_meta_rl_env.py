@@ -31,6 +31,7 @@ def listing1(n_actions, n_states, random_state):
 
 # ------------------------------------------------------------------------------- generator
 
+
 def test_sample_graph_equals_listing1_call_for_call():
     for seed in (0, 1, 666):
         r1, r2 = np.random.RandomState(seed), np.random.RandomState(seed)
@@ -44,12 +45,12 @@ def test_generator_properties_over_many_seeds():
     for table in tables:
         adj = ge.table_to_adjacency(table)
         assert table.shape == (3, 5)
-        assert ge.strongly_connected(table)                          # every location reaches every other
-        assert all(adj[a, s, s] == 0 for a in range(3) for s in range(5))   # no self-transitions
-        assert (adj.sum(-1) <= 1).all()                              # deterministic actions
-        assert (table >= 0).sum() == 10 and (table < 0).sum() == 5   # some actions invalid
-        assert ((table >= 0).sum(0) >= 1).all()                      # every location can be left
-        assert (adj.sum((0, 1)) >= 1).all()                          # every location can be entered
+        assert ge.strongly_connected(table)  # every location reaches every other
+        assert all(adj[a, s, s] == 0 for a in range(3) for s in range(5))  # no self-transitions
+        assert (adj.sum(-1) <= 1).all()  # deterministic actions
+        assert (table >= 0).sum() == 10 and (table < 0).sum() == 5  # some actions invalid
+        assert ((table >= 0).sum(0) >= 1).all()  # every location can be left
+        assert (adj.sum((0, 1)) >= 1).all()  # every location can be entered
         np.testing.assert_array_equal(ge.adjacency_to_table(adj), table)
     # graphs differ from each other: the generator is not degenerate
     assert len({t.tobytes() for t in tables}) > 400
@@ -57,10 +58,10 @@ def test_generator_properties_over_many_seeds():
 
 def test_strongly_connected_detects_a_split_graph():
     table = np.full((3, 5), -1, dtype=np.int8)
-    table[0] = [1, 0, 3, 4, 2]           # two separate cycles {0,1} and {2,3,4}
+    table[0] = [1, 0, 3, 4, 2]  # two separate cycles {0,1} and {2,3,4}
     assert not ge.strongly_connected(table)
     table[1, 1] = 2
-    assert not ge.strongly_connected(table)   # 2,3,4 cannot get back to 0,1
+    assert not ge.strongly_connected(table)  # 2,3,4 cannot get back to 0,1
     table[1, 4] = 0
     assert ge.strongly_connected(table)
 
@@ -70,8 +71,8 @@ def test_graph_sets_deterministic_disjoint_and_seed_dependent():
     assert train.shape == (600, 3, 5) and test.shape == (600, 3, 5)
     assert not train.flags.writeable
     train_b = {t.tobytes() for t in train}
-    assert not train_b & {t.tobytes() for t in test}           # no test graph is a training graph
-    fresh = ge.graph_sets.__wrapped__(666, 600, 600)           # bypass the cache: same arrays again
+    assert not train_b & {t.tobytes() for t in test}  # no test graph is a training graph
+    fresh = ge.graph_sets.__wrapped__(666, 600, 600)  # bypass the cache: same arrays again
     np.testing.assert_array_equal(fresh[0], train)
     np.testing.assert_array_equal(fresh[1], test)
     other_train, other_test = ge.graph_sets.__wrapped__(7, 50, 50)
@@ -94,9 +95,7 @@ def test_training_graphs_equal_to_a_test_graph_are_redrawn():
 
 # hand-built graph: action 0 walks the ring 0->1->2->3->4->0, action 1 jumps i -> i+2 from
 # even locations, everything else is invalid
-RING = np.array([[1, 2, 3, 4, 0],
-                 [2, -1, 4, -1, 1],
-                 [-1, -1, -1, -1, -1]], dtype=np.int8)
+RING = np.array([[1, 2, 3, 4, 0], [2, -1, 4, -1, 1], [-1, -1, -1, -1, -1]], dtype=np.int8)
 
 
 def _env(**kw):
@@ -111,27 +110,34 @@ def test_observation_layout():
     env.agent[:], env.goal[:] = 1, 3
     obs = env.observe()[0]
     expected = np.zeros(17, np.float32)
-    expected[3] = 1          # reward location 3
-    expected[5 + 1] = 1      # current location 1
-    expected[10] = 1         # previous action: none
-    expected[14] = 1         # bias
-    expected[15] = 0.0       # progress 0/30
-    expected[16] = 0.0       # reward so far
+    expected[3] = 1  # reward location 3
+    expected[5 + 1] = 1  # current location 1
+    expected[10] = 1  # previous action: none
+    expected[14] = 1  # bias
+    expected[15] = 0.0  # progress 0/30
+    expected[16] = 0.0  # reward so far
     np.testing.assert_array_equal(obs, expected)
-    obs, reward, done = env.step(np.array([0]))       # 1 -> 2 with action 0
+    obs, reward, done = env.step(np.array([0]))  # 1 -> 2 with action 0
     expected[5 + 1], expected[5 + 2] = 0, 1
-    expected[10], expected[11] = 0, 1                 # previous action 0
+    expected[10], expected[11] = 0, 1  # previous action 0
     expected[15] = 1 / 30
     np.testing.assert_array_equal(obs[0], expected)
     assert reward[0] == 0 and not done
-    obs, reward, _ = env.step(np.array([2]))          # invalid: stays at 2, penalty
+    obs, reward, _ = env.step(np.array([2]))  # invalid: stays at 2, penalty
     assert reward[0] == pytest.approx(-0.05)
     assert obs[0, 5 + 2] == 1 and obs[0, 13] == 1 and obs[0, 11] == 0
     assert obs[0, 16] == pytest.approx(-0.05 * 0.01)  # reward so far, scaled by 1/100
     assert obs[0, 15] == pytest.approx(2 / 30)
     lay = ge.obs_layout()
-    assert (lay["goal"], lay["location"], lay["prev_action_none"], lay["prev_action"], lay["bias"],
-            lay["progress"], lay["reward_sum"]) == (slice(0, 5), slice(5, 10), 10, slice(11, 14), 14, 15, 16)
+    assert (
+        lay["goal"],
+        lay["location"],
+        lay["prev_action_none"],
+        lay["prev_action"],
+        lay["bias"],
+        lay["progress"],
+        lay["reward_sum"],
+    ) == (slice(0, 5), slice(5, 10), 10, slice(11, 14), 14, 15, 16)
 
 
 def test_goal_reward_and_replacement():
@@ -140,10 +146,10 @@ def test_goal_reward_and_replacement():
         env.reset()
         env.agent[:], env.goal[:] = 0, 2
         env.timer[:] = 4
-        obs, reward, _ = env.step(np.array([1]))      # 0 -> 2 reaches the goal
+        obs, reward, _ = env.step(np.array([1]))  # 0 -> 2 reaches the goal
         assert reward[0] == 10.0
         assert env.goal[0] != 2 and env.agent[0] != env.goal[0]
-        assert env.timer[0] == 0                      # App. I: timer reset on reaching the reward
+        assert env.timer[0] == 0  # App. I: timer reset on reaching the reward
         assert env.prev_action[0] == 1 and obs[0, 12] == 1
         assert env.goals[0] == 1 and env.last_reached[0]
         assert obs[0, 16] == pytest.approx(10 * 0.01)
@@ -152,7 +158,7 @@ def test_goal_reward_and_replacement():
 def test_invalid_action_penalty_and_stay():
     env = _env(invalid_penalty=0.25)
     env.agent[:], env.goal[:] = 1, 4
-    _, reward, _ = env.step(np.array([1]))            # action 1 is invalid at 1
+    _, reward, _ = env.step(np.array([1]))  # action 1 is invalid at 1
     assert reward[0] == pytest.approx(-0.25) and env.agent[0] == 1 and env.invalid[0] == 1
     assert env.reward_sum[0] == pytest.approx(-0.25)
 
@@ -161,29 +167,29 @@ def test_timeout_after_six_unsuccessful_steps():
     env = _env()
     env.agent[:], env.goal[:] = 1, 0
     # five unsuccessful steps (invalid action 2 and moves that miss the goal): no re-placement
-    for a in (2, 2, 0, 2, 0):                          # 1 -> 1 -> 1 -> 2 -> 2 -> 3
+    for a in (2, 2, 0, 2, 0):  # 1 -> 1 -> 1 -> 2 -> 2 -> 3
         _, reward, _ = env.step(np.array([a]))
         assert env.goal[0] == 0 and not env.last_timeout[0]
     assert env.agent[0] == 3 and env.timer[0] == 5
-    obs, reward, _ = env.step(np.array([2]))          # the sixth: both re-placed
+    obs, reward, _ = env.step(np.array([2]))  # the sixth: both re-placed
     assert env.last_timeout[0] and env.timeouts[0] == 1
     assert env.goal[0] != 0 and env.agent[0] != env.goal[0]
     assert env.timer[0] == 0 and env.prev_action[0] == 3
-    assert obs[0, 10] == 1 and obs[0, 11:14].sum() == 0   # previous action shows "none"
-    assert reward[0] == pytest.approx(-0.05)           # the sixth step still pays its penalty
+    assert obs[0, 10] == 1 and obs[0, 11:14].sum() == 0  # previous action shows "none"
+    assert reward[0] == pytest.approx(-0.05)  # the sixth step still pays its penalty
 
 
 def test_reaching_the_goal_restarts_the_timeout_count():
     env = _env()
     env.agent[:], env.goal[:] = 0, 4
-    for a in (2, 2, 2, 2, 2):                          # five invalid steps at 0
+    for a in (2, 2, 2, 2, 2):  # five invalid steps at 0
         env.step(np.array([a]))
     env.goal[:] = 1
-    env.step(np.array([0]))                            # 0 -> 1: goal, timer back to 0
+    env.step(np.array([0]))  # 0 -> 1: goal, timer back to 0
     g = env.goal[0]
     for _ in range(5):
-        env.step(np.array([2]))                        # action 2 is invalid everywhere
-    assert env.goal[0] == g and env.timeouts[0] == 0   # 5 more unsuccessful steps: no timeout
+        env.step(np.array([2]))  # action 2 is invalid everywhere
+    assert env.goal[0] == g and env.timeouts[0] == 0  # 5 more unsuccessful steps: no timeout
 
 
 def test_episode_length_and_batch_independence():
@@ -221,6 +227,7 @@ def test_random_agent_total_reward_is_near_the_papers_start():
 
 
 # ------------------------------------------------------------------------------- gymnasium
+
 
 def test_gymnasium_env_checks_and_episode():
     env = PomdpGraphEnv(graphs="test", render_mode="ansi")

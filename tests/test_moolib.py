@@ -16,6 +16,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
 from procs import free_port  # tests/procs.py
 
 REPO = Path(__file__).resolve().parent.parent
@@ -192,7 +193,11 @@ client.sync("host", "fail")
 print("survived")
 """
     proc = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=DEADLINE, cwd=tmp_path,
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE,
+        cwd=tmp_path,
         preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, 0)),
     )
     assert proc.returncode < 0 and "survived" not in proc.stdout

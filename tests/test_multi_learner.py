@@ -22,17 +22,33 @@ from pathlib import Path
 import pytest
 import torch
 
+from procs import alive, children_and_grandchildren, ended, free_port  # tests/procs.py
 from rfwp_rl import cli
 from rfwp_rl.checkpoint import list_checkpoints, read_checkpoint
 from rfwp_rl.impala.multi_learner import group_gradient_factor, pack, unpack
 from rfwp_rl.impala.net import settings_mismatch
-from procs import alive, children_and_grandchildren, ended, free_port  # tests/procs.py
 
 REPO = Path(__file__).resolve().parent.parent
 DEADLINE = 300  # s: only ever a failure deadline (a slow or busy machine just takes longer)
 TESTS = Path(__file__).resolve().parent
-TINY = ["--env", "CartPole-v1", "--core", "lstm", "--set", "core_config.hidden_size=16", "--num-actors", "4",
-        "--num-env-processes", "1", "--unroll-length", "5", "--batch-size", "4", "--log-every", "0.5"]
+TINY = [
+    "--env",
+    "CartPole-v1",
+    "--core",
+    "lstm",
+    "--set",
+    "core_config.hidden_size=16",
+    "--num-actors",
+    "4",
+    "--num-env-processes",
+    "1",
+    "--unroll-length",
+    "5",
+    "--batch-size",
+    "4",
+    "--log-every",
+    "0.5",
+]
 
 
 class Proc:
@@ -41,8 +57,14 @@ class Proc:
     def __init__(self, *argv: str):
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS), str(REPO), env.get("PYTHONPATH", "")) if p)
-        self.p = subprocess.Popen([sys.executable, "-m", "rfwp_rl", *argv], cwd=REPO, stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, text=True, env=env)
+        self.p = subprocess.Popen(
+            [sys.executable, "-m", "rfwp_rl", *argv],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+        )
         self.lines: list[str] = []
         self.workers: set[int] = set()  # env pool processes seen (ended by stop())
         self.reader = threading.Thread(target=self._read, daemon=True)
@@ -64,8 +86,12 @@ class Proc:
 
     def steps(self, since: int = 0) -> list[int]:
         """The env steps of the progress lines from ``since`` on."""
-        return [int(m.group(1).replace(",", "")) for line in self.lines[since:]
-                for m in [re.match(r"([\d,]+)/[\d,]+ env steps ", line)] if m]
+        return [
+            int(m.group(1).replace(",", ""))
+            for line in self.lines[since:]
+            for m in [re.match(r"([\d,]+)/[\d,]+ env steps ", line)]
+            if m
+        ]
 
     def wait_until(self, done: Callable[[], bool], timeout: float) -> bool:
         """Wait until ``done()`` (True) or the process ended or ``timeout`` s passed (``done()`` then)."""
@@ -126,8 +152,21 @@ def broker():
 
 
 def _learner(address: str, run_dir: Path, seed: int, total: int, *extra: str) -> Proc:
-    return Proc("train", *TINY, "--broker", address, "--group", "test/g", "--seed", str(seed),
-                "--total-steps", str(total), "--run-dir", str(run_dir), *extra)
+    return Proc(
+        "train",
+        *TINY,
+        "--broker",
+        address,
+        "--group",
+        "test/g",
+        "--seed",
+        str(seed),
+        "--total-steps",
+        str(total),
+        "--run-dir",
+        str(run_dir),
+        *extra,
+    )
 
 
 def _final(run_dir: Path) -> dict:
@@ -146,6 +185,7 @@ def _assert_same_model(a: dict, b: dict) -> None:
 
 
 # ------------------------------------------------------------------ gradient weighting
+
 
 def test_group_gradient_is_the_batch_size_weighted_mean():
     """moolib's reduced gradient (sum of the hand-ins / their number) times the factor equals the
@@ -170,7 +210,10 @@ def test_group_gradient_is_the_batch_size_weighted_mean():
 def test_settings_mismatch_and_lossless_state_packing():
     mine = {"env": "CartPole-v1", "core_config": {"hidden_size": 16}, "discount": 0.99}
     assert settings_mismatch(mine, json.loads(json.dumps(mine))) is None
-    assert settings_mismatch(mine, {**mine, "core_config": {"hidden_size": 32}}) == "core_config.hidden_size 32 there, 16 here"
+    assert (
+        settings_mismatch(mine, {**mine, "core_config": {"hidden_size": 32}})
+        == "core_config.hidden_size 32 there, 16 here"
+    )
     assert settings_mismatch(mine, {**mine, "discount": 0.9}) == "discount 0.9 there, 0.99 here"
     state = {"lr": 6e-4, "counters": {"step": 123}, "t": torch.arange(3.0)}
     back = unpack(pack(state))  # moolib would send the float as float32
@@ -256,15 +299,21 @@ def test_a_real_group_applies_the_weighted_mean_on_every_learner(tmp_path):
 
 # ------------------------------------------------------------------ arguments
 
-@pytest.mark.parametrize("argv, message", [
-    (["--group", "g"], "error: --group 'g' needs --broker HOST:PORT"),
-    (["--broker", "127.0.0.1:4432"], "error: --broker 127.0.0.1:4432 needs --group NAME"),
-    (["--broker", "127.0.0.1", "--group", "g"], "error: --broker '127.0.0.1' is invalid; allowed: HOST:PORT"),
-    (["--broker", "127.0.0.1:70000", "--group", "g"], "error: --broker '127.0.0.1:70000' is invalid"),
-    (["--broker", "no-such-host.invalid:4432", "--group", "g"],
-     "error: --broker no-such-host.invalid:4432: cannot resolve host 'no-such-host.invalid'"),
-    (["--broker", "127.0.0.1:4432", "--group", "bad name"], "error: --group 'bad name' is invalid; allowed: "),
-])
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--group", "g"], "error: --group 'g' needs --broker HOST:PORT"),
+        (["--broker", "127.0.0.1:4432"], "error: --broker 127.0.0.1:4432 needs --group NAME"),
+        (["--broker", "127.0.0.1", "--group", "g"], "error: --broker '127.0.0.1' is invalid; allowed: HOST:PORT"),
+        (["--broker", "127.0.0.1:70000", "--group", "g"], "error: --broker '127.0.0.1:70000' is invalid"),
+        (
+            ["--broker", "no-such-host.invalid:4432", "--group", "g"],
+            "error: --broker no-such-host.invalid:4432: cannot resolve host 'no-such-host.invalid'",
+        ),
+        (["--broker", "127.0.0.1:4432", "--group", "bad name"], "error: --group 'bad name' is invalid; allowed: "),
+    ],
+)
 def test_bad_group_arguments_are_one_line_errors(tmp_path, capsys, argv, message):
     code = cli.main(["train", *TINY, "--run-dir", str(tmp_path / "run"), *argv])
     err = capsys.readouterr().err.strip().splitlines()
@@ -277,12 +326,15 @@ def test_bad_broker_and_actor_arguments_are_one_line_errors(capsys):
     assert cli.main(["broker", "--address", "127.0.0.1:4432", "--log-every", "0"]) == 2
     assert cli.main(["actor", "--connect", "127.0.0.1:4431", "--env-timeout", "0"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["error: --address 'localhost' is invalid; allowed: HOST:PORT, e.g. 127.0.0.1:4431 or 0.0.0.0:4431",
-                   "error: --log-every 0 is invalid; allowed: seconds > 0",
-                   "error: --env-timeout 0.0 is invalid; allowed: seconds > 0"]
+    assert err == [
+        "error: --address 'localhost' is invalid; allowed: HOST:PORT, e.g. 127.0.0.1:4431 or 0.0.0.0:4431",
+        "error: --log-every 0 is invalid; allowed: seconds > 0",
+        "error: --env-timeout 0.0 is invalid; allowed: seconds > 0",
+    ]
 
 
 # ------------------------------------------------------------------ learners end to end
+
 
 @pytest.mark.moolib
 @pytest.mark.slow
@@ -293,8 +345,23 @@ def test_late_learner_takes_the_current_model_and_both_finish_with_the_same_one(
     the same model. Nothing here depends on which process is faster."""
     address, _ = broker
     first, total = 1000, 3000
-    assert cli.main(["train", *TINY, "--env-backend", "local", "--seed", "1", "--total-steps", str(first),
-                     "--run-dir", str(tmp_path / "a")]) == 0
+    assert (
+        cli.main(
+            [
+                "train",
+                *TINY,
+                "--env-backend",
+                "local",
+                "--seed",
+                "1",
+                "--total-steps",
+                str(first),
+                "--run-dir",
+                str(tmp_path / "a"),
+            ]
+        )
+        == 0
+    )
     alone = _final(tmp_path / "a")["state"]["counters"]
     assert alone["step"] == first and alone["updates"] > 0
     a = _learner(address, tmp_path / "a", 1, total, "--num-actors", "0", "--listen", f"127.0.0.1:{free_port()}")
@@ -362,36 +429,95 @@ def test_killed_learner_does_not_stop_the_other_and_it_resumes(tmp_path, broker)
 @pytest.mark.slow
 def test_mismatched_learner_is_refused_with_one_line(tmp_path, broker):
     address, _ = broker
-    a = _learner(address, tmp_path / "a", 1, 10 ** 7)
+    a = _learner(address, tmp_path / "a", 1, 10**7)
     try:
         assert a.wait_for(r"1 learner\(s\), leader this learner", DEADLINE), a.text()
-        bad = subprocess.run([sys.executable, "-m", "rfwp_rl", "train", *TINY, "--broker", address, "--group", "test/g",
-                              "--seed", "2", "--total-steps", str(10 ** 7), "--discount", "0.9",
-                              "--run-dir", str(tmp_path / "b")], cwd=REPO, capture_output=True, text=True,
-                             timeout=DEADLINE)
+        bad = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "rfwp_rl",
+                "train",
+                *TINY,
+                "--broker",
+                address,
+                "--group",
+                "test/g",
+                "--seed",
+                "2",
+                "--total-steps",
+                str(10**7),
+                "--discount",
+                "0.9",
+                "--run-dir",
+                str(tmp_path / "b"),
+            ],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=DEADLINE,
+        )
     finally:
         a.stop()
     errors = [line for line in bad.stderr.splitlines() if line.startswith("error:")]
     assert bad.returncode == 2 and len(errors) == 1, bad.stdout + bad.stderr
-    assert re.match(r"error: learner learner-\S+-s1-\S+ of group 'test/g' trains with other settings "
-                    r"\(discount 0\.99 there, 0\.9 here\)", errors[0]), errors
+    assert re.match(
+        r"error: learner learner-\S+-s1-\S+ of group 'test/g' trains with other settings "
+        r"\(discount 0\.99 there, 0\.9 here\)",
+        errors[0],
+    ), errors
 
 
 # ------------------------------------------------------------------ remote actor: env timeout, no hung worker
+
 
 @pytest.mark.moolib
 @pytest.mark.slow
 def test_remote_actor_times_out_a_hung_env_and_leaves_no_worker(tmp_path):
     port = free_port()
-    env = ["--env", "fault_envs:FaultCartPole-v0", "--env-option", "hang_at=30", "--core", "lstm",
-           "--set", "core_config.hidden_size=16"]
-    learner = Proc("train", *env, "--num-actors", "0", "--listen", f"127.0.0.1:{port}", "--unroll-length", "5",
-                   "--batch-size", "2", "--total-steps", str(10 ** 7), "--run-dir", str(tmp_path / "run"))
+    env = [
+        "--env",
+        "fault_envs:FaultCartPole-v0",
+        "--env-option",
+        "hang_at=30",
+        "--core",
+        "lstm",
+        "--set",
+        "core_config.hidden_size=16",
+    ]
+    learner = Proc(
+        "train",
+        *env,
+        "--num-actors",
+        "0",
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--unroll-length",
+        "5",
+        "--batch-size",
+        "2",
+        "--total-steps",
+        str(10**7),
+        "--run-dir",
+        str(tmp_path / "run"),
+    )
     actor = None
     try:
         assert learner.wait_for("listening for remote actors", DEADLINE), learner.text()
-        actor = Proc("actor", "--connect", f"localhost:{port}", *env, "--num-actors", "2", "--num-env-processes", "1",
-                     "--env-timeout", "3", "--rpc-timeout", "5")  # a host name: resolved before moolib sees it
+        actor = Proc(
+            "actor",
+            "--connect",
+            f"localhost:{port}",
+            *env,
+            "--num-actors",
+            "2",
+            "--num-env-processes",
+            "1",
+            "--env-timeout",
+            "3",
+            "--rpc-timeout",
+            "5",
+        )  # a host name: resolved before moolib sees it
         assert actor.wait_for("connected to the learner", DEADLINE), actor.text()
         code = actor.wait(DEADLINE)
         left = ended(actor.workers, DEADLINE)  # before stop() would end them

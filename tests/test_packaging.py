@@ -24,8 +24,17 @@ from rfwp_rl.scores import load_paper
 
 REPO = Path(__file__).resolve().parents[1]
 # what the build reads; results/ and env_specs/ whole, so the test sees that only results/paper ships
-BUILD_INPUTS = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "rfwp_rl", "csrc", "agents",
-                "results", "env_specs")
+BUILD_INPUTS = (
+    "pyproject.toml",
+    "setup.py",
+    "MANIFEST.in",
+    "README.md",
+    "rfwp_rl",
+    "csrc",
+    "agents",
+    "results",
+    "env_specs",
+)
 DATA = "rfwp_rl/_data"
 
 
@@ -105,8 +114,14 @@ def test_folder_beside_an_installed_package_is_not_a_checkout(tmp_path, monkeypa
 def _pip(args: list[str], cwd: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(PIP_NO_INDEX="1", PIP_DISABLE_PIP_VERSION_CHECK="1")  # offline
-    proc = subprocess.run(["nice", "-n", "15", sys.executable, "-m", "pip", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        ["nice", "-n", "15", sys.executable, "-m", "pip", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
@@ -134,8 +149,12 @@ def test_wheel_carries_sources_presets_and_paper_tables(wheel):
         expected |= {f"{DATA}/agents/{p.name}": p for p in (REPO / "agents").glob("*.toml")}
         expected |= {f"{DATA}/results/paper/{p.name}": p for p in (REPO / "results" / "paper").glob("*.csv")}
         assert len([n for n in expected if "/csrc/" in n]) >= 15
-        assert {f"{DATA}/agents/atari_rdn.toml", f"{DATA}/results/paper/table9.csv",
-                f"{DATA}/csrc/bindings.cpp", f"{DATA}/csrc/cuda_emu/cuda_emulation.h"} <= set(expected)
+        assert {
+            f"{DATA}/agents/atari_rdn.toml",
+            f"{DATA}/results/paper/table9.csv",
+            f"{DATA}/csrc/bindings.cpp",
+            f"{DATA}/csrc/cuda_emu/cuda_emulation.h",
+        } <= set(expected)
         assert sorted(set(expected) - names) == []
         for name, path in expected.items():
             assert z.read(name) == path.read_bytes(), name
@@ -173,8 +192,14 @@ def test_installed_wheel_finds_its_data_outside_the_source_tree(wheel, tmp_path)
     elsewhere.mkdir()
     env = dict(os.environ, PYTHONPATH=str(site), RFWP_RL_KERNELS="0", RFWP_CACHE=str(tmp_path / "cache"))
     env.pop("RFWP_RL_KERNEL_CACHE", None)
-    proc = subprocess.run(["nice", "-n", "15", sys.executable, "-c", PROBE], cwd=elsewhere, env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        ["nice", "-n", "15", sys.executable, "-c", PROBE],
+        cwd=elsewhere,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout)
     pkg = site / "rfwp_rl"

@@ -47,21 +47,24 @@ def test_tables_3_and_8_shape():
     assert {s.model for s in t8} == {"lstm", "ff", "ff_gated"} and len(t8) == 12
 
 
-@pytest.mark.parametrize("game,model,steps,mean,std", [
-    ("Alien", "ff", 50_000_000, 1985, 90),
-    ("Assault", "rdn", 50_000_000, 8088, 2851),
-    ("Jamesbond", "delta_rnn", 50_000_000, 2929.3, 408),      # printed with a decimal
-    ("Robotank", "ff", 50_000_000, 7.1, 0.7),
-    ("Seaquest", "rdn", 50_000_000, 686, 1),                 # row printed as "Sequester"
-    ("UpNDown", "lstm", 50_000_000, 155847, 15318),
-    ("Zaxxon", "ff", 50_000_000, 4863, 872),
-    ("Qbert", "rdn", 200_000_000, 987275, 0),
-    ("SpaceInvaders", "rdn", 200_000_000, 170871, 80),
-    ("Zaxxon", "delta", 200_000_000, 10523, 568),             # printed "1,0523"
-    ("Gopher", "lstm", 200_000_000, 124914, 22422),
-    ("BattleZone", "rdn_large", 200_000_000, 28273, 5333),    # Table 3
-    ("SpaceInvaders", "ff_gated", 200_000_000, 95629, 11991),  # Table 8
-])
+@pytest.mark.parametrize(
+    "game,model,steps,mean,std",
+    [
+        ("Alien", "ff", 50_000_000, 1985, 90),
+        ("Assault", "rdn", 50_000_000, 8088, 2851),
+        ("Jamesbond", "delta_rnn", 50_000_000, 2929.3, 408),  # printed with a decimal
+        ("Robotank", "ff", 50_000_000, 7.1, 0.7),
+        ("Seaquest", "rdn", 50_000_000, 686, 1),  # row printed as "Sequester"
+        ("UpNDown", "lstm", 50_000_000, 155847, 15318),
+        ("Zaxxon", "ff", 50_000_000, 4863, 872),
+        ("Qbert", "rdn", 200_000_000, 987275, 0),
+        ("SpaceInvaders", "rdn", 200_000_000, 170871, 80),
+        ("Zaxxon", "delta", 200_000_000, 10523, 568),  # printed "1,0523"
+        ("Gopher", "lstm", 200_000_000, 124914, 22422),
+        ("BattleZone", "rdn_large", 200_000_000, 28273, 5333),  # Table 3
+        ("SpaceInvaders", "ff_gated", 200_000_000, 95629, 11991),  # Table 8
+    ],
+)
 def test_spot_values(game, model, steps, mean, std):
     by_key = {s.key: s for s in load_paper("all")}
     s = by_key[(game, model, steps)]
@@ -82,6 +85,8 @@ def test_all_tables_merge_consistently():
 def test_table10_notes_mark_cells_repeated_from_table9():
     t9 = {(r["game"], r["model"]): (r["mean"], r["std"]) for r in _raw_rows("table9")}
     marked = {(r["game"], r["model"]) for r in _raw_rows("table10") if r["note"]}
-    same = {(r["game"], r["model"]) for r in _raw_rows("table10") if t9[(r["game"], r["model"])] == (r["mean"], r["std"])}
+    same = {
+        (r["game"], r["model"]) for r in _raw_rows("table10") if t9[(r["game"], r["model"])] == (r["mean"], r["std"])
+    }
     assert marked == same
     assert {g for g, _ in marked} == {"BankHeist", "Pong", "Robotank", "UpNDown"}

@@ -35,17 +35,25 @@ def test_shift_kl_is_the_kl_to_a_twin_moved_by_the_step_size():
     n = 4000
     agent = Agent((3,), 3, "ff")
     stats = StepStats(agent, bin_steps=10, shift=0.05, num_envs=n, seed=1)
-    for p, q in zip(agent.parameters(), stats.twin.parameters()):   # every parameter moved by +-0.05
+    for p, q in zip(agent.parameters(), stats.twin.parameters()):  # every parameter moved by +-0.05
         torch.testing.assert_close((q - p).abs(), torch.full_like(p, 0.05))
-    inputs = {"x": torch.randn(1, n, 3), "reward": torch.zeros(1, n), "done": torch.ones(1, n, dtype=torch.bool),
-              "prev_action": torch.zeros(1, n, dtype=torch.long)}
+    inputs = {
+        "x": torch.randn(1, n, 3),
+        "reward": torch.zeros(1, n),
+        "done": torch.ones(1, n, dtype=torch.bool),
+        "prev_action": torch.zeros(1, n, dtype=torch.long),
+    }
     with torch.no_grad():
-        out, state = agent(inputs["x"], inputs["reward"], inputs["done"], agent.initial_state(n),
-                           prev_action=inputs["prev_action"])
-        twin_out, _ = stats.twin(inputs["x"], inputs["reward"], inputs["done"], agent.initial_state(n),
-                                 prev_action=inputs["prev_action"])
-    exact = torch.distributions.kl_divergence(torch.distributions.Categorical(logits=out["policy_params"][0]),
-                                              torch.distributions.Categorical(logits=twin_out["policy_params"][0]))
+        out, state = agent(
+            inputs["x"], inputs["reward"], inputs["done"], agent.initial_state(n), prev_action=inputs["prev_action"]
+        )
+        twin_out, _ = stats.twin(
+            inputs["x"], inputs["reward"], inputs["done"], agent.initial_state(n), prev_action=inputs["prev_action"]
+        )
+    exact = torch.distributions.kl_divergence(
+        torch.distributions.Categorical(logits=out["policy_params"][0]),
+        torch.distributions.Categorical(logits=twin_out["policy_params"][0]),
+    )
     stats(list(range(n)), [0] * n, inputs, out, state)
     row = stats.table()[0]
     assert list(row)[:6] == ["first_step", "last_step", "samples", "entropy", "value", "shift_kl"]
@@ -57,9 +65,34 @@ def test_probe_a_trained_run_counts_every_played_step(tmp_path, capsys):
     from rfwp_rl.impala.probe import probe
 
     run = tmp_path / "run"
-    assert cli.main(["train", "--env", "CartPole-v1", "--core", "lstm", "--env-backend", "local", "--num-actors", "2",
-                     "--unroll-length", "5", "--batch-size", "2", "--total-steps", "40", "--run-dir", str(run),
-                     "--log-every", "0", "--set", "core_config.hidden_size=8"]) == 0
+    assert (
+        cli.main(
+            [
+                "train",
+                "--env",
+                "CartPole-v1",
+                "--core",
+                "lstm",
+                "--env-backend",
+                "local",
+                "--num-actors",
+                "2",
+                "--unroll-length",
+                "5",
+                "--batch-size",
+                "2",
+                "--total-steps",
+                "40",
+                "--run-dir",
+                str(run),
+                "--log-every",
+                "0",
+                "--set",
+                "core_config.hidden_size=8",
+            ]
+        )
+        == 0
+    )
     record = probe(run, episodes=3, bin_steps=5, num_envs=2)
     assert len(record["lengths"]) == 3 and record["state_shapes"] == [[1, 8], [1, 8]]  # LSTM h, c: 1 layer x 8
     assert sum(r["samples"] for r in record["rows"]) == sum(record["lengths"])
@@ -71,8 +104,9 @@ def test_probe_a_trained_run_counts_every_played_step(tmp_path, capsys):
     rows = list(csv.DictReader(out.open()))
     assert list(rows[0]) == ["first_step", "last_step", "samples", "entropy", "value", "state0_norm", "state1_norm"]
     assert sum(int(r["samples"]) for r in rows) == sum(record["lengths"])  # same seeds: the same episodes
-    small, large = (probe(run, episodes=3, bin_steps=100, num_envs=2, shift=s)["rows"][0]["shift_kl"]
-                    for s in (1e-4, 1e-2))
+    small, large = (
+        probe(run, episodes=3, bin_steps=100, num_envs=2, shift=s)["rows"][0]["shift_kl"] for s in (1e-4, 1e-2)
+    )
     assert 0.0 <= small < large
 
 

@@ -50,8 +50,9 @@ def test_process_pool_steps_like_the_local_pool(env_id, workers):
         actions = [torch.randint(0, int(space.n), (b,), generator=g) for _ in range(steps)]
         action_row = None
     local = make_env_pool("local", env_id, {}, 5, b * num_batches, num_batches, 1, blank_obs=blank)
-    process = make_env_pool("process", env_id, {}, 5, b * num_batches, num_batches, workers, blank_obs=blank,
-                            action_row=action_row)
+    process = make_env_pool(
+        "process", env_id, {}, 5, b * num_batches, num_batches, workers, blank_obs=blank, action_row=action_row
+    )
     try:
         expected = _run(local, num_batches, b, actions, steps)
         got = _run(process, num_batches, b, actions, steps)

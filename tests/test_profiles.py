@@ -46,20 +46,41 @@ def test_vector_batches_hold_about_320_env_steps_whatever_the_unroll():
 
 
 def test_the_command_line_wins_over_the_profile():
-    cfg = train.config_from_args(parse("--unroll-length", "7", "--optimizer", "rmsprop", "--no-normalize-advantages",
-                                       "--vtrace-lambda", "1", "--learning-rate", "1e-3"), "vector", memory_horizon=33)
-    assert (cfg.unroll_length, cfg.optimizer, cfg.normalize_advantages, cfg.vtrace_lambda, cfg.learning_rate) == \
-        (7, "rmsprop", False, 1.0, 1e-3)
+    cfg = train.config_from_args(
+        parse(
+            "--unroll-length",
+            "7",
+            "--optimizer",
+            "rmsprop",
+            "--no-normalize-advantages",
+            "--vtrace-lambda",
+            "1",
+            "--learning-rate",
+            "1e-3",
+        ),
+        "vector",
+        memory_horizon=33,
+    )
+    assert (cfg.unroll_length, cfg.optimizer, cfg.normalize_advantages, cfg.vtrace_lambda, cfg.learning_rate) == (
+        7,
+        "rmsprop",
+        False,
+        1.0,
+        1e-3,
+    )
     # and a forced profile wins over the env kind
     cfg = train.config_from_args(parse("--profile", "atari"), "vector", memory_horizon=33)
     assert cfg.unroll_length == DEFAULTS.unroll_length and cfg.optimizer == "rmsprop"
 
 
-@pytest.mark.parametrize("argv,message", [
-    (("--vtrace-lambda", "1.5"), "--vtrace-lambda 1.5 is invalid; allowed: a number in [0, 1]"),
-    (("--learning-rate", "0"), "--learning-rate 0 is invalid; allowed: a number > 0"),
-    (("--unroll-length", "0"), "--unroll-length 0 is invalid"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (("--vtrace-lambda", "1.5"), "--vtrace-lambda 1.5 is invalid; allowed: a number in [0, 1]"),
+        (("--learning-rate", "0"), "--learning-rate 0 is invalid; allowed: a number > 0"),
+        (("--unroll-length", "0"), "--unroll-length 0 is invalid"),
+    ],
+)
 def test_bad_values_are_one_line_errors(argv, message):
     with pytest.raises(UserError) as e:
         train.config_from_args(parse(*argv), "vector")
@@ -68,8 +89,15 @@ def test_bad_values_are_one_line_errors(argv, message):
 
 def test_settings_line_names_every_learning_setting():
     line = profiles.describe(train.config_from_args(parse(), "vector", memory_horizon=9), "agents/vector_rdn.toml")
-    for part in ("vector profile", "batch 16 x unroll 20", "adam lr 0.0005", "advantages normalised",
-                 "V-trace lambda 0.9", "entropy 0.03", "agents/vector_rdn.toml"):
+    for part in (
+        "vector profile",
+        "batch 16 x unroll 20",
+        "adam lr 0.0005",
+        "advantages normalised",
+        "V-trace lambda 0.9",
+        "entropy 0.03",
+        "agents/vector_rdn.toml",
+    ):
         assert part in line
 
 

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from procs import free_port  # tests/procs.py
 from rfwp_rl.checkpoint import find_checkpoint_file, read_checkpoint
 from rfwp_rl.impala.net import first_mismatch
-from procs import free_port  # tests/procs.py
 
 REPO = Path(__file__).resolve().parent.parent
 TESTS = Path(__file__).resolve().parent
@@ -33,8 +33,14 @@ class Proc:
     def __init__(self, *argv: str):
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS), str(REPO), env.get("PYTHONPATH", "")) if p)
-        self.p = subprocess.Popen([sys.executable, "-m", "rfwp_rl", *argv], cwd=REPO, stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, text=True, env=env)
+        self.p = subprocess.Popen(
+            [sys.executable, "-m", "rfwp_rl", *argv],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+        )
         self.lines: list[str] = []
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
@@ -76,8 +82,21 @@ class Proc:
 
 
 def _actor(port: int, *extra: str, agent: list[str] | None = None) -> Proc:
-    return Proc("actor", "--connect", f"127.0.0.1:{port}", *(agent or TINY), "--num-actors", "4", "--log-every", "0.2",
-                "--rpc-timeout", "3", "--max-backoff", "1", *extra)
+    return Proc(
+        "actor",
+        "--connect",
+        f"127.0.0.1:{port}",
+        *(agent or TINY),
+        "--num-actors",
+        "4",
+        "--log-every",
+        "0.2",
+        "--rpc-timeout",
+        "3",
+        "--max-backoff",
+        "1",
+        *extra,
+    )
 
 
 def test_first_mismatch_names_the_differing_key():
@@ -96,35 +115,72 @@ def test_learner_trains_only_on_remote_rollouts_and_survives_a_killed_actor(tmp_
     the second actor's envs run on (the marker is there)."""
     port, marker = free_port(), tmp_path / "hung"
     total = 6000  # 300 updates of 4 rollouts x 5 steps; the first actor's 4 envs make at most 4000 steps
-    agent = ["--env", "fault_envs:FaultCartPole-v0", "--env-option", "hang_at=1000", "--env-option",
-             f"hang_marker={marker}", *TINY[2:]]
-    learner = Proc("train", *agent, "--num-actors", "0", "--listen", f"127.0.0.1:{port}", "--unroll-length", "5",
-                   "--batch-size", "4", "--total-steps", str(total), "--run-dir", str(tmp_path / "run"),
-                   "--log-every", "0.5")
+    agent = [
+        "--env",
+        "fault_envs:FaultCartPole-v0",
+        "--env-option",
+        "hang_at=1000",
+        "--env-option",
+        f"hang_marker={marker}",
+        *TINY[2:],
+    ]
+    learner = Proc(
+        "train",
+        *agent,
+        "--num-actors",
+        "0",
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--unroll-length",
+        "5",
+        "--batch-size",
+        "4",
+        "--total-steps",
+        str(total),
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--log-every",
+        "0.5",
+    )
     actors: list[Proc] = []
     try:
-        assert learner.wait_for(lambda p: any("listening for remote actors" in line for line in p.lines), DEADLINE), \
+        assert learner.wait_for(lambda p: any("listening for remote actors" in line for line in p.lines), DEADLINE), (
             learner.text()
+        )
 
         # 1. An actor with another core is refused with a one-line error (exit 2).
-        bad = Proc("actor", "--connect", f"127.0.0.1:{port}", *agent[:-4], "--core", "ff", "--num-actors", "2",
-                   "--env-backend", "local", "--rpc-timeout", "3")
+        bad = Proc(
+            "actor",
+            "--connect",
+            f"127.0.0.1:{port}",
+            *agent[:-4],
+            "--core",
+            "ff",
+            "--num-actors",
+            "2",
+            "--env-backend",
+            "local",
+            "--rpc-timeout",
+            "3",
+        )
         assert bad.wait(DEADLINE) == 2, bad.text()
         errors = [line for line in bad.lines if line.startswith("error:")]
         assert len(errors) == 1 and "actor core 'ff' does not match the learner's 'lstm'" in errors[0], bad.text()
 
         # 2. A first actor (in-process envs) feeds the learner; its weights follow the learner's.
         actors.append(_actor(port, "--env-backend", "local", agent=agent))
-        assert actors[0].wait_for(lambda p: len(p.versions()) >= 3 and max(p.versions()) >= 2, DEADLINE), \
-            actors[0].text()
+        assert actors[0].wait_for(lambda p: len(p.versions()) >= 3 and max(p.versions()) >= 2, DEADLINE), actors[
+            0
+        ].text()
         v1 = actors[0].versions()
         assert "connected to the learner" in actors[0].text()
         assert actors[0].wait_for(lambda p: marker.exists(), DEADLINE), actors[0].text()  # it makes no more steps
         actors[0].p.send_signal(signal.SIGKILL)  # lost without a goodbye
         actors[0].p.wait(timeout=DEADLINE)
         since = len(learner.lines)  # the learner goes on (waiting for rollouts): a progress line after the loss
-        assert learner.wait_for(lambda p: any(" env steps " in line for line in p.lines[since:]), DEADLINE), \
+        assert learner.wait_for(lambda p: any(" env steps " in line for line in p.lines[since:]), DEADLINE), (
             learner.text()
+        )
         assert learner.p.poll() is None, learner.text()
 
         # 3. A second actor (moolib EnvPool workers) takes over; the learner reaches its target.
@@ -158,16 +214,34 @@ def test_actor_reconnects_after_the_learner_restarts(tmp_path):
     run_dir = tmp_path / "run"
 
     def learner(total: int) -> Proc:
-        return Proc("train", *TINY, "--num-actors", "0", "--listen", f"127.0.0.1:{port}", "--unroll-length", "5",
-                    "--batch-size", "4", "--total-steps", str(total), "--run-dir", str(run_dir), "--log-every", "0.5",
-                    "--checkpoint-every", "0.3")
+        return Proc(
+            "train",
+            *TINY,
+            "--num-actors",
+            "0",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--unroll-length",
+            "5",
+            "--batch-size",
+            "4",
+            "--total-steps",
+            str(total),
+            "--run-dir",
+            str(run_dir),
+            "--log-every",
+            "0.5",
+            "--checkpoint-every",
+            "0.3",
+        )
 
     first = learner(1_000_000)
     procs = [first]
     try:
         # the actor reads the shared key that the first --listen learner makes: it starts once the learner listens
-        assert first.wait_for(lambda p: any("listening for remote actors" in line for line in p.lines), DEADLINE), \
+        assert first.wait_for(lambda p: any("listening for remote actors" in line for line in p.lines), DEADLINE), (
             first.text()
+        )
         actor = _actor(port, "--env-backend", "local")
         procs.append(actor)
         assert actor.wait_for(lambda p: p.versions() and max(p.versions()) >= 20, DEADLINE), actor.text()

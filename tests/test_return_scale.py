@@ -37,12 +37,19 @@ def test_loss_with_a_return_scale_is_the_loss_of_scaled_rewards():
     torch.manual_seed(3)
     agent = Agent((3,), 2, "ff")
     T, B = 5, 3
-    batch = {"obs": torch.randn(T + 1, B, 3), "reward": torch.randn(T + 1, B).sign() * (15 + 10 * torch.rand(T + 1, B)),
-             "done": torch.zeros(T + 1, B, dtype=torch.bool), "prev_action": torch.zeros(T + 1, B, dtype=torch.long),
-             "action": torch.randint(2, (T + 1, B)), "behaviour_log_prob": torch.full((T + 1, B), -0.7)}
+    batch = {
+        "obs": torch.randn(T + 1, B, 3),
+        "reward": torch.randn(T + 1, B).sign() * (15 + 10 * torch.rand(T + 1, B)),
+        "done": torch.zeros(T + 1, B, dtype=torch.bool),
+        "prev_action": torch.zeros(T + 1, B, dtype=torch.long),
+        "action": torch.randint(2, (T + 1, B)),
+        "behaviour_log_prob": torch.full((T + 1, B), -0.7),
+    }
     cfg = loss_config(reward_clip=0.0)
     loss, stats = compute_loss(agent, batch, (), cfg, return_scale=10.0)
-    scaled = dict(batch, reward=batch["reward"] / 10.0)  # |r| > 1 either way: the agent's clipped reward input is the same
+    scaled = dict(
+        batch, reward=batch["reward"] / 10.0
+    )  # |r| > 1 either way: the agent's clipped reward input is the same
     loss_ref, stats_ref = compute_loss(agent, scaled, (), cfg)
     assert float(loss.detach()) == pytest.approx(float(loss_ref.detach()), rel=1e-5)
     assert stats["loss/baseline"] == pytest.approx(stats_ref["loss/baseline"], rel=1e-5)

@@ -37,8 +37,13 @@ def test_resume_purges_rewound_points(tmp_path):
 
 
 def test_config_and_hparams_written(tmp_path):
-    log = RunLogger(tmp_path, {"core": "rdn", "core_config": {"hidden_size": 128}}, total=10,
-                    metrics=("episode/return",), stream=io.StringIO())
+    log = RunLogger(
+        tmp_path,
+        {"core": "rdn", "core_config": {"hidden_size": 128}},
+        total=10,
+        metrics=("episode/return",),
+        stream=io.StringIO(),
+    )
     log.close()
     assert '"hidden_size": 128' in (tmp_path / "config.json").read_text()
     acc = EventAccumulator(str(tmp_path / "tb"))
@@ -88,8 +93,7 @@ def test_graceful_stop_first_signal_flags_second_exits():
             print("stopping", flush=True)
             time.sleep(30)
     """)
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "ready"
     proc.send_signal(signal.SIGTERM)
     assert proc.stdout.readline().strip() == "stopping"

@@ -22,13 +22,19 @@ import numpy as np
 import pytest
 import torch
 
+from procs import free_port  # tests/procs.py
 from rfwp_rl import cli
-from rfwp_rl.checkpoint import Checkpointer, UnsafeCheckpoint, list_checkpoints, read_checkpoint, rng_state, \
-    set_rng_state
+from rfwp_rl.checkpoint import (
+    Checkpointer,
+    UnsafeCheckpoint,
+    list_checkpoints,
+    read_checkpoint,
+    rng_state,
+    set_rng_state,
+)
 from rfwp_rl.impala.actors import rollout_spec
 from rfwp_rl.impala.rollout_check import RolloutCheck
 from rfwp_rl.impala.wire import RefusalLog, Refused, check_plain, handler, read_key_file, resolve_key
-from procs import free_port  # tests/procs.py
 
 REPO = Path(__file__).resolve().parent.parent
 TESTS = Path(__file__).resolve().parent
@@ -53,6 +59,7 @@ def _env(**extra: str) -> dict:
 
 
 # ------------------------------------------------------------------ key and payload rules
+
 
 def test_key_file_must_be_private_and_is_created_once(tmp_path, monkeypatch, capsys):
     monkeypatch.delenv("RFWP_AUTH_KEY", raising=False)
@@ -90,14 +97,13 @@ def test_only_plain_data_passes_and_handlers_never_raise():
 
 # ------------------------------------------------------------------ rollouts
 
+
 @pytest.fixture(scope="module")
 def rollout_check():
-    from rfwp_rl.impala.run_spec import RunSpec
-
     import argparse
 
     from rfwp_rl.impala.config import trainer_keys
-    from rfwp_rl.impala.run_spec import add_run_arguments
+    from rfwp_rl.impala.run_spec import RunSpec, add_run_arguments
 
     parser = argparse.ArgumentParser()
     add_run_arguments(parser)
@@ -105,8 +111,7 @@ def rollout_check():
     agent = spec.build_agent()
     layout = rollout_spec(agent.obs_space, agent.action_dist)
     states = [(tuple(s.shape[1:]), s.dtype) for s in agent.initial_state(1)]
-    return RolloutCheck(layout, states, unroll_length=5, max_envs=8, actions_ok=agent.action_dist.valid), \
-        layout, agent
+    return RolloutCheck(layout, states, unroll_length=5, max_envs=8, actions_ok=agent.action_dist.valid), layout, agent
 
 
 def _rollout(layout, agent, b: int = 2) -> tuple[dict, tuple]:
@@ -116,21 +121,30 @@ def _rollout(layout, agent, b: int = 2) -> tuple[dict, tuple]:
 
 def test_rollout_layout_is_what_a_local_actor_stores(rollout_check):
     _, layout, _ = rollout_check
-    assert layout == {"obs": (torch.float32, (4,)), "reward": (torch.float32, ()), "done": (torch.bool, ()),
-                      "truncated": (torch.bool, ()), "prev_action": (torch.int64, ()), "action": (torch.int64, ()),
-                      "behaviour_log_prob": (torch.float32, ())}
+    assert layout == {
+        "obs": (torch.float32, (4,)),
+        "reward": (torch.float32, ()),
+        "done": (torch.bool, ()),
+        "truncated": (torch.bool, ()),
+        "prev_action": (torch.int64, ()),
+        "action": (torch.int64, ()),
+        "behaviour_log_prob": (torch.float32, ()),
+    }
 
 
-@pytest.mark.parametrize("attack, message", [
-    (lambda d: d.update(action=d["action"].to(torch.int32)), "action is .* torch.int32; the learner needs"),
-    (lambda d: d["action"].fill_(2), "action holds actions outside the action space .*0..1"),
-    (lambda d: d["prev_action"].fill_(-1), "prev_action holds actions outside"),
-    (lambda d: d["reward"].fill_(float("nan")), "reward holds NaN or inf"),
-    (lambda d: d.update(obs=torch.zeros(6, 2, 5)), r"obs is \[6, 2, 5\]"),
-    (lambda d: d.update(obs=torch.zeros(7, 2, 4)), r"obs is \[7, 2, 4\]"),
-    (lambda d: d.pop("truncated"), "rollout keys must be"),
-    (lambda d: d.update(extra=torch.zeros(6, 2)), "rollout keys must be"),
-])
+@pytest.mark.parametrize(
+    "attack, message",
+    [
+        (lambda d: d.update(action=d["action"].to(torch.int32)), "action is .* torch.int32; the learner needs"),
+        (lambda d: d["action"].fill_(2), "action holds actions outside the action space .*0..1"),
+        (lambda d: d["prev_action"].fill_(-1), "prev_action holds actions outside"),
+        (lambda d: d["reward"].fill_(float("nan")), "reward holds NaN or inf"),
+        (lambda d: d.update(obs=torch.zeros(6, 2, 5)), r"obs is \[6, 2, 5\]"),
+        (lambda d: d.update(obs=torch.zeros(7, 2, 4)), r"obs is \[7, 2, 4\]"),
+        (lambda d: d.pop("truncated"), "rollout keys must be"),
+        (lambda d: d.update(extra=torch.zeros(6, 2)), "rollout keys must be"),
+    ],
+)
 def test_malformed_rollouts_are_refused(rollout_check, attack, message):
     check, layout, agent = rollout_check
     data, state = _rollout(layout, agent)
@@ -148,8 +162,12 @@ def test_oversize_rollouts_bad_states_and_episodes_are_refused(rollout_check):
     with pytest.raises(Refused, match="core state 0 must be"):
         check.envs(data, (state[0][:1], *state[1:]))
     assert check.episodes([(1.5, 10), [2, 3]], 2) == [(1.5, 10), (2.0, 3)]
-    for bad, message in [([(float("nan"), 3)], "return must be a finite number"), ([(1.0, -1)], "length must be"),
-                         ([(1.0, 2)] * 49, "at most 48"), ([(1.0,)], "pair")]:
+    for bad, message in [
+        ([(float("nan"), 3)], "return must be a finite number"),
+        ([(1.0, -1)], "length must be"),
+        ([(1.0, 2)] * 49, "at most 48"),
+        ([(1.0,)], "pair"),
+    ]:
         with pytest.raises(Refused, match=message):
             check.episodes(bad, 2)
 
@@ -217,10 +235,35 @@ def test_learner_endpoints_refuse_peers_without_the_key_and_pickles_and_bad_roll
     env = _env(RFWP_AUTH_KEY_FILE=str(key_file))
     env.pop("RFWP_AUTH_KEY", None)
     learner = subprocess.Popen(
-        [sys.executable, "-m", "rfwp_rl", "train", *TINY, "--run-dir", str(tmp_path / "run"), "--listen",
-         f"127.0.0.1:{port}", "--num-actors", "2", "--num-env-processes", "1", "--unroll-length", "5",
-         "--batch-size", "2", "--total-steps", "200000", "--log-every", "0.5"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        [
+            sys.executable,
+            "-m",
+            "rfwp_rl",
+            "train",
+            *TINY,
+            "--run-dir",
+            str(tmp_path / "run"),
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--num-actors",
+            "2",
+            "--num-env-processes",
+            "1",
+            "--unroll-length",
+            "5",
+            "--batch-size",
+            "2",
+            "--total-steps",
+            "200000",
+            "--log-every",
+            "0.5",
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
     lines: list[str] = []
     threading.Thread(target=lambda: lines.extend(line.rstrip("\n") for line in learner.stdout), daemon=True).start()
 
@@ -235,21 +278,35 @@ def test_learner_endpoints_refuse_peers_without_the_key_and_pickles_and_bad_roll
         wait_for("listening for remote actors")
         assert key_file.exists(), "\n".join(lines)
         key = key_file.read_text().strip()
-        layout = {"obs": ["float32", [4]], "reward": ["float32", []], "done": ["bool", []], "truncated": ["bool", []],
-                  "prev_action": ["int64", []], "action": ["int64", []], "behaviour_log_prob": ["float32", []]}
+        layout = {
+            "obs": ["float32", [4]],
+            "reward": ["float32", []],
+            "done": ["bool", []],
+            "truncated": ["bool", []],
+            "prev_action": ["int64", []],
+            "action": ["int64", []],
+            "behaviour_log_prob": ["float32", []],
+        }
         marker = tmp_path / "pwned"
 
         def attack(attacker_key: str, *extra: str) -> dict:
-            proc = subprocess.run([sys.executable, "-c", ATTACKER, attacker_key, str(port), str(marker), *extra],
-                                  capture_output=True, text=True, timeout=DEADLINE, cwd=REPO,
-                                  env=_env(RFWP_MOOLIB_SEND_PICKLES_FOR_TESTS="1"))
+            proc = subprocess.run(
+                [sys.executable, "-c", ATTACKER, attacker_key, str(port), str(marker), *extra],
+                capture_output=True,
+                text=True,
+                timeout=DEADLINE,
+                cwd=REPO,
+                env=_env(RFWP_MOOLIB_SEND_PICKLES_FOR_TESTS="1"),
+            )
             assert proc.returncode == 0, proc.stdout + proc.stderr
             return json.loads(proc.stdout.strip().splitlines()[-1])
 
         for attacker_key in ("-", "wrong-key-0123456789abcdef"):  # no key, a wrong key: no endpoint answers
             out = attack(attacker_key)
-            assert all(out[k].startswith("RuntimeError") and "timed out" in out[k]
-                       for k in ("hello", "get_weights", "put_rollout")), out
+            assert all(
+                out[k].startswith("RuntimeError") and "timed out" in out[k]
+                for k in ("hello", "get_weights", "put_rollout")
+            ), out
         assert out["refused_connections"] >= 1  # the attacker refused the learner's proof too
         out = attack(key, json.dumps(layout))  # the right key: answered, but no pickle is ever unpickled
         for k in ("hello", "get_weights", "put_rollout"):
@@ -270,6 +327,7 @@ def test_learner_endpoints_refuse_peers_without_the_key_and_pickles_and_bad_roll
 
 
 # ------------------------------------------------------------------ a learner group member's attacks
+
 
 @pytest.mark.moolib
 @pytest.mark.slow
@@ -342,16 +400,18 @@ def test_group_refuses_nan_gradients_impossible_step_counts_and_counters_past_th
         for l in learners:
             l["group"].close()
     """)
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=DEADLINE, cwd=REPO,
-                          env=_env())
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=DEADLINE, cwd=REPO, env=_env()
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     # both rounds are only counted on both learners: no optimizer step, no env steps
     assert out["steps"] == [[[0, 0], [0, 0]], [[0, 0], [0, 0]]], out
     assert out["loaded"][1] == 0  # the leader's counters past the target were not adopted
     assert out["refused"][0] >= 2 and out["refused"][1] >= 3, out
-    assert "refused a message: the leader's state: shared step counter must be an integer in [0, 1006]" \
-        in proc.stderr, proc.stderr
+    assert (
+        "refused a message: the leader's state: shared step counter must be an integer in [0, 1006]" in proc.stderr
+    ), proc.stderr
     assert "a round: the reduced gradients hold NaN or inf values" in proc.stderr  # later lines are rate-limited
 
 
@@ -365,6 +425,7 @@ def test_moolib_hmac_is_hmac_sha256():
 
 # ------------------------------------------------------------------ checkpoints
 
+
 def _evil_checkpoint(path: Path, marker: Path) -> None:
     meta = {"trainer": "impala", "env": "CartPole-v1", "core": "lstm", "num_actions": 2, "obs_shape": [4]}
     torch.save({"format": 1, "meta": meta, "step": 5, "state": {"agent": {}, "x": Evil(str(marker))}}, path)
@@ -377,10 +438,27 @@ def test_eval_and_resume_refuse_a_checkpoint_holding_a_pickle(tmp_path, capsys):
     _evil_checkpoint(run / "ckpt_000000000005.pt", marker)
     assert cli.main(["eval", str(run)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith(f"error: checkpoint {run / 'ckpt_000000000005.pt'} holds a Python "
-                                               "object (io.open) that loading would have to execute"), err
-    assert cli.main(["train", *TINY, "--run-dir", str(run), "--num-actors", "2", "--env-backend", "local",
-                     "--total-steps", "100"]) == 2
+    assert len(err) == 1 and err[0].startswith(
+        f"error: checkpoint {run / 'ckpt_000000000005.pt'} holds a Python "
+        "object (io.open) that loading would have to execute"
+    ), err
+    assert (
+        cli.main(
+            [
+                "train",
+                *TINY,
+                "--run-dir",
+                str(run),
+                "--num-actors",
+                "2",
+                "--env-backend",
+                "local",
+                "--total-steps",
+                "100",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--trust-checkpoint" in err[0], err
     assert not marker.exists()
@@ -395,9 +473,11 @@ def test_eval_imports_a_checkpoints_env_module_only_when_named(tmp_path, capsys,
     torch.save({"format": 1, "meta": meta, "step": 5, "state": {"agent": {}}}, tmp_path / "ckpt_000000000005.pt")
     assert cli.main(["eval", str(tmp_path / "ckpt_000000000005.pt")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"error: checkpoint {tmp_path / 'ckpt_000000000005.pt'} was trained on env 'evil_envs:Foo-v0'; "
-                   "evaluating it imports the Python module 'evil_envs', which runs its code: pass --env "
-                   "evil_envs:Foo-v0 to confirm"]
+    assert err == [
+        f"error: checkpoint {tmp_path / 'ckpt_000000000005.pt'} was trained on env 'evil_envs:Foo-v0'; "
+        "evaluating it imports the Python module 'evil_envs', which runs its code: pass --env "
+        "evil_envs:Foo-v0 to confirm"
+    ]
     assert not marker.exists()
 
 
@@ -429,9 +509,18 @@ def test_pruning_keeps_the_newest_readable_checkpoint(tmp_path, capsys):
     assert (tmp_path / "ckpt_000000000030.pt.damaged").exists()  # set aside, not deleted
 
 
-@pytest.mark.parametrize("scale, ok", [({"mean_square": 4.0}, True), ({"mean_square": None}, True), ({}, True),
-                                       ({"mean_square": float("nan")}, False), ({"mean_square": -1.0}, False),
-                                       ({"mean_square": "9"}, False), ([], False)])
+@pytest.mark.parametrize(
+    "scale, ok",
+    [
+        ({"mean_square": 4.0}, True),
+        ({"mean_square": None}, True),
+        ({}, True),
+        ({"mean_square": float("nan")}, False),
+        ({"mean_square": -1.0}, False),
+        ({"mean_square": "9"}, False),
+        ([], False),
+    ],
+)
 def test_a_leaders_return_scale_is_checked_before_it_is_taken(scale, ok):
     from types import SimpleNamespace
 

@@ -92,9 +92,9 @@ def interpret_prefix_env(env: dict[str, int], stmt: str) -> dict[str, int]:
     cvar, op, cval, body = m.groups()
     if cvar is not None and not eval(f"{env[cvar]} {op} {int(cval)}"):
         return env
-    if (a := re.fullmatch(r"(\w) = (-?\d+)", body)):
+    if a := re.fullmatch(r"(\w) = (-?\d+)", body):
         env[a.group(1)] = int(a.group(2))
-    elif (i := re.fullmatch(r"(\w) (\+\+|--)", body)):
+    elif i := re.fullmatch(r"(\w) (\+\+|--)", body):
         env[i.group(1)] += 1 if i.group(2) == "++" else -1
     return env
 
@@ -109,7 +109,7 @@ def test_code_exec_conditional_assignment_updates_the_printed_value():
         text = " ".join(tokens)
         m = re.fullmatch(r"x = (\d+) ; if x (<|>) (\d+) : x = (\d+) ; print x ;", text)
         if m and eval(f"{m.group(1)} {m.group(2)} {m.group(3)}") and m.group(1) != m.group(4):
-            assert outputs[-1] == m.group(4)        # the new value, not the old one
+            assert outputs[-1] == m.group(4)  # the new value, not the old one
             found = True
     assert found
 
@@ -129,15 +129,14 @@ def test_code_exec_vocab_and_lengths():
     assert vocab.output_tokens[0] == "N" and vocab.output_tokens[1:] == [str(v) for v in range(-8, 17)]
     assert task.num_classes == 26
     lengths = [len(x) for x in task.splits["train"].xs]
-    assert 330 < np.mean(lengths) < 520          # ~425 tokens for 100 statements
+    assert 330 < np.mean(lengths) < 520  # ~425 tokens for 100 statements
     x, y = task.train_batch(0, 4)
     assert x.shape[1] == 4 and y.shape == x.shape
     # targets at print positions are values, everything else "no output"
     assert ((y == task.no_output) | (y == T.IGNORE) | (y > 0)).all()
 
 
-@pytest.mark.parametrize("bad", [dict(num_vars=0), dict(num_vars=6), dict(num_statements=1),
-                                 dict(cond_ops=("<=",))])
+@pytest.mark.parametrize("bad", [dict(num_vars=0), dict(num_vars=6), dict(num_statements=1), dict(cond_ops=("<=",))])
 def test_code_exec_bad_config(bad):
     with pytest.raises(UserError):
         code_exec.CodeExecConfig(**bad).check()
@@ -191,7 +190,7 @@ def test_listops_is_deterministic_under_a_seed():
 
 def test_listops_lengths_match_the_paper_roughly():
     xs, _ = listops.generate(listops.ListOpsConfig(depth=10), 1000, seed=0)
-    assert 80 < np.mean([len(x) for x in xs]) < 120     # paper: mean 98 at depth 10
+    assert 80 < np.mean([len(x) for x in xs]) < 120  # paper: mean 98 at depth 10
 
 
 def test_listops_example_from_the_paper():
@@ -267,8 +266,8 @@ def test_tagging_score_counts():
     s.add(logits, y, no_output=0)
     m = s.metrics(with_print=True)
     assert m["token_acc"] == pytest.approx(4 / 5)
-    assert m["seq_acc"] == pytest.approx(1 / 2)        # seq 0 wrong at the last step
-    assert m["print_acc"] == pytest.approx(2 / 3)      # targets 2, 1, 2 -> right, wrong, right
+    assert m["seq_acc"] == pytest.approx(1 / 2)  # seq 0 wrong at the last step
+    assert m["print_acc"] == pytest.approx(2 / 3)  # targets 2, 1, 2 -> right, wrong, right
 
 
 # --------------------------------------------------------------------------- language modelling data
@@ -282,7 +281,7 @@ def write_corpus(d, train="a b c\nb c\n", valid="a d\n", test="c\n"):
 
 def test_corpus_word_and_char_levels(tmp_path):
     c = lm.load_corpus(write_corpus(tmp_path), "word")
-    assert c.vocab[:3] == ["<eos>", "b", "c"]          # most frequent first
+    assert c.vocab[:3] == ["<eos>", "b", "c"]  # most frequent first
     assert [c.vocab[i] for i in c.train] == "a b c <eos> b c <eos>".split()
     assert [c.vocab[i] for i in c.valid] == ["a", "<unk>", "<eos>"]
     ch = lm.load_corpus(tmp_path, "char")
@@ -294,7 +293,7 @@ def test_corpus_word_and_char_levels(tmp_path):
 
 def test_batchify_and_segments_cover_each_stream():
     data = np.arange(23)
-    streams = lm.batchify(data, 3)                      # 7 tokens per stream
+    streams = lm.batchify(data, 3)  # 7 tokens per stream
     assert streams.shape == (7, 3) and streams[:, 1].tolist() == list(range(7, 14))
     xs, ys = zip(*[(x, y) for _, x, y in lm.segments(streams, 4)])
     assert torch.cat(xs).tolist() == streams[:-1].tolist()
@@ -316,7 +315,7 @@ def test_builtin_corpus_builder_is_deterministic(tmp_path):
     for split in ("train", "valid", "test"):
         assert (a / f"wiki.{split}.tokens").read_text() == (b / f"wiki.{split}.tokens").read_text()
     valid = (a / "wiki.valid.tokens").read_text().splitlines()
-    assert valid[0] == "Alpha beta , gamma ."            # WikiText-style tokens, one paragraph a line
+    assert valid[0] == "Alpha beta , gamma ."  # WikiText-style tokens, one paragraph a line
     assert "skipped" not in (a / "wiki.train.tokens").read_text()
     c = lm.load_corpus(a, "word")
     assert len(c.train) > 10 * len(c.valid) > 0

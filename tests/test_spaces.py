@@ -95,7 +95,7 @@ def test_gaussian_matches_torch_and_maps_to_the_bounds():
 
 def _hand_gaussian_ratio(a, mu_pi, mu_b, sigma_pi, sigma_b):
     """prod_i N(a_i; mu_pi_i, sigma_pi_i) / N(a_i; mu_b_i, sigma_b_i) in plain floats."""
-    pdf = lambda x, m, s: math.exp(-(x - m) ** 2 / (2 * s * s)) / (s * math.sqrt(2 * math.pi))
+    pdf = lambda x, m, s: math.exp(-((x - m) ** 2) / (2 * s * s)) / (s * math.sqrt(2 * math.pi))
     return math.prod(pdf(x, m1, s1) / pdf(x, m2, s2) for x, m1, m2, s1, s2 in zip(a, mu_pi, mu_b, sigma_pi, sigma_b))
 
 
@@ -103,9 +103,10 @@ def _hand_categorical_ratio(a, logits_pi, logits_b, nvec):
     def prob(logits, i):
         e = [math.exp(x) for x in logits]
         return e[i] / sum(e)
+
     ratio, start = 1.0, 0
     for k, n in enumerate(nvec):
-        ratio *= prob(logits_pi[start:start + n], a[k]) / prob(logits_b[start:start + n], a[k])
+        ratio *= prob(logits_pi[start : start + n], a[k]) / prob(logits_b[start : start + n], a[k])
         start += n
     return ratio
 
@@ -133,8 +134,13 @@ def test_vtrace_importance_weights_equal_a_hand_computation(kind):
         for b in range(B):
             a = actions[t, b].tolist()
             if kind == "gaussian":
-                hand = _hand_gaussian_ratio(a, params_pi[t, b].tolist(), params_b[t, b].tolist(),
-                                            target.log_std.exp().tolist(), behaviour.log_std.exp().tolist())
+                hand = _hand_gaussian_ratio(
+                    a,
+                    params_pi[t, b].tolist(),
+                    params_b[t, b].tolist(),
+                    target.log_std.exp().tolist(),
+                    behaviour.log_std.exp().tolist(),
+                )
             else:
                 hand = _hand_categorical_ratio(a, params_pi[t, b].tolist(), params_b[t, b].tolist(), nvec)
             assert math.exp(float(log_rhos[t, b])) == pytest.approx(hand, rel=1e-4)
@@ -185,8 +191,13 @@ def test_images_pick_the_torso_by_size_and_layout():
 
 
 def test_spaces_round_trip_as_plain_data():
-    for space in [spaces.Box(-2.0, 2.0, (1,), np.float32), spaces.Discrete(5), spaces.MultiDiscrete([3, 4]),
-                  spaces.MultiBinary(3), tensor_obs_space(space_envs.dict_env().observation_space, "x")]:
+    for space in [
+        spaces.Box(-2.0, 2.0, (1,), np.float32),
+        spaces.Discrete(5),
+        spaces.MultiDiscrete([3, 4]),
+        spaces.MultiBinary(3),
+        tensor_obs_space(space_envs.dict_env().observation_space, "x"),
+    ]:
         assert space_from_dict(space_to_dict(space)) == space
 
 
@@ -201,9 +212,16 @@ def test_one_update_end_to_end(env_id):
 
     torch.manual_seed(0)
     spec = env_spec(f"space_envs:{env_id}")
-    run = RunSpec(f"space_envs:{env_id}", "vector", spec.obs_space, spec.action_space, {},
-                  __import__("rfwp_rl.presets", fromlist=["Preset"]).Preset(
-                      core="lstm", core_config={"hidden_size": 16}, agent={"use_prev_action": True}))
+    run = RunSpec(
+        f"space_envs:{env_id}",
+        "vector",
+        spec.obs_space,
+        spec.action_space,
+        {},
+        __import__("rfwp_rl.presets", fromlist=["Preset"]).Preset(
+            core="lstm", core_config={"hidden_size": 16}, agent={"use_prev_action": True}
+        ),
+    )
     agent = run.build_agent()
     pool = LocalEnvPool(f"space_envs:{env_id}", {}, seed=1, batch_size=2, num_batches=1)
     actors = Actors(pool, agent, num_envs=2, num_batches=1, unroll_length=6)
@@ -235,17 +253,26 @@ def test_bound_cost_adds_the_squared_distance_of_the_mean_past_the_bounds():
     with torch.no_grad():
         agent.policy.bias.copy_(torch.tensor([1.2, 5.0]))  # means past the bound on dimension 0 only
     T, B = 4, 2
-    batch = {"obs": torch.randn(T + 1, B, 3), "reward": torch.randn(T + 1, B),
-             "done": torch.zeros(T + 1, B, dtype=torch.bool), "prev_action": torch.zeros(T + 1, B, 2),
-             "action": torch.randn(T + 1, B, 2), "behaviour_log_prob": torch.full((T + 1, B), -2.0),
-             "truncated": torch.zeros(T + 1, B, dtype=torch.bool)}
+    batch = {
+        "obs": torch.randn(T + 1, B, 3),
+        "reward": torch.randn(T + 1, B),
+        "done": torch.zeros(T + 1, B, dtype=torch.bool),
+        "prev_action": torch.zeros(T + 1, B, 2),
+        "action": torch.randn(T + 1, B, 2),
+        "behaviour_log_prob": torch.full((T + 1, B), -2.0),
+        "truncated": torch.zeros(T + 1, B, dtype=torch.bool),
+    }
     batch["truncated"][2, 1] = True  # that step's action never ran: no penalty there either
     base, _ = compute_loss(agent, batch, (), loss_config(bound_cost=0.0))
     with_bound, stats = compute_loss(agent, batch, (), loss_config(bound_cost=0.5))
     with torch.no_grad():
         out, _ = agent(batch["obs"], batch["reward"], batch["done"], ())
-    hand = sum(max(abs(float(out["policy_params"][t, b, 0])) - 1.0, 0.0) ** 2
-               for t in range(T) for b in range(B) if not (t == 2 and b == 1))
+    hand = sum(
+        max(abs(float(out["policy_params"][t, b, 0])) - 1.0, 0.0) ** 2
+        for t in range(T)
+        for b in range(B)
+        if not (t == 2 and b == 1)
+    )
     assert hand > 0
     assert float((with_bound - base).detach()) == pytest.approx(0.5 * hand, rel=1e-4)
     assert stats["loss/bound"] == pytest.approx(0.5 * hand, rel=1e-4)
@@ -276,11 +303,35 @@ def test_train_dict_obs_and_box_actions_through_moolib(tmp_path):
     checkpoint greedily."""
     for env_id in ["SpaceDict-v0", "SpaceMultiDiscrete-v0"]:  # Box actions use the same action table
         run = tmp_path / env_id
-        argv = ["train", "--env", f"space_envs:{env_id}", "--core", "lstm", "--set", "core_config.hidden_size=8",
-                "--env-backend", "moolib", "--num-actors", "4", "--num-env-processes", "2", "--unroll-length", "5",
-                "--batch-size", "2", "--total-steps", "40", "--run-dir", str(run), "--log-every", "0.5"]
-        code = (f"import sys; sys.path.insert(0, {str(TESTS)!r}); import space_envs; from rfwp_rl import cli; "
-                f"sys.exit(cli.main({argv!r}))")
+        argv = [
+            "train",
+            "--env",
+            f"space_envs:{env_id}",
+            "--core",
+            "lstm",
+            "--set",
+            "core_config.hidden_size=8",
+            "--env-backend",
+            "moolib",
+            "--num-actors",
+            "4",
+            "--num-env-processes",
+            "2",
+            "--unroll-length",
+            "5",
+            "--batch-size",
+            "2",
+            "--total-steps",
+            "40",
+            "--run-dir",
+            str(run),
+            "--log-every",
+            "0.5",
+        ]
+        code = (
+            f"import sys; sys.path.insert(0, {str(TESTS)!r}); import space_envs; from rfwp_rl import cli; "
+            f"sys.exit(cli.main({argv!r}))"
+        )
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-2000:]
         from rfwp_rl.impala.evaluate import evaluate

@@ -102,10 +102,15 @@ def test_actor_rollouts_carry_truncation_and_the_learner_masks_it():
 def test_normalized_advantages_do_not_scale_with_the_rewards():
     torch.manual_seed(0)
     T, B = 8, 4
-    batch = {"obs": torch.randn(T + 1, B, 3), "reward": torch.randn(T + 1, B),
-             "done": torch.zeros(T + 1, B, dtype=torch.bool), "truncated": torch.zeros(T + 1, B, dtype=torch.bool),
-             "prev_action": torch.zeros(T + 1, B, dtype=torch.int64),
-             "action": torch.randint(2, (T + 1, B)), "behaviour_log_prob": torch.full((T + 1, B), -math.log(2))}
+    batch = {
+        "obs": torch.randn(T + 1, B, 3),
+        "reward": torch.randn(T + 1, B),
+        "done": torch.zeros(T + 1, B, dtype=torch.bool),
+        "truncated": torch.zeros(T + 1, B, dtype=torch.bool),
+        "prev_action": torch.zeros(T + 1, B, dtype=torch.int64),
+        "action": torch.randint(2, (T + 1, B)),
+        "behaviour_log_prob": torch.full((T + 1, B), -math.log(2)),
+    }
     agent = Agent((3,), 2, "lstm", {"hidden_size": 8})
     torch.nn.init.zeros_(agent.baseline.weight)  # V = 0: the advantages are the returns, linear in the rewards
     torch.nn.init.zeros_(agent.baseline.bias)

@@ -8,7 +8,6 @@ import torch
 
 from rfwp_rl import cli
 from rfwp_rl.agent import Agent
-from rfwp_rl.errors import UserError
 from rfwp_rl.impala.trust_region import behaviour_kl, limit_policy_change
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -18,9 +17,12 @@ def _batch(agent: Agent, T: int = 6, B: int = 4, samples: int = 1) -> dict:
     """A batch of ``samples`` x B columns whose actions are drawn from the agent's own policy."""
     torch.manual_seed(2)
     obs = torch.randn(T + 1, B, 3).repeat(1, samples, 1)
-    batch = {"obs": obs, "reward": torch.zeros(T + 1, B * samples),
-             "done": torch.zeros(T + 1, B * samples, dtype=torch.bool),
-             "prev_action": torch.zeros(T + 1, B * samples, dtype=torch.long)}
+    batch = {
+        "obs": obs,
+        "reward": torch.zeros(T + 1, B * samples),
+        "done": torch.zeros(T + 1, B * samples, dtype=torch.bool),
+        "prev_action": torch.zeros(T + 1, B * samples, dtype=torch.long),
+    }
     with torch.no_grad():
         out, _ = agent(batch["obs"], batch["reward"], batch["done"], ())
     logits = out["policy_params"]
@@ -84,9 +86,29 @@ def test_a_non_finite_kl_undoes_the_step():
 def test_training_with_the_trust_region_logs_it_and_stays_within_bounds(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    argv = ["train", "--env", "CartPole-v1", "--core", "ff", "--env-backend", "local", "--num-actors", "4",
-            "--unroll-length", "5", "--batch-size", "2", "--total-steps", "200", "--max-kl", "1e-6",
-            "--run-dir", str(tmp_path / "run"), "--log-every", "0"]
+    argv = [
+        "train",
+        "--env",
+        "CartPole-v1",
+        "--core",
+        "ff",
+        "--env-backend",
+        "local",
+        "--num-actors",
+        "4",
+        "--unroll-length",
+        "5",
+        "--batch-size",
+        "2",
+        "--total-steps",
+        "200",
+        "--max-kl",
+        "1e-6",
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--log-every",
+        "0",
+    ]
     assert cli.main(argv) == 0
     events = EventAccumulator(str(tmp_path / "run" / "tb"))
     events.Reload()
@@ -94,12 +116,29 @@ def test_training_with_the_trust_region_logs_it_and_stays_within_bounds(tmp_path
     assert scales and all(0.0 <= s <= 1.0 for s in scales) and min(scales) < 1.0
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--max-kl", "-1"], "--max-kl -1 is invalid"),
-    (["--max-kl", "0.01", "--broker", "127.0.0.1:4431", "--group", "g"], "--max-kl 0.01 needs one learner"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--max-kl", "-1"], "--max-kl -1 is invalid"),
+        (["--max-kl", "0.01", "--broker", "127.0.0.1:4431", "--group", "g"], "--max-kl 0.01 needs one learner"),
+    ],
+)
 def test_bad_trust_region_settings_get_one_line(tmp_path, capsys, argv, message):
-    code = cli.main(["train", "--env", "CartPole-v1", "--core", "ff", "--env-backend", "local",
-                     "--total-steps", "10", "--run-dir", str(tmp_path / "run"), *argv])
+    code = cli.main(
+        [
+            "train",
+            "--env",
+            "CartPole-v1",
+            "--core",
+            "ff",
+            "--env-backend",
+            "local",
+            "--total-steps",
+            "10",
+            "--run-dir",
+            str(tmp_path / "run"),
+            *argv,
+        ]
+    )
     err = capsys.readouterr().err
     assert code != 0 and message in err and "Traceback" not in err

@@ -47,16 +47,32 @@ def random_batch(T=7, B=5, seed=0):
     return log_rhos, discounts, rewards, values, bootstrap
 
 
-@pytest.mark.parametrize("rho_bar,c_bar,pg_rho_bar", [(1.0, 1.0, 1.0), (2.0, 0.5, 1.5), (None, None, None),
-                                                     (0.7, 1.3, 0.9)])
+@pytest.mark.parametrize(
+    "rho_bar,c_bar,pg_rho_bar", [(1.0, 1.0, 1.0), (2.0, 0.5, 1.5), (None, None, None), (0.7, 1.3, 0.9)]
+)
 @pytest.mark.parametrize("seed", [0, 1])
 def test_vtrace_matches_eq1(rho_bar, c_bar, pg_rho_bar, seed):
     log_rhos, discounts, rewards, values, bootstrap = random_batch(seed=seed)
-    out = vtrace.from_importance_weights(log_rhos, discounts, rewards, values, bootstrap,
-                                         clip_rho_threshold=rho_bar, clip_c_threshold=c_bar,
-                                         clip_pg_rho_threshold=pg_rho_bar)
-    ref_vs, ref_adv = vtrace_eq1(log_rhos.tolist(), discounts.tolist(), rewards.tolist(), values.tolist(),
-                                 bootstrap.tolist(), rho_bar, c_bar, pg_rho_bar)
+    out = vtrace.from_importance_weights(
+        log_rhos,
+        discounts,
+        rewards,
+        values,
+        bootstrap,
+        clip_rho_threshold=rho_bar,
+        clip_c_threshold=c_bar,
+        clip_pg_rho_threshold=pg_rho_bar,
+    )
+    ref_vs, ref_adv = vtrace_eq1(
+        log_rhos.tolist(),
+        discounts.tolist(),
+        rewards.tolist(),
+        values.tolist(),
+        bootstrap.tolist(),
+        rho_bar,
+        c_bar,
+        pg_rho_bar,
+    )
     assert out.vs.shape == (7, 5) and out.pg_advantages.shape == (7, 5)
     torch.testing.assert_close(out.vs, ref_vs, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(out.pg_advantages, ref_adv, rtol=1e-10, atol=1e-10)
@@ -83,16 +99,21 @@ def test_truncation_mid_unroll_bootstraps_from_the_last_observation():
     rewards = torch.tensor([[1.0], [0.0], [0.5], [0.0]], dtype=torch.float64)  # x0->x1, x1->x2 (no action ran), ...
     discounts = torch.tensor([[0.9], [0.0], [0.9], [0.9]], dtype=torch.float64)
     mask = torch.tensor([[1.0], [0.0], [1.0], [1.0]], dtype=torch.float64)
-    out = vtrace.from_importance_weights(torch.zeros(4, 1, dtype=torch.float64), discounts, rewards, values,
-                                         bootstrap, mask=mask)
+    out = vtrace.from_importance_weights(
+        torch.zeros(4, 1, dtype=torch.float64), discounts, rewards, values, bootstrap, mask=mask
+    )
     # v3 = 0 + .9*2 = 1.8; v2 = .5 + .9*1.8 = 2.12; v1 = V(x1) = 3; v0 = 1 + .9*V(x1) = 3.7
     assert out.vs[:, 0].tolist() == pytest.approx([3.7, 3.0, 2.12, 1.8])
     # A0 = 1 + .9*3 - .2 = 3.5; A1 = 0 (masked); A2 = .5 + .9*1.8 + 1 = 3.12; A3 = .9*2 - .4 = 1.4
     assert out.pg_advantages[:, 0].tolist() == pytest.approx([3.5, 0.0, 3.12, 1.4])
     # treating the time limit as termination (the bug this avoids) would give v0 = 1.0
-    as_termination = vtrace.from_importance_weights(torch.zeros(4, 1, dtype=torch.float64),
-                                                    torch.tensor([[0.0], [0.0], [0.9], [0.9]], dtype=torch.float64),
-                                                    rewards, values, bootstrap)
+    as_termination = vtrace.from_importance_weights(
+        torch.zeros(4, 1, dtype=torch.float64),
+        torch.tensor([[0.0], [0.0], [0.9], [0.9]], dtype=torch.float64),
+        rewards,
+        values,
+        bootstrap,
+    )
     assert float(as_termination.vs[0, 0]) == pytest.approx(1.0)
 
 
@@ -105,8 +126,16 @@ def test_truncation_off_policy_matches_eq1_on_the_valid_steps():
     mask = torch.ones(6, 1, dtype=torch.float64)
     mask[3] = 0.0
     out = vtrace.from_importance_weights(log_rhos, discounts, rewards, values, bootstrap, 1.0, 1.0, 1.0, mask=mask)
-    head_vs, head_adv = vtrace_eq1(log_rhos[:3].tolist(), discounts[:3].tolist(), rewards[:3].tolist(),
-                                   values[:3].tolist(), values[3].tolist(), 1.0, 1.0, 1.0)
+    head_vs, head_adv = vtrace_eq1(
+        log_rhos[:3].tolist(),
+        discounts[:3].tolist(),
+        rewards[:3].tolist(),
+        values[:3].tolist(),
+        values[3].tolist(),
+        1.0,
+        1.0,
+        1.0,
+    )
     assert torch.allclose(out.vs[:3], head_vs)
     assert torch.allclose(out.pg_advantages[:3], head_adv)
     assert float(out.vs[3, 0]) == pytest.approx(float(values[3, 0]))
@@ -123,8 +152,9 @@ def test_lambda_on_policy_is_td_lambda():
     values = torch.randn(T, 1, generator=g, dtype=torch.float64)
     bootstrap = torch.randn(1, generator=g, dtype=torch.float64)
     discounts = torch.full((T, 1), gamma, dtype=torch.float64)
-    out = vtrace.from_importance_weights(torch.zeros(T, 1, dtype=torch.float64), discounts, rewards, values,
-                                         bootstrap, lambda_=lam)
+    out = vtrace.from_importance_weights(
+        torch.zeros(T, 1, dtype=torch.float64), discounts, rewards, values, bootstrap, lambda_=lam
+    )
     expected, g_next = [], float(bootstrap[0])
     v_next = float(bootstrap[0])
     for t in reversed(range(T)):
@@ -133,8 +163,9 @@ def test_lambda_on_policy_is_td_lambda():
         expected.append(g_next)
     assert out.vs[:, 0].tolist() == pytest.approx(expected[::-1])
     # lambda = 0: one-step TD targets
-    td0 = vtrace.from_importance_weights(torch.zeros(T, 1, dtype=torch.float64), discounts, rewards, values,
-                                         bootstrap, lambda_=0.0)
+    td0 = vtrace.from_importance_weights(
+        torch.zeros(T, 1, dtype=torch.float64), discounts, rewards, values, bootstrap, lambda_=0.0
+    )
     nxt = torch.cat([values[1:], bootstrap.view(1, 1)])
     assert torch.allclose(td0.vs, rewards + gamma * nxt)
 
@@ -144,7 +175,7 @@ def test_advantage_scale_is_the_rms_with_a_floor_relative_to_the_targets():
 
     adv = torch.tensor([[3.0, 4.0], [0.0, 100.0]])
     targets = torch.tensor([[10.0, 10.0], [10.0, 50.0]])
-    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])   # the 100 / 50 step is masked out
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])  # the 100 / 50 step is masked out
     # RMS of (3, 4, 0) = sqrt(25 / 3) = 2.887; targets' RMS = 10
     assert float(advantage_scale(adv, targets, mask, 0.0)) == pytest.approx((25 / 3) ** 0.5)
     assert float(advantage_scale(adv, targets, mask, 0.1)) == pytest.approx((25 / 3) ** 0.5)

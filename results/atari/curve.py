@@ -36,8 +36,9 @@ def main() -> None:
     parser.add_argument("--png", type=Path)
     args = parser.parse_args()
     rows = curve(args.run_dir)
-    atomic_write_text(args.csv, "step,wall_seconds,return_100\n"
-                      + "".join(f"{s},{w:.0f},{r:.2f}\n" for s, w, r in rows))
+    atomic_write_text(
+        args.csv, "step,wall_seconds,return_100\n" + "".join(f"{s},{w:.0f},{r:.2f}\n" for s, w, r in rows)
+    )
     if args.png:
         import matplotlib
 

@@ -2,7 +2,8 @@
 (``kernels --device cuda``: ``results/gpu/kernels_cuda.csv``; ``meta_rl``: ``results/meta_rl/update_time.csv``;
 ``memory-health``: ``results/memory/health.*``).
 
-Each benchmark is a module with ``add_arguments(parser)`` and ``run(args)``. Ratios are measured side by side in one run (the machine may be shared).
+Each benchmark is a module with ``add_arguments(parser)`` and ``run(args)``. Ratios are measured side by side
+in one run (the machine may be shared).
 """
 
 from __future__ import annotations
@@ -15,14 +16,21 @@ BENCHMARKS = {  # name -> (module, what it measures)
     "impala": ("rfwp_rl.bench.impala", "IMPALA env steps/s end to end and learner-only, per core"),
     "seq": ("rfwp_rl.bench.seq", "sequence-trainer tokens/s per core"),
     "meta_rl": ("rfwp_rl.meta_rl.bench", "CPU and wall seconds of one A2C meta-RL update per agent"),
-    "memory-health": ("rfwp_rl.memory.health", "every agent core on DelayedRecall-easy and AssociativeRecall-easy "
-                      "at a fixed budget; flags a core below 0.5 normalised on both (results/memory/health.*)"),
+    "memory-health": (
+        "rfwp_rl.memory.health",
+        "every agent core on DelayedRecall-easy and AssociativeRecall-easy "
+        "at a fixed budget; flags a core below 0.5 normalised on both (results/memory/health.*)",
+    ),
 }
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("which", choices=sorted(BENCHMARKS), help="; ".join(f"{k}: {v}" for k, (_, v) in BENCHMARKS.items()))
-    parser.add_argument("options", nargs=argparse.REMAINDER, help="options of that benchmark (see rfwp-rl bench WHICH --help)")
+    parser.add_argument(
+        "which", choices=sorted(BENCHMARKS), help="; ".join(f"{k}: {v}" for k, (_, v) in BENCHMARKS.items())
+    )
+    parser.add_argument(
+        "options", nargs=argparse.REMAINDER, help="options of that benchmark (see rfwp-rl bench WHICH --help)"
+    )
 
 
 def run(args: argparse.Namespace) -> int | None:

@@ -33,7 +33,8 @@ import gymnasium
 import numpy as np
 import torch
 
-from rfwp_rl import cores as cores_module, flags
+from rfwp_rl import cores as cores_module
+from rfwp_rl import flags
 from rfwp_rl.checkpoint import atomic_write_text
 from rfwp_rl.errors import UserError, check_choice
 from rfwp_rl.impala.actors import Rollout, rollout_spec
@@ -45,16 +46,40 @@ from rfwp_rl.perf import available_cores
 from rfwp_rl.runlog import RunLogger
 from rfwp_rl.texttable import format_columns
 
-COLUMNS = ("agent", "device", "cpu_cores", "env_sps", "env_bound_sps", "learner_bound_sps", "ratio", "actor_device",
-           "learner_thread", "precision", "params", "share_env_wait", "share_inference", "share_learning",
-           "share_other", "env_cpu", "updates", "env", "num_actors", "num_env_batches", "num_env_processes",
-           "batch_size", "unroll_length", "env_backend", "torch_threads")
+COLUMNS = (
+    "agent",
+    "device",
+    "cpu_cores",
+    "env_sps",
+    "env_bound_sps",
+    "learner_bound_sps",
+    "ratio",
+    "actor_device",
+    "learner_thread",
+    "precision",
+    "params",
+    "share_env_wait",
+    "share_inference",
+    "share_learning",
+    "share_other",
+    "env_cpu",
+    "updates",
+    "env",
+    "num_actors",
+    "num_env_batches",
+    "num_env_processes",
+    "batch_size",
+    "unroll_length",
+    "env_backend",
+    "torch_threads",
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cores", default="lstm", help="comma-separated cores (default: %(default)s)")
-    parser.add_argument("--devices", default="cpu",
-                        help="comma-separated learner devices, each run end to end (default: %(default)s)")
+    parser.add_argument(
+        "--devices", default="cpu", help="comma-separated learner devices, each run end to end (default: %(default)s)"
+    )
     flags.add_field(parser, ImpalaConfig, "precision")
     flags.add_field(parser, ImpalaConfig, "env", default="Pong")
     flags.add_shared(parser, "num_actors", 48)
@@ -63,9 +88,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     flags.add_field(parser, ImpalaConfig, "env_backend")
     flags.add_field(parser, ImpalaConfig, "batch_size")
     flags.add_field(parser, ImpalaConfig, "unroll_length")
-    parser.add_argument("--seconds", type=float, default=20.0, help="timed seconds per end-to-end run (default %(default)s)")
-    parser.add_argument("--warmup-seconds", type=float, default=10.0,
-                        help="seconds before timing starts (default %(default)s)")
+    parser.add_argument(
+        "--seconds", type=float, default=20.0, help="timed seconds per end-to-end run (default %(default)s)"
+    )
+    parser.add_argument(
+        "--warmup-seconds", type=float, default=10.0, help="seconds before timing starts (default %(default)s)"
+    )
     flags.add_shared(parser, "torch_threads", 0, "0: the trainer's choice")
     flags.add_field(parser, ImpalaConfig, "actor_device")
     flags.add_set_argument(parser, "agent or trainer setting, as for rfwp-rl train", "max_kl=0")
@@ -73,14 +101,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _config(args: argparse.Namespace, run, device: str):
-    ns = argparse.Namespace(env=args.env, total_steps=10 ** 12, num_actors=args.num_actors,
-                            num_env_batches=args.num_env_batches, num_env_processes=args.num_env_processes,
-                            env_backend=args.env_backend, batch_size=args.batch_size,
-                            unroll_length=args.unroll_length, precision=args.precision,
-                            torch_threads=args.torch_threads, device=device, actor_device=args.actor_device,
-                            checkpoint_every=math.inf, log_every=math.inf)
-    return config_from_args(ns, run.kind, run.memory_horizon, run.max_episode_steps, run.trainer_settings,
-                            continuous_actions=run.action_space.get("type") == "Box")
+    ns = argparse.Namespace(
+        env=args.env,
+        total_steps=10**12,
+        num_actors=args.num_actors,
+        num_env_batches=args.num_env_batches,
+        num_env_processes=args.num_env_processes,
+        env_backend=args.env_backend,
+        batch_size=args.batch_size,
+        unroll_length=args.unroll_length,
+        precision=args.precision,
+        torch_threads=args.torch_threads,
+        device=device,
+        actor_device=args.actor_device,
+        checkpoint_every=math.inf,
+        log_every=math.inf,
+    )
+    return config_from_args(
+        ns,
+        run.kind,
+        run.memory_horizon,
+        run.max_episode_steps,
+        run.trainer_settings,
+        continuous_actions=run.action_space.get("type") == "Box",
+    )
 
 
 def random_batch(agent, T1: int, B: int, g: torch.Generator) -> dict[str, torch.Tensor]:
@@ -90,9 +134,14 @@ def random_batch(agent, T1: int, B: int, g: torch.Generator) -> dict[str, torch.
     with torch.no_grad():
         action, prev_action = dist.sample(params), dist.sample(params)
         behaviour_log_prob = dist.log_prob(params, action)
-    batch = {"reward": torch.randn(T1, B, generator=g).sign() * (torch.rand(T1, B, generator=g) < 0.05),
-             "done": torch.rand(T1, B, generator=g) < 0.01, "truncated": torch.zeros(T1, B, dtype=torch.bool),
-             "action": action, "prev_action": prev_action, "behaviour_log_prob": behaviour_log_prob}
+    batch = {
+        "reward": torch.randn(T1, B, generator=g).sign() * (torch.rand(T1, B, generator=g) < 0.05),
+        "done": torch.rand(T1, B, generator=g) < 0.01,
+        "truncated": torch.zeros(T1, B, dtype=torch.bool),
+        "action": action,
+        "prev_action": prev_action,
+        "behaviour_log_prob": behaviour_log_prob,
+    }
     parts = agent.obs_space.spaces if isinstance(agent.obs_space, gymnasium.spaces.Dict) else {"": agent.obs_space}
     for (key, (dtype, shape)), space in zip(rollout_spec(agent.obs_space, dist).items(), parts.values()):
         if isinstance(space, (gymnasium.spaces.Discrete, gymnasium.spaces.MultiDiscrete)):
@@ -185,28 +234,64 @@ def side_by_side(run, cfg, pool, seconds: float, warmup: float) -> dict[str, flo
         finally:
             trainer.learning.close()
             trainer.logger.close()
-    return {"env_sps": steps / wall, "learner_bound_sps": bound, "updates": updates,
-            "actor_device": str(trainer.actor_device), "learner_thread": trainer.learning.thread is not None,
-            "share_env_wait": shares.get("env", 0.0), "share_inference": shares.get("inference", 0.0),
-            "share_learning": shares.get("learning", 0.0), "share_other": max(0.0, 1.0 - sum(shares.values())),
-            "env_cpu": (cpu1 - cpu0) / wall if cpu0 is not None else float("nan"), "torch_threads": trainer.threads}
+    return {
+        "env_sps": steps / wall,
+        "learner_bound_sps": bound,
+        "updates": updates,
+        "actor_device": str(trainer.actor_device),
+        "learner_thread": trainer.learning.thread is not None,
+        "share_env_wait": shares.get("env", 0.0),
+        "share_inference": shares.get("inference", 0.0),
+        "share_learning": shares.get("learning", 0.0),
+        "share_other": max(0.0, 1.0 - sum(shares.values())),
+        "env_cpu": (cpu1 - cpu0) / wall if cpu0 is not None else float("nan"),
+        "torch_threads": trainer.threads,
+    }
 
 
 def _run_spec(core: str, args: argparse.Namespace):
-    ns = argparse.Namespace(env=args.env, core=core, preset=None, overrides=list(args.overrides),
-                            detach_state_every_step=False, env_options=[], env_config=None)
+    ns = argparse.Namespace(
+        env=args.env,
+        core=core,
+        preset=None,
+        overrides=list(args.overrides),
+        detach_state_every_step=False,
+        env_options=[],
+        env_config=None,
+    )
     return RunSpec.from_args(ns, trainer_keys())
 
 
 def format_table(rows: list[dict]) -> str:
-    head = ["agent", "device", "actors on", "env SPS", "env bound", "learner bound", "ratio", "env wait",
-            "inference", "learning", "other", "env CPU"]
+    head = [
+        "agent",
+        "device",
+        "actors on",
+        "env SPS",
+        "env bound",
+        "learner bound",
+        "ratio",
+        "env wait",
+        "inference",
+        "learning",
+        "other",
+        "env CPU",
+    ]
     cells = []
     for r in rows:
-        cells.append([r["agent"], r["device"], r["actor_device"], f"{r['env_sps']:,.0f}", f"{r['env_bound_sps']:,.0f}",
-                      f"{r['learner_bound_sps']:,.0f}", f"{r['ratio']:.2f}",
-                      *(f"{100 * r[k]:.0f}%" for k in ("share_env_wait", "share_inference", "share_learning",
-                                                      "share_other")), f"{r['env_cpu']:.2f}"])
+        cells.append(
+            [
+                r["agent"],
+                r["device"],
+                r["actor_device"],
+                f"{r['env_sps']:,.0f}",
+                f"{r['env_bound_sps']:,.0f}",
+                f"{r['learner_bound_sps']:,.0f}",
+                f"{r['ratio']:.2f}",
+                *(f"{100 * r[k]:.0f}%" for k in ("share_env_wait", "share_inference", "share_learning", "share_other")),
+                f"{r['env_cpu']:.2f}",
+            ]
+        )
     return format_columns(head, cells)
 
 
@@ -224,10 +309,13 @@ def run(args: argparse.Namespace) -> int:
     first = next(iter(specs.values()))
     # one pool, made before anything touches CUDA (its workers are forked); moolib allows one per process
     pool = first.make_env_pool(args.env_backend, 0, args.num_actors, args.num_env_batches, args.num_env_processes)
-    print(f"IMPALA benchmark: {args.env}, batch {args.batch_size} x unroll {args.unroll_length}, {args.num_actors} envs "
-          f"in {args.num_env_batches} batches [{args.env_backend}, {args.num_env_processes} processes], "
-          f"{available_cores()} cores, {platform.processor() or platform.machine()}"
-          + (f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""), flush=True)
+    print(
+        f"IMPALA benchmark: {args.env}, batch {args.batch_size} x unroll {args.unroll_length}, {args.num_actors} envs "
+        f"in {args.num_env_batches} batches [{args.env_backend}, {args.num_env_processes} processes], "
+        f"{available_cores()} cores, {platform.processor() or platform.machine()}"
+        + (f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""),
+        flush=True,
+    )
     rows = []
     try:
         torch.set_num_threads(1)  # the trainers set their own; idle intra-op threads would spin against the envs
@@ -237,16 +325,29 @@ def run(args: argparse.Namespace) -> int:
             for device in devices:
                 cfg = _config(args, spec, device)
                 print(f"  {core} on {device} ...", flush=True)
-                row = {"agent": core, "device": device, "cpu_cores": available_cores(), "env_bound_sps": bound,
-                       "precision": args.precision, "params": sum(p.numel() for p in spec.build_agent().parameters()),
-                       **side_by_side(spec, cfg, pool, args.seconds, args.warmup_seconds),
-                       "env": spec.env, "num_actors": cfg.num_actors, "num_env_batches": cfg.num_env_batches,
-                       "num_env_processes": cfg.num_env_processes, "batch_size": cfg.batch_size,
-                       "unroll_length": cfg.unroll_length, "env_backend": cfg.env_backend}
+                row = {
+                    "agent": core,
+                    "device": device,
+                    "cpu_cores": available_cores(),
+                    "env_bound_sps": bound,
+                    "precision": args.precision,
+                    "params": sum(p.numel() for p in spec.build_agent().parameters()),
+                    **side_by_side(spec, cfg, pool, args.seconds, args.warmup_seconds),
+                    "env": spec.env,
+                    "num_actors": cfg.num_actors,
+                    "num_env_batches": cfg.num_env_batches,
+                    "num_env_processes": cfg.num_env_processes,
+                    "batch_size": cfg.batch_size,
+                    "unroll_length": cfg.unroll_length,
+                    "env_backend": cfg.env_backend,
+                }
                 row["ratio"] = row["env_sps"] / min(row["env_bound_sps"], row["learner_bound_sps"])
                 rows.append(row)
-                print(f"  {core} on {device} (actors on {row['actor_device']}): {row['env_sps']:,.0f} env steps/s, "
-                      f"learner bound {row['learner_bound_sps']:,.0f}, ratio {row['ratio']:.2f}", flush=True)
+                print(
+                    f"  {core} on {device} (actors on {row['actor_device']}): {row['env_sps']:,.0f} env steps/s, "
+                    f"learner bound {row['learner_bound_sps']:,.0f}, ratio {row['ratio']:.2f}",
+                    flush=True,
+                )
                 _write(rows, Path(args.out), atomic_write_text)  # partial tables survive a time limit
     finally:
         if hasattr(pool, "close"):

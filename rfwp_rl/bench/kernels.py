@@ -34,26 +34,31 @@ import io
 import os
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 
-from rfwp_rl import flags
+from rfwp_rl import flags, kernels, ops
 from rfwp_rl.checkpoint import atomic_write_text
 from rfwp_rl.errors import UserError, check_choice
-from rfwp_rl import kernels, ops
 from rfwp_rl.kernels import cuda_limits
 from rfwp_rl.ops import cases
 
 SIZES = {
-    "atari": dict(T=51, B=32, H=4, d=32),     # IMPALA unroll 50 (+1), batch 32, 4 heads of 32
-    "lm": dict(T=256, B=8, H=8, d=16),        # language modelling span 256, 8 heads of 16
+    "atari": dict(T=51, B=32, H=4, d=32),  # IMPALA unroll 50 (+1), batch 32, 4 heads of 32
+    "lm": dict(T=256, B=8, H=8, d=16),  # language modelling span 256, 8 heads of 16
 }
-FWD_FLOPS = {"lt": 4, "delta": 6, "delta_rnn": 12, "rdn": 12,      # × d² per step per (b, h)
-             "gated_delta": 7, "delta_product": 10, "srwm": 21}
-BWD_FLOPS = {"lt": 8, "delta": 12, "delta_rnn": 24, "rdn": 24,
-             "gated_delta": 15, "delta_product": 20, "srwm": 39}
+FWD_FLOPS = {
+    "lt": 4,
+    "delta": 6,
+    "delta_rnn": 12,
+    "rdn": 12,  # × d² per step per (b, h)
+    "gated_delta": 7,
+    "delta_product": 10,
+    "srwm": 21,
+}
+BWD_FLOPS = {"lt": 8, "delta": 12, "delta_rnn": 24, "rdn": 24, "gated_delta": 15, "delta_product": 20, "srwm": 39}
 DEFAULT_OUT = {"cpu": Path("results/bench/kernels_cpu.csv"), "cuda": Path("results/gpu/kernels_cuda.csv")}
 
 
@@ -61,20 +66,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sizes", default="atari,lm", help=f"comma list of {', '.join(SIZES)}")
     parser.add_argument("--ops", default=",".join(FWD_FLOPS), help="comma list of ops")
     n = torch.get_num_threads()
-    flags.add_shared(parser, "torch_threads", "1" if n == 1 else f"1,{n}",
-                     "a comma list of counts to measure, 1 and all threads by default. On a machine whose cores "
-                     "are busy with other processes use 1: OpenMP threads then wait for each other and both the "
-                     "reference and the kernels slow down erratically", metavar="N[,N...]")
+    flags.add_shared(
+        parser,
+        "torch_threads",
+        "1" if n == 1 else f"1,{n}",
+        "a comma list of counts to measure, 1 and all threads by default. On a machine whose cores "
+        "are busy with other processes use 1: OpenMP threads then wait for each other and both the "
+        "reference and the kernels slow down erratically",
+        metavar="N[,N...]",
+    )
     parser.add_argument("--repeats", type=int, default=7, help="timed runs per measurement (median)")
-    parser.add_argument("--device", default="cpu", help="cpu (the C++ kernels) or cuda (the CUDA kernels; "
-                        "--torch-threads is then ignored)")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="CSV file to write (default results/bench/kernels_cpu.csv; with --device cuda "
-                             "results/gpu/kernels_cuda.csv)")
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        help="cpu (the C++ kernels) or cuda (the CUDA kernels; --torch-threads is then ignored)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="CSV file to write (default results/bench/kernels_cpu.csv; with --device cuda "
+        "results/gpu/kernels_cuda.csv)",
+    )
 
 
-def _median_ms(fn: Callable[[], object], repeats: int, warmup: int = 1,
-               sync: Callable[[], None] = lambda: None) -> tuple[float, float]:
+def _median_ms(
+    fn: Callable[[], object], repeats: int, warmup: int = 1, sync: Callable[[], None] = lambda: None
+) -> tuple[float, float]:
     """(median wall ms, median process CPU ms) over ``repeats`` runs after ``warmup`` runs.
 
     CPU time (all threads of this process) is less sensitive than wall time to other
@@ -102,7 +120,7 @@ def matmul_gflops(repeats: int, n: int = 1024, device: str = "cpu") -> float:
     """GFLOP/s of a float32 n x n matrix product (torch.mm, current thread setting)."""
     a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
     ms = _median_ms(lambda: torch.mm(a, b), max(repeats, 5), warmup=2, sync=_sync(device))[0]
-    return 2 * n ** 3 / (ms * 1e-3) / 1e9
+    return 2 * n**3 / (ms * 1e-3) / 1e9
 
 
 def _passes(fn: Callable, args: list[torch.Tensor], reset: torch.Tensor):
@@ -112,7 +130,7 @@ def _passes(fn: Callable, args: list[torch.Tensor], reset: torch.Tensor):
 
     leaves = [a.detach().clone().requires_grad_() for a in args]
     with torch.no_grad():
-        cotangents = [torch.randn_like(o) for o in fn(*args, reset)]   # dense, like a real loss
+        cotangents = [torch.randn_like(o) for o in fn(*args, reset)]  # dense, like a real loss
 
     def forward_backward():
         for x in leaves:
@@ -125,8 +143,9 @@ def _passes(fn: Callable, args: list[torch.Tensor], reset: torch.Tensor):
 def measure(name: str, size: str, repeats: int, fused: Callable, device: str = "cpu") -> dict:
     s = SIZES[size]
     T, B, H, d = s["T"], s["B"], s["H"], s["d"]
-    args, reset = cases.make_inputs(name, T=T, B=B, H=H, d=d, dtype=torch.float32, seed=0,
-                                    reset_at=((T // 2, 0),), device=device)
+    args, reset = cases.make_inputs(
+        name, T=T, B=B, H=H, d=d, dtype=torch.float32, seed=0, reset_at=((T // 2, 0),), device=device
+    )
     ref_f, ref_fb = _passes(ops.naive(name), args, reset)
     fus_f, fus_fb = _passes(fused, args, reset)
     sync = _sync(device)
@@ -137,8 +156,7 @@ def measure(name: str, size: str, repeats: int, fused: Callable, device: str = "
     row["fused_fwdbwd_ms"], row["fused_fwdbwd_cpu_ms"] = _median_ms(fus_fb, repeats, sync=sync)
     work = T * B * H * d * d
     row["fused_fwd_gflops"] = FWD_FLOPS[name] * work / (row["fused_fwd_ms"] * 1e-3) / 1e9
-    row["fused_fwdbwd_gflops"] = ((FWD_FLOPS[name] + BWD_FLOPS[name]) * work
-                                  / (row["fused_fwdbwd_ms"] * 1e-3) / 1e9)
+    row["fused_fwdbwd_gflops"] = (FWD_FLOPS[name] + BWD_FLOPS[name]) * work / (row["fused_fwdbwd_ms"] * 1e-3) / 1e9
     return row
 
 
@@ -165,17 +183,18 @@ def run(args: argparse.Namespace) -> int:
         if not torch.cuda.is_available():
             raise UserError("--device cuda: no CUDA device is visible to torch (torch.cuda.is_available() is False)")
         threads = threads[:1]
-        names = [n for n in names if n in cuda_limits.OPS]   # ops with CUDA kernels
+        names = [n for n in names if n in cuda_limits.OPS]  # ops with CUDA kernels
     out = args.out or DEFAULT_OUT[device]
     backend, why = kernels.status()
     if backend != "kernel" or (device == "cuda" and not kernels.load()[0].has_cuda()):
         print(f"error: fused {device} kernels unavailable, nothing to compare: {why}")
         return 1
-    print(f"rfwp-rl bench kernels ({device}"
-          f"{': ' + torch.cuda.get_device_name() if device == 'cuda' else ''}): {why}")
-    print(f"per layer (one op call); float32; median of {args.repeats}; "
-          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (shared machine: "
-          "ratios are measured back to back)")
+    print(f"rfwp-rl bench kernels ({device}{': ' + torch.cuda.get_device_name() if device == 'cuda' else ''}): {why}")
+    print(
+        f"per layer (one op call); float32; median of {args.repeats}; "
+        f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (shared machine: "
+        "ratios are measured back to back)"
+    )
     rows = []
     before = torch.get_num_threads()
     try:
@@ -183,39 +202,67 @@ def run(args: argparse.Namespace) -> int:
             torch.set_num_threads(nt)
             mm = matmul_gflops(args.repeats, n=4096 if device == "cuda" else 1024, device=device)
             print(f"\nthreads {nt}: matmul {'4096' if device == 'cuda' else '1024'}^2 float32 {mm:.1f} GFLOP/s")
-            header = (f"{'size':6s} {'op':10s} | {'fwd ref':>9s} {'fused':>8s} {'x':>6s} | "
-                      f"{'fwd+bwd ref':>11s} {'fused':>8s} {'x':>6s} {'x cpu':>6s} | "
-                      f"{'GFLOP/s':>7s} {'%mm':>5s}")
+            header = (
+                f"{'size':6s} {'op':10s} | {'fwd ref':>9s} {'fused':>8s} {'x':>6s} | "
+                f"{'fwd+bwd ref':>11s} {'fused':>8s} {'x':>6s} {'x cpu':>6s} | "
+                f"{'GFLOP/s':>7s} {'%mm':>5s}"
+            )
             print(header)
             print("-" * len(header))
             for size in sizes:
                 for name in names:
                     row = measure(name, size, args.repeats, ops.get(name, "kernel"), device)
-                    row.update(threads=nt, matmul_gflops=mm,
-                               fwd_speedup=row["ref_fwd_ms"] / row["fused_fwd_ms"],
-                               fwdbwd_speedup=row["ref_fwdbwd_ms"] / row["fused_fwdbwd_ms"],
-                               fwdbwd_cpu_speedup=row["ref_fwdbwd_cpu_ms"] / row["fused_fwdbwd_cpu_ms"],
-                               fwdbwd_fraction_of_matmul=row["fused_fwdbwd_gflops"] / mm,
-                               load_average=os.getloadavg()[0])
+                    row.update(
+                        threads=nt,
+                        matmul_gflops=mm,
+                        fwd_speedup=row["ref_fwd_ms"] / row["fused_fwd_ms"],
+                        fwdbwd_speedup=row["ref_fwdbwd_ms"] / row["fused_fwdbwd_ms"],
+                        fwdbwd_cpu_speedup=row["ref_fwdbwd_cpu_ms"] / row["fused_fwdbwd_cpu_ms"],
+                        fwdbwd_fraction_of_matmul=row["fused_fwdbwd_gflops"] / mm,
+                        load_average=os.getloadavg()[0],
+                    )
                     rows.append(row)
-                    print(f"{size:6s} {name:10s} | {row['ref_fwd_ms']:7.2f}ms {row['fused_fwd_ms']:6.2f}ms "
-                          f"{row['fwd_speedup']:5.1f}x | {row['ref_fwdbwd_ms']:9.2f}ms "
-                          f"{row['fused_fwdbwd_ms']:6.2f}ms {row['fwdbwd_speedup']:5.1f}x "
-                          f"{row['fwdbwd_cpu_speedup']:5.1f}x | "
-                          f"{row['fused_fwdbwd_gflops']:7.1f} {100 * row['fwdbwd_fraction_of_matmul']:4.0f}%")
+                    print(
+                        f"{size:6s} {name:10s} | {row['ref_fwd_ms']:7.2f}ms {row['fused_fwd_ms']:6.2f}ms "
+                        f"{row['fwd_speedup']:5.1f}x | {row['ref_fwdbwd_ms']:9.2f}ms "
+                        f"{row['fused_fwdbwd_ms']:6.2f}ms {row['fwdbwd_speedup']:5.1f}x "
+                        f"{row['fwdbwd_cpu_speedup']:5.1f}x | "
+                        f"{row['fused_fwdbwd_gflops']:7.1f} {100 * row['fwdbwd_fraction_of_matmul']:4.0f}%"
+                    )
     finally:
         torch.set_num_threads(before)
-    fields = ["size", "op", "T", "B", "H", "d", "dtype", "device", "threads", "ref_fwd_ms", "fused_fwd_ms",
-              "fwd_speedup", "ref_fwdbwd_ms", "fused_fwdbwd_ms", "fwdbwd_speedup",
-              "ref_fwd_cpu_ms", "fused_fwd_cpu_ms", "ref_fwdbwd_cpu_ms", "fused_fwdbwd_cpu_ms",
-              "fwdbwd_cpu_speedup", "fused_fwd_gflops", "fused_fwdbwd_gflops", "matmul_gflops",
-              "fwdbwd_fraction_of_matmul", "load_average"]
+    fields = [
+        "size",
+        "op",
+        "T",
+        "B",
+        "H",
+        "d",
+        "dtype",
+        "device",
+        "threads",
+        "ref_fwd_ms",
+        "fused_fwd_ms",
+        "fwd_speedup",
+        "ref_fwdbwd_ms",
+        "fused_fwdbwd_ms",
+        "fwdbwd_speedup",
+        "ref_fwd_cpu_ms",
+        "fused_fwd_cpu_ms",
+        "ref_fwdbwd_cpu_ms",
+        "fused_fwdbwd_cpu_ms",
+        "fwdbwd_cpu_speedup",
+        "fused_fwd_gflops",
+        "fused_fwdbwd_gflops",
+        "matmul_gflops",
+        "fwdbwd_fraction_of_matmul",
+        "load_average",
+    ]
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
     writer.writeheader()
     for row in rows:
-        writer.writerow({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in row.items()
-                         if k in fields})
+        writer.writerow({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in row.items() if k in fields})
     atomic_write_text(out, buf.getvalue())
     print(f"\nwrote {out}")
     return 0

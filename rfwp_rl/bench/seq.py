@@ -26,9 +26,24 @@ from rfwp_rl.checkpoint import atomic_write_text
 from rfwp_rl.errors import UserError, check_choice
 from rfwp_rl.seq.model import SeqModel, core_defaults, core_names
 
-COLUMNS = ("core", "backend", "params", "tokens_per_s", "ms_per_step", "batch_size", "seq_len",
-           "vocab", "hidden_size", "num_layers", "num_heads", "torch_threads", "torch", "machine",
-           "cpus", "load_avg_1m")
+COLUMNS = (
+    "core",
+    "backend",
+    "params",
+    "tokens_per_s",
+    "ms_per_step",
+    "batch_size",
+    "seq_len",
+    "vocab",
+    "hidden_size",
+    "num_layers",
+    "num_heads",
+    "torch_threads",
+    "torch",
+    "machine",
+    "cpus",
+    "load_avg_1m",
+)
 
 
 def default_cores() -> list[str]:
@@ -43,8 +58,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hidden-size", type=int, default=128)
     parser.add_argument("--num-layers", type=int, default=2)
     parser.add_argument("--num-heads", type=int, default=4)
-    parser.add_argument("--updates", type=flags.integer, default=3,
-                        help="timed optimizer steps per repeat (default %(default)s)")
+    parser.add_argument(
+        "--updates", type=flags.integer, default=3, help="timed optimizer steps per repeat (default %(default)s)"
+    )
     parser.add_argument("--repeats", type=int, default=3)
     flags.add_shared(parser, "torch_threads", 1)
     parser.add_argument("--out", default="results/bench/seq.csv")
@@ -92,32 +108,53 @@ class CoreBench:
         backend = self.model.core.config.get("backend", "-")
         if backend == "auto":
             backend = kernels.status()[0]
-        return {"core": self.core, "backend": backend,
-                "params": sum(p.numel() for p in self.model.parameters()),
-                "tokens_per_s": round(args.batch_size * args.seq_len / sec),
-                "ms_per_step": round(1000 * sec, 1), "batch_size": args.batch_size,
-                "seq_len": args.seq_len, "vocab": args.vocab, "hidden_size": args.hidden_size,
-                "num_layers": self.config.get("num_layers", "-"),
-                "num_heads": self.config.get("num_heads", "-"),
-                "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
-                "machine": platform.machine(), "cpus": os.cpu_count(), "load_avg_1m": load}
+        return {
+            "core": self.core,
+            "backend": backend,
+            "params": sum(p.numel() for p in self.model.parameters()),
+            "tokens_per_s": round(args.batch_size * args.seq_len / sec),
+            "ms_per_step": round(1000 * sec, 1),
+            "batch_size": args.batch_size,
+            "seq_len": args.seq_len,
+            "vocab": args.vocab,
+            "hidden_size": args.hidden_size,
+            "num_layers": self.config.get("num_layers", "-"),
+            "num_heads": self.config.get("num_heads", "-"),
+            "torch_threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+            "machine": platform.machine(),
+            "cpus": os.cpu_count(),
+            "load_avg_1m": load,
+        }
 
 
 def run(args: argparse.Namespace) -> int:
-    for name in ("batch_size", "seq_len", "vocab", "hidden_size", "num_layers", "num_heads",
-                 "updates", "repeats", "torch_threads"):
+    for name in (
+        "batch_size",
+        "seq_len",
+        "vocab",
+        "hidden_size",
+        "num_layers",
+        "num_heads",
+        "updates",
+        "repeats",
+        "torch_threads",
+    ):
         if getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} {getattr(args, name)} is invalid; allowed: >= 1")
     cores = args.cores.split(",") if args.cores else default_cores()
     for c in cores:
         check_choice("core", c, default_cores() + ["ff"])
     torch.set_num_threads(args.torch_threads)
-    print(f"seq training throughput: batch {args.batch_size} x {args.seq_len} tokens, vocab "
-          f"{args.vocab}, hidden {args.hidden_size}, {args.num_layers} layers, "
-          f"{args.torch_threads} thread(s)", flush=True)
+    print(
+        f"seq training throughput: batch {args.batch_size} x {args.seq_len} tokens, vocab "
+        f"{args.vocab}, hidden {args.hidden_size}, {args.num_layers} layers, "
+        f"{args.torch_threads} thread(s)",
+        flush=True,
+    )
     benches = [CoreBench(core, args) for core in cores]
     loads = []
-    for _ in range(args.repeats):          # round-robin: a burst of load hits every core alike
+    for _ in range(args.repeats):  # round-robin: a burst of load hits every core alike
         for b in benches:
             b.time()
         loads.append(os.getloadavg()[0])

@@ -43,18 +43,26 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from torch import nn
 
 from rfwp_rl.cores.base import Core, CoreSpec, State
-from rfwp_rl.cores.fast_weight import CORES as _FW_CORES, SPECS as _FW_SPECS
-from rfwp_rl.cores.ff import SPEC as _FF_SPEC, FFCore
-from rfwp_rl.cores.fwm import SPEC as _FWM_SPEC, FWMCore
-from rfwp_rl.cores.gru import SPEC as _GRU_SPEC, GRUCore
-from rfwp_rl.cores.householder import CORES as _HOUSEHOLDER_CORES, SPECS as _HOUSEHOLDER_SPECS
-from rfwp_rl.cores.lstm import SPEC as _LSTM_SPEC, LSTMCore
-from rfwp_rl.cores.srwm import SPEC as _SRWM_SPEC, SRWMCore
+from rfwp_rl.cores.fast_weight import CORES as _FW_CORES
+from rfwp_rl.cores.fast_weight import SPECS as _FW_SPECS
+from rfwp_rl.cores.ff import SPEC as _FF_SPEC
+from rfwp_rl.cores.ff import FFCore
+from rfwp_rl.cores.fwm import SPEC as _FWM_SPEC
+from rfwp_rl.cores.fwm import FWMCore
+from rfwp_rl.cores.gru import SPEC as _GRU_SPEC
+from rfwp_rl.cores.gru import GRUCore
+from rfwp_rl.cores.householder import CORES as _HOUSEHOLDER_CORES
+from rfwp_rl.cores.householder import SPECS as _HOUSEHOLDER_SPECS
+from rfwp_rl.cores.lstm import SPEC as _LSTM_SPEC
+from rfwp_rl.cores.lstm import LSTMCore
+from rfwp_rl.cores.srwm import SPEC as _SRWM_SPEC
+from rfwp_rl.cores.srwm import SRWMCore
 from rfwp_rl.errors import UserError, check_choice, choices_hint
 
 __all__ = ["Core", "CoreSpec", "State", "available", "make", "register"]
@@ -71,8 +79,10 @@ def register(spec: CoreSpec, cls: Callable[..., nn.Module]) -> None:
     name again replaces the entry only if it is the same class (module reloads).
     """
     old = _REGISTRY.get(spec.name)
-    if old is not None and (getattr(old[1], "__module__", None), getattr(old[1], "__qualname__", None)) \
-            != (getattr(cls, "__module__", None), getattr(cls, "__qualname__", None)):
+    if old is not None and (getattr(old[1], "__module__", None), getattr(old[1], "__qualname__", None)) != (
+        getattr(cls, "__module__", None),
+        getattr(cls, "__qualname__", None),
+    ):
         raise ValueError(f"core {spec.name!r} is already registered by {old[1]!r}")
     _REGISTRY[spec.name] = (spec, cls)
 
@@ -106,8 +116,10 @@ def _check_type(core: str, key: str, value: Any, default: Any) -> None:
     else:
         ok = True
     if not ok:
-        raise UserError(f"core {core!r}: {key}={value!r} has type {type(value).__name__}; "
-                        f"allowed: {type(default).__name__} (default {default!r})")
+        raise UserError(
+            f"core {core!r}: {key}={value!r} has type {type(value).__name__}; "
+            f"allowed: {type(default).__name__} (default {default!r})"
+        )
 
 
 def make(name: str, input_size: int, **config: Any) -> nn.Module:
@@ -120,8 +132,10 @@ def make(name: str, input_size: int, **config: Any) -> nn.Module:
     spec, cls = _REGISTRY[name]
     for key, value in config.items():
         if key not in spec.defaults:
-            raise UserError(f"unknown config key {key!r} for core {name!r}; "
-                            f"{choices_hint(key, spec.defaults) if spec.defaults else 'allowed: none'}")
+            raise UserError(
+                f"unknown config key {key!r} for core {name!r}; "
+                f"{choices_hint(key, spec.defaults) if spec.defaults else 'allowed: none'}"
+            )
         _check_type(name, key, value, spec.defaults[key])
     if isinstance(input_size, bool) or not isinstance(input_size, int) or input_size < 1:
         raise UserError(f"input_size {input_size!r} is invalid; allowed: an integer >= 1")

@@ -26,13 +26,15 @@ it once on the whole episode.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from rfwp_rl.errors import UserError, check_choice
+
 # the state helpers of every recurrence (reset before a step, no gradient across it)
 from rfwp_rl.ops.common import reset_steps, zero_entries  # noqa: F401
 from rfwp_rl.ops.dispatch import BACKENDS
@@ -55,6 +57,7 @@ class CoreSpec:
 
 
 # ------------------------------------------------------------------------- config checks
+
 
 def check_positive_int(what: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -83,12 +86,15 @@ def check_bool(what: str, value: Any) -> bool:
 def check_heads(hidden_size: int, num_heads: int) -> int:
     """Head size ``hidden_size // num_heads``; one-line error if it does not divide."""
     if hidden_size % num_heads:
-        raise UserError(f"hidden_size {hidden_size} is not divisible by num_heads {num_heads}; "
-                        f"allowed: hidden_size a multiple of num_heads")
+        raise UserError(
+            f"hidden_size {hidden_size} is not divisible by num_heads {num_heads}; "
+            f"allowed: hidden_size a multiple of num_heads"
+        )
     return hidden_size // num_heads
 
 
 # ------------------------------------------------------------------------- the base class
+
 
 class Core(nn.Module):
     """Base of every core. Subclasses set ``input_size``, ``output_size``,
@@ -121,17 +127,18 @@ class Core(nn.Module):
         raise NotImplementedError
 
     # -- shared -------------------------------------------------------------------------
-    def initial_state(self, batch_size: int, device: torch.device | str | None = None,
-                      dtype: torch.dtype | None = None) -> State:
+    def initial_state(
+        self, batch_size: int, device: torch.device | str | None = None, dtype: torch.dtype | None = None
+    ) -> State:
         """Zeros of ``state_shapes(batch_size)``; device/dtype default to the parameters'."""
         p = next(self.parameters(), None)
         device = device if device is not None else (p.device if p is not None else None)
         dtype = dtype if dtype is not None else (p.dtype if p is not None else None)
-        return tuple(torch.zeros(s, device=device, dtype=dtype)
-                     for s in self.state_shapes(batch_size))
+        return tuple(torch.zeros(s, device=device, dtype=dtype) for s in self.state_shapes(batch_size))
 
-    def forward(self, x: Tensor, state: Sequence[Tensor] | None = None,
-                reset: Tensor | None = None) -> tuple[Tensor, State]:
+    def forward(
+        self, x: Tensor, state: Sequence[Tensor] | None = None, reset: Tensor | None = None
+    ) -> tuple[Tensor, State]:
         """y ``[T, B, output_size]`` and the state after the last step.
 
         x: ``[T, B, input_size]``; state: from ``initial_state`` or a previous call (None =
@@ -144,23 +151,30 @@ class Core(nn.Module):
         ys = []
         for t in range(x.shape[0]):
             state = tuple(s.detach() for s in state)
-            y, state = self._forward(x[t:t + 1], state, None if reset is None else reset[t:t + 1])
+            y, state = self._forward(x[t : t + 1], state, None if reset is None else reset[t : t + 1])
             ys.append(y)
         return torch.cat(ys), state
 
-    def _check_call(self, x: Tensor, state: Sequence[Tensor] | None,
-                    reset: Tensor | None) -> tuple[State, Tensor | None]:
-        if (not isinstance(x, Tensor) or x.dim() != 3 or x.shape[-1] != self.input_size
-                or x.shape[0] == 0 or x.shape[1] == 0):
+    def _check_call(
+        self, x: Tensor, state: Sequence[Tensor] | None, reset: Tensor | None
+    ) -> tuple[State, Tensor | None]:
+        if (
+            not isinstance(x, Tensor)
+            or x.dim() != 3
+            or x.shape[-1] != self.input_size
+            or x.shape[0] == 0
+            or x.shape[1] == 0
+        ):
             got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
-            raise UserError(f"core {self.name!r}: input x has shape {got}; allowed: "
-                            f"[T, B, {self.input_size}] (time, batch, input_size; T, B >= 1)")
+            raise UserError(
+                f"core {self.name!r}: input x has shape {got}; allowed: "
+                f"[T, B, {self.input_size}] (time, batch, input_size; T, B >= 1)"
+            )
         T, B = x.shape[0], x.shape[1]
         if reset is not None:
             if not isinstance(reset, Tensor) or tuple(reset.shape) != (T, B):
                 got = tuple(reset.shape) if isinstance(reset, Tensor) else type(reset).__name__
-                raise UserError(f"core {self.name!r}: reset has shape {got}; allowed: "
-                                f"[T, B] = [{T}, {B}] or None")
+                raise UserError(f"core {self.name!r}: reset has shape {got}; allowed: [T, B] = [{T}, {B}] or None")
             reset = reset.to(device=x.device, dtype=torch.bool)
             if not bool(reset.any()):
                 reset = None
@@ -169,17 +183,22 @@ class Core(nn.Module):
         state = tuple(state)
         shapes = self.state_shapes(B)
         if len(state) != len(shapes):
-            raise UserError(f"core {self.name!r}: state has {len(state)} tensors; allowed: "
-                            f"{len(shapes)} (use core.initial_state(batch_size))")
+            raise UserError(
+                f"core {self.name!r}: state has {len(state)} tensors; allowed: "
+                f"{len(shapes)} (use core.initial_state(batch_size))"
+            )
         for i, (s, shape) in enumerate(zip(state, shapes)):
             if tuple(s.shape) != shape:
-                raise UserError(f"core {self.name!r}: state[{i}] has shape {tuple(s.shape)}; "
-                                f"allowed: {shape} for batch {B} "
-                                "(use core.initial_state(batch_size))")
+                raise UserError(
+                    f"core {self.name!r}: state[{i}] has shape {tuple(s.shape)}; "
+                    f"allowed: {shape} for batch {B} "
+                    "(use core.initial_state(batch_size))"
+                )
         return state, reset
 
-    def stepper(self, batch_size: int, device: torch.device | str | None = None,
-                specialised: bool = True, record: bool = False) -> "CoreStepper":
+    def stepper(
+        self, batch_size: int, device: torch.device | str | None = None, specialised: bool = True, record: bool = False
+    ) -> CoreStepper:
         """A one-step-at-a-time runner from ``initial_state(batch_size)`` (module docstring).
 
         Subclasses with a cheaper exact stepping override this and return it when

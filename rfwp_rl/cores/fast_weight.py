@@ -31,22 +31,39 @@ lt/delta ``(W,)``, delta_rnn ``(W, R, y_last)``, rdn ``(W, y_last)`` with
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from rfwp_rl import ops
 from rfwp_rl.cores import feature_maps
-from rfwp_rl.cores.base import (Core, CoreSpec, State, check_backend, check_bool,
-                                check_dropout, check_heads, check_positive_int)
+from rfwp_rl.cores.base import (
+    Core,
+    CoreSpec,
+    State,
+    check_backend,
+    check_bool,
+    check_dropout,
+    check_heads,
+    check_positive_int,
+)
 from rfwp_rl.errors import check_choice
 
 
 def block_defaults(**options: Any) -> dict:
     """The default config of a block-stack core whose sublayers take ``options``."""
-    return {"hidden_size": 128, "num_layers": 2, "num_heads": 4, "ff_size": 512, "dropout": 0.0,
-            **options, "backend": "auto", "detach_state_every_step": False}
+    return {
+        "hidden_size": 128,
+        "num_layers": 2,
+        "num_heads": 4,
+        "ff_size": 512,
+        "dropout": 0.0,
+        **options,
+        "backend": "auto",
+        "detach_state_every_step": False,
+    }
 
 
 def _defaults(feature_map: str) -> dict:
@@ -54,21 +71,35 @@ def _defaults(feature_map: str) -> dict:
 
 
 SPECS = {
-    "lt": CoreSpec("lt", "Linear Transformer: purely additive fast weights W += v ⊗ k",
-                   "RFWP paper Eq. 5-7; Secretly-FWP Eq. 29-30, 37 (feature maps)",
-                   _defaults("elu_sum")),
-    "delta": CoreSpec("delta", "Delta Net: fast weights written by the delta rule with "
-                      "learned β", "RFWP paper Eq. 8-10; Secretly-FWP Eq. 23-29",
-                      _defaults("elu_sum")),
-    "delta_rnn": CoreSpec("delta_rnn", "Delta RNN: fast recurrent matrix R, "
-                          "y = W q + R softmax(y_prev)", "RFWP paper Eq. 8-10, 12 (version B)",
-                          _defaults("softmax")),
-    "rdn": CoreSpec("rdn", "Recurrent Delta Net: k, v, q, β also see tanh(y_prev)",
-                    "RFWP paper Eq. 15-18 with Eq. 7-10", _defaults("softmax")),
+    "lt": CoreSpec(
+        "lt",
+        "Linear Transformer: purely additive fast weights W += v ⊗ k",
+        "RFWP paper Eq. 5-7; Secretly-FWP Eq. 29-30, 37 (feature maps)",
+        _defaults("elu_sum"),
+    ),
+    "delta": CoreSpec(
+        "delta",
+        "Delta Net: fast weights written by the delta rule with learned β",
+        "RFWP paper Eq. 8-10; Secretly-FWP Eq. 23-29",
+        _defaults("elu_sum"),
+    ),
+    "delta_rnn": CoreSpec(
+        "delta_rnn",
+        "Delta RNN: fast recurrent matrix R, y = W q + R softmax(y_prev)",
+        "RFWP paper Eq. 8-10, 12 (version B)",
+        _defaults("softmax"),
+    ),
+    "rdn": CoreSpec(
+        "rdn",
+        "Recurrent Delta Net: k, v, q, β also see tanh(y_prev)",
+        "RFWP paper Eq. 15-18 with Eq. 7-10",
+        _defaults("softmax"),
+    ),
 }
 
 
 # ------------------------------------------------------------------------- sublayers
+
 
 class FeedForward(nn.Module):
     """Pre-LayerNorm residual feed-forward sublayer: ``x + drop(W2 drop(relu(W1 LN(x))))``.
@@ -79,8 +110,13 @@ class FeedForward(nn.Module):
     def __init__(self, hidden_size: int, ff_size: int, dropout: float) -> None:
         super().__init__()
         self.norm = nn.LayerNorm(hidden_size)
-        self.net = nn.Sequential(nn.Linear(hidden_size, ff_size), nn.ReLU(), nn.Dropout(dropout),
-                                 nn.Linear(ff_size, hidden_size), nn.Dropout(dropout))
+        self.net = nn.Sequential(
+            nn.Linear(hidden_size, ff_size),
+            nn.ReLU(),
+            nn.Dropout(dropout),
+            nn.Linear(ff_size, hidden_size),
+            nn.Dropout(dropout),
+        )
 
     def forward(self, x: Tensor) -> Tensor:
         return x + self.net(self.norm(x))
@@ -97,13 +133,14 @@ class FastWeightSublayer(nn.Module):
 
     kind: str = ""
 
-    def __init__(self, hidden_size: int, num_heads: int, dropout: float, feature_map: str,
-                 dpfp_nu: int, backend: str) -> None:
+    def __init__(
+        self, hidden_size: int, num_heads: int, dropout: float, feature_map: str, dpfp_nu: int, backend: str
+    ) -> None:
         super().__init__()
         self.H = num_heads
         self.d = check_heads(hidden_size, num_heads)
         self.phi = feature_maps.get(feature_map, self.d, dpfp_nu)
-        self.D = feature_maps.feature_dim(feature_map, self.d, dpfp_nu)   # key/query size
+        self.D = feature_maps.feature_dim(feature_map, self.d, dpfp_nu)  # key/query size
         self.feature_map = feature_map
         self.backend = backend
         self.norm = nn.LayerNorm(hidden_size)
@@ -146,7 +183,7 @@ class LTSublayer(FastWeightSublayer):
         return [(batch_size, self.H, self.d, self.D)]
 
     def recurrence(self, p: Tensor, state: State, reset: Tensor | None) -> tuple[Tensor, State]:
-        q, k, v = p.split(self.d, dim=-1)                         # RFWP Eq. 5
+        q, k, v = p.split(self.d, dim=-1)  # RFWP Eq. 5
         y, W = self.op(self.phi(q), self.phi(k), v, state[0], reset)
         return y, (W,)
 
@@ -164,7 +201,7 @@ class DeltaSublayer(FastWeightSublayer):
 
     def recurrence(self, p: Tensor, state: State, reset: Tensor | None) -> tuple[Tensor, State]:
         q, k, v, b = p.split([self.d, self.d, self.d, 1], dim=-1)
-        beta = torch.sigmoid(b.squeeze(-1))                        # RFWP Eq. 9
+        beta = torch.sigmoid(b.squeeze(-1))  # RFWP Eq. 9
         y, W = self.op(self.phi(q), self.phi(k), v, beta, state[0], reset)
         return y, (W,)
 
@@ -187,8 +224,7 @@ class DeltaRNNSublayer(FastWeightSublayer):
         q, k, v, kr, vr, b, br = p.split([d, d, d, d, d, 1, 1], dim=-1)
         beta, beta_r = torch.sigmoid(b.squeeze(-1)), torch.sigmoid(br.squeeze(-1))
         W0, R0, y0 = state
-        y, W, R = self.op(self.phi(q), self.phi(k), v, beta,
-                            feature_maps.softmax(kr), vr, beta_r, W0, R0, y0, reset)
+        y, W, R = self.op(self.phi(q), self.phi(k), v, beta, feature_maps.softmax(kr), vr, beta_r, W0, R0, y0, reset)
         return y, (W, R, y[-1])
 
 
@@ -210,8 +246,7 @@ class RDNSublayer(FastWeightSublayer):
     def resolve_op(self, name: str, dims: ops.Dims, **options) -> Callable[..., tuple]:
         # φ runs inside the op: the op gets it, and its name decides whether the fused
         # kernel can run it
-        return super().resolve_op(name, ops.Dims(dims.dk, dims.dv, self.feature_map),
-                                  feature_map=self.phi, **options)
+        return super().resolve_op(name, ops.Dims(dims.dk, dims.dv, self.feature_map), feature_map=self.phi, **options)
 
     def slow_per_head(self) -> int:
         return 3 * self.d + 1
@@ -222,12 +257,12 @@ class RDNSublayer(FastWeightSublayer):
     def recurrence(self, p: Tensor, state: State, reset: Tensor | None) -> tuple[Tensor, State]:
         xq, xk, xv, xb = p.split([self.d, self.d, self.d, 1], dim=-1)
         W0, y0 = state
-        y, W = self.op(xq, xk, xv, xb.squeeze(-1), self.Rq, self.Rk, self.Rv, self.rb, W0, y0,
-                       reset)
+        y, W = self.op(xq, xk, xv, xb.squeeze(-1), self.Rq, self.Rk, self.Rv, self.rb, W0, y0, reset)
         return y, (W, y[-1])
 
 
 # ------------------------------------------------------------------------- the core
+
 
 class FastWeightCore(Core):
     """Block stack whose fast-weight sublayers are all of one class.
@@ -245,18 +280,30 @@ class FastWeightCore(Core):
     kind: str = ""
     sublayer_cls: type[FastWeightSublayer] | None = None
 
-    def __init__(self, input_size: int, hidden_size: int = 128, num_layers: int = 2,
-                 num_heads: int = 4, ff_size: int = 512, dropout: float = 0.0,
-                 feature_map: str | None = None, dpfp_nu: int = 1, backend: str = "auto",
-                 detach_state_every_step: bool = False, *,
-                 sublayer_cls: type[FastWeightSublayer] | None = None,
-                 sublayer_config: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int = 128,
+        num_layers: int = 2,
+        num_heads: int = 4,
+        ff_size: int = 512,
+        dropout: float = 0.0,
+        feature_map: str | None = None,
+        dpfp_nu: int = 1,
+        backend: str = "auto",
+        detach_state_every_step: bool = False,
+        *,
+        sublayer_cls: type[FastWeightSublayer] | None = None,
+        sublayer_config: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__()
         self.name = self.kind
         sublayer_cls = sublayer_cls if sublayer_cls is not None else self.sublayer_cls
         if sublayer_cls is None:
-            raise TypeError(f"{type(self).__name__}: no fast-weight sublayer class; set the "
-                            "class attribute sublayer_cls or pass sublayer_cls=")
+            raise TypeError(
+                f"{type(self).__name__}: no fast-weight sublayer class; set the "
+                "class attribute sublayer_cls or pass sublayer_cls="
+            )
         sublayer_config = dict(sublayer_config or {})
         if feature_map is None:
             feature_map = SPECS[self.kind].defaults["feature_map"]
@@ -270,21 +317,27 @@ class FastWeightCore(Core):
         dropout = check_dropout(dropout)
         check_choice("feature_map", feature_map, feature_maps.FEATURE_MAPS)
         check_backend(backend)
-        self.detach_state_every_step = check_bool("detach_state_every_step",
-                                                  detach_state_every_step)
-        self.config = {"hidden_size": hidden_size, "num_layers": num_layers,
-                       "num_heads": num_heads, "ff_size": ff_size, "dropout": dropout,
-                       "feature_map": feature_map, "dpfp_nu": dpfp_nu, "backend": backend,
-                       "detach_state_every_step": detach_state_every_step, **sublayer_config}
+        self.detach_state_every_step = check_bool("detach_state_every_step", detach_state_every_step)
+        self.config = {
+            "hidden_size": hidden_size,
+            "num_layers": num_layers,
+            "num_heads": num_heads,
+            "ff_size": ff_size,
+            "dropout": dropout,
+            "feature_map": feature_map,
+            "dpfp_nu": dpfp_nu,
+            "backend": backend,
+            "detach_state_every_step": detach_state_every_step,
+            **sublayer_config,
+        }
 
         # registration order input_proj, fast_layers, ff_layers fixes the state_dict keys
         self.input_proj = nn.Linear(input_size, hidden_size)
         self.fast_layers = nn.ModuleList(
-            sublayer_cls(hidden_size, num_heads, dropout, feature_map, dpfp_nu, backend,
-                         **sublayer_config)
-            for _ in range(num_layers))
-        self.ff_layers = nn.ModuleList(
-            FeedForward(hidden_size, ff_size, dropout) for _ in range(num_layers))
+            sublayer_cls(hidden_size, num_heads, dropout, feature_map, dpfp_nu, backend, **sublayer_config)
+            for _ in range(num_layers)
+        )
+        self.ff_layers = nn.ModuleList(FeedForward(hidden_size, ff_size, dropout) for _ in range(num_layers))
         self._n_state = [len(layer.state_shapes(1)) for layer in self.fast_layers]
 
     def keep_config(self, keys: Any) -> None:
@@ -299,8 +352,8 @@ class FastWeightCore(Core):
         new_state: list[Tensor] = []
         i = 0
         for fast, ff, n in zip(self.fast_layers, self.ff_layers, self._n_state):
-            h, s = fast(h, state[i:i + n], reset)     # pre-LN residual fast-weight sublayer
-            h = ff(h)                                 # pre-LN residual feed-forward sublayer
+            h, s = fast(h, state[i : i + n], reset)  # pre-LN residual fast-weight sublayer
+            h = ff(h)  # pre-LN residual feed-forward sublayer
             new_state.extend(s)
             i += n
         return h, tuple(new_state)
@@ -308,24 +361,28 @@ class FastWeightCore(Core):
 
 class LTCore(FastWeightCore):
     """``lt``: Linear Transformer block stack (RFWP paper Eq. 5-7)."""
+
     kind = "lt"
     sublayer_cls = LTSublayer
 
 
 class DeltaCore(FastWeightCore):
     """``delta``: Delta Net block stack (RFWP paper Eq. 8-10)."""
+
     kind = "delta"
     sublayer_cls = DeltaSublayer
 
 
 class DeltaRNNCore(FastWeightCore):
     """``delta_rnn``: Delta RNN block stack (RFWP paper Eq. 12, version B)."""
+
     kind = "delta_rnn"
     sublayer_cls = DeltaRNNSublayer
 
 
 class RDNCore(FastWeightCore):
     """``rdn``: Recurrent Delta Net block stack (RFWP paper Eq. 15-18)."""
+
     kind = "rdn"
     sublayer_cls = RDNSublayer
 

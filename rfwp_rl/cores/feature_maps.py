@@ -16,14 +16,14 @@ agents used; it keeps DPFP finite when every component is zero.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from rfwp_rl.errors import UserError, check_choice
-from rfwp_rl.ops.common import softmax, unit_vectors   # the ops' own (the rdn op recognises softmax)
+from rfwp_rl.ops.common import softmax, unit_vectors  # the ops' own (the rdn op recognises softmax)
 
 FEATURE_MAPS = ("elu_sum", "softmax", "dpfp", "l2")
 SUM_NORM_EPS = 1e-5
@@ -60,8 +60,10 @@ def get(name: str, d: int, nu: int = 1) -> Callable[[Tensor], Tensor]:
     check_choice("feature_map", name, FEATURE_MAPS)
     if name == "dpfp":
         if isinstance(nu, bool) or not isinstance(nu, int) or not 1 <= nu < 2 * d:
-            raise UserError(f"dpfp_nu {nu!r} is invalid for head size {d}; "
-                            f"allowed: an integer in [1, {2 * d - 1}] (Secretly-FWP Eq. 37)")
+            raise UserError(
+                f"dpfp_nu {nu!r} is invalid for head size {d}; "
+                f"allowed: an integer in [1, {2 * d - 1}] (Secretly-FWP Eq. 37)"
+            )
         return _Dpfp(nu)
     return {"elu_sum": elu_sum, "softmax": softmax, "l2": unit_vectors}[name]
 

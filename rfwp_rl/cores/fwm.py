@@ -41,8 +41,7 @@ import torch
 from torch import Tensor, nn
 
 from rfwp_rl import ops
-from rfwp_rl.cores.base import (Core, CoreSpec, CoreStepper, State, check_backend, check_bool,
-                                check_positive_int)
+from rfwp_rl.cores.base import Core, CoreSpec, CoreStepper, State, check_backend, check_bool, check_positive_int
 from rfwp_rl.cores.lstm import run_lstm
 from rfwp_rl.errors import UserError
 from rfwp_rl.ops import fwm as fwm_op
@@ -51,10 +50,15 @@ from rfwp_rl.ops import lstm as lstm_op
 SPEC = CoreSpec(
     name="fwm",
     description="Fast Weight Memory: LSTM + third-order fast tensor [m, m, m] with "
-                "num_reads chained reads; y = h + W_o n",
+    "num_reads chained reads; y = h + W_o n",
     equations="FWM paper Eq. 1-8 (§3.1)",
-    defaults={"hidden_size": 32, "memory_size": 16, "num_reads": 3,
-              "detach_state_every_step": False, "backend": "auto"},
+    defaults={
+        "hidden_size": 32,
+        "memory_size": 16,
+        "num_reads": 3,
+        "detach_state_every_step": False,
+        "backend": "auto",
+    },
 )
 
 
@@ -65,29 +69,38 @@ class FWMCore(Core):
     """
 
     name = "fwm"
-    act_without_gradients = True   # the incremental stepper: O(t m) per step, no dense tensor
+    act_without_gradients = True  # the incremental stepper: O(t m) per step, no dense tensor
 
-    def __init__(self, input_size: int, hidden_size: int = 32, memory_size: int = 16,
-                 num_reads: int = 3, detach_state_every_step: bool = False,
-                 backend: str = "auto") -> None:
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int = 32,
+        memory_size: int = 16,
+        num_reads: int = 3,
+        detach_state_every_step: bool = False,
+        backend: str = "auto",
+    ) -> None:
         super().__init__()
         self.input_size = check_positive_int("input_size", input_size)
         self.output_size = self.hidden_size = check_positive_int("hidden_size", hidden_size)
         self.m = check_positive_int("memory_size", memory_size)
         self.num_reads = check_positive_int("num_reads", num_reads)
-        self.detach_state_every_step = check_bool("detach_state_every_step",
-                                                  detach_state_every_step)
+        self.detach_state_every_step = check_bool("detach_state_every_step", detach_state_every_step)
         self.backend = check_backend(backend)
-        self.config = {"hidden_size": hidden_size, "memory_size": memory_size,
-                       "num_reads": num_reads, "detach_state_every_step": detach_state_every_step,
-                       "backend": backend}
+        self.config = {
+            "hidden_size": hidden_size,
+            "memory_size": memory_size,
+            "num_reads": num_reads,
+            "detach_state_every_step": detach_state_every_step,
+            "backend": backend,
+        }
         m = memory_size
         self.lstm = nn.LSTM(input_size, hidden_size)
-        self.write = nn.Linear(hidden_size, 3 * m + 1)            # [W_write; W_β], Eq. 1-2
-        self.read = nn.Linear(hidden_size, (1 + num_reads) * m)   # [W_n; W_e^1..N_r], Eq. 5-6
-        self.out = nn.Linear(m, hidden_size)                      # W_o, Eq. 8
+        self.write = nn.Linear(hidden_size, 3 * m + 1)  # [W_write; W_β], Eq. 1-2
+        self.read = nn.Linear(hidden_size, (1 + num_reads) * m)  # [W_n; W_e^1..N_r], Eq. 5-6
+        self.out = nn.Linear(m, hidden_size)  # W_o, Eq. 8
         with torch.no_grad():
-            self.write.bias[3 * m].fill_(1.0)                     # β starts near σ(1)
+            self.write.bias[3 * m].fill_(1.0)  # β starts near σ(1)
         # with backend 'kernel' a one-line error now if the fused kernel cannot run these sizes
         self.op = ops.resolve("fwm", backend, ops.Dims(dk=m, dv=m))
 
@@ -98,16 +111,16 @@ class FWMCore(Core):
         (FWM Eq. 1-2, 5-6)."""
         return self.write(h).unsqueeze(-2), self.read(h).unsqueeze(-2)
 
-    def stepper(self, batch_size: int, device: torch.device | str | None = None,
-                specialised: bool = True, record: bool = False) -> CoreStepper | FWMStepper:
+    def stepper(
+        self, batch_size: int, device: torch.device | str | None = None, specialised: bool = True, record: bool = False
+    ) -> CoreStepper | FWMStepper:
         """Made without gradients (acting), the op's incremental fused stepper when it runs
         here (see :class:`FWMStepper`; ``record``: for its ``replay``); otherwise, or with
         ``specialised=False``, the generic one."""
         if specialised and not torch.is_grad_enabled() and self.backend != "reference":
             p = next(self.parameters())
             like = p.detach() if device is None else p.detach().to(device)
-            memory = fwm_op.stepper(batch_size, 1, self.m, like, backend=self.backend,
-                                    record=record)
+            memory = fwm_op.stepper(batch_size, 1, self.m, like, backend=self.backend, record=record)
             if memory is not None:
                 return FWMStepper(self, memory)
         return super().stepper(batch_size, device)
@@ -123,9 +136,8 @@ class FWMCore(Core):
 
     def _forward(self, x: Tensor, state: State, reset: Tensor | None) -> tuple[Tensor, State]:
         h0, c0, Fm = state
-        hs, h, c = run_lstm(self.lstm, x, h0[None].contiguous(), c0[None].contiguous(), reset,
-                            self.backend)
-        n, Fm = self.op(*self.project(hs), Fm.unsqueeze(1), reset)   # FWM Eq. 1-7
+        hs, h, c = run_lstm(self.lstm, x, h0[None].contiguous(), c0[None].contiguous(), reset, self.backend)
+        n, Fm = self.op(*self.project(hs), Fm.unsqueeze(1), reset)  # FWM Eq. 1-7
         return self.output(hs, n), (h[0], c[0], Fm.squeeze(1))
 
 
@@ -147,23 +159,23 @@ class FWMStepper:
         p = next(core.parameters())
         self.h = torch.zeros(1, B, core.hidden_size, dtype=p.dtype, device=p.device)
         self.c = torch.zeros_like(self.h)
-        self.lstm = lstm_op.recorder(core.backend, p, core.hidden_size, self.h[0],
-                                     self.c[0]) if memory.record else None
+        self.lstm = lstm_op.recorder(core.backend, p, core.hidden_size, self.h[0], self.c[0]) if memory.record else None
 
     def _lstm_weights(self) -> list[Tensor]:
         return [getattr(self.core.lstm, f"{n}_l0") for n in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")]
 
     def step(self, x: Tensor) -> Tensor:
         if torch.is_grad_enabled():
-            raise UserError("core 'fwm': this stepper was made without gradients (acting); make "
-                            "it with gradients enabled to backpropagate through its steps")
+            raise UserError(
+                "core 'fwm': this stepper was made without gradients (acting); make "
+                "it with gradients enabled to backpropagate through its steps"
+            )
         if self.lstm is not None:
             h = self.lstm.step(x, *self._lstm_weights())
         else:
-            hs, self.h, self.c = run_lstm(self.core.lstm, x.unsqueeze(0), self.h, self.c, None,
-                                          self.core.backend)
+            hs, self.h, self.c = run_lstm(self.core.lstm, x.unsqueeze(0), self.h, self.c, None, self.core.backend)
             h = hs[0]
-        n = self.memory.step(*self.core.project(h))                   # FWM Eq. 1-7
+        n = self.memory.step(*self.core.project(h))  # FWM Eq. 1-7
         return self.core.output(h, n)
 
     def replay(self) -> Tensor | None:
@@ -173,5 +185,5 @@ class FWMStepper:
         if self.lstm is None or not self.memory.record:
             return None
         hs = self.lstm.replay(*self._lstm_weights())
-        n = self.memory.replay(*self.core.project(hs))               # FWM Eq. 1-7, recorded
+        n = self.memory.replay(*self.core.project(hs))  # FWM Eq. 1-7, recorded
         return None if n is None else self.core.output(hs, n)

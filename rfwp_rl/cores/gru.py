@@ -22,8 +22,13 @@ SPEC = CoreSpec(
     name="gru",
     description="GRU (torch nn.GRU); state (h,) [B, num_layers, hidden_size]",
     equations="Cho et al. 2014 (nn.GRU: the reset gate scales W_hn h + b_hn)",
-    defaults={"hidden_size": 256, "num_layers": 1, "detach_state_every_step": False,
-              "recurrent_init": "default", "update_bias": None},
+    defaults={
+        "hidden_size": 256,
+        "num_layers": 1,
+        "detach_state_every_step": False,
+        "recurrent_init": "default",
+        "update_bias": None,
+    },
 )
 
 
@@ -38,12 +43,19 @@ class GRUCore(TorchRNNCore):
     name = "gru"
     num_states = 1
 
-    def __init__(self, input_size: int, hidden_size: int = 256, num_layers: int = 1,
-                 detach_state_every_step: bool = False, recurrent_init: str = "default",
-                 update_bias: float | None = None) -> None:
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int = 256,
+        num_layers: int = 1,
+        detach_state_every_step: bool = False,
+        recurrent_init: str = "default",
+        update_bias: float | None = None,
+    ) -> None:
         update_bias = check_gate_bias("update_bias", update_bias)
-        super().__init__(input_size, hidden_size, num_layers, detach_state_every_step, recurrent_init,
-                         update_bias=update_bias)
+        super().__init__(
+            input_size, hidden_size, num_layers, detach_state_every_step, recurrent_init, update_bias=update_bias
+        )
         self.gru = nn.GRU(input_size, hidden_size, num_layers)
         init_recurrent(self.gru, recurrent_init)
         init_gate_bias(self.gru, 1, update_bias)  # gate order r, z, n

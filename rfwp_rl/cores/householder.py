@@ -48,28 +48,30 @@ RMS_EPS = 1e-5
 
 SPECS = {
     "gated_delta": CoreSpec(
-        "gated_delta", "Gated DeltaNet: the delta rule with a data-dependent decay α_t, "
-        "short convolution and output gate optional",
+        "gated_delta",
+        "Gated DeltaNet: the delta rule with a data-dependent decay α_t, short convolution and output gate optional",
         "Gated DeltaNet paper (ICLR 2025) Eq. 10, §3.4",
-        block_defaults(conv_size=4, output_gate=True)),
+        block_defaults(conv_size=4, output_gate=True),
+    ),
     "delta_product": CoreSpec(
-        "delta_product", "DeltaProduct: n_h delta-rule (Householder) steps per input, β in "
-        "(0, 2) optional", "DeltaProduct paper (NeurIPS 2025) Sec. 3",
-        block_defaults(num_householder=2, allow_negative_eigenvalues=False, conv_size=4, output_gate=True)),
+        "delta_product",
+        "DeltaProduct: n_h delta-rule (Householder) steps per input, β in (0, 2) optional",
+        "DeltaProduct paper (NeurIPS 2025) Sec. 3",
+        block_defaults(num_householder=2, allow_negative_eigenvalues=False, conv_size=4, output_gate=True),
+    ),
 }
 
 
 def check_conv_size(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0 or value == 1:
-        raise UserError(f"conv_size {value!r} is invalid; allowed: 0 (no short convolution) or an "
-                        "integer >= 2")
+        raise UserError(f"conv_size {value!r} is invalid; allowed: 0 (no short convolution) or an integer >= 2")
     return value
 
 
 # ------------------------------------------------------------------------- pieces
 
-def short_conv(x: Tensor, state: Tensor, weight: Tensor,
-               reset: Tensor | None) -> tuple[Tensor, Tensor]:
+
+def short_conv(x: Tensor, state: Tensor, weight: Tensor, reset: Tensor | None) -> tuple[Tensor, Tensor]:
     """Causal depthwise convolution over time, carried across calls, restarted by resets.
 
     ``y_t[c] = Σ_{j<K} weight[c, K-1-j] x_{t-j}[c]`` (PyTorch's Conv1d orientation), where
@@ -84,23 +86,23 @@ def short_conv(x: Tensor, state: Tensor, weight: Tensor,
     """
     T, B, _ = x.shape
     K = weight.shape[1]
-    full = torch.cat([state.transpose(0, 1), x], dim=0)     # full[i] is the input of step i-(K-1)
+    full = torch.cat([state.transpose(0, 1), x], dim=0)  # full[i] is the input of step i-(K-1)
     t = torch.arange(T, device=x.device)[:, None]
     start = None
-    if reset is not None:     # the step of each entry's latest reset (-K: none in this call)
+    if reset is not None:  # the step of each entry's latest reset (-K: none in this call)
         start = torch.where(reset, t, torch.full_like(t, -K)).cummax(dim=0).values
     y = torch.zeros_like(x)
     for j in range(K):
-        xs = full[K - 1 - j:K - 1 - j + T]                  # the inputs of steps t - j
+        xs = full[K - 1 - j : K - 1 - j + T]  # the inputs of steps t - j
         if start is not None:
-            xs = torch.where((t - j >= start)[..., None], xs, torch.zeros((), dtype=x.dtype,
-                                                                           device=x.device))
+            xs = torch.where((t - j >= start)[..., None], xs, torch.zeros((), dtype=x.dtype, device=x.device))
         y = y + xs * weight[:, K - 1 - j]
-    new_state = full[T:]                                     # the inputs of steps T-K+1 .. T-1
+    new_state = full[T:]  # the inputs of steps T-K+1 .. T-1
     if start is not None:
         steps = torch.arange(T - K + 1, T, device=x.device)[:, None]
-        new_state = torch.where((steps >= start[-1])[..., None], new_state,
-                                torch.zeros((), dtype=x.dtype, device=x.device))
+        new_state = torch.where(
+            (steps >= start[-1])[..., None], new_state, torch.zeros((), dtype=x.dtype, device=x.device)
+        )
     return y, new_state.transpose(0, 1)
 
 
@@ -119,6 +121,7 @@ class HeadRMSNorm(nn.Module):
 
 # ------------------------------------------------------------------------- sublayers
 
+
 class HouseholderSublayer(nn.Module):
     """Pre-LayerNorm residual token mixer of Gated DeltaNet (its §3.4) and DeltaProduct,
     see the module docstring; subclasses set ``kind`` (the op) and implement
@@ -132,18 +135,25 @@ class HouseholderSublayer(nn.Module):
     kind: str = ""
     decay: bool = False
 
-    def __init__(self, hidden_size: int, num_heads: int, dropout: float, conv_size: int,
-                 output_gate: bool, backend: str, num_householder: int = 1,
-                 beta_scale: float = 1.0) -> None:
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        dropout: float,
+        conv_size: int,
+        output_gate: bool,
+        backend: str,
+        num_householder: int = 1,
+        beta_scale: float = 1.0,
+    ) -> None:
         super().__init__()
         self.H, self.d, self.n = num_heads, check_heads(hidden_size, num_heads), num_householder
         self.hidden = hidden_size
         self.K = check_conv_size(conv_size)
         self.output_gate = check_bool("output_gate", output_gate)
         self.beta_scale = beta_scale
-        self.C = (1 + 2 * self.n) * hidden_size            # q, keys, values: the conv channels
-        self.sizes = [self.C, self.n * num_heads, num_heads if self.decay else 0,
-                      hidden_size if output_gate else 0]
+        self.C = (1 + 2 * self.n) * hidden_size  # q, keys, values: the conv channels
+        self.sizes = [self.C, self.n * num_heads, num_heads if self.decay else 0, hidden_size if output_gate else 0]
         self.norm = nn.LayerNorm(hidden_size)
         self.proj = nn.Linear(hidden_size, sum(self.sizes), bias=False)
         # depthwise: one kernel of K taps per channel (Conv1d's default initialisation)
@@ -159,8 +169,9 @@ class HouseholderSublayer(nn.Module):
             shapes.append((batch_size, self.K - 1, self.C))
         return shapes
 
-    def recurrence(self, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, a: Tensor, S0: Tensor,
-                   reset: Tensor | None) -> tuple[Tensor, Tensor]:
+    def recurrence(
+        self, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, a: Tensor, S0: Tensor, reset: Tensor | None
+    ) -> tuple[Tensor, Tensor]:
         """q ``[T, B, H, d]``, k, v ``[T, B, H, n_h, d]``, beta ``[T, B, H, n_h]``, decay inputs
         a ``[T, B, H]`` (empty without decay) -> o ``[T, B, H, d]``, S."""
         raise NotImplementedError
@@ -170,16 +181,16 @@ class HouseholderSublayer(nn.Module):
         H, d, n = self.H, self.d, self.n
         qkv, b, a, g = self.proj(self.norm(x)).split(self.sizes, dim=-1)
         new_conv: tuple[Tensor, ...] = ()
-        if self.conv is not None:                           # Gated DeltaNet §3.4: short conv
+        if self.conv is not None:  # Gated DeltaNet §3.4: short conv
             qkv, conv_state = short_conv(qkv, state[1], self.conv.weight[:, 0], reset)
             new_conv = (conv_state,)
         q, k, v = F.silu(qkv).split([self.hidden, n * self.hidden, n * self.hidden], dim=-1)
-        q = unit_vectors(q.view(T, B, H, d))                # ... SiLU, L2-normalised q and k
+        q = unit_vectors(q.view(T, B, H, d))  # ... SiLU, L2-normalised q and k
         k = unit_vectors(k.view(T, B, H, n, d))
         beta = self.beta_scale * torch.sigmoid(b.view(T, B, H, n))
         o, S = self.recurrence(q, k, v.view(T, B, H, n, d), beta, a, state[0], reset)
-        o = self.out_norm(o)                                # output normalisation ...
-        if self.output_gate:                                # ... and gating (§3.4)
+        o = self.out_norm(o)  # output normalisation ...
+        if self.output_gate:  # ... and gating (§3.4)
             o = o * F.silu(g.view(T, B, H, d))
         return x + self.drop(self.out(o.reshape(T, B, self.hidden))), (S, *new_conv)
 
@@ -194,18 +205,28 @@ class GatedDeltaSublayer(HouseholderSublayer):
     kind = "gated_delta"
     decay = True
 
-    def __init__(self, hidden_size: int, num_heads: int, dropout: float, _feature_map: str,
-                 _dpfp_nu: int, backend: str, *, conv_size: int = 4,
-                 output_gate: bool = True) -> None:
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        dropout: float,
+        _feature_map: str,
+        _dpfp_nu: int,
+        backend: str,
+        *,
+        conv_size: int = 4,
+        output_gate: bool = True,
+    ) -> None:
         super().__init__(hidden_size, num_heads, dropout, conv_size, output_gate, backend)
         self.A_log = nn.Parameter(torch.empty(num_heads).uniform_(0, 16).log())
         dt = torch.exp(torch.empty(num_heads).uniform_(math.log(1e-3), math.log(1e-1)))
         dt = dt.clamp(min=1e-4)
-        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))    # softplus⁻¹(dt)
+        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus⁻¹(dt)
 
-    def recurrence(self, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, a: Tensor, S0: Tensor,
-                   reset: Tensor | None) -> tuple[Tensor, Tensor]:
-        alpha = torch.exp(-self.A_log.exp() * F.softplus(a + self.dt_bias))   # α_t in (0, 1)
+    def recurrence(
+        self, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, a: Tensor, S0: Tensor, reset: Tensor | None
+    ) -> tuple[Tensor, Tensor]:
+        alpha = torch.exp(-self.A_log.exp() * F.softplus(a + self.dt_bias))  # α_t in (0, 1)
         return self.op(q, k[..., 0, :], v[..., 0, :], alpha, beta[..., 0], S0, reset)
 
 
@@ -215,21 +236,40 @@ class DeltaProductSublayer(HouseholderSublayer):
 
     kind = "delta_product"
 
-    def __init__(self, hidden_size: int, num_heads: int, dropout: float, _feature_map: str,
-                 _dpfp_nu: int, backend: str, *, num_householder: int = 2,
-                 allow_negative_eigenvalues: bool = False, conv_size: int = 4,
-                 output_gate: bool = True) -> None:
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        dropout: float,
+        _feature_map: str,
+        _dpfp_nu: int,
+        backend: str,
+        *,
+        num_householder: int = 2,
+        allow_negative_eigenvalues: bool = False,
+        conv_size: int = 4,
+        output_gate: bool = True,
+    ) -> None:
         negative = check_bool("allow_negative_eigenvalues", allow_negative_eigenvalues)
-        super().__init__(hidden_size, num_heads, dropout, conv_size, output_gate, backend,
-                         num_householder=check_positive_int("num_householder", num_householder),
-                         beta_scale=2.0 if negative else 1.0)   # β in (0, 2): eigenvalues in (-1, 1)
+        super().__init__(
+            hidden_size,
+            num_heads,
+            dropout,
+            conv_size,
+            output_gate,
+            backend,
+            num_householder=check_positive_int("num_householder", num_householder),
+            beta_scale=2.0 if negative else 1.0,
+        )  # β in (0, 2): eigenvalues in (-1, 1)
 
-    def recurrence(self, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, a: Tensor, S0: Tensor,
-                   reset: Tensor | None) -> tuple[Tensor, Tensor]:
+    def recurrence(
+        self, q: Tensor, k: Tensor, v: Tensor, beta: Tensor, a: Tensor, S0: Tensor, reset: Tensor | None
+    ) -> tuple[Tensor, Tensor]:
         return self.op(q, k, v, beta, S0, reset)
 
 
 # ------------------------------------------------------------------------- the cores
+
 
 class GatedDeltaCore(FastWeightCore):
     """``gated_delta``: Gated DeltaNet block stack (Gated DeltaNet paper Eq. 10, §3.4)."""
@@ -237,14 +277,33 @@ class GatedDeltaCore(FastWeightCore):
     kind = "gated_delta"
     sublayer_cls = GatedDeltaSublayer
 
-    def __init__(self, input_size: int, hidden_size: int = 128, num_layers: int = 2,
-                 num_heads: int = 4, ff_size: int = 512, dropout: float = 0.0,
-                 conv_size: int = 4, output_gate: bool = True, backend: str = "auto",
-                 detach_state_every_step: bool = False) -> None:
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int = 128,
+        num_layers: int = 2,
+        num_heads: int = 4,
+        ff_size: int = 512,
+        dropout: float = 0.0,
+        conv_size: int = 4,
+        output_gate: bool = True,
+        backend: str = "auto",
+        detach_state_every_step: bool = False,
+    ) -> None:
         # q and k are L2-normalised: no feature map ("softmax" only fills the base's slot)
-        super().__init__(input_size, hidden_size, num_layers, num_heads, ff_size, dropout,
-                         "softmax", 1, backend, detach_state_every_step,
-                         sublayer_config={"conv_size": conv_size, "output_gate": output_gate})
+        super().__init__(
+            input_size,
+            hidden_size,
+            num_layers,
+            num_heads,
+            ff_size,
+            dropout,
+            "softmax",
+            1,
+            backend,
+            detach_state_every_step,
+            sublayer_config={"conv_size": conv_size, "output_gate": output_gate},
+        )
         self.keep_config(SPECS[self.kind].defaults)
 
 
@@ -254,16 +313,39 @@ class DeltaProductCore(FastWeightCore):
     kind = "delta_product"
     sublayer_cls = DeltaProductSublayer
 
-    def __init__(self, input_size: int, hidden_size: int = 128, num_layers: int = 2,
-                 num_heads: int = 4, ff_size: int = 512, dropout: float = 0.0,
-                 num_householder: int = 2, allow_negative_eigenvalues: bool = False,
-                 conv_size: int = 4, output_gate: bool = True, backend: str = "auto",
-                 detach_state_every_step: bool = False) -> None:
-        super().__init__(input_size, hidden_size, num_layers, num_heads, ff_size, dropout,
-                         "softmax", 1, backend, detach_state_every_step,
-                         sublayer_config={"num_householder": num_householder,
-                                          "allow_negative_eigenvalues": allow_negative_eigenvalues,
-                                          "conv_size": conv_size, "output_gate": output_gate})
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int = 128,
+        num_layers: int = 2,
+        num_heads: int = 4,
+        ff_size: int = 512,
+        dropout: float = 0.0,
+        num_householder: int = 2,
+        allow_negative_eigenvalues: bool = False,
+        conv_size: int = 4,
+        output_gate: bool = True,
+        backend: str = "auto",
+        detach_state_every_step: bool = False,
+    ) -> None:
+        super().__init__(
+            input_size,
+            hidden_size,
+            num_layers,
+            num_heads,
+            ff_size,
+            dropout,
+            "softmax",
+            1,
+            backend,
+            detach_state_every_step,
+            sublayer_config={
+                "num_householder": num_householder,
+                "allow_negative_eigenvalues": allow_negative_eigenvalues,
+                "conv_size": conv_size,
+                "output_gate": output_gate,
+            },
+        )
         self.keep_config(SPECS[self.kind].defaults)
 
 

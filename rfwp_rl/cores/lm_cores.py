@@ -20,8 +20,8 @@ heads. Notation per head: d = hidden/H, D = feature size of φ (d, or 2νd for d
   Each of W, W_f, W_o has its own query (the equations write one q; separate queries give
   the paper's 47.3M parameters, a shared one 46.7M); φ (``feature_map``, default ELU+1 with
   sum normalisation) applies to the queries and keys of W, W_f, W_o; the recurrent matrices'
-  keys are softmax(k_r), matching their softmax(y_{t-1}) queries (as in ``delta_rnn``). Slow projection per head: (q, k, v) for W, W_f, W_o,
-  (k, v) for R, R_f, R_o and six β: 15d + 6. State per layer:
+  keys are softmax(k_r), matching their softmax(y_{t-1}) queries (as in ``delta_rnn``). Slow
+  projection per head: (q, k, v) for W, W_f, W_o, (k, v) for R, R_f, R_o and six β: 15d + 6. State per layer:
   ``W3 [B, 3H, d, D]`` (W, W_f, W_o as head groups), ``R3 [B, 3H, d, d]``, ``c [B, H, d]``,
   ``y [B, H, d]``.
 - ``delta_mlp``, Delta MLP (RFWP Eq. 13-14): K = ``fast_layers`` fast layers
@@ -47,31 +47,47 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from rfwp_rl import ops
 from rfwp_rl.cores import feature_maps, register
 from rfwp_rl.cores.base import CoreSpec, State, check_positive_int, reset_steps, zero_entries
 from rfwp_rl.cores.fast_weight import FastWeightCore, FastWeightSublayer
-from rfwp_rl import ops
-from rfwp_rl.ops.common import delta_update, read   # RFWP Eq. 8, 10 and Eq. 7
+from rfwp_rl.ops.common import delta_update, read  # RFWP Eq. 8, 10 and Eq. 7
 
 
 def _defaults(feature_map: str, **extra: Any) -> dict:
-    return {"hidden_size": 128, "num_layers": 2, "num_heads": 4, "ff_size": 512,
-            "dropout": 0.0, "feature_map": feature_map, "dpfp_nu": 1, "backend": "auto",
-            "detach_state_every_step": False, **extra}
+    return {
+        "hidden_size": 128,
+        "num_layers": 2,
+        "num_heads": 4,
+        "ff_size": 512,
+        "dropout": 0.0,
+        "feature_map": feature_map,
+        "dpfp_nu": 1,
+        "backend": "auto",
+        "detach_state_every_step": False,
+        **extra,
+    }
 
 
 SPECS = {
     "delta_lstm": CoreSpec(
-        "delta_lstm", "Delta LSTM (version D): six delta-rule fast matrices, tied input/forget "
-        "gate, y = c ⊙ o", "RFWP paper App. A.2 Eq. 36-40 with Eq. 8-10", _defaults("elu_sum")),
+        "delta_lstm",
+        "Delta LSTM (version D): six delta-rule fast matrices, tied input/forget gate, y = c ⊙ o",
+        "RFWP paper App. A.2 Eq. 36-40 with Eq. 8-10",
+        _defaults("elu_sum"),
+    ),
     "delta_mlp": CoreSpec(
-        "delta_mlp", "Delta MLP: a deep fast feedforward net h_k = W_k φ(h_{k-1}), every W_k "
-        "written by the delta rule", "RFWP paper Eq. 13-14 with Eq. 8-10",
-        _defaults("softmax", fast_layers=2)),
+        "delta_mlp",
+        "Delta MLP: a deep fast feedforward net h_k = W_k φ(h_{k-1}), every W_k written by the delta rule",
+        "RFWP paper Eq. 13-14 with Eq. 8-10",
+        _defaults("softmax", fast_layers=2),
+    ),
     "delta_delta": CoreSpec(
-        "delta_delta", "Delta-Delta Net: a Delta Net whose slow projection is a fast matrix "
-        "written by the delta rule", "RFWP paper Sec. 3.1, App. A.3 with Eq. 8-10",
-        _defaults("elu_sum")),
+        "delta_delta",
+        "Delta-Delta Net: a Delta Net whose slow projection is a fast matrix written by the delta rule",
+        "RFWP paper Sec. 3.1, App. A.3 with Eq. 8-10",
+        _defaults("elu_sum"),
+    ),
 }
 
 
@@ -89,7 +105,7 @@ def _ungroup(x: Tensor, groups: int) -> tuple[Tensor, ...]:
 class DeltaLSTMSublayer(FastWeightSublayer):
     """Delta LSTM version D (RFWP App. A.2, Eq. 36-40), see the module docstring."""
 
-    kind = "delta"   # the op used for the feedforward fast matrices W, W_f, W_o
+    kind = "delta"  # the op used for the feedforward fast matrices W, W_f, W_o
 
     def slow_per_head(self) -> int:
         return 15 * self.d + 6
@@ -103,8 +119,14 @@ class DeltaLSTMSublayer(FastWeightSublayer):
         qw, kw, vw, kr, vr, bw, br = p.split([3 * d] * 5 + [3, 3], dim=-1)
         W0, R, c, y = state
         # feedforward parts W q_u, W_f q_f, W_o q_o: the delta op on 3H heads (RFWP Eq. 8-10, 7)
-        z, W = self.op(self.phi(_heads(qw, 3)), self.phi(_heads(kw, 3)), _heads(vw, 3),
-                         torch.sigmoid(_heads(bw, 3).squeeze(-1)), W0, reset)
+        z, W = self.op(
+            self.phi(_heads(qw, 3)),
+            self.phi(_heads(kw, 3)),
+            _heads(vw, 3),
+            torch.sigmoid(_heads(bw, 3).squeeze(-1)),
+            W0,
+            reset,
+        )
         z_u, z_f, z_o = _ungroup(z, 3)
         # recurrent parts: R, R_f, R_o written by the delta rule, read with softmax(y_{t-1})
         kr, vr = feature_maps.softmax(_heads(kr, 3)), _heads(vr, 3)
@@ -115,13 +137,13 @@ class DeltaLSTMSublayer(FastWeightSublayer):
         for t in range(T):
             if flags[t]:
                 R, c, y = (zero_entries(s, reset[t]) for s in (R, c, y))
-            R = delta_update(R, kr[t], vr[t], beta_r[t])                 # RFWP Eq. 8, 10
+            R = delta_update(R, kr[t], vr[t], beta_r[t])  # RFWP Eq. 8, 10
             r_u, r_f, r_o = _ungroup(read(R, feature_maps.softmax(y).repeat(1, 3, 1)), 3)
-            u = z_u[t] + r_u                                                 # RFWP Eq. 36
-            f = torch.sigmoid(z_f[t] + r_f)                                  # RFWP Eq. 37
-            o = torch.sigmoid(z_o[t] + r_o)                                  # RFWP Eq. 38
-            c = f * c + (1.0 - f) * u                                        # RFWP Eq. 39
-            y = c * o                                                        # RFWP Eq. 40
+            u = z_u[t] + r_u  # RFWP Eq. 36
+            f = torch.sigmoid(z_f[t] + r_f)  # RFWP Eq. 37
+            o = torch.sigmoid(z_o[t] + r_o)  # RFWP Eq. 38
+            c = f * c + (1.0 - f) * u  # RFWP Eq. 39
+            y = c * o  # RFWP Eq. 40
             ys.append(y)
         return torch.stack(ys), (W, R, c, y)
 
@@ -144,15 +166,14 @@ class DeltaMLPSublayer(FastWeightSublayer):
     def recurrence(self, p: Tensor, state: State, reset: Tensor | None) -> tuple[Tensor, State]:
         d, K = self.d, self.K
         parts = p.split([d] + [d, d, 1] * K, dim=-1)
-        h = parts[0]                                                         # h_0 = q
+        h = parts[0]  # h_0 = q
         new_state = []
         for k in range(K):
-            key, value, b = parts[1 + 3 * k: 4 + 3 * k]
+            key, value, b = parts[1 + 3 * k : 4 + 3 * k]
             # RFWP Eq. 13: h_k = W_k^(t) φ(h_{k-1}), W_k written by the delta rule (Eq. 8-10)
-            h, W = self.op(self.phi(h), self.phi(key), value, torch.sigmoid(b.squeeze(-1)),
-                           state[k], reset)
+            h, W = self.op(self.phi(h), self.phi(key), value, torch.sigmoid(b.squeeze(-1)), state[k], reset)
             new_state.append(W)
-        return h, tuple(new_state)                                           # RFWP Eq. 14
+        return h, tuple(new_state)  # RFWP Eq. 14
 
 
 class DeltaDeltaSublayer(FastWeightSublayer):
@@ -166,7 +187,7 @@ class DeltaDeltaSublayer(FastWeightSublayer):
         self.slow_op = self.resolve_op("delta", ops.Dims(dk=self.D, dv=3 * self.d + 1))
 
     def slow_per_head(self) -> int:
-        return 5 * self.d + 2                                                # App. A.3
+        return 5 * self.d + 2  # App. A.3
 
     def state_shapes(self, batch_size: int) -> list[tuple[int, ...]]:
         B, H, d = batch_size, self.H, self.d
@@ -177,8 +198,7 @@ class DeltaDeltaSublayer(FastWeightSublayer):
         qs, ks, vs, bs = p.split([d, d, 3 * d + 1, 1], dim=-1)
         M0, W0 = state
         # the fast "slow projection": M written by the delta rule, read with φ(q_s)
-        proj, M = self.slow_op(self.phi(qs), self.phi(ks), vs, torch.sigmoid(bs.squeeze(-1)), M0,
-                               reset)
+        proj, M = self.slow_op(self.phi(qs), self.phi(ks), vs, torch.sigmoid(bs.squeeze(-1)), M0, reset)
         q, k, v, b = proj.split([d, d, d, 1], dim=-1)
         # the inner Delta Net (RFWP Eq. 8-10, 7)
         y, W = self.op(self.phi(q), self.phi(k), v, torch.sigmoid(b.squeeze(-1)), W0, reset)
@@ -194,21 +214,40 @@ class LMFastWeightCore(FastWeightCore):
     and recorded in ``config``.
     """
 
-    def __init__(self, name: str, sublayer: type[FastWeightSublayer], input_size: int,
-                 hidden_size: int = 128, num_layers: int = 2, num_heads: int = 4,
-                 ff_size: int = 512, dropout: float = 0.0, feature_map: str = "softmax",
-                 dpfp_nu: int = 1, backend: str = "auto", detach_state_every_step: bool = False,
-                 **extra: Any) -> None:
-        super().__init__(input_size, hidden_size=hidden_size, num_layers=num_layers,
-                         num_heads=num_heads, ff_size=ff_size, dropout=dropout,
-                         feature_map=feature_map, dpfp_nu=dpfp_nu, backend=backend,
-                         detach_state_every_step=detach_state_every_step,
-                         sublayer_cls=sublayer, sublayer_config=extra)
+    def __init__(
+        self,
+        name: str,
+        sublayer: type[FastWeightSublayer],
+        input_size: int,
+        hidden_size: int = 128,
+        num_layers: int = 2,
+        num_heads: int = 4,
+        ff_size: int = 512,
+        dropout: float = 0.0,
+        feature_map: str = "softmax",
+        dpfp_nu: int = 1,
+        backend: str = "auto",
+        detach_state_every_step: bool = False,
+        **extra: Any,
+    ) -> None:
+        super().__init__(
+            input_size,
+            hidden_size=hidden_size,
+            num_layers=num_layers,
+            num_heads=num_heads,
+            ff_size=ff_size,
+            dropout=dropout,
+            feature_map=feature_map,
+            dpfp_nu=dpfp_nu,
+            backend=backend,
+            detach_state_every_step=detach_state_every_step,
+            sublayer_cls=sublayer,
+            sublayer_config=extra,
+        )
         self.name = name
 
 
-SUBLAYERS = {"delta_lstm": DeltaLSTMSublayer, "delta_mlp": DeltaMLPSublayer,
-             "delta_delta": DeltaDeltaSublayer}
+SUBLAYERS = {"delta_lstm": DeltaLSTMSublayer, "delta_mlp": DeltaMLPSublayer, "delta_delta": DeltaDeltaSublayer}
 
 for _name, _spec in SPECS.items():
     register(_spec, functools.partial(LMFastWeightCore, _name, SUBLAYERS[_name]))

@@ -17,30 +17,41 @@ import torch
 from torch import Tensor, nn
 
 from rfwp_rl.cores.base import CoreSpec, State, check_backend
-from rfwp_rl.cores.torch_rnn import (TorchRNNCore, check_gate_bias, init_gate_bias, init_recurrent,
-                                     run_segments)
+from rfwp_rl.cores.torch_rnn import TorchRNNCore, check_gate_bias, init_gate_bias, init_recurrent, run_segments
 from rfwp_rl.ops import lstm as lstm_op
 
 SPEC = CoreSpec(
     name="lstm",
     description="LSTM (torch nn.LSTM); state (h, c) each [B, num_layers, hidden_size]",
     equations="Hochreiter & Schmidhuber 1997 (nn.LSTM, two bias vectors per gate block)",
-    defaults={"hidden_size": 256, "num_layers": 1, "detach_state_every_step": False,
-              "backend": "auto", "forget_bias": None, "recurrent_init": "default"},
+    defaults={
+        "hidden_size": 256,
+        "num_layers": 1,
+        "detach_state_every_step": False,
+        "backend": "auto",
+        "forget_bias": None,
+        "recurrent_init": "default",
+    },
 )
 
 
 def _fused_layers(lstm: nn.LSTM, x: Tensor, backend: str):
     """The fused op for ``lstm``'s layers on inputs like ``x``, or None where ``nn.LSTM``
     runs (see :func:`rfwp_rl.ops.lstm.layer`; also for the options the op does not have)."""
-    if lstm.bidirectional or lstm.proj_size or lstm.batch_first or not lstm.bias or (
-            lstm.dropout and lstm.training and lstm.num_layers > 1):
+    if (
+        lstm.bidirectional
+        or lstm.proj_size
+        or lstm.batch_first
+        or not lstm.bias
+        or (lstm.dropout and lstm.training and lstm.num_layers > 1)
+    ):
         return None
     return lstm_op.layer(backend, x, lstm.hidden_size)
 
 
-def run_lstm(lstm: nn.LSTM, x: Tensor, h: Tensor, c: Tensor, reset: Tensor | None,
-             backend: str = "auto") -> tuple[Tensor, Tensor, Tensor]:
+def run_lstm(
+    lstm: nn.LSTM, x: Tensor, h: Tensor, c: Tensor, reset: Tensor | None, backend: str = "auto"
+) -> tuple[Tensor, Tensor, Tensor]:
     """Run ``lstm`` over x ``[T, B, I]`` from (h, c) ``[L, B, H]`` with resets ``[T, B]``.
 
     Returns the outputs ``[T, B, H]`` and the final (h, c) ``[L, B, H]``. The fused ``lstm``
@@ -51,9 +62,13 @@ def run_lstm(lstm: nn.LSTM, x: Tensor, h: Tensor, c: Tensor, reset: Tensor | Non
     if op is not None:
         hs, cs = [], []
         for layer in range(lstm.num_layers):
-            x, h_l, c_l = op(x, h[layer], c[layer], *(getattr(lstm, f"{name}_l{layer}") for name in
-                                                      ("weight_ih", "weight_hh", "bias_ih", "bias_hh")),
-                             reset)
+            x, h_l, c_l = op(
+                x,
+                h[layer],
+                c[layer],
+                *(getattr(lstm, f"{name}_l{layer}") for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")),
+                reset,
+            )
             hs.append(h_l)
             cs.append(c_l)
         return x, torch.stack(hs), torch.stack(cs)
@@ -73,12 +88,26 @@ class LSTMCore(TorchRNNCore):
     name = "lstm"
     num_states = 2
 
-    def __init__(self, input_size: int, hidden_size: int = 256, num_layers: int = 1,
-                 detach_state_every_step: bool = False, backend: str = "auto",
-                 forget_bias: float | None = None, recurrent_init: str = "default") -> None:
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int = 256,
+        num_layers: int = 1,
+        detach_state_every_step: bool = False,
+        backend: str = "auto",
+        forget_bias: float | None = None,
+        recurrent_init: str = "default",
+    ) -> None:
         forget_bias = check_gate_bias("forget_bias", forget_bias)
-        super().__init__(input_size, hidden_size, num_layers, detach_state_every_step,
-                         recurrent_init, backend=backend, forget_bias=forget_bias)
+        super().__init__(
+            input_size,
+            hidden_size,
+            num_layers,
+            detach_state_every_step,
+            recurrent_init,
+            backend=backend,
+            forget_bias=forget_bias,
+        )
         self.backend = check_backend(backend)
         self.lstm = nn.LSTM(input_size, hidden_size, num_layers)
         init_recurrent(self.lstm, recurrent_init)

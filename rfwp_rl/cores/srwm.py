@@ -27,9 +27,11 @@ from rfwp_rl.cores.fast_weight import FastWeightCore, block_defaults
 from rfwp_rl.ops.srwm.naive import rows as srwm_rows
 
 SPEC = CoreSpec(
-    "srwm", "Self-referential weight matrix: one fast matrix per head generates its own "
-    "output, query, key and learning rates", "SRWM paper (ICML 2022) Eq. 5-8",
-    block_defaults(feature_map="softmax", dpfp_nu=1, qk_init_scale=1.0, input_layer_norm=True))
+    "srwm",
+    "Self-referential weight matrix: one fast matrix per head generates its own output, query, key and learning rates",
+    "SRWM paper (ICML 2022) Eq. 5-8",
+    block_defaults(feature_map="softmax", dpfp_nu=1, qk_init_scale=1.0, input_layer_norm=True),
+)
 
 
 class SRWMSublayer(nn.Module):
@@ -41,9 +43,18 @@ class SRWMSublayer(nn.Module):
     input here and on the generated q, k inside the op (whose fused kernel has softmax).
     """
 
-    def __init__(self, hidden_size: int, num_heads: int, dropout: float, feature_map: str,
-                 dpfp_nu: int, backend: str, *, qk_init_scale: float = 1.0,
-                 input_layer_norm: bool = True) -> None:
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        dropout: float,
+        feature_map: str,
+        dpfp_nu: int,
+        backend: str,
+        *,
+        qk_init_scale: float = 1.0,
+        input_layer_norm: bool = True,
+    ) -> None:
         super().__init__()
         self.H, self.d = num_heads, check_heads(hidden_size, num_heads)
         self.phi = feature_maps.get(feature_map, self.d, dpfp_nu)
@@ -54,12 +65,11 @@ class SRWMSublayer(nn.Module):
         # The q and k rows' logits go through a softmax over d entries; at N(0, 1/d) they are small,
         # softmax(q) ~ softmax(k) ~ uniform, so v - v̄ = W (φ(q) - φ(k)) is small next to W φ(x) and
         # little is written. qk_init_scale multiplies those rows' initial values.
-        W_init[:, self.d:3 * self.d] *= check_positive_float("qk_init_scale", qk_init_scale)
+        W_init[:, self.d : 3 * self.d] *= check_positive_float("qk_init_scale", qk_init_scale)
         self.W_init = nn.Parameter(W_init)
         self.out = nn.Linear(hidden_size, hidden_size, bias=False)
         self.drop = nn.Dropout(dropout)
-        self.op = ops.resolve("srwm", backend, ops.Dims(self.D, self.d, feature_map),
-                              feature_map=self.phi)
+        self.op = ops.resolve("srwm", backend, ops.Dims(self.D, self.d, feature_map), feature_map=self.phi)
 
     def state_shapes(self, batch_size: int) -> list[tuple[int, ...]]:
         return [(batch_size, self.H, srwm_rows(self.d), self.D)]
@@ -77,13 +87,32 @@ class SRWMCore(FastWeightCore):
     kind = "srwm"
     sublayer_cls = SRWMSublayer
 
-    def __init__(self, input_size: int, hidden_size: int = 128, num_layers: int = 2,
-                 num_heads: int = 4, ff_size: int = 512, dropout: float = 0.0,
-                 feature_map: str = "softmax", dpfp_nu: int = 1, qk_init_scale: float = 1.0,
-                 input_layer_norm: bool = True, backend: str = "auto",
-                 detach_state_every_step: bool = False) -> None:
-        super().__init__(input_size, hidden_size, num_layers, num_heads, ff_size, dropout,
-                         feature_map, dpfp_nu, backend, detach_state_every_step,
-                         sublayer_config={"qk_init_scale": qk_init_scale,
-                                          "input_layer_norm": input_layer_norm})
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int = 128,
+        num_layers: int = 2,
+        num_heads: int = 4,
+        ff_size: int = 512,
+        dropout: float = 0.0,
+        feature_map: str = "softmax",
+        dpfp_nu: int = 1,
+        qk_init_scale: float = 1.0,
+        input_layer_norm: bool = True,
+        backend: str = "auto",
+        detach_state_every_step: bool = False,
+    ) -> None:
+        super().__init__(
+            input_size,
+            hidden_size,
+            num_layers,
+            num_heads,
+            ff_size,
+            dropout,
+            feature_map,
+            dpfp_nu,
+            backend,
+            detach_state_every_step,
+            sublayer_config={"qk_init_scale": qk_init_scale, "input_layer_norm": input_layer_norm},
+        )
         self.keep_config(SPEC.defaults)

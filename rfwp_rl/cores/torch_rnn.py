@@ -58,8 +58,10 @@ def check_gate_bias(name: str, value: Any) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise UserError(f"{name} {value!r} is invalid; allowed: a finite number "
-                        "(the gate's bias at init), or unset for torch's init")
+        raise UserError(
+            f"{name} {value!r} is invalid; allowed: a finite number "
+            "(the gate's bias at init), or unset for torch's init"
+        )
     return float(value)
 
 
@@ -82,9 +84,8 @@ def init_gate_bias(rnn: nn.RNNBase, gate: int, value: float | None) -> None:
         return
     H = rnn.hidden_size
     for layer in range(rnn.num_layers):
-        getattr(rnn, f"bias_ih_l{layer}")[gate * H:(gate + 1) * H] = value
-        getattr(rnn, f"bias_hh_l{layer}")[gate * H:(gate + 1) * H] = 0.0
-
+        getattr(rnn, f"bias_ih_l{layer}")[gate * H : (gate + 1) * H] = value
+        getattr(rnn, f"bias_hh_l{layer}")[gate * H : (gate + 1) * H] = 0.0
 
 
 class TorchRNNCore(Core):
@@ -95,18 +96,28 @@ class TorchRNNCore(Core):
 
     num_states: int
 
-    def __init__(self, input_size: int, hidden_size: int, num_layers: int,
-                 detach_state_every_step: bool, recurrent_init: str, **config: Any) -> None:
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        num_layers: int,
+        detach_state_every_step: bool,
+        recurrent_init: str,
+        **config: Any,
+    ) -> None:
         super().__init__()
         self.input_size = check_positive_int("input_size", input_size)
         self.output_size = self.hidden_size = check_positive_int("hidden_size", hidden_size)
         self.num_layers = check_positive_int("num_layers", num_layers)
-        self.detach_state_every_step = check_bool("detach_state_every_step",
-                                                  detach_state_every_step)
+        self.detach_state_every_step = check_bool("detach_state_every_step", detach_state_every_step)
         self.recurrent_init = check_recurrent_init(recurrent_init)
-        self.config = {"hidden_size": hidden_size, "num_layers": num_layers,
-                       "detach_state_every_step": detach_state_every_step, **config,
-                       "recurrent_init": recurrent_init}
+        self.config = {
+            "hidden_size": hidden_size,
+            "num_layers": num_layers,
+            "detach_state_every_step": detach_state_every_step,
+            **config,
+            "recurrent_init": recurrent_init,
+        }
 
     def _run(self, x: Tensor, state: State, reset: Tensor | None) -> tuple[Tensor, State]:
         """x ``[T, B, I]``, state tensors ``[L, B, H]`` -> y ``[T, B, H]``, final state (same layout)."""

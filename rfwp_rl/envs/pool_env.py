@@ -61,7 +61,8 @@ import mmap
 import os
 import sys
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -75,7 +76,7 @@ MAX_FAILED_CONSTRUCTIONS = 3
 FATAL_MESSAGE_BYTES = 240  # room for the one-line error in ``env_fatal``
 _NO_FATAL = np.zeros(FATAL_MESSAGE_BYTES, np.uint8)
 _NO_FATAL.flags.writeable = False
-_live_envs: "weakref.WeakSet[PoolEnv]" = weakref.WeakSet()
+_live_envs: weakref.WeakSet[PoolEnv] = weakref.WeakSet()
 _atexit_registered = False
 
 
@@ -123,7 +124,7 @@ class ActionTable:
     def write(self, first_row: int, actions: torch.Tensor) -> torch.Tensor:
         """Store ``actions [n, *shape]`` in rows ``first_row..first_row+n-1``; returns those indices (int64 [n])."""
         n = actions.shape[0]
-        self.array[first_row:first_row + n] = actions.cpu().numpy()
+        self.array[first_row : first_row + n] = actions.cpu().numpy()
         return torch.arange(first_row, first_row + n, dtype=torch.int64)
 
     def read(self, row: int) -> np.ndarray:
@@ -146,8 +147,14 @@ class PoolEnv:
         action_table: where ``step``'s integer argument is a row index (see :class:`ActionTable`).
     """
 
-    def __init__(self, env: Any, make: Callable[[int], Any] | None = None, name: str = "env",
-                 blank_obs: Any = None, action_table: ActionTable | None = None) -> None:
+    def __init__(
+        self,
+        env: Any,
+        make: Callable[[int], Any] | None = None,
+        name: str = "env",
+        blank_obs: Any = None,
+        action_table: ActionTable | None = None,
+    ) -> None:
         if env is None and make is None:
             raise ValueError("PoolEnv needs an env or a make function")
         self.env = env
@@ -172,8 +179,9 @@ class PoolEnv:
             atexit.register(close_all)
             _atexit_registered = True
 
-    def _pack(self, obs: Any, episode_return: float, episode_step: int, end: bool,
-              truncated: bool = False) -> dict[str, np.ndarray]:
+    def _pack(
+        self, obs: Any, episode_return: float, episode_step: int, end: bool, truncated: bool = False
+    ) -> dict[str, np.ndarray]:
         self._last = {
             **flatten_obs(obs),
             "episode_return": np.float32(episode_return),
@@ -189,8 +197,10 @@ class PoolEnv:
 
     def _report(self, where: str, e: BaseException) -> None:
         # one write per line: several worker processes share the trainer's stderr
-        sys.stderr.write(f"warning: env {self.name} (pid {os.getpid()}) raised {_describe(e)} in {where} "
-                         f"(failure {self.failures} of this env); replacing it\n")
+        sys.stderr.write(
+            f"warning: env {self.name} (pid {os.getpid()}) raised {_describe(e)} in {where} "
+            f"(failure {self.failures} of this env); replacing it\n"
+        )
         sys.stderr.flush()
 
     def _failure(self) -> None:
@@ -242,8 +252,10 @@ class PoolEnv:
             return obs
 
     def _give_up(self, e: Exception) -> None:
-        message = (f"env {self.name}: {self._failed_in_row} new envs in a row failed at construction or first "
-                   f"reset (limit {MAX_FAILED_CONSTRUCTIONS}); last: {_describe(e)}")
+        message = (
+            f"env {self.name}: {self._failed_in_row} new envs in a row failed at construction or first "
+            f"reset (limit {MAX_FAILED_CONSTRUCTIONS}); last: {_describe(e)}"
+        )
         placeholder = pick_obs(self._last) if self._last is not None else self._blank
         if placeholder is None:  # nothing to report it with: the caller sees the exception
             raise RuntimeError(message) from e
@@ -356,5 +368,10 @@ class PoolEnvFactory:
 
     def __call__(self) -> PoolEnv:
         self.calls += 1
-        return PoolEnv(None, make=self._make, name=f"{self.env_id} (worker slot {self.calls - 1})",
-                       blank_obs=self.blank_obs, action_table=self.action_table)
+        return PoolEnv(
+            None,
+            make=self._make,
+            name=f"{self.env_id} (worker slot {self.calls - 1})",
+            blank_obs=self.blank_obs,
+            action_table=self.action_table,
+        )

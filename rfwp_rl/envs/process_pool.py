@@ -28,13 +28,9 @@ import numpy as np
 import torch
 
 from rfwp_rl.envs import make_env
-
 from rfwp_rl.envs.pool_env import PoolEnv, close_all
-
 from rfwp_rl.perf import single_thread_blas
-
 from rfwp_rl.safety import TrainingAborted
-
 
 _STOP = b"stop"
 
@@ -77,15 +73,26 @@ class ProcessEnvPool:
     so the trainer watches over these workers as over moolib's.
     """
 
-    def __init__(self, env_id: str, env_options: dict, seed: int, batch_size: int, num_batches: int,
-                 num_processes: int, blank_obs: Any, action_row: tuple | None = None):
+    def __init__(
+        self,
+        env_id: str,
+        env_options: dict,
+        seed: int,
+        batch_size: int,
+        num_batches: int,
+        num_processes: int,
+        blank_obs: Any,
+        action_row: tuple | None = None,
+    ):
         if blank_obs is None:
             raise ValueError("ProcessEnvPool needs blank_obs (the layout of one observation)")
         workers = max(1, min(num_processes, batch_size))
         self.batch_size, self.num_batches = batch_size, num_batches
         self.slices = _slices(batch_size, workers)
-        self.outputs = {k: torch.from_numpy(np.zeros((num_batches, batch_size, *shape), dtype)).share_memory_()
-                        for k, (dtype, shape) in output_layout(blank_obs).items()}
+        self.outputs = {
+            k: torch.from_numpy(np.zeros((num_batches, batch_size, *shape), dtype)).share_memory_()
+            for k, (dtype, shape) in output_layout(blank_obs).items()
+        }
         shape, dtype = action_row if action_row is not None else ((), np.dtype(np.int64))
         self.actions = torch.from_numpy(np.zeros((num_batches, batch_size, *shape), dtype)).share_memory_()
         self.pending = [False] * num_batches  # a step of the batch is under way
@@ -95,9 +102,23 @@ class ProcessEnvPool:
         self.workers: list[multiprocessing.process.BaseProcess] = []
         for w, (start, stop) in enumerate(self.slices):
             ours, theirs = ctx.Pipe()
-            proc = ctx.Process(target=_worker, name=f"rfwp-env-{w}", daemon=True,
-                               args=(theirs, env_id, env_options, seed, start, stop, batch_size,
-                                     self.outputs, self.actions, blank_obs))
+            proc = ctx.Process(
+                target=_worker,
+                name=f"rfwp-env-{w}",
+                daemon=True,
+                args=(
+                    theirs,
+                    env_id,
+                    env_options,
+                    seed,
+                    start,
+                    stop,
+                    batch_size,
+                    self.outputs,
+                    self.actions,
+                    blank_obs,
+                ),
+            )
             proc.start()
             theirs.close()
             self.conns.append(ours)
@@ -184,8 +205,18 @@ class WorkerProcesses:
         return sum(process_cpu_seconds(proc.pid) for proc in self.workers)
 
 
-def _worker(conn: Connection, env_id: str, env_options: dict, seed: int, start: int, stop: int,
-            batch_size: int, outputs: dict[str, torch.Tensor], actions: torch.Tensor, blank_obs: Any) -> None:
+def _worker(
+    conn: Connection,
+    env_id: str,
+    env_options: dict,
+    seed: int,
+    start: int,
+    stop: int,
+    batch_size: int,
+    outputs: dict[str, torch.Tensor],
+    actions: torch.Tensor,
+    blank_obs: Any,
+) -> None:
     """Steps envs ``start:stop`` of every batch on request (one byte: the batch index) until told to stop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the trainer decides when to stop (Ctrl-C reaches the group)
     torch.set_num_threads(1)
@@ -196,7 +227,8 @@ def _worker(conn: Connection, env_id: str, env_options: dict, seed: int, start: 
 
     def create(i: int) -> PoolEnv:
         def make(failures: int):  # a replacement after a failure gets a new seed
-            return make_env(env_id, seed=(seed * 100_003 + i + 7919 * failures) % 2 ** 31, **env_options)
+            return make_env(env_id, seed=(seed * 100_003 + i + 7919 * failures) % 2**31, **env_options)
+
         return PoolEnv(None, make=make, name=f"{env_id} #{i}", blank_obs=blank_obs)
 
     envs = [[create(b * batch_size + i) for i in range(start, stop)] for b in range(num_batches)]
@@ -227,7 +259,7 @@ def _worker(conn: Connection, env_id: str, env_options: dict, seed: int, start: 
                 started[b] = True
             except Exception as e:  # PoolEnv replaces failing envs; this is only a slot that cannot go on
                 text = str(e).splitlines()[0] if str(e) else type(e).__name__
-                error = f"{env_id}: {text}".encode("utf-8")[:1000]
+                error = f"{env_id}: {text}".encode()[:1000]
             conn.send_bytes(message[:1] + error)
     finally:
         close_all()

@@ -14,9 +14,9 @@ Atari id: only the game is taken from it, the preprocessing settings come from
 from __future__ import annotations
 
 import difflib
-import logging
 import importlib
 import importlib.util
+import logging
 import re
 import sys
 from dataclasses import dataclass
@@ -152,8 +152,10 @@ def _register_minatar(env_id: str) -> None:
     try:
         import minatar.gym
     except ImportError as e:
-        raise UserError(f"environment {env_id!r} needs the optional package minatar ({e}); "
-                        "install it with: pip install -e '.[minatar]'") from None
+        raise UserError(
+            f"environment {env_id!r} needs the optional package minatar ({e}); "
+            "install it with: pip install -e '.[minatar]'"
+        ) from None
     finally:
         logging.disable(logging.NOTSET)
     minatar.gym.register_envs()

@@ -28,16 +28,18 @@ from gymnasium import spaces
 
 from rfwp_rl.errors import UserError
 
-SUPPORTED_OBS = ("Box, Discrete, MultiDiscrete (1-D), MultiBinary (1-D), Dict and Tuple of these "
-                 "(nested; Text parts are skipped)")
+SUPPORTED_OBS = (
+    "Box, Discrete, MultiDiscrete (1-D), MultiBinary (1-D), Dict and Tuple of these (nested; Text parts are skipped)"
+)
 SUPPORTED_ACTIONS = "Discrete, MultiDiscrete (1-D), MultiBinary (1-D), Box (1-D, float)"
 OBS_KEY = "obs"
 PART_SEP = "/"
 
 
 def _unsupported(space: gymnasium.Space, env_id: str) -> UserError:
-    return UserError(f"environment {env_id!r} has observation space {space}, which is not supported; "
-                     f"supported: {SUPPORTED_OBS}")
+    return UserError(
+        f"environment {env_id!r} has observation space {space}, which is not supported; supported: {SUPPORTED_OBS}"
+    )
 
 
 def _leaf(space: gymnasium.Space, env_id: str) -> gymnasium.Space:
@@ -66,8 +68,10 @@ def _flat_parts(space: gymnasium.Space, env_id: str, prefix: str = "") -> dict[s
     parts: dict[str, gymnasium.Space] = {}
     for key, sub in items:
         if PART_SEP in str(key):
-            raise UserError(f"environment {env_id!r}: observation key {key!r} contains {PART_SEP!r}, which joins "
-                            "the keys of nested parts; rename it")
+            raise UserError(
+                f"environment {env_id!r}: observation key {key!r} contains {PART_SEP!r}, which joins "
+                "the keys of nested parts; rename it"
+            )
         parts.update(_flat_parts(sub, env_id, f"{prefix}{PART_SEP}{key}" if prefix else str(key)))
     return parts
 
@@ -94,8 +98,9 @@ def tensor_obs_space(space: gymnasium.Space, env_id: str) -> gymnasium.Space:
         return _leaf(space, env_id)
     parts = {k: _leaf(s, env_id) for k, s in _flat_parts(space, env_id).items() if not is_text(s)}
     if not parts:
-        raise UserError(f"environment {env_id!r} has observation space {space} with only Text parts; "
-                        f"supported: {SUPPORTED_OBS}")
+        raise UserError(
+            f"environment {env_id!r} has observation space {space} with only Text parts; supported: {SUPPORTED_OBS}"
+        )
     return spaces.Dict(parts)
 
 
@@ -171,7 +176,7 @@ def pick_obs(data: dict) -> Any:
     if OBS_KEY in data:
         return data[OBS_KEY]
     prefix = OBS_KEY + PART_SEP
-    return {k[len(prefix):]: v for k, v in data.items() if k.startswith(prefix)}
+    return {k[len(prefix) :]: v for k, v in data.items() if k.startswith(prefix)}
 
 
 def flatten_obs(obs: Any) -> dict[str, Any]:
@@ -218,19 +223,28 @@ def _bound(values: np.ndarray) -> Any:
 def space_to_dict(space: gymnasium.Space) -> dict:
     """A JSON-able description of a tensor space or an action space (inverse: :func:`space_from_dict`)."""
     if isinstance(space, spaces.Box):
-        return {"type": "Box", "shape": list(space.shape), "dtype": str(space.dtype),
-                "low": _bound(space.low), "high": _bound(space.high)}
+        return {
+            "type": "Box",
+            "shape": list(space.shape),
+            "dtype": str(space.dtype),
+            "low": _bound(space.low),
+            "high": _bound(space.high),
+        }
     if isinstance(space, spaces.Discrete):
         return {"type": "Discrete", "n": int(space.n), "start": int(space.start)}
     if isinstance(space, spaces.MultiDiscrete):
-        return {"type": "MultiDiscrete", "nvec": space.nvec.tolist(),
-                "start": np.asarray(getattr(space, "start", np.zeros_like(space.nvec))).tolist()}
+        return {
+            "type": "MultiDiscrete",
+            "nvec": space.nvec.tolist(),
+            "start": np.asarray(getattr(space, "start", np.zeros_like(space.nvec))).tolist(),
+        }
     if isinstance(space, spaces.MultiBinary):
         return {"type": "MultiBinary", "n": int(space.n)}
     if isinstance(space, spaces.Dict):
         return {"type": "Dict", "spaces": {k: space_to_dict(s) for k, s in space.spaces.items()}}
-    raise UserError(f"space {space} has no plain-data description; supported: Box, Discrete, MultiDiscrete, "
-                    "MultiBinary, Dict")
+    raise UserError(
+        f"space {space} has no plain-data description; supported: Box, Discrete, MultiDiscrete, MultiBinary, Dict"
+    )
 
 
 def space_from_dict(d: dict) -> gymnasium.Space:
@@ -263,11 +277,13 @@ def space_from_dict(d: dict) -> gymnasium.Space:
 
 def action_space_dict(space: gymnasium.Space, env_id: str) -> dict:
     """:func:`space_to_dict` of an action space the agent supports, else a one-line UserError naming it."""
-    supported = (isinstance(space, spaces.Discrete)
-                 or (isinstance(space, (spaces.MultiDiscrete, spaces.MultiBinary)) and len(space.shape) == 1)
-                 or (isinstance(space, spaces.Box) and len(space.shape) == 1 and space.dtype.kind == "f"))
+    supported = (
+        isinstance(space, spaces.Discrete)
+        or (isinstance(space, (spaces.MultiDiscrete, spaces.MultiBinary)) and len(space.shape) == 1)
+        or (isinstance(space, spaces.Box) and len(space.shape) == 1 and space.dtype.kind == "f")
+    )
     if not supported:
-        raise UserError(f"environment {env_id!r} has action space {space}, which is not supported; "
-                        f"supported: {SUPPORTED_ACTIONS}")
+        raise UserError(
+            f"environment {env_id!r} has action space {space}, which is not supported; supported: {SUPPORTED_ACTIONS}"
+        )
     return space_to_dict(space)
-

@@ -21,7 +21,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import gymnasium
 import torch
@@ -39,11 +40,21 @@ def rollout_spec(obs_space: gymnasium.Space, action_dist: Any) -> dict[str, tupl
     agent's :class:`rfwp_rl.distributions.ActionDistribution`. Actions have the distribution's stored form
     (its ``valid`` checks their range); ``behaviour_log_prob`` is log mu(a_t|x_t) of the acting policy."""
     parts = obs_space.spaces if isinstance(obs_space, spaces.Dict) else {"": obs_space}
-    spec = {key: (torch_dtype(space.dtype), tuple(int(d) for d in space.shape))
-            for key, space in zip(obs_keys(obs_space), parts.values())}
+    spec = {
+        key: (torch_dtype(space.dtype), tuple(int(d) for d in space.shape))
+        for key, space in zip(obs_keys(obs_space), parts.values())
+    }
     action = (action_dist.action_dtype, tuple(action_dist.action_shape))
-    spec.update({"reward": (torch.float32, ()), "done": (torch.bool, ()), "truncated": (torch.bool, ()),
-                 "prev_action": action, "action": action, "behaviour_log_prob": (torch.float32, ())})
+    spec.update(
+        {
+            "reward": (torch.float32, ()),
+            "done": (torch.bool, ()),
+            "truncated": (torch.bool, ()),
+            "prev_action": action,
+            "action": action,
+            "behaviour_log_prob": (torch.float32, ()),
+        }
+    )
     return spec
 
 
@@ -70,14 +81,14 @@ class Rollout:
 class ActorBatch:
     """One batch of environments: its last action, core state and the rollout being filled."""
 
-    def __init__(self, index: int, batch_size: int, agent: torch.nn.Module, unroll_length: int,
-                 device: torch.device):
+    def __init__(self, index: int, batch_size: int, agent: torch.nn.Module, unroll_length: int, device: torch.device):
         self.index = index
         self.batch_size = batch_size
         self.unroll_length = unroll_length
         dist = agent.action_dist
-        self.action = torch.zeros(batch_size, *dist.action_shape, dtype=dist.action_dtype,
-                                  device=device)  # ignored by the first (reset) step
+        self.action = torch.zeros(
+            batch_size, *dist.action_shape, dtype=dist.action_dtype, device=device
+        )  # ignored by the first (reset) step
         self.core_state = agent.initial_state(batch_size, device=device)
         self.rollout_state = self.core_state  # state before the rollout's first entry
         self.steps: list[dict[str, torch.Tensor]] = []
@@ -98,19 +109,33 @@ class Actors:
     for env results (``env``) and in inference (``inference``).
     """
 
-    def __init__(self, pool: Any, agent: torch.nn.Module, num_envs: int, num_batches: int, unroll_length: int,
-                 device: torch.device | str = "cpu", max_env_failures: int | None = None,
-                 env_failures: int = 0, should_stop: Callable[[], bool] = lambda: False,
-                 env_timeout: float = ENV_TIMEOUT, precision: str = "fp32", timers: Timers | None = None):
-        self.envs = EnvBatches(pool, num_batches, num_envs // num_batches, max_env_failures, env_failures,
-                               should_stop, env_timeout)
+    def __init__(
+        self,
+        pool: Any,
+        agent: torch.nn.Module,
+        num_envs: int,
+        num_batches: int,
+        unroll_length: int,
+        device: torch.device | str = "cpu",
+        max_env_failures: int | None = None,
+        env_failures: int = 0,
+        should_stop: Callable[[], bool] = lambda: False,
+        env_timeout: float = ENV_TIMEOUT,
+        precision: str = "fp32",
+        timers: Timers | None = None,
+    ):
+        self.envs = EnvBatches(
+            pool, num_batches, num_envs // num_batches, max_env_failures, env_failures, should_stop, env_timeout
+        )
         self.agent = agent
         self.action_dist = agent.action_dist
         self.obs_keys = obs_keys(agent.obs_space)
         self.device = torch.device(device)
         self.precision = precision
         self.timers = timers or Timers()
-        self.batches = [ActorBatch(i, num_envs // num_batches, agent, unroll_length, self.device) for i in range(num_batches)]
+        self.batches = [
+            ActorBatch(i, num_envs // num_batches, agent, unroll_length, self.device) for i in range(num_batches)
+        ]
         self.next_batch = 0
         self.env_steps = 0  # observations processed (all envs)
 
@@ -143,8 +168,11 @@ class Actors:
         obs = {k: self._to_device(batch, k, env_out[k]) for k in self.obs_keys}
         reward = self._to_device(batch, "reward", env_out["reward"], torch.float32)
         done = self._to_device(batch, "done", env_out["done"], torch.bool)
-        truncated = (self._to_device(batch, "truncated", env_out["truncated"], torch.bool) if "truncated" in env_out
-                     else torch.zeros_like(done))
+        truncated = (
+            self._to_device(batch, "truncated", env_out["truncated"], torch.bool)
+            if "truncated" in env_out
+            else torch.zeros_like(done)
+        )
         episodes = []
         if bool(env_out["episode_end"].any()):
             for i in torch.nonzero(env_out["episode_end"]).flatten().tolist():
@@ -159,8 +187,17 @@ class Actors:
         self.envs.send(batch.index, self.env_action(action))  # workers step while we go on
         self.env_steps += batch.batch_size
 
-        batch.steps.append({**obs, "reward": reward, "done": done, "truncated": truncated, "prev_action": prev_action,
-                            "action": action, "behaviour_log_prob": out["log_prob"][0]})
+        batch.steps.append(
+            {
+                **obs,
+                "reward": reward,
+                "done": done,
+                "truncated": truncated,
+                "prev_action": prev_action,
+                "action": action,
+                "behaviour_log_prob": out["log_prob"][0],
+            }
+        )
         return self._cut(batch, state_before), episodes
 
     def env_action(self, action: torch.Tensor) -> torch.Tensor:
@@ -168,18 +205,19 @@ class Actors:
         with torch.inference_mode():
             return self.action_dist.env_action(action).cpu()
 
-    def act(self, obs: Any, reward: torch.Tensor, done: torch.Tensor, state: tuple,
-            prev_action: torch.Tensor) -> tuple[dict[str, torch.Tensor], tuple]:
+    def act(
+        self, obs: Any, reward: torch.Tensor, done: torch.Tensor, state: tuple, prev_action: torch.Tensor
+    ) -> tuple[dict[str, torch.Tensor], tuple]:
         """One step of the model on one env batch: ``obs [b, ...]`` (or a dict of them), ``reward``/``done``
         ``[b]``, ``prev_action [b, ...]`` -> outputs ``[1, b, ...]`` and the new core state."""
         self.agent.eval()
         obs = {k: v.unsqueeze(0) for k, v in obs.items()} if isinstance(obs, dict) else obs.unsqueeze(0)
         with torch.inference_mode(), autocast(self.device, self.precision):
-            return self.agent(obs, reward.unsqueeze(0), done.unsqueeze(0), state,
-                              prev_action=prev_action.unsqueeze(0))
+            return self.agent(obs, reward.unsqueeze(0), done.unsqueeze(0), state, prev_action=prev_action.unsqueeze(0))
 
-    def _to_device(self, batch: ActorBatch, key: str, value: torch.Tensor,
-                   dtype: torch.dtype | None = None) -> torch.Tensor:
+    def _to_device(
+        self, batch: ActorBatch, key: str, value: torch.Tensor, dtype: torch.dtype | None = None
+    ) -> torch.Tensor:
         """A copy of an env output on the actors' device. CUDA: through a page-locked buffer and a
         non-blocking copy (the buffer is refilled only after this step's action came back to the
         CPU, which waits for the copy)."""
@@ -217,11 +255,17 @@ def act_seconds(agent: torch.nn.Module, device: torch.device, batch_size: int, r
     """Seconds per acting step of ``agent`` on ``device`` for one env batch of ``batch_size``, counting the copy
     of the observations from the CPU and of the actions back (what :meth:`Actors.step` pays per step)."""
     spec = rollout_spec(agent.obs_space, agent.action_dist)
-    obs = {k: torch.zeros(batch_size, *shape, dtype=dtype) for k, (dtype, shape) in spec.items()
-           if k not in ("reward", "done", "truncated", "prev_action", "action", "behaviour_log_prob")}
+    obs = {
+        k: torch.zeros(batch_size, *shape, dtype=dtype)
+        for k, (dtype, shape) in spec.items()
+        if k not in ("reward", "done", "truncated", "prev_action", "action", "behaviour_log_prob")
+    }
     dtype, shape = spec["action"]
     prev_action = torch.zeros(1, batch_size, *shape, dtype=dtype, device=device)
-    reward, done = torch.zeros(1, batch_size, device=device), torch.zeros(1, batch_size, dtype=torch.bool, device=device)
+    reward, done = (
+        torch.zeros(1, batch_size, device=device),
+        torch.zeros(1, batch_size, dtype=torch.bool, device=device),
+    )
     state = agent.initial_state(batch_size, device=device)
     agent.eval()
     times = []
@@ -235,8 +279,9 @@ def act_seconds(agent: torch.nn.Module, device: torch.device, batch_size: int, r
     return sorted(times[2:])[len(times[2:]) // 2]
 
 
-def choose_actor_device(requested: str, agent: torch.nn.Module, learner_device: torch.device,
-                        batch_size: int) -> tuple[torch.device, str]:
+def choose_actor_device(
+    requested: str, agent: torch.nn.Module, learner_device: torch.device, batch_size: int
+) -> tuple[torch.device, str]:
     """Where the actors run the model, and why (for the start-up line). ``auto``: on the CPU when the learner
     is there; with a GPU learner, wherever one acting step of an env batch is faster, timed here on a CPU copy
     of ``agent`` (a small model acts faster on the CPU than through a GPU round trip; an image torso on a
@@ -248,8 +293,10 @@ def choose_actor_device(requested: str, agent: torch.nn.Module, learner_device: 
     on_gpu = act_seconds(agent, learner_device, batch_size)
     on_cpu = act_seconds(copy.deepcopy(agent).to("cpu"), torch.device("cpu"), batch_size)
     device = torch.device("cpu") if on_cpu < on_gpu else learner_device
-    return device, (f"auto: one acting step of {batch_size} envs took {1e3 * on_cpu:.2f} ms on the CPU, "
-                    f"{1e3 * on_gpu:.2f} ms on {learner_device}")
+    return device, (
+        f"auto: one acting step of {batch_size} envs took {1e3 * on_cpu:.2f} ms on the CPU, "
+        f"{1e3 * on_gpu:.2f} ms on {learner_device}"
+    )
 
 
 class RolloutQueue:

@@ -37,14 +37,27 @@ UPDATE_SECONDS = 0.25  # how often the broker checks timeouts and membership rou
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--address", default="127.0.0.1:4432", metavar="HOST:PORT",
-                        help="where to listen for learners (default %(default)s: this machine only; give the "
-                             "address of a private network's interface for learners on other machines)")
-    parser.add_argument("--auth-key-file", default="", metavar="PATH",
-                        help="the key every learner must prove (mode 600); default: $RFWP_AUTH_KEY, else "
-                             "~/.config/rfwp_rl/auth.key (made if missing)")
-    parser.add_argument("--log-every", type=float, default=60.0, metavar="SECONDS",
-                        help="seconds between heartbeat lines (default %(default)g)")
+    parser.add_argument(
+        "--address",
+        default="127.0.0.1:4432",
+        metavar="HOST:PORT",
+        help="where to listen for learners (default %(default)s: this machine only; give the "
+        "address of a private network's interface for learners on other machines)",
+    )
+    parser.add_argument(
+        "--auth-key-file",
+        default="",
+        metavar="PATH",
+        help="the key every learner must prove (mode 600); default: $RFWP_AUTH_KEY, else "
+        "~/.config/rfwp_rl/auth.key (made if missing)",
+    )
+    parser.add_argument(
+        "--log-every",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="seconds between heartbeat lines (default %(default)g)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no moolib group events, only heartbeat lines")
 
 
@@ -63,11 +76,12 @@ def run(args: argparse.Namespace) -> int:
     except (RuntimeError, ValueError) as e:
         raise UserError(f"--address {address}: cannot listen there ({str(e).splitlines()[0]})") from None
     start = last_log = time.monotonic()
-    _say(f"broker listening on {address}; learners join with --broker HOST:{address.rpartition(':')[2]} "
-         "--group NAME")
+    _say(f"broker listening on {address}; learners join with --broker HOST:{address.rpartition(':')[2]} --group NAME")
     stop: list[str] = []
-    previous = {sig: signal.signal(sig, lambda signum, _frame: stop.append(signal.Signals(signum).name))
-                for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {
+        sig: signal.signal(sig, lambda signum, _frame: stop.append(signal.Signals(signum).name))
+        for sig in (signal.SIGINT, signal.SIGTERM)
+    }
     try:
         while not stop:
             broker.update()

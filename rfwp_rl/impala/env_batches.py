@@ -37,7 +37,8 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -193,8 +194,10 @@ def import_moolib():
     try:
         import moolib
     except ImportError as e:
-        raise UserError(f"moolib is not installed ({e}); run 'bash scripts/setup.sh' to build it, "
-                        "or pass --env-backend local to step the environments in this process") from None
+        raise UserError(
+            f"moolib is not installed ({e}); run 'bash scripts/setup.sh' to build it, "
+            "or pass --env-backend local to step the environments in this process"
+        ) from None
     return moolib
 
 
@@ -220,11 +223,13 @@ class LocalEnvPool:
     process when the result is asked for (no overlap with inference). Env ``i`` is seeded with ``seed * 100_003 + i``,
     so runs with this backend are reproducible."""
 
-    def __init__(self, env_id: str, env_options: dict, seed: int, batch_size: int, num_batches: int,
-                 blank_obs: Any = None):
+    def __init__(
+        self, env_id: str, env_options: dict, seed: int, batch_size: int, num_batches: int, blank_obs: Any = None
+    ):
         def create(i: int) -> PoolEnv:
             def make(failures: int):  # a replacement after a failure gets a new seed
-                return make_env(env_id, seed=(seed * 100_003 + i + 7919 * failures) % 2 ** 31, **env_options)
+                return make_env(env_id, seed=(seed * 100_003 + i + 7919 * failures) % 2**31, **env_options)
+
             # the env is made on its first reset, where a failing constructor is handled like a failing reset
             return PoolEnv(None, make=make, name=f"{env_id} #{i}", blank_obs=blank_obs)
 
@@ -263,8 +268,17 @@ class LocalEnvPool:
                 env.close()
 
 
-def make_env_pool(backend: str, env_id: str, env_options: dict, seed: int, num_envs: int, num_batches: int,
-                  num_processes: int, blank_obs: Any = None, action_row: tuple | None = None):
+def make_env_pool(
+    backend: str,
+    env_id: str,
+    env_options: dict,
+    seed: int,
+    num_envs: int,
+    num_batches: int,
+    num_processes: int,
+    blank_obs: Any = None,
+    action_row: tuple | None = None,
+):
     """An env pool of ``num_batches`` batches of ``num_envs // num_batches`` envs
     (``moolib.EnvPool`` or :class:`LocalEnvPool`). Create it before any moolib Rpc/Group and
     before other threads: moolib forks its worker processes here. moolib workers seed their
@@ -282,12 +296,13 @@ def make_env_pool(backend: str, env_id: str, env_options: dict, seed: int, num_e
     if backend == "local":
         return LocalEnvPool(env_id, env_options, seed, batch_size, num_batches, blank_obs)
     if backend == "process":
-        return ProcessEnvPool(env_id, env_options, seed, batch_size, num_batches, num_processes, blank_obs,
-                              action_row)
+        return ProcessEnvPool(env_id, env_options, seed, batch_size, num_batches, num_processes, blank_obs, action_row)
     global _moolib_pool_made
     if _moolib_pool_made:
-        raise UserError("moolib allows one EnvPool per process (it forks its workers once and aborts a second "
-                        "fork); run each training in its own process, reuse the pool, or use --env-backend local")
+        raise UserError(
+            "moolib allows one EnvPool per process (it forks its workers once and aborts a second "
+            "fork); run each training in its own process, reuse the pool, or use --env-backend local"
+        )
     moolib = import_moolib()
     _moolib_pool_made = True
     before = set(_children(os.getpid()))
@@ -295,8 +310,9 @@ def make_env_pool(backend: str, env_id: str, env_options: dict, seed: int, num_e
     factory.blank_obs = blank_obs
     if action_row is not None:  # made before the fork, so that the workers share it
         factory.action_table = ActionTable(num_envs, *action_row)
-    pool = moolib.EnvPool(factory, num_processes=min(num_processes, num_envs),
-                          batch_size=batch_size, num_batches=num_batches)
+    pool = moolib.EnvPool(
+        factory, num_processes=min(num_processes, num_envs), batch_size=batch_size, num_batches=num_batches
+    )
     _moolib_processes[id(pool)] = PoolProcesses(sorted(set(_children(os.getpid())) - before))
     if factory.action_table is not None:
         _action_tables[id(pool)] = factory.action_table
@@ -304,7 +320,6 @@ def make_env_pool(backend: str, env_id: str, env_options: dict, seed: int, num_e
 
 
 _action_tables: dict[int, Any] = {}  # id(moolib pool) -> its ActionTable
-
 
 
 class EnvBatches:
@@ -317,9 +332,16 @@ class EnvBatches:
     checkpoint); ``batch_size`` is b.
     """
 
-    def __init__(self, pool: Any, num_batches: int, batch_size: int, max_env_failures: int | None = None,
-                 env_failures: int = 0, should_stop: Callable[[], bool] = lambda: False,
-                 env_timeout: float = ENV_TIMEOUT):
+    def __init__(
+        self,
+        pool: Any,
+        num_batches: int,
+        batch_size: int,
+        max_env_failures: int | None = None,
+        env_failures: int = 0,
+        should_stop: Callable[[], bool] = lambda: False,
+        env_timeout: float = ENV_TIMEOUT,
+    ):
         self.pool = pool
         self.batch_size = batch_size
         self.max_env_failures = max_env_failures
@@ -362,8 +384,10 @@ class EnvBatches:
             if dead is not None:
                 raise EnvPoolBroken(dead)
             if waited > self.env_timeout:
-                raise EnvPoolBroken(f"no result from env batch {index} for {waited:.0f} s "
-                                    f"(env timeout {self.env_timeout:g} s): an env is hung")
+                raise EnvPoolBroken(
+                    f"no result from env batch {index} for {waited:.0f} s "
+                    f"(env timeout {self.env_timeout:g} s): an env is hung"
+                )
             return False
 
         return self._waiter.wait(future, poll)
@@ -377,8 +401,11 @@ class EnvBatches:
         self.env_failures += len(rows) if count is None else count
         envs = ", ".join(str(index * self.batch_size + i) for i in rows)
         limit = f" (limit --max-env-failures {self.max_env_failures})" if self.max_env_failures is not None else ""
-        print(f"warning: env {envs} failed and was replaced; {self.env_failures} env failures so far{limit}",
-              file=sys.stderr, flush=True)
+        print(
+            f"warning: env {envs} failed and was replaced; {self.env_failures} env failures so far{limit}",
+            file=sys.stderr,
+            flush=True,
+        )
         if self.max_env_failures is not None and self.env_failures > self.max_env_failures:
             raise TrainingAborted(f"{self.env_failures} environment failures{limit}")
 
@@ -405,8 +432,11 @@ class EnvBatches:
                     break
                 self.futures[i] = None
         if self._waiter.stuck:
-            print(f"warning: env steps did not finish within {grace:g} s; ending the env worker processes",
-                  file=sys.stderr, flush=True)
+            print(
+                f"warning: env steps did not finish within {grace:g} s; ending the env worker processes",
+                file=sys.stderr,
+                flush=True,
+            )
             self._processes.kill()
 
     def drain(self) -> None:

@@ -37,15 +37,23 @@ import datetime
 import shlex
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
-from rfwp_rl import envs as envs_mod, flags
-from rfwp_rl.checkpoint import (BEST_FILE, add_trust_argument, atomic_write_bytes, check_meta, find_checkpoint_file,
-                                read_checkpoint)
+from rfwp_rl import envs as envs_mod
+from rfwp_rl import flags
+from rfwp_rl.checkpoint import (
+    BEST_FILE,
+    add_trust_argument,
+    atomic_write_bytes,
+    check_meta,
+    find_checkpoint_file,
+    read_checkpoint,
+)
 from rfwp_rl.encoders import has_image_torso
 from rfwp_rl.envs import resolve_env_id
 from rfwp_rl.envs.spaces import action_space_dict, env_step_action, map_obs, space_to_dict, stack_obs
@@ -66,8 +74,9 @@ EVAL_MAX_EPISODE_FRAMES = 400_000
 # ---------------------------------------------------------------- aggregation (pure)
 
 
-def split_repeats(scores: Sequence[float], episodes: int, repeats: int,
-                  noneg: bool = False) -> tuple[list[list[float]], int]:
+def split_repeats(
+    scores: Sequence[float], episodes: int, repeats: int, noneg: bool = False
+) -> tuple[list[list[float]], int]:
     """Assign finished episodes, in order, to ``repeats`` groups of ``episodes``.
 
     With ``noneg``, episodes whose final score is negative are dropped first (paper's code
@@ -80,7 +89,7 @@ def split_repeats(scores: Sequence[float], episodes: int, repeats: int,
     need = episodes * repeats
     if len(kept) < need:
         raise ValueError(f"{len(kept)} usable episodes, {need} needed ({dropped} dropped as negative)")
-    return [kept[r * episodes:(r + 1) * episodes] for r in range(repeats)], dropped
+    return [kept[r * episodes : (r + 1) * episodes] for r in range(repeats)], dropped
 
 
 def summarize(groups: Sequence[Sequence[float]]) -> dict[str, Any]:
@@ -136,8 +145,9 @@ class GifRecorder:
         if not self.frames:
             return None
         buf = io.BytesIO()
-        self.frames[0].save(buf, format="GIF", save_all=True, append_images=self.frames[1:],
-                            duration=self.frame_ms, loop=0)
+        self.frames[0].save(
+            buf, format="GIF", save_all=True, append_images=self.frames[1:], duration=self.frame_ms, loop=0
+        )
         atomic_write_bytes(self.path, buf.getvalue())
         return self.path
 
@@ -148,14 +158,22 @@ def _frame_grabber(env) -> Callable[[], np.ndarray]:
         return base.ale.getScreenRGB
     if getattr(env, "render_mode", None) == "rgb_array":
         return env.render
-    raise UserError("--video needs an Atari env or one made with render_mode='rgb_array' "
-                    "(add --env-option render_mode=rgb_array)")
+    raise UserError(
+        "--video needs an Atari env or one made with render_mode='rgb_array' (add --env-option render_mode=rgb_array)"
+    )
 
 
-def play(agent: torch.nn.Module, envs: Sequence[Any], episode_quota: Sequence[int], greedy: bool = True,
-         noneg: bool = False, max_dropped: int | None = None, recorder: GifRecorder | None = None,
-         progress: Callable[[int, int, list[Episode]], None] | None = None,
-         observer: Callable[[list[int], list[int], dict, dict, tuple], None] | None = None) -> list[Episode]:
+def play(
+    agent: torch.nn.Module,
+    envs: Sequence[Any],
+    episode_quota: Sequence[int],
+    greedy: bool = True,
+    noneg: bool = False,
+    max_dropped: int | None = None,
+    recorder: GifRecorder | None = None,
+    progress: Callable[[int, int, list[Episode]], None] | None = None,
+    observer: Callable[[list[int], list[int], dict, dict, tuple], None] | None = None,
+) -> list[Episode]:
     """Play full episodes with ``agent`` on ``envs`` stepped together (batched inference).
 
     Env ``i`` plays until it has ``episode_quota[i]`` counted episodes (with ``noneg``,
@@ -186,10 +204,17 @@ def play(agent: torch.nn.Module, envs: Sequence[Any], episode_quota: Sequence[in
 class _Play:
     """The per-env state of :func:`play`: observations, the agent's inputs and core state, episode counts."""
 
-    def __init__(self, agent: torch.nn.Module, envs: Sequence[Any], quota: Sequence[int], noneg: bool,
-                 max_dropped: int | None, recorder: GifRecorder | None,
-                 progress: Callable[[int, int, list[Episode]], None] | None,
-                 observer: Callable[[list[int], list[int], dict, dict, tuple], None] | None = None):
+    def __init__(
+        self,
+        agent: torch.nn.Module,
+        envs: Sequence[Any],
+        quota: Sequence[int],
+        noneg: bool,
+        max_dropped: int | None,
+        recorder: GifRecorder | None,
+        progress: Callable[[int, int, list[Episode]], None] | None,
+        observer: Callable[[list[int], list[int], dict, dict, tuple], None] | None = None,
+    ):
         n = len(envs)
         self.agent, self.envs, self.quota, self.noneg, self.max_dropped = agent, envs, quota, noneg, max_dropped
         self.recorder, self.progress, self.observer = recorder, progress, observer
@@ -214,11 +239,16 @@ class _Play:
         d = self.device
         x = map_obs(stack_obs([self.obs[i] for i in active]), lambda v: v.unsqueeze(0).to(d))
         sub = tuple(s.index_select(0, idx.to(s.device)) for s in self.state)
-        inputs = {"x": x, "reward": self.reward[idx].unsqueeze(0).to(d), "done": self.done[idx].unsqueeze(0).to(d),
-                  "prev_action": self.prev_action[idx].unsqueeze(0).to(d)}
+        inputs = {
+            "x": x,
+            "reward": self.reward[idx].unsqueeze(0).to(d),
+            "done": self.done[idx].unsqueeze(0).to(d),
+            "prev_action": self.prev_action[idx].unsqueeze(0).to(d),
+        }
         with torch.inference_mode():
-            out, new_sub = self.agent(inputs["x"], inputs["reward"], inputs["done"], sub,
-                                      prev_action=inputs["prev_action"], greedy=greedy)
+            out, new_sub = self.agent(
+                inputs["x"], inputs["reward"], inputs["done"], sub, prev_action=inputs["prev_action"], greedy=greedy
+            )
         for s, ns in zip(self.state, new_sub):
             s.index_copy_(0, idx.to(s.device), ns)
         if self.observer is not None:
@@ -259,9 +289,11 @@ class _Play:
         if self.noneg and score < 0:
             self.dropped += 1
             if self.max_dropped is not None and self.dropped > self.max_dropped:
-                raise UserError(f"--noneg: {self.dropped} episodes ended with a negative score (more than "
-                                f"--max-dropped {self.max_dropped}); noneg is meant for games where a negative "
-                                "final score is an emulator glitch (Battlezone, Up'n Down)")
+                raise UserError(
+                    f"--noneg: {self.dropped} episodes ended with a negative score (more than "
+                    f"--max-dropped {self.max_dropped}); noneg is meant for games where a negative "
+                    "final score is an emulator glitch (Battlezone, Up'n Down)"
+                )
         else:
             self.counted[i] += 1
         if self.progress is not None:
@@ -287,19 +319,28 @@ def choose_checkpoint(path: str | Path, which: str = "latest") -> Path:
         raise UserError(f"--checkpoint {which}: {path} is a checkpoint file; pass its run directory instead")
     if which == "best":
         if not (path / BEST_FILE).is_file():
-            raise UserError(f"no {BEST_FILE} in {path} (training writes it once the first 100 episodes have ended; "
-                            "runs made before it was kept have none); use --checkpoint latest")
+            raise UserError(
+                f"no {BEST_FILE} in {path} (training writes it once the first 100 episodes have ended; "
+                "runs made before it was kept have none); use --checkpoint latest"
+            )
         return path / BEST_FILE
     for candidate in (Path(which), path / which):
         if candidate.is_file():
             return candidate
-    raise UserError(f"--checkpoint {which!r} is neither {' nor '.join(CHECKPOINT_CHOICES)} nor a checkpoint file "
-                    f"(as a path, or inside {path})")
+    raise UserError(
+        f"--checkpoint {which!r} is neither {' nor '.join(CHECKPOINT_CHOICES)} nor a checkpoint file "
+        f"(as a path, or inside {path})"
+    )
 
 
-def load_agent(path: str | Path, core: str | None = None, env: str | None = None,
-               num_actions: int | None = None, which: str = "latest",
-               trust: bool = False) -> tuple[torch.nn.Module, dict, int, Path]:
+def load_agent(
+    path: str | Path,
+    core: str | None = None,
+    env: str | None = None,
+    num_actions: int | None = None,
+    which: str = "latest",
+    trust: bool = False,
+) -> tuple[torch.nn.Module, dict, int, Path]:
     """The agent of an IMPALA checkpoint: a file, or in a run directory the checkpoint ``which``
     names (see :func:`choose_checkpoint`; default its newest ``ckpt_*.pt``).
 
@@ -316,18 +357,24 @@ def load_agent(path: str | Path, core: str | None = None, env: str | None = None
         raise UserError(f"cannot read checkpoint {file}: {e}") from None
     meta = obj.get("meta") or {}
     if meta.get("trainer") != "impala":
-        raise UserError(f"checkpoint {file} was written by trainer {meta.get('trainer')!r}, not 'impala'; "
-                        "rfwp-rl eval evaluates IMPALA agents")
+        raise UserError(
+            f"checkpoint {file} was written by trainer {meta.get('trainer')!r}, not 'impala'; "
+            "rfwp-rl eval evaluates IMPALA agents"
+        )
     if "env" not in meta:
         raise UserError(f"checkpoint {file} lacks meta 'env'; was it written by rfwp-rl train?")
     module = str(meta["env"]).rpartition(":")[0]
     if module and module.split(".")[0] != "rfwp_rl" and (env is None or env.rpartition(":")[0] != module):
-        raise UserError(f"checkpoint {file} was trained on env {meta['env']!r}; evaluating it imports the Python "
-                        f"module {module!r}, which runs its code: pass --env {meta['env']} to confirm")
+        raise UserError(
+            f"checkpoint {file} was trained on env {meta['env']!r}; evaluating it imports the Python "
+            f"module {module!r}, which runs its code: pass --env {meta['env']} to confirm"
+        )
     missing = [key for key in META_KEYS if key not in meta]
     if missing:
-        raise UserError(f"checkpoint {file} lacks meta {', '.join(map(repr, missing))}: it has another layout than "
-                        "rfwp-rl train of this version writes")
+        raise UserError(
+            f"checkpoint {file} lacks meta {', '.join(map(repr, missing))}: it has another layout than "
+            "rfwp-rl train of this version writes"
+        )
     wanted: dict[str, Any] = {}
     if core is not None:
         wanted["core"] = core
@@ -347,8 +394,10 @@ def load_agent(path: str | Path, core: str | None = None, env: str | None = None
     try:
         agent.load_state_dict(weights)
     except RuntimeError as e:
-        raise UserError(f"checkpoint {file}: weights do not fit a {meta['core']!r} agent built from its meta "
-                        f"({str(e).splitlines()[0]})") from None
+        raise UserError(
+            f"checkpoint {file}: weights do not fit a {meta['core']!r} agent built from its meta "
+            f"({str(e).splitlines()[0]})"
+        ) from None
     agent.eval()
     return agent, meta, int(obj["step"]), file
 
@@ -372,22 +421,38 @@ def eval_env_options(meta: dict, overrides: dict, kind: str) -> dict:
 # ---------------------------------------------------------------- the whole evaluation
 
 
-def evaluate(path: str | Path, episodes: int = DEFAULT_EPISODES, repeats: int = DEFAULT_REPEATS,
-             greedy: bool = True, noneg: bool = False, num_envs: int = 16, seed: int = 12345,
-             env_overrides: dict | None = None, core: str | None = None, env: str | None = None,
-             num_actions: int | None = None, label: str | None = None, video: str | Path | None = None,
-             max_dropped: int | None = None, device: str = "cpu", quiet: bool = False,
-             torch_threads: int | None = None, which: str = "latest", trust_checkpoint: bool = False) -> dict:
-    """Load the checkpoint at ``path`` (``which``: see :func:`choose_checkpoint`), play ``episodes * repeats`` counted full episodes and
-    return the eval record (what ``rfwp-rl eval`` writes as JSON; see the module docstring).
+def evaluate(
+    path: str | Path,
+    episodes: int = DEFAULT_EPISODES,
+    repeats: int = DEFAULT_REPEATS,
+    greedy: bool = True,
+    noneg: bool = False,
+    num_envs: int = 16,
+    seed: int = 12345,
+    env_overrides: dict | None = None,
+    core: str | None = None,
+    env: str | None = None,
+    num_actions: int | None = None,
+    label: str | None = None,
+    video: str | Path | None = None,
+    max_dropped: int | None = None,
+    device: str = "cpu",
+    quiet: bool = False,
+    torch_threads: int | None = None,
+    which: str = "latest",
+    trust_checkpoint: bool = False,
+) -> dict:
+    """Load the checkpoint at ``path`` (``which``: see :func:`choose_checkpoint`), play ``episodes * repeats``
+    counted full episodes and return the eval record (what ``rfwp-rl eval`` writes as JSON; see the module docstring).
     ``torch_threads``: set torch's thread count (0: chosen for the agent); None leaves it.
     ``trust_checkpoint``: see :func:`rfwp_rl.checkpoint.read_checkpoint`."""
     if episodes < 1 or repeats < 1:
         raise UserError(f"--episodes {episodes} / --repeats {repeats}: both must be >= 1")
     if num_envs < 1:
         raise UserError(f"--num-actors {num_envs} is invalid; allowed: an integer >= 1")
-    agent, meta, step, file = load_agent(path, core=core, env=env, num_actions=num_actions, which=which,
-                                         trust=trust_checkpoint)
+    agent, meta, step, file = load_agent(
+        path, core=core, env=env, num_actions=num_actions, which=which, trust=trust_checkpoint
+    )
     agent.to(torch.device(device))
     if torch_threads is not None:
         set_torch_threads(choose_torch_threads(torch_threads, 0, has_image_torso(agent.torso))[0])
@@ -397,21 +462,37 @@ def evaluate(path: str | Path, episodes: int = DEFAULT_EPISODES, repeats: int = 
     total = episodes * repeats
     n = min(num_envs, total)
     if not quiet:
-        print(f"eval {file} (step {step:,}, core {meta['core']}) on {env_id}: {repeats} x {episodes} full episodes, "
-              f"{'greedy' if greedy else 'sampled'} actions{', noneg' if noneg else ''}, {n} envs", flush=True)
+        print(
+            f"eval {file} (step {step:,}, core {meta['core']}) on {env_id}: {repeats} x {episodes} full episodes, "
+            f"{'greedy' if greedy else 'sampled'} actions{', noneg' if noneg else ''}, {n} envs",
+            flush=True,
+        )
     torch.manual_seed(seed)
     env_list = []
     try:
         for i in range(n):
-            opts = dict(options, **({"render_mode": "rgb_array"} if video is not None and i == 0 and kind != "atari"
-                                    and "render_mode" not in options else {}))
+            opts = dict(
+                options,
+                **(
+                    {"render_mode": "rgb_array"}
+                    if video is not None and i == 0 and kind != "atari" and "render_mode" not in options
+                    else {}
+                ),
+            )
             env_list.append(envs_mod.make_env(env_id, seed=seed + i, **opts))
         _check_envs(env_list[0], env_id, meta, file)
         recorder = GifRecorder(video, _frame_grabber(env_list[0])) if video is not None else None
         t0 = time.monotonic()
-        played = play(agent, env_list, quotas(total, n), greedy=greedy, noneg=noneg,
-                      max_dropped=total if max_dropped is None else max_dropped, recorder=recorder,
-                      progress=None if quiet else _Progress(t0))
+        played = play(
+            agent,
+            env_list,
+            quotas(total, n),
+            greedy=greedy,
+            noneg=noneg,
+            max_dropped=total if max_dropped is None else max_dropped,
+            recorder=recorder,
+            progress=None if quiet else _Progress(t0),
+        )
         wall = time.monotonic() - t0
     finally:
         for e in env_list:
@@ -421,16 +502,29 @@ def evaluate(path: str | Path, episodes: int = DEFAULT_EPISODES, repeats: int = 
     kept = [e for e in played if not (noneg and e.score < 0)]
     video_path = recorder.save() if recorder is not None else None
     record = {
-        "game": canonical_game(env_id.rpartition(":")[2]), "env": env_id, "core": meta["core"],
-        "model": label or meta["core"], "steps": step, "checkpoint": str(file),
-        "mode": "greedy" if greedy else "sample", "noneg": bool(noneg),
-        "episodes": episodes, "repeats": repeats,
+        "game": canonical_game(env_id.rpartition(":")[2]),
+        "env": env_id,
+        "core": meta["core"],
+        "model": label or meta["core"],
+        "steps": step,
+        "checkpoint": str(file),
+        "mode": "greedy" if greedy else "sample",
+        "noneg": bool(noneg),
+        "episodes": episodes,
+        "repeats": repeats,
         **summarize(groups),
-        "scores": groups, "lengths": [[e.length for e in kept[r * episodes:(r + 1) * episodes]] for r in range(repeats)],
-        "dropped_negative": dropped, "truncated": sum(e.truncated for e in kept),
-        "env_options": options, "core_config": meta["core_config"], "num_actions": meta["num_actions"],
-        "num_envs": n, "seed": seed, "env_steps": sum(e.length for e in played),
-        "wall_time_s": round(wall, 3), "video": str(video_path) if video_path else None,
+        "scores": groups,
+        "lengths": [[e.length for e in kept[r * episodes : (r + 1) * episodes]] for r in range(repeats)],
+        "dropped_negative": dropped,
+        "truncated": sum(e.truncated for e in kept),
+        "env_options": options,
+        "core_config": meta["core_config"],
+        "num_actions": meta["num_actions"],
+        "num_envs": n,
+        "seed": seed,
+        "env_steps": sum(e.length for e in played),
+        "wall_time_s": round(wall, 3),
+        "video": str(video_path) if video_path else None,
         "created": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
     }
     if recorder is not None and recorder.cut:
@@ -440,9 +534,14 @@ def evaluate(path: str | Path, episodes: int = DEFAULT_EPISODES, repeats: int = 
 
 def _check_envs(env: Any, env_id: str, meta: dict, file: Path) -> None:
     """The evaluation env must have the checkpoint's action and observation spaces."""
-    check_meta({"action_space": meta["action_space"], "obs_space": meta["obs_space"]},
-               {"action_space": action_space_dict(env.action_space, env_id),
-                "obs_space": space_to_dict(env.observation_space)}, file)
+    check_meta(
+        {"action_space": meta["action_space"], "obs_space": meta["obs_space"]},
+        {
+            "action_space": action_space_dict(env.action_space, env_id),
+            "obs_space": space_to_dict(env.observation_space),
+        },
+        file,
+    )
 
 
 class _Progress:
@@ -457,8 +556,11 @@ class _Progress:
             return
         self.last = now
         scores = [e.score for e in eps]
-        print(f"  {done_count}/{need} episodes | mean score {np.mean(scores):.1f} | "
-              f"{sum(e.length for e in eps) / max(now - self.t0, 1e-9):,.0f} steps/s", flush=True)
+        print(
+            f"  {done_count}/{need} episodes | mean score {np.mean(scores):.1f} | "
+            f"{sum(e.length for e in eps) / max(now - self.t0, 1e-9):,.0f} steps/s",
+            flush=True,
+        )
 
 
 def log_tensorboard(run_dir: str | Path, record: dict) -> None:
@@ -482,11 +584,18 @@ def log_tensorboard(run_dir: str | Path, record: dict) -> None:
 
 def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
     """The saved agent to load: ``RUN_OR_CHECKPOINT`` and ``--checkpoint`` (see :func:`choose_checkpoint`)."""
-    parser.add_argument("run", metavar="RUN_OR_CHECKPOINT",
-                        help="a run directory (its newest ckpt_*.pt; see --checkpoint) or a checkpoint / snapshot file")
-    parser.add_argument("--checkpoint", default="latest", metavar="latest|best|PATH",
-                        help="which checkpoint of the run directory: latest (the newest ckpt_*.pt, default), best "
-                             "(best.pt: the best mean return of 100 training episodes), or a checkpoint file")
+    parser.add_argument(
+        "run",
+        metavar="RUN_OR_CHECKPOINT",
+        help="a run directory (its newest ckpt_*.pt; see --checkpoint) or a checkpoint / snapshot file",
+    )
+    parser.add_argument(
+        "--checkpoint",
+        default="latest",
+        metavar="latest|best|PATH",
+        help="which checkpoint of the run directory: latest (the newest ckpt_*.pt, default), best "
+        "(best.pt: the best mean return of 100 training episodes), or a checkpoint file",
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -497,43 +606,76 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--episodes", type=int, default=DEFAULT_EPISODES, help="episodes per repeat (default %(default)s)")
     g.add_argument("--repeats", type=int, default=DEFAULT_REPEATS, help="repeats (default %(default)s)")
     g.add_argument("--sample", action="store_true", help="sample actions from the policy instead of argmax")
-    g.add_argument("--noneg", action="store_true",
-                   help="drop episodes with a negative final score and play on until each repeat has "
-                        "--episodes of them (the paper's Battlezone / Up'n Down evaluation)")
-    g.add_argument("--max-dropped", type=int, default=None,
-                   help="--noneg: give up after this many negative episodes (default: episodes x repeats)")
+    g.add_argument(
+        "--noneg",
+        action="store_true",
+        help="drop episodes with a negative final score and play on until each repeat has "
+        "--episodes of them (the paper's Battlezone / Up'n Down evaluation)",
+    )
+    g.add_argument(
+        "--max-dropped",
+        type=int,
+        default=None,
+        help="--noneg: give up after this many negative episodes (default: episodes x repeats)",
+    )
     g = parser.add_argument_group("checks (must match the checkpoint)")
     g.add_argument("--core", default=None, help="expected core; a checkpoint of another core is an error")
     g.add_argument("--env", default=None, help="expected env; a checkpoint trained on another env is an error")
     g.add_argument("--num-actions", type=int, default=None, help="expected action count")
     add_trust_argument(g)
     g = parser.add_argument_group("running")
-    g.add_argument("--env-option", dest="env_options", action="append", default=[], metavar="KEY=VALUE",
-                   help="override an env option of the training run, e.g. max_episode_frames=108000 (Atari; "
-                        "default for eval: 400000, see EVAL_MAX_EPISODE_FRAMES; 0 = no limit) or "
-                        "max_episode_steps=500 (other gymnasium envs)")
+    g.add_argument(
+        "--env-option",
+        dest="env_options",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override an env option of the training run, e.g. max_episode_frames=108000 (Atari; "
+        "default for eval: 400000, see EVAL_MAX_EPISODE_FRAMES; 0 = no limit) or "
+        "max_episode_steps=500 (other gymnasium envs)",
+    )
     flags.add_shared(g, "num_actors", 16, "one batched forward pass of the agent per step")
     flags.add_shared(g, "seed", 12345, "env i is seeded with SEED + i")
     flags.add_shared(g, "device", "cpu")
     flags.add_shared(g, "torch_threads", 0, "0: one for a small (MLP) agent, the available cores for an image agent")
     g = parser.add_argument_group("outputs")
-    g.add_argument("--label", default=None, help="model name in the result files (default: the core name), "
-                                                 "e.g. rdn_large")
+    g.add_argument(
+        "--label", default=None, help="model name in the result files (default: the core name), e.g. rdn_large"
+    )
     g.add_argument("--out-dir", default=None, help="where to write eval_*.json/.csv (default: the run directory)")
-    g.add_argument("--video", default=None, metavar="PATH",
-                   help="write env 0's first episode as an animated GIF (Pillow; 15 frames/s, at most 2700 frames)")
+    g.add_argument(
+        "--video",
+        default=None,
+        metavar="PATH",
+        help="write env 0's first episode as an animated GIF (Pillow; 15 frames/s, at most 2700 frames)",
+    )
     g.add_argument("--no-tensorboard", action="store_true", help="do not log to the run's TensorBoard")
 
 
 def run(args: argparse.Namespace) -> int:
-    record = evaluate(args.run, which=args.checkpoint, episodes=args.episodes, repeats=args.repeats, greedy=not args.sample,
-                      noneg=args.noneg, num_envs=args.num_actors, seed=args.seed,
-                      env_overrides=parse_env_options(args.env_options, "max_episode_frames=0"), core=args.core, env=args.env,
-                      num_actions=args.num_actions, label=args.label, video=args.video,
-                      max_dropped=args.max_dropped, device=args.device, torch_threads=args.torch_threads,
-                      trust_checkpoint=args.trust_checkpoint)
-    record["command"] = "rfwp-rl eval " + " ".join(shlex.quote(a) for a in sys.argv[2:]) \
-        if sys.argv[1:2] == ["eval"] else ""
+    record = evaluate(
+        args.run,
+        which=args.checkpoint,
+        episodes=args.episodes,
+        repeats=args.repeats,
+        greedy=not args.sample,
+        noneg=args.noneg,
+        num_envs=args.num_actors,
+        seed=args.seed,
+        env_overrides=parse_env_options(args.env_options, "max_episode_frames=0"),
+        core=args.core,
+        env=args.env,
+        num_actions=args.num_actions,
+        label=args.label,
+        video=args.video,
+        max_dropped=args.max_dropped,
+        device=args.device,
+        torch_threads=args.torch_threads,
+        trust_checkpoint=args.trust_checkpoint,
+    )
+    record["command"] = (
+        "rfwp-rl eval " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if sys.argv[1:2] == ["eval"] else ""
+    )
     run_dir = Path(record["checkpoint"]).parent
     out_dir = Path(args.out_dir) if args.out_dir else run_dir
     stem = eval_file_stem(record["steps"], record["mode"], record["noneg"], args.label or "")
@@ -543,9 +685,11 @@ def run(args: argparse.Namespace) -> int:
     means = ", ".join(f"{m:.1f}" for m in record["repeat_means"])
     extra = f"; {record['dropped_negative']} negative episodes dropped" if record["noneg"] else ""
     trunc = f"; {record['truncated']} episodes hit the time limit" if record["truncated"] else ""
-    print(f"{record['game']} {record['model']} @ {format_steps(record['steps'])}: "
-          f"{record['mean']:.2f} ± {record['std']:.2f} (repeat means {means}){extra}{trunc}; "
-          f"{record['env_steps']:,} steps in {record['wall_time_s']:.1f}s")
+    print(
+        f"{record['game']} {record['model']} @ {format_steps(record['steps'])}: "
+        f"{record['mean']:.2f} ± {record['std']:.2f} (repeat means {means}){extra}{trunc}; "
+        f"{record['env_steps']:,} steps in {record['wall_time_s']:.1f}s"
+    )
     if record.get("video"):
         print(f"wrote {record['video']}")
     print(f"wrote {json_path} and {csv_path}")

@@ -18,7 +18,8 @@ import copy
 import dataclasses
 import queue
 import threading
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn as nn
@@ -138,7 +139,8 @@ class Learner:
         self.counters = {"step": 0, "updates": 0}
         self.optimizer = make_optimizer(agent, cfg)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, linear_decay_of_steps(cfg.total_steps, self._steps_trained))
+            self.optimizer, linear_decay_of_steps(cfg.total_steps, self._steps_trained)
+        )
         self.loss_cfg = loss_config(cfg)
         self.guard = NonFiniteGuard(cfg.max_nonfinite)
         self.lock = threading.Lock()
@@ -174,8 +176,9 @@ class Learner:
         ``count_env_steps=False``: a later epoch on the same batch, whose env steps count once. The
         caller holds ``lock``."""
         gradients = self.learn(batch)
-        self._optimizer_step(gradients.env_steps if count_env_steps else 0, stepped=gradients.finite,
-                             with_loss_stats=count_env_steps)
+        self._optimizer_step(
+            gradients.env_steps if count_env_steps else 0, stepped=gradients.finite, with_loss_stats=count_env_steps
+        )
         for p in self.agent.parameters():
             p.grad = None
 
@@ -215,8 +218,11 @@ class Learner:
         stats = apply_gradients(self.agent, self.optimizer, self.scheduler, self.cfg.grad_norm_clip, step=stepped)
         if trust_region:
             with autocast(self.device, self.precision):
-                stats.update(limit_policy_change(self.agent, before, self.last_batch.data, self.last_batch.state,
-                                                 self.loss_cfg.max_kl, start_kl))
+                stats.update(
+                    limit_policy_change(
+                        self.agent, before, self.last_batch.data, self.last_batch.state, self.loss_cfg.max_kl, start_kl
+                    )
+                )
         self.stepped_batch, self.last_batch = self.last_batch, None
         if with_loss_stats:
             stats.update(self.loss_stats)
@@ -231,9 +237,13 @@ class Learner:
     def state_dict(self) -> dict:
         """Agent, optimizer, LR schedule and counters (``step``, ``updates``, ``skipped_updates``)."""
         counters = {**self.counters, "skipped_updates": self.guard.skipped}
-        return {"agent": self.agent.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(), "counters": counters,
-                "return_scale": self.return_scale.state_dict()}
+        return {
+            "agent": self.agent.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "counters": counters,
+            "return_scale": self.return_scale.state_dict(),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.agent.load_state_dict(state["agent"])
@@ -245,8 +255,12 @@ class Learner:
 
     def shared_state(self) -> dict:
         """What a group's leader hands a joining learner besides the parameters and buffers."""
-        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                "counters": dict(self.counters), "return_scale": self.return_scale.state_dict()}
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "counters": dict(self.counters),
+            "return_scale": self.return_scale.state_dict(),
+        }
 
     def load_shared_state(self, state: dict) -> None:
         """Take a leader's :meth:`shared_state` (moolib has copied its parameters already)."""
@@ -264,8 +278,9 @@ class Learning:
     ``thread=True`` in a :class:`LearnerThread` while the actors go on with ``acting_agent``, a copy
     of the model refreshed after each update (under ``acting_lock``)."""
 
-    def __init__(self, learner: Learner, group: Any = None, thread: bool = False,
-                 acting_device: torch.device | None = None):
+    def __init__(
+        self, learner: Learner, group: Any = None, thread: bool = False, acting_device: torch.device | None = None
+    ):
         self.learner, self.group = learner, group
         self.thread = LearnerThread(self._learn) if thread else None
         acting_device = learner.device if acting_device is None else torch.device(acting_device)

@@ -99,17 +99,17 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (x * mask).sum() / mask.sum().clamp(min=1.0)
 
 
-def advantage_scale(advantages: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor,
-                    floor: float) -> torch.Tensor:
+def advantage_scale(advantages: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, floor: float) -> torch.Tensor:
     """The divisor of normalised advantages ``[T, B]``: their RMS over unmasked steps, at least
     ``floor`` times the RMS of the value targets ``[T, B]`` (and 1e-8)."""
-    rms = masked_mean(advantages ** 2, mask).sqrt()
-    target_rms = masked_mean(targets ** 2, mask).sqrt()
+    rms = masked_mean(advantages**2, mask).sqrt()
+    target_rms = masked_mean(targets**2, mask).sqrt()
     return torch.maximum(rms, floor * target_rms).clamp(min=1e-8)
 
 
-def compute_loss(agent: nn.Module, batch: dict[str, torch.Tensor], initial_state: tuple,
-                 cfg: LossConfig, return_scale: float = 1.0) -> tuple[torch.Tensor, dict[str, float]]:
+def compute_loss(
+    agent: nn.Module, batch: dict[str, torch.Tensor], initial_state: tuple, cfg: LossConfig, return_scale: float = 1.0
+) -> tuple[torch.Tensor, dict[str, float]]:
     """Total loss (a scalar with gradient) and its parts as floats. Rewards (after clipping) are
     divided by ``return_scale`` (:class:`ReturnScale`), so values are in those units;
     ``learner/return_ms`` is the mean square of the V-trace targets in the rewards' own units.
@@ -122,8 +122,9 @@ def compute_loss(agent: nn.Module, batch: dict[str, torch.Tensor], initial_state
         initial_state: core state before entry 0, tuple of ``[B, ...]`` tensors.
     """
     # greedy: the learner needs no sampled actions (the mode uses no RNG and tolerates NaN logits)
-    out, _ = agent(pick_obs(batch), batch["reward"], batch["done"], initial_state, prev_action=batch["prev_action"],
-                   greedy=True)
+    out, _ = agent(
+        pick_obs(batch), batch["reward"], batch["done"], initial_state, prev_action=batch["prev_action"], greedy=True
+    )
     dist = agent.action_dist
     bootstrap_value = out["baseline"][-1].detach()
 
@@ -142,8 +143,18 @@ def compute_loss(agent: nn.Module, batch: dict[str, torch.Tensor], initial_state
     mask = step_mask(batch, rewards)
 
     log_rhos = action_log_probs.detach() - batch["behaviour_log_prob"][:-1]
-    vt = vtrace.from_importance_weights(log_rhos, discounts, rewards, values.detach(), bootstrap_value,
-                                        cfg.clip_rho, cfg.clip_c, cfg.clip_pg_rho, mask, cfg.vtrace_lambda)
+    vt = vtrace.from_importance_weights(
+        log_rhos,
+        discounts,
+        rewards,
+        values.detach(),
+        bootstrap_value,
+        cfg.clip_rho,
+        cfg.clip_c,
+        cfg.clip_pg_rho,
+        mask,
+        cfg.vtrace_lambda,
+    )
     advantages = vt.pg_advantages
     scale = torch.ones(())
     if cfg.normalize_advantages:  # not centred, and never blowing noise up (see the module docstring)

@@ -8,8 +8,8 @@ step of the group applies the same gradients on every learner, so their paramete
   full batch computes its gradients and hands them in (:meth:`LearnerGroup.hand_in`); one without
   lets the round go on without it (:meth:`LearnerGroup.idle`). moolib all-reduces the handed-in
   gradients; when the round is done every learner, whether it handed in or not, makes the same
-  optimizer step on the same averaged gradients (:meth:`rfwp_rl.impala.learner.Learner.apply`). Nothing here blocks the loop: actors
-  keep acting while a round is under way.
+  optimizer step on the same averaged gradients (:meth:`rfwp_rl.impala.learner.Learner.apply`). Nothing
+  here blocks the loop: actors keep acting while a round is under way.
 - **Averaging.** The gradients are averaged weighted by the env steps they were computed on (see
   :func:`group_gradient_factor`), and the steps of a round are summed: ``counters["step"]`` and the
   LR schedule are the group's, so ``--total-steps`` means env steps trained by the whole group and
@@ -81,24 +81,31 @@ def group_gradient_factor(num_gradients: int, group_env_steps: int, steps_per_up
     and with equal batches it is the plain mean (factor 1). ``group_env_steps = sum_k n_k``.
     """
     if num_gradients < 1 or group_env_steps < 1 or steps_per_update < 1:
-        raise ValueError(f"group_gradient_factor needs positive counts, got {num_gradients}, {group_env_steps}, "
-                         f"{steps_per_update}")
+        raise ValueError(
+            f"group_gradient_factor needs positive counts, got {num_gradients}, {group_env_steps}, {steps_per_update}"
+        )
     return num_gradients * steps_per_update / group_env_steps
 
 
 def check_group_args(broker: str, group: str) -> None:
     """One-line :class:`UserError` for ``--broker``/``--group`` values that cannot work."""
     if group and not broker:
-        raise UserError(f"--group {group!r} needs --broker HOST:PORT (the moolib broker the group meets at: "
-                        "rfwp-rl broker --address HOST:PORT)")
+        raise UserError(
+            f"--group {group!r} needs --broker HOST:PORT (the moolib broker the group meets at: "
+            "rfwp-rl broker --address HOST:PORT)"
+        )
     if broker:
         resolve_address(broker, "--broker")
         if not group:
-            raise UserError(f"--broker {broker} needs --group NAME: learners with the same group name at the same "
-                            "broker train one model")
+            raise UserError(
+                f"--broker {broker} needs --group NAME: learners with the same group name at the same "
+                "broker train one model"
+            )
         if not GROUP_NAME.fullmatch(group):
-            raise UserError(f"--group {group!r} is invalid; allowed: 1-100 characters from letters, digits and "
-                            "_ . - /, starting with a letter or digit")
+            raise UserError(
+                f"--group {group!r} is invalid; allowed: 1-100 characters from letters, digits and "
+                "_ . - /, starting with a letter or digit"
+            )
 
 
 def check_counters(counters: Any, total_steps: int | None, slack: int) -> dict:
@@ -147,8 +154,9 @@ class LearnerGroup:
         total_steps: the run's ``--total-steps`` (bounds the counters a leader may hand over).
     """
 
-    def __init__(self, broker: str, group: str, learner: Any, settings: dict, seed: int,
-                 total_steps: int | None = None):
+    def __init__(
+        self, broker: str, group: str, learner: Any, settings: dict, seed: int, total_steps: int | None = None
+    ):
         moolib = import_moolib()
         self.moolib, self.broker, self.group_name = moolib, broker, group
         self.learner = learner
@@ -234,13 +242,19 @@ class LearnerGroup:
                 continue  # gone meanwhile (the broker will drop it), or not a learner of this package
             mismatch = settings_mismatch(self.settings, reply.get("settings", {}))
             if mismatch:
-                raise UserError(f"learner {member} of group {self.group_name!r} trains with other settings "
-                                f"({mismatch}); every learner of a group needs the same env, agent and learner "
-                                "options (--env/--core/--preset/--set/--batch-size/--unroll-length/"
-                                "--learning-rate/...)")
+                raise UserError(
+                    f"learner {member} of group {self.group_name!r} trains with other settings "
+                    f"({mismatch}); every learner of a group needs the same env, agent and learner "
+                    "options (--env/--core/--preset/--set/--batch-size/--unroll-length/"
+                    "--learning-rate/...)"
+                )
             if reply.get("seed") == self.seed:
-                print(f"warning: learner {member} also uses --seed {self.seed}: its actors play the same episodes "
-                      "as this learner's; give each learner its own --seed", file=sys.stderr, flush=True)
+                print(
+                    f"warning: learner {member} also uses --seed {self.seed}: its actors play the same episodes "
+                    "as this learner's; give each learner its own --seed",
+                    file=sys.stderr,
+                    flush=True,
+                )
         return not waiting or time.monotonic() - self._ask_started > HANDSHAKE_SECONDS
 
     def _create_accumulator(self) -> None:
@@ -273,9 +287,11 @@ class LearnerGroup:
             self._create_accumulator()
         elif time.monotonic() - self._waiting_noted >= WAITING_NOTE_SECONDS:
             self._waiting_noted = time.monotonic()
-            self._say(f"still waiting to join ({time.monotonic() - self._waiting_since:.0f} s): is "
-                      f"`rfwp-rl broker` running at {self.broker}? (training starts once this learner "
-                      "is in the group)")
+            self._say(
+                f"still waiting to join ({time.monotonic() - self._waiting_since:.0f} s): is "
+                f"`rfwp-rl broker` running at {self.broker}? (training starts once this learner "
+                "is in the group)"
+            )
 
     def _sync(self) -> None:
         version = self.acc.model_version()
@@ -310,8 +326,12 @@ class LearnerGroup:
 
     def _leader_state(self, state: Any) -> tuple[str, dict]:
         """The leader's name and shared state (:meth:`Learner.shared_state`), checked; :class:`Refused`."""
-        if not isinstance(state, dict) or not isinstance(state.get("shared"), torch.Tensor) \
-                or state["shared"].dtype != torch.uint8 or state["shared"].dim() != 1:
+        if (
+            not isinstance(state, dict)
+            or not isinstance(state.get("shared"), torch.Tensor)
+            or state["shared"].dtype != torch.uint8
+            or state["shared"].dim() != 1
+        ):
             raise Refused("the state must be {'shared': uint8 tensor, 'leader': name}")
         leader = check_name(state.get("leader"), "leader name")
         try:
@@ -354,8 +374,9 @@ class LearnerGroup:
                 if p.grad is not None:
                     p.grad.mul_(factor)
         self.last_gradients = stats["num_gradients"]
-        self.learner.apply(GroupStep(env_steps=stats["batch_size"], gradients=stats["num_gradients"],
-                                     own_steps=self.in_flight))
+        self.learner.apply(
+            GroupStep(env_steps=stats["batch_size"], gradients=stats["num_gradients"], own_steps=self.in_flight)
+        )
 
     def wants_gradients(self) -> bool:
         """True when a round takes this learner's gradients now."""
@@ -403,10 +424,14 @@ class LearnerGroup:
     def stats(self) -> dict[str, float]:
         """TensorBoard scalars: group size, leadership, batches averaged in the last step, rounds the
         group abandoned with this learner's gradients in them, batches it came too late for."""
-        return {"group/size": float(self.size), "group/leader": float(self._leader == self.name),
-                "group/gradients_per_step": float(self.last_gradients),
-                "group/dropped_rounds": float(self.dropped_rounds),
-                "group/refused_batches": float(self.dropped_batches), "group/refused": float(self.refusals.count)}
+        return {
+            "group/size": float(self.size),
+            "group/leader": float(self._leader == self.name),
+            "group/gradients_per_step": float(self.last_gradients),
+            "group/dropped_rounds": float(self.dropped_rounds),
+            "group/refused_batches": float(self.dropped_batches),
+            "group/refused": float(self.refusals.count),
+        }
 
     def close(self, finished: bool = False) -> None:
         """Leave the group. ``finished``: stay ``LINGER_SECONDS`` first (still answering moolib), so

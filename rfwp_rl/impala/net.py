@@ -65,8 +65,10 @@ def first_mismatch(learner: dict, actor: dict) -> str | None:
     if diff is None:
         return None
     key, ours, theirs = diff
-    return (f"actor {key} {theirs!r} does not match the learner's {ours!r}; start the actor with the "
-            f"learner's --env/--core/--preset/--set/--env-option")
+    return (
+        f"actor {key} {theirs!r} does not match the learner's {ours!r}; start the actor with the "
+        f"learner's --env/--core/--preset/--set/--env-option"
+    )
 
 
 def settings_mismatch(mine: dict, theirs: dict) -> str | None:

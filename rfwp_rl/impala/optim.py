@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn as nn
@@ -21,8 +21,10 @@ def linear_decay_of_steps(total_steps: int, steps_trained: Callable[[], int]):
     instead of counting updates: 1 at the start, 0 after ``total_steps``. In a learner group an
     update consumes the env steps of every learner that handed in gradients, a number that varies
     with the group's size. Call ``scheduler.step()`` after adding the update's env steps to the count."""
+
     def factor(_update: int) -> float:
         return max(0.0, 1.0 - min(steps_trained(), total_steps) / total_steps)
+
     return factor
 
 
@@ -31,13 +33,22 @@ def make_optimizer(agent: nn.Module, cfg: ImpalaConfig) -> torch.optim.Optimizer
     ``rmsprop_eps``, ``rmsprop_momentum``) or Adam (``learning_rate``, ``adam_eps``)."""
     if cfg.optimizer == "adam":
         return torch.optim.Adam(agent.parameters(), lr=cfg.learning_rate, eps=cfg.adam_eps)
-    return torch.optim.RMSprop(agent.parameters(), lr=cfg.learning_rate, alpha=cfg.rmsprop_alpha,
-                               eps=cfg.rmsprop_eps, momentum=cfg.rmsprop_momentum)
+    return torch.optim.RMSprop(
+        agent.parameters(),
+        lr=cfg.learning_rate,
+        alpha=cfg.rmsprop_alpha,
+        eps=cfg.rmsprop_eps,
+        momentum=cfg.rmsprop_momentum,
+    )
 
 
-def apply_gradients(agent: nn.Module, optimizer: torch.optim.Optimizer,
-                    scheduler: torch.optim.lr_scheduler.LRScheduler, grad_norm_clip: float,
-                    step: bool = True) -> dict[str, float]:
+def apply_gradients(
+    agent: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    grad_norm_clip: float,
+    step: bool = True,
+) -> dict[str, float]:
     """One optimizer step on the gradients in ``.grad``: grad-norm clip, the optimizer (RMSProp or Adam), LR schedule.
 
     ``step=False`` (a skipped, non-finite update) only advances the schedule. The caller zeroes

@@ -28,7 +28,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rfwp_rl import envs as envs_mod, flags
+from rfwp_rl import envs as envs_mod
+from rfwp_rl import flags
 from rfwp_rl.checkpoint import add_trust_argument, atomic_write_text
 from rfwp_rl.errors import UserError
 from rfwp_rl.impala.evaluate import _check_envs, add_checkpoint_arguments, eval_env_options, load_agent, play, quotas
@@ -47,8 +48,7 @@ class StepStats:
     estimated on an action drawn from pi with E[(r - 1) - log r], r = pi_twin(a) / pi(a), the
     trust region's estimator."""
 
-    def __init__(self, agent: torch.nn.Module, bin_steps: int, shift: float = 0.0, num_envs: int = 1,
-                 seed: int = 0):
+    def __init__(self, agent: torch.nn.Module, bin_steps: int, shift: float = 0.0, num_envs: int = 1, seed: int = 0):
         self.agent, self.bin = agent, bin_steps
         self.count: dict[int, int] = {}
         self.sums: dict[int, np.ndarray] = {}
@@ -59,15 +59,18 @@ class StepStats:
             with torch.no_grad():
                 for p in self.twin.parameters():
                     p.add_(shift * torch.randint(0, 2, p.shape, generator=gen).to(p) * 2 - shift)
-            self.twin_state = [s.clone() for s in self.twin.initial_state(num_envs, device=next(agent.parameters()).device)]
+            self.twin_state = [
+                s.clone() for s in self.twin.initial_state(num_envs, device=next(agent.parameters()).device)
+            ]
 
     def _shift_kl(self, envs: list[int], inputs: dict, out: dict) -> torch.Tensor:
         """KL(pi || pi_twin) per active env ``[n]``; steps the twin's state of those envs."""
         idx = torch.tensor(envs)
         sub = tuple(s.index_select(0, idx.to(s.device)) for s in self.twin_state)
         with torch.inference_mode():
-            twin_out, new_sub = self.twin(inputs["x"], inputs["reward"], inputs["done"], sub,
-                                          prev_action=inputs["prev_action"], greedy=True)
+            twin_out, new_sub = self.twin(
+                inputs["x"], inputs["reward"], inputs["done"], sub, prev_action=inputs["prev_action"], greedy=True
+            )
             dist, params = self.agent.action_dist, out["policy_params"]
             a = dist.sample(params)
             log_r = (dist.log_prob(twin_out["policy_params"], a) - dist.log_prob(params, a)).float()[0]
@@ -92,8 +95,13 @@ class StepStats:
         rows = []
         for b in sorted(self.count):
             mean = self.sums[b] / self.count[b]
-            row = {"first_step": b * self.bin, "last_step": (b + 1) * self.bin - 1, "samples": self.count[b],
-                   "entropy": float(mean[0]), "value": float(mean[1])}
+            row = {
+                "first_step": b * self.bin,
+                "last_step": (b + 1) * self.bin - 1,
+                "samples": self.count[b],
+                "entropy": float(mean[0]),
+                "value": float(mean[1]),
+            }
             rest = mean[2:]
             if self.twin is not None:
                 row["shift_kl"], rest = float(rest[0]), rest[1:]
@@ -102,9 +110,18 @@ class StepStats:
         return rows
 
 
-def probe(path: str | Path, episodes: int = 20, bin_steps: int = 10, greedy: bool = False, num_envs: int = 8,
-          seed: int = 12345, which: str = "latest", trust_checkpoint: bool = False,
-          env_overrides: dict | None = None, shift: float = 0.0) -> dict:
+def probe(
+    path: str | Path,
+    episodes: int = 20,
+    bin_steps: int = 10,
+    greedy: bool = False,
+    num_envs: int = 8,
+    seed: int = 12345,
+    which: str = "latest",
+    trust_checkpoint: bool = False,
+    env_overrides: dict | None = None,
+    shift: float = 0.0,
+) -> dict:
     """Play ``episodes`` full episodes of the checkpoint at ``path`` and return
     ``{"rows": StepStats.table(), "lengths": [...], "returns": [...], "truncated": int, "step": int,
     "checkpoint": str, "env": str, "core": str, "state_shapes": [...]}``."""
@@ -127,17 +144,33 @@ def probe(path: str | Path, episodes: int = 20, bin_steps: int = 10, greedy: boo
     finally:
         for e in env_list:
             e.close()
-    return {"rows": stats.table(), "lengths": [e.length for e in played], "returns": [e.score for e in played],
-            "truncated": sum(e.truncated for e in played), "step": step, "checkpoint": str(file), "env": env_id,
-            "core": meta["core"], "state_shapes": [list(s.shape[1:]) for s in agent.initial_state(1)]}
+    return {
+        "rows": stats.table(),
+        "lengths": [e.length for e in played],
+        "returns": [e.score for e in played],
+        "truncated": sum(e.truncated for e in played),
+        "step": step,
+        "checkpoint": str(file),
+        "env": env_id,
+        "core": meta["core"],
+        "state_shapes": [list(s.shape[1:]) for s in agent.initial_state(1)],
+    }
 
 
 def format_table(record: dict) -> str:
     rows = record["rows"]
     keys = list(rows[0])
-    return format_columns(["steps", *keys[2:]], [[f"{r['first_step']}-{r['last_step']}", str(r["samples"]),
-                                                  *(f"{r[k]:.3g}" if k == "shift_kl" else f"{r[k]:.3f}"
-                                                    for k in keys[3:])] for r in rows])
+    return format_columns(
+        ["steps", *keys[2:]],
+        [
+            [
+                f"{r['first_step']}-{r['last_step']}",
+                str(r["samples"]),
+                *(f"{r[k]:.3g}" if k == "shift_kl" else f"{r[k]:.3f}" for k in keys[3:]),
+            ]
+            for r in rows
+        ],
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -147,16 +180,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--episodes", type=int, default=20, help="full episodes to play (default %(default)s)")
     parser.add_argument("--bin", type=int, default=10, help="env steps per row of the table (default %(default)s)")
     parser.add_argument("--greedy", action="store_true", help="take the policy's mode instead of sampling")
-    parser.add_argument("--shift", type=float, default=0.0, metavar="LR",
-                        help="add a column shift_kl: KL from the policy to that of the agent with every parameter "
-                             "moved by +-LR (random signs; one Adam step's size), per step within the episode "
-                             "(e.g. 5e-4, the vector profile's learning rate; default 0: off)")
+    parser.add_argument(
+        "--shift",
+        type=float,
+        default=0.0,
+        metavar="LR",
+        help="add a column shift_kl: KL from the policy to that of the agent with every parameter "
+        "moved by +-LR (random signs; one Adam step's size), per step within the episode "
+        "(e.g. 5e-4, the vector profile's learning rate; default 0: off)",
+    )
     flags.add_shared(parser, "num_actors", 8)
     flags.add_shared(parser, "seed", 12345, "env i is seeded with SEED + i")
-    flags.add_shared(parser, "torch_threads", 1, "one env batch of a small agent: one thread is fastest; "
-                                                  "0: torch's default")
-    parser.add_argument("--env-option", dest="env_options", action="append", default=[], metavar="KEY=VALUE",
-                        help="override an env option of the training run")
+    flags.add_shared(
+        parser, "torch_threads", 1, "one env batch of a small agent: one thread is fastest; 0: torch's default"
+    )
+    parser.add_argument(
+        "--env-option",
+        dest="env_options",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override an env option of the training run",
+    )
     parser.add_argument("--out", default=None, help="CSV path (default: probe_<step>_<mode>.csv in the run directory)")
     add_trust_argument(parser)
 
@@ -164,15 +209,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.torch_threads > 0:
         torch.set_num_threads(args.torch_threads)
-    record = probe(args.run, episodes=args.episodes, bin_steps=args.bin, greedy=args.greedy, num_envs=args.num_actors,
-                   seed=args.seed, which=args.checkpoint, trust_checkpoint=args.trust_checkpoint,
-                   env_overrides=parse_env_options(args.env_options, "max_episode_steps=500"), shift=args.shift)
+    record = probe(
+        args.run,
+        episodes=args.episodes,
+        bin_steps=args.bin,
+        greedy=args.greedy,
+        num_envs=args.num_actors,
+        seed=args.seed,
+        which=args.checkpoint,
+        trust_checkpoint=args.trust_checkpoint,
+        env_overrides=parse_env_options(args.env_options, "max_episode_steps=500"),
+        shift=args.shift,
+    )
     lengths, returns = np.array(record["lengths"]), np.array(record["returns"])
     mode = "greedy" if args.greedy else "sample"
-    print(f"probe {record['checkpoint']} (step {record['step']:,}, core {record['core']}) on {record['env']}, "
-          f"{len(lengths)} episodes ({mode}): return {returns.mean():.3f} ± {returns.std():.3f}, length median "
-          f"{np.median(lengths):.0f} (min {lengths.min()}, max {lengths.max()}), {record['truncated']} hit the "
-          f"time limit; state tensors per env {record['state_shapes']}")
+    print(
+        f"probe {record['checkpoint']} (step {record['step']:,}, core {record['core']}) on {record['env']}, "
+        f"{len(lengths)} episodes ({mode}): return {returns.mean():.3f} ± {returns.std():.3f}, length median "
+        f"{np.median(lengths):.0f} (min {lengths.min()}, max {lengths.max()}), {record['truncated']} hit the "
+        f"time limit; state tensors per env {record['state_shapes']}"
+    )
     print(format_table(record))
     out = Path(args.out) if args.out else Path(record["checkpoint"]).parent / f"probe_{record['step']:012d}_{mode}.csv"
     buf = io.StringIO()

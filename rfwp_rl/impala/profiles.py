@@ -43,13 +43,33 @@ from rfwp_rl.impala.config import DEFAULTS
 PROFILES = ("auto", "atari", "vector", "control")
 # The vector profile's values (unroll_length: from the env, see vector_unroll_length); its keys are
 # the options every profile sets, the command line's value winning wherever it gives one.
-VECTOR = {"num_actors": 32, "batch_size": 16, "unroll_length": None, "optimizer": "adam", "learning_rate": 5e-4,
-          "entropy_cost": 0.03, "normalize_advantages": True, "advantage_floor": 0.3, "normalize_value_loss": False, "reward_clip": 1.0,
-          "normalize_returns": False, "vtrace_lambda": 0.9, "max_kl": 0.01}
+VECTOR = {
+    "num_actors": 32,
+    "batch_size": 16,
+    "unroll_length": None,
+    "optimizer": "adam",
+    "learning_rate": 5e-4,
+    "entropy_cost": 0.03,
+    "normalize_advantages": True,
+    "advantage_floor": 0.3,
+    "normalize_value_loss": False,
+    "reward_clip": 1.0,
+    "normalize_returns": False,
+    "vtrace_lambda": 0.9,
+    "max_kl": 0.01,
+}
 PROFILE_OPTIONS = tuple(VECTOR)
 ATARI = {k: getattr(DEFAULTS, k) for k in PROFILE_OPTIONS}
-CONTROL = dict(VECTOR, num_actors=4, batch_size=4, entropy_cost=0.0, reward_clip=0.0, normalize_returns=True,
-               advantage_floor=0.0, max_kl=0.0)  # no trust region: not measured on continuous control
+CONTROL = dict(
+    VECTOR,
+    num_actors=4,
+    batch_size=4,
+    entropy_cost=0.0,
+    reward_clip=0.0,
+    normalize_returns=True,
+    advantage_floor=0.0,
+    max_kl=0.0,
+)  # no trust region: not measured on continuous control
 CONTROL_UNROLL = 16  # without a stated memory horizon
 MIN_UNROLL, MAX_UNROLL = 20, 128
 # A long unroll must not cost updates: the vector profile holds the env steps per update near
@@ -83,8 +103,12 @@ def profile_for(kind: str, requested: str = "auto", continuous_actions: bool = F
     return "control" if continuous_actions else "vector"
 
 
-def profile_defaults(profile: str, memory_horizon: int | None = None,
-                     max_episode_steps: int | None = None, unroll_length: int | None = None) -> dict[str, Any]:
+def profile_defaults(
+    profile: str,
+    memory_horizon: int | None = None,
+    max_episode_steps: int | None = None,
+    unroll_length: int | None = None,
+) -> dict[str, Any]:
     """The option values of ``profile`` (``atari``, ``vector`` or ``control``) for an env;
     ``unroll_length``: the one the command line gives, which the vector batch size follows."""
     check_choice("profile", profile, PROFILES[1:])
@@ -97,8 +121,9 @@ def profile_defaults(profile: str, memory_horizon: int | None = None,
     return dict(VECTOR, unroll_length=unroll, batch_size=vector_batch_size(unroll_length or unroll))
 
 
-def fill_unset(given: dict[str, Any], profile: str, memory_horizon: int | None = None,
-               max_episode_steps: int | None = None) -> dict[str, Any]:
+def fill_unset(
+    given: dict[str, Any], profile: str, memory_horizon: int | None = None, max_episode_steps: int | None = None
+) -> dict[str, Any]:
     """``given`` (option -> value or None for unset) with every None replaced by the profile's value."""
     defaults = profile_defaults(profile, memory_horizon, max_episode_steps, given.get("unroll_length"))
     return {k: (defaults[k] if v is None and k in defaults else v) for k, v in given.items()}
@@ -107,14 +132,23 @@ def fill_unset(given: dict[str, Any], profile: str, memory_horizon: int | None =
 def describe(cfg: Any, preset_source: str) -> str:
     """The effective settings as printed at the start of a run (one line per group)."""
     d = dataclasses.asdict(cfg)
-    opt = (f"adam lr {d['learning_rate']:g} eps {d['adam_eps']:g}" if d["optimizer"] == "adam" else
-           f"rmsprop lr {d['learning_rate']:g} alpha {d['rmsprop_alpha']:g} eps {d['rmsprop_eps']:g}")
-    return (f"settings ({d['profile']} profile): {d['num_actors']} envs, batch {d['batch_size']} x unroll "
-            f"{d['unroll_length']}, {opt} (linear decay to 0), entropy {d['entropy_cost']:g}, baseline "
-            f"{d['baseline_cost']:g}, discount {d['discount']:g}, reward clip {d['reward_clip']:g}"
-            f"{', returns scaled to RMS <= 1' if d['normalize_returns'] else ''}, advantages "
-            f"{'normalised (%s%s)' % ('floor %g x target RMS' % d['advantage_floor'] if d['advantage_floor'] > 0 else 'plain RMS', ', value loss too' if d['normalize_value_loss'] else '') if d['normalize_advantages'] else 'raw'}, V-trace lambda {d['vtrace_lambda']:g}, grad clip {d['grad_norm_clip']:g}"
-            f"{', trust region %g nats' % d['max_kl'] if d['max_kl'] > 0 else ''}"
-            f"{', bound cost %g' % d['bound_cost'] if d['bound_cost'] > 0 else ''}"
-            f"{', %d epochs per batch' % d['epochs'] if d['epochs'] > 1 else ''}; "
-            f"agent preset {preset_source}")
+    opt = (
+        f"adam lr {d['learning_rate']:g} eps {d['adam_eps']:g}"
+        if d["optimizer"] == "adam"
+        else f"rmsprop lr {d['learning_rate']:g} alpha {d['rmsprop_alpha']:g} eps {d['rmsprop_eps']:g}"
+    )
+    floor = f"floor {d['advantage_floor']:g} x target RMS" if d["advantage_floor"] > 0 else "plain RMS"
+    value_too = ", value loss too" if d["normalize_value_loss"] else ""
+    advantages = f"normalised ({floor}{value_too})" if d["normalize_advantages"] else "raw"
+    trust = f", trust region {d['max_kl']:g} nats" if d["max_kl"] > 0 else ""
+    bound = f", bound cost {d['bound_cost']:g}" if d["bound_cost"] > 0 else ""
+    epochs = f", {d['epochs']} epochs per batch" if d["epochs"] > 1 else ""
+    return (
+        f"settings ({d['profile']} profile): {d['num_actors']} envs, batch {d['batch_size']} x unroll "
+        f"{d['unroll_length']}, {opt} (linear decay to 0), entropy {d['entropy_cost']:g}, baseline "
+        f"{d['baseline_cost']:g}, discount {d['discount']:g}, reward clip {d['reward_clip']:g}"
+        f"{', returns scaled to RMS <= 1' if d['normalize_returns'] else ''}, advantages "
+        f"{advantages}, V-trace lambda {d['vtrace_lambda']:g}, grad clip {d['grad_norm_clip']:g}"
+        f"{trust}{bound}{epochs}; "
+        f"agent preset {preset_source}"
+    )

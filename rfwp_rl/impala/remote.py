@@ -57,26 +57,54 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("learner")
     g.add_argument("--connect", required=True, metavar="HOST:PORT", help="the learner's --listen address")
     g.add_argument("--name", default=None, help="this actor's unique name (default actor-<host>-<pid>)")
-    flags.add_field(g, ImpalaConfig, "auth_key_file",
-                    help="the learner's shared key (mode 600); empty: $RFWP_AUTH_KEY, else "
-                         "~/.config/rfwp_rl/auth.key (copy the learner machine's file there)")
-    g.add_argument("--rpc-timeout", type=float, default=10.0, metavar="SECONDS",
-                   help="seconds before a call counts as lost (default %(default)s)")
-    g.add_argument("--weights-every", type=float, default=0.0, metavar="SECONDS",
-                   help="seconds between weight pulls (default 0: after every completed rollout); "
-                        "weights are only transferred when their version changed")
-    g.add_argument("--max-backoff", type=float, default=30.0, metavar="SECONDS",
-                   help="seconds of the longest wait between reconnect attempts (default %(default)s)")
-    g.add_argument("--give-up-after", type=float, default=0.0, metavar="SECONDS",
-                   help="exit 1 after this many seconds without the learner (default 0: retry forever)")
+    flags.add_field(
+        g,
+        ImpalaConfig,
+        "auth_key_file",
+        help="the learner's shared key (mode 600); empty: $RFWP_AUTH_KEY, else "
+        "~/.config/rfwp_rl/auth.key (copy the learner machine's file there)",
+    )
+    g.add_argument(
+        "--rpc-timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="seconds before a call counts as lost (default %(default)s)",
+    )
+    g.add_argument(
+        "--weights-every",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="seconds between weight pulls (default 0: after every completed rollout); "
+        "weights are only transferred when their version changed",
+    )
+    g.add_argument(
+        "--max-backoff",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="seconds of the longest wait between reconnect attempts (default %(default)s)",
+    )
+    g.add_argument(
+        "--give-up-after",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="exit 1 after this many seconds without the learner (default 0: retry forever)",
+    )
     g = parser.add_argument_group("agent (must match the learner's)")
     add_run_arguments(g)
     g = parser.add_argument_group("actors")
     flags.add_field(g, ImpalaConfig, "num_actors", default=16, help="")
     flags.add_fields(g, ImpalaConfig, "num_env_batches", "num_env_processes", "env_backend")
-    flags.add_field(g, ImpalaConfig, "env_timeout",
-                    help="moolib backend: seconds without a result from an env batch before the env is taken as "
-                         "hung: the actor ends its workers and exits 1 (inf: never)")
+    flags.add_field(
+        g,
+        ImpalaConfig,
+        "env_timeout",
+        help="moolib backend: seconds without a result from an env batch before the env is taken as "
+        "hung: the actor ends its workers and exits 1 (inf: never)",
+    )
     flags.add_fields(g, ImpalaConfig, "seed", "device", "precision")
     flags.add_field(g, ImpalaConfig, "torch_threads", help="0: chosen from the cores and the env processes")
     flags.add_field(g, ImpalaConfig, "log_every", help="")
@@ -107,12 +135,12 @@ def run(args: argparse.Namespace) -> int:
     name = args.name or f"actor-{socket.gethostname()}-{os.getpid()}"
 
     # The env pool first: moolib forks its workers here, and refuses to once Rpc threads exist.
-    pool = run_spec.make_env_pool(args.env_backend, args.seed, args.num_actors, args.num_env_batches,
-                                  args.num_env_processes)
+    pool = run_spec.make_env_pool(
+        args.env_backend, args.seed, args.num_actors, args.num_env_batches, args.num_env_processes
+    )
     device = torch.device(args.device)
     agent = run_spec.build_agent(device)
-    set_torch_threads(choose_torch_threads(args.torch_threads, args.num_env_processes,
-                                           has_image_torso(agent.torso))[0])
+    set_torch_threads(choose_torch_threads(args.torch_threads, args.num_env_processes, has_image_torso(agent.torso))[0])
     agent.eval()
     actor = RemoteActor(pool, agent, compat_info(run_spec, agent), address, name, args, device, key)
     try:
@@ -131,8 +159,17 @@ class Disconnected(Exception):
 class RemoteActor:
     """The actor loop: (re)connect and validate -> pull weights -> step envs, send rollouts."""
 
-    def __init__(self, pool, agent: torch.nn.Module, info: dict, address: str, name: str,
-                 args: argparse.Namespace, device: torch.device, key: str):
+    def __init__(
+        self,
+        pool,
+        agent: torch.nn.Module,
+        info: dict,
+        address: str,
+        name: str,
+        args: argparse.Namespace,
+        device: torch.device,
+        key: str,
+    ):
         self.moolib = secure_moolib(key, connect=[address])  # the learner must prove the key too
         self.pool, self.agent, self.info, self.address, self.name = pool, agent, info, address, name
         self.args, self.device = args, device
@@ -205,38 +242,52 @@ class RemoteActor:
                 if reply.get("finished"):
                     raise _Finished()
                 try:
-                    session, unroll = reply.get("session"), check_int(reply.get("unroll_length"), "unroll length",
-                                                                       1, 100_000)
+                    session, unroll = (
+                        reply.get("session"),
+                        check_int(reply.get("unroll_length"), "unroll length", 1, 100_000),
+                    )
                     if not isinstance(session, str) or len(session) > 64:
                         raise Refused("the learner's session must be a short string")
                 except Refused as e:
                     raise Disconnected(f"refused the learner's hello reply: {e}") from None
                 self.session = session
                 if self.actors is None:
-                    self.actors = Actors(self.pool, self.agent, self.args.num_actors, self.args.num_env_batches,
-                                         unroll, self.device, env_timeout=self.args.env_timeout,
-                                         precision=self.args.precision)
+                    self.actors = Actors(
+                        self.pool,
+                        self.agent,
+                        self.args.num_actors,
+                        self.args.num_env_batches,
+                        unroll,
+                        self.device,
+                        env_timeout=self.args.env_timeout,
+                        precision=self.args.precision,
+                    )
                     self.actors.should_stop = lambda: stop.requested  # also while waiting on envs
                     self.start_version = [-1] * self.args.num_env_batches
                 elif unroll != self.actors.batches[0].unroll_length:
-                    raise UserError(f"the learner at {self.address} now uses unroll length {unroll}, "
-                                    f"this actor {self.actors.batches[0].unroll_length}; restart the actor")
+                    raise UserError(
+                        f"the learner at {self.address} now uses unroll length {unroll}, "
+                        f"this actor {self.actors.batches[0].unroll_length}; restart the actor"
+                    )
                 weights = self._call("get_weights", None, -1)
                 if weights.get("version", -1) < 0 or "state" not in weights:
                     raise Disconnected("the learner has no weights yet")
                 self._load_weights(weights)
                 self.start_version = [self.version] * len(self.start_version)
                 self.last_pull = time.monotonic()
-                self.log(f"connected to the learner at {self.address} (session {self.session}, "
-                         f"weights v{self.version}, unroll {unroll})")
+                self.log(
+                    f"connected to the learner at {self.address} (session {self.session}, "
+                    f"weights v{self.version}, unroll {unroll})"
+                )
                 return True
             except Disconnected as e:
                 waited = time.monotonic() - lost_at
                 if self.args.give_up_after > 0 and waited >= self.args.give_up_after:
                     self.log(f"no learner at {self.address} for {waited:.0f}s; giving up (--give-up-after)")
                     return False
-                self.log(f"learner at {self.address} not reachable ({e}); attempt {attempt}, "
-                         f"retrying in {backoff:.1f}s")
+                self.log(
+                    f"learner at {self.address} not reachable ({e}); attempt {attempt}, retrying in {backoff:.1f}s"
+                )
                 self._idle(stop, backoff)
                 backoff = min(2 * backoff, self.args.max_backoff)
                 self.rpc.connect(self.address)  # moolib does not retry a refused connection by itself
@@ -259,8 +310,9 @@ class RemoteActor:
             item = self.outbox.popleft()
             rollout, version, episodes = item
             try:
-                fut = self.rpc.async_("learner", "put_rollout", self.name, self.session, version, rollout.data,
-                                      rollout.state, episodes)
+                fut = self.rpc.async_(
+                    "learner", "put_rollout", self.name, self.session, version, rollout.data, rollout.state, episodes
+                )
             except RuntimeError as e:
                 self.outbox.appendleft(item)
                 raise Disconnected(str(e)) from None
@@ -300,8 +352,11 @@ class RemoteActor:
                 raise _Finished()
             if not reply.get("error"):
                 self._load_weights(reply)
-        if (self.weights_future is None and rollout_done
-                and time.monotonic() - self.last_pull >= self.args.weights_every):
+        if (
+            self.weights_future is None
+            and rollout_done
+            and time.monotonic() - self.last_pull >= self.args.weights_every
+        ):
             self.last_pull = time.monotonic()
             try:
                 self.weights_future = self.rpc.async_("learner", "get_weights", self.session, self.version)
@@ -331,9 +386,11 @@ class RemoteActor:
             if now - last_log >= self.args.log_every:
                 dt = now - last_log
                 ret = f", return(100) {np.mean(self.returns):.4g}" if self.returns else ""
-                self.log(f"{self.actors.env_steps:,} env steps ({(self.actors.env_steps - last_steps) / dt:,.0f}/s), "
-                         f"{self.rollouts_sent:,} rollouts sent ({(self.rollouts_sent - last_sent) / dt:.1f}/s), "
-                         f"weights v{self.version}, learner v{self.learner_version}{ret}")
+                self.log(
+                    f"{self.actors.env_steps:,} env steps ({(self.actors.env_steps - last_steps) / dt:,.0f}/s), "
+                    f"{self.rollouts_sent:,} rollouts sent ({(self.rollouts_sent - last_sent) / dt:.1f}/s), "
+                    f"weights v{self.version}, learner v{self.learner_version}{ret}"
+                )
                 last_log, last_steps, last_sent = now, self.actors.env_steps, self.rollouts_sent
 
     def run(self) -> int:
@@ -356,8 +413,10 @@ class RemoteActor:
                 self.log(f"environment pool broken ({e}); exiting (restart the actor)")
                 return 1
             except _Finished:
-                self.log(f"the learner finished training; {self.rollouts_sent:,} rollouts sent, "
-                         f"last weights v{self.version}; exiting")
+                self.log(
+                    f"the learner finished training; {self.rollouts_sent:,} rollouts sent, "
+                    f"last weights v{self.version}; exiting"
+                )
                 return 0
         self.log(f"stopped; {self.rollouts_sent:,} rollouts sent")
         return 0
@@ -365,4 +424,3 @@ class RemoteActor:
 
 class _Finished(Exception):
     """The learner reached its step target."""
-

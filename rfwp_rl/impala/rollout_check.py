@@ -1,15 +1,17 @@
 """What a rollout from a remote actor must look like before the learner trains on it.
 
 The expected layout is taken once, at server start, from what a local actor stores
-(:func:`rfwp_rl.impala.actors.rollout_spec` of the agent's spaces); each received rollout is then checked tensor by tensor against it (:class:`RolloutCheck`): exactly the
-layout's keys, each tensor of exactly its dtype and shape ``[T+1, b, ...]`` with one ``b`` for all
-and ``1 <= b <= max_envs``, floating values finite, actions in the action space (the action distribution's ``valid``),
+(:func:`rfwp_rl.impala.actors.rollout_spec` of the agent's spaces); each received rollout is then
+checked tensor by tensor against it (:class:`RolloutCheck`): exactly the layout's keys, each tensor of
+exactly its dtype and shape ``[T+1, b, ...]`` with one ``b`` for all and ``1 <= b <= max_envs``,
+floating values finite, actions in the action space (the action distribution's ``valid``),
 the core state of the agent's shapes and dtypes, and the finished episodes bounded and finite.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -31,8 +33,14 @@ class RolloutCheck:
         actions_ok: the action space's check of a tensor of actions (``ActionDistribution.valid``).
     """
 
-    def __init__(self, layout: Layout, state_spec: list[tuple[tuple[int, ...], torch.dtype]], unroll_length: int,
-                 max_envs: int, actions_ok: Callable[[torch.Tensor], bool]):
+    def __init__(
+        self,
+        layout: Layout,
+        state_spec: list[tuple[tuple[int, ...], torch.dtype]],
+        unroll_length: int,
+        max_envs: int,
+        actions_ok: Callable[[torch.Tensor], bool],
+    ):
         self.layout, self.state_spec = dict(layout), list(state_spec)
         self.length, self.max_envs, self.actions_ok = unroll_length + 1, int(max_envs), actions_ok
 
@@ -55,8 +63,10 @@ class RolloutCheck:
             if t.is_floating_point() and not bool(torch.isfinite(t).all()):
                 raise Refused(f"rollout {key} holds NaN or inf values")
             if key in ACTION_KEYS and not self.actions_ok(t):
-                raise Refused(f"rollout {key} holds actions outside the action space "
-                              f"({getattr(self.actions_ok, '__self__', 'see the env')})")
+                raise Refused(
+                    f"rollout {key} holds actions outside the action space "
+                    f"({getattr(self.actions_ok, '__self__', 'see the env')})"
+                )
         if not isinstance(state, (tuple, list)) or len(state) != len(self.state_spec):
             raise Refused(f"rollout core state must be a tuple of {len(self.state_spec)} tensors")
         for i, (s, (shape, dtype)) in enumerate(zip(state, self.state_spec)):
@@ -76,6 +86,10 @@ class RolloutCheck:
         for i, item in enumerate(episodes):
             if not isinstance(item, (list, tuple)) or len(item) != 2:
                 raise Refused(f"episode {i} must be a (return, length) pair")
-            out.append((check_finite_number(item[0], f"episode {i} return"),
-                        check_int(item[1], f"episode {i} length", 0, MAX_EPISODE_STEPS)))
+            out.append(
+                (
+                    check_finite_number(item[0], f"episode {i} return"),
+                    check_int(item[1], f"episode {i} length", 0, MAX_EPISODE_STEPS),
+                )
+            )
         return out

@@ -38,7 +38,8 @@ import secrets
 import threading
 import time
 from collections import deque
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -94,8 +95,15 @@ class RolloutServer:
         actions_ok: the action space's check of received actions (``ActionDistribution.valid``).
     """
 
-    def __init__(self, address: str, learner: Any, info: dict, max_pending: int, layout: Layout,
-                 actions_ok: Callable[[torch.Tensor], bool]):
+    def __init__(
+        self,
+        address: str,
+        learner: Any,
+        info: dict,
+        max_pending: int,
+        layout: Layout,
+        actions_ok: Callable[[torch.Tensor], bool],
+    ):
         moolib = import_moolib()
         self.address = resolve_address(address, "--listen")
         self.learner = learner
@@ -105,8 +113,9 @@ class RolloutServer:
         self.device = learner.device
         self.session = secrets.token_hex(6)
         template = learner.agent.initial_state(1)
-        self.check = RolloutCheck(layout, [(tuple(s.shape[1:]), s.dtype) for s in template], self.unroll_length,
-                                  self.max_pending, actions_ok)
+        self.check = RolloutCheck(
+            layout, [(tuple(s.shape[1:]), s.dtype) for s in template], self.unroll_length, self.max_pending, actions_ok
+        )
         self.refusals = RefusalLog("learner (remote actors)")
         self.finished = False
         self._lock = threading.Lock()
@@ -160,7 +169,8 @@ class RolloutServer:
         return rollouts, episodes
 
     def _to_device(self, t: torch.Tensor) -> torch.Tensor:
-        """CUDA: through page-locked memory, without blocking (torch keeps the staging buffer until the copy is done)."""
+        """CUDA: through page-locked memory, without blocking (torch keeps the staging buffer until the copy is
+        done)."""
         if self.device.type != "cuda":
             return t.to(self.device)
         return t.pin_memory().to(self.device, non_blocking=True)
@@ -182,12 +192,14 @@ class RolloutServer:
         last_t, last_steps, last_rollouts = self._window
         dt = max(now - last_t, 1e-9)
         lags = self.pop_lags()
-        out = {"remote/actors": float(self.active_actors()),
-               "remote/env_sps": (self.env_steps - last_steps) / dt,
-               "remote/rollouts_per_s": (self.rollouts - last_rollouts) / dt,
-               "remote/policy_lag": sum(lags) / len(lags) if lags else float("nan"),
-               "remote/policy_lag_max": float(max(lags)) if lags else float("nan"),
-               "remote/rejected": float(self.rejected)}
+        out = {
+            "remote/actors": float(self.active_actors()),
+            "remote/env_sps": (self.env_steps - last_steps) / dt,
+            "remote/rollouts_per_s": (self.rollouts - last_rollouts) / dt,
+            "remote/policy_lag": sum(lags) / len(lags) if lags else float("nan"),
+            "remote/policy_lag_max": float(max(lags)) if lags else float("nan"),
+            "remote/rejected": float(self.rejected),
+        }
         self._window = (now, self.env_steps, self.rollouts)
         return out
 
@@ -230,8 +242,12 @@ class RolloutServer:
         with self._lock:
             version = self._weights[0] if self._weights else -1
         print(f"remote actor {name} connected", flush=True)
-        return {"session": self.session, "version": version, "unroll_length": self.unroll_length,
-                "finished": self.finished}
+        return {
+            "session": self.session,
+            "version": version,
+            "unroll_length": self.unroll_length,
+            "finished": self.finished,
+        }
 
     def get_weights(self, session: str, version: int) -> dict:
         _check_session(session)
@@ -257,8 +273,9 @@ class RolloutServer:
         with self._arrived:
             if self._pending >= self.max_pending:
                 return {"busy": True, "session": self.session}
-            self._inbox.append((Rollout(dict(data), tuple(state)),
-                                int(version) if session == self.session else None, eps))
+            self._inbox.append(
+                (Rollout(dict(data), tuple(state)), int(version) if session == self.session else None, eps)
+            )
             self._pending += b
             self.env_steps += self.unroll_length * b
             self.rollouts += 1

@@ -29,8 +29,18 @@ from rfwp_rl.presets import Preset, resolve_preset
 
 DEFAULT_CORE = "rdn"  # the RFWP paper's main agent
 #: the keys of a checkpoint's meta (:meth:`RunSpec.meta`)
-META_KEYS = ("trainer", "env", "env_options", "core", "core_config", "num_actions", "obs_shape", "obs_space",
-             "action_space", "agent")
+META_KEYS = (
+    "trainer",
+    "env",
+    "env_options",
+    "core",
+    "core_config",
+    "num_actions",
+    "obs_shape",
+    "obs_space",
+    "action_space",
+    "agent",
+)
 
 
 def add_run_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
@@ -38,18 +48,31 @@ def add_run_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup)
     ``--detach-state-every-step``, ``--env-option``, ``--env-config``."""
     g = parser
     flags.add_field(g, ImpalaConfig, "env")
-    g.add_argument("--core", default=None, help="core name (rfwp-rl info); Atari envs use "
-                                                f"agents/atari_<core>.toml (default {DEFAULT_CORE})")
+    g.add_argument(
+        "--core",
+        default=None,
+        help=f"core name (rfwp-rl info); Atari envs use agents/atari_<core>.toml (default {DEFAULT_CORE})",
+    )
     g.add_argument("--preset", default=None, help="agent preset: a name in agents/ or a .toml file")
-    flags.add_set_argument(g, "a preset value (core_config.hidden_size=64, agent.use_prev_action=true)",
-                           "entropy_cost=0.001")
-    g.add_argument("--detach-state-every-step", action="store_true",
-                   help="1-step BPTT through the core state (the reference code's fast-weight agents), "
-                        "for comparison")
-    g.add_argument("--env-option", dest="env_options", action="append", default=[], metavar="KEY=VALUE",
-                   help="environment option, e.g. repeat_action_probability=0.25 (Atari) or max_episode_steps=200")
-    g.add_argument("--env-config", default=None,
-                   help="TOML file whose [atari] (Atari) or [env] table holds env options")
+    flags.add_set_argument(
+        g, "a preset value (core_config.hidden_size=64, agent.use_prev_action=true)", "entropy_cost=0.001"
+    )
+    g.add_argument(
+        "--detach-state-every-step",
+        action="store_true",
+        help="1-step BPTT through the core state (the reference code's fast-weight agents), for comparison",
+    )
+    g.add_argument(
+        "--env-option",
+        dest="env_options",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="environment option, e.g. repeat_action_probability=0.25 (Atari) or max_episode_steps=200",
+    )
+    g.add_argument(
+        "--env-config", default=None, help="TOML file whose [atari] (Atari) or [env] table holds env options"
+    )
 
 
 def env_options_from_args(args: argparse.Namespace, kind: str) -> dict:
@@ -95,7 +118,7 @@ class RunSpec:
     trainer_settings: list = dataclasses.field(default_factory=list)  # --set items for the trainer's config
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace, trainer_keys: Any = ()) -> "RunSpec":
+    def from_args(cls, args: argparse.Namespace, trainer_keys: Any = ()) -> RunSpec:
         """From the options of :func:`add_run_arguments`. ``--set`` items with a key of ``trainer_keys``
         are kept in ``trainer_settings`` for the trainer's config (:func:`rfwp_rl.overrides.apply_to_trainer`)."""
         resolved = envs.resolve_env_id(args.env)  # unknown env: one-line error with close matches
@@ -109,11 +132,20 @@ class RunSpec:
             preset.core_config["detach_state_every_step"] = True
         options = env_options_from_args(args, resolved.kind)
         spec = envs.env_spec(args.env, **options)
-        return cls(canonical_env_id(args.env), spec.kind, spec.obs_space, spec.action_space,
-                   options, preset, spec.memory_horizon, spec.max_episode_steps, trainer_settings)
+        return cls(
+            canonical_env_id(args.env),
+            spec.kind,
+            spec.obs_space,
+            spec.action_space,
+            options,
+            preset,
+            spec.memory_horizon,
+            spec.max_episode_steps,
+            trainer_settings,
+        )
 
     @classmethod
-    def from_meta(cls, meta: dict, env_options: dict | None = None) -> "RunSpec":
+    def from_meta(cls, meta: dict, env_options: dict | None = None) -> RunSpec:
         """From a checkpoint's meta (:meth:`meta`, every key of :data:`META_KEYS`); ``env_options`` replace
         the recorded ones."""
         kind = envs.resolve_env_id(str(meta["env"])).kind
@@ -142,10 +174,18 @@ class RunSpec:
 
     def meta(self, agent: torch.nn.Module) -> dict:
         """What a checkpoint of this run records, and what a resume or a remote actor must match."""
-        return {"trainer": "impala", "env": self.env, "env_options": dict(self.env_options), "core": agent.core_name,
-                "core_config": dict(agent.core.config), "num_actions": agent.num_actions,
-                "obs_shape": list(self.obs_shape or []), "obs_space": dict(self.obs_space),
-                "action_space": dict(self.action_space), "agent": agent.config.to_dict()}
+        return {
+            "trainer": "impala",
+            "env": self.env,
+            "env_options": dict(self.env_options),
+            "core": agent.core_name,
+            "core_config": dict(agent.core.config),
+            "num_actions": agent.num_actions,
+            "obs_shape": list(self.obs_shape or []),
+            "obs_space": dict(self.obs_space),
+            "action_space": dict(self.action_space),
+            "agent": agent.config.to_dict(),
+        }
 
     def make_env_pool(self, backend: str, seed: int, num_envs: int, num_batches: int, num_processes: int):
         """The env pool (see :func:`rfwp_rl.impala.env_batches.make_env_pool`); an env slot that can never
@@ -153,6 +193,14 @@ class RunSpec:
         obs_space, action_space = self.spaces()
         dist = make_distribution(action_space)
         action_row = (dist.action_shape, np.dtype(action_space.dtype)) if dist.action_shape else None
-        return make_env_pool(backend, self.env, self.env_options, seed, num_envs, num_batches, num_processes,
-                             blank_obs=zero_obs(obs_space), action_row=action_row)
-
+        return make_env_pool(
+            backend,
+            self.env,
+            self.env_options,
+            seed,
+            num_envs,
+            num_batches,
+            num_processes,
+            blank_obs=zero_obs(obs_space),
+            action_row=action_row,
+        )

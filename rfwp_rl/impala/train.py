@@ -29,8 +29,8 @@ import random
 import sys
 import time
 from collections import deque
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import numpy as np
 import torch
@@ -59,10 +59,32 @@ __all__ = ["DEFAULT_CORE", "ImpalaTrainer", "add_arguments", "run", "train"]
 
 METRICS = ("episode/return", "episode/return_mean100")
 # Settings every learner of a group must share (checked when a learner joins), besides the env and agent.
-GROUP_SETTINGS = ("total_steps", "batch_size", "unroll_length", "learning_rate", "rmsprop_alpha", "rmsprop_eps",
-                  "rmsprop_momentum", "grad_norm_clip", "entropy_cost", "baseline_cost", "bound_cost", "discount",
-                  "reward_clip", "clip_rho", "clip_c", "optimizer", "adam_eps", "normalize_advantages",
-                  "advantage_floor", "normalize_value_loss", "vtrace_lambda", "max_kl", "normalize_returns", "epochs")
+GROUP_SETTINGS = (
+    "total_steps",
+    "batch_size",
+    "unroll_length",
+    "learning_rate",
+    "rmsprop_alpha",
+    "rmsprop_eps",
+    "rmsprop_momentum",
+    "grad_norm_clip",
+    "entropy_cost",
+    "baseline_cost",
+    "bound_cost",
+    "discount",
+    "reward_clip",
+    "clip_rho",
+    "clip_c",
+    "optimizer",
+    "adam_eps",
+    "normalize_advantages",
+    "advantage_floor",
+    "normalize_value_loss",
+    "vtrace_lambda",
+    "max_kl",
+    "normalize_returns",
+    "epochs",
+)
 BEST_WINDOW = 100  # best.pt: the mean return of the last this many episodes, once that many ended since the start
 MAX_WAITING_BATCHES = 4  # full batches held while a learner group takes no gradients (joining); older ones are dropped
 
@@ -74,21 +96,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _add_actor_arguments(parser.add_argument_group("actors"))
     _add_learner_arguments(parser.add_argument_group("learner (RFWP paper App. C)"))
     g = parser.add_argument_group("bookkeeping")
-    flags.add_run_dir_argument(g, "runs/impala/<env>_<core>_s<seed>; characters other than letters, digits, . + - "
-                                  "in names become -, e.g. ALE-Pong-v5_delta-rnn_s1")
+    flags.add_run_dir_argument(
+        g,
+        "runs/impala/<env>_<core>_s<seed>; characters other than letters, digits, . + - "
+        "in names become -, e.g. ALE-Pong-v5_delta-rnn_s1",
+    )
     flags.add_fields(g, ImpalaConfig, "checkpoint_every", "snapshot_steps", "log_every", "max_nonfinite")
     add_trust_argument(g)
 
 
 def _add_actor_arguments(g: argparse._ArgumentGroup) -> None:
-    flags.add_field(g, ImpalaConfig, "num_actors", default=None,
-                    help=f"{_by_profile('num_actors')}; with --listen, 0: train only on remote actors' rollouts")
-    flags.add_fields(g, ImpalaConfig, "num_env_batches", "num_env_processes", "env_backend", "listen", "broker",
-                     "auth_key_file", "group", "max_env_failures", "env_timeout")
+    flags.add_field(
+        g,
+        ImpalaConfig,
+        "num_actors",
+        default=None,
+        help=f"{_by_profile('num_actors')}; with --listen, 0: train only on remote actors' rollouts",
+    )
+    flags.add_fields(
+        g,
+        ImpalaConfig,
+        "num_env_batches",
+        "num_env_processes",
+        "env_backend",
+        "listen",
+        "broker",
+        "auth_key_file",
+        "group",
+        "max_env_failures",
+        "env_timeout",
+    )
 
 
 def _by_profile(name: str, fmt: str = "{}", control: bool = True) -> str:
     """``atari X, vector Y, control Z``: the profiles' values of a setting the command line leaves unset."""
+
     def show(value: object) -> str:
         return ("yes" if value else "no") if isinstance(value, bool) else fmt.format(value)
 
@@ -97,20 +139,24 @@ def _by_profile(name: str, fmt: str = "{}", control: bool = True) -> str:
 
 
 def _add_learner_arguments(g: argparse._ArgumentGroup) -> None:
-    g.add_argument("--profile", choices=profiles.PROFILES, default="auto",
-                   help="defaults of the options left unset: atari (the paper's), vector (memory tasks: unroll = "
-                        "2 x the env's memory horizon, Adam, normalised advantages), control (vector "
-                        "observations and continuous actions: the vector profile with 4 envs and batch 4 x unroll 16, "
-                        "return scaling instead of the reward clip, plain advantage RMS, no entropy bonus and no "
-                        "trust region), "
-                        "auto: by the env's spaces (default %(default)s)")
+    g.add_argument(
+        "--profile",
+        choices=profiles.PROFILES,
+        default="auto",
+        help="defaults of the options left unset: atari (the paper's), vector (memory tasks: unroll = "
+        "2 x the env's memory horizon, Adam, normalised advantages), control (vector "
+        "observations and continuous actions: the vector profile with 4 envs and batch 4 x unroll 16, "
+        "return scaling instead of the reward clip, plain advantage RMS, no entropy bonus and no "
+        "trust region), "
+        "auto: by the env's spaces (default %(default)s)",
+    )
     unset = {  # settings the profile fills where the command line gives none: their help names each profile's value
         "batch_size": f"atari {profiles.ATARI['batch_size']}; vector: about {profiles.VECTOR_STEPS_PER_UPDATE} env "
-                      f"steps / unroll, {profiles.MIN_BATCH} to {profiles.VECTOR['batch_size']}; control "
-                      f"{profiles.CONTROL['batch_size']}",
+        f"steps / unroll, {profiles.MIN_BATCH} to {profiles.VECTOR['batch_size']}; control "
+        f"{profiles.CONTROL['batch_size']}",
         "unroll_length": f"atari {profiles.ATARI['unroll_length']}; vector: 2 x the env's memory horizon, "
-                         f"{profiles.MIN_UNROLL} to {profiles.MAX_UNROLL}; control: the same where the env states a "
-                         f"memory horizon, else {profiles.CONTROL_UNROLL}",
+        f"{profiles.MIN_UNROLL} to {profiles.MAX_UNROLL}; control: the same where the env states a "
+        f"memory horizon, else {profiles.CONTROL_UNROLL}",
         "optimizer": _by_profile("optimizer", control=False),
         "learning_rate": _by_profile("learning_rate", "{:g}", control=False),
         "entropy_cost": _by_profile("entropy_cost", "{:g}"),
@@ -127,14 +173,36 @@ def _add_learner_arguments(g: argparse._ArgumentGroup) -> None:
         if f.name in unset:
             own = f.metadata["help"]
             flags.add_field(g, ImpalaConfig, f.name, default=None, help=f"{own}; " * bool(own) + unset[f.name])
-    flags.add_fields(g, ImpalaConfig, "adam_eps", "rmsprop_alpha", "rmsprop_eps", "rmsprop_momentum", "grad_norm_clip",
-                     "epochs", "baseline_cost", "bound_cost", "discount", "clip_rho", "clip_c", "device", "precision",
-                     "learner_thread", "actor_device", "torch_threads")
+    flags.add_fields(
+        g,
+        ImpalaConfig,
+        "adam_eps",
+        "rmsprop_alpha",
+        "rmsprop_eps",
+        "rmsprop_momentum",
+        "grad_norm_clip",
+        "epochs",
+        "baseline_cost",
+        "bound_cost",
+        "discount",
+        "clip_rho",
+        "clip_c",
+        "device",
+        "precision",
+        "learner_thread",
+        "actor_device",
+        "torch_threads",
+    )
 
 
-def config_from_args(args: argparse.Namespace, kind: str = "atari", memory_horizon: int | None = None,
-                     max_episode_steps: int | None = None, settings: Iterable = (),
-                     continuous_actions: bool = False) -> ImpalaConfig:
+def config_from_args(
+    args: argparse.Namespace,
+    kind: str = "atari",
+    memory_horizon: int | None = None,
+    max_episode_steps: int | None = None,
+    settings: Iterable = (),
+    continuous_actions: bool = False,
+) -> ImpalaConfig:
     """The run's config, checked (:func:`check_config`): the command line's values, the unset ones
     from the profile of the env's ``kind`` (see :mod:`rfwp_rl.impala.profiles`), and on top the
     ``--set`` trainer ``settings`` (:class:`rfwp_rl.overrides.Setting`, from :meth:`RunSpec.from_args`)."""
@@ -155,8 +223,10 @@ def check_config(cfg: ImpalaConfig) -> None:
     """One-line :class:`UserError` for settings that cannot work."""
     for name in ("total_steps", "num_actors", "num_env_batches", "num_env_processes", "batch_size", "unroll_length"):
         if getattr(cfg, name) < (0 if name == "num_actors" and cfg.listen else 1):
-            raise UserError(f"--{name.replace('_', '-')} {getattr(cfg, name)} is invalid; allowed: an integer >= 1 "
-                            "(>= 0 with --listen)")
+            raise UserError(
+                f"--{name.replace('_', '-')} {getattr(cfg, name)} is invalid; allowed: an integer >= 1 "
+                "(>= 0 with --listen)"
+            )
     if cfg.listen:
         parse_address(cfg.listen, "--listen")
     check_group_args(cfg.broker, cfg.group)
@@ -171,13 +241,17 @@ def check_config(cfg: ImpalaConfig) -> None:
     if not 0.0 <= cfg.max_kl < float("inf"):
         raise UserError(f"--max-kl {cfg.max_kl:g} is invalid; allowed: a number >= 0 (0: off)")
     if cfg.group and cfg.max_kl > 0:
-        raise UserError(f"--max-kl {cfg.max_kl:g} needs one learner: each learner of a group would shrink the "
-                        "group's step by its own batch; with --group use --max-kl 0")
+        raise UserError(
+            f"--max-kl {cfg.max_kl:g} needs one learner: each learner of a group would shrink the "
+            "group's step by its own batch; with --group use --max-kl 0"
+        )
     if cfg.epochs < 1:
         raise UserError(f"--epochs {cfg.epochs} is invalid; allowed: an integer >= 1")
     if cfg.group and cfg.epochs > 1:
-        raise UserError(f"--epochs {cfg.epochs} needs one learner: a group averages one gradient per batch "
-                        "and member; with --group use --epochs 1")
+        raise UserError(
+            f"--epochs {cfg.epochs} needs one learner: a group averages one gradient per batch "
+            "and member; with --group use --epochs 1"
+        )
     if not 0.0 <= cfg.vtrace_lambda <= 1.0:
         raise UserError(f"--vtrace-lambda {cfg.vtrace_lambda:g} is invalid; allowed: a number in [0, 1]")
     if not 0.0 <= cfg.grad_norm_clip < float("inf"):
@@ -197,10 +271,19 @@ def check_config(cfg: ImpalaConfig) -> None:
 
 def run(args: argparse.Namespace) -> int:
     run_spec = RunSpec.from_args(args, trainer_keys())
-    cfg = config_from_args(args, run_spec.kind, run_spec.memory_horizon, run_spec.max_episode_steps,
-                           run_spec.trainer_settings, continuous_actions=run_spec.action_space.get("type") == "Box")
-    run_dir = Path(args.run_dir) if args.run_dir else Path("runs") / "impala" / _run_name(
-        run_spec.env.rpartition(":")[2], run_spec.preset.core, cfg.seed)
+    cfg = config_from_args(
+        args,
+        run_spec.kind,
+        run_spec.memory_horizon,
+        run_spec.max_episode_steps,
+        run_spec.trainer_settings,
+        continuous_actions=run_spec.action_space.get("type") == "Box",
+    )
+    run_dir = (
+        Path(args.run_dir)
+        if args.run_dir
+        else Path("runs") / "impala" / _run_name(run_spec.env.rpartition(":")[2], run_spec.preset.core, cfg.seed)
+    )
     return train(cfg, run_spec, run_dir, trust_checkpoint=args.trust_checkpoint)
 
 
@@ -244,14 +327,20 @@ class ImpalaTrainer(Trainer):
         self.device = torch.device(cfg.device)
         agent = run.build_agent(self.device)
         env_processes = cfg.num_env_processes if cfg.num_actors and cfg.env_backend != "local" else 0
-        self.threads, why = choose_torch_threads(cfg.torch_threads, env_processes,
-                                                 has_image_torso(agent.torso), gpu=self.device.type == "cuda")
+        self.threads, why = choose_torch_threads(
+            cfg.torch_threads, env_processes, has_image_torso(agent.torso), gpu=self.device.type == "cuda"
+        )
         set_torch_threads(self.threads)
         self.threads_note = f"{self.threads} torch thread(s) ({why})"
         self.learner = Learner(agent, cfg)
         self.meta = run.meta(agent)
-        self.counts = {"actor_steps": 0, "episodes": 0, "train_seconds": 0.0, "env_failures": 0,
-                       "best_return": -math.inf}
+        self.counts = {
+            "actor_steps": 0,
+            "episodes": 0,
+            "train_seconds": 0.0,
+            "env_failures": 0,
+            "best_return": -math.inf,
+        }
         self.returns: deque[float] = deque(maxlen=BEST_WINDOW)
         self.timers = Timers()
         self.restart = False
@@ -271,9 +360,12 @@ class ImpalaTrainer(Trainer):
     def state_dict(self) -> dict:
         with self.learner.lock:
             state = self.learner.state_dict()
-            state["counters"].update(self.counts, actor_steps=self.actor_steps0 + self.actors.env_steps,
-                                     train_seconds=time.monotonic() - self.start_time,
-                                     env_failures=self.actors.env_failures)
+            state["counters"].update(
+                self.counts,
+                actor_steps=self.actor_steps0 + self.actors.env_steps,
+                train_seconds=time.monotonic() - self.start_time,
+                env_failures=self.actors.env_failures,
+            )
             state["config"] = dataclasses.asdict(self.cfg)
         return state
 
@@ -281,23 +373,34 @@ class ImpalaTrainer(Trainer):
     def prepare(self) -> str | None:
         cfg, learner = self.cfg, self.learner
         if learner.step >= cfg.total_steps:
-            return (f"{self.run_dir} already reached {learner.step:,} >= --total-steps {cfg.total_steps:,} steps; "
-                    "nothing to do")
+            return (
+                f"{self.run_dir} already reached {learner.step:,} >= --total-steps {cfg.total_steps:,} steps; "
+                "nothing to do"
+            )
         env_seed = cfg.seed + 1000 * learner.updates  # fresh episodes (local backend: new seeds) on resume
         if cfg.num_actors and self.pool is None:
-            self.pool = self.run.make_env_pool(cfg.env_backend, env_seed, cfg.num_actors, cfg.num_env_batches,
-                                               cfg.num_env_processes)
+            self.pool = self.run.make_env_pool(
+                cfg.env_backend, env_seed, cfg.num_actors, cfg.num_env_batches, cfg.num_env_processes
+            )
         info = compat_info(self.run, learner.agent)
         if cfg.listen or cfg.broker:  # every peer proves the shared key (before any Rpc exists)
             key = resolve_key(cfg.auth_key_file, create=not cfg.broker, role="a learner joining a group")
-            secure_moolib(key, [resolve_address(cfg.listen, "--listen")] if cfg.listen else [],
-                          [resolve_address(cfg.broker, "--broker")] if cfg.broker else [])
+            secure_moolib(
+                key,
+                [resolve_address(cfg.listen, "--listen")] if cfg.listen else [],
+                [resolve_address(cfg.broker, "--broker")] if cfg.broker else [],
+            )
         try:
             if cfg.listen:  # an Rpc endpoint, opened after the pool has forked
                 agent = learner.agent
-                self.server = RolloutServer(cfg.listen, learner, info, max_pending=2 * cfg.batch_size,
-                                            layout=rollout_spec(agent.obs_space, agent.action_dist),
-                                            actions_ok=agent.action_dist.valid)
+                self.server = RolloutServer(
+                    cfg.listen,
+                    learner,
+                    info,
+                    max_pending=2 * cfg.batch_size,
+                    layout=rollout_spec(agent.obs_space, agent.action_dist),
+                    actions_ok=agent.action_dist.valid,
+                )
                 print(f"listening for remote actors on {cfg.listen}", flush=True)
             if cfg.broker:
                 settings = {**info, **{k: getattr(cfg, k) for k in GROUP_SETTINGS}}
@@ -307,8 +410,9 @@ class ImpalaTrainer(Trainer):
                 self.server.close(grace=0.0)
             shutdown_env_pool(self.pool)
             raise
-        self.actor_device, why = choose_actor_device(cfg.actor_device, learner.agent, self.device,
-                                                     max(1, cfg.num_actors // cfg.num_env_batches))
+        self.actor_device, why = choose_actor_device(
+            cfg.actor_device, learner.agent, self.device, max(1, cfg.num_actors // cfg.num_env_batches)
+        )
         self.actor_device_note = f"actors on {self.actor_device} ({why})"
         # with a GPU learner, acting goes on while it learns (the GPU works while the CPU steps envs)
         thread = cfg.learner_thread or self.device.type == "cuda"
@@ -316,10 +420,19 @@ class ImpalaTrainer(Trainer):
         if self.pool is None:
             self.actors = NoLocalActors(self.counts["env_failures"])
         else:
-            self.actors = Actors(self.pool, self.learning.acting_agent, cfg.num_actors, cfg.num_env_batches,
-                                 cfg.unroll_length, self.actor_device, max_env_failures=cfg.max_env_failures,
-                                 env_failures=self.counts["env_failures"], env_timeout=cfg.env_timeout,
-                                 precision=cfg.precision, timers=self.timers)
+            self.actors = Actors(
+                self.pool,
+                self.learning.acting_agent,
+                cfg.num_actors,
+                cfg.num_env_batches,
+                cfg.unroll_length,
+                self.actor_device,
+                max_env_failures=cfg.max_env_failures,
+                env_failures=self.counts["env_failures"],
+                env_timeout=cfg.env_timeout,
+                precision=cfg.precision,
+                timers=self.timers,
+            )
         self.queue = RolloutQueue(cfg.batch_size)
         self._start_clocks()
         return None
@@ -339,15 +452,23 @@ class ImpalaTrainer(Trainer):
     def hparams(self) -> dict:
         agent, cfg = self.learner.agent, self.cfg
         num_params = sum(p.numel() for p in agent.parameters())
-        print(f"IMPALA {self.run.env} ({self.run.num_actions} actions), core {self.run.preset.core} "
-              f"({num_params:,} parameters), {cfg.num_actors} envs [{cfg.env_backend}], batch {cfg.batch_size} x "
-              f"unroll {cfg.unroll_length}, {cfg.precision}, {self.threads_note}, {self.actor_device_note}; "
-              f"run dir {self.run_dir}", flush=True)
+        print(
+            f"IMPALA {self.run.env} ({self.run.num_actions} actions), core {self.run.preset.core} "
+            f"({num_params:,} parameters), {cfg.num_actors} envs [{cfg.env_backend}], batch {cfg.batch_size} x "
+            f"unroll {cfg.unroll_length}, {cfg.precision}, {self.threads_note}, {self.actor_device_note}; "
+            f"run dir {self.run_dir}",
+            flush=True,
+        )
         print(profiles.describe(cfg, self.run.preset.source), flush=True)
-        return {**dataclasses.asdict(cfg), "core": self.run.preset.core,
-                **{f"core_config.{k}": v for k, v in agent.core.config.items()},
-                **{f"agent.{k}": v for k, v in agent.config.to_dict().items()},
-                "env_options": self.run.env_options, "num_actions": self.run.num_actions, "num_params": num_params}
+        return {
+            **dataclasses.asdict(cfg),
+            "core": self.run.preset.core,
+            **{f"core_config.{k}": v for k, v in agent.core.config.items()},
+            **{f"agent.{k}": v for k, v in agent.config.to_dict().items()},
+            "env_options": self.run.env_options,
+            "num_actions": self.run.num_actions,
+            "num_params": num_params,
+        }
 
     # ---- the loop
     def train(self, stop: GracefulStop) -> None:
@@ -361,8 +482,9 @@ class ImpalaTrainer(Trainer):
         except EnvPoolBroken as e:
             self.restart = True
             self.actors.env_failures += 1  # the dead worker counts as one env failure
-            print(f"error: environment pool broken ({e}); saving a checkpoint and restarting", file=sys.stderr,
-                  flush=True)
+            print(
+                f"error: environment pool broken ({e}); saving a checkpoint and restarting", file=sys.stderr, flush=True
+            )
         finally:
             self.learning.close()  # a learner thread's error (TrainingAborted) is raised here
 
@@ -435,10 +557,17 @@ class ImpalaTrainer(Trainer):
         env_sps = (self.actors.env_steps - actor_steps) / max(now - t, 1e-9)
         ups = (self.learner.updates - updates) / max(now - t, 1e-9)
         skipped = self.learner.guard.skipped
-        self.logger.log(step, {"perf/env_sps": env_sps, "perf/learner_steps_per_s": ups,
-                               "perf/train_sps": ups * self.learner.steps_per_update,
-                               "learner/skipped_total": skipped, "train/skipped_updates": skipped,
-                               "perf/train_minutes": (now - self.start_time) / 60.0})
+        self.logger.log(
+            step,
+            {
+                "perf/env_sps": env_sps,
+                "perf/learner_steps_per_s": ups,
+                "perf/train_sps": ups * self.learner.steps_per_update,
+                "learner/skipped_total": skipped,
+                "train/skipped_updates": skipped,
+                "perf/train_minutes": (now - self.start_time) / 60.0,
+            },
+        )
         extra: dict = {"env_sps": round(env_sps), "episodes": self.counts["episodes"]}
         if self.returns:
             extra["return(100)"] = float(np.mean(self.returns))
@@ -451,14 +580,21 @@ class ImpalaTrainer(Trainer):
         if self.server is not None:
             remote = self.server.stats(now)
             self.logger.log(step, remote)
-            extra.update(remote_actors=int(remote["remote/actors"]), remote_sps=round(remote["remote/env_sps"]),
-                         policy_lag=remote["remote/policy_lag"])
+            extra.update(
+                remote_actors=int(remote["remote/actors"]),
+                remote_sps=round(remote["remote/env_sps"]),
+                policy_lag=remote["remote/policy_lag"],
+            )
         if self.server is not None or self.cfg.broker:  # peers that failed the key handshake (moolib drops them)
             refused = refused_connections()
             self.logger.log(step, {"net/refused_connections": float(refused)})
             if refused > self.refused_connections:
-                print(f"warning: {refused - self.refused_connections} connection(s) without the shared key refused "
-                      f"({refused} in all)", file=sys.stderr, flush=True)
+                print(
+                    f"warning: {refused - self.refused_connections} connection(s) without the shared key refused "
+                    f"({refused} in all)",
+                    file=sys.stderr,
+                    flush=True,
+                )
             self.refused_connections = refused
         if "loss/total" in self.last_stats:
             extra["loss"] = self.last_stats["loss/total"]
@@ -479,8 +615,12 @@ class ImpalaTrainer(Trainer):
     def close(self) -> None:
         """Leave the group, stop serving remote actors, end the env workers (all of them on a restart)."""
         if self.logger is not None and self.actors is not None:
-            self.logger.progress(self.step, force=True, episodes=self.counts["episodes"],
-                                 **({"return(100)": float(np.mean(self.returns))} if self.returns else {}))
+            self.logger.progress(
+                self.step,
+                force=True,
+                episodes=self.counts["episodes"],
+                **({"return(100)": float(np.mean(self.returns))} if self.returns else {}),
+            )
         if self.group is not None:
             self.group.close(finished=self.step >= self.cfg.total_steps)
         if self.server is not None:
@@ -500,8 +640,11 @@ class ImpalaTrainer(Trainer):
         step, limit = self.step, self.cfg.max_env_failures
         if self.restart and saved is not None:
             if self.actors.env_failures > limit:
-                print(f"error: {self.actors.env_failures} environment failures (limit --max-env-failures {limit}); "
-                      f"stopped at step {step:,}; checkpoint {saved}", file=sys.stderr)
+                print(
+                    f"error: {self.actors.env_failures} environment failures (limit --max-env-failures {limit}); "
+                    f"stopped at step {step:,}; checkpoint {saved}",
+                    file=sys.stderr,
+                )
                 return 1
             argv = reexec_argv()
             if argv is None:

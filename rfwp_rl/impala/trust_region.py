@@ -28,20 +28,34 @@ def kl_terms(log_r: torch.Tensor) -> torch.Tensor:
 
 
 def behaviour_kl(agent: nn.Module, batch: dict[str, torch.Tensor], initial_state: tuple) -> torch.Tensor:
-    """Mean KL(mu || pi) over the unmasked steps of ``batch`` (as in :func:`rfwp_rl.impala.loss.compute_loss`), estimated
-    on the batch's actions (drawn from mu) with the non-negative estimator E[(r - 1) - log r],
+    """Mean KL(mu || pi) over the unmasked steps of ``batch`` (as in :func:`rfwp_rl.impala.loss.compute_loss`),
+    estimated on the batch's actions (drawn from mu) with the non-negative estimator E[(r - 1) - log r],
     r = pi(a) / mu(a) (Schulman, "Approximating KL divergence", 2020), so that it needs only
     log-probs and serves every action distribution."""
     with torch.no_grad():
-        out, _ = agent(pick_obs(batch), batch["reward"], batch["done"], initial_state,
-                       prev_action=batch["prev_action"], greedy=True)
-        log_r = agent.action_dist.log_prob(out["policy_params"][:-1], batch["action"][:-1]).float() \
+        out, _ = agent(
+            pick_obs(batch),
+            batch["reward"],
+            batch["done"],
+            initial_state,
+            prev_action=batch["prev_action"],
+            greedy=True,
+        )
+        log_r = (
+            agent.action_dist.log_prob(out["policy_params"][:-1], batch["action"][:-1]).float()
             - batch["behaviour_log_prob"][:-1].float()
+        )
         return masked_mean(kl_terms(log_r), step_mask(batch, log_r))
 
 
-def limit_policy_change(agent: nn.Module, before: list[torch.Tensor], batch: dict[str, torch.Tensor],
-                        initial_state: tuple, max_kl: float, start_kl: float = 0.0) -> dict[str, float]:
+def limit_policy_change(
+    agent: nn.Module,
+    before: list[torch.Tensor],
+    batch: dict[str, torch.Tensor],
+    initial_state: tuple,
+    max_kl: float,
+    start_kl: float = 0.0,
+) -> dict[str, float]:
     """Shrink the step just taken (parameters ``before`` -> now) to mean KL(mu || pi) ``max_kl`` on
     ``batch`` if it went further. ``start_kl``: KL(mu || pi) at ``before`` (0: the policy that acted;
     a later epoch on the same batch starts further away). Quadratic model of the KL along the step,

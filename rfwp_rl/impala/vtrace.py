@@ -43,11 +43,18 @@ class VTraceReturns(NamedTuple):
 
 
 @torch.no_grad()
-def from_importance_weights(log_rhos: torch.Tensor, discounts: torch.Tensor, rewards: torch.Tensor,
-                            values: torch.Tensor, bootstrap_value: torch.Tensor,
-                            clip_rho_threshold: float | None = 1.0, clip_c_threshold: float | None = 1.0,
-                            clip_pg_rho_threshold: float | None = 1.0,
-                            mask: torch.Tensor | None = None, lambda_: float = 1.0) -> VTraceReturns:
+def from_importance_weights(
+    log_rhos: torch.Tensor,
+    discounts: torch.Tensor,
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    bootstrap_value: torch.Tensor,
+    clip_rho_threshold: float | None = 1.0,
+    clip_c_threshold: float | None = 1.0,
+    clip_pg_rho_threshold: float | None = 1.0,
+    mask: torch.Tensor | None = None,
+    lambda_: float = 1.0,
+) -> VTraceReturns:
     """V-trace targets from log importance ratios.
 
     Args:

@@ -21,8 +21,9 @@ import stat
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import torch
 
@@ -59,15 +60,18 @@ def read_key_file(path: Path) -> str:
     except (OSError, UnicodeDecodeError) as e:
         raise UserError(f"cannot read auth key file {path} ({e})") from None
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise UserError(f"auth key file {path} is accessible by other users (mode {stat.S_IMODE(mode):o}); "
-                        f"run: chmod 600 {path}")
+        raise UserError(
+            f"auth key file {path} is accessible by other users (mode {stat.S_IMODE(mode):o}); run: chmod 600 {path}"
+        )
     return check_key(text, str(path))
 
 
 def check_key(key: str, where: str) -> str:
     if len(key) < MIN_KEY_CHARS or not key.isprintable():
-        raise UserError(f"the auth key in {where} is invalid; allowed: at least {MIN_KEY_CHARS} printable "
-                        "characters (e.g. from: python3 -c 'import secrets; print(secrets.token_hex(32))')")
+        raise UserError(
+            f"the auth key in {where} is invalid; allowed: at least {MIN_KEY_CHARS} printable "
+            "characters (e.g. from: python3 -c 'import secrets; print(secrets.token_hex(32))')"
+        )
     return key
 
 
@@ -97,13 +101,18 @@ def resolve_key(key_file: str | None, create: bool, role: str) -> str:
     if path.exists():
         return read_key_file(path)
     if not create:
-        raise UserError(f"{role} needs the shared auth key of its learner/broker: copy that machine's "
-                        f"{path} to {path} here (mode 600), or pass --auth-key-file PATH, or set ${KEY_ENV}")
+        raise UserError(
+            f"{role} needs the shared auth key of its learner/broker: copy that machine's "
+            f"{path} to {path} here (mode 600), or pass --auth-key-file PATH, or set ${KEY_ENV}"
+        )
     key = create_key_file(path)
-    print(f"created a new auth key in {path} (mode 600): {key}\n"
-          f"every actor, learner and broker of this training needs it: copy the file to the same path on the "
-          f"other machines, or pass --auth-key-file PATH / set ${KEY_ENV}. It is not shown again.",
-          file=sys.stderr, flush=True)
+    print(
+        f"created a new auth key in {path} (mode 600): {key}\n"
+        f"every actor, learner and broker of this training needs it: copy the file to the same path on the "
+        f"other machines, or pass --auth-key-file PATH / set ${KEY_ENV}. It is not shown again.",
+        file=sys.stderr,
+        flush=True,
+    )
     return key
 
 
@@ -136,8 +145,10 @@ def secure_moolib(key: str, listen: Iterable[str] = (), connect: Iterable[str] =
     on, and its own listeners restricted to :func:`listen_hosts`. Call before creating an Rpc."""
     moolib = import_moolib()
     if not hasattr(moolib, "set_auth_key"):
-        raise UserError("the installed moolib has no peer authentication (not rfwp_rl's build of it); "
-                        "run: bash scripts/build_moolib.sh")
+        raise UserError(
+            "the installed moolib has no peer authentication (not rfwp_rl's build of it); "
+            "run: bash scripts/build_moolib.sh"
+        )
     moolib.set_auth_key(key)
     moolib.set_listen_hosts(listen_hosts(listen, connect))
     return moolib
@@ -182,8 +193,10 @@ def check_plain(value: Any, what: str = "message") -> None:
                     raise Refused(f"{path} has a key of type {type(k).__name__} (only str)")
                 stack.append((item, f"{path}.{k}", depth + 1))
         else:
-            raise Refused(f"{path} is a {type(v).__name__}; only None, bool, int, float, str, list, tuple, dict "
-                          "and tensors travel")
+            raise Refused(
+                f"{path} is a {type(v).__name__}; only None, bool, int, float, str, list, tuple, dict "
+                "and tensors travel"
+            )
 
 
 def check_name(name: Any, what: str = "name") -> str:
@@ -200,8 +213,7 @@ def check_int(value: Any, what: str, low: int, high: int) -> int:
 
 
 def check_finite_number(value: Any, what: str, bound: float = 1e30) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or abs(value) > bound:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or abs(value) > bound:
         raise Refused(f"{what} must be a finite number, got {short(value)}")
     return float(value)
 
@@ -241,6 +253,7 @@ def handler(fn: Callable[..., dict], refusals: RefusalLog) -> Callable[..., dict
     """``fn`` as an Rpc handler that never raises (an exception inside a moolib handler, or a reply
     moolib cannot send, aborts the whole process): a :class:`Refused` message is counted and answered
     ``{"error": ...}``; any other exception likewise, as a bug of this side; the reply must be plain."""
+
     def wrapped(*args: Any, **kwargs: Any) -> dict:
         try:
             reply = fn(*args, **kwargs)
@@ -258,5 +271,6 @@ def handler(fn: Callable[..., dict], refusals: RefusalLog) -> Callable[..., dict
             refusals.refuse(message)
             return {"error": message}
         return reply
+
     wrapped.__name__ = fn.__name__
     return wrapped

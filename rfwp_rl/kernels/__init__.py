@@ -44,6 +44,7 @@ ONE_CHUNK_BYTES = 512 * 1024
 
 # ------------------------------------------------------------------------ build / status
 
+
 def load() -> tuple[Any, str]:
     """(the extension module, or None when the kernels are unavailable; why).
 
@@ -92,6 +93,7 @@ def status() -> tuple[str, str]:
 
 
 # ------------------------------------------------------------------ checkpoint interval
+
 
 def checkpoint_interval(T: int, state_bytes: int | None = None) -> int:
     """Steps between stored fast-weight checkpoints for a sequence of ``T`` steps.

@@ -34,8 +34,7 @@ from rfwp_rl.resources import data_dir
 CSRC = data_dir("csrc", required=False)
 
 CPU_SOURCES = ("bindings.cpp", "cpu/fastweight_cpu.cpp")
-CU_FILES = ("cuda/lt_delta.cu", "cuda/delta_rnn.cu", "cuda/rdn.cu", "cuda/householder_product.cu",
-            "cuda/srwm.cu")
+CU_FILES = ("cuda/lt_delta.cu", "cuda/delta_rnn.cu", "cuda/rdn.cu", "cuda/householder_product.cu", "cuda/srwm.cu")
 CUDA_SOURCES = ("cuda/torch_cuda.cpp",) + CU_FILES
 EMU_CU_FILES = CU_FILES + ("cuda_emu/selftest.cu",)
 CFLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-ffp-contract=fast", "-DNDEBUG")
@@ -86,8 +85,7 @@ def source_files(parts: tuple[str, ...] | None = None) -> list[Path]:
 
     def wanted(p: Path) -> bool:
         rel = p.relative_to(CSRC)
-        return any((part == "" and len(rel.parts) == 1) or rel.parts[0] == part or str(rel) == part
-                   for part in parts)
+        return any((part == "" and len(rel.parts) == 1) or rel.parts[0] == part or str(rel) == part for part in parts)
 
     return [p for p in files if wanted(p)]
 
@@ -157,8 +155,7 @@ def extension_name(with_cuda: bool, arch: str | None = None) -> str:
     on. A CUDA build also depends on the GPU architectures it was compiled for (``arch``,
     default :func:`cuda_arch_list`): a build cached on an H100 node has no kernel image for
     an A100 node sharing the cache."""
-    extra = [torch.__version__, sys.version, " ".join(CFLAGS), " ".join(NVCC_FLAGS), str(with_cuda),
-             _cpu_signature()]
+    extra = [torch.__version__, sys.version, " ".join(CFLAGS), " ".join(NVCC_FLAGS), str(with_cuda), _cpu_signature()]
     if with_cuda:
         extra.append("arch " + (cuda_arch_list() if arch is None else arch))
     key = _hash(CUDA_PARTS if with_cuda else CPU_PARTS, "ext", *extra)
@@ -175,20 +172,19 @@ def load_extension(with_cuda: bool) -> tuple[ModuleType, float]:
         raise BuildError(f"the C++ sources are not installed (no {CSRC})")
     name = extension_name(with_cuda)
     build_dir = cache_root() / name
-    built = build_dir / f"{name}.so"   # what torch.utils.cpp_extension.load writes
+    built = build_dir / f"{name}.so"  # what torch.utils.cpp_extension.load writes
     if built.exists():
         try:
             return _import_extension(name, built), 0.0
-        except (ImportError, OSError) as e:   # e.g. a copied cache from another machine
-            raise BuildError(f"the cached build {built} does not load ({e}); delete {build_dir} "
-                             "to rebuild") from None
+        except (ImportError, OSError) as e:  # e.g. a copied cache from another machine
+            raise BuildError(f"the cached build {built} does not load ({e}); delete {build_dir} to rebuild") from None
     if shutil.which("ninja") is None:
         raise BuildError("ninja is not installed (pip install ninja)")
     build_dir.mkdir(parents=True, exist_ok=True)
     log = build_dir / "build.log"
     start = time.perf_counter()
     with _file_lock(cache_root() / f".{name}.lock"):
-        if not built.exists():   # another process may have built it while we waited
+        if not built.exists():  # another process may have built it while we waited
             from torch.utils import cpp_extension
 
             # torch's loader marks a build in progress with the file "lock" in the build
@@ -202,13 +198,21 @@ def load_extension(with_cuda: bool) -> tuple[ModuleType, float]:
                 cflags.append("-DRFWP_WITH_CUDA")
             try:
                 module = cpp_extension.load(
-                    name=name, sources=sources, extra_cflags=cflags,
-                    extra_cuda_cflags=list(NVCC_FLAGS), extra_include_paths=[str(CSRC)],
-                    build_directory=str(build_dir), with_cuda=with_cuda, verbose=False)
-            except Exception as e:   # compiler errors, missing toolchain, ...
+                    name=name,
+                    sources=sources,
+                    extra_cflags=cflags,
+                    extra_cuda_cflags=list(NVCC_FLAGS),
+                    extra_include_paths=[str(CSRC)],
+                    build_directory=str(build_dir),
+                    with_cuda=with_cuda,
+                    verbose=False,
+                )
+            except Exception as e:  # compiler errors, missing toolchain, ...
                 log.write_text(f"{type(e).__name__}: {e}\n", encoding="utf-8")
-                first = next((ln.strip() for ln in str(e).splitlines() if "error" in ln.lower()),
-                             str(e).splitlines()[0] if str(e) else type(e).__name__)
+                first = next(
+                    (ln.strip() for ln in str(e).splitlines() if "error" in ln.lower()),
+                    str(e).splitlines()[0] if str(e) else type(e).__name__,
+                )
                 raise BuildError(f"build failed ({first[:160]})", log) from None
             sys.modules[name] = module
     seconds = time.perf_counter() - start
@@ -219,6 +223,7 @@ def load_extension(with_cuda: bool) -> tuple[ModuleType, float]:
 
 
 # ------------------------------------------------------------------ emulated CUDA (tests)
+
 
 def emulated_cuda_library() -> Path:
     """Compile csrc/cuda/*.cu with g++ against csrc/cuda_emu/cuda_emulation.h into a shared
@@ -236,9 +241,21 @@ def emulated_cuda_library() -> Path:
         if lib.exists():
             return lib
         tmp = out_dir / f".tmp-{os.getpid()}.so"
-        cmd = [cxx, *EMU_FLAGS, f"-I{CSRC}", "-include", str(CSRC / "cuda_emu" / "cuda_emulation.h"),
-               "-x", "c++", *[str(CSRC / f) for f in EMU_CU_FILES],
-               "-x", "none", str(CSRC / "cuda_emu" / "emu_capi.cpp"), "-o", str(tmp)]
+        cmd = [
+            cxx,
+            *EMU_FLAGS,
+            f"-I{CSRC}",
+            "-include",
+            str(CSRC / "cuda_emu" / "cuda_emulation.h"),
+            "-x",
+            "c++",
+            *[str(CSRC / f) for f in EMU_CU_FILES],
+            "-x",
+            "none",
+            str(CSRC / "cuda_emu" / "emu_capi.cpp"),
+            "-o",
+            str(tmp),
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             log = out_dir / "build.log"
@@ -280,8 +297,17 @@ def _tool_version(tool: str) -> str:
 
 def nvcc_compile(cu_file: str) -> tuple[bool, str]:
     """Compile one .cu file under csrc/ with nvcc for sm_80 and sm_90 (object only; cached)."""
-    cmd = ["nvcc", "-c", str(CSRC / cu_file), "-o", "{out}/" + Path(cu_file).stem + ".o",
-           "-std=c++17", f"-I{CSRC}", *NVCC_ARCH_FLAGS, *NVCC_FLAGS]
+    cmd = [
+        "nvcc",
+        "-c",
+        str(CSRC / cu_file),
+        "-o",
+        "{out}/" + Path(cu_file).stem + ".o",
+        "-std=c++17",
+        f"-I{CSRC}",
+        *NVCC_ARCH_FLAGS,
+        *NVCC_FLAGS,
+    ]
     ok, output, _ = _cached_command("nvcc", cmd, _tool_version("nvcc"))
     return ok, output
 
@@ -290,10 +316,25 @@ def race_check_binary() -> Path:
     """The CUDA kernels + csrc/cuda_emu/race_check.cpp built against the emulation with
     ThreadSanitizer (cached). Raises BuildError if the toolchain cannot build it."""
     cxx = os.environ.get("CXX", "g++")
-    cmd = [cxx, "-std=c++20", "-O1", "-g", "-fsanitize=thread", "-pthread", f"-I{CSRC}",
-           "-include", str(CSRC / "cuda_emu" / "cuda_emulation.h"), "-x", "c++",
-           *[str(CSRC / f) for f in CU_FILES], "-x", "none", str(CSRC / "cuda_emu" / "race_check.cpp"),
-           "-o", "{out}/race_check"]
+    cmd = [
+        cxx,
+        "-std=c++20",
+        "-O1",
+        "-g",
+        "-fsanitize=thread",
+        "-pthread",
+        f"-I{CSRC}",
+        "-include",
+        str(CSRC / "cuda_emu" / "cuda_emulation.h"),
+        "-x",
+        "c++",
+        *[str(CSRC / f) for f in CU_FILES],
+        "-x",
+        "none",
+        str(CSRC / "cuda_emu" / "race_check.cpp"),
+        "-o",
+        "{out}/race_check",
+    ]
     ok, output, out_dir = _cached_command("tsan", cmd, _tool_version(cxx))
     if not ok:
         first = next((ln for ln in output.splitlines() if "error" in ln), output.splitlines()[-1])
@@ -311,14 +352,23 @@ def cuda_binding_syntax_check(cuda_include: Path) -> tuple[bool, str]:
     stub = cache_root() / "cuda_header_stub"
     (stub / "c10" / "cuda" / "impl").mkdir(parents=True, exist_ok=True)
     (stub / "c10" / "cuda" / "impl" / "cuda_cmake_macros.h").write_text(
-        "#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n", encoding="utf-8")
-    incs = [f"-I{p}" for p in cpp_extension.include_paths()] + [f"-I{cuda_include}", f"-I{CSRC}",
-                                                                  f"-I{stub}"]
+        "#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n", encoding="utf-8"
+    )
+    incs = [f"-I{p}" for p in cpp_extension.include_paths()] + [f"-I{cuda_include}", f"-I{CSRC}", f"-I{stub}"]
     py_inc = sysconfig.get_paths()["include"]
     # one translation unit, so torch's headers are parsed once
     unit = stub / "cuda_binding_check.cpp"
-    unit.write_text(f'#include "{CSRC / "bindings.cpp"}"\n#include "{CSRC / "cuda" / "torch_cuda.cpp"}"\n',
-                    encoding="utf-8")
-    cmd = [cxx, "-std=c++20", "-fsyntax-only", "-DRFWP_WITH_CUDA", "-DTORCH_EXTENSION_NAME=rfwp_check",
-           f"-I{py_inc}", *incs, str(unit)]
+    unit.write_text(
+        f'#include "{CSRC / "bindings.cpp"}"\n#include "{CSRC / "cuda" / "torch_cuda.cpp"}"\n', encoding="utf-8"
+    )
+    cmd = [
+        cxx,
+        "-std=c++20",
+        "-fsyntax-only",
+        "-DRFWP_WITH_CUDA",
+        "-DTORCH_EXTENSION_NAME=rfwp_check",
+        f"-I{py_inc}",
+        *incs,
+        str(unit),
+    ]
     return _cached_command("cudabind", cmd, torch.__version__ + _tool_version(cxx))[:2]

@@ -25,7 +25,7 @@ from typing import Any
 from rfwp_rl.resources import data_dir
 
 OPS = ("lt", "delta", "delta_rnn", "rdn", "gated_delta", "delta_product", "srwm")
-PRODUCT_OPS = ("gated_delta", "delta_product")   # one kernel (csrc/cuda/householder_product.cu)
+PRODUCT_OPS = ("gated_delta", "delta_product")  # one kernel (csrc/cuda/householder_product.cu)
 DIRECTIONS = ("forward", "backward")
 
 # Largest block the kernels are compiled for: __launch_bounds__(MAX_THREADS) in
@@ -40,30 +40,30 @@ WARP = 32
 # (needs nvcc; prints this table and the spill/stack numbers).
 RESOURCES: dict[tuple[str, int], dict[int, tuple[int, int]]] = {
     # (kernel, bytes): {arch: (registers, static smem bytes)}
-    ('delta_backward<delta>', 4): {80: (89, 0), 90: (94, 0)},
-    ('delta_backward<delta>', 8): {80: (98, 0), 90: (96, 0)},
-    ('delta_backward<lt>', 4): {80: (78, 0), 90: (89, 0)},
-    ('delta_backward<lt>', 8): {80: (82, 0), 90: (87, 0)},
-    ('delta_forward<delta>', 4): {80: (64, 0), 90: (72, 0)},
-    ('delta_forward<delta>', 8): {80: (65, 0), 90: (77, 0)},
-    ('delta_forward<lt>', 4): {80: (63, 0), 90: (64, 0)},
-    ('delta_forward<lt>', 8): {80: (64, 0), 90: (63, 0)},
-    ('delta_rnn_backward', 4): {80: (110, 0), 90: (128, 0)},
-    ('delta_rnn_backward', 8): {80: (124, 0), 90: (120, 0)},
-    ('delta_rnn_forward', 4): {80: (94, 0), 90: (96, 0)},
-    ('delta_rnn_forward', 8): {80: (94, 0), 90: (106, 0)},
-    ('product_backward', 4): {80: (124, 0), 90: (126, 0)},
-    ('product_backward', 8): {80: (128, 0), 90: (128, 0)},
-    ('product_forward', 4): {80: (48, 0), 90: (54, 0)},
-    ('product_forward', 8): {80: (52, 0), 90: (58, 0)},
-    ('rdn_backward', 4): {80: (114, 0), 90: (124, 0)},
-    ('rdn_backward', 8): {80: (124, 0), 90: (124, 0)},
-    ('rdn_forward', 4): {80: (72, 0), 90: (96, 0)},
-    ('rdn_forward', 8): {80: (91, 0), 90: (107, 0)},
-    ('srwm_backward', 4): {80: (60, 0), 90: (90, 0)},
-    ('srwm_backward', 8): {80: (103, 0), 90: (128, 0)},
-    ('srwm_forward', 4): {80: (56, 0), 90: (72, 0)},
-    ('srwm_forward', 8): {80: (64, 0), 90: (96, 0)},
+    ("delta_backward<delta>", 4): {80: (89, 0), 90: (94, 0)},
+    ("delta_backward<delta>", 8): {80: (98, 0), 90: (96, 0)},
+    ("delta_backward<lt>", 4): {80: (78, 0), 90: (89, 0)},
+    ("delta_backward<lt>", 8): {80: (82, 0), 90: (87, 0)},
+    ("delta_forward<delta>", 4): {80: (64, 0), 90: (72, 0)},
+    ("delta_forward<delta>", 8): {80: (65, 0), 90: (77, 0)},
+    ("delta_forward<lt>", 4): {80: (63, 0), 90: (64, 0)},
+    ("delta_forward<lt>", 8): {80: (64, 0), 90: (63, 0)},
+    ("delta_rnn_backward", 4): {80: (110, 0), 90: (128, 0)},
+    ("delta_rnn_backward", 8): {80: (124, 0), 90: (120, 0)},
+    ("delta_rnn_forward", 4): {80: (94, 0), 90: (96, 0)},
+    ("delta_rnn_forward", 8): {80: (94, 0), 90: (106, 0)},
+    ("product_backward", 4): {80: (124, 0), 90: (126, 0)},
+    ("product_backward", 8): {80: (128, 0), 90: (128, 0)},
+    ("product_forward", 4): {80: (48, 0), 90: (54, 0)},
+    ("product_forward", 8): {80: (52, 0), 90: (58, 0)},
+    ("rdn_backward", 4): {80: (114, 0), 90: (124, 0)},
+    ("rdn_backward", 8): {80: (124, 0), 90: (124, 0)},
+    ("rdn_forward", 4): {80: (72, 0), 90: (96, 0)},
+    ("rdn_forward", 8): {80: (91, 0), 90: (107, 0)},
+    ("srwm_backward", 4): {80: (60, 0), 90: (90, 0)},
+    ("srwm_backward", 8): {80: (103, 0), 90: (128, 0)},
+    ("srwm_forward", 4): {80: (56, 0), 90: (72, 0)},
+    ("srwm_forward", 8): {80: (64, 0), 90: (96, 0)},
 }
 
 
@@ -80,8 +80,8 @@ def kernel_name(op: str, direction: str) -> str:
 class Requirements:
     """What one launch asks for (per block)."""
 
-    smem_dynamic: int       # bytes of dynamic shared memory
-    smem_static: int        # bytes of static __shared__ variables
+    smem_dynamic: int  # bytes of dynamic shared memory
+    smem_static: int  # bytes of static __shared__ variables
     threads_per_block: int
     regs_per_thread: int
 
@@ -95,14 +95,14 @@ class DeviceLimits:
     """Per-block limits of a GPU that decide whether a launch can run."""
 
     name: str
-    arch: int                   # compute capability as 10 * major + minor (80: A100, 90: H100)
-    smem_optin_bytes: int       # cudaDevAttrMaxSharedMemoryPerBlockOptin (static + dynamic)
+    arch: int  # compute capability as 10 * major + minor (80: A100, 90: H100)
+    smem_optin_bytes: int  # cudaDevAttrMaxSharedMemoryPerBlockOptin (static + dynamic)
     max_threads_per_block: int = 1024
     regs_per_block: int = 65536
     regs_per_sm: int = 65536
 
     @classmethod
-    def from_torch(cls, device: Any = None) -> "DeviceLimits":
+    def from_torch(cls, device: Any = None) -> DeviceLimits:
         """The limits of a CUDA device (``torch.device``, index or None: the current one)."""
         import torch
 
@@ -110,12 +110,17 @@ class DeviceLimits:
         arch = 10 * props.major + props.minor
         smem = getattr(props, "shared_memory_per_block_optin", 0) or _OPTIN_BY_ARCH.get(arch, 48 * 1024)
         regs_sm = getattr(props, "regs_per_multiprocessor", 0) or 65536
-        return cls(name=f"{props.name}, sm_{arch}", arch=arch, smem_optin_bytes=int(smem),
-                   max_threads_per_block=1024, regs_per_block=min(65536, int(regs_sm)),
-                   regs_per_sm=int(regs_sm))
+        return cls(
+            name=f"{props.name}, sm_{arch}",
+            arch=arch,
+            smem_optin_bytes=int(smem),
+            max_threads_per_block=1024,
+            regs_per_block=min(65536, int(regs_sm)),
+            regs_per_sm=int(regs_sm),
+        )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _limits_of_index(index: int) -> DeviceLimits:
     return DeviceLimits.from_torch(index)
 
@@ -132,14 +137,24 @@ def limits_of(device: Any) -> DeviceLimits:
 
 
 # cudaDevAttrMaxSharedMemoryPerBlockOptin by compute capability (when torch does not report it)
-_OPTIN_BY_ARCH = {70: 96 * 1024, 75: 64 * 1024, 80: 163 * 1024, 86: 99 * 1024, 87: 163 * 1024,
-                  89: 99 * 1024, 90: 227 * 1024, 100: 227 * 1024, 120: 99 * 1024}
+_OPTIN_BY_ARCH = {
+    70: 96 * 1024,
+    75: 64 * 1024,
+    80: 163 * 1024,
+    86: 99 * 1024,
+    87: 163 * 1024,
+    89: 99 * 1024,
+    90: 227 * 1024,
+    100: 227 * 1024,
+    120: 99 * 1024,
+}
 
 A100 = DeviceLimits("A100, sm_80", 80, 163 * 1024)
 H100 = DeviceLimits("H100, sm_90", 90, 227 * 1024)
 
 
 # ------------------------------------------------------------------- mirrors of the launchers
+
 
 def _round_up(x: int, m: int) -> int:
     return (x + m - 1) // m * m
@@ -184,25 +199,29 @@ def _smem_elems(op: str, direction: str, dk: int, dv: int, stage: bool) -> int:
     if op == "delta_rnn":
         if direction == "forward":
             return _mat(dv, dk) + _mat(dv, dv) + 3 * (2 * dk + 3 * dv + 2) + 6 * dv
-        return ((_mat(dv, dk) + _mat(dv, dv)) * (2 if stage else 1) + 3 * (dk + 3 * dv + 2)
-                + 3 * (2 * dk + 7 * dv + 2) + 13 * dv)
-    if op in PRODUCT_OPS:   # the state (or its gradient) only: the same for every n_h
+        return (
+            (_mat(dv, dk) + _mat(dv, dv)) * (2 if stage else 1)
+            + 3 * (dk + 3 * dv + 2)
+            + 3 * (2 * dk + 7 * dv + 2)
+            + 13 * dv
+        )
+    if op in PRODUCT_OPS:  # the state (or its gradient) only: the same for every n_h
         return _mat(dv, dk) + (3 * dv if direction == "backward" else 0)
-    if op == "srwm":        # dk == dv == d; the matrix (R = 3d + 4 rows) only when staged
+    if op == "srwm":  # dk == dv == d; the matrix (R = 3d + 4 rows) only when staged
         d, R = dk, srwm_rows(dk)
         m = _mat(R, d) if stage else 0
         if direction == "forward":
             return m + d + R + 3 * d + 4
         return m + 2 * d + (2 * d + 4 + R) + d + 3 * R + 2 * d + 4
-    d = dk   # rdn: dk == dv
+    d = dk  # rdn: dk == dv
     if direction == "forward":
         return _mat(d, d) + (_mat(3 * d, d) if stage else 0) + d + 2 * (3 * d + 1) + 6 * d + 1
-    return (_mat(d, d) + (_mat(d, d) + _mat(3 * d, d) if stage else 0) + d + 3 * (2 * d + 1)
-            + 3 * (6 * d + 1) + 13 * d + 1)
+    return (
+        _mat(d, d) + (_mat(d, d) + _mat(3 * d, d) if stage else 0) + d + 3 * (2 * d + 1) + 3 * (6 * d + 1) + 13 * d + 1
+    )
 
 
-def smem_request(op: str, direction: str, dk: int, dv: int, dtype_bytes: int,
-                 smem_optin: int | None = None) -> int:
+def smem_request(op: str, direction: str, dk: int, dv: int, dtype_bytes: int, smem_optin: int | None = None) -> int:
     """Dynamic shared memory (bytes) the launcher requests on a device with ``smem_optin``
     bytes per block (None: unlimited): the staged layout when it fits, else the smaller one
     (csrc/cuda/lt_delta.cu smem_request)."""
@@ -216,8 +235,10 @@ def smem_request(op: str, direction: str, dk: int, dv: int, dtype_bytes: int,
 
 def _compute_bytes(dtype_bytes: int) -> int:
     if dtype_bytes not in (2, 4, 8):
-        raise ValueError(f"dtype_bytes {dtype_bytes!r} is invalid; allowed: 2 (float16/bfloat16, "
-                         "computed in float32), 4 (float32), 8 (float64)")
+        raise ValueError(
+            f"dtype_bytes {dtype_bytes!r} is invalid; allowed: 2 (float16/bfloat16, "
+            "computed in float32), 4 (float32), 8 (float64)"
+        )
     return 4 if dtype_bytes == 2 else dtype_bytes
 
 
@@ -244,9 +265,17 @@ def registers(op: str, direction: str, dtype_bytes: int, arch: int | None = None
     return max(r for r, _ in entry.values()), max(s for _, s in entry.values())
 
 
-def requirements(op: str, direction: str, dk: int, dv: int, dtype_bytes: int, *,
-                 threads: int = 0, arch: int | None = None,
-                 smem_optin: int | None = None) -> Requirements:
+def requirements(
+    op: str,
+    direction: str,
+    dk: int,
+    dv: int,
+    dtype_bytes: int,
+    *,
+    threads: int = 0,
+    arch: int | None = None,
+    smem_optin: int | None = None,
+) -> Requirements:
     """What the launcher of ``op`` (``forward``/``backward``) asks for at key size ``dk``,
     value size ``dv`` and scalar size ``dtype_bytes`` (2: half types, computed in float32),
     for a ``threads`` request (0: default), on a GPU of compute capability ``arch`` (None:
@@ -255,9 +284,12 @@ def requirements(op: str, direction: str, dk: int, dv: int, dtype_bytes: int, *,
     largest layout does not fit)."""
     _validate(op, direction, dk, dv)
     regs, static = registers(op, direction, dtype_bytes, arch)
-    return Requirements(smem_dynamic=smem_request(op, direction, dk, dv, dtype_bytes, smem_optin),
-                        smem_static=static, threads_per_block=block_threads(op, dk, dv, threads),
-                        regs_per_thread=regs)
+    return Requirements(
+        smem_dynamic=smem_request(op, direction, dk, dv, dtype_bytes, smem_optin),
+        smem_static=static,
+        threads_per_block=block_threads(op, dk, dv, threads),
+        regs_per_thread=regs,
+    )
 
 
 def _block_registers(regs_per_thread: int, threads: int) -> int:
@@ -278,29 +310,40 @@ def _size(op: str, dk: int, dv: int) -> str:
     return f"d={dk}" if dk == dv else f"dk={dk}, dv={dv}"
 
 
-def check(op: str, direction: str, dk: int, dv: int, dtype_bytes: int, limits: DeviceLimits, *,
-          threads: int = 0) -> str | None:
+def check(
+    op: str, direction: str, dk: int, dv: int, dtype_bytes: int, limits: DeviceLimits, *, threads: int = 0
+) -> str | None:
     """None if the kernel can launch on a GPU with ``limits``, else a one-line reason naming
     the size and the limit."""
-    req = requirements(op, direction, dk, dv, dtype_bytes, threads=threads, arch=limits.arch,
-                       smem_optin=limits.smem_optin_bytes)
+    req = requirements(
+        op, direction, dk, dv, dtype_bytes, threads=threads, arch=limits.arch, smem_optin=limits.smem_optin_bytes
+    )
     what = f"{op} {direction} at {_size(op, dk, dv)} {_dtype_name(dtype_bytes)}"
     if req.smem_total > limits.smem_optin_bytes:
-        return (f"{what} needs {_kb(req.smem_total)} of shared memory; this GPU ({limits.name}) "
-                f"allows {limits.smem_optin_bytes // 1024} KB per block")
+        return (
+            f"{what} needs {_kb(req.smem_total)} of shared memory; this GPU ({limits.name}) "
+            f"allows {limits.smem_optin_bytes // 1024} KB per block"
+        )
     if req.threads_per_block > limits.max_threads_per_block:
-        return (f"{what} needs {req.threads_per_block} threads per block; this GPU "
-                f"({limits.name}) allows {limits.max_threads_per_block}")
+        return (
+            f"{what} needs {req.threads_per_block} threads per block; this GPU "
+            f"({limits.name}) allows {limits.max_threads_per_block}"
+        )
     regs = _block_registers(req.regs_per_thread, req.threads_per_block)
     if regs > min(limits.regs_per_block, limits.regs_per_sm):
-        return (f"{what} needs {regs} registers per block ({req.regs_per_thread} per thread x "
-                f"{req.threads_per_block} threads); this GPU ({limits.name}) allows "
-                f"{min(limits.regs_per_block, limits.regs_per_sm)}")
+        return (
+            f"{what} needs {regs} registers per block ({req.regs_per_thread} per thread x "
+            f"{req.threads_per_block} threads); this GPU ({limits.name}) allows "
+            f"{min(limits.regs_per_block, limits.regs_per_sm)}"
+        )
     return None
 
 
-def table(sizes: tuple[int, ...] = (16, 32, 64, 128), dtypes: tuple[int, ...] = (4, 8),
-          devices: tuple[DeviceLimits, ...] = (A100, H100)) -> list[dict[str, Any]]:
+def table(
+    sizes: tuple[int, ...] = (16, 32, 64, 128),
+    dtypes: tuple[int, ...] = (4, 8),
+    devices: tuple[DeviceLimits, ...] = (A100, H100),
+) -> list[dict[str, Any]]:
     """Shared memory (static + dynamic, bytes) of every kernel at ``d = dk = dv`` on each
     device and whether it fits: rows of dicts (op, direction, d, dtype, threads, <device>,
     "smem <device>")."""
@@ -309,11 +352,15 @@ def table(sizes: tuple[int, ...] = (16, 32, 64, 128), dtypes: tuple[int, ...] = 
         for direction in DIRECTIONS:
             for elem in dtypes:
                 for d in sizes:
-                    row = {"op": op, "direction": direction, "d": d, "dtype": _dtype_name(elem),
-                           "threads": block_threads(op, d, d)}
+                    row = {
+                        "op": op,
+                        "direction": direction,
+                        "d": d,
+                        "dtype": _dtype_name(elem),
+                        "threads": block_threads(op, d, d),
+                    }
                     for dev in devices:
-                        req = requirements(op, direction, d, d, elem, arch=dev.arch,
-                                           smem_optin=dev.smem_optin_bytes)
+                        req = requirements(op, direction, d, d, elem, arch=dev.arch, smem_optin=dev.smem_optin_bytes)
                         row[dev.name] = check(op, direction, d, d, elem, dev) is None
                         row["smem " + dev.name] = req.smem_total
                     rows.append(row)
@@ -323,16 +370,17 @@ def table(sizes: tuple[int, ...] = (16, 32, 64, 128), dtypes: tuple[int, ...] = 
 def markdown_table(sizes: tuple[int, ...] = (16, 32, 64, 128)) -> str:
     """:func:`table` as a Markdown table: KB of shared memory per block on an H100 (the
     layout the launcher picks there) and which of A100 / H100 can run it."""
-    lines = ["| op | direction | dtype | " + " | ".join(f"d={d}" for d in sizes) + " |",
-             "| --- | --- | --- | " + " | ".join("---" for _ in sizes) + " |"]
+    lines = [
+        "| op | direction | dtype | " + " | ".join(f"d={d}" for d in sizes) + " |",
+        "| --- | --- | --- | " + " | ".join("---" for _ in sizes) + " |",
+    ]
     rows = table(sizes)
     for op in OPS:
         for direction in DIRECTIONS:
             for dt in ("float32", "float64"):
                 cells = []
                 for d in sizes:
-                    r = next(x for x in rows if (x["op"], x["direction"], x["dtype"], x["d"])
-                             == (op, direction, dt, d))
+                    r = next(x for x in rows if (x["op"], x["direction"], x["dtype"], x["d"]) == (op, direction, dt, d))
                     fits = "A100+H100" if r[A100.name] else ("H100 only" if r[H100.name] else "neither")
                     cells.append(f"{_kb(r['smem ' + H100.name])} ({fits})")
                 lines.append(f"| {op} | {direction} | {dt} | " + " | ".join(cells) + " |")
@@ -346,8 +394,17 @@ NVCC_RESOURCE_FLAGS = ("-std=c++17", "-O3", "-DNDEBUG", "--resource-usage")
 
 def nvcc_resource_command(cu: Any, csrc: Any, arch: int, out: str) -> list[str]:
     """The nvcc command whose ptxas report :func:`parse_resource_usage` reads."""
-    return ["nvcc", "-c", str(cu), "-o", out, f"-I{csrc}", "-gencode",
-            f"arch=compute_{arch},code=sm_{arch}", *NVCC_RESOURCE_FLAGS]
+    return [
+        "nvcc",
+        "-c",
+        str(cu),
+        "-o",
+        out,
+        f"-I{csrc}",
+        "-gencode",
+        f"arch=compute_{arch},code=sm_{arch}",
+        *NVCC_RESOURCE_FLAGS,
+    ]
 
 
 def parse_resource_usage(report: str, arch: int) -> list[dict[str, Any]]:
@@ -367,9 +424,17 @@ def parse_resource_usage(report: str, arch: int) -> list[dict[str, Any]]:
         m = re.search(r"Used (\d+) registers", line)
         if m and name:
             sm = re.search(r"(\d+) bytes smem", line)
-            rows.append({"kernel": name, "arch": arch, "registers": int(m.group(1)),
-                         "stack": spill[0], "spill_stores": spill[1], "spill_loads": spill[2],
-                         "smem_static": int(sm.group(1)) if sm else 0})
+            rows.append(
+                {
+                    "kernel": name,
+                    "arch": arch,
+                    "registers": int(m.group(1)),
+                    "stack": spill[0],
+                    "spill_stores": spill[1],
+                    "spill_loads": spill[2],
+                    "smem_static": int(sm.group(1)) if sm else 0,
+                }
+            )
             name = None
     return rows
 
@@ -388,8 +453,9 @@ def resource_usage(csrc: Any = None, archs: tuple[int, ...] = (80, 90)) -> list[
     for cu in CU_FILES:
         for arch in archs:
             with tempfile.TemporaryDirectory() as tmp:
-                proc = subprocess.run(nvcc_resource_command(csrc / cu, csrc, arch, f"{tmp}/x.o"),
-                                      capture_output=True, text=True)
+                proc = subprocess.run(
+                    nvcc_resource_command(csrc / cu, csrc, arch, f"{tmp}/x.o"), capture_output=True, text=True
+                )
             if proc.returncode != 0:
                 raise RuntimeError(f"nvcc failed on {cu}: {proc.stderr[-2000:]}")
             rows += parse_resource_usage(proc.stderr, arch)
@@ -407,8 +473,7 @@ def resources_table(rows: list[dict[str, Any]]) -> dict[tuple[str, int], dict[in
     return by
 
 
-CU_FILES = ("cuda/lt_delta.cu", "cuda/delta_rnn.cu", "cuda/rdn.cu", "cuda/householder_product.cu",
-            "cuda/srwm.cu")
+CU_FILES = ("cuda/lt_delta.cu", "cuda/delta_rnn.cu", "cuda/rdn.cu", "cuda/householder_product.cu", "cuda/srwm.cu")
 
 
 def _demangle(symbol: str) -> str:
@@ -434,18 +499,20 @@ def _demangle(symbol: str) -> str:
 def _main(argv: list[str] | None = None) -> int:
     import argparse
 
-    p = argparse.ArgumentParser(prog="python -m rfwp_rl.kernels.cuda_limits",
-                                description=__doc__.splitlines()[0])
-    p.add_argument("--resource-usage", action="store_true",
-                   help="run nvcc --resource-usage and print the RESOURCES table")
+    p = argparse.ArgumentParser(prog="python -m rfwp_rl.kernels.cuda_limits", description=__doc__.splitlines()[0])
+    p.add_argument(
+        "--resource-usage", action="store_true", help="run nvcc --resource-usage and print the RESOURCES table"
+    )
     args = p.parse_args(argv)
     if args.resource_usage:
         rows = resource_usage()
         print("| kernel | arch | registers | spill stores/loads | stack | static smem |")
         print("| --- | --- | --- | --- | --- | --- |")
         for r in sorted(rows, key=lambda r: (r["kernel"], r["arch"])):
-            print(f"| {r['kernel']} | sm_{r['arch']} | {r['registers']} | {r['spill_stores']}/"
-                  f"{r['spill_loads']} | {r['stack']} | {r['smem_static']} |")
+            print(
+                f"| {r['kernel']} | sm_{r['arch']} | {r['registers']} | {r['spill_stores']}/"
+                f"{r['spill_loads']} | {r['stack']} | {r['smem_static']} |"
+            )
         print("\nRESOURCES = {")
         by = resources_table(rows)
         for key in sorted(by):

@@ -50,11 +50,15 @@ class AssociativeRecall(SequenceTask):
         self.n_pairs = check_int(self.task, "n_pairs", p["n_pairs"], 1)
         self.n_queries = check_int(self.task, "n_queries", p["n_queries"], 1)
         if self.n_pairs > self.n_keys:
-            raise UserError(f"{self.task}: n_pairs {self.n_pairs} is too large for n_keys {self.n_keys} "
-                            f"(each key is written once); allowed: n_pairs <= n_keys")
+            raise UserError(
+                f"{self.task}: n_pairs {self.n_pairs} is too large for n_keys {self.n_keys} "
+                f"(each key is written once); allowed: n_pairs <= n_keys"
+            )
         if self.n_queries > self.n_pairs:
-            raise UserError(f"{self.task}: n_queries {self.n_queries} is more than the {self.n_pairs} keys "
-                            f"written (queries ask distinct keys); allowed: n_queries <= n_pairs")
+            raise UserError(
+                f"{self.task}: n_queries {self.n_queries} is more than the {self.n_pairs} keys "
+                f"written (queries ask distinct keys); allowed: n_queries <= n_pairs"
+            )
 
     @property
     def episode_length(self) -> int:
@@ -64,8 +68,7 @@ class AssociativeRecall(SequenceTask):
     def memory_horizon(self) -> int:
         return self.episode_length - 1
 
-    def _fill(self, keys: np.ndarray, values: np.ndarray, query_keys: np.ndarray,
-              answers: np.ndarray) -> Episode:
+    def _fill(self, keys: np.ndarray, values: np.ndarray, query_keys: np.ndarray, answers: np.ndarray) -> Episode:
         k, v = self.n_keys, self.n_values
         nw, nq = len(keys), len(query_keys)
         ep = Episode.empty(nw + nq, k + v + 1)
@@ -129,12 +132,16 @@ class AssociativeRecallReassign(AssociativeRecall):
         self.n_queries = check_int(self.task, "n_queries", p["n_queries"], 1)
         distinct = self.n_pairs - self.n_reassign
         if distinct > self.n_keys:
-            raise UserError(f"{self.task}: n_pairs {self.n_pairs} with n_reassign {self.n_reassign} needs "
-                            f"{distinct} distinct keys, more than n_keys {self.n_keys}; "
-                            f"allowed: n_pairs - n_reassign <= n_keys")
+            raise UserError(
+                f"{self.task}: n_pairs {self.n_pairs} with n_reassign {self.n_reassign} needs "
+                f"{distinct} distinct keys, more than n_keys {self.n_keys}; "
+                f"allowed: n_pairs - n_reassign <= n_keys"
+            )
         if self.n_queries > distinct:
-            raise UserError(f"{self.task}: n_queries {self.n_queries} is more than the {distinct} distinct keys "
-                            f"written (queries ask distinct keys); allowed: n_queries <= n_pairs - n_reassign")
+            raise UserError(
+                f"{self.task}: n_queries {self.n_queries} is more than the {distinct} distinct keys "
+                f"written (queries ask distinct keys); allowed: n_queries <= n_pairs - n_reassign"
+            )
 
     @property
     def n_distinct(self) -> int:

@@ -19,7 +19,7 @@ import gymnasium
 import numpy as np
 
 from rfwp_rl.errors import UserError, check_choice
-from rfwp_rl.memory.suite import LEVELS, LEVEL_PARAMS
+from rfwp_rl.memory.suite import LEVEL_PARAMS, LEVELS
 
 
 def check_int(task: str, name: str, value: Any, minimum: int, maximum: int | None = None) -> int:
@@ -114,9 +114,10 @@ class Episode:
     reward: np.ndarray
 
     @classmethod
-    def empty(cls, length: int, obs_size: int) -> "Episode":
-        return cls(np.zeros((length, obs_size), np.float32), np.full(length, -1, np.int64),
-                   np.zeros(length, np.float64))
+    def empty(cls, length: int, obs_size: int) -> Episode:
+        return cls(
+            np.zeros((length, obs_size), np.float32), np.full(length, -1, np.int64), np.zeros(length, np.float64)
+        )
 
 
 class SequenceTask(MemoryEnv):

@@ -49,9 +49,11 @@ class CountRecall(SequenceTask):
         self.n_queries = check_int(self.task, "n_queries", p["n_queries"], 1, self.n_symbols - 1)
         self.n_show = check_int(self.task, "n_show", p["n_show"], 1)
         if self.n_show < self.n_queries * self.max_count:
-            raise UserError(f"{self.task}: n_show {self.n_show} cannot hold {self.n_queries} counts up to "
-                            f"max_count {self.max_count}; allowed: n_show >= n_queries * max_count "
-                            f"= {self.n_queries * self.max_count}")
+            raise UserError(
+                f"{self.task}: n_show {self.n_show} cannot hold {self.n_queries} counts up to "
+                f"max_count {self.max_count}; allowed: n_show >= n_queries * max_count "
+                f"= {self.n_queries * self.max_count}"
+            )
         n = self.n_symbols
         self.layout = {"symbol": slice(0, n), "query": n}
         self.observation_space = spaces.Box(0.0, 1.0, shape=(n + 1,), dtype=np.float32)
@@ -71,8 +73,7 @@ class CountRecall(SequenceTask):
         order = rng.permutation(n)
         asked, fillers = order[:Q], order[Q:]
         counts = rng.integers(self.max_count + 1, size=Q)
-        stream = np.concatenate([np.repeat(asked, counts),
-                                 rng.choice(fillers, size=S - int(counts.sum()))])
+        stream = np.concatenate([np.repeat(asked, counts), rng.choice(fillers, size=S - int(counts.sum()))])
         stream = rng.permutation(stream)
         ep.obs[np.arange(S), stream] = 1.0
         ep.obs[np.arange(S, S + Q), asked] = 1.0

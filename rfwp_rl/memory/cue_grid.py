@@ -57,16 +57,21 @@ class CueGrid(MemoryEnv):
         p = self.params
         self.size = check_int(self.task, "size", p["size"], 3)
         if self.size % 2 == 0:
-            raise UserError(f"{self.task}: size {self.size} is invalid (the start is the centre cell); "
-                            "allowed: an odd integer >= 3")
+            raise UserError(
+                f"{self.task}: size {self.size} is invalid (the start is the centre cell); allowed: an odd integer >= 3"
+            )
         self.n_goals = check_int(self.task, "n_goals", p["n_goals"], 2, 4)
         self.max_steps = check_int(self.task, "max_steps", p["max_steps"], self.size)
         s, g = self.size, self.n_goals
         self.goals = [(0, 0), (s - 1, 0), (0, s - 1), (s - 1, s - 1)][:g]
         self.start = (s // 2, s // 2)
         self.wrong_goal_reward = -1.0 / (g - 1)
-        self.layout = {"cue": slice(0, g), "x": slice(g, g + s), "y": slice(g + s, g + 2 * s),
-                       "walls": slice(g + 2 * s, g + 2 * s + 4)}
+        self.layout = {
+            "cue": slice(0, g),
+            "x": slice(g, g + s),
+            "y": slice(g + s, g + 2 * s),
+            "walls": slice(g + 2 * s, g + 2 * s + 4),
+        }
         self.observation_space = spaces.Box(0.0, 1.0, shape=(g + 2 * s + 4,), dtype=np.float32)
         self.action_space = spaces.Discrete(4)
         self._distance = [self._distances_to(i) for i in range(g)]

@@ -27,7 +27,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from rfwp_rl import cores as cores_mod, flags
+from rfwp_rl import cores as cores_mod
+from rfwp_rl import flags
 from rfwp_rl.checkpoint import atomic_write_text, list_checkpoints
 from rfwp_rl.errors import UserError, check_choice
 from rfwp_rl.memory import suite
@@ -65,15 +66,39 @@ class Job:
     def command(self, train_args: list[str]) -> list[str]:
         """The ``rfwp-rl train`` command (one env process and one torch thread, as the suite's
         launch script; ``train_args`` come last, so they override)."""
-        return [sys.executable, "-m", "rfwp_rl", "train", "--env", self.env, "--core", self.core,
-                "--seed", str(self.seed), "--total-steps", str(self.steps), "--run-dir", str(self.run_dir),
-                "--num-env-processes", "1", "--torch-threads", "1", "--log-every", "10", *train_args]
+        return [
+            sys.executable,
+            "-m",
+            "rfwp_rl",
+            "train",
+            "--env",
+            self.env,
+            "--core",
+            self.core,
+            "--seed",
+            str(self.seed),
+            "--total-steps",
+            str(self.steps),
+            "--run-dir",
+            str(self.run_dir),
+            "--num-env-processes",
+            "1",
+            "--torch-threads",
+            "1",
+            "--log-every",
+            "10",
+            *train_args,
+        ]
 
 
 def plan(cores: list[str], seeds: list[int], steps: int, runs_root: Path, tasks: tuple[str, ...] = TASKS) -> list[Job]:
     """Every (seed, task, core) run, seed by seed (a partial sweep gives complete first seeds)."""
-    return [Job(env, core, seed, steps, runs_root / run_name(env) / f"{core}_s{seed}")
-            for seed in seeds for env in tasks for core in cores]
+    return [
+        Job(env, core, seed, steps, runs_root / run_name(env) / f"{core}_s{seed}")
+        for seed in seeds
+        for env in tasks
+        for core in cores
+    ]
 
 
 def run_job(job: Job, train_args: list[str]) -> int:
@@ -123,14 +148,21 @@ def _cell(v: float) -> str:
 def markdown(rows: list[dict], tasks: tuple[str, ...], steps: int) -> str:
     """The table: cores x tasks, normalised final return, and the flag."""
     names = [suite.entry(e).task for e in tasks]
-    lines = ["| core | " + " | ".join(f"{n} (easy)" for n in names) + f" | seeds | below {HEALTHY} on every task |",
-             "|---|" + "---|" * (len(names) + 2)]
+    lines = [
+        "| core | " + " | ".join(f"{n} (easy)" for n in names) + f" | seeds | below {HEALTHY} on every task |",
+        "|---|" + "---|" * (len(names) + 2),
+    ]
     for r in rows:
-        lines.append(f"| {r['core']} | " + " | ".join(_cell(r[n]) for n in names) +
-                     f" | {r['seeds']} | {'**FLAGGED**' if r['flagged'] else ''} |")
+        lines.append(
+            f"| {r['core']} | "
+            + " | ".join(_cell(r[n]) for n in names)
+            + f" | {r['seeds']} | {'**FLAGGED**' if r['flagged'] else ''} |"
+        )
     lines.append("")
-    lines.append(f"Normalised final return (random 0, optimal 1; mean of the last 100 training episodes, mean over "
-                 f"seeds) after {steps:,} env steps with the defaults of `rfwp-rl train`.")
+    lines.append(
+        f"Normalised final return (random 0, optimal 1; mean of the last 100 training episodes, mean over "
+        f"seeds) after {steps:,} env steps with the defaults of `rfwp-rl train`."
+    )
     return "\n".join(lines)
 
 
@@ -138,21 +170,34 @@ def csv_text(rows: list[dict], tasks: tuple[str, ...], steps: int) -> str:
     names = [suite.entry(e).task for e in tasks]
     lines = ["core," + ",".join(names) + ",seeds,steps,flagged"]
     for r in rows:
-        lines.append(f"{r['core']}," + ",".join(f"{r[n]:.4f}" for n in names) +
-                     f",{r['seeds']},{steps},{int(r['flagged'])}")
+        lines.append(
+            f"{r['core']}," + ",".join(f"{r[n]:.4f}" for n in names) + f",{r['seeds']},{steps},{int(r['flagged'])}"
+        )
     return "\n".join(lines) + "\n"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     flags.add_shared(parser, "total_steps", DEFAULT_STEPS, "of each run", unit=flags.ENV_STEPS)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1], help="seeds (default %(default)s)")
-    parser.add_argument("--cores", nargs="+", default=None,
-                        help="cores to check (default: every registered core with an agents/vector_<core>.toml)")
-    parser.add_argument("--runs", default="runs/memory_health", help="folder of the run directories (default %(default)s)")
-    parser.add_argument("--out", default="results/memory", help="where health.csv and health.md go (default %(default)s)")
+    parser.add_argument(
+        "--cores",
+        nargs="+",
+        default=None,
+        help="cores to check (default: every registered core with an agents/vector_<core>.toml)",
+    )
+    parser.add_argument(
+        "--runs", default="runs/memory_health", help="folder of the run directories (default %(default)s)"
+    )
+    parser.add_argument(
+        "--out", default="results/memory", help="where health.csv and health.md go (default %(default)s)"
+    )
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time (default %(default)s)")
-    parser.add_argument("--train-args", default="", metavar="'OPTIONS'",
-                        help="more options of every rfwp-rl train command, e.g. '--env-backend local'")
+    parser.add_argument(
+        "--train-args",
+        default="",
+        metavar="'OPTIONS'",
+        help="more options of every rfwp-rl train command, e.g. '--env-backend local'",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -170,9 +215,12 @@ def run(args: argparse.Namespace) -> int:
     train_args = shlex.split(args.train_args)
     jobs = plan(cores, args.seeds, args.total_steps, Path(args.runs))
     todo = [j for j in jobs if not j.done]
-    print(f"memory health: {len(cores)} cores x {len(TASKS)} tasks x {len(args.seeds)} seeds, "
-          f"{args.total_steps:,} env steps; "
-          f"{len(jobs) - len(todo)} runs already done, {len(todo)} to train (logs: <run dir>.log)", flush=True)
+    print(
+        f"memory health: {len(cores)} cores x {len(TASKS)} tasks x {len(args.seeds)} seeds, "
+        f"{args.total_steps:,} env steps; "
+        f"{len(jobs) - len(todo)} runs already done, {len(todo)} to train (logs: <run dir>.log)",
+        flush=True,
+    )
 
     def one(job: Job) -> int:
         code = run_job(job, train_args)

@@ -19,7 +19,7 @@ from gymnasium.envs.classic_control import CartPoleEnv
 from rfwp_rl.memory.base import check_int, resolve_level
 
 TASK = "PositionOnlyCartPole"
-VELOCITIES = (1, 3)   # cart velocity, pole angular velocity in CartPole's observation
+VELOCITIES = (1, 3)  # cart velocity, pole angular velocity in CartPole's observation
 
 
 class PositionOnlyCartPole(gymnasium.Env):
@@ -32,8 +32,8 @@ class PositionOnlyCartPole(gymnasium.Env):
         self.task, self.level = TASK, level
         self.params = resolve_level(TASK, level, overrides)
         self.max_episode_steps = check_int(TASK, "max_steps", self.params["max_steps"], 1)
-        self.memory_horizon = 1        # a velocity is the difference of two successive positions
-        self.optimal_return = 1.0      # balanced to the limit (optimal_action() does it, tested)
+        self.memory_horizon = 1  # a velocity is the difference of two successive positions
+        self.optimal_return = 1.0  # balanced to the limit (optimal_action() does it, tested)
         self._cartpole = CartPoleEnv()
         self.observation_space = self._cartpole.observation_space
         self.action_space = self._cartpole.action_space
@@ -48,7 +48,7 @@ class PositionOnlyCartPole(gymnasium.Env):
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
-        obs, info = self._cartpole.reset(seed=int(self.np_random.integers(2 ** 31)))
+        obs, info = self._cartpole.reset(seed=int(self.np_random.integers(2**31)))
         self._steps, self._previous = 0, None
         return self._hide(obs), info
 

@@ -37,8 +37,10 @@ class RepeatPrevious(SequenceTask):
         self.k = check_int(self.task, "k", p["k"], 1)
         self.length = check_int(self.task, "length", p["length"], 2)
         if self.length <= self.k:
-            raise UserError(f"{self.task}: length {self.length} leaves no scored step with k {self.k}; "
-                            f"allowed: length >= k + 1 = {self.k + 1}")
+            raise UserError(
+                f"{self.task}: length {self.length} leaves no scored step with k {self.k}; "
+                f"allowed: length >= k + 1 = {self.k + 1}"
+            )
         n = self.n_symbols
         self.layout = {"symbol": slice(0, n), "scored": n}
         self.observation_space = spaces.Box(0.0, 1.0, shape=(n + 1,), dtype=np.float32)

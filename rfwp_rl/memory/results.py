@@ -49,8 +49,7 @@ from rfwp_rl.errors import UserError, check_choice
 from rfwp_rl.memory import suite
 from rfwp_rl.runlog import read_all_scalars
 
-CORE_ORDER = ("ff", "lstm", "gru", "lt", "delta", "delta_rnn", "rdn", "fwm", "gated_delta", "delta_product",
-              "srwm")
+CORE_ORDER = ("ff", "lstm", "gru", "lt", "delta", "delta_rnn", "rdn", "fwm", "gated_delta", "delta_product", "srwm")
 CURVE_TAG = "episode/return_mean100"
 MINUTES_TAG = "perf/train_minutes"
 TABLE_BEGIN, TABLE_END = "<!-- memory-table -->", "<!-- /memory-table -->"
@@ -119,8 +118,18 @@ def read_run(run_dir: Path) -> Run | None:
     # the learner logs its losses at every update's step: the last one is the step reached
     steps = max(series[-1][0] for series in scalars.values() if series)
     minutes = scalars[MINUTES_TAG][-1][1] if scalars.get(MINUTES_TAG) else float("nan")  # none logged yet
-    return Run(run_dir, env, str(config["core"]), int(config.get("seed", 0)), int(config.get("num_params", 0)),
-               int(config.get("total_steps", 0)), steps, minutes, float(curve[-1][1]), curve)
+    return Run(
+        run_dir,
+        env,
+        str(config["core"]),
+        int(config.get("seed", 0)),
+        int(config.get("num_params", 0)),
+        int(config.get("total_steps", 0)),
+        steps,
+        minutes,
+        float(curve[-1][1]),
+        curve,
+    )
 
 
 def collect(runs_root: Path) -> list[Run]:
@@ -130,8 +139,9 @@ def collect(runs_root: Path) -> list[Run]:
         raise UserError(f"--runs {str(runs_root)!r} is not a directory")
     # glob's ** follows links to directories (Path.rglob does not), so a comparison can be assembled
     # from runs kept elsewhere by linking them into one folder
-    found = sorted(Path(p) for p in glob.glob(os.path.join(glob.escape(str(runs_root)), "**", "config.json"),
-                                              recursive=True))
+    found = sorted(
+        Path(p) for p in glob.glob(os.path.join(glob.escape(str(runs_root)), "**", "config.json"), recursive=True)
+    )
     runs = [r for p in found if (r := read_run(p.parent)) is not None]
     return sorted(runs, key=lambda r: (list(suite.ALL).index(r.env), core_rank(r.core), r.seed))
 
@@ -160,12 +170,23 @@ def summarize(runs: list[Run]) -> list[dict]:
     for (env, core), rs in groups.items():
         e = suite.entry(env)
         mean, sd, half = mean_sd_ci([r.normalized for r in rs])
-        rows.append({"env": env, "task": e.task, "level": e.level, "core": core, "seeds": len(rs),
-                     "normalized_mean": mean, "normalized_std": sd, "normalized_ci95": half,
-                     "final_return_mean": sum(r.final_return for r in rs) / len(rs),
-                     "params": round(sum(r.params for r in rs) / len(rs)),
-                     "steps_min": min(r.steps for r in rs), "total_steps": max(r.total_steps for r in rs),
-                     "minutes_mean": sum(r.minutes for r in rs) / len(rs)})
+        rows.append(
+            {
+                "env": env,
+                "task": e.task,
+                "level": e.level,
+                "core": core,
+                "seeds": len(rs),
+                "normalized_mean": mean,
+                "normalized_std": sd,
+                "normalized_ci95": half,
+                "final_return_mean": sum(r.final_return for r in rs) / len(rs),
+                "params": round(sum(r.params for r in rs) / len(rs)),
+                "steps_min": min(r.steps for r in rs),
+                "total_steps": max(r.total_steps for r in rs),
+                "minutes_mean": sum(r.minutes for r in rs) / len(rs),
+            }
+        )
     return rows
 
 
@@ -200,12 +221,19 @@ def markdown_table(summary: list[dict]) -> str:
             parts.append(f"{r['normalized_mean']:.2f}{sd} ({r['seeds']}{partial})")
         lines.append(f"| {e.task} ({e.level}) | " + " | ".join(parts) + " |")
     params = {c: [r["params"] for r in summary if r["core"] == c] for c in cores}
-    minutes = {c: [r["minutes_mean"] for r in summary if r["core"] == c and math.isfinite(r["minutes_mean"])]
-               for c in cores}
-    lines.append("| parameters (range over tasks) | " + " | ".join(
-        f"{min(params[c]) / 1e3:.0f}k-{max(params[c]) / 1e3:.0f}k" for c in cores) + " |")
-    lines.append("| minutes per run (mean) | " + " | ".join(
-        f"{sum(minutes[c]) / len(minutes[c]):.1f}" if minutes[c] else "" for c in cores) + " |")
+    minutes = {
+        c: [r["minutes_mean"] for r in summary if r["core"] == c and math.isfinite(r["minutes_mean"])] for c in cores
+    }
+    lines.append(
+        "| parameters (range over tasks) | "
+        + " | ".join(f"{min(params[c]) / 1e3:.0f}k-{max(params[c]) / 1e3:.0f}k" for c in cores)
+        + " |"
+    )
+    lines.append(
+        "| minutes per run (mean) | "
+        + " | ".join(f"{sum(minutes[c]) / len(minutes[c]):.1f}" if minutes[c] else "" for c in cores)
+        + " |"
+    )
     return "\n".join(lines)
 
 
@@ -217,8 +245,9 @@ def scores_by_core(runs: list[Run], level: str = "easy") -> dict[str, list[list[
     for r in runs:
         if level == "all" or suite.entry(r.env).level == level:
             by_core.setdefault(r.core, {}).setdefault(r.env, []).append(r.normalized)
-    return {core: [by_core[core][e] for e in suite.ALL if e in by_core[core]]
-            for core in sorted(by_core, key=core_rank)}
+    return {
+        core: [by_core[core][e] for e in suite.ALL if e in by_core[core]] for core in sorted(by_core, key=core_rank)
+    }
 
 
 def aggregate(runs: list[Run], level: str = "easy", reps: int = stats.INTERVAL_REPS, seed: int = 0) -> list[dict]:
@@ -230,8 +259,19 @@ def aggregate(runs: list[Run], level: str = "easy", reps: int = stats.INTERVAL_R
     for core, per_task in scores_by_core(runs, level).items():
         ci = stats.stratified_bootstrap(per_task, stats.iqm, reps=reps, seed=seed)
         counts = [len(t) for t in per_task]
-        rows.append({"level": level, "core": core, "iqm": ci.point, "ci95_low": ci.low, "ci95_high": ci.high,
-                     "runs": sum(counts), "tasks": len(per_task), "seeds_min": min(counts), "seeds_max": max(counts)})
+        rows.append(
+            {
+                "level": level,
+                "core": core,
+                "iqm": ci.point,
+                "ci95_low": ci.low,
+                "ci95_high": ci.high,
+                "runs": sum(counts),
+                "tasks": len(per_task),
+                "seeds_min": min(counts),
+                "seeds_max": max(counts),
+            }
+        )
     return rows
 
 
@@ -241,8 +281,10 @@ def versus_best(rows: list[dict]) -> dict[str, str]:
     if not rows:
         return {}
     top = max(rows, key=lambda r: r["iqm"])
-    return {r["core"]: "best" if r is top else "no difference" if r["ci95_high"] >= top["ci95_low"] else "below"
-            for r in rows}
+    return {
+        r["core"]: "best" if r is top else "no difference" if r["ci95_high"] >= top["ci95_low"] else "below"
+        for r in rows
+    }
 
 
 def aggregate_table(rows: list[dict]) -> str:
@@ -252,18 +294,24 @@ def aggregate_table(rows: list[dict]) -> str:
         return "(no runs at this level)"
     most_tasks = max(r["tasks"] for r in rows)
     verdict = versus_best(rows)
-    lines = [f"| core | IQM of normalised return ({rows[0]['level']}) [95% CI] | runs | tasks | seeds per task | "
-             "vs the best |", "|---|---|---|---|---|---|"]
+    lines = [
+        f"| core | IQM of normalised return ({rows[0]['level']}) [95% CI] | runs | tasks | seeds per task | "
+        "vs the best |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in rows:
         tasks = f"{r['tasks']}" if r["tasks"] == most_tasks else f"{r['tasks']} of {most_tasks}"
         seeds = f"{r['seeds_min']}" if r["seeds_min"] == r["seeds_max"] else f"{r['seeds_min']}-{r['seeds_max']}"
-        lines.append(f"| {r['core']} | {r['iqm']:.2f} [{r['ci95_low']:.2f}, {r['ci95_high']:.2f}] | {r['runs']} | "
-                     f"{tasks} | {seeds} | {verdict[r['core']]} |")
+        lines.append(
+            f"| {r['core']} | {r['iqm']:.2f} [{r['ci95_low']:.2f}, {r['ci95_high']:.2f}] | {r['runs']} | "
+            f"{tasks} | {seeds} | {verdict[r['core']]} |"
+        )
     return "\n".join(lines)
 
 
-def plot_profiles(runs: list[Run], path: Path, level: str = "easy", reps: int = stats.PROFILE_REPS,
-                  seed: int = 0) -> None:
+def plot_profiles(
+    runs: list[Run], path: Path, level: str = "easy", reps: int = stats.PROFILE_REPS, seed: int = 0
+) -> None:
     """Performance profiles: per core, the fraction of its runs (all tasks of ``level``) whose
     normalised return exceeds tau, with the 95% stratified-bootstrap band (Agarwal et al. Fig. 5)."""
     import matplotlib
@@ -276,8 +324,13 @@ def plot_profiles(runs: list[Run], path: Path, level: str = "easy", reps: int = 
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
     for i, (core, per_task) in enumerate(scores_by_core(runs, level).items()):
         ci = stats.stratified_bootstrap(per_task, lambda x: stats.score_profile(x, taus), reps=reps, seed=seed)
-        line, = ax.plot(taus, ci.point, label=f"{core} ({sum(len(t) for t in per_task)})", drawstyle="steps-post",
-                        ls="-" if i < 10 else "--")  # the default cycle has 10 colours
+        (line,) = ax.plot(
+            taus,
+            ci.point,
+            label=f"{core} ({sum(len(t) for t in per_task)})",
+            drawstyle="steps-post",
+            ls="-" if i < 10 else "--",
+        )  # the default cycle has 10 colours
         ax.fill_between(taus, ci.low, ci.high, color=line.get_color(), alpha=0.15, step="post")
     ax.set_xlabel(r"normalised return $\tau$")
     ax.set_ylabel(r"fraction of runs with return > $\tau$")
@@ -312,7 +365,7 @@ def plot_curves(runs: list[Run], path: Path, points: int = 100) -> None:
             # nothing before a run's first logged point (no extrapolation back to step 0)
             ys = np.array([np.interp(grid, *zip(*r.normalized_curve), left=np.nan) for r in rs])
             mean = ys.mean(0)
-            line, = ax.plot(grid / 1e6, mean, label=f"{core} ({len(rs)})")
+            (line,) = ax.plot(grid / 1e6, mean, label=f"{core} ({len(rs)})")
             if len(rs) > 1:
                 half = T975.get(len(rs) - 1, 1.96) * ys.std(0, ddof=1) / math.sqrt(len(rs))
                 ax.fill_between(grid / 1e6, mean - half, mean + half, color=line.get_color(), alpha=0.2)
@@ -323,7 +376,7 @@ def plot_curves(runs: list[Run], path: Path, points: int = 100) -> None:
         ax.set_xlabel("env steps (M)")
         ax.set_ylabel("normalised return")
         ax.legend(fontsize=7)
-    for ax in list(axes.flat)[len(envs):]:
+    for ax in list(axes.flat)[len(envs) :]:
         ax.axis("off")
     fig.tight_layout()
     atomic_write_figure(path, fig, dpi=90)
@@ -349,16 +402,29 @@ def run_row(r: Run) -> dict:
     """The run's row of ``runs.csv``; the two held columns are empty for a run that never reached
     ``HELD_LEVEL``."""
     (peak_step, peak_return), held = r.peak, r.held()
-    return {"env": r.env, "task": suite.entry(r.env).task, "level": suite.entry(r.env).level, "core": r.core,
-            "seed": r.seed, "params": r.params, "steps": r.steps, "total_steps": r.total_steps,
-            "minutes": r.minutes, "final_return": r.final_return, "normalized": r.normalized,
-            "peak_return": peak_return, "peak_step": peak_step,
-            "peak_normalized": suite.normalized_return(r.env, peak_return),
-            "reached_0.9_step": held[0] if held else "", "lowest_after_0.9": held[1] if held else ""}
+    return {
+        "env": r.env,
+        "task": suite.entry(r.env).task,
+        "level": suite.entry(r.env).level,
+        "core": r.core,
+        "seed": r.seed,
+        "params": r.params,
+        "steps": r.steps,
+        "total_steps": r.total_steps,
+        "minutes": r.minutes,
+        "final_return": r.final_return,
+        "normalized": r.normalized,
+        "peak_return": peak_return,
+        "peak_step": peak_step,
+        "peak_normalized": suite.normalized_return(r.env, peak_return),
+        "reached_0.9_step": held[0] if held else "",
+        "lowest_after_0.9": held[1] if held else "",
+    }
 
 
-def write_results(runs_root: Path, out: Path, level: str = "easy", reps: int = stats.INTERVAL_REPS
-                  ) -> tuple[list[dict], list[dict]]:
+def write_results(
+    runs_root: Path, out: Path, level: str = "easy", reps: int = stats.INTERVAL_REPS
+) -> tuple[list[dict], list[dict]]:
     """Collect the runs under ``runs_root`` and write the outputs listed in the module docstring
     (aggregates over the tasks of ``level``). Returns ``(summary rows, aggregate rows)``."""
     check_choice("aggregate level", level, AGGREGATE_LEVELS)
@@ -381,14 +447,26 @@ def write_results(runs_root: Path, out: Path, level: str = "easy", reps: int = s
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--runs", default="runs/memory/easy_suite",
-                        help="folder of the suite's run directories (default %(default)s)")
-    parser.add_argument("--out", default="results/memory/easy_suite",
-                        help="where the CSVs, curves and README tables go (default %(default)s)")
-    parser.add_argument("--aggregate-level", choices=AGGREGATE_LEVELS, default="easy",
-                        help="the tasks whose runs the IQM and the performance profile pool (default %(default)s)")
-    parser.add_argument("--bootstrap-reps", type=int, default=stats.INTERVAL_REPS,
-                        help="bootstrap resamples of the IQM interval (default %(default)s, as rliable)")
+    parser.add_argument(
+        "--runs", default="runs/memory/easy_suite", help="folder of the suite's run directories (default %(default)s)"
+    )
+    parser.add_argument(
+        "--out",
+        default="results/memory/easy_suite",
+        help="where the CSVs, curves and README tables go (default %(default)s)",
+    )
+    parser.add_argument(
+        "--aggregate-level",
+        choices=AGGREGATE_LEVELS,
+        default="easy",
+        help="the tasks whose runs the IQM and the performance profile pool (default %(default)s)",
+    )
+    parser.add_argument(
+        "--bootstrap-reps",
+        type=int,
+        default=stats.INTERVAL_REPS,
+        help="bootstrap resamples of the IQM interval (default %(default)s, as rliable)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -398,8 +476,10 @@ def run(args: argparse.Namespace) -> int:
     print(markdown_table(summary))
     print()
     print(aggregate_table(agg))
-    print(f"wrote {args.out}/runs.csv, summary.csv, aggregate.csv, curves.png, performance_profile.png and the "
-          "tables in README.md")
+    print(
+        f"wrote {args.out}/runs.csv, summary.csv, aggregate.csv, curves.png, performance_profile.png and the "
+        "tables in README.md"
+    )
     return 0
 
 

@@ -143,8 +143,9 @@ _NUMBERS: list[tuple[str, str, float, float, int, int]] = [
 
 #: env id -> reference numbers, in task order (easy, medium, hard per task)
 SUITE: dict[str, SuiteEntry] = {
-    env_id(task, level): SuiteEntry(env_id(task, level), task, level, rnd, opt, steps, horizon,
-                                    f"{task} ({level}): {DESCRIPTIONS[task]}")
+    env_id(task, level): SuiteEntry(
+        env_id(task, level), task, level, rnd, opt, steps, horizon, f"{task} ({level}): {DESCRIPTIONS[task]}"
+    )
     for task, level, rnd, opt, steps, horizon in _NUMBERS
 }
 
@@ -159,10 +160,16 @@ CONTROL_ENTRY_POINTS: dict[str, str] = {
 RANDOM_CARTPOLE_STEPS = 22.26
 CONTROL: dict[str, SuiteEntry] = {
     env_id("PositionOnlyCartPole", level): SuiteEntry(
-        env_id("PositionOnlyCartPole", level), "PositionOnlyCartPole", level,
-        RANDOM_CARTPOLE_STEPS / steps, 1.0, steps, 1,
+        env_id("PositionOnlyCartPole", level),
+        "PositionOnlyCartPole",
+        level,
+        RANDOM_CARTPOLE_STEPS / steps,
+        1.0,
+        steps,
+        1,
         f"PositionOnlyCartPole ({level}): CartPole with the velocities zeroed in the observation, "
-        f"reward 1/{steps} a step (1.0 = balanced for {steps} steps)")
+        f"reward 1/{steps} a step (1.0 = balanced for {steps} steps)",
+    )
     for level, steps in (("easy", 200), ("medium", 400), ("hard", 600))
 }
 #: every id with reference numbers (the memory suite, then the control tasks)

@@ -24,9 +24,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-def discounted_returns(rewards: torch.Tensor, discount: float, bootstrap: torch.Tensor | None = None,
-                       terminated: torch.Tensor | None = None, truncated: torch.Tensor | None = None,
-                       final_values: torch.Tensor | None = None) -> torch.Tensor:
+
+def discounted_returns(
+    rewards: torch.Tensor,
+    discount: float,
+    bootstrap: torch.Tensor | None = None,
+    terminated: torch.Tensor | None = None,
+    truncated: torch.Tensor | None = None,
+    final_values: torch.Tensor | None = None,
+) -> torch.Tensor:
     """``R_t = r_t + discount R_{t+1}`` backwards in time, cut at episode ends.
 
     Args:
@@ -53,11 +59,20 @@ def discounted_returns(rewards: torch.Tensor, discount: float, bootstrap: torch.
     return out
 
 
-def a2c_loss(logits: torch.Tensor, values: torch.Tensor, actions: torch.Tensor,
-             rewards: torch.Tensor, *, discount: float, baseline_cost: float, entropy_cost: float,
-             bootstrap: torch.Tensor | None = None, terminated: torch.Tensor | None = None,
-             truncated: torch.Tensor | None = None,
-             final_values: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+def a2c_loss(
+    logits: torch.Tensor,
+    values: torch.Tensor,
+    actions: torch.Tensor,
+    rewards: torch.Tensor,
+    *,
+    discount: float,
+    baseline_cost: float,
+    entropy_cost: float,
+    bootstrap: torch.Tensor | None = None,
+    terminated: torch.Tensor | None = None,
+    truncated: torch.Tensor | None = None,
+    final_values: torch.Tensor | None = None,
+) -> dict[str, torch.Tensor]:
     """The A2C loss of a batch of episodes (formula in the module docstring).
 
     Args:
@@ -72,11 +87,17 @@ def a2c_loss(logits: torch.Tensor, values: torch.Tensor, actions: torch.Tensor,
         dict of scalars: ``loss`` (to backpropagate), ``policy_loss``, ``value_loss`` (mean
         squared advantage), ``entropy`` (mean policy entropy), ``advantage`` (mean).
     """
-    if logits.dim() != 3 or values.shape != logits.shape[:2] or actions.shape != logits.shape[:2] \
-            or rewards.shape != logits.shape[:2]:
-        raise ValueError(f"shape mismatch: logits {tuple(logits.shape)} (want [T,B,A]), values "
-                         f"{tuple(values.shape)}, actions {tuple(actions.shape)}, rewards "
-                         f"{tuple(rewards.shape)} (want [T,B])")
+    if (
+        logits.dim() != 3
+        or values.shape != logits.shape[:2]
+        or actions.shape != logits.shape[:2]
+        or rewards.shape != logits.shape[:2]
+    ):
+        raise ValueError(
+            f"shape mismatch: logits {tuple(logits.shape)} (want [T,B,A]), values "
+            f"{tuple(values.shape)}, actions {tuple(actions.shape)}, rewards "
+            f"{tuple(rewards.shape)} (want [T,B])"
+        )
     if final_values is not None:
         final_values = final_values.detach()
     returns = discounted_returns(rewards.to(values.dtype), discount, bootstrap, terminated, truncated, final_values)
@@ -88,5 +109,10 @@ def a2c_loss(logits: torch.Tensor, values: torch.Tensor, actions: torch.Tensor,
     value_loss = advantage.pow(2).mean()
     entropy_mean = entropy.mean()
     loss = policy_loss + baseline_cost * value_loss - entropy_cost * entropy_mean
-    return {"loss": loss, "policy_loss": policy_loss.detach(), "value_loss": value_loss.detach(),
-            "entropy": entropy_mean.detach(), "advantage": advantage.detach().mean()}
+    return {
+        "loss": loss,
+        "policy_loss": policy_loss.detach(),
+        "value_loss": value_loss.detach(),
+        "entropy": entropy_mean.detach(),
+        "advantage": advantage.detach().mean(),
+    }

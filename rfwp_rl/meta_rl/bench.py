@@ -37,15 +37,27 @@ CASES = {  # name -> (core, config, replay the acting steps for training)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--cases", default="fwm (reference),fwm (fused),fwm (fused) no replay,lstm512",
-                        help=f"comma-separated, from: {', '.join(CASES)}")
-    parser.add_argument("--batch-size", type=flags.integer, default=graph_env.NUM_TRAIN_GRAPHS,
-                        help="agents per optimizer step, one episode each (default %(default)s)")
-    parser.add_argument("--updates", type=flags.integer, default=3,
-                        help="timed optimizer steps per case, after one warm-up (default %(default)s)")
+    parser.add_argument(
+        "--cases",
+        default="fwm (reference),fwm (fused),fwm (fused) no replay,lstm512",
+        help=f"comma-separated, from: {', '.join(CASES)}",
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=flags.integer,
+        default=graph_env.NUM_TRAIN_GRAPHS,
+        help="agents per optimizer step, one episode each (default %(default)s)",
+    )
+    parser.add_argument(
+        "--updates",
+        type=flags.integer,
+        default=3,
+        help="timed optimizer steps per case, after one warm-up (default %(default)s)",
+    )
     flags.add_shared(parser, "torch_threads", 1)
-    parser.add_argument("--matmul-precision", default="highest",
-                        help="comma-separated torch float32 matmul precisions to time")
+    parser.add_argument(
+        "--matmul-precision", default="highest", help="comma-separated torch float32 matmul precisions to time"
+    )
     parser.add_argument("--out", default="results/meta_rl/update_time.csv")
 
 
@@ -53,8 +65,10 @@ def time_updates(core: str, config: dict, batch: int, updates: int, replay: bool
     """Mean CPU and wall seconds of ``updates`` A2C updates (after one warm-up) of ``batch``
     agents on ``core``, and its number of weights (``replay``: see ``train.rollout``)."""
     train_tables, _ = graph_env.graph_sets()
-    env = graph_env.GraphBatchEnv(train_tables[:batch] if batch <= len(train_tables)
-                                  else train_tables[torch.arange(batch) % len(train_tables)], rng=0)
+    env = graph_env.GraphBatchEnv(
+        train_tables[:batch] if batch <= len(train_tables) else train_tables[torch.arange(batch) % len(train_tables)],
+        rng=0,
+    )
     torch.manual_seed(0)
     agent = MetaRLAgent(core, config, env.obs_size, env.num_actions)
     opt = torch.optim.Adam(agent.parameters(), lr=CONFIG.learning_rate, eps=CONFIG.adam_eps)
@@ -63,8 +77,15 @@ def time_updates(core: str, config: dict, batch: int, updates: int, replay: bool
     for i in range(updates + 1):
         c0, w0 = time.process_time(), time.perf_counter()
         out = rollout(agent, env, torch.device("cpu"), gen, replay=replay)
-        loss = a2c.a2c_loss(out["logits"], out["values"], out["actions"], out["rewards"], discount=CONFIG.discount,
-                            baseline_cost=CONFIG.baseline_cost, entropy_cost=CONFIG.entropy_cost)["loss"]
+        loss = a2c.a2c_loss(
+            out["logits"],
+            out["values"],
+            out["actions"],
+            out["rewards"],
+            discount=CONFIG.discount,
+            baseline_cost=CONFIG.baseline_cost,
+            entropy_cost=CONFIG.entropy_cost,
+        )["loss"]
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -83,8 +104,10 @@ def run(args: argparse.Namespace) -> int:
     for p in precisions:
         check_choice("matmul precision", p, ("highest", "high", "medium"))
     rows = []
-    print(f"{'case':<18} {'matmul':<8} {'weights':>11} {'CPU s/update':>13} {'wall s/update':>14}  "
-          f"(batch {args.batch_size}, {graph_env.EPISODE_STEPS} steps, {args.torch_threads} thread(s))")
+    print(
+        f"{'case':<18} {'matmul':<8} {'weights':>11} {'CPU s/update':>13} {'wall s/update':>14}  "
+        f"(batch {args.batch_size}, {graph_env.EPISODE_STEPS} steps, {args.torch_threads} thread(s))"
+    )
     for n in names:
         for prec in precisions:
             torch.set_float32_matmul_precision(prec)
@@ -96,16 +119,22 @@ def run(args: argparse.Namespace) -> int:
     for prec in precisions:
         cpu = {r["case"]: r["cpu_s"] for r in rows if r["precision"] == prec}
         if "fwm (reference)" in cpu and "fwm (fused)" in cpu:
-            print(f"fwm, {prec}: fused {cpu['fwm (fused)']:.3f} CPU s/update vs reference "
-                  f"{cpu['fwm (reference)']:.3f}: {cpu['fwm (reference)'] / cpu['fwm (fused)']:.1f}x fewer")
+            print(
+                f"fwm, {prec}: fused {cpu['fwm (fused)']:.3f} CPU s/update vs reference "
+                f"{cpu['fwm (reference)']:.3f}: {cpu['fwm (reference)'] / cpu['fwm (fused)']:.1f}x fewer"
+            )
         if "fwm (fused) no replay" in cpu and "fwm (fused)" in cpu:
-            print(f"fwm, {prec}: replaying the acting steps {cpu['fwm (fused)']:.3f} vs a second forward "
-                  f"{cpu['fwm (fused) no replay']:.3f}: {cpu['fwm (fused) no replay'] / cpu['fwm (fused)']:.2f}x fewer")
+            print(
+                f"fwm, {prec}: replaying the acting steps {cpu['fwm (fused)']:.3f} vs a second forward "
+                f"{cpu['fwm (fused) no replay']:.3f}: {cpu['fwm (fused) no replay'] / cpu['fwm (fused)']:.2f}x fewer"
+            )
     buf = io.StringIO()
     buf.write("case,matmul_precision,weights,batch_size,torch_threads,cpu_seconds_per_update,wall_seconds_per_update\n")
     for r in rows:
-        buf.write(f"{r['case']},{r['precision']},{r['params']},{args.batch_size},{args.torch_threads},"
-                  f"{r['cpu_s']:.4f},{r['wall_s']:.4f}\n")
+        buf.write(
+            f"{r['case']},{r['precision']},{r['params']},{args.batch_size},{args.torch_threads},"
+            f"{r['cpu_s']:.4f},{r['wall_s']:.4f}\n"
+        )
     atomic_write_text(args.out, buf.getvalue())
     print(f"wrote {args.out}")
     return 0

@@ -23,14 +23,20 @@ PAPER_STEPS_PER_UPDATE = graph_env.NUM_TRAIN_GRAPHS * graph_env.EPISODE_STEPS
 @dataclasses.dataclass
 class MetaRLConfig:
     # training (FWM paper App. I)
-    total_steps: int = setting(60_000 * PAPER_STEPS_PER_UPDATE,
-                               "each optimizer step takes one episode (--episode-steps) of every agent of the batch "
-                               "(the paper: 60,000 steps of 600 agents x 30)", unit=ENV_STEPS)
+    total_steps: int = setting(
+        60_000 * PAPER_STEPS_PER_UPDATE,
+        "each optimizer step takes one episode (--episode-steps) of every agent of the batch "
+        "(the paper: 60,000 steps of 600 agents x 30)",
+        unit=ENV_STEPS,
+    )
     seed: int = setting(1, "of the model, the action sampling and the graph placement")
-    batch_size: int | None = setting(None, "agents per optimizer step, one episode each (train's rollouts); "
-                                           "default: the number of training graphs "
-                                           "(agent b always on graph b, as the paper); otherwise graphs are drawn at "
-                                           "random for each optimizer step")
+    batch_size: int | None = setting(
+        None,
+        "agents per optimizer step, one episode each (train's rollouts); "
+        "default: the number of training graphs "
+        "(agent b always on graph b, as the paper); otherwise graphs are drawn at "
+        "random for each optimizer step",
+    )
     learning_rate: float = setting(1e-3, "Adam's, constant")
     adam_eps: float = setting(1e-4, "the paper's code's")
     discount: float = setting(0.9)
@@ -45,18 +51,25 @@ class MetaRLConfig:
     goal_reward: float = setting(graph_env.GOAL_REWARD, "reward for reaching the goal")
     invalid_penalty: float = setting(graph_env.INVALID_PENALTY, "cost of an invalid action")
     timeout_steps: int = setting(graph_env.TIMEOUT_STEPS, "unsuccessful steps before agent and goal are re-placed")
-    reward_sum_scale: float = setting(graph_env.REWARD_SUM_SCALE, "scale of the reward-so-far input (0: the paper's "
-                                                                  "code, which fed 0)")
-    time_limit: str = setting("terminate", "the end of an episode after --episode-steps: terminate (the paper: the "
-                                           "agent observes the time, so it is a terminal state) or truncate (a time "
-                                           "limit: A2C bootstraps from the value of the last observation)",
-                              choices=TIME_LIMITS)
+    reward_sum_scale: float = setting(
+        graph_env.REWARD_SUM_SCALE, "scale of the reward-so-far input (0: the paper's code, which fed 0)"
+    )
+    time_limit: str = setting(
+        "terminate",
+        "the end of an episode after --episode-steps: terminate (the paper: the "
+        "agent observes the time, so it is a terminal state) or truncate (a time "
+        "limit: A2C bootstraps from the value of the last observation)",
+        choices=TIME_LIMITS,
+    )
     # evaluation, logging
-    eval_every: int = setting(100 * PAPER_STEPS_PER_UPDATE, "one episode on every test graph at the first optimizer "
-                                                            "step past each multiple, at the start and at the end",
-                              unit=ENV_STEPS)
-    eval_policy: str = setting("sample", "test actions: sampled from the policy (the paper), greedy argmax, or both",
-                               choices=EVAL_POLICIES)
+    eval_every: int = setting(
+        100 * PAPER_STEPS_PER_UPDATE,
+        "one episode on every test graph at the first optimizer step past each multiple, at the start and at the end",
+        unit=ENV_STEPS,
+    )
+    eval_policy: str = setting(
+        "sample", "test actions: sampled from the policy (the paper), greedy argmax, or both", choices=EVAL_POLICIES
+    )
     log_every: float = setting(10.0, "TensorBoard gets every optimizer step's scalars", unit=SECONDS)
     checkpoint_every: float = setting(300.0, unit=SECONDS)
     torch_threads: int = setting(0, "0: torch's default")

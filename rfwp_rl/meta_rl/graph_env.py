@@ -103,8 +103,9 @@ def _reaches_all_in_exactly(adj_any: np.ndarray, squarings: int) -> bool:
     return bool(q.all())
 
 
-def sample_graph(rng: np.random.RandomState, num_actions: int = NUM_ACTIONS,
-                 num_states: int = NUM_STATES) -> np.ndarray:
+def sample_graph(
+    rng: np.random.RandomState, num_actions: int = NUM_ACTIONS, num_states: int = NUM_STATES
+) -> np.ndarray:
     """One graph by the algorithm of FWM paper Listing 1.
 
     Args:
@@ -125,8 +126,12 @@ def sample_graph(rng: np.random.RandomState, num_actions: int = NUM_ACTIONS,
         # slots are listed action-major as in the listing, the target itself is excluded
         ok = True
         for dst in range(num_states):
-            free = [(src, act) for act in range(num_actions) for src in range(num_states)
-                    if src != dst and not adj[act, src].any()]
+            free = [
+                (src, act)
+                for act in range(num_actions)
+                for src in range(num_states)
+                if src != dst and not adj[act, src].any()
+            ]
             if not free:  # only possible for A < 3; resample
                 ok = False
                 break
@@ -171,8 +176,13 @@ def strongly_connected(table: np.ndarray) -> bool:
     return True
 
 
-def generate_graphs(n: int, rng: np.random.RandomState, exclude: set[bytes] | None = None,
-                    num_actions: int = NUM_ACTIONS, num_states: int = NUM_STATES) -> np.ndarray:
+def generate_graphs(
+    n: int,
+    rng: np.random.RandomState,
+    exclude: set[bytes] | None = None,
+    num_actions: int = NUM_ACTIONS,
+    num_states: int = NUM_STATES,
+) -> np.ndarray:
     """``n`` transition tables ``[n, A, S]`` int8 from Listing 1, skipping any graph whose
     table bytes are in ``exclude`` (as the published code does for the training set)."""
     out = np.empty((n, num_actions, num_states), dtype=np.int8)
@@ -186,9 +196,13 @@ def generate_graphs(n: int, rng: np.random.RandomState, exclude: set[bytes] | No
 
 
 @functools.lru_cache(maxsize=8)
-def graph_sets(data_seed: int = DATA_SEED, num_train: int = NUM_TRAIN_GRAPHS,
-               num_test: int = NUM_TEST_GRAPHS, num_actions: int = NUM_ACTIONS,
-               num_states: int = NUM_STATES) -> tuple[np.ndarray, np.ndarray]:
+def graph_sets(
+    data_seed: int = DATA_SEED,
+    num_train: int = NUM_TRAIN_GRAPHS,
+    num_test: int = NUM_TEST_GRAPHS,
+    num_actions: int = NUM_ACTIONS,
+    num_states: int = NUM_STATES,
+) -> tuple[np.ndarray, np.ndarray]:
     """The fixed training and test graphs of a data seed, as read-only transition tables
     ``(train [num_train, A, S], test [num_test, A, S])`` int8.
 
@@ -225,10 +239,17 @@ class GraphBatchEnv:
     ``timeouts`` ``[B]`` are public; tests set ``agent``/``goal`` directly.
     """
 
-    def __init__(self, tables: np.ndarray, *, episode_steps: int = EPISODE_STEPS,
-                 goal_reward: float = GOAL_REWARD, invalid_penalty: float = INVALID_PENALTY,
-                 timeout_steps: int = TIMEOUT_STEPS, reward_sum_scale: float = REWARD_SUM_SCALE,
-                 rng: np.random.Generator | int | None = None) -> None:
+    def __init__(
+        self,
+        tables: np.ndarray,
+        *,
+        episode_steps: int = EPISODE_STEPS,
+        goal_reward: float = GOAL_REWARD,
+        invalid_penalty: float = INVALID_PENALTY,
+        timeout_steps: int = TIMEOUT_STEPS,
+        reward_sum_scale: float = REWARD_SUM_SCALE,
+        rng: np.random.Generator | int | None = None,
+    ) -> None:
         tables = np.asarray(tables)
         if tables.ndim != 3:
             raise ValueError(f"tables must be [B, A, S], got shape {tables.shape}")
@@ -352,12 +373,20 @@ class PomdpGraphEnv(gym.Env):
 
     metadata = {"render_modes": ["ansi"]}
 
-    def __init__(self, graphs: str = "train", graph_index: int | None = None,
-                 data_seed: int = DATA_SEED, num_train: int = NUM_TRAIN_GRAPHS,
-                 num_test: int = NUM_TEST_GRAPHS, episode_steps: int = EPISODE_STEPS,
-                 goal_reward: float = GOAL_REWARD, invalid_penalty: float = INVALID_PENALTY,
-                 timeout_steps: int = TIMEOUT_STEPS, reward_sum_scale: float = REWARD_SUM_SCALE,
-                 render_mode: str | None = None) -> None:
+    def __init__(
+        self,
+        graphs: str = "train",
+        graph_index: int | None = None,
+        data_seed: int = DATA_SEED,
+        num_train: int = NUM_TRAIN_GRAPHS,
+        num_test: int = NUM_TEST_GRAPHS,
+        episode_steps: int = EPISODE_STEPS,
+        goal_reward: float = GOAL_REWARD,
+        invalid_penalty: float = INVALID_PENALTY,
+        timeout_steps: int = TIMEOUT_STEPS,
+        reward_sum_scale: float = REWARD_SUM_SCALE,
+        render_mode: str | None = None,
+    ) -> None:
         check_choice("graph set", graphs, ("train", "test", "random"))
         if render_mode is not None:
             check_choice("render mode", render_mode, self.metadata["render_modes"])
@@ -370,13 +399,18 @@ class PomdpGraphEnv(gym.Env):
             if graph_index is not None and not 0 <= graph_index < len(self._tables):
                 raise UserError(f"graph_index {graph_index} out of range 0..{len(self._tables) - 1}")
         self.graph_index = graph_index
-        self._kwargs = dict(episode_steps=episode_steps, goal_reward=goal_reward,
-                            invalid_penalty=invalid_penalty, timeout_steps=timeout_steps,
-                            reward_sum_scale=reward_sum_scale)
+        self._kwargs = dict(
+            episode_steps=episode_steps,
+            goal_reward=goal_reward,
+            invalid_penalty=invalid_penalty,
+            timeout_steps=timeout_steps,
+            reward_sum_scale=reward_sum_scale,
+        )
         n = obs_size()
         lo, hi = np.zeros(n, np.float32), np.ones(n, np.float32)
-        bounds = sorted([-invalid_penalty * episode_steps * reward_sum_scale,
-                         goal_reward * episode_steps * reward_sum_scale])
+        bounds = sorted(
+            [-invalid_penalty * episode_steps * reward_sum_scale, goal_reward * episode_steps * reward_sum_scale]
+        )
         lo[-1], hi[-1] = bounds
         self.observation_space = gym.spaces.Box(lo, hi, dtype=np.float32)
         self.action_space = gym.spaces.Discrete(NUM_ACTIONS)
@@ -387,8 +421,7 @@ class PomdpGraphEnv(gym.Env):
         super().reset(seed=seed)
         index = (options or {}).get("graph_index", self.graph_index)
         if self._tables is None:
-            table = adjacency_to_table(sample_graph(np.random.RandomState(
-                int(self.np_random.integers(2**31)))))
+            table = adjacency_to_table(sample_graph(np.random.RandomState(int(self.np_random.integers(2**31)))))
             index = -1
         else:
             if index is None:
@@ -406,8 +439,11 @@ class PomdpGraphEnv(gym.Env):
             raise ValueError(f"action {action!r} is not in {self.action_space}")
         obs, reward, done = self._env.step(np.array([int(action)]))
         info = self._info()
-        info.update(reached=bool(self._env.last_reached[0]), invalid=bool(self._env.last_invalid[0]),
-                    timeout=bool(self._env.last_timeout[0]))
+        info.update(
+            reached=bool(self._env.last_reached[0]),
+            invalid=bool(self._env.last_invalid[0]),
+            timeout=bool(self._env.last_timeout[0]),
+        )
         return obs[0], float(reward[0]), bool(done), False, info
 
     @property
@@ -425,7 +461,13 @@ class PomdpGraphEnv(gym.Env):
         if self.render_mode != "ansi" or self._env is None:
             return None
         e = self._env
-        edges = ", ".join(f"{s}-{a}->{int(e.tables[0, a, s])}" for s in range(e.num_states)
-                          for a in range(e.num_actions) if e.tables[0, a, s] >= 0)
-        return (f"step {e.t}/{e.episode_steps} agent {int(e.agent[0])} goal {int(e.goal[0])} "
-                f"reward so far {e.reward_sum[0]:.2f} | edges {edges}")
+        edges = ", ".join(
+            f"{s}-{a}->{int(e.tables[0, a, s])}"
+            for s in range(e.num_states)
+            for a in range(e.num_actions)
+            if e.tables[0, a, s] >= 0
+        )
+        return (
+            f"step {e.t}/{e.episode_steps} agent {int(e.agent[0])} goal {int(e.goal[0])} "
+            f"reward so far {e.reward_sum[0]:.2f} | edges {edges}"
+        )

@@ -42,8 +42,9 @@ class MetaRLAgent(nn.Module):
         """The core's zero state for ``batch_size`` agents."""
         return self.core.initial_state(batch_size, device=device)
 
-    def forward(self, obs: torch.Tensor, state: tuple, reset: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor, tuple]:
+    def forward(
+        self, obs: torch.Tensor, state: tuple, reset: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, tuple]:
         """``obs [T, B, obs_size]`` -> ``(logits [T, B, A], values [T, B], new state)``."""
         y, state = self.core(obs, state, reset)
         return self.policy(y), self.value(y).squeeze(-1), state
@@ -52,8 +53,7 @@ class MetaRLAgent(nn.Module):
         """Core output ``[..., out]`` -> ``(logits [..., A], value [...])``."""
         return self.policy(y), self.value(y).squeeze(-1)
 
-    def stepper(self, batch_size: int, device: torch.device | str | None = None,
-                record: bool = False) -> "AgentStepper":
+    def stepper(self, batch_size: int, device: torch.device | str | None = None, record: bool = False) -> AgentStepper:
         """A fresh one-step-at-a-time runner from the zero state (see module docstring);
         ``record``: see :meth:`rfwp_rl.cores.base.Core.stepper`."""
         return AgentStepper(self, self.core.stepper(batch_size, device, record=record))

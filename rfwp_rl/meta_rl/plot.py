@@ -55,14 +55,18 @@ def read_run(run_dir: Path) -> tuple[str, list[dict]]:
 
 def test_curve(rows: list[dict]) -> list[float]:
     """The test reward per evaluation: sampled where measured, else greedy."""
-    return [r["test_reward_sampled"] if not math.isnan(r.get("test_reward_sampled", math.nan))
-            else r.get("test_reward_greedy", math.nan) for r in rows]
+    return [
+        r["test_reward_sampled"]
+        if not math.isnan(r.get("test_reward_sampled", math.nan))
+        else r.get("test_reward_greedy", math.nan)
+        for r in rows
+    ]
 
 
 def running_mean(xs: list[float], n: int = SMOOTH) -> list[float]:
     out = []
     for i in range(len(xs)):
-        window = [x for x in xs[max(0, i - n + 1): i + 1] if not math.isnan(x)]
+        window = [x for x in xs[max(0, i - n + 1) : i + 1] if not math.isnan(x)]
         out.append(sum(window) / len(window) if window else math.nan)
     return out
 
@@ -94,20 +98,25 @@ def summarise(label: str, rows: list[dict], common_episode: float = math.nan) ->
     def minute_of(episode: float) -> float:
         return round(value_at(ep, minutes, episode), 1) if not math.isnan(episode) else math.nan
 
-    return {"run": label, "episodes": int(ep[-1]) if ep else 0,
-            "wall_minutes": round(rows[-1]["wall_minutes"], 1) if rows else math.nan,
-            "test_reward_last": round(test[-1], 2) if test else math.nan,
-            "train_reward_last": round(train[-1], 2) if train else math.nan,
-            "best_test_running_mean": round(max((t for t in test if not math.isnan(t)), default=math.nan), 2),
-            "episodes_to_test_90": to_90,
-            "episodes_to_test_100": to_100,
-            "minutes_to_test_90": minute_of(to_90), "minutes_to_test_100": minute_of(to_100),
-            "common_episode": common_episode,
-            "test_at_common_episode": round(value_at(ep, test, common_episode), 2)}
+    return {
+        "run": label,
+        "episodes": int(ep[-1]) if ep else 0,
+        "wall_minutes": round(rows[-1]["wall_minutes"], 1) if rows else math.nan,
+        "test_reward_last": round(test[-1], 2) if test else math.nan,
+        "train_reward_last": round(train[-1], 2) if train else math.nan,
+        "best_test_running_mean": round(max((t for t in test if not math.isnan(t)), default=math.nan), 2),
+        "episodes_to_test_90": to_90,
+        "episodes_to_test_100": to_100,
+        "minutes_to_test_90": minute_of(to_90),
+        "minutes_to_test_100": minute_of(to_100),
+        "common_episode": common_episode,
+        "test_at_common_episode": round(value_at(ep, test, common_episode), 2),
+    }
 
 
 def plot(runs: list[tuple[str, list[dict]]], path: Path) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -145,8 +154,12 @@ def _csv_text(rows: list[dict], columns: list[str]) -> str:
     w = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n", extrasaction="ignore")
     w.writeheader()
     for r in rows:
-        w.writerow({k: ("" if isinstance(v, float) and math.isnan(v) else
-                        (int(v) if k == "episode" else v)) for k, v in r.items()})
+        w.writerow(
+            {
+                k: ("" if isinstance(v, float) and math.isnan(v) else (int(v) if k == "episode" else v))
+                for k, v in r.items()
+            }
+        )
     return buf.getvalue()
 
 
@@ -162,8 +175,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     runs = [read_run(d) for d in dirs]
     out = Path(args.out)
-    columns = ["run", "episode", "wall_minutes", "train_reward", "test_reward_sampled",
-               "test_reward_greedy", "test_goals", "train_invalid", "entropy"]
+    columns = [
+        "run",
+        "episode",
+        "wall_minutes",
+        "train_reward",
+        "test_reward_sampled",
+        "test_reward_greedy",
+        "test_goals",
+        "train_invalid",
+        "entropy",
+    ]
     long_rows = [{"run": label, **r} for label, rows in runs for r in rows]
     atomic_write_text(out / "curves.csv", _csv_text(long_rows, columns))
     common = min((rows[-1]["episode"] for _, rows in runs if rows), default=math.nan)

@@ -58,25 +58,64 @@ META_RL_CORE_DEFAULTS: dict[str, dict[str, Any]] = {
     "fwm": {"hidden_size": 32, "memory_size": 16, "num_reads": 3},
 }
 
-CSV_COLUMNS = ("episode", "env_steps", "wall_minutes", "train_reward", "test_reward_sampled",
-               "test_reward_greedy", "test_goals", "train_goals", "train_invalid", "loss",
-               "policy_loss", "value_loss", "entropy", "episodes_per_s", "skipped_updates")
+CSV_COLUMNS = (
+    "episode",
+    "env_steps",
+    "wall_minutes",
+    "train_reward",
+    "test_reward_sampled",
+    "test_reward_greedy",
+    "test_goals",
+    "train_goals",
+    "train_invalid",
+    "loss",
+    "policy_loss",
+    "value_loss",
+    "entropy",
+    "episodes_per_s",
+    "skipped_updates",
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("agent")
-    g.add_argument("--core", default=None,
-                   help="core name (rfwp-rl info lists them); default fwm with the paper's sizes")
-    g.add_argument("--preset", default=None,
-                   help="agent preset TOML (core = \"...\" and a [core_config] table), e.g. "
-                        "agents/meta_rl_lstm512.toml")
+    g.add_argument(
+        "--core", default=None, help="core name (rfwp-rl info lists them); default fwm with the paper's sizes"
+    )
+    g.add_argument(
+        "--preset",
+        default=None,
+        help='agent preset TOML (core = "..." and a [core_config] table), e.g. agents/meta_rl_lstm512.toml',
+    )
     flags.add_set_argument(g, "a core option (core_config.hidden_size=64)", "entropy_cost=0.01")
     g = parser.add_argument_group("training (defaults: FWM paper App. I)")
-    flags.add_fields(g, MetaRLConfig, "total_steps", "seed", "batch_size", "learning_rate", "adam_eps", "discount",
-                     "baseline_cost", "entropy_cost", "grad_norm_clip")
+    flags.add_fields(
+        g,
+        MetaRLConfig,
+        "total_steps",
+        "seed",
+        "batch_size",
+        "learning_rate",
+        "adam_eps",
+        "discount",
+        "baseline_cost",
+        "entropy_cost",
+        "grad_norm_clip",
+    )
     g = parser.add_argument_group("environment")
-    flags.add_fields(g, MetaRLConfig, "data_seed", "train_graphs", "test_graphs", "episode_steps", "goal_reward",
-                     "invalid_penalty", "timeout_steps", "reward_sum_scale", "time_limit")
+    flags.add_fields(
+        g,
+        MetaRLConfig,
+        "data_seed",
+        "train_graphs",
+        "test_graphs",
+        "episode_steps",
+        "goal_reward",
+        "invalid_penalty",
+        "timeout_steps",
+        "reward_sum_scale",
+        "time_limit",
+    )
     g = parser.add_argument_group("evaluation, logging, run")
     flags.add_fields(g, MetaRLConfig, "eval_every", "eval_policy", "log_every", "checkpoint_every")
     flags.add_run_dir_argument(g, "runs/meta_rl/<name>_s<seed>")
@@ -88,8 +127,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 # agent selection
 
 
-def resolve_agent(core: str | None, preset: str | None, overrides: list[str], trainer: Any = None,
-                  trainer_keys: Any = ()) -> tuple[str, dict, str]:
+def resolve_agent(
+    core: str | None, preset: str | None, overrides: list[str], trainer: Any = None, trainer_keys: Any = ()
+) -> tuple[str, dict, str]:
     """``(core name, core config, label)`` from ``--core``/``--preset``/``--set``.
 
     The label names the run directory: the preset file's name without ``meta_rl_``
@@ -99,8 +139,7 @@ def resolve_agent(core: str | None, preset: str | None, overrides: list[str], tr
     if preset is not None:
         p = load_preset(preset)
         if core is not None and core != p.core:
-            raise UserError(f"--core {core!r} contradicts preset {p.source} (core = {p.core!r}); "
-                            "pass only one")
+            raise UserError(f"--core {core!r} contradicts preset {p.source} (core = {p.core!r}); pass only one")
         label = Path(p.source).stem.removeprefix("meta_rl_")
     else:
         name = core or "fwm"
@@ -110,8 +149,7 @@ def resolve_agent(core: str | None, preset: str | None, overrides: list[str], tr
     core_options = specs[p.core].defaults if p.core in specs else {}
     p = apply_settings(overrides, p, trainer, trainer_keys, sections=("core_config",), core_options=core_options)
     if p.agent:
-        raise UserError(f"the meta-RL agent has no [agent] options (got {sorted(p.agent)}); "
-                        "use [core_config]")
+        raise UserError(f"the meta-RL agent has no [agent] options (got {sorted(p.agent)}); use [core_config]")
     check_choice("core", p.core, sorted(specs))
     for key in p.core_config:
         check_choice(f"option of core {p.core!r}:", key, sorted(specs[p.core].defaults))
@@ -122,9 +160,15 @@ def resolve_agent(core: str | None, preset: str | None, overrides: list[str], tr
 # rollouts
 
 
-def rollout(agent: MetaRLAgent, env: GraphBatchEnv, device: torch.device,
-            generator: torch.Generator, greedy: bool = False,
-            truncated: bool = False, replay: bool = True) -> dict[str, Any]:
+def rollout(
+    agent: MetaRLAgent,
+    env: GraphBatchEnv,
+    device: torch.device,
+    generator: torch.Generator,
+    greedy: bool = False,
+    truncated: bool = False,
+    replay: bool = True,
+) -> dict[str, Any]:
     """Play one episode with every agent of ``env``.
 
     Returns ``logits [T, B, A]``, ``values [T, B]``, ``actions [T, B]`` int64, ``rewards
@@ -176,22 +220,32 @@ def rollout(agent: MetaRLAgent, env: GraphBatchEnv, device: torch.device,
     else:
         logits, values = torch.stack(logits_t), torch.stack(values_t)
     rewards = torch.stack(rewards_t)
-    return {"logits": logits, "values": values,
-            "actions": torch.stack(actions_t).to(device), "rewards": rewards.to(device), "bootstrap": bootstrap,
-            "total_reward": rewards.sum(0).numpy(), "goals": env.goals.copy(),
-            "invalid": env.invalid.copy()}
+    return {
+        "logits": logits,
+        "values": values,
+        "actions": torch.stack(actions_t).to(device),
+        "rewards": rewards.to(device),
+        "bootstrap": bootstrap,
+        "total_reward": rewards.sum(0).numpy(),
+        "goals": env.goals.copy(),
+        "invalid": env.invalid.copy(),
+    }
 
 
 @torch.no_grad()
-def evaluate(agent: MetaRLAgent, env: GraphBatchEnv, device: torch.device,
-             generator: torch.Generator, greedy: bool) -> dict[str, float]:
+def evaluate(
+    agent: MetaRLAgent, env: GraphBatchEnv, device: torch.device, generator: torch.Generator, greedy: bool
+) -> dict[str, float]:
     """Mean total reward, goals and invalid actions per episode on ``env``'s graphs."""
     was_training = agent.training
     agent.eval()
     out = rollout(agent, env, device, generator, greedy=greedy)
     agent.train(was_training)
-    return {"total_reward": float(out["total_reward"].mean()), "goals": float(out["goals"].mean()),
-            "invalid": float(out["invalid"].mean())}
+    return {
+        "total_reward": float(out["total_reward"].mean()),
+        "goals": float(out["goals"].mean()),
+        "invalid": float(out["invalid"].mean()),
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -242,8 +296,9 @@ def check_config(cfg: MetaRLConfig) -> None:
 
 def run(args: argparse.Namespace) -> int:
     cfg = flags.config_from_args(MetaRLConfig, args)
-    core_name, core_config, label = resolve_agent(args.core, args.preset, args.overrides, cfg,
-                                                  flags.settings_keys(MetaRLConfig))
+    core_name, core_config, label = resolve_agent(
+        args.core, args.preset, args.overrides, cfg, flags.settings_keys(MetaRLConfig)
+    )
     check_config(cfg)
     run_dir = Path(args.run_dir) if args.run_dir else Path("runs/meta_rl") / run_name(label, f"s{cfg.seed}")
     trainer = MetaRLTrainer(cfg, core_name, core_config, label, run_dir)
@@ -271,27 +326,45 @@ class MetaRLTrainer(Trainer):
         self.steps_per_update = self.batch * cfg.episode_steps  # env steps of one episode of the batch
         self.agent = MetaRLAgent(core_name, core_config, self.obs_size, self.num_actions).to(self.device)
         self.optimizer = torch.optim.Adam(self.agent.parameters(), lr=cfg.learning_rate, eps=cfg.adam_eps)
-        self.sample_gen = torch.Generator().manual_seed(cfg.seed)            # training actions
-        self.eval_gen = torch.Generator().manual_seed(cfg.seed + 7919)       # test actions
+        self.sample_gen = torch.Generator().manual_seed(cfg.seed)  # training actions
+        self.eval_gen = torch.Generator().manual_seed(cfg.seed + 7919)  # test actions
         self.guard = NonFiniteGuard()
         self.core_name = core_name
         self.core_config = dict(getattr(self.agent.core, "config", core_config) or core_config)
-        self.meta = {"trainer": "meta_rl", "step_unit": "env steps", "core": core_name, "core_config": self.core_config,
-                     "obs_size": self.obs_size, "num_actions": self.num_actions, "batch_size": self.batch,
-                     "env": {"data_seed": cfg.data_seed, "train_graphs": cfg.train_graphs,
-                             "test_graphs": cfg.test_graphs, **self.env_kw, "time_limit": cfg.time_limit}}
+        self.meta = {
+            "trainer": "meta_rl",
+            "step_unit": "env steps",
+            "core": core_name,
+            "core_config": self.core_config,
+            "obs_size": self.obs_size,
+            "num_actions": self.num_actions,
+            "batch_size": self.batch,
+            "env": {
+                "data_seed": cfg.data_seed,
+                "train_graphs": cfg.train_graphs,
+                "test_graphs": cfg.test_graphs,
+                **self.env_kw,
+                "time_limit": cfg.time_limit,
+            },
+        }
         self.episode, self.history, self.wall = 0, [], 0.0
-        self.acc: dict[str, list[float]] = {k: [] for k in ("train_reward", "train_goals", "train_invalid", "loss",
-                                                            "policy_loss", "value_loss", "entropy")}
+        self.acc: dict[str, list[float]] = {
+            k: []
+            for k in ("train_reward", "train_goals", "train_invalid", "loss", "policy_loss", "value_loss", "entropy")
+        }
         self.csv_path = run_dir / "metrics.csv"
         self.t_start = time.monotonic()
 
     def _make_envs(self, cfg: MetaRLConfig) -> None:
         self.train_tables, test_tables = graph_env.graph_sets(cfg.data_seed, cfg.train_graphs, cfg.test_graphs)
         self.batch = cfg.batch_size or len(self.train_tables)
-        self.env_kw = dict(episode_steps=cfg.episode_steps, goal_reward=cfg.goal_reward,
-                           invalid_penalty=cfg.invalid_penalty, timeout_steps=cfg.timeout_steps,
-                           reward_sum_scale=cfg.reward_sum_scale)
+        self.env_kw = dict(
+            episode_steps=cfg.episode_steps,
+            goal_reward=cfg.goal_reward,
+            invalid_penalty=cfg.invalid_penalty,
+            timeout_steps=cfg.timeout_steps,
+            reward_sum_scale=cfg.reward_sum_scale,
+        )
         self.graph_rng = np.random.default_rng([cfg.seed, 1])
         self.fixed_graphs = self.batch == len(self.train_tables)  # the paper: agent b on training graph b
         tables = self.train_tables if self.fixed_graphs else self.train_tables[:1].repeat(self.batch, 0)
@@ -306,18 +379,30 @@ class MetaRLTrainer(Trainer):
         return self.episode * self.steps_per_update
 
     def state_dict(self) -> dict:
-        return {"model": self.agent.state_dict(), "optimizer": self.optimizer.state_dict(), "episode": self.episode,
-                "history": self.history, "wall_seconds": self.wall + (time.monotonic() - self.t_start),
-                "interval": self.acc, "sample_gen": self.sample_gen.get_state(),
-                "eval_gen": self.eval_gen.get_state(), "graph_rng": self.graph_rng.bit_generator.state,
-                "train_env_rng": self.train_env.rng_state(), "test_env_rng": self.test_env.rng_state(),
-                "skipped": self.guard.skipped}
+        return {
+            "model": self.agent.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "episode": self.episode,
+            "history": self.history,
+            "wall_seconds": self.wall + (time.monotonic() - self.t_start),
+            "interval": self.acc,
+            "sample_gen": self.sample_gen.get_state(),
+            "eval_gen": self.eval_gen.get_state(),
+            "graph_rng": self.graph_rng.bit_generator.state,
+            "train_env_rng": self.train_env.rng_state(),
+            "test_env_rng": self.test_env.rng_state(),
+            "skipped": self.guard.skipped,
+        }
 
     def load_state_dict(self, state: dict, path: Path, step: int) -> None:
         self.agent.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
-        self.episode, self.history, self.wall, self.acc = (state["episode"], state["history"], state["wall_seconds"],
-                                                           state["interval"])
+        self.episode, self.history, self.wall, self.acc = (
+            state["episode"],
+            state["history"],
+            state["wall_seconds"],
+            state["interval"],
+        )
         self.sample_gen.set_state(state["sample_gen"])
         self.eval_gen.set_state(state["eval_gen"])
         self.graph_rng.bit_generator.state = state["graph_rng"]
@@ -329,16 +414,25 @@ class MetaRLTrainer(Trainer):
     def prepare(self) -> str | None:
         if not self.history and self.episode == 0:
             print(f"new run {self.run_dir}", flush=True)
-        print(f"core {self.core_name} {self.core_config} | {count_parameters(self.agent):,} trainable weights | "
-              f"batch {self.batch} | {len(self.train_tables)} train / {self.num_test_graphs} test graphs | "
-              f"test policy {self.cfg.eval_policy}", flush=True)
+        print(
+            f"core {self.core_name} {self.core_config} | {count_parameters(self.agent):,} trainable weights | "
+            f"batch {self.batch} | {len(self.train_tables)} train / {self.num_test_graphs} test graphs | "
+            f"test policy {self.cfg.eval_policy}",
+            flush=True,
+        )
         self.t_start = time.monotonic()
         return None
 
     def hparams(self) -> dict:
-        return {**dataclasses.asdict(self.cfg), "core": self.core_name,
-                "core_config": self.core_config, "label": self.label, "batch_size": self.batch,
-                "num_parameters": count_parameters(self.agent), "run_dir": str(self.run_dir)}
+        return {
+            **dataclasses.asdict(self.cfg),
+            "core": self.core_name,
+            "core_config": self.core_config,
+            "label": self.label,
+            "batch_size": self.batch,
+            "num_parameters": count_parameters(self.agent),
+            "run_dir": str(self.run_dir),
+        }
 
     # ---- the loop
     def train(self, stop: GracefulStop) -> None:
@@ -373,13 +467,20 @@ class MetaRLTrainer(Trainer):
         """One training episode of the whole batch and its A2C update; returns the mean total reward."""
         cfg = self.cfg
         if not self.fixed_graphs:
-            self.train_env.tables = self.train_tables[self.graph_rng.integers(0, len(self.train_tables), self.batch)
-                                                      ].astype(np.int64)
-        out = rollout(self.agent, self.train_env, self.device, self.sample_gen,
-                      truncated=cfg.time_limit == "truncate")
-        losses = a2c.a2c_loss(out["logits"], out["values"], out["actions"], out["rewards"], discount=cfg.discount,
-                              baseline_cost=cfg.baseline_cost, entropy_cost=cfg.entropy_cost,
-                              bootstrap=out["bootstrap"])
+            self.train_env.tables = self.train_tables[
+                self.graph_rng.integers(0, len(self.train_tables), self.batch)
+            ].astype(np.int64)
+        out = rollout(self.agent, self.train_env, self.device, self.sample_gen, truncated=cfg.time_limit == "truncate")
+        losses = a2c.a2c_loss(
+            out["logits"],
+            out["values"],
+            out["actions"],
+            out["rewards"],
+            discount=cfg.discount,
+            baseline_cost=cfg.baseline_cost,
+            entropy_cost=cfg.entropy_cost,
+            bootstrap=out["bootstrap"],
+        )
         self.optimizer.zero_grad(set_to_none=True)
         losses["loss"].backward()
         if cfg.grad_norm_clip > 0:
@@ -398,18 +499,28 @@ class MetaRLTrainer(Trainer):
         self.acc["train_invalid"].append(float(out["invalid"].mean()))
         for k, v in scal.items():
             self.acc[k].append(v)
-        self.logger.log(self.step, {"train/total_reward": train_reward, "train/goals": float(out["goals"].mean()),
-                                    "train/invalid_actions": float(out["invalid"].mean()),
-                                    "loss/total": scal["loss"], "loss/policy": scal["policy_loss"],
-                                    "loss/value": scal["value_loss"], "loss/entropy": scal["entropy"],
-                                    "perf/skipped_updates": self.guard.skipped,
-                                    "train/skipped_updates": self.guard.skipped})
+        self.logger.log(
+            self.step,
+            {
+                "train/total_reward": train_reward,
+                "train/goals": float(out["goals"].mean()),
+                "train/invalid_actions": float(out["invalid"].mean()),
+                "loss/total": scal["loss"],
+                "loss/policy": scal["policy_loss"],
+                "loss/value": scal["value_loss"],
+                "loss/entropy": scal["entropy"],
+                "perf/skipped_updates": self.guard.skipped,
+                "train/skipped_updates": self.guard.skipped,
+            },
+        )
 
     def test(self) -> None:
         """One episode on every test graph (sampled and/or greedy): a row of ``metrics.csv``."""
         policy = self.cfg.eval_policy
-        results = {mode: evaluate(self.agent, self.test_env, self.device, self.eval_gen, greedy=(mode == "greedy"))
-                   for mode in (("sample", "greedy") if policy == "both" else (policy,))}
+        results = {
+            mode: evaluate(self.agent, self.test_env, self.device, self.eval_gen, greedy=(mode == "greedy"))
+            for mode in (("sample", "greedy") if policy == "both" else (policy,))
+        }
         means = _interval_means(self.acc)
         elapsed = self.wall + (time.monotonic() - self.t_start)
         prev = self.history[-1] if self.history else None
@@ -417,19 +528,32 @@ class MetaRLTrainer(Trainer):
         if prev is not None and elapsed > prev["wall_minutes"] * 60:
             rate = (self.episode - prev["episode"]) / (elapsed - prev["wall_minutes"] * 60)
         first = next(iter(results.values()))
-        self.history.append({
-            "episode": self.episode, "env_steps": self.step, "wall_minutes": elapsed / 60,
-            "train_reward": means["train_reward"],
-            "test_reward_sampled": results.get("sample", {}).get("total_reward"),
-            "test_reward_greedy": results.get("greedy", {}).get("total_reward"), "test_goals": first["goals"],
-            "train_goals": means["train_goals"], "train_invalid": means["train_invalid"], "loss": means["loss"],
-            "policy_loss": means["policy_loss"], "value_loss": means["value_loss"], "entropy": means["entropy"],
-            "episodes_per_s": rate, "skipped_updates": self.guard.skipped})
+        self.history.append(
+            {
+                "episode": self.episode,
+                "env_steps": self.step,
+                "wall_minutes": elapsed / 60,
+                "train_reward": means["train_reward"],
+                "test_reward_sampled": results.get("sample", {}).get("total_reward"),
+                "test_reward_greedy": results.get("greedy", {}).get("total_reward"),
+                "test_goals": first["goals"],
+                "train_goals": means["train_goals"],
+                "train_invalid": means["train_invalid"],
+                "loss": means["loss"],
+                "policy_loss": means["policy_loss"],
+                "value_loss": means["value_loss"],
+                "entropy": means["entropy"],
+                "episodes_per_s": rate,
+                "skipped_updates": self.guard.skipped,
+            }
+        )
         for v in self.acc.values():
             v.clear()
         write_csv(self.csv_path, self.history)
-        scalars = {f"test/total_reward_{'sampled' if m == 'sample' else 'greedy'}": r["total_reward"]
-                   for m, r in results.items()}
+        scalars = {
+            f"test/total_reward_{'sampled' if m == 'sample' else 'greedy'}": r["total_reward"]
+            for m, r in results.items()
+        }
         scalars["test/goals"] = first["goals"]
         if math.isfinite(rate):
             scalars["perf/episodes_per_s"] = rate
@@ -441,12 +565,17 @@ class MetaRLTrainer(Trainer):
 
     def finish(self, code: int, saved: Path | None) -> int:
         if code == 0 and self.step < self.cfg.total_steps:
-            print(f"stopped at env step {self.step:,} (episode {self.episode:,}); re-run the same command to resume",
-                  flush=True)
+            print(
+                f"stopped at env step {self.step:,} (episode {self.episode:,}); re-run the same command to resume",
+                flush=True,
+            )
         if code == 0 and self.history:
             r = self.history[-1]
-            print(f"env step {self.step:,} (episode {self.episode:,}): test total reward "
-                  f"{_fmt(r['test_reward_sampled']) or '-'} (sampled), "
-                  f"{_fmt(r['test_reward_greedy']) or '-'} (greedy); wall {format_duration(r['wall_minutes'] * 60)}; "
-                  f"metrics in {self.csv_path}", flush=True)
+            print(
+                f"env step {self.step:,} (episode {self.episode:,}): test total reward "
+                f"{_fmt(r['test_reward_sampled']) or '-'} (sampled), "
+                f"{_fmt(r['test_reward_greedy']) or '-'} (greedy); wall {format_duration(r['wall_minutes'] * 60)}; "
+                f"metrics in {self.csv_path}",
+                flush=True,
+            )
         return code

@@ -43,19 +43,22 @@ same dtype/device; ``reset`` is bool ``[T, B]``: True zeroes entry b's state *be
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from rfwp_rl.errors import check_choice
 from rfwp_rl.ops.base import Dims, OpSpec
-from rfwp_rl.ops.dispatch import BACKENDS, resolve as _resolve
+from rfwp_rl.ops.dispatch import BACKENDS
+from rfwp_rl.ops.dispatch import resolve as _resolve
 
 
 def _register(*names: str) -> dict[str, OpSpec]:
     return {name: importlib.import_module(f"rfwp_rl.ops.{name}").OP for name in names}
 
 
-OPS: dict[str, OpSpec] = _register("lt", "delta", "delta_rnn", "rdn", "gated_delta",
-                                   "delta_product", "srwm", "fwm", "lstm")
+OPS: dict[str, OpSpec] = _register(
+    "lt", "delta", "delta_rnn", "rdn", "gated_delta", "delta_product", "srwm", "fwm", "lstm"
+)
 """Every op by name; adding an op adds its folder's name here."""
 
 __all__ = ["BACKENDS", "Dims", "OPS", "OpSpec", "get", "naive", "resolve", "spec"]
@@ -71,8 +74,7 @@ def naive(name: str) -> Callable[..., tuple]:
     return spec(name).naive
 
 
-def resolve(name: str, backend: str = "auto", dims: Dims | None = None,
-            **options: Any) -> Callable[..., tuple]:
+def resolve(name: str, backend: str = "auto", dims: Dims | None = None, **options: Any) -> Callable[..., tuple]:
     """Op ``name`` for ``backend``, chosen once (see :func:`rfwp_rl.ops.dispatch.resolve`).
 
     ``dims`` (:class:`Dims`): the key and value sizes of every call, when known.

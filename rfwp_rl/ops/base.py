@@ -10,8 +10,9 @@ lists the folders.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -83,8 +84,9 @@ class OpSpec:
 # ---------------------------------------------------------------- the fused kernels' limits
 
 
-def kernel_supported(name: str, dims: Dims, dtype: torch.dtype, device: torch.device | str,
-                     limits: DeviceLimits | None = None) -> str | None:
+def kernel_supported(
+    name: str, dims: Dims, dtype: torch.dtype, device: torch.device | str, limits: DeviceLimits | None = None
+) -> str | None:
     """The limits every fused kernel shares; each op's ``supported`` adds its own.
 
     None when the fused kernel of op ``name`` runs ``dims`` in ``dtype`` on ``device``, else
@@ -94,8 +96,7 @@ def kernel_supported(name: str, dims: Dims, dtype: torch.dtype, device: torch.de
     """
     device = torch.device(device)
     if dtype not in KERNEL_DTYPES + HALF_DTYPES:
-        return (f"dtype {dtype} (fused kernels: float32, float64; float16/bfloat16 computed "
-                "in float32)")
+        return f"dtype {dtype} (fused kernels: float32, float64; float16/bfloat16 computed in float32)"
     if dims.dk < 1 or dims.dv < 1:
         return f"{dims} (fused kernels: sizes >= 1)"
     if device.type == "cpu":
@@ -105,7 +106,7 @@ def kernel_supported(name: str, dims: Dims, dtype: torch.dtype, device: torch.de
     if name not in cuda_limits.OPS:
         return f"{name} has no CUDA kernel (fused on cpu only)"
     limits = limits if limits is not None else cuda_limits.limits_of(device)
-    elem = torch.empty((), dtype=dtype).element_size()   # 2: half types, computed in float32
+    elem = torch.empty((), dtype=dtype).element_size()  # 2: half types, computed in float32
     for direction in cuda_limits.DIRECTIONS:
         why = cuda_limits.check(name, direction, dims.dk, dims.dv, elem, limits)
         if why is not None:
@@ -114,6 +115,7 @@ def kernel_supported(name: str, dims: Dims, dtype: torch.dtype, device: torch.de
 
 
 # ------------------------------------------------------- plumbing of the autograd Functions
+
 
 def contiguous(x: Tensor | None) -> Tensor | None:
     """``x`` as a contiguous tensor (the kernels index dense row-major memory)."""

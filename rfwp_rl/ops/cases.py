@@ -8,7 +8,7 @@ Each op says which inputs it takes (``OpSpec.example_inputs``).
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -45,10 +45,20 @@ def _spec(name: str):
     return ops.spec(name)
 
 
-def make_inputs(name: str, T: int, B: int, H: int, d: int, *, dk: int | None = None,
-                dtype: torch.dtype = torch.float64, seed: int = 0,
-                reset_at: Sequence[tuple[int, int]] = (), device: str | torch.device = "cpu",
-                state_scale: float = 0.5) -> tuple[list[Tensor], Tensor]:
+def make_inputs(
+    name: str,
+    T: int,
+    B: int,
+    H: int,
+    d: int,
+    *,
+    dk: int | None = None,
+    dtype: torch.dtype = torch.float64,
+    seed: int = 0,
+    reset_at: Sequence[tuple[int, int]] = (),
+    device: str | torch.device = "cpu",
+    state_scale: float = 0.5,
+) -> tuple[list[Tensor], Tensor]:
     """(inputs of op ``name`` in signature order without ``reset``, reset ``[T, B]`` bool).
 
     ``dk`` is the key size of ops whose key size may differ from the head size (default d);
@@ -61,9 +71,13 @@ def make_inputs(name: str, T: int, B: int, H: int, d: int, *, dk: int | None = N
     return [a.to(dtype=dtype, device=device) for a in args], reset.to(device)
 
 
-def forward_backward(fn: Callable, args: Sequence[Tensor], reset: Tensor | None,
-                     cotangents: Sequence[Tensor] | None = None, seed: int = 1,
-                     ) -> tuple[list[Tensor], list[Tensor]]:
+def forward_backward(
+    fn: Callable,
+    args: Sequence[Tensor],
+    reset: Tensor | None,
+    cotangents: Sequence[Tensor] | None = None,
+    seed: int = 1,
+) -> tuple[list[Tensor], list[Tensor]]:
     """Run ``fn(*args, reset)`` on leaf copies of ``args`` and backpropagate random (or the
     given) cotangents from every output. Returns (outputs, gradients of every input)."""
     leaves = [a.detach().clone().requires_grad_() for a in args]
@@ -81,8 +95,12 @@ def relative_error(xs: Sequence[Tensor], ys: Sequence[Tensor]) -> float:
     return max(float((x - y.to(x)).abs().max()) for x, y in zip(xs, ys)) / scale
 
 
-def max_errors(name: str, fn: Callable, args: Sequence[Tensor], reset: Tensor | None,
-               ) -> tuple[float, float]:
+def max_errors(
+    name: str,
+    fn: Callable,
+    args: Sequence[Tensor],
+    reset: Tensor | None,
+) -> tuple[float, float]:
     """(max |output difference|, max |gradient difference|) of ``fn`` against the reference,
     both scaled by the largest magnitude of the reference's outputs / gradients."""
     ref_out, ref_grad = forward_backward(_spec(name).naive, args, reset)
@@ -90,14 +108,20 @@ def max_errors(name: str, fn: Callable, args: Sequence[Tensor], reset: Tensor | 
     return relative_error(ref_out, out), relative_error(ref_grad, grad)
 
 
-def half_precision_errors(name: str, fn: Callable, halves: Sequence[Tensor], reset: Tensor | None,
-                          ) -> tuple[set[torch.dtype], float]:
+def half_precision_errors(
+    name: str,
+    fn: Callable,
+    halves: Sequence[Tensor],
+    reset: Tensor | None,
+) -> tuple[set[torch.dtype], float]:
     """``fn`` on float16/bfloat16 inputs against the reference run in float64 on the same
     (rounded) inputs: (the dtypes of ``fn``'s outputs and gradients, the largest
     ``|difference| / max(1, max |reference|)`` over them, in units of the inputs' epsilon)."""
     ref_out, ref_grad = forward_backward(_spec(name).naive, [h.double() for h in halves], reset)
     out, grad = forward_backward(fn, halves, reset)
     eps = torch.finfo(halves[0].dtype).eps
-    worst = max(float((x - y.double()).abs().max()) / (eps * max(1.0, float(x.abs().max())))
-                for x, y in zip(ref_out + ref_grad, out + grad))
+    worst = max(
+        float((x - y.double()).abs().max()) / (eps * max(1.0, float(x.abs().max())))
+        for x, y in zip(ref_out + ref_grad, out + grad)
+    )
     return {y.dtype for y in out + grad}, worst

@@ -12,8 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["reset_steps", "zero_entries", "read", "outer", "delta_update", "softmax",
-           "unit_vectors"]
+__all__ = ["reset_steps", "zero_entries", "read", "outer", "delta_update", "softmax", "unit_vectors"]
 
 UNIT_EPS = 1e-6
 """Added to the squared length in :func:`unit_vectors` (a zero vector stays finite)."""
@@ -61,8 +60,8 @@ def delta_update(W: Tensor, k: Tensor, v: Tensor, beta: Tensor) -> Tensor:
     beta ``[B, H]`` (already through the sigmoid, RFWP Eq. 9) -> the new W ``[B, H, dv, dk]``
     (a new tensor; W is not modified).
     """
-    v_bar = read(W, k)                                          # RFWP Eq. 10: v̄ = W_{t-1} k
-    return W + beta[..., None, None] * outer(v - v_bar, k)      # RFWP Eq. 8
+    v_bar = read(W, k)  # RFWP Eq. 10: v̄ = W_{t-1} k
+    return W + beta[..., None, None] * outer(v - v_bar, k)  # RFWP Eq. 8
 
 
 def softmax(x: Tensor) -> Tensor:

@@ -22,7 +22,8 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -61,8 +62,7 @@ def _where(spec: OpSpec, dims: Dims, dtype: torch.dtype, device: torch.device | 
 
 
 def _refuse(where: str, reason: str) -> UserError:
-    return UserError(f"backend 'kernel' cannot run {where}: {reason}; use backend 'auto' or "
-                     "'reference'")
+    return UserError(f"backend 'kernel' cannot run {where}: {reason}; use backend 'auto' or 'reference'")
 
 
 class FusedCall:
@@ -70,8 +70,7 @@ class FusedCall:
     its checkpoint interval. float16/bfloat16 inputs are computed in float32 (the extension
     converts them once and converts the results and gradients back)."""
 
-    def __init__(self, spec: OpSpec, be: Any, dims: Dims, dtype: torch.dtype,
-                 device: torch.device) -> None:
+    def __init__(self, spec: OpSpec, be: Any, dims: Dims, dtype: torch.dtype, device: torch.device) -> None:
         self.spec, self.be, self.dims, self.device = spec, be, dims, device
         self.compute_dtype = torch.float32 if dtype in HALF_DTYPES else dtype
         elem = torch.empty((), dtype=self.compute_dtype).element_size()
@@ -79,7 +78,7 @@ class FusedCall:
 
     def chunk(self, T: int) -> int:
         """Checkpoint interval of a sequence of T steps (see :mod:`rfwp_rl.kernels`)."""
-        if self.device.type != "cpu":   # the CUDA kernels: one scratch matrix per step of a chunk
+        if self.device.type != "cpu":  # the CUDA kernels: one scratch matrix per step of a chunk
             return kernels.checkpoint_interval(T)
         if not self.spec.cpu_checkpoints:
             return T
@@ -107,14 +106,26 @@ def first_use_check(spec: OpSpec, call: FusedCall) -> str | None:
     tol = VERIFY_TOLERANCE[dtype]
     try:
         with torch.inference_mode(False), torch.enable_grad():
-            args, reset = cases.make_inputs(spec.name, T=5, B=2, H=1, d=call.dims.dv,
-                                            dk=call.dims.dk, dtype=dtype, device=call.device,
-                                            reset_at=((2, 1),), seed=11)
+            args, reset = cases.make_inputs(
+                spec.name,
+                T=5,
+                B=2,
+                H=1,
+                d=call.dims.dv,
+                dk=call.dims.dk,
+                dtype=dtype,
+                device=call.device,
+                reset_at=((2, 1),),
+                seed=11,
+            )
             errors = cases.max_errors(spec.name, lambda *a: spec.fused(call.be, 2, *a), args, reset)
         worst = max(errors)
-        why = (None if worst <= tol else
-               f"its first run disagrees with the reference (relative error {worst:.2g} > {tol:g})")
-    except Exception as e:   # a failed launch must not end the user's run
+        why = (
+            None
+            if worst <= tol
+            else f"its first run disagrees with the reference (relative error {worst:.2g} > {tol:g})"
+        )
+    except Exception as e:  # a failed launch must not end the user's run
         first = (str(e).strip().splitlines() or [""])[0][:160]
         why = f"its first run failed ({type(e).__name__}: {first})"
     with _lock:
@@ -128,8 +139,7 @@ class ResolvedOp:
     reference is made at the first call per (device, dtype) of the inputs (and per size when
     ``dims`` is None) and kept."""
 
-    def __init__(self, spec: OpSpec, backend: str, dims: Dims | None = None,
-                 options: dict | None = None) -> None:
+    def __init__(self, spec: OpSpec, backend: str, dims: Dims | None = None, options: dict | None = None) -> None:
         self.spec, self.backend, self.dims = spec, backend, dims
         self.options = dict(options or {})
         self.required = backend == "kernel"
@@ -170,7 +180,7 @@ class ResolvedOp:
         dims = self.dims if self.dims is not None else key[2]
         where = _where(spec, dims, dtype, device)
         ext, why = kernels.load()
-        if ext is None:   # loading warned once already (or the kernels are disabled on purpose)
+        if ext is None:  # loading warned once already (or the kernels are disabled on purpose)
             if self.required:
                 raise _refuse(where, why)
             return _naive_call(spec)
@@ -196,8 +206,7 @@ def _rebuild(name: str, backend: str, dims: Dims | None, options: dict) -> Resol
     return ResolvedOp(ops.spec(name), backend, dims, options)
 
 
-def resolve(spec: OpSpec, backend: str = "auto", dims: Dims | None = None,
-            **options: Any) -> Callable[..., tuple]:
+def resolve(spec: OpSpec, backend: str = "auto", dims: Dims | None = None, **options: Any) -> Callable[..., tuple]:
     """The implementation of ``spec`` for ``backend`` (see the module docstring).
 
     ``dims``: the sizes every call will have, when known (a sublayer knows them at
@@ -213,8 +222,9 @@ def resolve(spec: OpSpec, backend: str = "auto", dims: Dims | None = None,
     ext, why = kernels.load()
     if ext is None:
         if backend == "kernel":
-            raise UserError(f"backend 'kernel' requested for op {spec.name!r} but {why}; "
-                            "use backend 'auto' or 'reference'")
+            raise UserError(
+                f"backend 'kernel' requested for op {spec.name!r} but {why}; use backend 'auto' or 'reference'"
+            )
         return naive
     if dims is not None:
         # the limits that hold on every device (the CPU kernels have no size limit)

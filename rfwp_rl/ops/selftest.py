@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import torch
 
@@ -30,14 +31,14 @@ TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-4}
 class Backend:
     """A kernel backend to check: where it runs and at which sizes."""
 
-    device: str           # "cpu", "cuda:0", ...
-    label: str            # "fused C++", "fused CUDA", "emulated CUDA"
-    be: Any               # the kernel backend (extension or emulation)
+    device: str  # "cpu", "cuda:0", ...
+    label: str  # "fused C++", "fused CUDA", "emulated CUDA"
+    be: Any  # the kernel backend (extension or emulation)
     T: int
     B: int
     H: int
     d: int
-    cuda: bool = False    # runs the CUDA kernels (only the ops that have one, cuda_limits.OPS)
+    cuda: bool = False  # runs the CUDA kernels (only the ops that have one, cuda_limits.OPS)
 
     def runs(self, name: str) -> bool:
         """Whether this backend has a kernel for op ``name``."""
@@ -69,15 +70,15 @@ def backends(emulation: bool = True) -> tuple[list[Backend], list[str]]:
         found.append(Backend("cpu", "fused C++", ext, T=16, B=4, H=2, d=16))
         if torch.cuda.is_available():
             if ext.has_cuda():
-                found += [Backend(f"cuda:{i}", "fused CUDA", ext, T=16, B=4, H=2, d=32, cuda=True)
-                          for i in range(torch.cuda.device_count())]
+                found += [
+                    Backend(f"cuda:{i}", "fused CUDA", ext, T=16, B=4, H=2, d=32, cuda=True)
+                    for i in range(torch.cuda.device_count())
+                ]
             else:
-                notes.append("CUDA: a GPU is present but this build has CPU kernels only "
-                             f"({why})")
+                notes.append(f"CUDA: a GPU is present but this build has CPU kernels only ({why})")
     if emulation:
-        try:   # every emulated GPU thread is a host thread: tiny sizes
-            found.append(Backend("cpu", "emulated CUDA", EmulatedCuda(threads=32),
-                                 T=6, B=2, H=1, d=8, cuda=True))
+        try:  # every emulated GPU thread is a host thread: tiny sizes
+            found.append(Backend("cpu", "emulated CUDA", EmulatedCuda(threads=32), T=6, B=2, H=1, d=8, cuda=True))
         except (_build.BuildError, OSError) as e:
             notes.append(f"emulated CUDA: not built ({e})")
     return found, notes
@@ -103,11 +104,18 @@ def check_op(name: str, backend: Backend, dtype: torch.dtype) -> Row:
     """Compare op ``name`` on ``backend`` in ``dtype`` with the float64 reference."""
     spec = OPS[name]
     T, B = backend.T, backend.B
-    truth_args, reset = cases.make_inputs(name, T=T, B=B, H=backend.H, d=backend.d,
-                                          device=backend.device, seed=3,
-                                          reset_at=((0, 1), (T // 2, 0), (T - 2, B - 1)))
+    truth_args, reset = cases.make_inputs(
+        name,
+        T=T,
+        B=B,
+        H=backend.H,
+        d=backend.d,
+        device=backend.device,
+        seed=3,
+        reset_at=((0, 1), (T // 2, 0), (T - 2, B - 1)),
+    )
     args = [a.to(dtype) for a in truth_args]
-    chunk = max(2, T // 3)   # several chunks: checkpoints and recomputation are exercised
+    chunk = max(2, T // 3)  # several chunks: checkpoints and recomputation are exercised
 
     def fused(*a):
         return spec.fused(backend.be, chunk, *a)
@@ -118,28 +126,32 @@ def check_op(name: str, backend: Backend, dtype: torch.dtype) -> Row:
         out_err = cases.relative_error(true_out, out)
         grad_err = cases.relative_error(true_grad, grad)
         fused_ms = _median_ms(lambda: cases.forward_backward(fused, args, reset), backend.device)
-    except Exception:   # a failed launch is a failed check, not a crash of the check
+    except Exception:  # a failed launch is a failed check, not a crash of the check
         out_err = grad_err = fused_ms = float("nan")
     ref_ms = _median_ms(lambda: cases.forward_backward(spec.naive, args, reset), backend.device)
     ok = out_err <= TOLERANCE[dtype] and grad_err <= TOLERANCE[dtype]
-    return Row(name, backend.device, backend.label, str(dtype).replace("torch.", ""), out_err,
-               grad_err, ok, fused_ms, ref_ms)
+    return Row(
+        name, backend.device, backend.label, str(dtype).replace("torch.", ""), out_err, grad_err, ok, fused_ms, ref_ms
+    )
 
 
 def run_checks(found: Iterable[Backend], dtypes=(torch.float64, torch.float32)) -> list[Row]:
     """Every op on every backend that has its kernel, in every dtype."""
-    return [check_op(name, b, dtype) for b in found for dtype in dtypes for name in OPS
-            if b.runs(name)]
+    return [check_op(name, b, dtype) for b in found for dtype in dtypes for name in OPS if b.runs(name)]
 
 
 def format_table(rows: list[Row]) -> str:
-    header = (f"{'op':<10} {'device':<7} {'backend':<14} {'dtype':<8} {'max err y':>9} "
-              f"{'max err grad':>12} {'result':<6} {'fused ms':>9} {'ref ms':>8}")
+    header = (
+        f"{'op':<10} {'device':<7} {'backend':<14} {'dtype':<8} {'max err y':>9} "
+        f"{'max err grad':>12} {'result':<6} {'fused ms':>9} {'ref ms':>8}"
+    )
     lines = [header, "-" * len(header)]
     for r in rows:
-        lines.append(f"{r.op:<10} {r.device:<7} {r.backend:<14} {r.dtype:<8} {r.out_err:9.1e} "
-                     f"{r.grad_err:12.1e} {'pass' if r.ok else 'FAIL':<6} {r.fused_ms:9.2f} "
-                     f"{r.ref_ms:8.2f}")
+        lines.append(
+            f"{r.op:<10} {r.device:<7} {r.backend:<14} {r.dtype:<8} {r.out_err:9.1e} "
+            f"{r.grad_err:12.1e} {'pass' if r.ok else 'FAIL':<6} {r.fused_ms:9.2f} "
+            f"{r.ref_ms:8.2f}"
+        )
     return "\n".join(lines)
 
 
@@ -148,10 +160,12 @@ def main(emulation: bool = True, print_fn: Callable[[str], None] = print) -> int
     fused kernel is available to check)."""
     found, notes = backends(emulation)
     sizes = ", ".join(f"{b.label}: T={b.T} B={b.B} H={b.H} d={b.d}" for b in found)
-    print_fn("self-check: fused kernels against the PyTorch reference, values and gradients of "
-             "every input, resets mid-sequence, non-zero initial states; relative errors "
-             f"(max |difference| / max |float64 reference|); fused and reference ms are "
-             f"forward + backward ({sizes})")
+    print_fn(
+        "self-check: fused kernels against the PyTorch reference, values and gradients of "
+        "every input, resets mid-sequence, non-zero initial states; relative errors "
+        f"(max |difference| / max |float64 reference|); fused and reference ms are "
+        f"forward + backward ({sizes})"
+    )
     for note in notes:
         print_fn(f"  {note}")
     rows = run_checks(found)

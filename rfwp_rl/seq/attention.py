@@ -31,7 +31,7 @@ def attention_mask(reset: Tensor | None, T: int, device: torch.device) -> Tensor
     """
     if reset is None:
         return None
-    seg = reset.long().cumsum(0).T                                    # [B, T]
+    seg = reset.long().cumsum(0).T  # [B, T]
     causal = torch.ones(T, T, dtype=torch.bool, device=device).tril()
     return (causal & (seg[:, :, None] == seg[:, None, :])).unsqueeze(1)
 
@@ -40,7 +40,7 @@ class AttentionSublayer(FastWeightSublayer):
     """Pre-LN residual causal softmax self-attention: q, k, v = slow(LN(x)) per head,
     ``y_t = Σ_{s<=t} softmax_s(q_t·k_s / sqrt(d)) v_s``. No state."""
 
-    kind = "lt"   # only for the parent's op check; no fast-weight op is used
+    kind = "lt"  # only for the parent's op check; no fast-weight op is used
 
     def slow_per_head(self) -> int:
         return 3 * self.d
@@ -49,10 +49,10 @@ class AttentionSublayer(FastWeightSublayer):
         return []
 
     def recurrence(self, p: Tensor, state: State, reset: Tensor | None) -> tuple[Tensor, State]:
-        q, k, v = (t.permute(1, 2, 0, 3) for t in p.split(self.d, dim=-1))   # [B, H, T, d]
+        q, k, v = (t.permute(1, 2, 0, 3) for t in p.split(self.d, dim=-1))  # [B, H, T, d]
         mask = attention_mask(reset, p.shape[0], p.device)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
-        return y.permute(2, 0, 1, 3), ()                                      # [T, B, H, d]
+        return y.permute(2, 0, 1, 3), ()  # [T, B, H, d]
 
 
 class TransformerCore(LMFastWeightCore):
@@ -61,9 +61,24 @@ class TransformerCore(LMFastWeightCore):
 
     carries_state = False
 
-    def __init__(self, input_size: int, hidden_size: int = 128, num_layers: int = 2,
-                 num_heads: int = 4, ff_size: int = 512, dropout: float = 0.0) -> None:
-        super().__init__("transformer", AttentionSublayer, input_size, hidden_size=hidden_size,
-                         num_layers=num_layers, num_heads=num_heads, ff_size=ff_size,
-                         dropout=dropout, backend="reference")
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int = 128,
+        num_layers: int = 2,
+        num_heads: int = 4,
+        ff_size: int = 512,
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__(
+            "transformer",
+            AttentionSublayer,
+            input_size,
+            hidden_size=hidden_size,
+            num_layers=num_layers,
+            num_heads=num_heads,
+            ff_size=ff_size,
+            dropout=dropout,
+            backend="reference",
+        )
         self.config = {k: self.config[k] for k in DEFAULTS}

@@ -20,11 +20,16 @@ CORE_FLAGS = ("hidden_size", "num_layers", "num_heads", "ff_size", "dropout", "f
 class SeqConfig:
     task: str = flags.setting("lm", f"one of: {', '.join(TASKS)}")
     # model
-    model: str = flags.setting("seq", "seq: embedding + core + output layer; memory: the single-layer fast-weight "
-                                      "memory of Secretly-FWP Sec. 6.1 (assoc only; --core lt or delta, --hidden-size "
-                                      "= d_key)", choices=MODELS)
-    core: str = flags.setting("delta", "core name (rfwp-rl info lists them; plus 'transformer', the softmax-attention "
-                                       "baseline)")
+    model: str = flags.setting(
+        "seq",
+        "seq: embedding + core + output layer; memory: the single-layer fast-weight "
+        "memory of Secretly-FWP Sec. 6.1 (assoc only; --core lt or delta, --hidden-size "
+        "= d_key)",
+        choices=MODELS,
+    )
+    core: str = flags.setting(
+        "delta", "core name (rfwp-rl info lists them; plus 'transformer', the softmax-attention baseline)"
+    )
     emb_size: int = flags.setting(128, "token embedding size")
     hidden_size: int | None = flags.setting(None, "core hidden size (default: the core's)")
     num_layers: int | None = flags.setting(None, "core layers/blocks (default: the core's)")
@@ -40,28 +45,36 @@ class SeqConfig:
     warmup: int = flags.setting(0, "linear learning-rate warm-up", unit=OPTIMIZER_STEPS)
     grad_norm_clip: float = flags.setting(1.0)
     seed: int = flags.setting(1, "of the model and the data")
-    eval_every: int = flags.setting(500, "on the validation set (best.pt: the best weights so far)",
-                                    unit=OPTIMIZER_STEPS)
+    eval_every: int = flags.setting(
+        500, "on the validation set (best.pt: the best weights so far)", unit=OPTIMIZER_STEPS
+    )
     eval_batch_size: int = flags.setting(64, "sequences per validation batch")
-    target: float | None = flags.setting(None, "stop once the validation score reaches this (seq_acc for the "
-                                               "algorithmic tasks, perplexity for lm)")
+    target: float | None = flags.setting(
+        None, "stop once the validation score reaches this (seq_acc for the algorithmic tasks, perplexity for lm)"
+    )
     patience: int = flags.setting(0, "stop after this many validations without improvement (0: never)")
     checkpoint_every: float = flags.setting(300.0, unit=SECONDS)
     log_every: float = flags.setting(5.0, "TensorBoard gets every optimizer step's scalars", unit=SECONDS)
     torch_threads: int = flags.setting(0, "0: torch's default")
     device: str = flags.setting("cpu")
     # lm task
-    data: str = flags.setting("builtin", "corpus directory with train/valid/test files (wiki.*.tokens or *.txt), or "
-                                         "'builtin' (Python stdlib docstrings)")
+    data: str = flags.setting(
+        "builtin",
+        "corpus directory with train/valid/test files (wiki.*.tokens or *.txt), or "
+        "'builtin' (Python stdlib docstrings)",
+    )
     level: str = flags.setting("word", "word or char")
     min_count: int = flags.setting(1, "rarer training tokens -> <unk>")
     seg_len: int = flags.setting(128, "training segment length and evaluation window, in tokens")
-    context: str = flags.setting("independent", "independent segments, or carried state from segment to segment "
-                                                "(full context)")
-    eval_mode: str = flags.setting("auto", "carried, sliding, or auto (carried if training carried context, else "
-                                           "sliding window)")
-    eval_max_tokens: int = flags.setting(5000, "tokens of the validation text scored during training (the final "
-                                               "evaluation uses all)")
+    context: str = flags.setting(
+        "independent", "independent segments, or carried state from segment to segment (full context)"
+    )
+    eval_mode: str = flags.setting(
+        "auto", "carried, sliding, or auto (carried if training carried context, else sliding window)"
+    )
+    eval_max_tokens: int = flags.setting(
+        5000, "tokens of the validation text scored during training (the final evaluation uses all)"
+    )
     # algorithmic tasks
     num_vars: int = flags.setting(3, "code_exec: variables (3 or 5 in the paper)")
     num_statements: int = flags.setting(100, "code_exec: statements per program")

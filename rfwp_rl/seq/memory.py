@@ -21,7 +21,8 @@ orthogonal (Secretly-FWP Sec. 4.1).
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -50,8 +51,16 @@ class AssocMemory(nn.Module):
     carries_state = False
     positions = False
 
-    def __init__(self, num_keys: int, rule: str = "delta", d_key: int = 64, emb_size: int = 64,
-                 feature_map: str = "elu_sum", dpfp_nu: int = 1, backend: str = "auto") -> None:
+    def __init__(
+        self,
+        num_keys: int,
+        rule: str = "delta",
+        d_key: int = 64,
+        emb_size: int = 64,
+        feature_map: str = "elu_sum",
+        dpfp_nu: int = 1,
+        backend: str = "auto",
+    ) -> None:
         super().__init__()
         self.rule = check_choice("memory update rule (--core)", rule, RULES)
         if d_key < 1 or emb_size < 1:
@@ -59,8 +68,14 @@ class AssocMemory(nn.Module):
         self.S, self.d_key, self.backend = num_keys, d_key, backend
         self.phi = feature_maps.get(feature_map, d_key, dpfp_nu)
         self.D = feature_maps.feature_dim(feature_map, d_key, dpfp_nu)
-        self.config = {"rule": RULES[rule], "d_key": d_key, "d_dot": self.D, "emb_size": emb_size,
-                       "feature_map": feature_map, "dpfp_nu": dpfp_nu}
+        self.config = {
+            "rule": RULES[rule],
+            "d_key": d_key,
+            "d_dot": self.D,
+            "emb_size": emb_size,
+            "feature_map": feature_map,
+            "dpfp_nu": dpfp_nu,
+        }
         self.embed = nn.Embedding(num_keys, emb_size)
         self.W_K = nn.Linear(emb_size + num_keys, d_key, bias=False)
         self.W_Q = nn.Linear(emb_size, d_key, bias=False)
@@ -74,8 +89,9 @@ class AssocMemory(nn.Module):
     def initial_state(self, batch_size: int, device: Any = None) -> tuple:
         return ()
 
-    def forward(self, x: Tensor, state: Sequence[Tensor] | None = None,
-                reset: Tensor | None = None) -> tuple[Tensor, tuple]:
+    def forward(
+        self, x: Tensor, state: Sequence[Tensor] | None = None, reset: Tensor | None = None
+    ) -> tuple[Tensor, tuple]:
         """x ``[L + 1, B, 2]`` (pairs, then the query) -> scores ``[L + 1, B, S]`` (the read
         ``v̂`` at the last step, zeros before it) and ``()``."""
         if x.dim() != 3 or x.shape[-1] != 2 or x.shape[0] < 2:
@@ -83,19 +99,19 @@ class AssocMemory(nn.Module):
         if reset is not None and bool(reset.any()):
             raise UserError("the memory model reads one sequence per call; resets are not supported")
         keys, values = x[:-1, :, 0], x[:-1, :, 1]
-        v = F.one_hot(values, self.S).to(self.embed.weight.dtype)             # [L, B, S]
+        v = F.one_hot(values, self.S).to(self.embed.weight.dtype)  # [L, B, S]
         inp = torch.cat([self.embed(keys), v], dim=-1)
-        k = self.phi(self.W_K(inp)).unsqueeze(2)                               # [L, B, 1, D]
-        q = self.phi(self.W_Q(self.embed(x[-1, :, 0])))                        # [B, D]
+        k = self.phi(self.W_K(inp)).unsqueeze(2)  # [L, B, 1, D]
+        q = self.phi(self.W_Q(self.embed(x[-1, :, 0])))  # [B, D]
         B = x.shape[1]
         W0 = torch.zeros(B, 1, self.S, self.D, dtype=k.dtype, device=k.device)
         vh = v.unsqueeze(2)
         if self.rule == "lt":
-            _, W = self.op(k, k, vh, W0, None)                                 # RFWP Eq. 6
+            _, W = self.op(k, k, vh, W0, None)  # RFWP Eq. 6
         else:
-            beta = torch.sigmoid(self.W_beta(inp))                             # RFWP Eq. 9
-            _, W = self.op(k, k, vh, beta, W0, None)                           # RFWP Eq. 8, 10
-        read = torch.matmul(W[:, 0], q.unsqueeze(-1)).squeeze(-1)              # v̂ = W φ(q)
+            beta = torch.sigmoid(self.W_beta(inp))  # RFWP Eq. 9
+            _, W = self.op(k, k, vh, beta, W0, None)  # RFWP Eq. 8, 10
+        read = torch.matmul(W[:, 0], q.unsqueeze(-1)).squeeze(-1)  # v̂ = W φ(q)
         out = torch.zeros(x.shape[0], B, self.S, dtype=read.dtype, device=read.device)
         out[-1] = read
         return out, ()

@@ -20,7 +20,8 @@ at a reset, so they are only meaningful for a model that does not carry state be
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -53,16 +54,16 @@ def make_core(name: str, input_size: int, **config: Any) -> nn.Module:
         return cores.make(name, input_size, **config)
     for key in config:
         if key not in DEFAULTS:
-            raise UserError(f"unknown config key {key!r} for core 'transformer'; "
-                            f"allowed: {', '.join(DEFAULTS)}")
+            raise UserError(f"unknown config key {key!r} for core 'transformer'; allowed: {', '.join(DEFAULTS)}")
     return TransformerCore(input_size, **{**DEFAULTS, **config})
 
 
 def sinusoidal(positions: Tensor, size: int) -> Tensor:
     """Vaswani et al. position encodings: positions ``[T, B]`` (long) -> ``[T, B, size]``."""
     half = size // 2
-    freq = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float32,
-                                                       device=positions.device) / max(half, 1))
+    freq = torch.exp(
+        -math.log(10000.0) * torch.arange(half, dtype=torch.float32, device=positions.device) / max(half, 1)
+    )
     angle = positions.float()[..., None] * freq
     enc = torch.cat([angle.sin(), angle.cos()], dim=-1)
     return enc if size % 2 == 0 else torch.cat([enc, torch.zeros_like(enc[..., :1])], dim=-1)
@@ -90,9 +91,16 @@ class SeqModel(nn.Module):
         positions: sinusoidal positions; None = only for the transformer.
     """
 
-    def __init__(self, core: str, field_sizes: Sequence[int], num_classes: int,
-                 emb_size: int = 128, core_config: dict[str, Any] | None = None,
-                 dropout: float = 0.0, positions: bool | None = None) -> None:
+    def __init__(
+        self,
+        core: str,
+        field_sizes: Sequence[int],
+        num_classes: int,
+        emb_size: int = 128,
+        core_config: dict[str, Any] | None = None,
+        dropout: float = 0.0,
+        positions: bool | None = None,
+    ) -> None:
         super().__init__()
         self.core_name = core
         self.field_sizes = tuple(int(n) for n in field_sizes)
@@ -101,8 +109,7 @@ class SeqModel(nn.Module):
         self.positions = (core == TRANSFORMER) if positions is None else positions
         self.emb_size = emb_size
         self.drop = nn.Dropout(dropout)
-        self.norm = nn.LayerNorm(self.core.output_size) if isinstance(self.core, FastWeightCore) \
-            else nn.Identity()
+        self.norm = nn.LayerNorm(self.core.output_size) if isinstance(self.core, FastWeightCore) else nn.Identity()
         self.head = nn.Linear(self.core.output_size, num_classes)
 
     @property
@@ -115,26 +122,35 @@ class SeqModel(nn.Module):
 
     def describe(self) -> dict[str, Any]:
         """The model settings recorded with results and checkpoints."""
-        return {"model": "seq", "core": self.core_name, "core_config": dict(self.core.config),
-                "emb_size": self.emb_size, "positions": self.positions,
-                "dropout": self.drop.p}
+        return {
+            "model": "seq",
+            "core": self.core_name,
+            "core_config": dict(self.core.config),
+            "emb_size": self.emb_size,
+            "positions": self.positions,
+            "dropout": self.drop.p,
+        }
 
     @staticmethod
     def loss(logits: Tensor, y: Tensor, reduction: str = "mean") -> Tensor:
         """Cross-entropy over the scored positions (targets ``IGNORE`` = -100 are skipped)."""
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1),
-                               ignore_index=-100, reduction=reduction)
+        return F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), y.reshape(-1), ignore_index=-100, reduction=reduction
+        )
 
     def embed(self, x: Tensor) -> Tensor:
         """x ``[T, B]`` or ``[T, B, F]`` (long) -> ``[T, B, emb_size]``."""
         fields = x.unsqueeze(-1) if x.dim() == 2 else x
         if fields.dim() != 3 or fields.shape[-1] != len(self.embeddings):
-            raise UserError(f"model input has shape {tuple(x.shape)}; allowed: [T, B] or "
-                            f"[T, B, {len(self.embeddings)}] token indices")
+            raise UserError(
+                f"model input has shape {tuple(x.shape)}; allowed: [T, B] or "
+                f"[T, B, {len(self.embeddings)}] token indices"
+            )
         return sum(emb(fields[..., i]) for i, emb in enumerate(self.embeddings))
 
-    def forward(self, x: Tensor, state: Sequence[Tensor] | None = None,
-                reset: Tensor | None = None) -> tuple[Tensor, tuple]:
+    def forward(
+        self, x: Tensor, state: Sequence[Tensor] | None = None, reset: Tensor | None = None
+    ) -> tuple[Tensor, tuple]:
         """x ``[T, B]`` / ``[T, B, F]`` -> logits ``[T, B, num_classes]`` and the core state."""
         e = self.embed(x)
         if self.positions:

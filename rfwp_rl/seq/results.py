@@ -23,8 +23,22 @@ from rfwp_rl.checkpoint import atomic_write_figure, atomic_write_text
 from rfwp_rl.errors import UserError
 from rfwp_rl.runlog import read_scalars
 
-SETTING_KEYS = ("task", "core", "num_keys", "setting", "num_vars", "num_statements", "depth",
-                "level", "context", "seg_len", "emb_size", "dropout", "data_sizes", "params")
+SETTING_KEYS = (
+    "task",
+    "core",
+    "num_keys",
+    "setting",
+    "num_vars",
+    "num_statements",
+    "depth",
+    "level",
+    "context",
+    "seg_len",
+    "emb_size",
+    "dropout",
+    "data_sizes",
+    "params",
+)
 CORE_KEYS = ("hidden_size", "num_layers", "num_heads", "ff_size", "feature_map")
 
 
@@ -67,8 +81,17 @@ def write_csv(rows: list[dict], path: str | Path) -> None:
     atomic_write_text(path, buf.getvalue())
 
 
-def plot(rows: list[dict], path: str | Path, x: str, y: str, group: str, title: str = "",
-         xline: float | None = None, xline_label: str | None = None, logy: bool = False) -> None:
+def plot(
+    rows: list[dict],
+    path: str | Path,
+    x: str,
+    y: str,
+    group: str,
+    title: str = "",
+    xline: float | None = None,
+    xline_label: str | None = None,
+    logy: bool = False,
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -135,15 +158,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--xline-label")
     p.add_argument("--logy", action="store_true")
     p.add_argument("--curves", help="png of the runs' training curves (and a csv beside it)")
-    p.add_argument("--curve-tags", default="valid/seq_acc,valid/loss",
-                   help="comma-separated TensorBoard scalars for --curves")
+    p.add_argument(
+        "--curve-tags", default="valid/seq_acc,valid/loss", help="comma-separated TensorBoard scalars for --curves"
+    )
     args = p.parse_args(argv)
     try:
         rows = collect(args.root)
         write_csv(rows, args.csv)
         if args.plot:
-            plot(rows, args.plot, args.x, args.y, args.group, args.title, args.xline,
-                 args.xline_label, args.logy)
+            plot(rows, args.plot, args.x, args.y, args.group, args.title, args.xline, args.xline_label, args.logy)
         if args.curves:
             curves(rows, args.root, args.curves, [t.strip() for t in args.curve_tags.split(",") if t.strip()])
     except UserError as e:

@@ -49,25 +49,56 @@ TRAINING = ("total_steps", "batch_size", "learning_rate", "warmup", "grad_norm_c
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     flags.add_fields(parser, SeqConfig, "task")
     g = parser.add_argument_group("model")
-    flags.add_fields(g, SeqConfig, "model", "core", "emb_size", "hidden_size", "num_layers", "num_heads", "ff_size",
-                     "dropout", "feature_map")
-    flags.add_set_argument(g, "a core option (core_config.fast_layers=3, core_config.backend=reference; with --model "
-                              "memory: core_config.dpfp_nu=2)", "learning_rate=1e-3")
+    flags.add_fields(
+        g,
+        SeqConfig,
+        "model",
+        "core",
+        "emb_size",
+        "hidden_size",
+        "num_layers",
+        "num_heads",
+        "ff_size",
+        "dropout",
+        "feature_map",
+    )
+    flags.add_set_argument(
+        g,
+        "a core option (core_config.fast_layers=3, core_config.backend=reference; with --model "
+        "memory: core_config.dpfp_nu=2)",
+        "learning_rate=1e-3",
+    )
     flags.add_fields(g, SeqConfig, "positions")
     g = parser.add_argument_group("training")
-    flags.add_fields(g, SeqConfig, "total_steps", "batch_size", "learning_rate", "warmup", "grad_norm_clip", "seed",
-                     "eval_every", "eval_batch_size", "target", "patience", "checkpoint_every", "log_every")
+    flags.add_fields(
+        g,
+        SeqConfig,
+        "total_steps",
+        "batch_size",
+        "learning_rate",
+        "warmup",
+        "grad_norm_clip",
+        "seed",
+        "eval_every",
+        "eval_batch_size",
+        "target",
+        "patience",
+        "checkpoint_every",
+        "log_every",
+    )
     flags.add_run_dir_argument(g, "runs/seq/<task>_<core>_s<seed>")
     add_trust_argument(g)
     flags.add_fields(g, SeqConfig, "torch_threads", "device")
     g = parser.add_argument_group("lm task")
     flags.add_fields(g, SeqConfig, "data", "level", "min_count", "seg_len", "context", "eval_mode", "eval_max_tokens")
     g = parser.add_argument_group("algorithmic tasks")
-    flags.add_fields(g, SeqConfig, "num_vars", "num_statements", "depth", "max_args", "num_keys", "setting",
-                     "data_sizes")
+    flags.add_fields(
+        g, SeqConfig, "num_vars", "num_statements", "depth", "max_args", "num_keys", "setting", "data_sizes"
+    )
 
 
 # ------------------------------------------------------------------------- setup helpers
+
 
 def core_config(cfg: SeqConfig, extra: dict[str, Any]) -> dict[str, Any]:
     """The core config from the flags and ``extra`` (``--set core_config.*``), checked against the core's keys."""
@@ -81,8 +112,10 @@ def core_config(cfg: SeqConfig, extra: dict[str, Any]) -> dict[str, Any]:
             continue
         if value is not None:
             if key not in defaults:
-                raise UserError(f"--{key.replace('_', '-')} does not apply to core {cfg.core!r}; "
-                                f"its options: {', '.join(defaults) or 'none'}")
+                raise UserError(
+                    f"--{key.replace('_', '-')} does not apply to core {cfg.core!r}; "
+                    f"its options: {', '.join(defaults) or 'none'}"
+                )
             config[key] = value
     return {**config, **extra}
 
@@ -97,8 +130,9 @@ def make_task(cfg: SeqConfig):
         sizes = tuple(int(s) for s in cfg.data_sizes.split(","))
         assert len(sizes) == 3 and min(sizes) >= 1
     except (ValueError, AssertionError):
-        raise UserError(f"--data-sizes {cfg.data_sizes!r} is invalid; allowed: three positive "
-                        "integers TRAIN,VALID,TEST") from None
+        raise UserError(
+            f"--data-sizes {cfg.data_sizes!r} is invalid; allowed: three positive integers TRAIN,VALID,TEST"
+        ) from None
     if cfg.task == "code_exec":
         return T.CodeExecTask(cfg.seed, cfg.num_vars, cfg.num_statements, sizes)
     if cfg.task == "listops":
@@ -114,15 +148,22 @@ def make_memory(cfg: SeqConfig, task, extra: dict[str, Any]):
     for key, value in extra.items():
         check_choice("memory option (--set core_config.KEY=VALUE)", key, options)
         options[key] = value
-    return AssocMemory(task.num_classes, cfg.core, cfg.hidden_size or 64, cfg.emb_size,
-                       cfg.feature_map or "elu_sum", **options)
+    return AssocMemory(
+        task.num_classes, cfg.core, cfg.hidden_size or 64, cfg.emb_size, cfg.feature_map or "elu_sum", **options
+    )
 
 
 def apply_sets(cfg: SeqConfig, overrides: list[str]) -> dict[str, Any]:
     """``--set``: settings into ``cfg``, ``core`` too; returns the ``core_config.*`` options."""
     defaults = core_defaults(cfg.core) if cfg.core in core_names() else {}
-    preset = apply_settings(overrides, Preset(core=cfg.core), cfg, flags.settings_keys(SeqConfig, NOT_SET_KEYS),
-                            sections=("core_config",), core_options=defaults)
+    preset = apply_settings(
+        overrides,
+        Preset(core=cfg.core),
+        cfg,
+        flags.settings_keys(SeqConfig, NOT_SET_KEYS),
+        sections=("core_config",),
+        core_options=defaults,
+    )
     cfg.core = preset.core
     return preset.core_config
 
@@ -130,8 +171,7 @@ def apply_sets(cfg: SeqConfig, overrides: list[str]) -> dict[str, Any]:
 def check_config(cfg: SeqConfig) -> None:
     for name in ("total_steps", "batch_size", "eval_every", "eval_batch_size", "emb_size"):
         if getattr(cfg, name) < 1:
-            raise UserError(f"--{name.replace('_', '-')} {getattr(cfg, name)} is invalid; "
-                            "allowed: an integer >= 1")
+            raise UserError(f"--{name.replace('_', '-')} {getattr(cfg, name)} is invalid; allowed: an integer >= 1")
     if not cfg.learning_rate > 0:
         raise UserError(f"--learning-rate {cfg.learning_rate} is invalid; allowed: a positive number")
     for name in ("warmup", "grad_norm_clip", "checkpoint_every", "log_every"):
@@ -152,16 +192,21 @@ def lr_factor(step: int, warmup: int) -> float:
     return min(1.0, (step + 1) / warmup) if warmup > 0 else 1.0
 
 
-def evaluate(model: SeqModel, task, split: str, cfg: SeqConfig,
-             max_tokens: int | None = None) -> dict[str, float]:
+def evaluate(model: SeqModel, task, split: str, cfg: SeqConfig, max_tokens: int | None = None) -> dict[str, float]:
     """Validation/test scores of ``model`` (eval mode, no gradients)."""
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad():
             if task.name == "lm":
-                return task.evaluate(model, lambda b: model.initial_state(b, cfg.device), split,
-                                     cfg.eval_mode, max_tokens, device=cfg.device)
+                return task.evaluate(
+                    model,
+                    lambda b: model.initial_state(b, cfg.device),
+                    split,
+                    cfg.eval_mode,
+                    max_tokens,
+                    device=cfg.device,
+                )
             score = T.TaggingScore()
             for x, y in task.eval_batches(split, cfg.eval_batch_size):
                 logits, _ = model(x.to(cfg.device))
@@ -188,8 +233,7 @@ def better(lower: bool, new: float, old: float | None) -> bool:
     return new < old if lower else new > old
 
 
-def early_stop_reason(cfg: SeqConfig, main: str, lower: bool, step: int, value: float,
-                      best_step: int) -> str | None:
+def early_stop_reason(cfg: SeqConfig, main: str, lower: bool, step: int, value: float, best_step: int) -> str | None:
     """Why training stops before ``--total-steps`` (``--target`` reached, ``--patience`` out)."""
     if cfg.target is not None and (value <= cfg.target if lower else value >= cfg.target):
         return f"target {main} {cfg.target} reached"
@@ -199,6 +243,7 @@ def early_stop_reason(cfg: SeqConfig, main: str, lower: bool, step: int, value: 
 
 
 # ------------------------------------------------------------------------- the run
+
 
 def run(args: argparse.Namespace) -> int:
     cfg = flags.config_from_args(SeqConfig, args)
@@ -234,7 +279,14 @@ class SeqTrainer(Trainer):
         self.main, self.lower = main_metric(task, cfg)
         self.metrics = (f"valid/{self.main}",)
         self.guard = NonFiniteGuard()
-        self.steps_done, self.carried, self.best, self.best_step, self.elapsed, self.early = 0, None, None, None, 0.0, None
+        self.steps_done, self.carried, self.best, self.best_step, self.elapsed, self.early = (
+            0,
+            None,
+            None,
+            None,
+            0.0,
+            None,
+        )
         self.t0 = self.last_save = time.monotonic()
 
     @staticmethod
@@ -242,17 +294,25 @@ class SeqTrainer(Trainer):
         if cfg.model == "memory":
             return make_memory(cfg, task, extra)
         positions = {"auto": None, "on": True, "off": False}[cfg.positions]
-        model = SeqModel(cfg.core, task.field_sizes, task.num_classes, cfg.emb_size, core_config(cfg, extra),
-                         dropout=cfg.dropout, positions=positions)
+        model = SeqModel(
+            cfg.core,
+            task.field_sizes,
+            task.num_classes,
+            cfg.emb_size,
+            core_config(cfg, extra),
+            dropout=cfg.dropout,
+            positions=positions,
+        )
         if task.name == "lm" and not model.carries_state:
             if cfg.context == "carried":
-                raise UserError(f"--context carried needs a model that carries its state from "
-                                f"segment to segment; core {cfg.core!r}"
-                                f"{' with sinusoidal positions' if model.positions else ''} does not. "
-                                "allowed: --context independent (evaluated with the sliding window)")
+                raise UserError(
+                    f"--context carried needs a model that carries its state from "
+                    f"segment to segment; core {cfg.core!r}"
+                    f"{' with sinusoidal positions' if model.positions else ''} does not. "
+                    "allowed: --context independent (evaluated with the sliding window)"
+                )
             if cfg.eval_mode == "carried":
-                raise UserError(f"--eval-mode carried is not possible with core {cfg.core!r}; "
-                                "allowed: sliding or auto")
+                raise UserError(f"--eval-mode carried is not possible with core {cfg.core!r}; allowed: sliding or auto")
         return model
 
     @property
@@ -260,9 +320,16 @@ class SeqTrainer(Trainer):
         return self.steps_done
 
     def state_dict(self) -> dict:
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "carried": self.carried,
-                "best": self.best, "best_step": self.best_step, "early": self.early,
-                "elapsed": self.elapsed + time.monotonic() - self.t0, "skipped": self.guard.skipped}
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "carried": self.carried,
+            "best": self.best,
+            "best_step": self.best_step,
+            "early": self.early,
+            "elapsed": self.elapsed + time.monotonic() - self.t0,
+            "skipped": self.guard.skipped,
+        }
 
     def load_state_dict(self, state: dict, path: Path, step: int) -> None:
         self.model.load_state_dict(state["model"])
@@ -275,8 +342,10 @@ class SeqTrainer(Trainer):
 
     def prepare(self) -> str | None:
         n_params = self.settings["params"]
-        print(f"seq | task {self.task.name} | core {self.cfg.core} | {n_params:,} parameters | run dir "
-              f"{self.run_dir}", flush=True)
+        print(
+            f"seq | task {self.task.name} | core {self.cfg.core} | {n_params:,} parameters | run dir {self.run_dir}",
+            flush=True,
+        )
         self.t0 = time.monotonic()
         return None
 
@@ -293,13 +362,15 @@ class SeqTrainer(Trainer):
             loss, grad_norm = self.update()
             self.steps_done += 1
             step = self.steps_done
-            scalars = {"train/loss": loss, "train/lr": self.optimizer.param_groups[0]["lr"],
-                       "train/skipped_updates": self.guard.skipped}
+            scalars = {
+                "train/loss": loss,
+                "train/lr": self.optimizer.param_groups[0]["lr"],
+                "train/skipped_updates": self.guard.skipped,
+            }
             if grad_norm is not None:
                 scalars["train/grad_norm"] = grad_norm
             self.logger.log(step, scalars)
-            extra = ({"epoch": f"{self.task.epochs(step, cfg.batch_size):.2f}"}
-                     if hasattr(self.task, "epochs") else {})
+            extra = {"epoch": f"{self.task.epochs(step, cfg.batch_size):.2f}"} if hasattr(self.task, "epochs") else {}
             self.logger.progress(step, loss=loss, **extra)
             if step % cfg.eval_every == 0 or step == cfg.total_steps:
                 self.validate()
@@ -325,8 +396,9 @@ class SeqTrainer(Trainer):
         loss = model.loss(logits, y)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        grad_norm = (torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_norm_clip)
-                     if cfg.grad_norm_clip > 0 else None)
+        grad_norm = (
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_norm_clip) if cfg.grad_norm_clip > 0 else None
+        )
         updated = self.guard.ok(loss, model.parameters())
         if updated:
             self.optimizer.step()
@@ -342,10 +414,15 @@ class SeqTrainer(Trainer):
         self.logger.log(step, {f"valid/{k}": v for k, v in metrics.items()})
         if better(self.lower, metrics[main], self.best):
             self.best, self.best_step = metrics[main], step
-            atomic_torch_save({"model": self.model.state_dict(), "step": step, "settings": self.settings},
-                              self.run_dir / "best.pt")
-        print(f"step {step:,} | valid " + " | ".join(f"{k} {v:.4g}" for k, v in metrics.items()) +
-              f" | best {main} {self.best:.4g} (step {self.best_step:,})", flush=True)
+            atomic_torch_save(
+                {"model": self.model.state_dict(), "step": step, "settings": self.settings}, self.run_dir / "best.pt"
+            )
+        print(
+            f"step {step:,} | valid "
+            + " | ".join(f"{k} {v:.4g}" for k, v in metrics.items())
+            + f" | best {main} {self.best:.4g} (step {self.best_step:,})",
+            flush=True,
+        )
         self.early = early_stop_reason(cfg, main, self.lower, step, metrics[main], self.best_step)
 
     # ---- the end: the best weights on the full validation and test sets
@@ -359,18 +436,28 @@ class SeqTrainer(Trainer):
         train_time = self.elapsed + time.monotonic() - self.t0
         t1 = time.monotonic()
         final = copy.deepcopy(self.model)
-        final.load_state_dict(torch.load(self.run_dir / "best.pt", map_location=cfg.device,
-                                         weights_only=True)["model"])
-        results = {"settings": self.settings,
-                   "training": {k: self.config[k] for k in TRAINING},
-                   "best_step": self.best_step, "steps_done": self.steps_done, "early_stop": self.early,
-                   "valid": evaluate(final, self.task, "valid", cfg), "test": evaluate(final, self.task, "test", cfg),
-                   "train_seconds": round(train_time, 1), "eval_seconds": round(time.monotonic() - t1, 1),
-                   "skipped_updates": self.guard.skipped, "torch_threads": torch.get_num_threads()}
+        final.load_state_dict(torch.load(self.run_dir / "best.pt", map_location=cfg.device, weights_only=True)["model"])
+        results = {
+            "settings": self.settings,
+            "training": {k: self.config[k] for k in TRAINING},
+            "best_step": self.best_step,
+            "steps_done": self.steps_done,
+            "early_stop": self.early,
+            "valid": evaluate(final, self.task, "valid", cfg),
+            "test": evaluate(final, self.task, "test", cfg),
+            "train_seconds": round(train_time, 1),
+            "eval_seconds": round(time.monotonic() - t1, 1),
+            "skipped_updates": self.guard.skipped,
+            "torch_threads": torch.get_num_threads(),
+        }
         if self.task.name == "lm":
             results["eval_mode"] = cfg.eval_mode
         atomic_write_text(self.run_dir / "results.json", json.dumps(results, indent=2) + "\n")
-        print(f"done in {format_duration(train_time)} | best valid {self.main} {self.best:.4g} at step "
-              f"{self.best_step:,} | test " + " | ".join(f"{k} {v:.4g}" for k, v in results["test"].items())
-              + f" | {self.run_dir / 'results.json'}", flush=True)
+        print(
+            f"done in {format_duration(train_time)} | best valid {self.main} {self.best:.4g} at step "
+            f"{self.best_step:,} | test "
+            + " | ".join(f"{k} {v:.4g}" for k, v in results["test"].items())
+            + f" | {self.run_dir / 'results.json'}",
+            flush=True,
+        )
         return 0

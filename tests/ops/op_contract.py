@@ -14,9 +14,8 @@ from rfwp_rl import kernels, ops
 from rfwp_rl.ops import cases
 
 D = torch.float64
-RESETS = ((0, 1), (2, 2), (4, 0), (5, 1))   # (t, b): includes a reset at t = 0
+RESETS = ((0, 1), (2, 2), (4, 0), (5, 1))  # (t, b): includes a reset at t = 0
 SIZES = {"atari": dict(T=51, B=32, H=4, d=32), "lm": dict(T=256, B=8, H=8, d=16)}
-
 
 
 def naive(name):
@@ -34,20 +33,23 @@ def _final_state(name: str, out: tuple) -> tuple[torch.Tensor, ...]:
 
 # ------------------------------------------------------------- the reference against itself
 
+
 def test_reference_reset_equals_two_separate_sequences(name):
     T, cut = 6, 3
     spec = ops.spec(name)
     args, _ = cases.make_inputs(name, T=T, B=2, H=2, d=4)
     reset = torch.zeros(T, 2, dtype=torch.bool)
-    reset[cut, 1] = True                       # entry 1 restarts at step 3, entry 0 does not
+    reset[cut, 1] = True  # entry 1 restarts at step 3, entry 0 does not
     out = spec.naive(*args, reset)
     y = out[0]
     # entry 0: identical to running with no reset
     torch.testing.assert_close(y[:, 0], spec.naive(*args, None)[0][:, 0])
     # entry 1: first part as usual, second part from a zero state
     first = [a[:cut] if i in spec.time_args else a for i, a in enumerate(args)]
-    second = [a[cut:] if i in spec.time_args else
-              (torch.zeros_like(a) if i in spec.state_args else a) for i, a in enumerate(args)]
+    second = [
+        a[cut:] if i in spec.time_args else (torch.zeros_like(a) if i in spec.state_args else a)
+        for i, a in enumerate(args)
+    ]
     torch.testing.assert_close(y[:cut, 1], spec.naive(*first, None)[0][:, 1])
     out2 = spec.naive(*second, None)
     torch.testing.assert_close(y[cut:, 1], out2[0][:, 1])
@@ -107,7 +109,8 @@ def test_reference_gradcheck_with_initial_state_and_reset(name):
 
 # ------------------------------------------------------------ the fused kernel = reference
 
-@pytest.mark.parametrize("d", [3, 16])          # 3: plain-loop path, 16: register-blocked path
+
+@pytest.mark.parametrize("d", [3, 16])  # 3: plain-loop path, 16: register-blocked path
 def test_fused_gradcheck_with_initial_state_and_reset(ext, name, d):
     B = 2 if d == 3 else 1
     args, reset = cases.make_inputs(name, T=4, B=B, H=1, d=d, reset_at=((2, B - 1),))
@@ -127,7 +130,7 @@ def test_fused_float64_equals_reference(ext, name, d):
 def test_fused_key_size_different_from_value_size(ext, name):
     # DPFP-ν maps d to 2νd: W is [d, 2νd]
     spec = ops.spec(name)
-    if not spec.key_size_free:   # then the fused kernel says so instead of computing it
+    if not spec.key_size_free:  # then the fused kernel says so instead of computing it
         assert "key size" in spec.supported(ops.Dims(10, 5), torch.float64, "cpu")
         return
     args, reset = cases.make_inputs(name, T=6, B=2, H=3, d=5, dk=10, reset_at=((3, 1),))
@@ -135,8 +138,7 @@ def test_fused_key_size_different_from_value_size(ext, name):
     assert err < 1e-12 and gerr < 1e-12
 
 
-def _assert_close_to_truth(truth: list[torch.Tensor], got: list[torch.Tensor], dtype: torch.dtype,
-                           rtol: float) -> None:
+def _assert_close_to_truth(truth: list[torch.Tensor], got: list[torch.Tensor], dtype: torch.dtype, rtol: float) -> None:
     for x, y in zip(truth, got):
         assert y.dtype == dtype
         torch.testing.assert_close(y.double(), x, rtol=rtol, atol=rtol * float(x.abs().max()))
@@ -171,7 +173,7 @@ def test_half_precision_runs_fused_in_float32(ext, name, dtype, monkeypatch):
     g = torch.Generator().manual_seed(1)
     cot = [torch.randn(o.shape, generator=g, dtype=D).to(dtype).float() for o in out]
     ref_out, ref_grad = cases.forward_backward(naive(name), [h.float() for h in half], reset, cot)
-    eps = torch.finfo(dtype).eps   # the results' rounding to the half type: eps / 2
+    eps = torch.finfo(dtype).eps  # the results' rounding to the half type: eps / 2
     _assert_close_to_truth([x.double() for x in ref_out + ref_grad], out + grad, dtype, 2 * eps)
 
 
@@ -204,11 +206,10 @@ def test_fused_inputs_and_states_not_modified(ext, name):
 
 
 def test_fused_bitwise_deterministic_across_runs_and_thread_counts(ext, name):
-    args, reset = cases.make_inputs(name, T=9, B=8, H=2, d=32, dtype=torch.float32,
-                                    reset_at=((4, 3),))
+    args, reset = cases.make_inputs(name, T=9, B=8, H=2, d=32, dtype=torch.float32, reset_at=((4, 3),))
     fn = ops.get(name, "kernel")
     runs = []
-    for n in (2, 2, 1):   # the (b, h) tasks split over 2 threads, then all on one
+    for n in (2, 2, 1):  # the (b, h) tasks split over 2 threads, then all on one
         torch.set_num_threads(n)
         runs.append(cases.forward_backward(fn, args, reset))
     for other in runs[1:]:
@@ -222,8 +223,7 @@ def test_default_chunking_one_chunk_and_several(ext, name):
     # recomputed from its checkpoint); both against the reference, with resets. (An op whose
     # CPU kernel keeps no state checkpoints gets the whole sequence: only the values count.)
     spec = ops.spec(name)
-    one, one_reset = cases.make_inputs(name, T=12, B=3, H=2, d=32, reset_at=((0, 1), (7, 2)),
-                                       seed=5)
+    one, one_reset = cases.make_inputs(name, T=12, B=3, H=2, d=32, reset_at=((0, 1), (7, 2)), seed=5)
     state_bytes = spec.state_elems(ops.Dims(32, 32)) * 8
     if spec.cpu_checkpoints:
         assert kernels.checkpoint_interval(12, state_bytes) == 12
@@ -231,8 +231,7 @@ def test_default_chunking_one_chunk_and_several(ext, name):
     assert err < 1e-12 and gerr < 1e-12, (err, gerr)
     # float32, head size 64 (4 rows of 16 lanes per vector block): 40 states of 16 KiB > 512 KiB
     T = 40
-    several, reset = cases.make_inputs(name, T=T, B=2, H=1, d=64, reset_at=((17, 0), (33, 1)),
-                                       seed=6)
+    several, reset = cases.make_inputs(name, T=T, B=2, H=1, d=64, reset_at=((17, 0), (33, 1)), seed=6)
     if spec.cpu_checkpoints:
         assert kernels.checkpoint_interval(T, spec.state_elems(ops.Dims(64, 64)) * 4) == 16
     true_out, true_grad = cases.forward_backward(naive(name), several, reset)
@@ -246,8 +245,7 @@ def test_supported_on_cpu_at_every_size(name):
     for d in (1, 16, 32, 64, 128, 300):
         assert spec.supported(ops.Dims(d, d), torch.float32, "cpu") is None
     assert "float32, float64" in spec.supported(ops.Dims(8, 8), torch.int32, "cpu")
-    assert spec.supported(ops.Dims(8, 8), torch.float32, "meta") == \
-        "device 'meta' (fused kernels: cpu, cuda)"
+    assert spec.supported(ops.Dims(8, 8), torch.float32, "meta") == "device 'meta' (fused kernels: cpu, cuda)"
 
 
 __all__ = [n for n in dir() if n.startswith("test_")]

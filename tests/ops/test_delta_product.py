@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from op_contract import *  # noqa: F401,F403  (the checks every op passes)
+
 from rfwp_rl import ops
 from rfwp_rl.ops import cases
 
@@ -19,8 +19,13 @@ def _inputs(n_h: int, T: int = 5, B: int = 2, H: int = 2, d: int = 4, seed: int 
     g = torch.Generator().manual_seed(seed)
     r = lambda *s: torch.randn(*s, generator=g, dtype=D)
     unit = lambda x: x / x.norm(dim=-1, keepdim=True)  # exactly unit length
-    return (unit(r(T, B, H, d)), unit(r(T, B, H, n_h, d)), r(T, B, H, n_h, d),
-            2 * torch.sigmoid(r(T, B, H, n_h)), 0.5 * r(B, H, d, d))
+    return (
+        unit(r(T, B, H, d)),
+        unit(r(T, B, H, n_h, d)),
+        r(T, B, H, n_h, d),
+        2 * torch.sigmoid(r(T, B, H, n_h)),
+        0.5 * r(B, H, d, d),
+    )
 
 
 @pytest.mark.parametrize("backend", ["reference", "kernel"])
@@ -29,8 +34,7 @@ def test_one_householder_step_is_the_delta_rule(backend):
     reset = torch.zeros(5, 2, dtype=torch.bool)
     reset[2, 1] = True
     out = ops.get(OP, backend)(q, k, v, beta, S0, reset)
-    torch.testing.assert_close(out, ops.naive("delta")(q, k[:, :, :, 0], v[:, :, :, 0],
-                                                        beta[..., 0], S0, reset))
+    torch.testing.assert_close(out, ops.naive("delta")(q, k[:, :, :, 0], v[:, :, :, 0], beta[..., 0], S0, reset))
 
 
 @pytest.mark.parametrize("backend", ["reference", "kernel"])
@@ -45,8 +49,9 @@ def test_transition_is_the_product_of_householder_matrices(backend):
         A = A @ (eye - beta[0, 0, 0, j] * torch.outer(k[0, 0, 0, j], k[0, 0, 0, j]))
     torch.testing.assert_close(S[0, 0], A)
     # β = 2 on a unit key: a reflection (eigenvalue -1 along k, an involution)
-    _, R = ops.get(OP, backend)(q, k[:, :, :, :1], torch.zeros_like(v[:, :, :, :1]),
-                                torch.full_like(beta[..., :1], 2.0), S0, None)
+    _, R = ops.get(OP, backend)(
+        q, k[:, :, :, :1], torch.zeros_like(v[:, :, :, :1]), torch.full_like(beta[..., :1], 2.0), S0, None
+    )
     kk = k[0, 0, 0, 0]
     torch.testing.assert_close(R[0, 0] @ kk, -kk)
     torch.testing.assert_close(R[0, 0] @ R[0, 0], eye)
@@ -64,12 +69,14 @@ def test_equals_the_linear_rnn_form_written_out(backend):
         for h in range(2):
             St = S0[b, h]
             for t in range(4):
-                Hs = [eye - beta[t, b, h, j] * torch.outer(k[t, b, h, j], k[t, b, h, j])
-                      for j in range(n_h)]
+                Hs = [eye - beta[t, b, h, j] * torch.outer(k[t, b, h, j], k[t, b, h, j]) for j in range(n_h)]
                 A = Hs[0] @ Hs[1] @ Hs[2]
-                Bt = sum(beta[t, b, h, j] * torch.outer(v[t, b, h, j], k[t, b, h, j])
-                         @ (torch.linalg.multi_dot([eye, *Hs[j + 1:]]) if j + 1 < n_h else eye)
-                         for j in range(n_h))
+                Bt = sum(
+                    beta[t, b, h, j]
+                    * torch.outer(v[t, b, h, j], k[t, b, h, j])
+                    @ (torch.linalg.multi_dot([eye, *Hs[j + 1 :]]) if j + 1 < n_h else eye)
+                    for j in range(n_h)
+                )
                 St = St @ A + Bt
                 torch.testing.assert_close(o[t, b, h], St @ q[t, b, h])
             torch.testing.assert_close(S[b, h], St)

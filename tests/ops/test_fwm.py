@@ -11,9 +11,9 @@ import math
 
 import pytest
 import torch
-
 from op_contract import *  # noqa: F401,F403  (the checks every op passes)
 from op_contract import RESETS
+
 from rfwp_rl import kernels, ops
 from rfwp_rl.errors import UserError
 from rfwp_rl.kernels import cuda_limits
@@ -47,7 +47,7 @@ def _hand_case():
     beta = torch.tensor([0.5, 0.95, 0.95], dtype=D)
     atanh = lambda rows: torch.atanh(torch.tensor(rows, dtype=D))
     w = torch.cat([atanh(k1), atanh(k2), atanh(v), torch.logit(beta)[:, None]], -1)
-    r = atanh([u1 + u2 + u1] * 3)          # n0 = A u1, e_1 = A u2, e_2 = A u1
+    r = atanh([u1 + u2 + u1] * 3)  # n0 = A u1, e_1 = A u2, e_2 = A u1
     return [w[:, None, None], r[:, None, None], torch.zeros(1, 1, 2, 2, 2, dtype=D)]
 
 
@@ -70,24 +70,27 @@ def test_three_steps_written_out(backend):
     f01 = [0.192 + 0.64 * 0.95 * (0.95 - 0.12288), -0.256 + 0.64 * 0.95 * (0.95 + 0.16384)]
     assert f01 == pytest.approx([0.69488896, 0.42121472])
     f10 = [-0.5776, 0.5776]
-    norm = math.sqrt(f01[0] ** 2 + f01[1] ** 2 + 2 * 0.5776 ** 2)
-    assert norm ** 2 == pytest.approx(1.327536, abs=1e-6)
+    norm = math.sqrt(f01[0] ** 2 + f01[1] ** 2 + 2 * 0.5776**2)
+    assert norm**2 == pytest.approx(1.327536, abs=1e-6)
     c2 = _ln2(0.64 * f01[0] / norm, 0.64 * f01[1] / norm)[0]
-    expect = [[0.0, 0.0], _ln2(0.46208 * c, -0.46208 * c),
-              _ln2(-c2 * A * f10[0] / norm, -c2 * A * f10[1] / norm)]
+    expect = [[0.0, 0.0], _ln2(0.46208 * c, -0.46208 * c), _ln2(-c2 * A * f10[0] / norm, -c2 * A * f10[1] / norm)]
     torch.testing.assert_close(y[:, 0, 0], torch.tensor(expect, dtype=D))
     F_T = torch.zeros(2, 2, 2, dtype=D)
     F_T[0, 1] = torch.tensor(f01, dtype=D) / norm
     F_T[1, 0] = torch.tensor(f10, dtype=D) / norm
     torch.testing.assert_close(F[0, 0], F_T)
-    assert abs(float(F.norm()) - 1.0) < 1e-12          # Eq. 4 rescaled to norm 1
+    assert abs(float(F.norm()) - 1.0) < 1e-12  # Eq. 4 rescaled to norm 1
 
 
 def _rescaled_steps(args, reset):
     """(steps where Eq. 4 rescaled, all steps) of the reference, per (t, b, h)."""
     T = args[0].shape[0]
-    norms = torch.stack([naive.fwm(*[a[:t + 1] for a in args[:2]], args[2], reset[:t + 1])[1]
-                         .flatten(2).norm(dim=-1) for t in range(T)])
+    norms = torch.stack(
+        [
+            naive.fwm(*[a[: t + 1] for a in args[:2]], args[2], reset[: t + 1])[1].flatten(2).norm(dim=-1)
+            for t in range(T)
+        ]
+    )
     return int((norms > 1 - 1e-12).sum()), norms.numel()
 
 
@@ -104,6 +107,7 @@ def test_gradcheck_on_both_branches_of_the_rescaling(backend):
 
 # ------------------------------------------------------------- the fused kernel's own checks
 
+
 def _reference_noise(args, reset) -> tuple[float, float]:
     """Bounds for the fused float64 kernel against the reference: 10x how far the reference's
     outputs and gradients move when its inputs move by about one ulp (at least 1e-12). The
@@ -113,15 +117,14 @@ def _reference_noise(args, reset) -> tuple[float, float]:
     moved = [a * (1 + 1e-15 * torch.randn(a.shape, generator=g, dtype=D)) for a in args]
     ref_out, ref_grad = cases.forward_backward(naive.fwm, args, reset)
     out, grad = cases.forward_backward(naive.fwm, moved, reset)
-    return (max(1e-12, 10 * cases.relative_error(ref_out, out)),
-            max(1e-12, 10 * cases.relative_error(ref_grad, grad)))
+    return (max(1e-12, 10 * cases.relative_error(ref_out, out)), max(1e-12, 10 * cases.relative_error(ref_grad, grad)))
 
 
 @pytest.mark.parametrize("d", [5, 16, 32, 64])
 def test_fused_float64_equals_reference(ext, name, d):  # noqa: F811 (the bound of _reference_noise)
     args, reset = cases.make_inputs(name, T=7, B=3, H=2, d=d, reset_at=RESETS, seed=d)
     bound = _reference_noise(args, reset)
-    for chunk in (1, 3, 7):   # a fold every step, every 3, none
+    for chunk in (1, 3, 7):  # a fold every step, every 3, none
         err, gerr = cases.max_errors(name, lambda *a, chunk=chunk: fused.fwm(ext, chunk, *a), args, reset)
         assert err < bound[0] and gerr < bound[1], (chunk, err, gerr, bound)
 
@@ -140,8 +143,10 @@ def test_inference_without_checkpoints(ext, name, backend):  # noqa: F811 (as ab
         fused.fwm(ext, 0, *[a.clone().requires_grad_() for a in args], reset)
 
 
-FWM_SIZES = {"meta_rl": dict(T=30, B=600, H=1, d=16),   # agents/meta_rl_fwm.toml, batch 600
-             "atari": dict(T=51, B=32, H=1, d=32)}      # agents/atari_fwm.toml, unroll 50 (+1)
+FWM_SIZES = {
+    "meta_rl": dict(T=30, B=600, H=1, d=16),  # agents/meta_rl_fwm.toml, batch 600
+    "atari": dict(T=51, B=32, H=1, d=32),
+}  # agents/atari_fwm.toml, unroll 50 (+1)
 
 
 @pytest.mark.parametrize("zero_start", [True, False], ids=["zero F0", "F0"])
@@ -171,14 +176,13 @@ def test_fused_float32_at_benchmark_sizes(ext, size, zero_start):  # noqa: F811 
 def test_chained_calls_equal_one_call(ext, pieces):
     # F_T of one call is the F0 of the next: values and gradients (through the final state's
     # gradient and the initial state's) equal one call of 7 steps, with resets
-    args, reset = cases.make_inputs(OP, T=7, B=3, H=2, d=4, reset_at=((1, 0), (4, 2), (5, 1)),
-                                    seed=3)
+    args, reset = cases.make_inputs(OP, T=7, B=3, H=2, d=4, reset_at=((1, 0), (4, 2), (5, 1)), seed=3)
     fn = ops.get(OP, "kernel")
 
     def chained(w, r, F, reset):
         ys, t = [], 0
         for n in pieces:
-            y, F = fn(w[t:t + n], r[t:t + n], F, reset[t:t + n])
+            y, F = fn(w[t : t + n], r[t : t + n], F, reset[t : t + n])
             ys.append(y)
             t += n
         return torch.cat(ys), F
@@ -199,9 +203,9 @@ def test_stepper_equals_one_call(ext, d, T):
     ys = torch.stack([stepper.step(args[0][t], args[1][t], reset[t]) for t in range(T)])
     torch.testing.assert_close(ys, y, rtol=1e-11, atol=1e-12)
     torch.testing.assert_close(stepper.dense(), F, rtol=1e-11, atol=1e-12)
-    tail_length, has_base = stepper.state[5].unbind(-1)   # per group of tasks
-    assert has_base.all()                                   # F0, and folds of the tail
-    assert (int(tail_length.max()) < T) == (d == 3)         # folded: a shorter tail
+    tail_length, has_base = stepper.state[5].unbind(-1)  # per group of tasks
+    assert has_base.all()  # F0, and folds of the tail
+    assert (int(tail_length.max()) < T) == (d == 3)  # folded: a shorter tail
 
 
 @pytest.mark.parametrize("d, T", [(3, 12), (16, 30)])
@@ -220,8 +224,7 @@ def test_recorded_steps_replay_one_call_with_resets(ext, d, T):
     # float64 rounding of the dense reference vs the factored kernel, amplified by LN (Eq. 7)
     torch.testing.assert_close(y, y_ref, rtol=1e-9, atol=1e-10)
     g = torch.randn_like(y)
-    for a, b in zip(torch.autograd.grad((y * g).sum(), (w, r)),
-                    torch.autograd.grad((y_ref * g).sum(), (w, r))):
+    for a, b in zip(torch.autograd.grad((y * g).sum(), (w, r)), torch.autograd.grad((y_ref * g).sum(), (w, r))):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
 
 
@@ -235,9 +238,9 @@ def test_no_replay_from_F0_or_after_a_fold(ext):
         for t in range(16):
             long.step(args[0][t], args[1][t])
     assert from_F0.replay(args[0][:1], args[1][:1]) is None
-    assert long.replay(args[0][:16], args[1][:16]) is not None     # 16 terms: no fold yet
+    assert long.replay(args[0][:16], args[1][:16]) is not None  # 16 terms: no fold yet
     with torch.no_grad():
-        long.step(args[0][16], args[1][16])                         # the 17th step folds
+        long.step(args[0][16], args[1][16])  # the 17th step folds
     assert long.replay(args[0][:17], args[1][:17]) is None
 
 
@@ -260,8 +263,10 @@ def test_gradient_of_F0_only_when_needed(ext, monkeypatch):
 
 def test_cuda_inputs_run_on_the_reference(ext, monkeypatch, caplog):
     # no CUDA kernel: 'auto' takes the reference (one warning), 'kernel' refuses in one line
-    assert fused.supported(ops.Dims(16, 16), torch.float32, "cuda", cuda_limits.H100) == \
-        "fwm has no CUDA kernel (fused on cpu only)"
+    assert (
+        fused.supported(ops.Dims(16, 16), torch.float32, "cuda", cuda_limits.H100)
+        == "fwm has no CUDA kernel (fused on cpu only)"
+    )
     monkeypatch.setattr(dispatch, "_warned", set())
 
     class CudaExt:
@@ -271,14 +276,14 @@ def test_cuda_inputs_run_on_the_reference(ext, monkeypatch, caplog):
         def __getattr__(self, name):
             return getattr(ext, name)
 
-    monkeypatch.setattr(kernels, "_state", {"loaded": True, "ext": CudaExt(), "why": "test",
-                                            "build_seconds": 0.0})
+    monkeypatch.setattr(kernels, "_state", {"loaded": True, "ext": CudaExt(), "why": "test", "build_seconds": 0.0})
     cuda = torch.device("cuda", 0)
     with caplog.at_level(logging.WARNING, logger="rfwp_rl.ops"):
         plan = ops.resolve(OP, "auto", ops.Dims(16, 16))._plan((cuda, torch.float32))
     assert not isinstance(plan, dispatch.FusedCall)
     assert [r.getMessage() for r in caplog.records if r.name == "rfwp_rl.ops"] == [
         "rfwp_rl: op 'fwm' at key size 16, value size 16 (float32, cuda:0) runs on the PyTorch "
-        "reference: fwm has no CUDA kernel (fused on cpu only)"]
+        "reference: fwm has no CUDA kernel (fused on cpu only)"
+    ]
     with pytest.raises(UserError, match="fwm has no CUDA kernel"):
         ops.resolve(OP, "kernel", ops.Dims(16, 16))._plan((cuda, torch.float32))

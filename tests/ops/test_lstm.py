@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from op_contract import *  # noqa: F401,F403  (the checks every op passes)
 from torch import nn
 
-from op_contract import *  # noqa: F401,F403  (the checks every op passes)
 from rfwp_rl import cores, ops
 from rfwp_rl.cores.lstm import run_lstm
 from rfwp_rl.errors import UserError
@@ -41,8 +41,10 @@ def test_reference_equals_nn_lstm_with_resets_and_initial_state():
     reset[3, 1] = reset[6, 2] = reset[6, 0] = True
     w = torch.randn(T, B, H, dtype=D)
     out = {}
-    for name, fn in (("nn", lambda *a: _nn_lstm_with_resets(lstm, *a)),
-                     ("naive", lambda *a: naive.lstm(*a[:3], *_params(lstm), a[3]))):
+    for name, fn in (
+        ("nn", lambda *a: _nn_lstm_with_resets(lstm, *a)),
+        ("naive", lambda *a: naive.lstm(*a[:3], *_params(lstm), a[3])),
+    ):
         leaves = [t.clone().requires_grad_() for t in (x, h0, c0)]
         y, h, c = fn(*leaves, reset)
         loss = (y * w).sum() + h.square().sum() + c.sum()
@@ -53,8 +55,7 @@ def test_reference_equals_nn_lstm_with_resets_and_initial_state():
 
 
 def test_fused_gradcheck_with_resets_and_initial_state(ext):
-    args, reset = cases.make_inputs(OP, T=5, B=3, H=1, d=3, dk=4, reset_at=((0, 1), (2, 2), (3, 0)),
-                                    seed=2)
+    args, reset = cases.make_inputs(OP, T=5, B=3, H=1, d=3, dk=4, reset_at=((0, 1), (2, 2), (3, 0)), seed=2)
     leaves = tuple(a.clone().requires_grad_() for a in args)
     fn = ops.get(OP, "kernel")
     assert torch.autograd.gradcheck(lambda *a: fn(*a, reset), leaves, eps=1e-6, atol=1e-7)
@@ -74,8 +75,10 @@ def test_inference_without_checkpoints(ext, name):  # noqa: F811 (the lstm forwa
         fused.lstm(ext, 0, *[a.clone().requires_grad_() for a in args], reset)
 
 
-LSTM_SIZES = {"meta_rl": dict(T=30, B=600, d=32, dk=17),    # agents/meta_rl_fwm.toml, batch 600
-              "atari": dict(T=51, B=32, d=256, dk=257)}     # the Atari lstm core, unroll 50 (+1)
+LSTM_SIZES = {
+    "meta_rl": dict(T=30, B=600, d=32, dk=17),  # agents/meta_rl_fwm.toml, batch 600
+    "atari": dict(T=51, B=32, d=256, dk=257),
+}  # the Atari lstm core, unroll 50 (+1)
 
 
 @pytest.mark.parametrize("size", sorted(LSTM_SIZES))
@@ -110,10 +113,14 @@ def test_gradient_of_x_only_when_needed(ext, monkeypatch):
 
 # ---------------------------------------------------------------------------- in the cores
 
+
 def _core_outputs(name: str, backend: str, num_layers: int = 1, **options):
     torch.manual_seed(0)
-    config = ({"hidden_size": 8, "num_layers": num_layers, **options} if name == "lstm" else
-              {"hidden_size": 8, "memory_size": 4, "num_reads": 2})
+    config = (
+        {"hidden_size": 8, "num_layers": num_layers, **options}
+        if name == "lstm"
+        else {"hidden_size": 8, "memory_size": 4, "num_reads": 2}
+    )
     core = cores.make(name, 5, backend=backend, **config).double()
     g = torch.Generator().manual_seed(1)
     T, B = 7, 3
@@ -132,8 +139,9 @@ def _core_outputs(name: str, backend: str, num_layers: int = 1, **options):
 INIT = {"forget_bias": 1.0, "recurrent_init": "orthogonal"}
 
 
-@pytest.mark.parametrize("name, layers, options", [("lstm", 1, {}), ("lstm", 2, {}), ("fwm", 1, {}),
-                                                   ("lstm", 2, INIT)], ids=str)
+@pytest.mark.parametrize(
+    "name, layers, options", [("lstm", 1, {}), ("lstm", 2, {}), ("fwm", 1, {}), ("lstm", 2, INIT)], ids=str
+)
 def test_cores_equal_on_kernel_and_reference(ext, name, layers, options, monkeypatch):
     # backend 'kernel' runs the op on the nn.LSTM's parameters, 'reference' nn.LSTM itself
     # (so the initialisation options reach both)
@@ -146,7 +154,7 @@ def test_cores_equal_on_kernel_and_reference(ext, name, layers, options, monkeyp
     assert len(calls) == layers
     for a, b in zip(got, ref):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
-    if options:   # the options changed the numbers the kernel computes
+    if options:  # the options changed the numbers the kernel computes
         assert (got[0] - _core_outputs(name, "kernel", layers)[0]).abs().max() > 1e-3
 
 
@@ -177,27 +185,31 @@ def test_recorded_steps_replay_one_call_in_values_and_gradients(ext):
     torch.testing.assert_close(y, ys, rtol=0, atol=0)
     torch.testing.assert_close(y, y_ref, rtol=1e-12, atol=1e-13)
     g = torch.randn_like(y)
-    for a, b in zip(torch.autograd.grad((y * g).sum(), _params(lstm)),
-                    torch.autograd.grad((y_ref * g).sum(), _params(lstm))):
+    for a, b in zip(
+        torch.autograd.grad((y * g).sum(), _params(lstm)), torch.autograd.grad((y_ref * g).sum(), _params(lstm))
+    ):
         torch.testing.assert_close(a, b, rtol=1e-11, atol=1e-12)
 
 
 # ---------------------------------------------------------------------------- bad inputs
 
+
 def test_bad_inputs_give_one_line_errors(ext):
     args, reset = cases.make_inputs(OP, T=3, B=2, H=1, d=4, dk=3)
     with pytest.raises(UserError) as info:
         ops.get(OP, "kernel")(*[a.to(torch.int32) for a in args], reset)
-    assert str(info.value) == ("backend 'kernel' cannot run op 'lstm' at key size 3, value size 4 "
-                               "(int32, cpu): dtype torch.int32 (fused kernels: float32, float64; "
-                               "float16/bfloat16 computed in float32); use backend 'auto' or "
-                               "'reference'")
+    assert str(info.value) == (
+        "backend 'kernel' cannot run op 'lstm' at key size 3, value size 4 "
+        "(int32, cpu): dtype torch.int32 (fused kernels: float32, float64; "
+        "float16/bfloat16 computed in float32); use backend 'auto' or "
+        "'reference'"
+    )
     bad = list(args)
-    bad[4] = bad[4][:, :3]                                # w_hh [16, 3] for H = 4
+    bad[4] = bad[4][:, :3]  # w_hh [16, 3] for H = 4
     with pytest.raises(RuntimeError, match=r"^w_hh must be \[4H, H\] with H >= 1, got \[16, 3\]$"):
         ops.get(OP, "kernel")(*bad, reset)
     bad = list(args)
-    bad[1] = bad[1][:1]                                   # h0 of one entry, x of two
+    bad[1] = bad[1][:1]  # h0 of one entry, x of two
     with pytest.raises(RuntimeError, match=r"^h0 has shape \[1, 4\], expected \[2, 4\]$"):
         ops.get(OP, "kernel")(*bad, reset)
     with pytest.raises(UserError, match=r"^unknown backend 'fused'"):
@@ -213,4 +225,4 @@ def test_auto_runs_nn_lstm_above_the_size_where_the_kernel_is_faster(ext):
     assert fused.layer("auto", like, big) is None
     assert fused.layer("kernel", like, big) is not None
     assert fused.layer("reference", like, 8) is None
-    assert fused.layer("auto", like.to("meta"), 8) is None            # not the CPU: nn.LSTM
+    assert fused.layer("auto", like.to("meta"), 8) is None  # not the CPU: nn.LSTM

@@ -4,8 +4,8 @@ gradient with initial fast weights; and every check of op_contract.py."""
 from __future__ import annotations
 
 import torch
-
 from op_contract import *  # noqa: F401,F403  (the checks every op passes)
+
 from rfwp_rl import ops
 from rfwp_rl.ops import cases
 

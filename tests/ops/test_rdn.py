@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from op_contract import *  # noqa: F401,F403  (the checks every op passes)
+
 from rfwp_rl import ops
 from rfwp_rl.errors import UserError
 from rfwp_rl.ops import cases
@@ -20,8 +20,7 @@ def test_rdn_feature_map_keyword():
     args, reset = cases.make_inputs("rdn", T=5, B=3, H=2, d=4, reset_at=((2, 1),))
     rdn = ops.naive("rdn")
     y_soft = rdn(*args, reset)[0]
-    torch.testing.assert_close(rdn(*args, reset, feature_map=lambda x: torch.softmax(x, -1))[0],
-                               y_soft)
+    torch.testing.assert_close(rdn(*args, reset, feature_map=lambda x: torch.softmax(x, -1))[0], y_soft)
     # a map that doubles the key size: W becomes [B, H, d, 2d]
     W0 = torch.zeros(*args[8].shape[:-1], 2 * args[8].shape[-1], dtype=D)
     dbl = lambda x: torch.softmax(torch.cat([x, -x], -1), -1)
@@ -33,10 +32,11 @@ def test_rdn_feature_map_keyword():
 def test_fused_rdn_runs_softmax_only():
     supported = ops.spec("rdn").supported
     assert supported(ops.Dims(32, 32, "softmax"), torch.float32, "cpu") is None
-    assert supported(ops.Dims(32, 32, "elu_sum"), torch.float32, "cpu") == \
-        "rdn with feature map 'elu_sum' (the fused kernel implements softmax only)"
-    assert "key size equal to the head size" in supported(ops.Dims(64, 32, "softmax"),
-                                                          torch.float32, "cpu")
+    assert (
+        supported(ops.Dims(32, 32, "elu_sum"), torch.float32, "cpu")
+        == "rdn with feature map 'elu_sum' (the fused kernel implements softmax only)"
+    )
+    assert "key size equal to the head size" in supported(ops.Dims(64, 32, "softmax"), torch.float32, "cpu")
 
 
 def test_other_feature_maps_fall_back_or_raise(ext):
@@ -50,11 +50,14 @@ def test_other_feature_maps_fall_back_or_raise(ext):
         required(*args, reset, feature_map=feature_maps.elu_sum)
     # softmax given explicitly (the cores pass theirs, which is the ops' own) is the kernel's
     assert feature_maps.softmax is softmax
-    torch.testing.assert_close(required(*args, reset, feature_map=feature_maps.softmax),
-                               ops.naive("rdn")(*args, reset))
+    torch.testing.assert_close(required(*args, reset, feature_map=feature_maps.softmax), ops.naive("rdn")(*args, reset))
     # resolved once for a sublayer's sizes: decided at resolution, not per call
-    assert ops.resolve("rdn", "auto", ops.Dims(4, 4, "elu_sum"), feature_map=feature_maps.elu_sum)(
-        *args, reset)[0].equal(expect[0])
-    with pytest.raises(UserError, match=r"cannot run op 'rdn' at key size 4, value size 4: rdn "
-                                        r"with feature map 'elu_sum'"):
+    assert ops.resolve("rdn", "auto", ops.Dims(4, 4, "elu_sum"), feature_map=feature_maps.elu_sum)(*args, reset)[
+        0
+    ].equal(expect[0])
+    with pytest.raises(
+        UserError,
+        match=r"cannot run op 'rdn' at key size 4, value size 4: rdn "
+        r"with feature map 'elu_sum'",
+    ):
         ops.resolve("rdn", "kernel", ops.Dims(4, 4, "elu_sum"))

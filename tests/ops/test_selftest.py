@@ -13,8 +13,8 @@ from rfwp_rl.ops import selftest
 def test_info_check_passes_here(ext, capsys):
     assert cli.main(["info", "--check"]) == 0
     out = capsys.readouterr().out
-    table = out[out.index("self-check:"):]
-    emulated = shutil.which("g++") is not None   # the emulated CUDA kernels: ops that have one
+    table = out[out.index("self-check:") :]
+    emulated = shutil.which("g++") is not None  # the emulated CUDA kernels: ops that have one
     for name in ops.OPS:
         assert table.count(f"\n{name} ") >= (4 if emulated and name in cuda_limits.OPS else 2)
     assert "fused C++      float64" in table and "fused C++      float32" in table
@@ -40,8 +40,9 @@ class _WrongRdnBackward:
 
 
 def test_check_fails_when_an_op_disagrees(ext, monkeypatch):
-    monkeypatch.setattr(kernels, "_state", {"loaded": True, "ext": _WrongRdnBackward(ext),
-                                            "why": "test", "build_seconds": 0.0})
+    monkeypatch.setattr(
+        kernels, "_state", {"loaded": True, "ext": _WrongRdnBackward(ext), "why": "test", "build_seconds": 0.0}
+    )
     lines = []
     assert selftest.main(emulation=False, print_fn=lines.append) == 1
     rows = [ln for ln in "\n".join(lines).splitlines() if ln.startswith(tuple(ops.OPS))]
@@ -53,9 +54,11 @@ def test_check_fails_when_an_op_disagrees(ext, monkeypatch):
 
 
 def test_check_fails_without_kernels(monkeypatch):
-    monkeypatch.setattr(kernels, "_state", {"loaded": True, "ext": None,
-                                            "why": "fused kernels disabled by RFWP_RL_KERNELS=0",
-                                            "build_seconds": 0.0})
+    monkeypatch.setattr(
+        kernels,
+        "_state",
+        {"loaded": True, "ext": None, "why": "fused kernels disabled by RFWP_RL_KERNELS=0", "build_seconds": 0.0},
+    )
     lines = []
     assert selftest.main(emulation=False, print_fn=lines.append) == 1
     assert "  fused kernels: fused kernels disabled by RFWP_RL_KERNELS=0" in lines

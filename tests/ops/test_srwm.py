@@ -9,8 +9,8 @@ import math
 
 import pytest
 import torch
-
 from op_contract import *  # noqa: F401,F403  (the checks every op passes)
+
 from rfwp_rl import ops
 from rfwp_rl.errors import UserError
 from rfwp_rl.ops import cases
@@ -38,12 +38,12 @@ def _srwm_by_hand(x, W_init, dW0, reset):
         if reset[t]:
             dW = [[0.0, 0.0] for _ in range(10)]
         W = [[W_init[r][c] + dW[r][c] for c in range(2)] for r in range(10)]
-        p = [W[r][0] * xt[0] + W[r][1] * xt[1] for r in range(10)]        # Eq. 5
+        p = [W[r][0] * xt[0] + W[r][1] * xt[1] for r in range(10)]  # Eq. 5
         y, q, k, b = p[0:2], _softmax(p[2:4]), _softmax(p[4:6]), p[6:10]
-        v = [W[r][0] * q[0] + W[r][1] * q[1] for r in range(10)]           # Eq. 6
-        v_bar = [W[r][0] * k[0] + W[r][1] * k[1] for r in range(10)]       # Eq. 7
-        block = [0, 0, 1, 1, 2, 2, 3, 3, 3, 3]     # rows of y, q, k, then the four rates
-        for r in range(10):                                                 # Eq. 8
+        v = [W[r][0] * q[0] + W[r][1] * q[1] for r in range(10)]  # Eq. 6
+        v_bar = [W[r][0] * k[0] + W[r][1] * k[1] for r in range(10)]  # Eq. 7
+        block = [0, 0, 1, 1, 2, 2, 3, 3, 3, 3]  # rows of y, q, k, then the four rates
+        for r in range(10):  # Eq. 8
             rate = _sigmoid(b[block[r]])
             for c in range(2):
                 dW[r][c] += rate * (v[r] - v_bar[r]) * k[c]
@@ -58,8 +58,7 @@ def test_two_by_two_case_written_out(backend):
     reset[3, 1] = True
     y, dW = ops.get(OP, backend)(x, W_init, dW0, reset)
     for b in range(2):
-        ys, dW_b = _srwm_by_hand(x[:, b, 0].tolist(), W_init[0].tolist(), dW0[b, 0].tolist(),
-                                 reset[:, b].tolist())
+        ys, dW_b = _srwm_by_hand(x[:, b, 0].tolist(), W_init[0].tolist(), dW0[b, 0].tolist(), reset[:, b].tolist())
         torch.testing.assert_close(y[:, b, 0], torch.tensor(ys, dtype=D))
         torch.testing.assert_close(dW[b, 0], torch.tensor(dW_b, dtype=D))
 
@@ -80,7 +79,7 @@ def test_equal_query_and_key_rows_never_write(backend):
     # q = k for every input: φ(q) = φ(k), so v - v̄ = 0 (Eq. 6-8) and W stays W_init
     (x, W_init, _), _ = cases.make_inputs(OP, T=5, B=2, H=1, d=3, seed=2)
     W_init = W_init.clone()
-    W_init[:, 3:6] = W_init[:, 6:9]            # the q rows equal the k rows
+    W_init[:, 3:6] = W_init[:, 6:9]  # the q rows equal the k rows
     dW0 = torch.zeros(2, 1, 13, 3, dtype=D)
     y, dW = ops.get(OP, backend)(x, W_init, dW0, None)
     assert dW.abs().max() == 0
@@ -92,8 +91,7 @@ def test_feature_map_keyword():
 
     args, reset = cases.make_inputs(OP, T=4, B=2, H=1, d=3, reset_at=((2, 1),))
     srwm = ops.naive(OP)
-    torch.testing.assert_close(srwm(*args, reset, feature_map=lambda z: torch.softmax(z, -1)),
-                               srwm(*args, reset))
+    torch.testing.assert_close(srwm(*args, reset, feature_map=lambda z: torch.softmax(z, -1)), srwm(*args, reset))
     y_elu, _ = srwm(*args, reset, feature_map=feature_maps.elu_sum)
     assert y_elu.shape == (4, 2, 1, 3) and not torch.allclose(y_elu, srwm(*args, reset)[0])
 
@@ -103,13 +101,13 @@ def test_fused_srwm_runs_softmax_only(ext):
 
     supported = ops.spec(OP).supported
     assert supported(ops.Dims(8, 8, "softmax"), torch.float32, "cpu") is None
-    assert supported(ops.Dims(8, 8, "elu_sum"), torch.float32, "cpu") == \
-        "srwm with feature map 'elu_sum' (the fused kernel implements softmax only)"
-    assert "key size equal to the head size" in supported(ops.Dims(16, 8, "softmax"),
-                                                          torch.float32, "cpu")
+    assert (
+        supported(ops.Dims(8, 8, "elu_sum"), torch.float32, "cpu")
+        == "srwm with feature map 'elu_sum' (the fused kernel implements softmax only)"
+    )
+    assert "key size equal to the head size" in supported(ops.Dims(16, 8, "softmax"), torch.float32, "cpu")
     args, reset = cases.make_inputs(OP, T=3, B=2, H=1, d=4, reset_at=((1, 0),))
     expect = ops.naive(OP)(*args, reset, feature_map=feature_maps.elu_sum)
-    torch.testing.assert_close(ops.get(OP, "auto")(*args, reset, feature_map=feature_maps.elu_sum),
-                               expect)
+    torch.testing.assert_close(ops.get(OP, "auto")(*args, reset, feature_map=feature_maps.elu_sum), expect)
     with pytest.raises(UserError, match="softmax only"):
         ops.get(OP, "kernel")(*args, reset, feature_map=feature_maps.elu_sum)

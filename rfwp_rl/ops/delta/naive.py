@@ -14,8 +14,7 @@ if TYPE_CHECKING:
     from rfwp_rl.ops.cases import Rand
 
 
-def delta(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, W0: Tensor,
-          reset: Tensor | None) -> tuple[Tensor, Tensor]:
+def delta(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, W0: Tensor, reset: Tensor | None) -> tuple[Tensor, Tensor]:
     """Delta Net: fast weights written by the delta rule (RFWP paper Eq. 8-10).
 
     ``v̄_t = W_{t-1} k_t``;  ``W_t = W_{t-1} + β_t (v_t - v̄_t) ⊗ k_t``;  ``y_t = W_t q_t``.
@@ -36,13 +35,18 @@ def delta(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, W0: Tensor,
     for t in range(T):
         if flags[t]:
             W = zero_entries(W, reset[t])
-        W = delta_update(W, k[t], v[t], beta[t])    # RFWP Eq. 8, 10
-        ys.append(read(W, q[t]))                    # RFWP Eq. 7
+        W = delta_update(W, k[t], v[t], beta[t])  # RFWP Eq. 8, 10
+        ys.append(read(W, q[t]))  # RFWP Eq. 7
     return torch.stack(ys), W
 
 
 def example_inputs(rand: Rand, T: int, B: int, H: int, d: int, dk: int) -> list[Tensor]:
     """Random ``(q, k, v, beta, W0)`` (see :func:`rfwp_rl.ops.lt.naive.example_inputs`;
     ``beta [T, B, H]`` in (0, 1))."""
-    return [rand.fm(T, B, H, dk), rand.fm(T, B, H, dk), rand.normal(T, B, H, d),
-            rand.sig(T, B, H), rand.state(B, H, d, dk)]
+    return [
+        rand.fm(T, B, H, dk),
+        rand.fm(T, B, H, dk),
+        rand.normal(T, B, H, d),
+        rand.sig(T, B, H),
+        rand.state(B, H, d, dk),
+    ]

@@ -10,9 +10,16 @@ from rfwp_rl.ops.base import Dims, OpSpec
 from rfwp_rl.ops.delta_product import fused, naive
 
 OP = OpSpec(
-    name="delta_product", naive=naive.delta_product, fused=fused.delta_product,
-    supported=fused.supported, dims_of=fused.dims_of, state_elems=lambda dims: dims.dv * dims.dk,
-    example_inputs=naive.example_inputs, state_args=(4,), time_args=(0, 1, 2, 3),
-    final_state=lambda out: (out[1],))
+    name="delta_product",
+    naive=naive.delta_product,
+    fused=fused.delta_product,
+    supported=fused.supported,
+    dims_of=fused.dims_of,
+    state_elems=lambda dims: dims.dv * dims.dk,
+    example_inputs=naive.example_inputs,
+    state_args=(4,),
+    time_args=(0, 1, 2, 3),
+    final_state=lambda out: (out[1],),
+)
 
 __all__ = ["OP", "Dims"]

@@ -18,8 +18,9 @@ EXAMPLE_HOUSEHOLDER = 2
 """n_h of :func:`example_inputs` (more than one, so that the op tests exercise the product)."""
 
 
-def delta_product(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, S0: Tensor,
-                  reset: Tensor | None) -> tuple[Tensor, Tensor]:
+def delta_product(
+    q: Tensor, k: Tensor, v: Tensor, beta: Tensor, S0: Tensor, reset: Tensor | None
+) -> tuple[Tensor, Tensor]:
     """DeltaProduct (Siems et al., NeurIPS 2025, Sec. 3): n_h delta-rule steps per input, each
     with its own key, value and β, i.e. the state transition is a product of n_h generalised
     Householder matrices ``I - β_j k_j k_jᵀ``; the output reads the state after the last one.
@@ -43,7 +44,7 @@ def delta_product(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, S0: Tensor,
     for t in range(T):
         if flags[t]:
             S = zero_entries(S, reset[t])
-        for j in range(n_h):     # DeltaProduct Sec. 3: n_h gradient steps on one input
+        for j in range(n_h):  # DeltaProduct Sec. 3: n_h gradient steps on one input
             S = delta_update(S, k[t, :, :, j], v[t, :, :, j], beta[t, :, :, j])
         ys.append(read(S, q[t]))
     return torch.stack(ys), S
@@ -54,5 +55,10 @@ def example_inputs(rand: Rand, T: int, B: int, H: int, d: int, dk: int) -> list[
     queries ``[T, B, H, dk]`` and keys ``[T, B, H, n_h, dk]``, values ``[T, B, H, n_h, d]``,
     β ``[T, B, H, n_h]`` in (0, 2) (negative eigenvalues allowed), a non-zero S0."""
     n = EXAMPLE_HOUSEHOLDER
-    return [unit_vectors(rand.normal(T, B, H, dk)), unit_vectors(rand.normal(T, B, H, n, dk)),
-            rand.normal(T, B, H, n, d), 2.0 * rand.sig(T, B, H, n), rand.state(B, H, d, dk)]
+    return [
+        unit_vectors(rand.normal(T, B, H, dk)),
+        unit_vectors(rand.normal(T, B, H, n, dk)),
+        rand.normal(T, B, H, n, d),
+        2.0 * rand.sig(T, B, H, n),
+        rand.state(B, H, d, dk),
+    ]

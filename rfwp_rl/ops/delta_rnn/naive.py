@@ -14,9 +14,19 @@ if TYPE_CHECKING:
     from rfwp_rl.ops.cases import Rand
 
 
-def delta_rnn(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, kr: Tensor, vr: Tensor,
-              beta_r: Tensor, W0: Tensor, R0: Tensor, y0: Tensor,
-              reset: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+def delta_rnn(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    beta: Tensor,
+    kr: Tensor,
+    vr: Tensor,
+    beta_r: Tensor,
+    W0: Tensor,
+    R0: Tensor,
+    y0: Tensor,
+    reset: Tensor | None,
+) -> tuple[Tensor, Tensor, Tensor]:
     """Delta RNN, version B (RFWP paper Eq. 12 with f = softmax; App. A.2).
 
     Two fast weight matrices, both written by the delta rule (RFWP Eq. 8, 10):
@@ -41,9 +51,9 @@ def delta_rnn(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, kr: Tensor, vr: Ten
     for t in range(T):
         if flags[t]:
             W, R, y = (zero_entries(s, reset[t]) for s in (W, R, y))
-        W = delta_update(W, k[t], v[t], beta[t])        # RFWP Eq. 8 for W
-        R = delta_update(R, kr[t], vr[t], beta_r[t])    # RFWP Eq. 8 for R
-        y = read(W, q[t]) + read(R, softmax(y))         # RFWP Eq. 12
+        W = delta_update(W, k[t], v[t], beta[t])  # RFWP Eq. 8 for W
+        R = delta_update(R, kr[t], vr[t], beta_r[t])  # RFWP Eq. 8 for R
+        y = read(W, q[t]) + read(R, softmax(y))  # RFWP Eq. 12
         ys.append(y)
     return torch.stack(ys), W, R
 
@@ -51,6 +61,15 @@ def delta_rnn(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, kr: Tensor, vr: Ten
 def example_inputs(rand: Rand, T: int, B: int, H: int, d: int, dk: int) -> list[Tensor]:
     """Random ``(q, k, v, beta, kr, vr, beta_r, W0, R0, y0)`` (see
     :func:`rfwp_rl.ops.lt.naive.example_inputs`)."""
-    return [rand.fm(T, B, H, dk), rand.fm(T, B, H, dk), rand.normal(T, B, H, d),
-            rand.sig(T, B, H), rand.fm(T, B, H, d), rand.normal(T, B, H, d), rand.sig(T, B, H),
-            rand.state(B, H, d, dk), rand.state(B, H, d, d), rand.normal(B, H, d)]
+    return [
+        rand.fm(T, B, H, dk),
+        rand.fm(T, B, H, dk),
+        rand.normal(T, B, H, d),
+        rand.sig(T, B, H),
+        rand.fm(T, B, H, d),
+        rand.normal(T, B, H, d),
+        rand.sig(T, B, H),
+        rand.state(B, H, d, dk),
+        rand.state(B, H, d, d),
+        rand.normal(B, H, d),
+    ]

@@ -16,9 +16,18 @@ from rfwp_rl.ops.fwm import fused, naive
 from rfwp_rl.ops.fwm.fused import stepper
 
 OP = OpSpec(
-    name="fwm", naive=naive.fwm, fused=fused.fwm, supported=fused.supported,
-    dims_of=fused.dims_of, state_elems=lambda dims: dims.dv ** 3,
-    example_inputs=naive.example_inputs, state_args=(fused.F0_ARG,), time_args=(0, 1),
-    final_state=lambda out: (out[1],), key_size_free=False, cpu_checkpoints=False)
+    name="fwm",
+    naive=naive.fwm,
+    fused=fused.fwm,
+    supported=fused.supported,
+    dims_of=fused.dims_of,
+    state_elems=lambda dims: dims.dv**3,
+    example_inputs=naive.example_inputs,
+    state_args=(fused.F0_ARG,),
+    time_args=(0, 1),
+    final_state=lambda out: (out[1],),
+    key_size_free=False,
+    cpu_checkpoints=False,
+)
 
 __all__ = ["OP", "Dims", "stepper"]

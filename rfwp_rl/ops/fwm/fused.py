@@ -11,7 +11,8 @@ inputs to the reference.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -19,8 +20,8 @@ from torch.autograd.function import FunctionCtx, once_differentiable
 
 from rfwp_rl import kernels
 from rfwp_rl.kernels.cuda_limits import DeviceLimits
-from rfwp_rl.ops.base import (KERNEL_DTYPES, Dims, contiguous as _c, kernel_supported, needs_grad,
-                              reset_mask)
+from rfwp_rl.ops.base import KERNEL_DTYPES, Dims, kernel_supported, needs_grad, reset_mask
+from rfwp_rl.ops.base import contiguous as _c
 
 F0_ARG = 2
 """Position of the initial tensor F0 in the op's arguments (signature order)."""
@@ -30,8 +31,9 @@ class FwmFunction(torch.autograd.Function):
     """Autograd node of the fused ``fwm`` (``be``: a kernel backend; once-differentiable)."""
 
     @staticmethod
-    def forward(ctx: FunctionCtx, be: Any, chunk: int, w: Tensor, r: Tensor, F0: Tensor,
-                reset: Tensor | None) -> tuple[Tensor, Tensor]:
+    def forward(
+        ctx: FunctionCtx, be: Any, chunk: int, w: Tensor, r: Tensor, F0: Tensor, reset: Tensor | None
+    ) -> tuple[Tensor, Tensor]:
         y, F, saved, bases = be.fwm_forward(w, r, F0, reset, chunk)
         ctx.be, ctx.chunk = be, chunk
         # an unused output (the final tensor, usually) gets None, not zeros: its gradient would
@@ -44,18 +46,16 @@ class FwmFunction(torch.autograd.Function):
     @once_differentiable
     def backward(ctx: Any, gy: Tensor | None, gF: Tensor | None) -> tuple:
         w, r, F0, reset, saved, bases = ctx.saved_tensors
-        if gy is None:   # only the final tensor is used
+        if gy is None:  # only the final tensor is used
             gy = w.new_zeros(*w.shape[:3], F0.shape[-1])
         gy = _c(gy)
         # the gradient of F0 costs O(m³) per step of its segment: only when autograd wants it
         need_gF0 = ctx.needs_input_grad[2 + F0_ARG]
-        gw, gr, gF0 = ctx.be.fwm_backward(w, r, F0, reset, saved, bases, gy, _c(gF), need_gF0,
-                                          ctx.chunk)
+        gw, gr, gF0 = ctx.be.fwm_backward(w, r, F0, reset, saved, bases, gy, _c(gF), need_gF0, ctx.chunk)
         return None, None, gw, gr, gF0 if need_gF0 else None, None
 
 
-def fwm(be: Any, chunk: int, w: Tensor, r: Tensor, F0: Tensor,
-        reset: Tensor | None) -> tuple[Tensor, Tensor]:
+def fwm(be: Any, chunk: int, w: Tensor, r: Tensor, F0: Tensor, reset: Tensor | None) -> tuple[Tensor, Tensor]:
     """Fused :func:`rfwp_rl.ops.fwm.naive.fwm` on kernel backend ``be`` (float32/float64):
     ``(y [T, B, H, m], F_T [B, H, m, m, m])``; ``chunk``: the longest low-rank tail (the
     kernel caps it at m²)."""
@@ -71,8 +71,9 @@ class FwmReplay(torch.autograd.Function):
     the records of those steps (what the fused forward keeps of each step)."""
 
     @staticmethod
-    def forward(ctx: FunctionCtx, be: Any, w: Tensor, r: Tensor, ys: list[Tensor],
-                saved: list[Tensor], reset: Tensor | None) -> Tensor:
+    def forward(
+        ctx: FunctionCtx, be: Any, w: Tensor, r: Tensor, ys: list[Tensor], saved: list[Tensor], reset: Tensor | None
+    ) -> Tensor:
         ctx.be = be
         ctx.save_for_backward(w, r, torch.stack(saved, 1), reset)
         return torch.stack(ys)
@@ -84,9 +85,8 @@ class FwmReplay(torch.autograd.Function):
         T, m = w.shape[0], gy.shape[-1]
         # no tail was folded (Stepper.replay checks): one segment of T steps, no dense bases;
         # the empty F0 is the zero tensor the steps started from
-        bases = saved.new_empty(saved.shape[0], 0, m ** 3, saved.shape[-1])
-        gw, gr, _ = ctx.be.fwm_backward(w, r, w.new_empty(0), reset, saved, bases, _c(gy), None,
-                                        False, T)
+        bases = saved.new_empty(saved.shape[0], 0, m**3, saved.shape[-1])
+        gw, gr, _ = ctx.be.fwm_backward(w, r, w.new_empty(0), reset, saved, bases, _c(gy), None, False, T)
         return None, gw, gr, None, None, None
 
 
@@ -106,8 +106,9 @@ class Stepper:
     """Tail terms the state has room for at first; doubled when needed (up to the kernel's
     fold length): a task's live state stays a few cache lines."""
 
-    def __init__(self, be: Any, B: int, H: int, m: int, like: Tensor,
-                 F0: Tensor | None = None, record: bool = False) -> None:
+    def __init__(
+        self, be: Any, B: int, H: int, m: int, like: Tensor, F0: Tensor | None = None, record: bool = False
+    ) -> None:
         self.be, self.B, self.H = be, B, H
         self.steps = 0
         # a replay needs the zero start and no folded tail (one segment for the backward)
@@ -121,7 +122,7 @@ class Stepper:
 
     @torch.no_grad()
     def step(self, w: Tensor, r: Tensor, reset: Tensor | None = None) -> Tensor:
-        self.steps += 1   # no tail is longer than the steps taken
+        self.steps += 1  # no tail is longer than the steps taken
         if self.steps > self.state[2].shape[1]:
             self.state = self.be.fwm_step_grow(self.state, 2 * self.state[2].shape[1])
         if reset is not None:
@@ -146,8 +147,9 @@ class Stepper:
             raise ValueError(f"replay of {len(self.ys)} steps got inputs of {w.shape[0]} steps")
         reset = None
         if any(x is not None for x in self.resets):
-            reset = torch.stack([torch.zeros(self.B, dtype=torch.bool, device=w.device) if x is None
-                                 else x for x in self.resets])
+            reset = torch.stack(
+                [torch.zeros(self.B, dtype=torch.bool, device=w.device) if x is None else x for x in self.resets]
+            )
         return FwmReplay.apply(self.be, _c(w), _c(r), self.ys, self.saved, reset)
 
     def dense(self) -> Tensor:
@@ -155,16 +157,18 @@ class Stepper:
         return self.be.fwm_step_dense(self.state, self.B, self.H)
 
 
-def supported(dims: Dims, dtype: torch.dtype, device: torch.device | str,
-              limits: DeviceLimits | None = None) -> str | None:
+def supported(
+    dims: Dims, dtype: torch.dtype, device: torch.device | str, limits: DeviceLimits | None = None
+) -> str | None:
     """None when the fused ``fwm`` runs these sizes, else why not (CUDA has no fwm kernel)."""
     if dims.dk != dims.dv:
         return f"fwm with {dims} (a fast tensor has one size m)"
     return kernel_supported("fwm", dims, dtype, device, limits)
 
 
-def stepper(B: int, H: int, m: int, like: Tensor, F0: Tensor | None = None,
-            backend: str = "auto", record: bool = False) -> Stepper | None:
+def stepper(
+    B: int, H: int, m: int, like: Tensor, F0: Tensor | None = None, backend: str = "auto", record: bool = False
+) -> Stepper | None:
     """The incremental :class:`Stepper` on the built kernels, or None where it does not run
     (backend ``'reference'``, no kernels, a device or dtype the CPU kernel does not take: the
     caller then steps through the op)."""

@@ -28,13 +28,13 @@ def write(Fm: Tensor, k1: Tensor, k2: Tensor, v: Tensor, beta: Tensor) -> Tensor
     """One write (FWM paper Eq. 3-4). Fm ``[N, m, m, m]``, k1/k2/v ``[N, m]``, beta ``[N]``
     -> the new ``[N, m, m, m]`` (N: batch x heads)."""
     N, m = v.shape
-    key = (k1[:, :, None] * k2[:, None, :]).reshape(N, 1, m * m)       # vec(k1 ⊗ k2)
+    key = (k1[:, :, None] * k2[:, None, :]).reshape(N, 1, m * m)  # vec(k1 ⊗ k2)
     Fmat = Fm.reshape(N, m * m, m)
-    v_old = torch.bmm(key, Fmat)                                        # §3.1.1: F_{t-1} vec(k1 ⊗ k2)
-    dv = beta[:, None, None] * (v[:, None, :] - v_old)                  # β (v - v_old)
-    Fp = torch.baddbmm(Fmat, key.transpose(1, 2), dv)                   # Eq. 3
-    scale = torch.linalg.vector_norm(Fp, dim=(1, 2)).clamp(min=1.0)    # max(1, ||F'||)
-    return (Fp / scale[:, None, None]).view(N, m, m, m)                 # Eq. 4
+    v_old = torch.bmm(key, Fmat)  # §3.1.1: F_{t-1} vec(k1 ⊗ k2)
+    dv = beta[:, None, None] * (v[:, None, :] - v_old)  # β (v - v_old)
+    Fp = torch.baddbmm(Fmat, key.transpose(1, 2), dv)  # Eq. 3
+    scale = torch.linalg.vector_norm(Fp, dim=(1, 2)).clamp(min=1.0)  # max(1, ||F'||)
+    return (Fp / scale[:, None, None]).view(N, m, m, m)  # Eq. 4
 
 
 def read(Fm: Tensor, n: Tensor, e: Tensor) -> Tensor:
@@ -47,16 +47,16 @@ def read(Fm: Tensor, n: Tensor, e: Tensor) -> Tensor:
     Fmat = Fm.reshape(N, m * m, m)
     for i in range(e.shape[1]):
         query = (n[:, :, None] * e[:, None, i, :]).reshape(N, 1, m * m)  # vec(n_{i-1} ⊗ e_i)
-        n = F.layer_norm(torch.bmm(query, Fmat).squeeze(1), (m,), eps=LN_EPS)   # Eq. 7
+        n = F.layer_norm(torch.bmm(query, Fmat).squeeze(1), (m,), eps=LN_EPS)  # Eq. 7
     return n
 
 
 def activate(w: Tensor, r: Tensor, m: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """The keys, value and strengths from the slow projections ``w [..., 3m + 1]``,
     ``r [..., (1 + N_r) m]``: ``(k1, k2, v [..., m], β [...], n0 [..., m], e [..., N_r, m])``."""
-    k1, k2, v = torch.tanh(w[..., :3 * m]).split(m, dim=-1)    # FWM Eq. 1 (φ = tanh)
-    beta = torch.sigmoid(w[..., 3 * m])                         # FWM Eq. 2
-    keys = torch.tanh(r).unflatten(-1, (-1, m))                 # FWM Eq. 5-6
+    k1, k2, v = torch.tanh(w[..., : 3 * m]).split(m, dim=-1)  # FWM Eq. 1 (φ = tanh)
+    beta = torch.sigmoid(w[..., 3 * m])  # FWM Eq. 2
+    keys = torch.tanh(r).unflatten(-1, (-1, m))  # FWM Eq. 5-6
     return k1, k2, v, beta, keys[..., 0, :], keys[..., 1:, :]
 
 
@@ -87,8 +87,8 @@ def fwm(w: Tensor, r: Tensor, F0: Tensor, reset: Tensor | None) -> tuple[Tensor,
     for t in range(T):
         if flags[t]:
             Fm = zero_entries(Fm, reset[t].repeat_interleave(H))
-        Fm = write(Fm, k1[t], k2[t], v[t], beta[t])       # FWM Eq. 3-4
-        ys.append(read(Fm, n0[t], e[t]).view(B, H, m))    # FWM Eq. 7
+        Fm = write(Fm, k1[t], k2[t], v[t], beta[t])  # FWM Eq. 3-4
+        ys.append(read(Fm, n0[t], e[t]).view(B, H, m))  # FWM Eq. 7
     return torch.stack(ys), Fm.view(B, H, m, m, m)
 
 
@@ -96,5 +96,4 @@ def example_inputs(rand: Rand, T: int, B: int, H: int, d: int, dk: int) -> list[
     """Random ``(w, r, F0)`` with memory size m = d and N_r = 3 reads: slow projections
     N(0, 1) (their tanh spans (-1, 1)), a non-zero F0 of norm about ``rand.state_scale`` (the
     core's states have norm <= 1); ``dk`` is ignored (every size is m)."""
-    return [rand.normal(T, B, H, 3 * d + 1), rand.normal(T, B, H, 4 * d),
-            rand.state(B, H, d, d, d) / d ** 1.5]
+    return [rand.normal(T, B, H, 3 * d + 1), rand.normal(T, B, H, 4 * d), rand.state(B, H, d, d, d) / d**1.5]

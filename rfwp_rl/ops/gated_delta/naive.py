@@ -14,8 +14,9 @@ if TYPE_CHECKING:
     from rfwp_rl.ops.cases import Rand
 
 
-def gated_delta(q: Tensor, k: Tensor, v: Tensor, alpha: Tensor, beta: Tensor, S0: Tensor,
-                reset: Tensor | None) -> tuple[Tensor, Tensor]:
+def gated_delta(
+    q: Tensor, k: Tensor, v: Tensor, alpha: Tensor, beta: Tensor, S0: Tensor, reset: Tensor | None
+) -> tuple[Tensor, Tensor]:
     """Gated delta rule (Gated DeltaNet paper, Yang, Kautz, Hatamizadeh, ICLR 2025, Eq. 10).
 
     ``S_t = S_{t-1} α_t (I - β_t k_t k_tᵀ) + β_t v_t k_tᵀ``;  ``o_t = S_t q_t``; computed as a
@@ -38,9 +39,9 @@ def gated_delta(q: Tensor, k: Tensor, v: Tensor, alpha: Tensor, beta: Tensor, S0
     for t in range(T):
         if flags[t]:
             S = zero_entries(S, reset[t])
-        S = alpha[t][..., None, None] * S            # Gated DeltaNet Eq. 10: the decay α_t
-        S = delta_update(S, k[t], v[t], beta[t])     # ... then (I - β k kᵀ) and + β v kᵀ
-        ys.append(read(S, q[t]))                     # o_t = S_t q_t
+        S = alpha[t][..., None, None] * S  # Gated DeltaNet Eq. 10: the decay α_t
+        S = delta_update(S, k[t], v[t], beta[t])  # ... then (I - β k kᵀ) and + β v kᵀ
+        ys.append(read(S, q[t]))  # o_t = S_t q_t
     return torch.stack(ys), S
 
 
@@ -48,5 +49,11 @@ def example_inputs(rand: Rand, T: int, B: int, H: int, d: int, dk: int) -> list[
     """Random ``(q, k, v, alpha, beta, S0)``: unit-length queries and keys ``[T, B, H, dk]``
     (as the cores hand them), values ``[T, B, H, d]``, α and β ``[T, B, H]`` in (0, 1), a
     non-zero ``S0 [B, H, d, dk]``."""
-    return [unit_vectors(rand.normal(T, B, H, dk)), unit_vectors(rand.normal(T, B, H, dk)),
-            rand.normal(T, B, H, d), rand.sig(T, B, H), rand.sig(T, B, H), rand.state(B, H, d, dk)]
+    return [
+        unit_vectors(rand.normal(T, B, H, dk)),
+        unit_vectors(rand.normal(T, B, H, dk)),
+        rand.normal(T, B, H, d),
+        rand.sig(T, B, H),
+        rand.sig(T, B, H),
+        rand.state(B, H, d, dk),
+    ]

@@ -19,10 +19,18 @@ from rfwp_rl.ops.lstm import fused, naive
 from rfwp_rl.ops.lstm.fused import layer, recorder
 
 OP = OpSpec(
-    name="lstm", naive=naive.lstm, fused=fused.lstm, supported=fused.supported,
-    dims_of=fused.dims_of, state_elems=lambda dims: 2 * dims.dv,
-    example_inputs=naive.example_inputs, state_args=(fused.H0_ARG, fused.C0_ARG),
-    time_args=(0,), final_state=lambda out: (out[1], out[2]), key_size_free=True,
-    cpu_checkpoints=False)
+    name="lstm",
+    naive=naive.lstm,
+    fused=fused.lstm,
+    supported=fused.supported,
+    dims_of=fused.dims_of,
+    state_elems=lambda dims: 2 * dims.dv,
+    example_inputs=naive.example_inputs,
+    state_args=(fused.H0_ARG, fused.C0_ARG),
+    time_args=(0,),
+    final_state=lambda out: (out[1], out[2]),
+    key_size_free=True,
+    cpu_checkpoints=False,
+)
 
 __all__ = ["OP", "Dims", "layer", "recorder"]

@@ -10,7 +10,8 @@ LSTM is the one to use there): ``supported`` sends CUDA inputs to the reference.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -18,8 +19,17 @@ from torch.autograd.function import FunctionCtx, once_differentiable
 
 from rfwp_rl import kernels, ops
 from rfwp_rl.kernels.cuda_limits import DeviceLimits
-from rfwp_rl.ops.base import (HALF_DTYPES, KERNEL_DTYPES, Dims, contiguous as _c,
-                              kernel_supported, needs_grad, reset_mask)
+from rfwp_rl.ops.base import (
+    HALF_DTYPES,
+    KERNEL_DTYPES,
+    Dims,
+    kernel_supported,
+    needs_grad,
+    reset_mask,
+)
+from rfwp_rl.ops.base import (
+    contiguous as _c,
+)
 
 H0_ARG, C0_ARG = 1, 2
 """Positions of the initial state (h0, c0) in the op's arguments (signature order)."""
@@ -34,12 +44,21 @@ class LstmFunction(torch.autograd.Function):
     """Autograd node of the fused ``lstm`` (``be``: a kernel backend; once-differentiable)."""
 
     @staticmethod
-    def forward(ctx: FunctionCtx, be: Any, x: Tensor, h0: Tensor, c0: Tensor, w_ih: Tensor,
-                w_hh: Tensor, b_ih: Tensor, b_hh: Tensor,
-                reset: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    def forward(
+        ctx: FunctionCtx,
+        be: Any,
+        x: Tensor,
+        h0: Tensor,
+        c0: Tensor,
+        w_ih: Tensor,
+        w_hh: Tensor,
+        b_ih: Tensor,
+        b_hh: Tensor,
+        reset: Tensor | None,
+    ) -> tuple[Tensor, Tensor, Tensor]:
         y, h, c, acts, cs, hs = be.lstm_forward(x, h0, c0, w_ih, w_hh, b_ih, b_hh, reset, 1)
         ctx.be = be
-        ctx.set_materialize_grads(False)   # unused outputs (h_T, c_T, usually) cost nothing
+        ctx.set_materialize_grads(False)  # unused outputs (h_T, c_T, usually) cost nothing
         ctx.save_for_backward(x, h0, c0, w_ih, w_hh, reset, hs, acts, cs)
         return y, h, c
 
@@ -56,7 +75,8 @@ def _backward(ctx: Any, gy: Tensor | None, gh: Tensor | None, gc: Tensor | None)
     # the gradient of x costs a GEMM: only when autograd wants it (not for observations)
     need_gx = ctx.needs_input_grad[1]
     gx, gh0, gc0, gw_ih, gw_hh, gb = ctx.be.lstm_backward(
-        x, h0, c0, w_ih, w_hh, reset, hs, acts, cs, _c(gy), _c(gh), _c(gc), need_gx)
+        x, h0, c0, w_ih, w_hh, reset, hs, acts, cs, _c(gy), _c(gh), _c(gc), need_gx
+    )
     # b_ih and b_hh enter as their sum: the same gradient (a copy: two parameters'
     # .grad must not share storage)
     return None, gx if need_gx else None, gh0, gc0, gw_ih, gw_hh, gb, gb.clone(), None
@@ -67,9 +87,20 @@ class LstmReplay(torch.autograd.Function):
     recomputation), the backward is :class:`LstmFunction`'s on their recorded activations."""
 
     @staticmethod
-    def forward(ctx: FunctionCtx, be: Any, x: Tensor, h0: Tensor, c0: Tensor, w_ih: Tensor,
-                w_hh: Tensor, b_ih: Tensor, b_hh: Tensor, ys: list[Tensor], acts: list[Tensor],
-                cs: list[Tensor]) -> Tensor:
+    def forward(
+        ctx: FunctionCtx,
+        be: Any,
+        x: Tensor,
+        h0: Tensor,
+        c0: Tensor,
+        w_ih: Tensor,
+        w_hh: Tensor,
+        b_ih: Tensor,
+        b_hh: Tensor,
+        ys: list[Tensor],
+        acts: list[Tensor],
+        cs: list[Tensor],
+    ) -> Tensor:
         y = torch.cat(ys)
         ctx.be = be
         ctx.save_for_backward(x, h0, c0, w_ih, w_hh, None, y, torch.cat(acts), torch.cat(cs))
@@ -103,7 +134,8 @@ class Recorder:
         """One step: x ``[B, I]`` -> h ``[B, H]`` (nn.LSTM's weights of the layer)."""
         x = _c(x.unsqueeze(0))
         y, self.h, self.c, acts, cs, _ = self.be.lstm_forward(
-            x, self.h, self.c, *(_c(p) for p in (w_ih, w_hh, b_ih, b_hh)), None, 1)
+            x, self.h, self.c, *(_c(p) for p in (w_ih, w_hh, b_ih, b_hh)), None, 1
+        )
         self.xs.append(x)
         self.ys.append(y)
         self.acts.append(acts)
@@ -115,13 +147,30 @@ class Recorder:
         the steps used; the inputs get none)."""
         if not self.ys:
             raise ValueError("no steps to replay")
-        return LstmReplay.apply(self.be, torch.cat(self.xs), self.h0, self.c0,
-                                *(_c(p) for p in (w_ih, w_hh, b_ih, b_hh)), self.ys, self.acts,
-                                self.cs)
+        return LstmReplay.apply(
+            self.be,
+            torch.cat(self.xs),
+            self.h0,
+            self.c0,
+            *(_c(p) for p in (w_ih, w_hh, b_ih, b_hh)),
+            self.ys,
+            self.acts,
+            self.cs,
+        )
 
 
-def lstm(be: Any, chunk: int, x: Tensor, h0: Tensor, c0: Tensor, w_ih: Tensor, w_hh: Tensor,
-         b_ih: Tensor, b_hh: Tensor, reset: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+def lstm(
+    be: Any,
+    chunk: int,
+    x: Tensor,
+    h0: Tensor,
+    c0: Tensor,
+    w_ih: Tensor,
+    w_hh: Tensor,
+    b_ih: Tensor,
+    b_hh: Tensor,
+    reset: Tensor | None,
+) -> tuple[Tensor, Tensor, Tensor]:
     """Fused :func:`rfwp_rl.ops.lstm.naive.lstm` on kernel backend ``be`` (float32/float64;
     half types computed in float32): ``(y [T, B, H], h_T [B, H], c_T [B, H])``. ``chunk`` only
     says whether gradients may be needed (the kernel keeps every step's activations)."""
@@ -131,8 +180,9 @@ def lstm(be: Any, chunk: int, x: Tensor, h0: Tensor, c0: Tensor, w_ih: Tensor, w
     return LstmFunction.apply(be, *args, reset_mask(reset))
 
 
-def supported(dims: Dims, dtype: torch.dtype, device: torch.device | str,
-              limits: DeviceLimits | None = None) -> str | None:
+def supported(
+    dims: Dims, dtype: torch.dtype, device: torch.device | str, limits: DeviceLimits | None = None
+) -> str | None:
     """None when the fused ``lstm`` runs these sizes (every size on the CPU), else why not
     (CUDA has no lstm kernel)."""
     return kernel_supported("lstm", dims, dtype, device, limits)
@@ -143,13 +193,12 @@ def dims_of(args: Sequence[Any], options: dict) -> Dims:
     return Dims(dk=args[0].shape[-1], dv=args[H0_ARG].shape[-1])
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _kernel_op() -> Callable[..., tuple]:
     return ops.get("lstm", "kernel")
 
 
-def recorder(backend: str, like: Tensor, hidden_size: int, h0: Tensor,
-             c0: Tensor) -> Recorder | None:
+def recorder(backend: str, like: Tensor, hidden_size: int, h0: Tensor, c0: Tensor) -> Recorder | None:
     """A :class:`Recorder` where :func:`layer` runs the fused op, else None."""
     if layer(backend, like, hidden_size) is None:
         return None
@@ -163,12 +212,15 @@ def layer(backend: str, like: Tensor, hidden_size: int) -> Callable[..., tuple] 
     dtype the kernel does not take, backend ``'auto'`` above :data:`AUTO_MAX_HIDDEN`, or no
     built kernels (with backend ``'kernel'`` that is a one-line
     :class:`~rfwp_rl.errors.UserError`)."""
-    if (backend == "reference" or like.device.type != "cpu"
-            or like.dtype not in KERNEL_DTYPES + HALF_DTYPES
-            or (backend == "auto" and hidden_size > AUTO_MAX_HIDDEN)):
+    if (
+        backend == "reference"
+        or like.device.type != "cpu"
+        or like.dtype not in KERNEL_DTYPES + HALF_DTYPES
+        or (backend == "auto" and hidden_size > AUTO_MAX_HIDDEN)
+    ):
         return None
     if kernels.load()[0] is None:
         if backend == "kernel":
-            ops.resolve("lstm", "kernel")   # raises the one-line error naming why
+            ops.resolve("lstm", "kernel")  # raises the one-line error naming why
         return None
     return _kernel_op()

@@ -15,8 +15,9 @@ if TYPE_CHECKING:
     from rfwp_rl.ops.cases import Rand
 
 
-def lstm(x: Tensor, h0: Tensor, c0: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih: Tensor,
-         b_hh: Tensor, reset: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+def lstm(
+    x: Tensor, h0: Tensor, c0: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih: Tensor, b_hh: Tensor, reset: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor]:
     """One LSTM layer (Hochreiter & Schmidhuber 1997, forget gate of Gers et al. 2000), with
     torch.nn.LSTM's parameters and gate order (i, f, g, o)::
 
@@ -35,7 +36,7 @@ def lstm(x: Tensor, h0: Tensor, c0: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih: Te
     """
     T = x.shape[0]
     flags = reset_steps(reset, T)
-    xa = torch.nn.functional.linear(x, w_ih, b_ih + b_hh)   # the input part of every step
+    xa = torch.nn.functional.linear(x, w_ih, b_ih + b_hh)  # the input part of every step
     h, c = h0, c0
     ys = []
     for t in range(T):
@@ -54,6 +55,12 @@ def example_inputs(rand: Rand, T: int, B: int, H: int, d: int, dk: int) -> list[
     ``d`` (``H`` is ignored: one layer has no heads): N(0, 1) inputs, a non-zero state, weights
     of nn.LSTM's initial scale (uniform in ±1/sqrt(d) has standard deviation 1/sqrt(3d))."""
     scale = (3 * d) ** -0.5
-    return [rand.normal(T, B, dk), rand.state(B, d), rand.state(B, d),
-            rand.normal(4 * d, dk, scale=scale), rand.normal(4 * d, d, scale=scale),
-            rand.normal(4 * d, scale=scale), rand.normal(4 * d, scale=scale)]
+    return [
+        rand.normal(T, B, dk),
+        rand.state(B, d),
+        rand.state(B, d),
+        rand.normal(4 * d, dk, scale=scale),
+        rand.normal(4 * d, d, scale=scale),
+        rand.normal(4 * d, scale=scale),
+        rand.normal(4 * d, scale=scale),
+    ]

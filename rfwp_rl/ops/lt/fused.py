@@ -4,22 +4,25 @@ initial state: it rebuilds the states in place in a forward pass)."""
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
 from torch.autograd.function import FunctionCtx, once_differentiable
 
 from rfwp_rl.kernels.cuda_limits import DeviceLimits
-from rfwp_rl.ops.base import Dims, contiguous as _c, kernel_supported, needs_grad, reset_mask
+from rfwp_rl.ops.base import Dims, kernel_supported, needs_grad, reset_mask
+from rfwp_rl.ops.base import contiguous as _c
 
 
 class LtFunction(torch.autograd.Function):
     """Autograd node of the fused ``lt`` (``be``: a kernel backend; once-differentiable)."""
 
     @staticmethod
-    def forward(ctx: FunctionCtx, be: Any, chunk: int, q: Tensor, k: Tensor, v: Tensor,
-                W0: Tensor, reset: Tensor | None) -> tuple[Tensor, Tensor]:
+    def forward(
+        ctx: FunctionCtx, be: Any, chunk: int, q: Tensor, k: Tensor, v: Tensor, W0: Tensor, reset: Tensor | None
+    ) -> tuple[Tensor, Tensor]:
         y, W, ckpt = be.lt_forward(q, k, v, W0, reset, chunk)
         ctx.be, ctx.chunk = be, chunk
         ctx.save_for_backward(q, k, v, reset, ckpt)
@@ -33,8 +36,7 @@ class LtFunction(torch.autograd.Function):
         return None, None, gq, gk, gv, gW0, None
 
 
-def lt(be: Any, chunk: int, q: Tensor, k: Tensor, v: Tensor, W0: Tensor,
-       reset: Tensor | None) -> tuple[Tensor, Tensor]:
+def lt(be: Any, chunk: int, q: Tensor, k: Tensor, v: Tensor, W0: Tensor, reset: Tensor | None) -> tuple[Tensor, Tensor]:
     """Fused :func:`rfwp_rl.ops.lt.naive.lt` on kernel backend ``be`` (float32/float64):
     ``(y [T, B, H, dv], W_T [B, H, dv, dk])``."""
     if not needs_grad(chunk, q, k, v, W0):
@@ -42,8 +44,9 @@ def lt(be: Any, chunk: int, q: Tensor, k: Tensor, v: Tensor, W0: Tensor,
     return LtFunction.apply(be, chunk, _c(q), _c(k), _c(v), _c(W0), reset_mask(reset))
 
 
-def supported(dims: Dims, dtype: torch.dtype, device: torch.device | str,
-              limits: DeviceLimits | None = None) -> str | None:
+def supported(
+    dims: Dims, dtype: torch.dtype, device: torch.device | str, limits: DeviceLimits | None = None
+) -> str | None:
     """None when the fused ``lt`` runs these sizes, else why not (naming the size)."""
     return kernel_supported("lt", dims, dtype, device, limits)
 

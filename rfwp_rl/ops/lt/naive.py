@@ -34,13 +34,12 @@ def lt(q: Tensor, k: Tensor, v: Tensor, W0: Tensor, reset: Tensor | None) -> tup
     for t in range(T):
         if flags[t]:
             W = zero_entries(W, reset[t])
-        W = W + outer(v[t], k[t])         # RFWP Eq. 6
-        ys.append(read(W, q[t]))          # RFWP Eq. 7
+        W = W + outer(v[t], k[t])  # RFWP Eq. 6
+        ys.append(read(W, q[t]))  # RFWP Eq. 7
     return torch.stack(ys), W
 
 
 def example_inputs(rand: Rand, T: int, B: int, H: int, d: int, dk: int) -> list[Tensor]:
     """Random ``(q, k, v, W0)``: keys/queries ``[T, B, H, dk]`` positive and summing to one,
     values ``[T, B, H, d]``, a non-zero ``W0 [B, H, d, dk]``."""
-    return [rand.fm(T, B, H, dk), rand.fm(T, B, H, dk), rand.normal(T, B, H, d),
-            rand.state(B, H, d, dk)]
+    return [rand.fm(T, B, H, dk), rand.fm(T, B, H, dk), rand.normal(T, B, H, d), rand.state(B, H, d, dk)]

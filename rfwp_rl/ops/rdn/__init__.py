@@ -9,9 +9,17 @@ from rfwp_rl.ops.base import Dims, OpSpec
 from rfwp_rl.ops.rdn import fused, naive
 
 OP = OpSpec(
-    name="rdn", naive=naive.rdn, fused=fused.rdn, supported=fused.supported,
-    dims_of=fused.dims_of, state_elems=lambda dims: dims.dv * dims.dk,
-    example_inputs=naive.example_inputs, state_args=(8, 9), time_args=(0, 1, 2, 3),
-    final_state=lambda out: (out[1], out[0][-1]), key_size_free=False)
+    name="rdn",
+    naive=naive.rdn,
+    fused=fused.rdn,
+    supported=fused.supported,
+    dims_of=fused.dims_of,
+    state_elems=lambda dims: dims.dv * dims.dk,
+    example_inputs=naive.example_inputs,
+    state_args=(8, 9),
+    time_args=(0, 1, 2, 3),
+    final_state=lambda out: (out[1], out[0][-1]),
+    key_size_free=False,
+)
 
 __all__ = ["OP", "Dims"]

@@ -3,7 +3,8 @@ autograd does the backward pass, inputs are never modified in place."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -14,9 +15,21 @@ if TYPE_CHECKING:
     from rfwp_rl.ops.cases import Rand
 
 
-def rdn(xq: Tensor, xk: Tensor, xv: Tensor, xb: Tensor, Rq: Tensor, Rk: Tensor, Rv: Tensor,
-        rb: Tensor, W0: Tensor, y0: Tensor, reset: Tensor | None, *,
-        feature_map: Callable[[Tensor], Tensor] | None = None) -> tuple[Tensor, Tensor]:
+def rdn(
+    xq: Tensor,
+    xk: Tensor,
+    xv: Tensor,
+    xb: Tensor,
+    Rq: Tensor,
+    Rk: Tensor,
+    Rv: Tensor,
+    rb: Tensor,
+    W0: Tensor,
+    y0: Tensor,
+    reset: Tensor | None,
+    *,
+    feature_map: Callable[[Tensor], Tensor] | None = None,
+) -> tuple[Tensor, Tensor]:
     """Recurrent Delta Net (RFWP paper Eq. 15-18, then the delta rule Eq. 8, 10 and Eq. 7).
 
     With ``h = tanh(y_{t-1})`` per head:
@@ -45,12 +58,12 @@ def rdn(xq: Tensor, xk: Tensor, xv: Tensor, xb: Tensor, Rq: Tensor, Rk: Tensor, 
         if flags[t]:
             W, y = zero_entries(W, reset[t]), zero_entries(y, reset[t])
         h = torch.tanh(y)
-        k = phi(xk[t] + torch.einsum("hij,bhj->bhi", Rk, h))        # RFWP Eq. 15
-        v = xv[t] + torch.einsum("hij,bhj->bhi", Rv, h)             # RFWP Eq. 16
-        q = phi(xq[t] + torch.einsum("hij,bhj->bhi", Rq, h))        # RFWP Eq. 17
-        beta = torch.sigmoid(xb[t] + (rb * h).sum(-1))              # RFWP Eq. 18
-        W = delta_update(W, k, v, beta)                             # RFWP Eq. 8, 10
-        y = read(W, q)                                              # RFWP Eq. 7
+        k = phi(xk[t] + torch.einsum("hij,bhj->bhi", Rk, h))  # RFWP Eq. 15
+        v = xv[t] + torch.einsum("hij,bhj->bhi", Rv, h)  # RFWP Eq. 16
+        q = phi(xq[t] + torch.einsum("hij,bhj->bhi", Rq, h))  # RFWP Eq. 17
+        beta = torch.sigmoid(xb[t] + (rb * h).sum(-1))  # RFWP Eq. 18
+        W = delta_update(W, k, v, beta)  # RFWP Eq. 8, 10
+        y = read(W, q)  # RFWP Eq. 7
         ys.append(y)
     return torch.stack(ys), W
 
@@ -58,8 +71,16 @@ def rdn(xq: Tensor, xk: Tensor, xv: Tensor, xb: Tensor, Rq: Tensor, Rk: Tensor, 
 def example_inputs(rand: Rand, T: int, B: int, H: int, d: int, dk: int) -> list[Tensor]:
     """Random ``(xq, xk, xv, xb, Rq, Rk, Rv, rb, W0, y0)``: the recurrent slow weights
     drawn N(0, 1/d) as the cores initialise them; ``dk`` is ignored (the key size is d)."""
-    s = d ** -0.5
-    return [rand.normal(T, B, H, d), rand.normal(T, B, H, d), rand.normal(T, B, H, d),
-            rand.normal(T, B, H), rand.normal(H, d, d, scale=s), rand.normal(H, d, d, scale=s),
-            rand.normal(H, d, d, scale=s), rand.normal(H, d, scale=s), rand.state(B, H, d, d),
-            rand.normal(B, H, d)]
+    s = d**-0.5
+    return [
+        rand.normal(T, B, H, d),
+        rand.normal(T, B, H, d),
+        rand.normal(T, B, H, d),
+        rand.normal(T, B, H),
+        rand.normal(H, d, d, scale=s),
+        rand.normal(H, d, d, scale=s),
+        rand.normal(H, d, d, scale=s),
+        rand.normal(H, d, scale=s),
+        rand.state(B, H, d, d),
+        rand.normal(B, H, d),
+    ]

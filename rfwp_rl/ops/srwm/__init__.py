@@ -11,9 +11,17 @@ from rfwp_rl.ops.base import Dims, OpSpec
 from rfwp_rl.ops.srwm import fused, naive
 
 OP = OpSpec(
-    name="srwm", naive=naive.srwm, fused=fused.srwm, supported=fused.supported,
-    dims_of=fused.dims_of, state_elems=lambda dims: naive.rows(dims.dv) * dims.dk,
-    example_inputs=naive.example_inputs, state_args=(2,), time_args=(0,),
-    final_state=lambda out: (out[1],), key_size_free=False)
+    name="srwm",
+    naive=naive.srwm,
+    fused=fused.srwm,
+    supported=fused.supported,
+    dims_of=fused.dims_of,
+    state_elems=lambda dims: naive.rows(dims.dv) * dims.dk,
+    example_inputs=naive.example_inputs,
+    state_args=(2,),
+    time_args=(0,),
+    final_state=lambda out: (out[1],),
+    key_size_free=False,
+)
 
 __all__ = ["OP", "Dims"]

@@ -5,14 +5,16 @@ over the batch in a fixed order."""
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
 from torch.autograd.function import FunctionCtx, once_differentiable
 
 from rfwp_rl.kernels.cuda_limits import DeviceLimits
-from rfwp_rl.ops.base import Dims, contiguous as _c, kernel_supported, needs_grad, reset_mask
+from rfwp_rl.ops.base import Dims, kernel_supported, needs_grad, reset_mask
+from rfwp_rl.ops.base import contiguous as _c
 from rfwp_rl.ops.common import softmax
 from rfwp_rl.ops.srwm.naive import head_size
 
@@ -21,8 +23,9 @@ class SrwmFunction(torch.autograd.Function):
     """Autograd node of the fused ``srwm`` (``be``: a kernel backend; once-differentiable)."""
 
     @staticmethod
-    def forward(ctx: FunctionCtx, be: Any, chunk: int, x: Tensor, W_init: Tensor, dW0: Tensor,
-                reset: Tensor | None) -> tuple[Tensor, Tensor]:
+    def forward(
+        ctx: FunctionCtx, be: Any, chunk: int, x: Tensor, W_init: Tensor, dW0: Tensor, reset: Tensor | None
+    ) -> tuple[Tensor, Tensor]:
         y, dW, ckpt = be.srwm_forward(x, W_init, dW0, reset, chunk)
         ctx.be, ctx.chunk = be, chunk
         ctx.save_for_backward(x, W_init, reset, ckpt)
@@ -36,8 +39,7 @@ class SrwmFunction(torch.autograd.Function):
         return (None, None, *grads, None)
 
 
-def srwm(be: Any, chunk: int, x: Tensor, W_init: Tensor, dW0: Tensor,
-         reset: Tensor | None) -> tuple[Tensor, Tensor]:
+def srwm(be: Any, chunk: int, x: Tensor, W_init: Tensor, dW0: Tensor, reset: Tensor | None) -> tuple[Tensor, Tensor]:
     """Fused :func:`rfwp_rl.ops.srwm.naive.srwm` with the softmax feature map on kernel
     backend ``be`` (float32/float64): ``(y [T, B, H, d], ΔW_T [B, H, 3d + 4, d])``."""
     if not needs_grad(chunk, x, W_init, dW0):
@@ -45,8 +47,9 @@ def srwm(be: Any, chunk: int, x: Tensor, W_init: Tensor, dW0: Tensor,
     return SrwmFunction.apply(be, chunk, _c(x), _c(W_init), _c(dW0), reset_mask(reset))
 
 
-def supported(dims: Dims, dtype: torch.dtype, device: torch.device | str,
-              limits: DeviceLimits | None = None) -> str | None:
+def supported(
+    dims: Dims, dtype: torch.dtype, device: torch.device | str, limits: DeviceLimits | None = None
+) -> str | None:
     """None when the fused ``srwm`` runs these sizes, else why not (naming the size).
 
     The kernel applies softmax to the generated q and k itself (the SRWM paper's φ), so it

@@ -3,7 +3,8 @@ autograd does the backward pass, inputs are never modified in place."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -27,8 +28,14 @@ def head_size(R: int) -> int:
     return (R - RATES) // 3
 
 
-def srwm(x: Tensor, W_init: Tensor, dW0: Tensor, reset: Tensor | None, *,
-         feature_map: Callable[[Tensor], Tensor] | None = None) -> tuple[Tensor, Tensor]:
+def srwm(
+    x: Tensor,
+    W_init: Tensor,
+    dW0: Tensor,
+    reset: Tensor | None,
+    *,
+    feature_map: Callable[[Tensor], Tensor] | None = None,
+) -> tuple[Tensor, Tensor]:
     """Modern self-referential weight matrix (Irie, Schlag, Csordás, Schmidhuber, ICML 2022,
     Eq. 5-8), one matrix per head that generates its own output, query, key and learning
     rates and updates itself with the delta rule:
@@ -61,11 +68,11 @@ def srwm(x: Tensor, W_init: Tensor, dW0: Tensor, reset: Tensor | None, *,
         if flags[t]:
             dW = zero_entries(dW, reset[t])
         W = W_init + dW
-        y, q, k, b = read(W, x[t]).split(sizes, dim=-1)                     # SRWM Eq. 5
+        y, q, k, b = read(W, x[t]).split(sizes, dim=-1)  # SRWM Eq. 5
         q, k = phi(q), phi(k)
-        v, v_bar = read(W, q), read(W, k)                                    # SRWM Eq. 6, 7
+        v, v_bar = read(W, q), read(W, k)  # SRWM Eq. 6, 7
         rate = torch.sigmoid(b).repeat_interleave(torch.tensor(sizes, device=b.device), dim=-1)
-        dW = dW + outer(rate * (v - v_bar), k)                               # SRWM Eq. 8
+        dW = dW + outer(rate * (v - v_bar), k)  # SRWM Eq. 8
         ys.append(y)
     return torch.stack(ys), dW
 
@@ -75,4 +82,4 @@ def example_inputs(rand: Rand, T: int, B: int, H: int, d: int, dk: int) -> list[
     ``[T, B, H, d]``, slow initial weights N(0, 1/d) as the cores draw them, a non-zero ΔW;
     ``dk`` is ignored (the key size is d)."""
     R = rows(d)
-    return [rand.fm(T, B, H, d), rand.normal(H, R, d, scale=d ** -0.5), rand.state(B, H, R, d)]
+    return [rand.fm(T, B, H, d), rand.normal(H, R, d, scale=d**-0.5), rand.state(B, H, R, d)]

@@ -26,8 +26,18 @@ from pathlib import Path
 from rfwp_rl.checkpoint import atomic_write_text
 
 SPLITS = ("train", "valid", "test")
-_SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idlelib", "lib2to3", "tkinter",
-              "turtledemo", "ensurepip", "venv"}
+_SKIP_DIRS = {
+    "site-packages",
+    "dist-packages",
+    "test",
+    "tests",
+    "idlelib",
+    "lib2to3",
+    "tkinter",
+    "turtledemo",
+    "ensurepip",
+    "venv",
+}
 _TOKEN = re.compile(r"\w+|[^\w\s]")
 MIN_DOC_CHARS = 200
 
@@ -78,13 +88,19 @@ def build_stdlib_corpus(out_dir: str | os.PathLike, stdlib: str | os.PathLike | 
     for i, doc in enumerate(docs):
         split = "valid" if i % 20 == 0 else "test" if i % 20 == 1 else "train"
         split_lines[split] += tokenise_document(doc)
-    manifest = {"source": "docstrings of the Python standard library",
-                "python": sys.version.split()[0], "documents": len(docs)}
+    manifest = {
+        "source": "docstrings of the Python standard library",
+        "python": sys.version.split()[0],
+        "documents": len(docs),
+    }
     for split in SPLITS:
         text = "\n".join(split_lines[split]) + "\n"
         atomic_write_text(out / f"wiki.{split}.tokens", text)
-        manifest[split] = {"lines": len(split_lines[split]), "words": len(text.split()),
-                           "sha256": hashlib.sha256(text.encode()).hexdigest()}
+        manifest[split] = {
+            "lines": len(split_lines[split]),
+            "words": len(text.split()),
+            "sha256": hashlib.sha256(text.encode()).hexdigest(),
+        }
     atomic_write_text(out / "MANIFEST.json", json.dumps(manifest, indent=2) + "\n")
     return out
 

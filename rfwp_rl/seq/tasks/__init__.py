@@ -10,8 +10,8 @@ resumed run sees exactly the batches an uninterrupted one would.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
-from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -32,8 +32,8 @@ def pad_batch(xs: list[np.ndarray], ys: list[np.ndarray]) -> tuple[Tensor, Tenso
     x = np.zeros((T, len(xs), *xs[0].shape[1:]), dtype=np.int64)
     y = np.full((T, len(xs)), IGNORE, dtype=np.int64)
     for b, (xi, yi) in enumerate(zip(xs, ys)):
-        x[:len(xi), b] = xi
-        y[:len(yi), b] = yi
+        x[: len(xi), b] = xi
+        y[: len(yi), b] = yi
     return torch.from_numpy(x), torch.from_numpy(y)
 
 
@@ -53,7 +53,7 @@ class FixedSet:
         """Evaluation order: sorted by length (less padding), every sequence once."""
         order = np.argsort([len(x) for x in self.xs], kind="stable")
         for i in range(0, len(order), batch_size):
-            yield self.batch(order[i:i + batch_size])
+            yield self.batch(order[i : i + batch_size])
 
 
 class TaggingTask:
@@ -98,7 +98,7 @@ class FixedSetTask(TaggingTask):
         per_epoch = max(len(train) // batch_size, 1)
         epoch, i = divmod(step, per_epoch)
         order = np.random.default_rng([self.seed, epoch, 11]).permutation(len(train))
-        return train.batch(order[i * batch_size:(i + 1) * batch_size])
+        return train.batch(order[i * batch_size : (i + 1) * batch_size])
 
     def eval_batches(self, split: str, batch_size: int) -> Iterator[tuple[Tensor, Tensor]]:
         check_choice("split", split, [s for s in self.splits if s != "train"])
@@ -114,8 +114,9 @@ class CodeExecTask(FixedSetTask):
     name = "code_exec"
     main_metric = "seq_acc"
 
-    def __init__(self, seed: int, num_vars: int = 3, num_statements: int = 100,
-                 sizes: tuple[int, int, int] = (10000, 1000, 1000)):
+    def __init__(
+        self, seed: int, num_vars: int = 3, num_statements: int = 100, sizes: tuple[int, int, int] = (10000, 1000, 1000)
+    ):
         super().__init__(seed)
         self.config = code_exec.CodeExecConfig(num_vars=num_vars, num_statements=num_statements)
         self.config.check()
@@ -124,8 +125,10 @@ class CodeExecTask(FixedSetTask):
         self.num_classes = len(vocab.output_tokens)
         self.no_output = vocab.no_output
         self.vocab = vocab
-        self.splits = {s: FixedSet(*code_exec.generate(self.config, n, f"{seed}-{s}"))
-                       for s, n in zip(("train", "valid", "test"), sizes)}
+        self.splits = {
+            s: FixedSet(*code_exec.generate(self.config, n, f"{seed}-{s}"))
+            for s, n in zip(("train", "valid", "test"), sizes)
+        }
 
 
 class ListOpsTask(FixedSetTask):
@@ -135,15 +138,18 @@ class ListOpsTask(FixedSetTask):
     name = "listops"
     main_metric = "seq_acc"
 
-    def __init__(self, seed: int, depth: int = 10, max_args: int = 5,
-                 sizes: tuple[int, int, int] = (10000, 1000, 1000)):
+    def __init__(
+        self, seed: int, depth: int = 10, max_args: int = 5, sizes: tuple[int, int, int] = (10000, 1000, 1000)
+    ):
         super().__init__(seed)
         self.config = listops.ListOpsConfig(depth=depth, max_args=max_args)
         self.config.check()
         self.field_sizes = (len(listops.INPUT_TOKENS),)
         self.num_classes = len(listops.OUTPUT_TOKENS)
-        self.splits = {s: FixedSet(*listops.generate(self.config, n, f"{seed}-{s}"))
-                       for s, n in zip(("train", "valid", "test"), sizes)}
+        self.splits = {
+            s: FixedSet(*listops.generate(self.config, n, f"{seed}-{s}"))
+            for s, n in zip(("train", "valid", "test"), sizes)
+        }
 
 
 class AssocTask(TaggingTask):
@@ -160,8 +166,10 @@ class AssocTask(TaggingTask):
         self._assoc = assoc
         self.field_sizes = (num_keys, num_keys + 1)
         self.num_classes = num_keys
-        self.eval_sets = {s: FixedSet(*self._split(assoc.eval_set(seed * 2 + k, self.config, eval_sequences)))
-                          for k, s in ((1, "valid"), (2, "test"))}
+        self.eval_sets = {
+            s: FixedSet(*self._split(assoc.eval_set(seed * 2 + k, self.config, eval_sequences)))
+            for k, s in ((1, "valid"), (2, "test"))
+        }
 
     @staticmethod
     def _split(xy: tuple[np.ndarray, np.ndarray]) -> tuple[list[np.ndarray], list[np.ndarray]]:
@@ -180,6 +188,7 @@ class AssocTask(TaggingTask):
 
 # --------------------------------------------------------------------------- metrics
 
+
 @dataclass
 class TaggingScore:
     """Accumulated evaluation counts of a tagging task."""
@@ -192,14 +201,18 @@ class TaggingScore:
     printed: int = 0
     correct_printed: int = 0
 
-    def add(self, logits: Tensor, y: Tensor, no_output: int | None = None,
-            loss_fn: Callable[..., Tensor] | None = None) -> None:
+    def add(
+        self, logits: Tensor, y: Tensor, no_output: int | None = None, loss_fn: Callable[..., Tensor] | None = None
+    ) -> None:
         """logits ``[T, B, C]``, y ``[T, B]`` (IGNORE where not scored); ``loss_fn(logits, y,
         reduction="sum")`` (default: cross-entropy) gives the summed loss."""
         scored = y != IGNORE
         if loss_fn is None:
-            self.nll += float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1),
-                                              ignore_index=IGNORE, reduction="sum"))
+            self.nll += float(
+                F.cross_entropy(
+                    logits.reshape(-1, logits.shape[-1]), y.reshape(-1), ignore_index=IGNORE, reduction="sum"
+                )
+            )
         else:
             self.nll += float(loss_fn(logits, y, reduction="sum"))
         right = (logits.argmax(-1) == y) & scored
@@ -214,9 +227,11 @@ class TaggingScore:
             self.correct_printed += int((right & printed).sum())
 
     def metrics(self, with_print: bool = False) -> dict[str, float]:
-        out = {"loss": self.nll / max(self.tokens, 1),
-               "token_acc": self.correct_tokens / max(self.tokens, 1),
-               "seq_acc": self.correct_sequences / max(self.sequences, 1)}
+        out = {
+            "loss": self.nll / max(self.tokens, 1),
+            "token_acc": self.correct_tokens / max(self.tokens, 1),
+            "seq_acc": self.correct_sequences / max(self.sequences, 1),
+        }
         if with_print:
             out["print_acc"] = self.correct_printed / max(self.printed, 1)
         return out

@@ -34,7 +34,7 @@ SETTINGS = (1, 2)
 
 @dataclass(frozen=True)
 class AssocConfig:
-    num_keys: int = 32     # S
+    num_keys: int = 32  # S
     setting: int = 1
 
     def check(self) -> None:
@@ -73,8 +73,9 @@ def answer(keys: np.ndarray, values: np.ndarray, query: int) -> int:
     return int(values[hits[-1]])
 
 
-def make_sequences(keys: np.ndarray, values: np.ndarray, queries: np.ndarray,
-                   config: AssocConfig) -> tuple[np.ndarray, np.ndarray]:
+def make_sequences(
+    keys: np.ndarray, values: np.ndarray, queries: np.ndarray, config: AssocConfig
+) -> tuple[np.ndarray, np.ndarray]:
     """Model inputs and targets for given pairs and queries.
 
     Args:

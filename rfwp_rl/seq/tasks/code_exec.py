@@ -76,7 +76,7 @@ class CodeExecVocab:
     def __init__(self, config: CodeExecConfig):
         lo, hi = config.value_range
         numbers = [str(v) for v in range(lo, hi + 1)]
-        self.input_tokens = [PAD, *VARIABLE_NAMES[:config.num_vars], *KEYWORDS, *ALL_COND_OPS, *numbers]
+        self.input_tokens = [PAD, *VARIABLE_NAMES[: config.num_vars], *KEYWORDS, *ALL_COND_OPS, *numbers]
         self.output_tokens = [NO_OUTPUT, *numbers]
         self.input_index = {t: i for i, t in enumerate(self.input_tokens)}
         self.output_index = {t: i for i, t in enumerate(self.output_tokens)}
@@ -102,8 +102,9 @@ class _Program:
         self.outputs: list[str] = []
 
 
-def _basic(rng: random.Random, kind: str, values: dict[str, int], config: CodeExecConfig,
-           names: tuple[str, ...]) -> tuple[list[str], str, int | None] | None:
+def _basic(
+    rng: random.Random, kind: str, values: dict[str, int], config: CodeExecConfig, names: tuple[str, ...]
+) -> tuple[list[str], str, int | None] | None:
     """Draw a basic statement of ``kind``; returns (tokens, variable, value after execution
     or None for print), or None if ``kind`` is impossible (no defined variable)."""
     defined = [v for v in names if v in values]
@@ -121,8 +122,9 @@ def _basic(rng: random.Random, kind: str, values: dict[str, int], config: CodeEx
     return ["print", var, ";"], var, None
 
 
-def _try_statement(rng: random.Random, prog: _Program, config: CodeExecConfig, names: tuple[str, ...],
-                   kind: str) -> bool:
+def _try_statement(
+    rng: random.Random, prog: _Program, config: CodeExecConfig, names: tuple[str, ...], kind: str
+) -> bool:
     """Append one statement of ``kind`` if it can be made valid; return whether it was."""
     lo, hi = config.value_range
     cond: list[str] = []
@@ -157,7 +159,7 @@ def _try_statement(rng: random.Random, prog: _Program, config: CodeExecConfig, n
 
 def generate_program(rng: random.Random, config: CodeExecConfig) -> tuple[list[str], list[str]]:
     """One program: (input tokens, output tokens), equally long."""
-    names = VARIABLE_NAMES[:config.num_vars]
+    names = VARIABLE_NAMES[: config.num_vars]
     prog = _Program()
     for _ in range(config.num_statements - 1):  # the first one to succeed is an assignment
         while not _try_statement(rng, prog, config, names, rng.choice(KINDS)):

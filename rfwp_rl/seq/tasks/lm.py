@@ -25,9 +25,9 @@ from __future__ import annotations
 import math
 import os
 from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -44,13 +44,14 @@ SPLITS = ("train", "valid", "test")
 def find_split_file(data_dir: str | os.PathLike, split: str) -> Path:
     data_dir = Path(data_dir)
     if not data_dir.is_dir():
-        raise UserError(f"corpus directory {str(data_dir)!r} does not exist; allowed: a directory "
-                        "with train/valid/test files, or 'builtin'")
+        raise UserError(
+            f"corpus directory {str(data_dir)!r} does not exist; allowed: a directory "
+            "with train/valid/test files, or 'builtin'"
+        )
     for name in (f"wiki.{split}.tokens", f"{split}.tokens", f"{split}.txt"):
         if (data_dir / name).is_file():
             return data_dir / name
-    raise UserError(f"no {split} file in {data_dir}; allowed names: wiki.{split}.tokens, "
-                    f"{split}.tokens, {split}.txt")
+    raise UserError(f"no {split} file in {data_dir}; allowed names: wiki.{split}.tokens, {split}.tokens, {split}.txt")
 
 
 def tokenize_line(line: str, level: str) -> list[str]:
@@ -119,13 +120,16 @@ def load_corpus(data_dir: str | os.PathLike, level: str = "word", min_count: int
 
 # ----------------------------------------------------------------------------- training
 
+
 def batchify(data: np.ndarray, batch_size: int) -> np.ndarray:
     """``[N]`` -> ``[N // B, B]``: column b is the b-th contiguous piece of the stream."""
     n = len(data) // batch_size
     if n < 2:
-        raise UserError(f"the training stream ({len(data)} tokens) is too short for batch size "
-                        f"{batch_size}; allowed: at least 2 tokens per stream")
-    return np.ascontiguousarray(data[:n * batch_size].reshape(batch_size, n).T)
+        raise UserError(
+            f"the training stream ({len(data)} tokens) is too short for batch size "
+            f"{batch_size}; allowed: at least 2 tokens per stream"
+        )
+    return np.ascontiguousarray(data[: n * batch_size].reshape(batch_size, n).T)
 
 
 def segments(streams: np.ndarray, seg_len: int, start: int = 0) -> Iterator[tuple[int, Tensor, Tensor]]:
@@ -137,8 +141,8 @@ def segments(streams: np.ndarray, seg_len: int, start: int = 0) -> Iterator[tupl
     n = streams.shape[0]
     for i in range(start, n - 1, seg_len):
         T = min(seg_len, n - 1 - i)
-        x = torch.from_numpy(streams[i:i + T])
-        y = torch.from_numpy(streams[i + 1:i + 1 + T])
+        x = torch.from_numpy(streams[i : i + T])
+        y = torch.from_numpy(streams[i + 1 : i + 1 + T])
         yield i, x, y
 
 
@@ -150,7 +154,7 @@ Model = Callable[..., tuple[Tensor, tuple]]
 
 @dataclass
 class LMScore:
-    nll: float      # summed negative log-likelihood (nats)
+    nll: float  # summed negative log-likelihood (nats)
     tokens: int
 
     @property
@@ -167,9 +171,15 @@ class LMScore:
 
 
 @torch.no_grad()
-def carried_blocks(model: Model, initial_state: Callable[[int], tuple], data: np.ndarray,
-                   seg_len: int, block: int | None = None, restart: bool = False,
-                   device: str | torch.device = "cpu") -> list[LMScore]:
+def carried_blocks(
+    model: Model,
+    initial_state: Callable[[int], tuple],
+    data: np.ndarray,
+    seg_len: int,
+    block: int | None = None,
+    restart: bool = False,
+    device: str | torch.device = "cpu",
+) -> list[LMScore]:
     """Carried context, batch 1: read ``data`` in segments of ``seg_len`` with the state
     carried over, every next-token prediction scored; one score per block of ``block``
     predictions (a multiple of ``seg_len``; None: one block). With ``restart`` the state starts
@@ -182,42 +192,55 @@ def carried_blocks(model: Model, initial_state: Callable[[int], tuple], data: np
                 state = initial_state(1)
             scores.append(LMScore(0.0, 0))
         logits, state = model(x.to(device), state, None)
-        scores[-1].nll += float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]).cpu(), y.reshape(-1), reduction="sum"))
+        scores[-1].nll += float(
+            F.cross_entropy(logits.reshape(-1, logits.shape[-1]).cpu(), y.reshape(-1), reduction="sum")
+        )
         scores[-1].tokens += y.numel()
     return scores
 
 
-def evaluate_carried(model: Model, initial_state: Callable[[int], tuple], data: np.ndarray,
-                     seg_len: int, max_tokens: int | None = None,
-                     device: str | torch.device = "cpu") -> LMScore:
+def evaluate_carried(
+    model: Model,
+    initial_state: Callable[[int], tuple],
+    data: np.ndarray,
+    seg_len: int,
+    max_tokens: int | None = None,
+    device: str | torch.device = "cpu",
+) -> LMScore:
     """Carried context, batch 1, over the whole of ``data`` (or its first ``max_tokens``
     predictions): see :func:`carried_blocks`."""
-    data = data if max_tokens is None else data[:max_tokens + 1]
+    data = data if max_tokens is None else data[: max_tokens + 1]
     blocks = carried_blocks(model, initial_state, data, seg_len, device=device)
     return blocks[0] if blocks else LMScore(0.0, 0)
 
 
 @torch.no_grad()
-def evaluate_sliding(model: Model, initial_state: Callable[[int], tuple], data: np.ndarray,
-                     seg_len: int, windows_per_batch: int = 64, max_tokens: int | None = None,
-                     device: str | torch.device = "cpu") -> LMScore:
+def evaluate_sliding(
+    model: Model,
+    initial_state: Callable[[int], tuple],
+    data: np.ndarray,
+    seg_len: int,
+    windows_per_batch: int = 64,
+    max_tokens: int | None = None,
+    device: str | torch.device = "cpu",
+) -> LMScore:
     """Sliding window of ``seg_len`` tokens: the first window scores all its positions, each
     later window (ending one token further) scores only its last position (App. A.1)."""
-    data = data if max_tokens is None else data[:max_tokens + 1]
+    data = data if max_tokens is None else data[: max_tokens + 1]
     n = len(data) - 1  # number of predictions
     if n < 1:
         raise UserError("the evaluation text has fewer than 2 tokens")
     L = min(seg_len, n)
     x0 = torch.from_numpy(data[:L]).view(L, 1)
     logits, _ = model(x0.to(device), initial_state(1), None)
-    y0 = torch.from_numpy(data[1:L + 1])
+    y0 = torch.from_numpy(data[1 : L + 1])
     nll = float(F.cross_entropy(logits[:, 0].cpu(), y0, reduction="sum"))
     count = L
     ends = np.arange(L, n)  # window ends at index e (inputs data[e-L+1 .. e]), target data[e+1]
     offsets = np.arange(-L + 1, 1)
     for i in range(0, len(ends), windows_per_batch):
-        e = ends[i:i + windows_per_batch]
-        x = torch.from_numpy(data[e[None, :] + offsets[:, None]])          # [L, nwin]
+        e = ends[i : i + windows_per_batch]
+        x = torch.from_numpy(data[e[None, :] + offsets[:, None]])  # [L, nwin]
         logits, _ = model(x.to(device), initial_state(len(e)), None)
         y = torch.from_numpy(data[e + 1])
         nll += float(F.cross_entropy(logits[-1].cpu(), y, reduction="sum"))
@@ -253,9 +276,15 @@ class LMTask:
         self._streams: dict[int, np.ndarray] = {}
 
     def settings(self) -> dict:
-        return {"task": "lm", "corpus": self.corpus.source, "level": self.corpus.level,
-                "vocab_size": self.corpus.vocab_size, "train_tokens": len(self.corpus.train),
-                "seg_len": self.seg_len, "context": self.context}
+        return {
+            "task": "lm",
+            "corpus": self.corpus.source,
+            "level": self.corpus.level,
+            "vocab_size": self.corpus.vocab_size,
+            "train_tokens": len(self.corpus.train),
+            "seg_len": self.seg_len,
+            "context": self.context,
+        }
 
     def streams(self, batch_size: int) -> np.ndarray:
         if batch_size not in self._streams:
@@ -273,16 +302,23 @@ class LMTask:
         i = step % self.segments_per_epoch(batch_size)
         pos = i * self.seg_len
         T = min(self.seg_len, streams.shape[0] - 1 - pos)
-        x = torch.from_numpy(streams[pos:pos + T])
-        y = torch.from_numpy(streams[pos + 1:pos + 1 + T])
+        x = torch.from_numpy(streams[pos : pos + T])
+        y = torch.from_numpy(streams[pos + 1 : pos + 1 + T])
         return x, y, i == 0
 
     def epochs(self, step: int, batch_size: int) -> float:
         return step / self.segments_per_epoch(batch_size)
 
-    def evaluate(self, model: Model, initial_state: Callable[[int], tuple], split: str,
-                 mode: str = "auto", max_tokens: int | None = None,
-                 windows_per_batch: int = 64, device: str | torch.device = "cpu") -> dict[str, float]:
+    def evaluate(
+        self,
+        model: Model,
+        initial_state: Callable[[int], tuple],
+        split: str,
+        mode: str = "auto",
+        max_tokens: int | None = None,
+        windows_per_batch: int = 64,
+        device: str | torch.device = "cpu",
+    ) -> dict[str, float]:
         """``{"loss", "ppl", "bpt", "tokens"}`` on ``split`` with protocol ``mode``
         ("auto": carried context if training carried it, else the sliding window)."""
         check_choice("evaluation mode", mode, EVAL_MODES)
@@ -292,7 +328,5 @@ class LMTask:
         if mode == "carried":
             score = evaluate_carried(model, initial_state, data, self.seg_len, max_tokens, device)
         else:
-            score = evaluate_sliding(model, initial_state, data, self.seg_len, windows_per_batch,
-                                     max_tokens, device)
-        return {"loss": score.loss, "ppl": score.perplexity, "bpt": score.bits_per_token,
-                "tokens": score.tokens}
+            score = evaluate_sliding(model, initial_state, data, self.seg_len, windows_per_batch, max_tokens, device)
+        return {"loss": score.loss, "ppl": score.perplexity, "bpt": score.bits_per_token, "tokens": score.tokens}
