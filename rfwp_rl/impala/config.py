@@ -73,8 +73,8 @@ class ImpalaConfig:
     max_env_failures: int = setting(100, "environment failures (an env raised and was replaced, or a worker process "
                                          "died or hung) tolerated over the whole run; one more saves a checkpoint and "
                                          "stops (exit 1). An env whose new instances keep failing before their first "
-                                         "observation (rfwp_rl.envs.pool_env.MAX_FAILED_CONSTRUCTIONS in a row) stops the "
-                                         "run at once (exit 1, one line naming the env and its exception)")
+                                         "observation (rfwp_rl.envs.pool_env.MAX_FAILED_CONSTRUCTIONS in a row) stops "
+                                         "the run at once (exit 1, one line naming the env and its exception)")
     # learner
     batch_size: int = setting(32, "rollouts per optimizer step")
     unroll_length: int = setting(50, "env steps per rollout")

@@ -28,8 +28,8 @@ def kl_terms(log_r: torch.Tensor) -> torch.Tensor:
 
 
 def behaviour_kl(agent: nn.Module, batch: dict[str, torch.Tensor], initial_state: tuple) -> torch.Tensor:
-    """Mean KL(mu || pi) over the unmasked steps of ``batch`` (as in :func:`rfwp_rl.impala.loss.compute_loss`), estimated
-    on the batch's actions (drawn from mu) with the non-negative estimator E[(r - 1) - log r],
+    """Mean KL(mu || pi) over the unmasked steps of ``batch`` (as in :func:`rfwp_rl.impala.loss.compute_loss`),
+    estimated on the batch's actions (drawn from mu) with the non-negative estimator E[(r - 1) - log r],
     r = pi(a) / mu(a) (Schulman, "Approximating KL divergence", 2020), so that it needs only
     log-probs and serves every action distribution."""
     with torch.no_grad():
