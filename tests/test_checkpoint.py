@@ -82,8 +82,8 @@ def test_mismatched_meta_is_refused_naming_the_difference(tmp_path):
 
 
 def test_a_run_resumes_on_another_kernel_backend(tmp_path):
-    # the backend chooses an implementation, not the numbers: a checkpoint made before the core
-    # had the option, or on another backend, loads; any other difference is still refused
+    # the backend chooses an implementation, not the numbers: it is not compared, so a checkpoint
+    # made on any backend loads; any other difference is still refused
     Checkpointer(tmp_path, META).save(_state(1), 1)
     for backend in ("auto", "reference"):
         run = dict(META, core_config={"hidden_size": 16, "backend": backend})
@@ -93,8 +93,7 @@ def test_a_run_resumes_on_another_kernel_backend(tmp_path):
 
 
 def test_a_run_resumes_with_other_initialisation_options(tmp_path):
-    # the weights come from the checkpoint, so the init options do not matter on resume, and
-    # checkpoints made before the lstm core had them still load
+    # the weights come from the checkpoint, so the init options are not compared on resume
     Checkpointer(tmp_path, dict(META, core="lstm")).save(_state(1), 1)
     for init in (
         {"forget_bias": None, "recurrent_init": "default"},
@@ -155,6 +154,16 @@ def test_kill_during_writes_never_leaves_a_partial_checkpoint(tmp_path):
         assert torch.equal(obj["state"]["model"]["w"], torch.full((200_000,), float(step)))
     got = Checkpointer(tmp_path, META).load_latest()
     assert got["step"] == read_checkpoint(files[0])["step"]
+
+
+def test_a_checkpoint_of_another_format_is_refused_in_one_line_and_kept(tmp_path):
+    path = Checkpointer(tmp_path, META).save(_state(1), 1)
+    obj = read_checkpoint(path)
+    atomic_torch_save({**obj, "format": 0}, path)
+    with pytest.raises(UserError) as e:
+        Checkpointer(tmp_path, META).load_latest()
+    assert str(e.value) == f"checkpoint {path} has format 0; this version of rfwp_rl reads format 1 only"
+    assert list_checkpoints(tmp_path) == [path]  # refused, not set aside as damaged
 
 
 def test_rng_state_round_trip():
