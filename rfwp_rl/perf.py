@@ -57,7 +57,7 @@ def single_thread_blas() -> int:
 
     For env worker processes: a worker forked from a process whose BLAS keeps a thread per core spins
     those threads on the small matrix products of observation preprocessing, and many such workers
-    on few cores slow each other down by an order of magnitude (``rfwp-rl bench impala`` shows it as
+    on few cores slow each other down (``results/atari/README.md``; ``rfwp-rl bench impala`` shows it as
     the env bound). The libraries are found in ``/proc/self/maps`` (Linux); elsewhere nothing changes.
     """
     import ctypes
