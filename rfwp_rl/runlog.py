@@ -53,11 +53,11 @@ def read_scalars(run_dir: str | Path, tag: str) -> list[tuple[int, float]]:
     return read_all_scalars(run_dir).get(tag, [])
 
 
-def _after_newest_event_file(tb_dir: Path) -> None:
+def _after_newest_event_file(tb_dir: Path) -> bool:
     """Wait until the clock's second is past that of the newest event file in ``tb_dir``. TensorBoard reads a
     run's event files in name order, and a name starts with the second it was made in, then the host and
     the pid: a run resumed within the second of its crash could otherwise sort before it, and its purge of
-    the crashed run's last points would be read first and undone."""
+    the crashed run's last points would be read first and undone. True if there are earlier event files."""
     seconds = [
         int(p.name.split(".")[3])
         for p in tb_dir.glob("events.out.tfevents.*")
@@ -65,6 +65,7 @@ def _after_newest_event_file(tb_dir: Path) -> None:
     ]
     while seconds and time.time() < max(seconds) + 1:
         time.sleep(0.01)
+    return bool(seconds)
 
 
 class RunLogger:
@@ -99,8 +100,10 @@ class RunLogger:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(self.run_dir / "config.json", json.dumps(dict(config), indent=2, default=str) + "\n")
-        _after_newest_event_file(self.run_dir / "tb")
-        self.writer = SummaryWriter(log_dir=str(self.run_dir / "tb"), purge_step=start + 1 if start > 0 else None)
+        earlier = _after_newest_event_file(self.run_dir / "tb")
+        # a resumed run (also one resumed from its step-0 checkpoint) drops what the crashed run logged past it
+        purge = start + 1 if start > 0 or earlier else None
+        self.writer = SummaryWriter(log_dir=str(self.run_dir / "tb"), purge_step=purge)
         if start == 0:
             flat = {k: _hparam_value(v) for k, v in config.items()}
             exp, ssi, sei = hparams(flat, {m: float("nan") for m in metrics})

@@ -101,3 +101,15 @@ def test_graceful_stop_first_signal_flags_second_exits():
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=300) == 130  # (a failure deadline; the bound is the next line)
     assert time.monotonic() - t0 < 5
+
+
+def test_a_run_resumed_from_its_step_0_checkpoint_drops_what_the_crashed_run_logged(tmp_path):
+    crashed = RunLogger(tmp_path, {}, total=100, start=0)
+    for step in (10, 20, 30, 40):
+        crashed.log(step, {"loss/total": float(step)})
+    crashed.close()  # (a crash after these were written, before a checkpoint past step 0)
+    resumed = RunLogger(tmp_path, {}, total=100, start=0)
+    for step in (10, 20):
+        resumed.log(step, {"loss/total": -float(step)})
+    resumed.close()
+    assert _steps(tmp_path, "loss/total") == [(10, -10.0), (20, -20.0)]
