@@ -375,3 +375,24 @@ class PoolEnvFactory:
             blank_obs=self.blank_obs,
             action_table=self.action_table,
         )
+
+
+def seeded_pool_env(env_id: str, env_options: dict, seed: int, index: int, blank_obs: Any = None) -> PoolEnv:
+    """Env ``index`` of an in-process or ``process`` pool: seeded ``seed * 100_003 + index`` (its replacement
+    after the k-th failure: ``+ 7919 k``), so runs of these backends are reproducible; made on its first reset,
+    where a failing constructor is handled like a failing reset."""
+
+    def make(failures: int) -> Any:
+        return make_env(env_id, seed=(seed * 100_003 + index + 7919 * failures) % 2**31, **env_options)
+
+    return PoolEnv(None, make=make, name=f"{env_id} #{index}", blank_obs=blank_obs)
+
+
+def pool_step(env: PoolEnv, first: bool, action: Any) -> tuple[dict[str, np.ndarray], float, bool]:
+    """One step of a pool's env as ``moolib.EnvPool`` makes it: a batch's first step resets (the action is
+    ignored); an episode that ends is reset at once, and the step reports ``done`` with the new episode's
+    first observation."""
+    if first:
+        return env.reset(), 0.0, False
+    obs, reward, done, _ = env.step(action)
+    return (env.reset() if done else obs), reward, done

@@ -27,8 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rfwp_rl.envs import make_env
-from rfwp_rl.envs.pool_env import PoolEnv, close_all
+from rfwp_rl.envs.pool_env import PoolEnv, close_all, pool_step, seeded_pool_env
 from rfwp_rl.perf import single_thread_blas
 from rfwp_rl.safety import TrainingAborted
 
@@ -225,13 +224,10 @@ def _worker(
     out = {k: v.numpy() for k, v in outputs.items()}
     act = actions.numpy()
 
-    def create(i: int) -> PoolEnv:
-        def make(failures: int):  # a replacement after a failure gets a new seed
-            return make_env(env_id, seed=(seed * 100_003 + i + 7919 * failures) % 2**31, **env_options)
-
-        return PoolEnv(None, make=make, name=f"{env_id} #{i}", blank_obs=blank_obs)
-
-    envs = [[create(b * batch_size + i) for i in range(start, stop)] for b in range(num_batches)]
+    envs = [
+        [seeded_pool_env(env_id, env_options, seed, b * batch_size + i, blank_obs) for i in range(start, stop)]
+        for b in range(num_batches)
+    ]
     started = [False] * num_batches
     try:
         while True:
@@ -246,12 +242,7 @@ def _worker(
             try:
                 for j, env in enumerate(envs[b]):
                     row = start + j
-                    if not started[b]:
-                        obs, reward, done = env.reset(), 0.0, False
-                    else:
-                        obs, reward, done, _ = env.step(act[b, row])
-                        if done:
-                            obs = env.reset()
+                    obs, reward, done = pool_step(env, not started[b], act[b, row])
                     for k, v in obs.items():
                         out[k][b, row] = v
                     out["reward"][b, row] = reward

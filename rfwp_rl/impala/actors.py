@@ -255,11 +255,7 @@ def act_seconds(agent: torch.nn.Module, device: torch.device, batch_size: int, r
     """Seconds per acting step of ``agent`` on ``device`` for one env batch of ``batch_size``, counting the copy
     of the observations from the CPU and of the actions back (what :meth:`Actors.step` pays per step)."""
     spec = rollout_spec(agent.obs_space, agent.action_dist)
-    obs = {
-        k: torch.zeros(batch_size, *shape, dtype=dtype)
-        for k, (dtype, shape) in spec.items()
-        if k not in ("reward", "done", "truncated", "prev_action", "action", "behaviour_log_prob")
-    }
+    obs = {k: torch.zeros(batch_size, *spec[k][1], dtype=spec[k][0]) for k in obs_keys(agent.obs_space)}
     dtype, shape = spec["action"]
     prev_action = torch.zeros(1, batch_size, *shape, dtype=dtype, device=device)
     reward, done = (

@@ -43,8 +43,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rfwp_rl.envs import make_env
-from rfwp_rl.envs.pool_env import ActionTable, PoolEnv, PoolEnvFactory, decode_fatal
+from rfwp_rl.envs.pool_env import ActionTable, PoolEnvFactory, decode_fatal, pool_step, seeded_pool_env
 from rfwp_rl.envs.process_pool import ProcessEnvPool, process_cpu_seconds
 from rfwp_rl.errors import UserError
 from rfwp_rl.impala.config import DEFAULTS
@@ -226,14 +225,10 @@ class LocalEnvPool:
     def __init__(
         self, env_id: str, env_options: dict, seed: int, batch_size: int, num_batches: int, blank_obs: Any = None
     ):
-        def create(i: int) -> PoolEnv:
-            def make(failures: int):  # a replacement after a failure gets a new seed
-                return make_env(env_id, seed=(seed * 100_003 + i + 7919 * failures) % 2**31, **env_options)
-
-            # the env is made on its first reset, where a failing constructor is handled like a failing reset
-            return PoolEnv(None, make=make, name=f"{env_id} #{i}", blank_obs=blank_obs)
-
-        self.envs = [[create(b * batch_size + i) for i in range(batch_size)] for b in range(num_batches)]
+        self.envs = [
+            [seeded_pool_env(env_id, env_options, seed, b * batch_size + i, blank_obs) for i in range(batch_size)]
+            for b in range(num_batches)
+        ]
         self.started = [False] * num_batches
 
     def step(self, batch_index: int, action: torch.Tensor) -> _Ready:
@@ -245,12 +240,7 @@ class LocalEnvPool:
         outs, rewards, dones = [], [], []
         for env, a in zip(envs, action.numpy()):
             try:  # PoolEnv replaces failing envs; this is raised only if no new one can be made
-                if not self.started[batch_index]:
-                    obs, reward, done = env.reset(), 0.0, False
-                else:
-                    obs, reward, done, _ = env.step(a)
-                    if done:
-                        obs = env.reset()
+                obs, reward, done = pool_step(env, not self.started[batch_index], a)
             except Exception as e:
                 raise TrainingAborted(str(e).splitlines()[0] if str(e) else type(e).__name__) from e
             outs.append(obs)
