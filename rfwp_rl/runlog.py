@@ -58,11 +58,8 @@ def _after_newest_event_file(tb_dir: Path) -> bool:
     run's event files in name order, and a name starts with the second it was made in, then the host and
     the pid: a run resumed within the second of its crash could otherwise sort before it, and its purge of
     the crashed run's last points would be read first and undone. True if there are earlier event files."""
-    seconds = [
-        int(p.name.split(".")[3])
-        for p in tb_dir.glob("events.out.tfevents.*")
-        if len(p.name.split(".")) > 3 and p.name.split(".")[3].isdigit()
-    ]
+    names = (p.name.split(".")[3] for p in tb_dir.glob("events.out.tfevents.*"))
+    seconds = [int(n) for n in names if n.isdigit()]
     while seconds and time.time() < max(seconds) + 1:
         time.sleep(0.01)
     return bool(seconds)
