@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # The Atari work that needs a GPU machine, in one go within TOTAL_SECONDS (default 540):
 #  1. the fused kernels (built once per machine);
-#  2. `rfwp-rl bench impala` on Pong with the paper's LSTM and RDN agents, learner on cuda and on cpu, with
-#     the env-stepping and learner bounds (-> $OUT/gpu_bench.csv), and the small vector agent on both devices
+#  2. `rfwp-rl bench impala` on Pong with the paper's LSTM and RDN agents: with 48 envs, learner on cuda and
+#     on cpu (-> $OUT/gpu_bench.csv); with BIG_ENVS envs (default 96), learner on cuda (-> $OUT/gpu_bench_big.csv);
+#     each with the env-stepping and learner bounds; and the small vector agent on both devices
 #     (-> $OUT/gpu_bench_vector.csv);
-#  3. the Pong run with the paper's settings for the time that is left, resumed from RESUME_DIR's checkpoint
-#     if there is one (default results/atari/pong_run); its newest checkpoint, config and TensorBoard events
-#     (pong_tb.tgz) are copied to $OUT, to be committed back to RESUME_DIR (results/atari/README.md says how).
+#  3. the Pong run with the paper's settings and PONG_ENVS envs (default BIG_ENVS) for the time that is left,
+#     resumed from RESUME_DIR's checkpoint if there is one (default results/atari/pong_run); its newest
+#     checkpoint, and its config and TensorBoard events (pong_tb.tgz) are copied to $OUT, to be committed back to
+#     RESUME_DIR (results/atari/README.md says how).
 # Environment: OUT (default /tmp/gpu_atari), WHEELS (a folder of wheels to install first, e.g. gymnasium and
 # ale-py where the machine lacks them), ENV_PROCESSES (default: all cores), PONG_CORE (default lstm),
-# BENCH_DEVICES (default cuda,cpu), TRAIN_DEVICE (default cuda), BENCH_SECONDS (default 20).
+# BENCH_DEVICES (default cuda,cpu), TRAIN_DEVICE (default cuda), BENCH_SECONDS (default 10).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 START=$(date +%s)
@@ -22,6 +24,9 @@ RUN=${RUN:-/tmp/rfwp_pong_run}
 PY=${PYTHON:-python3}
 BENCH_DEVICES=${BENCH_DEVICES:-cuda,cpu}
 TRAIN_DEVICE=${TRAIN_DEVICE:-cuda}
+BIG_ENVS=${BIG_ENVS:-96}
+PONG_ENVS=${PONG_ENVS:-$BIG_ENVS}
+BENCH_SECONDS=${BENCH_SECONDS:-10}
 mkdir -p "$OUT" "$RUN"
 export PYTHONUNBUFFERED=1 RFWP_CACHE=${RFWP_CACHE:-/tmp/rfwp_cache}
 if [ -n "${WHEELS:-}" ]; then
@@ -35,27 +40,32 @@ git log -1 --format='commit %h %cd' 2>/dev/null; } 2>&1 | tee "$OUT/device.txt"
 
 echo "== kernels ($(elapsed) s)"; "$PY" -m rfwp_rl.kernels 2>&1 | tail -3
 
-echo "== bench impala, Pong ($(elapsed) s)"
-timeout -k 20 300 "$PY" -m rfwp_rl bench impala --env Pong --cores lstm,rdn --devices "$BENCH_DEVICES" --env-backend process \
-  --num-actors 48 --num-env-processes "$ENV_PROCESSES" --seconds "${BENCH_SECONDS:-20}" --warmup-seconds 8 \
+echo "== bench impala, Pong, 48 envs ($(elapsed) s)"
+timeout -k 20 240 "$PY" -m rfwp_rl bench impala --env Pong --cores lstm,rdn --devices "$BENCH_DEVICES" --env-backend process \
+  --num-actors 48 --num-env-processes "$ENV_PROCESSES" --seconds "$BENCH_SECONDS" --warmup-seconds 5 \
   --out "$OUT/gpu_bench.csv" 2>&1 | tee "$OUT/bench.log"
+
+echo "== bench impala, Pong, $BIG_ENVS envs ($(elapsed) s)"
+timeout -k 20 150 "$PY" -m rfwp_rl bench impala --env Pong --cores lstm,rdn --devices "${BENCH_DEVICES%%,*}" \
+  --env-backend process --num-actors "$BIG_ENVS" --num-env-processes "$ENV_PROCESSES" --seconds "$BENCH_SECONDS" \
+  --warmup-seconds 5 --out "$OUT/gpu_bench_big.csv" 2>&1 | tee -a "$OUT/bench.log"
 
 echo "== bench impala, vector agent ($(elapsed) s)"
 timeout -k 20 120 "$PY" -m rfwp_rl bench impala --env rfwp/DelayedRecall-easy-v0 --cores rdn --devices "$BENCH_DEVICES" \
-  --env-backend process --num-actors 32 --num-env-processes 4 --batch-size 8 --unroll-length 20 --seconds 10 \
+  --env-backend process --num-actors 32 --num-env-processes 4 --batch-size 8 --unroll-length 20 --seconds "$BENCH_SECONDS" \
   --warmup-seconds 5 --out "$OUT/gpu_bench_vector.csv" 2>&1 | tee -a "$OUT/bench.log"
 
 LEFT=$(( TOTAL_SECONDS - $(elapsed) - 45 ))
-echo "== Pong, $PONG_CORE, for $LEFT s ($(elapsed) s)"
+echo "== Pong, $PONG_CORE, $PONG_ENVS envs, for $LEFT s ($(elapsed) s)"
 if ls "$RESUME_DIR"/ckpt_*.pt >/dev/null 2>&1; then  # the committed state: checkpoint, config, TensorBoard events
   cp "$RESUME_DIR"/ckpt_*.pt "$RESUME_DIR"/config.json "$RUN"/ && cp -r "$RESUME_DIR"/tb "$RUN"/ 2>/dev/null
 fi
 if [ "$LEFT" -gt 30 ]; then
   timeout -s INT -k 40 "$LEFT" "$PY" -m rfwp_rl train --env Pong --core "$PONG_CORE" --device "$TRAIN_DEVICE" --env-backend process \
-    --num-env-processes "$ENV_PROCESSES" --total-steps 50000000 --run-dir "$RUN" --log-every 20 \
+    --num-actors "$PONG_ENVS" --num-env-processes "$ENV_PROCESSES" --total-steps 50000000 --run-dir "$RUN" --log-every 20 \
     --checkpoint-every 120 2>&1 | tee "$OUT/pong.log"
 fi
 newest=$(ls "$RUN"/ckpt_*.pt 2>/dev/null | sort | tail -1)
-[ -n "$newest" ] && cp "$newest" "$RUN/config.json" "$OUT/"
-(cd "$RUN" && tar czf "$OUT/pong_tb.tgz" tb) 2>/dev/null
+[ -n "$newest" ] && cp "$newest" "$OUT/"
+(cd "$RUN" && tar czf "$OUT/pong_tb.tgz" tb config.json) 2>/dev/null  # the device hands back 8 files at most
 echo "== done ($(elapsed) s)"

@@ -106,7 +106,7 @@ class Actors:
 
     Env faults (``max_env_failures``, ``env_timeout``, ``env_failures``): see
     :class:`rfwp_rl.impala.env_batches.EnvBatches`. ``timers`` collects the seconds spent waiting
-    for env results (``env``) and in inference (``inference``).
+    for env results (``env``), copying them to the actors' device (``copy``) and in inference (``inference``).
     """
 
     def __init__(
@@ -165,14 +165,15 @@ class Actors:
         if env_out is None:  # stop requested while waiting
             return [], []
         # The pool reuses its buffers once the batch is stepped again: copy what we keep.
-        obs = {k: self._to_device(batch, k, env_out[k]) for k in self.obs_keys}
-        reward = self._to_device(batch, "reward", env_out["reward"], torch.float32)
-        done = self._to_device(batch, "done", env_out["done"], torch.bool)
-        truncated = (
-            self._to_device(batch, "truncated", env_out["truncated"], torch.bool)
-            if "truncated" in env_out
-            else torch.zeros_like(done)
-        )
+        with self.timers("copy"):
+            obs = {k: self._to_device(batch, k, env_out[k]) for k in self.obs_keys}
+            reward = self._to_device(batch, "reward", env_out["reward"], torch.float32)
+            done = self._to_device(batch, "done", env_out["done"], torch.bool)
+            truncated = (
+                self._to_device(batch, "truncated", env_out["truncated"], torch.bool)
+                if "truncated" in env_out
+                else torch.zeros_like(done)
+            )
         episodes = []
         if bool(env_out["episode_end"].any()):
             for i in torch.nonzero(env_out["episode_end"]).flatten().tolist():
@@ -180,11 +181,12 @@ class Actors:
 
         prev_action = batch.action
         state_before = batch.core_state
-        with self.timers("inference"):
+        with self.timers("inference"):  # up to the actions on the CPU: a GPU's compute is waited for here
             out, batch.core_state = self.act(pick_obs(obs), reward, done, state_before, prev_action)
-        action = out["action"][0]
+            action = out["action"][0]
+            env_action = self.env_action(action)
         batch.action = action
-        self.envs.send(batch.index, self.env_action(action))  # workers step while we go on
+        self.envs.send(batch.index, env_action)  # workers step while we go on
         self.env_steps += batch.batch_size
 
         batch.steps.append(
