@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The Atari work that needs a GPU machine, in one go within TOTAL_SECONDS (default 540):
-#  1. the fused kernels (built once per machine);
+#  1. the fused kernels (built once per machine), and the test that an acting step makes no host sync;
 #  2. `rfwp-rl bench impala` on Pong with the paper's LSTM and RDN agents: with 48 envs, learner on cuda and
 #     on cpu (-> $OUT/gpu_bench.csv); with BIG_ENVS envs (default 96), learner on cuda (-> $OUT/gpu_bench_big.csv);
 #     each with the env-stepping and learner bounds; and the small vector agent on both devices
@@ -39,6 +39,8 @@ torch.version.cuda, torch.cuda.get_device_name(), '| gymnasium', gymnasium.__ver
 git log -1 --format='commit %h %cd' 2>/dev/null; } 2>&1 | tee "$OUT/device.txt"
 
 echo "== kernels ($(elapsed) s)"; "$PY" -m rfwp_rl.kernels 2>&1 | tail -3
+echo "== an acting step makes no host sync ($(elapsed) s)"
+"$PY" -m pytest -q -p no:cacheprovider tests/test_acting_gpu.py 2>&1 | tail -4
 
 echo "== bench impala, Pong, 48 envs ($(elapsed) s)"
 timeout -k 20 240 "$PY" -m rfwp_rl bench impala --env Pong --cores lstm,rdn --devices "$BENCH_DEVICES" --env-backend process \

@@ -176,7 +176,8 @@ class Core(nn.Module):
                 got = tuple(reset.shape) if isinstance(reset, Tensor) else type(reset).__name__
                 raise UserError(f"core {self.name!r}: reset has shape {got}; allowed: [T, B] = [{T}, {B}] or None")
             reset = reset.to(device=x.device, dtype=torch.bool)
-            if not bool(reset.any()):
+            # an all-False reset is dropped where the test is free; on a GPU it would wait for the device
+            if reset.device.type == "cpu" and not bool(reset.any()):
                 reset = None
         if state is None:
             return self.initial_state(B, x.device, x.dtype), reset

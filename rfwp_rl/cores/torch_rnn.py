@@ -37,7 +37,8 @@ def run_segments(rnn: nn.RNNBase, x: Tensor, state: State, reset: Tensor | None)
     between the steps where some entry resets (one call when none does), the resetting entries'
     state zeroed in between. Returns y ``[T, B, H]`` and the final state (same layout)."""
     T = x.shape[0]
-    flags = reset_steps(reset, T)
+    # one step (acting): zero the resetting entries without asking the device where they are (no host sync)
+    flags = [reset is not None] if T == 1 else reset_steps(reset, T)
     bounds = [0] + [t for t in range(1, T) if flags[t]] + [T]
     outs = []
     for a, b in zip(bounds[:-1], bounds[1:]):

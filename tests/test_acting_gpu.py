@@ -1,0 +1,44 @@
+"""One acting step of the Atari agents on a GPU asks the device nothing: a host synchronisation in the actors'
+inner loop would stop the CPU from queueing the next kernels while the GPU works. Skipped without a CUDA device;
+``scripts/gpu_atari.sh`` runs it first."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+import torch
+
+from rfwp_rl.bench import impala as bench_impala
+from rfwp_rl.envs.spaces import obs_keys, pick_obs
+from rfwp_rl.impala.actors import rollout_spec
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device (torch.cuda.is_available() is False)"),
+]
+
+
+@pytest.mark.parametrize("core", ["lstm", "gru", "ff", "lt", "delta", "delta_rnn", "rdn"])
+def test_an_acting_step_makes_no_host_sync(core):
+    device, B = torch.device("cuda"), 8
+    agent = bench_impala._run_spec(core, argparse.Namespace(env="Pong", overrides=[])).build_agent(device).eval()
+    spec = rollout_spec(agent.obs_space, agent.action_dist)
+    obs = {
+        k: torch.randint(0, 256, (1, B, *spec[k][1]), dtype=spec[k][0], device=device)
+        for k in obs_keys(agent.obs_space)
+    }
+    reward = torch.zeros(1, B, device=device)
+    done = torch.tensor([[True, False] * (B // 2)], device=device)  # some entries start an episode
+    prev_action = torch.zeros(1, B, dtype=torch.int64, device=device)
+    state = agent.initial_state(B, device=device)
+    with torch.inference_mode():
+        agent(pick_obs(obs), reward, done, state, prev_action=prev_action)  # warm up: kernel selection, allocator
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            out, state = agent(pick_obs(obs), reward, done, state, prev_action=prev_action)
+            out, state = agent(pick_obs(obs), reward, torch.zeros_like(done), state, prev_action=out["action"])
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    assert out["action"].shape == (1, B)
