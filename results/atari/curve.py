@@ -2,9 +2,10 @@
 
     python results/atari/curve.py results/atari/pong_run --csv results/atari/pong.csv --png results/atari/pong.png
 
-Reads the run's TensorBoard events (``tb/``, every session of a resumed run): the mean return of the
-last 100 full-game episodes (``episode/return_mean100``) and the training wall time
-(``perf/train_minutes``, carried across resumes in the checkpoint), matched by step.
+Reads the run's TensorBoard events (``tb/``, every session of a resumed run): every full-game episode's
+return (``episode/return``), and the training wall time (``perf/train_minutes``, carried across resumes in
+the checkpoint). One row per progress report: the mean return of the last 100 episodes that ended by
+its step, over all sessions (the run's own ``episode/return_mean100`` starts its window again on a resume).
 """
 
 from __future__ import annotations
@@ -13,19 +14,31 @@ import argparse
 import bisect
 from pathlib import Path
 
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
 from rfwp_rl.checkpoint import atomic_write_text
 from rfwp_rl.runlog import read_all_scalars
 
 
-def curve(run_dir: Path) -> list[tuple[int, float, float]]:
-    scalars = read_all_scalars(run_dir)
-    returns = scalars.get("episode/return_mean100", [])
-    minutes = scalars.get("perf/train_minutes", [])
-    steps = [s for s, _ in minutes]
+def episode_returns(run_dir: Path) -> list[tuple[int, float]]:
+    """``[(step, return)]`` of every episode, in the order they ended (several may share a step)."""
+    ea = EventAccumulator(str(Path(run_dir) / "tb"), size_guidance={"scalars": 0})
+    ea.Reload()
+    events = ea.Scalars("episode/return") if "episode/return" in ea.Tags().get("scalars", []) else []
+    return [(e.step, e.value) for e in sorted(events, key=lambda e: (e.step, e.wall_time))]
+
+
+def curve(run_dir: Path, window: int = 100) -> list[tuple[int, float, float]]:
+    """``(step, wall seconds, mean return of the last ``window`` episodes)`` at each progress report that
+    has ``window`` episodes behind it."""
+    episodes = episode_returns(run_dir)
+    ends = [s for s, _ in episodes]
     rows = []
-    for step, ret in returns:
-        i = min(bisect.bisect_left(steps, step), len(steps) - 1) if steps else -1
-        rows.append((step, 60.0 * minutes[i][1] if i >= 0 else float("nan"), ret))
+    for step, minutes in read_all_scalars(run_dir).get("perf/train_minutes", []):
+        n = bisect.bisect_right(ends, step)
+        if n >= window:
+            last = [r for _, r in episodes[n - window : n]]
+            rows.append((step, 60.0 * minutes, sum(last) / window))
     return rows
 
 
