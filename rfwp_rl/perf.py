@@ -92,13 +92,14 @@ def check_precision(precision: str) -> str:
     return check_choice("precision", precision, PRECISIONS)
 
 
-def autocast(device: torch.device | str, precision: str) -> contextlib.AbstractContextManager:
+def autocast(device: torch.device | str, precision: str, cache: bool = True) -> contextlib.AbstractContextManager:
     """bf16 autocast on ``device`` for ``precision == "bf16"`` (parameters, optimizer state and
-    losses stay fp32: autocast only lowers the matmuls and convolutions it runs), else a no-op."""
+    losses stay fp32: autocast only lowers the matmuls and convolutions it runs), else a no-op.
+    ``cache=False``: weights are cast anew at every use (as a CUDA graph capture needs)."""
     if precision == "fp32":
         return contextlib.nullcontext()
     device_type = torch.device(device).type
-    return torch.autocast(device_type=device_type, dtype=torch.bfloat16)
+    return torch.autocast(device_type=device_type, dtype=torch.bfloat16, cache_enabled=cache)
 
 
 class Timers:

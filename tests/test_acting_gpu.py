@@ -1,5 +1,6 @@
-"""One acting step of the Atari agents on a GPU asks the device nothing: a host synchronisation in the actors'
-inner loop would stop the CPU from queueing the next kernels while the GPU works. Skipped without a CUDA device;
+"""Acting on a GPU: one acting step of the Atari agents asks the device nothing (a host synchronisation in the
+actors' inner loop would stop the CPU from queueing the next kernels while the GPU works), and its CUDA graph
+replays the eager step, with the parameters as they are at each replay. Skipped without a CUDA device;
 ``scripts/gpu_atari.sh`` runs it first."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import torch
 
 from rfwp_rl.bench import impala as bench_impala
 from rfwp_rl.envs.spaces import obs_keys, pick_obs
+from rfwp_rl.impala.acting_graph import _replay_differs, capture_acting
 from rfwp_rl.impala.actors import rollout_spec
 
 pytestmark = [
@@ -19,10 +21,17 @@ pytestmark = [
 ]
 
 
-@pytest.mark.parametrize("core", ["lstm", "gru", "ff", "lt", "delta", "delta_rnn", "rdn"])
+CORES = ["lstm", "gru", "ff", "lt", "delta", "delta_rnn", "rdn"]
+
+
+def _agent(core: str, device: torch.device) -> torch.nn.Module:
+    return bench_impala._run_spec(core, argparse.Namespace(env="Pong", overrides=[])).build_agent(device).eval()
+
+
+@pytest.mark.parametrize("core", CORES)
 def test_an_acting_step_makes_no_host_sync(core):
     device, B = torch.device("cuda"), 8
-    agent = bench_impala._run_spec(core, argparse.Namespace(env="Pong", overrides=[])).build_agent(device).eval()
+    agent = _agent(core, device)
     spec = rollout_spec(agent.obs_space, agent.action_dist)
     obs = {
         k: torch.randint(0, 256, (1, B, *spec[k][1]), dtype=spec[k][0], device=device)
@@ -42,3 +51,14 @@ def test_an_acting_step_makes_no_host_sync(core):
         finally:
             torch.cuda.set_sync_debug_mode("default")
     assert out["action"].shape == (1, B)
+
+
+@pytest.mark.parametrize("core", CORES)
+def test_the_acting_graph_replays_the_eager_step_with_the_parameters_of_now(core):
+    device, B = torch.device("cuda"), 8
+    agent = _agent(core, device)
+    graph, why = capture_acting(agent, rollout_spec(agent.obs_space, agent.action_dist), B, device)
+    assert graph is not None, why
+    # the learner's updates reach the actors' copy in place, through load_state_dict
+    agent.load_state_dict({k: v * 1.5 if v.is_floating_point() else v for k, v in agent.state_dict().items()})
+    assert _replay_differs(graph) == ""

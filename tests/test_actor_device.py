@@ -12,7 +12,8 @@ import torch
 from rfwp_rl.bench import impala as bench_impala
 from rfwp_rl.cli import main
 from rfwp_rl.errors import UserError
-from rfwp_rl.impala.actors import Rollout, act_seconds, choose_actor_device
+from rfwp_rl.impala.acting_graph import capture_acting
+from rfwp_rl.impala.actors import Rollout, act_seconds, choose_actor_device, rollout_spec
 from rfwp_rl.impala.learner import Learner, Learning
 from rfwp_rl.impala.train import config_from_args
 from rfwp_rl.perf import choose_torch_threads
@@ -134,3 +135,9 @@ def test_bench_impala_writes_both_bounds_per_agent_and_device(tmp_path):
         assert float(rows[0][key]) > 0
     bound = min(float(rows[0]["env_bound_sps"]), float(rows[0]["learner_bound_sps"]))
     assert float(rows[0]["ratio"]) == pytest.approx(float(rows[0]["env_sps"]) / bound, rel=1e-3)
+
+
+def test_no_acting_graph_off_a_gpu():
+    agent = _spec().build_agent()
+    graph, why = capture_acting(agent, rollout_spec(agent.obs_space, agent.action_dist), 4, torch.device("cpu"))
+    assert graph is None and why == "acting on cpu"

@@ -57,6 +57,7 @@ COLUMNS = (
     "ratio",
     "actor_device",
     "learner_thread",
+    "acting_graph",
     "precision",
     "params",
     "share_env_wait",
@@ -98,6 +99,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     flags.add_shared(parser, "torch_threads", 0, "0: the trainer's choice")
     flags.add_field(parser, ImpalaConfig, "actor_device")
+    flags.add_field(parser, ImpalaConfig, "acting_graph")
     flags.add_set_argument(parser, "agent or trainer setting, as for rfwp-rl train", "max_kl=0")
     parser.add_argument("--out", default="results/bench/impala.csv")
 
@@ -116,6 +118,7 @@ def _config(args: argparse.Namespace, run, device: str):
         torch_threads=args.torch_threads,
         device=device,
         actor_device=args.actor_device,
+        acting_graph=args.acting_graph,
         checkpoint_every=math.inf,
         log_every=math.inf,
     )
@@ -242,6 +245,7 @@ def side_by_side(run, cfg, pool, seconds: float, warmup: float) -> dict[str, flo
         "updates": updates,
         "actor_device": str(trainer.actor_device),
         "learner_thread": trainer.learning.thread is not None,
+        "acting_graph": trainer.actors.graph is not None,
         "share_env_wait": shares.get("env", 0.0),
         "share_copy": shares.get("copy", 0.0),
         "share_inference": shares.get("inference", 0.0),

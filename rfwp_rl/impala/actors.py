@@ -29,6 +29,7 @@ import torch
 from gymnasium import spaces
 
 from rfwp_rl.envs.spaces import obs_keys, pick_obs, torch_dtype
+from rfwp_rl.impala.acting_graph import capture_acting
 from rfwp_rl.impala.env_batches import ENV_TIMEOUT, EnvBatches
 from rfwp_rl.perf import Timers, autocast
 
@@ -104,6 +105,9 @@ class Actors:
     ``torch.inference_mode`` (and bf16 autocast with ``precision="bf16"``); what a rollout keeps
     is copied out of inference mode, so the learner can backpropagate through it.
 
+    ``acting_graph``: on a CUDA device, one acting step is a CUDA graph replay where it captures and replays
+    equal to the eager step (:mod:`rfwp_rl.impala.acting_graph`; ``graph_note`` says which and why).
+
     Env faults (``max_env_failures``, ``env_timeout``, ``env_failures``): see
     :class:`rfwp_rl.impala.env_batches.EnvBatches`. ``timers`` collects the seconds spent waiting
     for env results (``env``), copying them to the actors' device (``copy``) and in inference (``inference``).
@@ -123,6 +127,7 @@ class Actors:
         env_timeout: float = ENV_TIMEOUT,
         precision: str = "fp32",
         timers: Timers | None = None,
+        acting_graph: bool = False,
     ):
         self.envs = EnvBatches(
             pool, num_batches, num_envs // num_batches, max_env_failures, env_failures, should_stop, env_timeout
@@ -138,6 +143,10 @@ class Actors:
         ]
         self.next_batch = 0
         self.env_steps = 0  # observations processed (all envs)
+        self.graph, self.graph_note = None, "off"
+        if acting_graph and self.device.type == "cuda":
+            layout = rollout_spec(agent.obs_space, agent.action_dist)
+            self.graph, self.graph_note = capture_acting(agent, layout, num_envs // num_batches, self.device, precision)
 
     @property
     def env_failures(self) -> int:
@@ -182,7 +191,10 @@ class Actors:
         prev_action = batch.action
         state_before = batch.core_state
         with self.timers("inference"):  # up to the actions on the CPU: a GPU's compute is waited for here
-            out, batch.core_state = self.act(pick_obs(obs), reward, done, state_before, prev_action)
+            if self.graph is not None:
+                out, batch.core_state = self.graph(obs, reward, done, state_before, prev_action)
+            else:
+                out, batch.core_state = self.act(pick_obs(obs), reward, done, state_before, prev_action)
             action = out["action"][0]
             env_action = self.env_action(action)
         batch.action = action

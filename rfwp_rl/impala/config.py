@@ -171,6 +171,11 @@ class ImpalaConfig:
         "printed",
         choices=ACTOR_DEVICES,
     )
+    acting_graph: bool = setting(
+        True,
+        "actors on a GPU: one acting step is a CUDA graph replay, captured at start and checked against the "
+        "eager step (else eager, with the reason printed)",
+    )
     precision: str = setting(
         "fp32",
         "bf16: the torso runs under bf16 autocast in acting and learning (CPU with "

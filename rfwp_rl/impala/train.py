@@ -191,6 +191,7 @@ def _add_learner_arguments(g: argparse._ArgumentGroup) -> None:
         "precision",
         "learner_thread",
         "actor_device",
+        "acting_graph",
         "torch_threads",
     )
 
@@ -432,7 +433,10 @@ class ImpalaTrainer(Trainer):
                 env_timeout=cfg.env_timeout,
                 precision=cfg.precision,
                 timers=self.timers,
+                acting_graph=cfg.acting_graph,
             )
+            if self.actor_device.type == "cuda":
+                self.actor_device_note += f", CUDA graph: {self.actors.graph_note}"
         self.queue = RolloutQueue(cfg.batch_size)
         self._start_clocks()
         return None

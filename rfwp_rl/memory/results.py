@@ -40,7 +40,8 @@ import json
 import math
 import os
 import sys
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from rfwp_rl import stats
@@ -61,9 +62,25 @@ PROFILE_TAUS = tuple(i / 100 for i in range(101))  # normalised return threshold
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
 
 
+@dataclass(frozen=True)
+class Benchmark:
+    """What the tables need to know of a set of envs: their order, each one's task and level, and how a
+    return is normalised (0: random, 1: the benchmark's reference)."""
+
+    envs: tuple[str, ...]
+    describe: Callable[[str], tuple[str, str]]  # env -> (task, level)
+    normalize: Callable[[str, float], float]  # (env, return) -> normalised return
+    title: str = "Memory-task suite results"  # a new README's heading
+
+
+MEMORY_SUITE = Benchmark(
+    tuple(suite.ALL), lambda env: (suite.entry(env).task, suite.entry(env).level), suite.normalized_return
+)
+
+
 @dataclass
 class Run:
-    """One training run on a suite env."""
+    """One training run on an env of a :class:`Benchmark` (by default the memory suite)."""
 
     path: Path
     env: str
@@ -75,10 +92,19 @@ class Run:
     minutes: float
     final_return: float
     curve: list[tuple[int, float]] = field(default_factory=list)  # (env step, return_mean100)
+    bench: Benchmark = MEMORY_SUITE
+
+    @property
+    def task(self) -> str:
+        return self.bench.describe(self.env)[0]
+
+    @property
+    def level(self) -> str:
+        return self.bench.describe(self.env)[1]
 
     @property
     def normalized(self) -> float:
-        return suite.normalized_return(self.env, self.final_return)
+        return self.bench.normalize(self.env, self.final_return)
 
     @property
     def peak(self) -> tuple[int, float]:
@@ -88,7 +114,7 @@ class Run:
     @property
     def normalized_curve(self) -> list[tuple[int, float]]:
         """(env step, normalised return_mean100) at every logged point."""
-        return [(step, suite.normalized_return(self.env, value)) for step, value in self.curve]
+        return [(step, self.bench.normalize(self.env, value)) for step, value in self.curve]
 
     def held(self, level: float = HELD_LEVEL) -> tuple[int, float] | None:
         """(env step at which the normalised curve first reached ``level``, its lowest normalised
@@ -101,15 +127,15 @@ class Run:
         return normalized[first][0], min(value for _, value in normalized[first:])
 
 
-def read_run(run_dir: Path) -> Run | None:
-    """A suite run's numbers, or None if ``run_dir`` is not an IMPALA run on a suite env or has
+def read_run(run_dir: Path, bench: Benchmark = MEMORY_SUITE) -> Run | None:
+    """A run's numbers, or None if ``run_dir`` is not an IMPALA run on an env of ``bench`` or has
     no episodes logged yet."""
     config_path = run_dir / "config.json"
     if not config_path.is_file():
         return None
     config = json.loads(config_path.read_text())
     env = config.get("env")
-    if env not in suite.ALL or "core" not in config:
+    if env not in bench.envs or "core" not in config:
         return None
     scalars = read_all_scalars(run_dir)
     curve = scalars.get(CURVE_TAG)
@@ -129,12 +155,13 @@ def read_run(run_dir: Path) -> Run | None:
         minutes,
         float(curve[-1][1]),
         curve,
+        bench,
     )
 
 
-def collect(runs_root: Path) -> list[Run]:
-    """Every suite run under ``runs_root`` (any depth, through links to directories), sorted by env,
-    core order and seed."""
+def collect(runs_root: Path, bench: Benchmark = MEMORY_SUITE) -> list[Run]:
+    """Every run on an env of ``bench`` under ``runs_root`` (any depth, through links to directories), sorted
+    by env, core order and seed."""
     if not runs_root.is_dir():
         raise UserError(f"--runs {str(runs_root)!r} is not a directory")
     # glob's ** follows links to directories (Path.rglob does not), so a comparison can be assembled
@@ -142,8 +169,13 @@ def collect(runs_root: Path) -> list[Run]:
     found = sorted(
         Path(p) for p in glob.glob(os.path.join(glob.escape(str(runs_root)), "**", "config.json"), recursive=True)
     )
-    runs = [r for p in found if (r := read_run(p.parent)) is not None]
-    return sorted(runs, key=lambda r: (list(suite.ALL).index(r.env), core_rank(r.core), r.seed))
+    runs = [r for p in found if (r := read_run(p.parent, bench)) is not None]
+    return sorted(runs, key=lambda r: (bench.envs.index(r.env), core_rank(r.core), r.seed))
+
+
+def with_benchmark(runs: list[Run], bench: Benchmark) -> list[Run]:
+    """The same runs scored by ``bench`` (e.g. once a normalisation that depends on the runs is known)."""
+    return [replace(r, bench=bench) for r in runs]
 
 
 def core_rank(core: str) -> tuple[int, str]:
@@ -168,13 +200,12 @@ def summarize(runs: list[Run]) -> list[dict]:
         groups.setdefault((r.env, r.core), []).append(r)
     rows = []
     for (env, core), rs in groups.items():
-        e = suite.entry(env)
         mean, sd, half = mean_sd_ci([r.normalized for r in rs])
         rows.append(
             {
                 "env": env,
-                "task": e.task,
-                "level": e.level,
+                "task": rs[0].task,
+                "level": rs[0].level,
                 "core": core,
                 "seeds": len(rs),
                 "normalized_mean": mean,
@@ -201,15 +232,15 @@ def _csv_text(rows: list[dict]) -> str:
     return buf.getvalue()
 
 
-def markdown_table(summary: list[dict]) -> str:
-    """Rows: suite envs; columns: cores; cells: normalised final return ``mean ± sd (seeds)``
+def markdown_table(summary: list[dict], bench: Benchmark = MEMORY_SUITE) -> str:
+    """Rows: the benchmark's envs; columns: cores; cells: normalised final return ``mean ± sd (seeds)``
     (sd: the sample standard deviation over seeds)."""
     cores = sorted({r["core"] for r in summary}, key=core_rank)
     cell = {(r["env"], r["core"]): r for r in summary}
-    envs = [e for e in suite.ALL if any((e, c) in cell for c in cores)]
+    envs = [e for e in bench.envs if any((e, c) in cell for c in cores)]
     lines = ["| task (level) | " + " | ".join(cores) + " |", "|---|" + "---|" * len(cores)]
     for env in envs:
-        e = suite.entry(env)
+        task, level = bench.describe(env)
         parts = []
         for c in cores:
             r = cell.get((env, c))
@@ -219,7 +250,7 @@ def markdown_table(summary: list[dict]) -> str:
             sd = "" if math.isnan(r["normalized_std"]) else f" ± {r['normalized_std']:.2f}"
             partial = "" if r["steps_min"] >= r["total_steps"] else f", {r['steps_min'] / 1e3:.0f}k steps"
             parts.append(f"{r['normalized_mean']:.2f}{sd} ({r['seeds']}{partial})")
-        lines.append(f"| {e.task} ({e.level}) | " + " | ".join(parts) + " |")
+        lines.append(f"| {task} ({level}) | " + " | ".join(parts) + " |")
     params = {c: [r["params"] for r in summary if r["core"] == c] for c in cores}
     minutes = {
         c: [r["minutes_mean"] for r in summary if r["core"] == c and math.isfinite(r["minutes_mean"])] for c in cores
@@ -239,15 +270,14 @@ def markdown_table(summary: list[dict]) -> str:
 
 def scores_by_core(runs: list[Run], level: str = "easy") -> dict[str, list[list[float]]]:
     """``{core: [normalised final returns of its runs on one task] per task}`` over the tasks of
-    ``level`` (``all``: every level) that the core has runs on, in suite order; cores in table order."""
+    ``level`` (``all``: every level) that the core has runs on, in the benchmark's order; cores in table order."""
     check_choice("aggregate level", level, AGGREGATE_LEVELS)
     by_core: dict[str, dict[str, list[float]]] = {}
     for r in runs:
-        if level == "all" or suite.entry(r.env).level == level:
+        if level == "all" or r.level == level:
             by_core.setdefault(r.core, {}).setdefault(r.env, []).append(r.normalized)
-    return {
-        core: [by_core[core][e] for e in suite.ALL if e in by_core[core]] for core in sorted(by_core, key=core_rank)
-    }
+    envs = runs[0].bench.envs if runs else ()
+    return {core: [by_core[core][e] for e in envs if e in by_core[core]] for core in sorted(by_core, key=core_rank)}
 
 
 def aggregate(runs: list[Run], level: str = "easy", reps: int = stats.INTERVAL_REPS, seed: int = 0) -> list[dict]:
@@ -349,7 +379,7 @@ def plot_curves(runs: list[Run], path: Path, points: int = 100) -> None:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    envs = [e for e in suite.ALL if any(r.env == e for r in runs)]
+    envs = [e for e in runs[0].bench.envs if any(r.env == e for r in runs)]
     cols = min(3, len(envs))
     rows = math.ceil(len(envs) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.4 * rows), squeeze=False)
@@ -369,8 +399,8 @@ def plot_curves(runs: list[Run], path: Path, points: int = 100) -> None:
             if len(rs) > 1:
                 half = T975.get(len(rs) - 1, 1.96) * ys.std(0, ddof=1) / math.sqrt(len(rs))
                 ax.fill_between(grid / 1e6, mean - half, mean + half, color=line.get_color(), alpha=0.2)
-        e = suite.entry(env)
-        ax.set_title(f"{e.task} ({e.level})", fontsize=10)
+        task, level = runs[0].bench.describe(env)
+        ax.set_title(f"{task} ({level})", fontsize=10)
         ax.axhline(0, color="grey", lw=0.5)
         ax.axhline(1, color="grey", lw=0.5, ls="--")
         ax.set_xlabel("env steps (M)")
@@ -382,7 +412,9 @@ def plot_curves(runs: list[Run], path: Path, points: int = 100) -> None:
     atomic_write_figure(path, fig, dpi=90)
 
 
-def update_readme(path: Path, table: str, begin: str = TABLE_BEGIN, end: str = TABLE_END) -> None:
+def update_readme(
+    path: Path, table: str, begin: str = TABLE_BEGIN, end: str = TABLE_END, title: str = MEMORY_SUITE.title
+) -> None:
     """Put ``table`` between the markers ``begin`` and ``end`` of ``path`` (appended if they are
     missing; the file is created with just the table if missing)."""
     block = f"{begin}\n{table}\n{end}"
@@ -394,7 +426,7 @@ def update_readme(path: Path, table: str, begin: str = TABLE_BEGIN, end: str = T
         else:
             text = text.rstrip("\n") + "\n\n" + block + "\n"
     else:
-        text = f"# Memory-task suite results\n\n{block}\n"
+        text = f"# {title}\n\n{block}\n"
     atomic_write_text(path, text)
 
 
@@ -404,8 +436,8 @@ def run_row(r: Run) -> dict:
     (peak_step, peak_return), held = r.peak, r.held()
     return {
         "env": r.env,
-        "task": suite.entry(r.env).task,
-        "level": suite.entry(r.env).level,
+        "task": r.task,
+        "level": r.level,
         "core": r.core,
         "seed": r.seed,
         "params": r.params,
@@ -416,7 +448,7 @@ def run_row(r: Run) -> dict:
         "normalized": r.normalized,
         "peak_return": peak_return,
         "peak_step": peak_step,
-        "peak_normalized": suite.normalized_return(r.env, peak_return),
+        "peak_normalized": r.bench.normalize(r.env, peak_return),
         "reached_0.9_step": held[0] if held else "",
         "lowest_after_0.9": held[1] if held else "",
     }
@@ -425,12 +457,19 @@ def run_row(r: Run) -> dict:
 def write_results(
     runs_root: Path, out: Path, level: str = "easy", reps: int = stats.INTERVAL_REPS
 ) -> tuple[list[dict], list[dict]]:
-    """Collect the runs under ``runs_root`` and write the outputs listed in the module docstring
+    """Collect the memory-suite runs under ``runs_root`` and write the outputs listed in the module docstring
     (aggregates over the tasks of ``level``). Returns ``(summary rows, aggregate rows)``."""
     check_choice("aggregate level", level, AGGREGATE_LEVELS)
     runs = collect(runs_root)
     if not runs:
         raise UserError(f"no memory-suite runs under {str(runs_root)!r} (runs of rfwp/ envs with episodes logged)")
+    return write_tables(runs, out, level, reps)
+
+
+def write_tables(runs: list[Run], out: Path, level: str = "all", reps: int = stats.INTERVAL_REPS) -> tuple[list, list]:
+    """Write the outputs listed in the module docstring for ``runs`` (all of one :class:`Benchmark`; aggregates
+    over the tasks of ``level``). Returns ``(summary rows, aggregate rows)``."""
+    bench = runs[0].bench
     out.mkdir(parents=True, exist_ok=True)
     run_rows = [run_row(r) for r in runs]
     summary = summarize(runs)
@@ -441,8 +480,8 @@ def write_results(
     plot_curves(runs, out / "curves.png")
     if agg:
         plot_profiles(runs, out / "performance_profile.png", level)
-    update_readme(out / "README.md", markdown_table(summary))
-    update_readme(out / "README.md", aggregate_table(agg), AGGREGATE_BEGIN, AGGREGATE_END)
+    update_readme(out / "README.md", markdown_table(summary, bench), title=bench.title)
+    update_readme(out / "README.md", aggregate_table(agg), AGGREGATE_BEGIN, AGGREGATE_END, bench.title)
     return summary, agg
 
 
