@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The Atari work that needs a GPU machine, in one go within TOTAL_SECONDS (default 540):
 #  1. the fused kernels (built once per machine), and the test that an acting step makes no host sync;
-#  2. `rfwp-rl bench impala` on Pong with the paper's LSTM and RDN agents: with 48 envs, learner on cuda and
-#     on cpu (-> $OUT/gpu_bench.csv); with BIG_ENVS envs (default 96), learner on cuda (-> $OUT/gpu_bench_big.csv);
-#     each with the env-stepping and learner bounds; and the small vector agent on both devices
-#     (-> $OUT/gpu_bench_vector.csv);
+#  2. `rfwp-rl bench impala` on Pong with the paper's LSTM and RDN agents, into one table ($OUT/gpu_bench.csv):
+#     48 envs with the learner on cuda and on cpu, 48 envs on cuda with eager acting (no CUDA graph), and
+#     BIG_ENVS envs (default 96) on cuda, each with the env-stepping and learner bounds; and the small vector
+#     agent on both devices (-> $OUT/gpu_bench_vector.csv);
 #  3. the Pong run with the paper's settings and PONG_ENVS envs (default BIG_ENVS) for the time that is left,
 #     resumed from RESUME_DIR's checkpoint if there is one (default results/atari/pong_run); its newest
 #     checkpoint, and its config and TensorBoard events (pong_tb.tgz) are copied to $OUT, to be committed back to
@@ -42,15 +42,21 @@ echo "== kernels ($(elapsed) s)"; "$PY" -m rfwp_rl.kernels 2>&1 | tail -3
 echo "== an acting step makes no host sync ($(elapsed) s)"
 "$PY" -m pytest -q -p no:cacheprovider tests/test_acting_gpu.py 2>&1 | tail -4
 
+BENCH=(--env Pong --cores lstm,rdn --env-backend process --num-env-processes "$ENV_PROCESSES" --seconds "$BENCH_SECONDS"
+  --warmup-seconds 5)
 echo "== bench impala, Pong, 48 envs ($(elapsed) s)"
-timeout -k 20 240 "$PY" -m rfwp_rl bench impala --env Pong --cores lstm,rdn --devices "$BENCH_DEVICES" --env-backend process \
-  --num-actors 48 --num-env-processes "$ENV_PROCESSES" --seconds "$BENCH_SECONDS" --warmup-seconds 5 \
-  --out "$OUT/gpu_bench.csv" 2>&1 | tee "$OUT/bench.log"
-
+timeout -k 20 240 "$PY" -m rfwp_rl bench impala "${BENCH[@]}" --devices "$BENCH_DEVICES" --num-actors 48 \
+  --out "$OUT/bench_48.csv" 2>&1 | tee "$OUT/bench.log"
+echo "== bench impala, Pong, 48 envs, eager acting ($(elapsed) s)"
+timeout -k 20 150 "$PY" -m rfwp_rl bench impala "${BENCH[@]}" --devices "${BENCH_DEVICES%%,*}" --num-actors 48 \
+  --no-acting-graph --out "$OUT/bench_48_eager.csv" 2>&1 | tee -a "$OUT/bench.log"
 echo "== bench impala, Pong, $BIG_ENVS envs ($(elapsed) s)"
-timeout -k 20 150 "$PY" -m rfwp_rl bench impala --env Pong --cores lstm,rdn --devices "${BENCH_DEVICES%%,*}" \
-  --env-backend process --num-actors "$BIG_ENVS" --num-env-processes "$ENV_PROCESSES" --seconds "$BENCH_SECONDS" \
-  --warmup-seconds 5 --out "$OUT/gpu_bench_big.csv" 2>&1 | tee -a "$OUT/bench.log"
+timeout -k 20 150 "$PY" -m rfwp_rl bench impala "${BENCH[@]}" --devices "${BENCH_DEVICES%%,*}" --num-actors "$BIG_ENVS" \
+  --out "$OUT/bench_big.csv" 2>&1 | tee -a "$OUT/bench.log"
+# one table (the device hands back 8 files at most)
+{ head -1 "$OUT/bench_48.csv"; for f in "$OUT"/bench_48.csv "$OUT"/bench_48_eager.csv "$OUT"/bench_big.csv; do
+  tail -n +2 "$f"; done; } > "$OUT/gpu_bench.csv" 2>/dev/null
+rm -f "$OUT"/bench_48.csv "$OUT"/bench_48_eager.csv "$OUT"/bench_big.csv
 
 echo "== bench impala, vector agent ($(elapsed) s)"
 timeout -k 20 120 "$PY" -m rfwp_rl bench impala --env rfwp/DelayedRecall-easy-v0 --cores rdn --devices "$BENCH_DEVICES" \
