@@ -218,6 +218,35 @@ def check_finite_number(value: Any, what: str, bound: float = 1e30) -> float:
     return float(value)
 
 
+def check_like(value: Any, template: Any, what: str) -> None:
+    """Raise :class:`Refused` unless ``value`` has the form of ``template`` (e.g. this side's own state):
+    dicts with the same keys, lists and tuples of the same length, then item by item: a bool, an int
+    or a str where the template has one, a finite number where it has a float, None where it has None,
+    and a tensor of its dtype and shape, with finite values if floating point."""
+    if isinstance(template, dict):
+        if not isinstance(value, dict) or set(value) != set(template):
+            got = sorted(map(str, value)) if isinstance(value, dict) else short(value)
+            raise Refused(f"{what} must hold {sorted(map(str, template))}, got {got}")
+        for key, item in template.items():
+            check_like(value[key], item, f"{what}.{key}")
+    elif isinstance(template, (list, tuple)):
+        if not isinstance(value, (list, tuple)) or len(value) != len(template):
+            raise Refused(f"{what} must be a list of {len(template)}, got {short(value)}")
+        for i, (item, like) in enumerate(zip(value, template)):
+            check_like(item, like, f"{what}[{i}]")
+    elif isinstance(template, torch.Tensor):
+        if not isinstance(value, torch.Tensor) or value.dtype != template.dtype or value.shape != template.shape:
+            raise Refused(f"{what} must be a tensor {list(template.shape)} {template.dtype}, got {short(value)}")
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            raise Refused(f"{what} holds NaN or inf values")
+    elif isinstance(template, float) and not isinstance(template, bool):
+        check_finite_number(value, what)
+    elif template is not None and not isinstance(template, (bool, int, str)):
+        raise TypeError(f"check_like: no rule for a template {type(template).__name__} ({what})")
+    elif type(value) is not type(template):
+        raise Refused(f"{what} must be {type(template).__name__}, got {short(value)}")
+
+
 def short(value: Any) -> str:
     text = repr(value) if not isinstance(value, torch.Tensor) else f"tensor {list(value.shape)} {value.dtype}"
     return text if len(text) <= 60 else text[:57] + "..."
@@ -249,12 +278,13 @@ class RefusalLog:
             pass
 
 
-def handler(fn: Callable[..., dict], refusals: RefusalLog) -> Callable[..., dict]:
+def handler(fn: Callable[..., Any], refusals: RefusalLog) -> Callable[..., Any]:
     """``fn`` as an Rpc handler that never raises (an exception inside a moolib handler, or a reply
     moolib cannot send, aborts the whole process): a :class:`Refused` message is counted and answered
-    ``{"error": ...}``; any other exception likewise, as a bug of this side; the reply must be plain."""
+    ``{"error": ...}``; any other exception likewise (a call with the wrong arguments, or a bug of this
+    side); the reply must be plain. Every ``Rpc.define`` of this package goes through it."""
 
-    def wrapped(*args: Any, **kwargs: Any) -> dict:
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
         try:
             reply = fn(*args, **kwargs)
         except Refused as e:
