@@ -33,7 +33,7 @@ from rfwp_rl.checkpoint import (
     set_rng_state,
 )
 from rfwp_rl.impala.actors import rollout_spec
-from rfwp_rl.impala.rollout_check import RolloutCheck
+from rfwp_rl.impala.rollout_check import MAX_ABS_REWARD, RolloutCheck, reward_bounds
 from rfwp_rl.impala.wire import RefusalLog, Refused, check_plain, handler, read_key_file, resolve_key
 
 REPO = Path(__file__).resolve().parent.parent
@@ -170,6 +170,47 @@ def test_oversize_rollouts_bad_states_and_episodes_are_refused(rollout_check):
     ]:
         with pytest.raises(Refused, match=message):
             check.episodes(bad, 2)
+
+
+def test_rewards_beyond_the_envs_declared_range_or_the_limit_are_refused(rollout_check):
+    _, layout, agent = rollout_check
+    assert reward_bounds(None) == (-MAX_ABS_REWARD, MAX_ABS_REWARD)
+    assert reward_bounds((-1.0, 1.0)) == (-1.0, 1.0)
+    assert reward_bounds((1.0, 2.0)) == (0.0, 2.0)  # a pool's blank and reset entries hold reward 0
+    assert reward_bounds((float("-inf"), 5.0)) == (-MAX_ABS_REWARD, 5.0)
+    unbounded = RolloutCheck(
+        layout, [(tuple(s.shape[1:]), s.dtype) for s in agent.initial_state(1)], 5, 8, agent.action_dist.valid
+    )
+    clipped = RolloutCheck(
+        layout, [(tuple(s.shape[1:]), s.dtype) for s in agent.initial_state(1)], 5, 8, agent.action_dist.valid, (-1, 1)
+    )
+    data, state = _rollout(layout, agent)
+    data["reward"][3, 1] = 2.0
+    assert unbounded.envs(data, state) == 2
+    with pytest.raises(Refused, match=r"rollout reward holds values outside \[-1, 1\] \(from 0 to 2\)"):
+        clipped.envs(data, state)
+    data["reward"][3, 1] = -2 * MAX_ABS_REWARD
+    with pytest.raises(Refused, match=r"rollout reward holds values outside \[-1e\+09, 1e\+09\]"):
+        unbounded.envs(data, state)
+
+
+def test_an_envs_declared_reward_range_reaches_the_run_spec():
+    import gymnasium
+
+    from rfwp_rl.envs import declared_reward_range, env_spec
+
+    class Declares(gymnasium.Env):
+        observation_space = gymnasium.spaces.Box(-1.0, 1.0, (2,))
+        action_space = gymnasium.spaces.Discrete(2)
+        reward_range = (-1, 1)
+
+    if "rfwp_test/DeclaredRewards-v0" not in gymnasium.registry:
+        gymnasium.register("rfwp_test/DeclaredRewards-v0", entry_point=Declares)
+    assert env_spec("rfwp_test/DeclaredRewards-v0").reward_range == (-1.0, 1.0)
+    assert env_spec("CartPole-v1").reward_range is None  # gymnasium 1.x envs declare none
+    for bad in [(5, 1), "ab", 3, (1,)]:
+        Declares.reward_range = bad
+        assert declared_reward_range(Declares()) is None
 
 
 # ------------------------------------------------------------------ the learner's endpoints, end to end

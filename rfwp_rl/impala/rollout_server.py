@@ -93,6 +93,8 @@ class RolloutServer:
             envs one rollout may carry.
         layout: what a local actor's rollout holds (:func:`rfwp_rl.impala.actors.rollout_spec`).
         actions_ok: the action space's check of received actions (``ActionDistribution.valid``).
+        reward_range: the env's declared reward range, if any (bounds the received rewards:
+            :func:`rfwp_rl.impala.rollout_check.reward_bounds`).
     """
 
     def __init__(
@@ -103,6 +105,7 @@ class RolloutServer:
         max_pending: int,
         layout: Layout,
         actions_ok: Callable[[torch.Tensor], bool],
+        reward_range: tuple[float, float] | None = None,
     ):
         moolib = import_moolib()
         self.address = resolve_address(address, "--listen")
@@ -114,7 +117,12 @@ class RolloutServer:
         self.session = secrets.token_hex(6)
         template = learner.agent.initial_state(1)
         self.check = RolloutCheck(
-            layout, [(tuple(s.shape[1:]), s.dtype) for s in template], self.unroll_length, self.max_pending, actions_ok
+            layout,
+            [(tuple(s.shape[1:]), s.dtype) for s in template],
+            self.unroll_length,
+            self.max_pending,
+            actions_ok,
+            reward_range,
         )
         self.refusals = RefusalLog("learner (remote actors)")
         self.finished = False
