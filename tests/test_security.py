@@ -213,6 +213,23 @@ def test_an_envs_declared_reward_range_reaches_the_run_spec():
         assert declared_reward_range(Declares()) is None
 
 
+def test_the_table_of_actor_names_is_bounded_and_forgets_the_oldest_first():
+    from rfwp_rl.impala.rollout_server import MAX_ACTORS_SEEN, SeenActors
+
+    assert SeenActors().limit == MAX_ACTORS_SEEN
+    seen = SeenActors(limit=3)
+    for i, name in enumerate(["a", "b", "c"]):
+        seen.touch(name, now=float(i), finished=name == "a")
+    seen.touch("a", now=3.0, finished=False)  # a calls again: b is now the oldest
+    for i in range(100):  # a key holder calling with ever new names
+        seen.touch(f"flood{i}", now=4.0 + i, finished=True)
+    assert len(seen) == 3
+    assert seen.active(now=104.0, within=3.5) == 3
+    assert seen.not_told(now=104.0, within=1000.0) == []  # a was forgotten with its "told" mark
+    seen.touch("a", now=105.0, finished=False)
+    assert seen.not_told(now=105.0, within=1000.0) == ["a"] and len(seen) == 3
+
+
 # ------------------------------------------------------------------ the learner's endpoints, end to end
 
 ATTACKER = textwrap.dedent("""
