@@ -481,6 +481,66 @@ def test_moolib_hmac_is_hmac_sha256():
         assert moolib.hmac_sha256(key, message) == hmac.new(key, message, "sha256").digest()
 
 
+# ------------------------------------------------------------------ torch
+
+
+@pytest.mark.parametrize(
+    "version, ok",
+    [
+        ("2.5.1", False),
+        ("2.6.0rc1", False),
+        ("2.6.0a0+gitabc", False),
+        ("1.13.1", False),
+        ("nonsense", False),
+        ("2.6.0", True),
+        ("2.6.1rc1", True),
+        ("2.13.0+cpu", True),
+    ],
+)
+def test_torch_older_than_2_6_is_refused(version, ok):
+    from rfwp_rl import torch_problem
+
+    problem = torch_problem(version)
+    assert (problem is None) == ok, problem
+    if not ok:
+        assert problem.startswith("rfwp_rl needs torch >= 2.6 (torch.load(weights_only=True) is unsafe before 2.6")
+        assert f"this is torch {version!r}: pip install --upgrade 'torch>=2.6,<3'" in problem
+    assert torch_problem() is None  # the torch these tests run on
+
+
+def test_the_package_requires_torch_2_6():
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib
+
+    from rfwp_rl import MIN_TORCH
+
+    dependencies = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert f"torch>={'.'.join(map(str, MIN_TORCH))},<3" in dependencies
+
+
+def test_an_older_torch_stops_the_import_the_cli_and_the_setup_in_one_line(tmp_path):
+    old = tmp_path / "old" / "torch-2.5.1.dist-info"  # what importlib.metadata finds first on the path
+    old.mkdir(parents=True)
+    (old / "METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: 2.5.1\n")
+    env = _env()
+    env["PYTHONPATH"] = os.pathsep.join([str(old.parent), env["PYTHONPATH"]])
+    expected = "rfwp_rl needs torch >= 2.6 (torch.load(weights_only=True) is unsafe before 2.6, CVE-2025-32434); "
+    run = lambda *argv: subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=DEADLINE)
+    imported = run(sys.executable, "-c", "import rfwp_rl")
+    assert imported.returncode == 1 and imported.stderr.strip().splitlines()[-1].startswith(f"ImportError: {expected}")
+    cli_run = run(sys.executable, "-c", "import sys; sys.argv[0] = '/usr/bin/rfwp-rl'; from rfwp_rl.cli import main")
+    assert cli_run.returncode == 2 and cli_run.stderr.splitlines() == [
+        f"error: {expected}this is torch '2.5.1': pip install --upgrade 'torch>=2.6,<3'"
+    ], cli_run.stderr
+    setup = run("bash", str(REPO / "scripts" / "setup.sh"))
+    assert setup.returncode == 1 and setup.stderr.splitlines() == [
+        f"[setup] error: {expected}this is torch '2.5.1': pip install --upgrade 'torch>=2.6,<3'"
+    ], setup.stderr
+    assert "[setup] moolib" not in setup.stdout  # nothing built or installed
+
+
 # ------------------------------------------------------------------ checkpoints
 
 
