@@ -599,6 +599,50 @@ def test_eval_imports_a_checkpoints_env_module_only_when_named(tmp_path, capsys,
     assert not marker.exists()
 
 
+@pytest.mark.parametrize("command", ["eval", "probe"])
+def test_a_run_directorys_env_file_or_module_is_never_imported_unless_named(tmp_path, capsys, monkeypatch, command):
+    marker = tmp_path / "imported"
+    run = tmp_path / "downloaded_run"
+    run.mkdir()
+    (run / "rfwp_rl.x.py").write_text(f"open({str(marker)!r}, 'w')\n")  # shipped with the run, named like ours
+    monkeypatch.chdir(run)  # rfwp-rl eval .
+    for env in ("rfwp_rl.x.py:CartPole-v1", "rfwp_rl.memory.suite:CartPole-v1"):
+        meta = {"trainer": "impala", "env": env, "core": "lstm", "num_actions": 2, "obs_shape": [4]}
+        torch.save({"format": 1, "meta": meta, "step": 5, "state": {"agent": {}}}, run / "ckpt_000000000005.pt")
+        for named in ([], ["--env", "CartPole-v1"], ["--env", "other.py:CartPole-v1"]):
+            assert cli.main([command, ".", *named]) == 2
+            err = capsys.readouterr().err.strip().splitlines()
+            what = (
+                "file 'rfwp_rl.x.py' (a relative path is read from the working directory)"
+                if env.endswith(".py:CartPole-v1")
+                else "module 'rfwp_rl.memory.suite'"
+            )
+            assert err == [
+                f"error: checkpoint ckpt_000000000005.pt was trained on env {env!r}; evaluating it imports the "
+                f"Python {what}, which runs its code: pass --env {env} to confirm"
+            ], (named, err)
+            assert not marker.exists()
+    # named on the command line (here by its absolute path): past the check, to the checkpoint's next problem
+    meta = {"trainer": "impala", "env": "rfwp_rl.x.py:CartPole-v1", "core": "lstm", "num_actions": 2}
+    torch.save({"format": 1, "meta": meta, "step": 5, "state": {"agent": {}}}, run / "ckpt_000000000005.pt")
+    assert cli.main([command, ".", "--env", f"{run / 'rfwp_rl.x.py'}:CartPole-v1"]) == 2
+    err = capsys.readouterr().err
+    assert "lacks meta" in err and "runs its code" not in err, err
+
+
+def test_same_env_module_compares_files_by_path_and_modules_by_name(tmp_path, monkeypatch):
+    from rfwp_rl.impala.evaluate import same_env_module
+
+    monkeypatch.chdir(tmp_path)
+    assert same_env_module("envs.py", str(tmp_path / "envs.py"))
+    assert same_env_module("./envs.py", "envs.py")
+    assert not same_env_module("other.py", "envs.py")
+    assert not same_env_module("", "envs.py")
+    assert same_env_module("pkg.envs", "pkg.envs")
+    assert not same_env_module("pkg.envs", "pkg.other")
+    assert not same_env_module("envs", "envs.py")
+
+
 def test_checkpoints_holding_objects_load_only_when_trusted_and_rng_state_is_plain(tmp_path):
     old = tmp_path / "old.pt"
     torch.save({"format": 1, "meta": {}, "step": 1, "state": {"rng": {"numpy": np.random.get_state()}}}, old)
