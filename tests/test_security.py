@@ -61,20 +61,114 @@ def _env(**extra: str) -> dict:
 # ------------------------------------------------------------------ key and payload rules
 
 
-def test_key_file_must_be_private_and_is_created_once(tmp_path, monkeypatch, capsys):
+def test_key_file_must_be_private_and_is_created_once_without_showing_the_key(tmp_path, monkeypatch, capsys):
     monkeypatch.delenv("RFWP_AUTH_KEY", raising=False)
     monkeypatch.setenv("RFWP_AUTH_KEY_FILE", str(tmp_path / "cfg" / "auth.key"))
     key = resolve_key(None, create=True, role="a learner")
     assert len(key) == 64 and (tmp_path / "cfg" / "auth.key").stat().st_mode & 0o777 == 0o600
-    assert capsys.readouterr().err.count(key) == 1  # shown once, when made
+    err = capsys.readouterr().err
+    assert f"created a new auth key in {tmp_path / 'cfg' / 'auth.key'} (mode 600)" in err and key not in err
     assert resolve_key(None, create=True, role="a learner") == key
-    assert key not in capsys.readouterr().err  # never again
+    assert capsys.readouterr().err == ""
     (tmp_path / "cfg" / "auth.key").chmod(0o644)
     with pytest.raises(Exception, match="accessible by other users .*chmod 600"):
         read_key_file(tmp_path / "cfg" / "auth.key")
     monkeypatch.setenv("RFWP_AUTH_KEY_FILE", str(tmp_path / "none.key"))
     with pytest.raises(Exception, match="an actor needs the shared auth key"):
         resolve_key(None, create=False, role="an actor")
+
+
+@pytest.mark.parametrize(
+    "key, ok",
+    [
+        ("0123456789abcdef" * 2, True),  # 32 hex digits: 128 bits
+        ("0123456789abcdef" * 2 + "0123456789ABCDEF" * 2, True),
+        ("0123456789abcdef" * 2 + "=", True),  # base64 (with padding): 32 characters, 192 bits
+        ("0123456789abcde" * 2 + "a", False),  # 31 hex digits: 124 bits
+        ("abcdefghijklmnopqrstuv", True),  # 22 base64 characters: 132 bits
+        ("abcdefghij-_+/KLMNOPQ==", False),  # 21 base64 characters (padding not counted): 126 bits
+        ("abc!@#$%^&*()[]{};:,.", True),  # 21 printable ASCII characters
+        ("abc!@#$%^&*()[]{};:", False),  # 19 printable ASCII characters: 125 bits
+        ("abcdefghijklmnop", False),  # 16 printable characters, the old minimum
+        ("schlüssel-" * 5, False),  # not ASCII
+    ],
+)
+def test_a_key_needs_128_bits_measured_by_its_alphabet_and_length(key, ok, monkeypatch):
+    from rfwp_rl.impala.wire import check_key
+
+    monkeypatch.setenv("RFWP_AUTH_KEY", key)
+    if ok:
+        assert check_key(key, "test") == key and resolve_key(None, create=False, role="an actor") == key
+    else:
+        with pytest.raises(Exception) as e:
+            resolve_key(None, create=False, role="an actor")
+        message = str(e.value)
+        assert message.startswith("the auth key in $RFWP_AUTH_KEY ") and key not in message
+        assert message.endswith(
+            "allowed: at least 128 bits of entropy (32+ hex digits, 22+ base64 characters, 20+ printable ASCII "
+            "characters); make one with: rfwp-rl keygen"
+        ), message
+
+
+def test_key_and_lock_files_are_never_opened_through_a_symbolic_link(tmp_path, monkeypatch):
+    from rfwp_rl.checkpoint import lock_run_dir
+    from rfwp_rl.errors import UserError
+
+    monkeypatch.delenv("RFWP_AUTH_KEY", raising=False)
+    real = tmp_path / "real.key"
+    real.write_text("0123456789abcdef" * 4 + "\n")
+    real.chmod(0o600)
+    link = tmp_path / "link.key"
+    link.symlink_to(real)
+    with pytest.raises(UserError, match=f"auth key file {link} is a symbolic link; allowed: a regular file"):
+        read_key_file(link)
+    monkeypatch.setenv("RFWP_AUTH_KEY_FILE", str(tmp_path / "cfg" / "auth.key"))
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg" / "auth.key").symlink_to(tmp_path / "planted.key")  # dangling: creating would write there
+    with pytest.raises(UserError, match="is a symbolic link"):
+        resolve_key(None, create=True, role="a learner")
+    assert not (tmp_path / "planted.key").exists()
+    fifo = tmp_path / "fifo.key"
+    os.mkfifo(fifo)
+    with pytest.raises(UserError, match="is not a regular file"):  # and does not block
+        read_key_file(fifo)
+
+    run = tmp_path / "run"
+    run.mkdir()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    (run / ".lock").symlink_to(victim)
+    with pytest.raises(UserError, match=f"lock file {run / '.lock'} is a symbolic link"):
+        lock_run_dir(run)
+    assert victim.read_text() == "precious\n"
+    (run / ".lock").unlink()
+    lock = lock_run_dir(run)
+    assert (run / ".lock").read_text() == f"{os.getpid()}\n" and (run / ".lock").stat().st_mode & 0o777 == 0o600
+    lock.close()
+
+
+def test_keygen_prints_a_key_on_stdout_only_or_writes_a_new_private_file(tmp_path, capsys):
+    assert cli.main(["keygen"]) == 0
+    out, err = capsys.readouterr()
+    key = out.strip()
+    assert err == "" and len(key) == 64 and int(key, 16) >= 0
+    assert cli.main(["keygen"]) == 0 and capsys.readouterr().out.strip() != key
+    path = tmp_path / "new" / "auth.key"
+    assert cli.main(["keygen", "--auth-key-file", str(path)]) == 0
+    out, err = capsys.readouterr()
+    written = path.read_text().strip()
+    assert written not in out + err and str(path) in out
+    assert path.stat().st_mode & 0o777 == 0o600 and path.parent.stat().st_mode & 0o777 == 0o700
+    assert read_key_file(path) == written
+    for existing in (path, tmp_path / "dangling.key"):
+        if existing != path:
+            existing.symlink_to(tmp_path / "elsewhere.key")
+        assert cli.main(["keygen", "--auth-key-file", str(existing)]) == 2
+        assert capsys.readouterr().err.strip().splitlines() == [
+            f"error: --auth-key-file {existing} exists; allowed: a path where nothing is (a key file is never "
+            "replaced: remove it first, then copy the new key to every machine)"
+        ]
+    assert path.read_text().strip() == written and not (tmp_path / "elsewhere.key").exists()
 
 
 def test_only_plain_data_passes_and_handlers_never_raise():
