@@ -20,11 +20,13 @@ loading could run code) is refused in one line, :class:`UnsafeCheckpoint`; ``tru
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import pickle
 import random
 import re
+import stat
 import sys
 import tempfile
 import zipfile
@@ -343,15 +345,33 @@ def check_meta(saved: dict, expected: dict, path: str | os.PathLike) -> None:
         raise UserError(f"checkpoint {path} does not match this run: {'; '.join(diffs[:3])}{more}")
 
 
+def open_no_follow(path: str | os.PathLike, flags: int, what: str, mode: int = 0o600) -> int:
+    """``os.open(path, flags, mode)`` that never goes through a symbolic link at ``path`` (a link planted there
+    could make a write land in, or a read come from, another file) and opens only a regular file (a FIFO
+    does not block it). A link or another kind of file is a one-line :class:`UserError` naming ``what``;
+    other errors (FileNotFoundError, FileExistsError with ``O_EXCL``) are raised as they are."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, mode)
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            raise
+        raise UserError(f"{what} {path} is a symbolic link; allowed: a regular file (remove the link)") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UserError(f"{what} {path} is not a regular file; allowed: a regular file (remove what is there)")
+    return fd
+
+
 def lock_run_dir(run_dir: str | os.PathLike):
     """Hold an exclusive lock on ``run_dir/.lock`` for the life of the process, so that two
     trainers never write the same run (e.g. a launch script re-run while a run is going).
-    Returns the open lock file (keep a reference). One-line UserError if the run is in use."""
+    Returns the open lock file (keep a reference). One-line UserError if the run is in use, or if
+    ``.lock`` is a symbolic link (never followed: the pid written into it would truncate its target)."""
     import fcntl
 
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    f = open(run_dir / ".lock", "a+")
+    f = os.fdopen(open_no_follow(run_dir / ".lock", os.O_RDWR | os.O_CREAT, "lock file"), "r+")
     try:
         fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:

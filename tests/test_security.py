@@ -33,7 +33,7 @@ from rfwp_rl.checkpoint import (
     set_rng_state,
 )
 from rfwp_rl.impala.actors import rollout_spec
-from rfwp_rl.impala.rollout_check import RolloutCheck
+from rfwp_rl.impala.rollout_check import MAX_ABS_REWARD, RolloutCheck, reward_bounds
 from rfwp_rl.impala.wire import RefusalLog, Refused, check_plain, handler, read_key_file, resolve_key
 
 REPO = Path(__file__).resolve().parent.parent
@@ -61,20 +61,114 @@ def _env(**extra: str) -> dict:
 # ------------------------------------------------------------------ key and payload rules
 
 
-def test_key_file_must_be_private_and_is_created_once(tmp_path, monkeypatch, capsys):
+def test_key_file_must_be_private_and_is_created_once_without_showing_the_key(tmp_path, monkeypatch, capsys):
     monkeypatch.delenv("RFWP_AUTH_KEY", raising=False)
     monkeypatch.setenv("RFWP_AUTH_KEY_FILE", str(tmp_path / "cfg" / "auth.key"))
     key = resolve_key(None, create=True, role="a learner")
     assert len(key) == 64 and (tmp_path / "cfg" / "auth.key").stat().st_mode & 0o777 == 0o600
-    assert capsys.readouterr().err.count(key) == 1  # shown once, when made
+    err = capsys.readouterr().err
+    assert f"created a new auth key in {tmp_path / 'cfg' / 'auth.key'} (mode 600)" in err and key not in err
     assert resolve_key(None, create=True, role="a learner") == key
-    assert key not in capsys.readouterr().err  # never again
+    assert capsys.readouterr().err == ""
     (tmp_path / "cfg" / "auth.key").chmod(0o644)
     with pytest.raises(Exception, match="accessible by other users .*chmod 600"):
         read_key_file(tmp_path / "cfg" / "auth.key")
     monkeypatch.setenv("RFWP_AUTH_KEY_FILE", str(tmp_path / "none.key"))
     with pytest.raises(Exception, match="an actor needs the shared auth key"):
         resolve_key(None, create=False, role="an actor")
+
+
+@pytest.mark.parametrize(
+    "key, ok",
+    [
+        ("0123456789abcdef" * 2, True),  # 32 hex digits: 128 bits
+        ("0123456789abcdef" * 2 + "0123456789ABCDEF" * 2, True),
+        ("0123456789abcdef" * 2 + "=", True),  # base64 (with padding): 32 characters, 192 bits
+        ("0123456789abcde" * 2 + "a", False),  # 31 hex digits: 124 bits
+        ("abcdefghijklmnopqrstuv", True),  # 22 base64 characters: 132 bits
+        ("abcdefghij-_+/KLMNOPQ==", False),  # 21 base64 characters (padding not counted): 126 bits
+        ("abc!@#$%^&*()[]{};:,.", True),  # 21 printable ASCII characters
+        ("abc!@#$%^&*()[]{};:", False),  # 19 printable ASCII characters: 125 bits
+        ("abcdefghijklmnop", False),  # 16 printable characters, the old minimum
+        ("schlüssel-" * 5, False),  # not ASCII
+    ],
+)
+def test_a_key_needs_128_bits_measured_by_its_alphabet_and_length(key, ok, monkeypatch):
+    from rfwp_rl.impala.wire import check_key
+
+    monkeypatch.setenv("RFWP_AUTH_KEY", key)
+    if ok:
+        assert check_key(key, "test") == key and resolve_key(None, create=False, role="an actor") == key
+    else:
+        with pytest.raises(Exception) as e:
+            resolve_key(None, create=False, role="an actor")
+        message = str(e.value)
+        assert message.startswith("the auth key in $RFWP_AUTH_KEY ") and key not in message
+        assert message.endswith(
+            "allowed: at least 128 bits of entropy (32+ hex digits, 22+ base64 characters, 20+ printable ASCII "
+            "characters); make one with: rfwp-rl keygen"
+        ), message
+
+
+def test_key_and_lock_files_are_never_opened_through_a_symbolic_link(tmp_path, monkeypatch):
+    from rfwp_rl.checkpoint import lock_run_dir
+    from rfwp_rl.errors import UserError
+
+    monkeypatch.delenv("RFWP_AUTH_KEY", raising=False)
+    real = tmp_path / "real.key"
+    real.write_text("0123456789abcdef" * 4 + "\n")
+    real.chmod(0o600)
+    link = tmp_path / "link.key"
+    link.symlink_to(real)
+    with pytest.raises(UserError, match=f"auth key file {link} is a symbolic link; allowed: a regular file"):
+        read_key_file(link)
+    monkeypatch.setenv("RFWP_AUTH_KEY_FILE", str(tmp_path / "cfg" / "auth.key"))
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg" / "auth.key").symlink_to(tmp_path / "planted.key")  # dangling: creating would write there
+    with pytest.raises(UserError, match="is a symbolic link"):
+        resolve_key(None, create=True, role="a learner")
+    assert not (tmp_path / "planted.key").exists()
+    fifo = tmp_path / "fifo.key"
+    os.mkfifo(fifo)
+    with pytest.raises(UserError, match="is not a regular file"):  # and does not block
+        read_key_file(fifo)
+
+    run = tmp_path / "run"
+    run.mkdir()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    (run / ".lock").symlink_to(victim)
+    with pytest.raises(UserError, match=f"lock file {run / '.lock'} is a symbolic link"):
+        lock_run_dir(run)
+    assert victim.read_text() == "precious\n"
+    (run / ".lock").unlink()
+    lock = lock_run_dir(run)
+    assert (run / ".lock").read_text() == f"{os.getpid()}\n" and (run / ".lock").stat().st_mode & 0o777 == 0o600
+    lock.close()
+
+
+def test_keygen_prints_a_key_on_stdout_only_or_writes_a_new_private_file(tmp_path, capsys):
+    assert cli.main(["keygen"]) == 0
+    out, err = capsys.readouterr()
+    key = out.strip()
+    assert err == "" and len(key) == 64 and int(key, 16) >= 0
+    assert cli.main(["keygen"]) == 0 and capsys.readouterr().out.strip() != key
+    path = tmp_path / "new" / "auth.key"
+    assert cli.main(["keygen", "--auth-key-file", str(path)]) == 0
+    out, err = capsys.readouterr()
+    written = path.read_text().strip()
+    assert written not in out + err and str(path) in out
+    assert path.stat().st_mode & 0o777 == 0o600 and path.parent.stat().st_mode & 0o777 == 0o700
+    assert read_key_file(path) == written
+    for existing in (path, tmp_path / "dangling.key"):
+        if existing != path:
+            existing.symlink_to(tmp_path / "elsewhere.key")
+        assert cli.main(["keygen", "--auth-key-file", str(existing)]) == 2
+        assert capsys.readouterr().err.strip().splitlines() == [
+            f"error: --auth-key-file {existing} exists; allowed: a path where nothing is (a key file is never "
+            "replaced: remove it first, then copy the new key to every machine)"
+        ]
+    assert path.read_text().strip() == written and not (tmp_path / "elsewhere.key").exists()
 
 
 def test_only_plain_data_passes_and_handlers_never_raise():
@@ -170,6 +264,64 @@ def test_oversize_rollouts_bad_states_and_episodes_are_refused(rollout_check):
     ]:
         with pytest.raises(Refused, match=message):
             check.episodes(bad, 2)
+
+
+def test_rewards_beyond_the_envs_declared_range_or_the_limit_are_refused(rollout_check):
+    _, layout, agent = rollout_check
+    assert reward_bounds(None) == (-MAX_ABS_REWARD, MAX_ABS_REWARD)
+    assert reward_bounds((-1.0, 1.0)) == (-1.0, 1.0)
+    assert reward_bounds((1.0, 2.0)) == (0.0, 2.0)  # a pool's blank and reset entries hold reward 0
+    assert reward_bounds((float("-inf"), 5.0)) == (-MAX_ABS_REWARD, 5.0)
+    unbounded = RolloutCheck(
+        layout, [(tuple(s.shape[1:]), s.dtype) for s in agent.initial_state(1)], 5, 8, agent.action_dist.valid
+    )
+    clipped = RolloutCheck(
+        layout, [(tuple(s.shape[1:]), s.dtype) for s in agent.initial_state(1)], 5, 8, agent.action_dist.valid, (-1, 1)
+    )
+    data, state = _rollout(layout, agent)
+    data["reward"][3, 1] = 2.0
+    assert unbounded.envs(data, state) == 2
+    with pytest.raises(Refused, match=r"rollout reward holds values outside \[-1, 1\] \(from 0 to 2\)"):
+        clipped.envs(data, state)
+    data["reward"][3, 1] = -2 * MAX_ABS_REWARD
+    with pytest.raises(Refused, match=r"rollout reward holds values outside \[-1e\+09, 1e\+09\]"):
+        unbounded.envs(data, state)
+
+
+def test_an_envs_declared_reward_range_reaches_the_run_spec():
+    import gymnasium
+
+    from rfwp_rl.envs import declared_reward_range, env_spec
+
+    class Declares(gymnasium.Env):
+        observation_space = gymnasium.spaces.Box(-1.0, 1.0, (2,))
+        action_space = gymnasium.spaces.Discrete(2)
+        reward_range = (-1, 1)
+
+    if "rfwp_test/DeclaredRewards-v0" not in gymnasium.registry:
+        gymnasium.register("rfwp_test/DeclaredRewards-v0", entry_point=Declares)
+    assert env_spec("rfwp_test/DeclaredRewards-v0").reward_range == (-1.0, 1.0)
+    assert env_spec("CartPole-v1").reward_range is None  # gymnasium 1.x envs declare none
+    for bad in [(5, 1), "ab", 3, (1,)]:
+        Declares.reward_range = bad
+        assert declared_reward_range(Declares()) is None
+
+
+def test_the_table_of_actor_names_is_bounded_and_forgets_the_oldest_first():
+    from rfwp_rl.impala.rollout_server import MAX_ACTORS_SEEN, SeenActors
+
+    assert SeenActors().limit == MAX_ACTORS_SEEN
+    seen = SeenActors(limit=3)
+    for i, name in enumerate(["a", "b", "c"]):
+        seen.touch(name, now=float(i), finished=name == "a")
+    seen.touch("a", now=3.0, finished=False)  # a calls again: b is now the oldest
+    for i in range(100):  # a key holder calling with ever new names
+        seen.touch(f"flood{i}", now=4.0 + i, finished=True)
+    assert len(seen) == 3
+    assert seen.active(now=104.0, within=3.5) == 3
+    assert seen.not_told(now=104.0, within=1000.0) == []  # a was forgotten with its "told" mark
+    seen.touch("a", now=105.0, finished=False)
+    assert seen.not_told(now=105.0, within=1000.0) == ["a"] and len(seen) == 3
 
 
 # ------------------------------------------------------------------ the learner's endpoints, end to end
@@ -423,6 +575,66 @@ def test_moolib_hmac_is_hmac_sha256():
         assert moolib.hmac_sha256(key, message) == hmac.new(key, message, "sha256").digest()
 
 
+# ------------------------------------------------------------------ torch
+
+
+@pytest.mark.parametrize(
+    "version, ok",
+    [
+        ("2.5.1", False),
+        ("2.6.0rc1", False),
+        ("2.6.0a0+gitabc", False),
+        ("1.13.1", False),
+        ("nonsense", False),
+        ("2.6.0", True),
+        ("2.6.1rc1", True),
+        ("2.13.0+cpu", True),
+    ],
+)
+def test_torch_older_than_2_6_is_refused(version, ok):
+    from rfwp_rl import torch_problem
+
+    problem = torch_problem(version)
+    assert (problem is None) == ok, problem
+    if not ok:
+        assert problem.startswith("rfwp_rl needs torch >= 2.6 (torch.load(weights_only=True) is unsafe before 2.6")
+        assert f"this is torch {version!r}: pip install --upgrade 'torch>=2.6,<3'" in problem
+    assert torch_problem() is None  # the torch these tests run on
+
+
+def test_the_package_requires_torch_2_6():
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib
+
+    from rfwp_rl import MIN_TORCH
+
+    dependencies = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert f"torch>={'.'.join(map(str, MIN_TORCH))},<3" in dependencies
+
+
+def test_an_older_torch_stops_the_import_the_cli_and_the_setup_in_one_line(tmp_path):
+    old = tmp_path / "old" / "torch-2.5.1.dist-info"  # what importlib.metadata finds first on the path
+    old.mkdir(parents=True)
+    (old / "METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: 2.5.1\n")
+    env = _env()
+    env["PYTHONPATH"] = os.pathsep.join([str(old.parent), env["PYTHONPATH"]])
+    expected = "rfwp_rl needs torch >= 2.6 (torch.load(weights_only=True) is unsafe before 2.6, CVE-2025-32434); "
+    run = lambda *argv: subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=DEADLINE)
+    imported = run(sys.executable, "-c", "import rfwp_rl")
+    assert imported.returncode == 1 and imported.stderr.strip().splitlines()[-1].startswith(f"ImportError: {expected}")
+    cli_run = run(sys.executable, "-c", "import sys; sys.argv[0] = '/usr/bin/rfwp-rl'; from rfwp_rl.cli import main")
+    assert cli_run.returncode == 2 and cli_run.stderr.splitlines() == [
+        f"error: {expected}this is torch '2.5.1': pip install --upgrade 'torch>=2.6,<3'"
+    ], cli_run.stderr
+    setup = run("bash", str(REPO / "scripts" / "setup.sh"))
+    assert setup.returncode == 1 and setup.stderr.splitlines() == [
+        f"[setup] error: {expected}this is torch '2.5.1': pip install --upgrade 'torch>=2.6,<3'"
+    ], setup.stderr
+    assert "[setup] moolib" not in setup.stdout  # nothing built or installed
+
+
 # ------------------------------------------------------------------ checkpoints
 
 
@@ -479,6 +691,50 @@ def test_eval_imports_a_checkpoints_env_module_only_when_named(tmp_path, capsys,
         "evil_envs:Foo-v0 to confirm"
     ]
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("command", ["eval", "probe"])
+def test_a_run_directorys_env_file_or_module_is_never_imported_unless_named(tmp_path, capsys, monkeypatch, command):
+    marker = tmp_path / "imported"
+    run = tmp_path / "downloaded_run"
+    run.mkdir()
+    (run / "rfwp_rl.x.py").write_text(f"open({str(marker)!r}, 'w')\n")  # shipped with the run, named like ours
+    monkeypatch.chdir(run)  # rfwp-rl eval .
+    for env in ("rfwp_rl.x.py:CartPole-v1", "rfwp_rl.memory.suite:CartPole-v1"):
+        meta = {"trainer": "impala", "env": env, "core": "lstm", "num_actions": 2, "obs_shape": [4]}
+        torch.save({"format": 1, "meta": meta, "step": 5, "state": {"agent": {}}}, run / "ckpt_000000000005.pt")
+        for named in ([], ["--env", "CartPole-v1"], ["--env", "other.py:CartPole-v1"]):
+            assert cli.main([command, ".", *named]) == 2
+            err = capsys.readouterr().err.strip().splitlines()
+            what = (
+                "file 'rfwp_rl.x.py' (a relative path is read from the working directory)"
+                if env.endswith(".py:CartPole-v1")
+                else "module 'rfwp_rl.memory.suite'"
+            )
+            assert err == [
+                f"error: checkpoint ckpt_000000000005.pt was trained on env {env!r}; evaluating it imports the "
+                f"Python {what}, which runs its code: pass --env {env} to confirm"
+            ], (named, err)
+            assert not marker.exists()
+    # named on the command line (here by its absolute path): past the check, to the checkpoint's next problem
+    meta = {"trainer": "impala", "env": "rfwp_rl.x.py:CartPole-v1", "core": "lstm", "num_actions": 2}
+    torch.save({"format": 1, "meta": meta, "step": 5, "state": {"agent": {}}}, run / "ckpt_000000000005.pt")
+    assert cli.main([command, ".", "--env", f"{run / 'rfwp_rl.x.py'}:CartPole-v1"]) == 2
+    err = capsys.readouterr().err
+    assert "lacks meta" in err and "runs its code" not in err, err
+
+
+def test_same_env_module_compares_files_by_path_and_modules_by_name(tmp_path, monkeypatch):
+    from rfwp_rl.impala.evaluate import same_env_module
+
+    monkeypatch.chdir(tmp_path)
+    assert same_env_module("envs.py", str(tmp_path / "envs.py"))
+    assert same_env_module("./envs.py", "envs.py")
+    assert not same_env_module("other.py", "envs.py")
+    assert not same_env_module("", "envs.py")
+    assert same_env_module("pkg.envs", "pkg.envs")
+    assert not same_env_module("pkg.envs", "pkg.other")
+    assert not same_env_module("envs", "envs.py")
 
 
 def test_checkpoints_holding_objects_load_only_when_trusted_and_rng_state_is_plain(tmp_path):

@@ -49,6 +49,7 @@ __all__ = [
     "EnvInfo",
     "ResolvedId",
     "atari_games",
+    "declared_reward_range",
     "env_spec",
     "ensure_registered",
     "import_env_module",
@@ -133,6 +134,7 @@ class EnvInfo:
     action_meanings: tuple[str, ...] | None = None  # Atari only
     max_episode_steps: int | None = None  # agent steps (Atari: max_episode_frames / frame_skip)
     memory_horizon: int | None = None  # steps a memory must span at most, if the env states it (``memory_horizon``)
+    reward_range: tuple[float, float] | None = None  # (low, high) of one step's reward, if the env declares it
 
 
 def env_spec(env_id: str, **overrides: Any) -> EnvInfo:
@@ -172,9 +174,21 @@ def env_spec(env_id: str, **overrides: Any) -> EnvInfo:
             action_meanings=meanings,
             max_episode_steps=max_steps,
             memory_horizon=_memory_horizon(env),
+            reward_range=declared_reward_range(env),
         )
     finally:
         env.close()
+
+
+def declared_reward_range(env: gymnasium.Env) -> tuple[float, float] | None:
+    """The env's own ``reward_range`` (low, high), if it declares one that is a pair of numbers with
+    ``low <= high`` (gymnasium 1.x envs no longer have the attribute unless they set it)."""
+    value = getattr(env.unwrapped, "reward_range", None)
+    try:
+        low, high = (float(v) for v in value)
+    except (TypeError, ValueError):
+        return None
+    return (low, high) if low <= high else None
 
 
 def _memory_horizon(env: gymnasium.Env) -> int | None:

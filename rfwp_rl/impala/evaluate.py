@@ -333,6 +333,21 @@ def choose_checkpoint(path: str | Path, which: str = "latest") -> Path:
     )
 
 
+def _is_file(module: str) -> bool:
+    """Whether an env id's module part names a file (as :func:`rfwp_rl.envs.import_env_module` reads it)."""
+    return module.endswith(".py") or Path(module).is_file()
+
+
+def same_env_module(given: str, recorded: str) -> bool:
+    """Whether the module part of the user's ``--env`` (``given``) names the checkpoint's ``recorded`` one:
+    the same file (paths resolved from the working directory) or the same dotted module name."""
+    if not given:
+        return False
+    if _is_file(given) or _is_file(recorded):
+        return _is_file(given) and _is_file(recorded) and Path(given).resolve() == Path(recorded).resolve()
+    return given == recorded
+
+
 def load_agent(
     path: str | Path,
     core: str | None = None,
@@ -345,8 +360,9 @@ def load_agent(
     names (see :func:`choose_checkpoint`; default its newest ``ckpt_*.pt``).
 
     ``core``, ``env`` and ``num_actions``, when given, must match the checkpoint's meta,
-    else a one-line :class:`UserError` names the difference. An env from a Python module outside
-    this package (``module:EnvId``) is only imported (which runs the module) when ``env`` names it.
+    else a one-line :class:`UserError` names the difference. An env from a Python module or file
+    (``module:EnvId``, ``path/to/file.py:EnvId``; whatever its name) is only imported (which runs its
+    code) when ``env`` names the same one: the checkpoint and its run directory may come from elsewhere.
     ``trust``: see :func:`rfwp_rl.checkpoint.read_checkpoint`. Returns
     ``(agent in eval mode, meta, step, checkpoint file)``.
     """
@@ -364,10 +380,14 @@ def load_agent(
     if "env" not in meta:
         raise UserError(f"checkpoint {file} lacks meta 'env'; was it written by rfwp-rl train?")
     module = str(meta["env"]).rpartition(":")[0]
-    if module and module.split(".")[0] != "rfwp_rl" and (env is None or env.rpartition(":")[0] != module):
+    if module and (env is None or not same_env_module(env.rpartition(":")[0], module)):
+        if _is_file(module):
+            what = f"file {module!r} (a relative path is read from the working directory)"
+        else:
+            what = f"module {module!r}"
         raise UserError(
-            f"checkpoint {file} was trained on env {meta['env']!r}; evaluating it imports the Python "
-            f"module {module!r}, which runs its code: pass --env {meta['env']} to confirm"
+            f"checkpoint {file} was trained on env {meta['env']!r}; evaluating it imports the Python {what}, "
+            f"which runs its code: pass --env {meta['env']} to confirm"
         )
     missing = [key for key in META_KEYS if key not in meta]
     if missing:
@@ -620,7 +640,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     g = parser.add_argument_group("checks (must match the checkpoint)")
     g.add_argument("--core", default=None, help="expected core; a checkpoint of another core is an error")
-    g.add_argument("--env", default=None, help="expected env; a checkpoint trained on another env is an error")
+    g.add_argument(
+        "--env",
+        default=None,
+        help="expected env; a checkpoint trained on another env is an error; an env of the form MODULE:ID or "
+        "FILE.py:ID is imported (its code runs) only when named here",
+    )
     g.add_argument("--num-actions", type=int, default=None, help="expected action count")
     add_trust_argument(g)
     g = parser.add_argument_group("running")

@@ -28,6 +28,7 @@ from rfwp_rl.impala.config import ImpalaConfig
 from rfwp_rl.impala.loss import ReturnScale, compute_loss, loss_config
 from rfwp_rl.impala.optim import apply_gradients, linear_decay_of_steps, make_optimizer
 from rfwp_rl.impala.trust_region import behaviour_kl, limit_policy_change
+from rfwp_rl.impala.wire import Refused, check_finite_number, check_int, check_like, short
 from rfwp_rl.perf import autocast
 from rfwp_rl.safety import NonFiniteGuard
 
@@ -262,14 +263,83 @@ class Learner:
             "return_scale": self.return_scale.state_dict(),
         }
 
-    def load_shared_state(self, state: dict) -> None:
-        """Take a leader's :meth:`shared_state` (moolib has copied its parameters already)."""
+    def load_shared_state(self, state: Any) -> None:
+        """Take a leader's :meth:`shared_state` (moolib has copied its parameters already). A state that
+        does not fit this learner (:meth:`check_shared_state`) is :class:`Refused`, nothing taken."""
+        self.check_shared_state(state)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.counters.update(state["counters"])
-        self.return_scale.load_state_dict(state.get("return_scale", {}))
+        self.return_scale.load_state_dict(state["return_scale"])
         self.adoptions += 1
         self.publish()
+
+    def check_shared_state(self, state: Any) -> None:
+        """:class:`Refused` (naming the first problem) unless ``state`` has the form of this learner's own
+        :meth:`shared_state`: its keys; the optimizer's param groups and settings and the schedule's base
+        learning rates equal to this learner's (a group shares its settings) but for the current
+        learning rate, in ``[0, base rate]``; per-parameter optimizer state holding exactly the tensors this
+        optimizer keeps, each of its parameter's shape (or a scalar), dtype and finite; the schedule's
+        state of the form of this one's; counters ``step`` and ``updates``, integers >= 0; the return
+        scale None or a finite float >= 0."""
+        mine = self.shared_state()
+        if not isinstance(state, dict) or set(state) != set(mine):
+            got = sorted(map(str, state)) if isinstance(state, dict) else short(state)
+            raise Refused(f"the shared state must hold {sorted(mine)}, got {got}")
+        self._check_optimizer_state(state["optimizer"], mine["optimizer"])
+        check_like(state["scheduler"], mine["scheduler"], "scheduler")
+        for key in ("base_lrs", "lr_lambdas"):
+            if state["scheduler"][key] != mine["scheduler"][key]:
+                raise Refused(
+                    f"scheduler.{key} is {short(state['scheduler'][key])}, this learner's {mine['scheduler'][key]}"
+                )
+        counters = state["counters"]
+        if not isinstance(counters, dict) or set(counters) != set(self.counters):
+            raise Refused(f"counters must hold {sorted(self.counters)}, got {short(counters)}")
+        for key, value in counters.items():
+            check_int(value, f"counters.{key}", 0, 2**62)
+        scale = state["return_scale"]
+        if not isinstance(scale, dict) or set(scale) != {"mean_square"}:
+            raise Refused(f"return_scale must hold 'mean_square', got {short(scale)}")
+        square = scale["mean_square"]
+        if square is not None and (not isinstance(square, float) or check_finite_number(square, "mean_square") < 0):
+            raise Refused(f"return_scale.mean_square must be None or a finite float >= 0, got {short(square)}")
+
+    def _check_optimizer_state(self, value: Any, mine: dict) -> None:
+        if not isinstance(value, dict) or set(value) != set(mine):
+            raise Refused(f"optimizer state must hold {sorted(mine)}, got {short(value)}")
+        check_like(value["param_groups"], mine["param_groups"], "optimizer.param_groups")
+        for i, (theirs, ours) in enumerate(zip(value["param_groups"], mine["param_groups"])):
+            for key, setting in ours.items():
+                if key != "lr" and theirs[key] != setting:
+                    raise Refused(
+                        f"optimizer.param_groups[{i}].{key} is {short(theirs[key])}, this learner's {short(setting)}"
+                    )
+            top = ours.get("initial_lr", ours["lr"])
+            if not 0 <= theirs["lr"] <= top:
+                raise Refused(f"optimizer.param_groups[{i}].lr is {short(theirs['lr'])}; allowed: 0..{top:g}")
+        params = {
+            index: p
+            for group, ours in zip(self.optimizer.param_groups, mine["param_groups"])
+            for index, p in zip(ours["params"], group["params"])
+        }
+        kept = self._optimizer_state_template()
+        states = value["state"]
+        if not isinstance(states, dict) or not set(states) <= set(params):
+            raise Refused(f"optimizer.state must map parameter indices 0..{len(params) - 1} to their state")
+        for index, entry in states.items():
+            p = params[index]
+            template = {k: torch.empty(() if t.dim() == 0 else p.shape, dtype=t.dtype) for k, t in kept.items()}
+            check_like(entry, template, f"optimizer.state[{index}]")
+
+    def _optimizer_state_template(self) -> dict[str, torch.Tensor]:
+        """The per-parameter state this optimizer keeps (names, scalar or not, dtypes): one step of an
+        optimizer of its class and settings on a one-element parameter."""
+        probe = torch.zeros(1, dtype=self.parameters()[0].dtype, requires_grad=True)
+        optimizer = type(self.optimizer)([probe], **self.optimizer.defaults)
+        probe.grad = torch.zeros_like(probe)
+        optimizer.step()
+        return dict(optimizer.state[probe])
 
 
 class Learning:

@@ -28,8 +28,13 @@ step of the group applies the same gradients on every learner, so their paramete
   :mod:`rfwp_rl.impala.wire`). What they send is still checked before use: a round whose reduced
   gradients are not finite, or whose env-step count is more than its learners can have handed in,
   advances only the schedule (as a skipped update does); a leader's state whose counters are not
-  sane (negative, more updates than env steps, or beyond ``--total-steps`` by more than a round) is
-  not adopted. Each refusal is counted (``group/refused``) and logged in one line.
+  sane (negative, more updates than env steps, or beyond ``--total-steps`` by more than a round), that
+  does not have the form of this learner's own (:meth:`rfwp_rl.impala.learner.Learner.check_shared_state`),
+  or that came with parameters or buffers holding NaN/inf is not adopted: moolib has already copied
+  the received model in, so the learner puts back its own (a copy kept after every accepted change) and
+  keeps its model version. A member's malformed answer to the settings check is not taken as a
+  learner's. Every handler goes through :func:`rfwp_rl.impala.wire.handler`. Each refusal is counted
+  (``group/refused``) and logged in one line, and the learner goes on.
 
 moolib 0.0.9b0 note: ``Accumulator.reduce_gradients(n)`` uses ``n`` only to decide when a round has
 enough data (``set_virtual_batch_size``); the reduced gradient is the plain mean over the number of
@@ -57,7 +62,7 @@ from rfwp_rl.errors import UserError
 from rfwp_rl.impala.env_batches import import_moolib
 from rfwp_rl.impala.learner import Gradients, GroupStep
 from rfwp_rl.impala.net import resolve_address, settings_mismatch
-from rfwp_rl.impala.wire import RefusalLog, Refused, check_int, check_name
+from rfwp_rl.impala.wire import RefusalLog, Refused, check_int, check_name, handler, short
 
 GROUP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-/]{0,99}")
 INFO_FUNCTION = "rfwp_learner_info"
@@ -120,6 +125,23 @@ def check_counters(counters: Any, total_steps: int | None, slack: int) -> dict:
     return counters
 
 
+def member_info(reply: Any) -> dict:
+    """A member's answer to ``rfwp_learner_info``: a JSON object ``{"settings": {...}, "seed": int}``
+    (:meth:`LearnerGroup._info`); else :class:`Refused`, naming what it is instead."""
+    if isinstance(reply, dict) and isinstance(reply.get("error"), str):
+        raise Refused(f"it answered an error: {reply['error'][:200]}")
+    if not isinstance(reply, str):
+        raise Refused(f"the reply must be a JSON string, got {short(reply)}")
+    try:
+        info = json.loads(reply)
+    except (ValueError, RecursionError):
+        raise Refused("the reply is not JSON (or nested too deep)") from None
+    if not isinstance(info, dict) or not isinstance(info.get("settings"), dict):
+        raise Refused(f"the reply must be an object with 'settings' and 'seed', got {short(info)}")
+    check_int(info.get("seed"), "its seed", -(2**63), 2**63 - 1)
+    return info
+
+
 def pack(obj: Any) -> torch.Tensor:
     """``obj`` (tensors, numbers, containers) as a uint8 tensor: moolib sends Python floats as float32,
     which would round e.g. the optimizer's learning rate; a tensor of bytes travels unchanged."""
@@ -161,6 +183,8 @@ class LearnerGroup:
         self.moolib, self.broker, self.group_name = moolib, broker, group
         self.learner = learner
         self.parameters = learner.parameters()
+        self._model = [*self.parameters, *learner.buffers()]  # what moolib may overwrite with the leader's
+        self._kept: list[torch.Tensor] | None = None  # their copy as last accepted (_keep_model)
         self.steps_per_update = int(learner.steps_per_update)
         self.settings = json.loads(json.dumps(settings, sort_keys=True, default=str))  # as the others see it
         self.seed = int(seed)
@@ -171,7 +195,7 @@ class LearnerGroup:
         self._lock = threading.Lock()
         self.rpc = moolib.Rpc()
         self.rpc.set_name(self.name)
-        self.rpc.define(INFO_FUNCTION, self._info)
+        self.rpc.define(INFO_FUNCTION, handler(self._info, self.refusals))
         try:
             self.rpc.connect(resolve_address(broker, "--broker"))
         except (RuntimeError, ValueError) as e:
@@ -237,10 +261,13 @@ class LearnerGroup:
                 continue
             self._asked[member] = None
             try:
-                reply = json.loads(future.result())
-            except (RuntimeError, TypeError, ValueError):
-                continue  # gone meanwhile (the broker will drop it), or not a learner of this package
-            mismatch = settings_mismatch(self.settings, reply.get("settings", {}))
+                reply = member_info(future.result())
+            except RuntimeError:
+                continue  # gone meanwhile (the broker will drop it)
+            except Refused as e:  # not a learner of this package, or a broken one: not checked
+                self.refusals.refuse(f"the settings of member {member}: {e}")
+                continue
+            mismatch = settings_mismatch(self.settings, reply["settings"])
             if mismatch:
                 raise UserError(
                     f"learner {member} of group {self.group_name!r} trains with other settings "
@@ -248,7 +275,7 @@ class LearnerGroup:
                     "options (--env/--core/--preset/--set/--batch-size/--unroll-length/"
                     "--learning-rate/...)"
                 )
-            if reply.get("seed") == self.seed:
+            if reply["seed"] == self.seed:
                 print(
                     f"warning: learner {member} also uses --seed {self.seed}: its actors play the same episodes "
                     "as this learner's; give each learner its own --seed",
@@ -264,6 +291,7 @@ class LearnerGroup:
         self.acc = self.moolib.Accumulator("model", self.parameters, self.learner.buffers(), group=self.group)
         self.acc.set_virtual_batch_size(1)  # a round ends as soon as any learner handed in a batch
         self.acc.set_model_version(self.learner.updates)
+        self._keep_model()
 
     # ---- the training loop's side
     def sync(self) -> None:
@@ -297,8 +325,9 @@ class LearnerGroup:
         version = self.acc.model_version()
         try:
             self.acc.update()
-        except RuntimeError as e:  # e.g. parameter shapes differ (settings checked, so unexpected)
-            raise UserError(f"group {self.group_name!r}: cannot take the group's model ({e})") from None
+        except RuntimeError as e:  # moolib could not copy a received model in (e.g. a tensor's shape differs)
+            self._refuse_model(f"the group's model: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+            return
         self._report_membership()
         if self.in_flight and self.group.sync_id() != self._round_sync_id:
             self.in_flight = 0  # the group changed: moolib abandoned the round (a learner came or went)
@@ -307,12 +336,13 @@ class LearnerGroup:
         if adopted:
             try:
                 leader, shared = self._leader_state(self.acc.state())
+                self._check_model()
+                self.learner.load_shared_state(shared)
             except Refused as e:
-                self.refusals.refuse(f"the leader's state: {e}")
-                self.acc.set_model_version(self.learner.updates)
+                self._refuse_model(f"the leader's state: {e}")
                 adopted = False
             else:
-                self.learner.load_shared_state(shared)
+                self._keep_model()
                 if not self._took_model or self.acc.model_version() != version:  # else the leader's re-sync
                     self._say(f"took the model of {leader} at update {self.acc.model_version():,}")
                 self._took_model = True
@@ -323,6 +353,35 @@ class LearnerGroup:
             self.in_flight = 0
         if self.acc.wants_state():  # after any step: the served model and state belong together
             self.acc.set_state({"shared": pack(self.learner.shared_state()), "leader": self.name})
+
+    def _keep_model(self) -> None:
+        """Copy the model as this learner now holds it (its own, or an adopted one that passed the checks):
+        what a refused adoption rolls back to (moolib writes a received model into the parameters
+        before this side can look at it)."""
+        with torch.no_grad():
+            if self._kept is None:
+                self._kept = [t.detach().clone() for t in self._model]
+            else:
+                for kept, t in zip(self._kept, self._model):
+                    kept.copy_(t)
+
+    def _refuse_model(self, problem: str) -> None:
+        """Refuse what moolib took in: log it, put this learner's last kept model back, and keep its own
+        model version (the leader's is not adopted)."""
+        self.refusals.refuse(problem)
+        if self._kept is not None:
+            with torch.no_grad():
+                for kept, t in zip(self._kept, self._model):
+                    t.copy_(kept)
+        self.acc.set_model_version(self.learner.updates)
+
+    def _check_model(self) -> None:
+        """:class:`Refused` if an adopted parameter or buffer holds NaN or inf values (moolib has already
+        copied it in with this learner's shapes and dtypes, so those cannot differ)."""
+        for i, t in enumerate(self._model):
+            if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                kind = "parameter" if i < len(self.parameters) else "buffer"
+                raise Refused(f"the adopted model's {kind} {i} holds NaN or inf values")
 
     def _leader_state(self, state: Any) -> tuple[str, dict]:
         """The leader's name and shared state (:meth:`Learner.shared_state`), checked; :class:`Refused`."""
@@ -377,6 +436,7 @@ class LearnerGroup:
         self.learner.apply(
             GroupStep(env_steps=stats["batch_size"], gradients=stats["num_gradients"], own_steps=self.in_flight)
         )
+        self._keep_model()
 
     def wants_gradients(self) -> bool:
         """True when a round takes this learner's gradients now."""

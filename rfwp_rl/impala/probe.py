@@ -121,15 +121,17 @@ def probe(
     trust_checkpoint: bool = False,
     env_overrides: dict | None = None,
     shift: float = 0.0,
+    env: str | None = None,
 ) -> dict:
     """Play ``episodes`` full episodes of the checkpoint at ``path`` and return
     ``{"rows": StepStats.table(), "lengths": [...], "returns": [...], "truncated": int, "step": int,
-    "checkpoint": str, "env": str, "core": str, "state_shapes": [...]}``."""
+    "checkpoint": str, "env": str, "core": str, "state_shapes": [...]}``. ``env``: see
+    :func:`rfwp_rl.impala.evaluate.load_agent` (names an env module or file the checkpoint's env needs)."""
     if episodes < 1 or bin_steps < 1 or num_envs < 1:
         raise UserError(f"--episodes {episodes} / --bin {bin_steps} / --num-actors {num_envs}: each must be >= 1")
     if not shift >= 0:
         raise UserError(f"--shift {shift}: must be >= 0 (a parameter step size such as the learning rate; 0: off)")
-    agent, meta, step, file = load_agent(path, which=which, trust=trust_checkpoint)
+    agent, meta, step, file = load_agent(path, env=env, which=which, trust=trust_checkpoint)
     env_id = str(meta["env"])
     options = eval_env_options(meta, dict(env_overrides or {}), envs_mod.resolve_env_id(env_id).kind)
     n = min(num_envs, episodes)
@@ -202,6 +204,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="override an env option of the training run",
     )
+    parser.add_argument(
+        "--env",
+        default=None,
+        help="expected env; needed to confirm an env of the form MODULE:ID or FILE.py:ID (importing it runs its code)",
+    )
     parser.add_argument("--out", default=None, help="CSV path (default: probe_<step>_<mode>.csv in the run directory)")
     add_trust_argument(parser)
 
@@ -220,6 +227,7 @@ def run(args: argparse.Namespace) -> int:
         trust_checkpoint=args.trust_checkpoint,
         env_overrides=parse_env_options(args.env_options, "max_episode_steps=500"),
         shift=args.shift,
+        env=args.env,
     )
     lengths, returns = np.array(record["lengths"]), np.array(record["returns"])
     mode = "greedy" if args.greedy else "sample"

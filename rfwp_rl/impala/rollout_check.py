@@ -4,12 +4,14 @@ The expected layout is taken once, at server start, from what a local actor stor
 (:func:`rfwp_rl.impala.actors.rollout_spec` of the agent's spaces); each received rollout is then
 checked tensor by tensor against it (:class:`RolloutCheck`): exactly the layout's keys, each tensor of
 exactly its dtype and shape ``[T+1, b, ...]`` with one ``b`` for all and ``1 <= b <= max_envs``,
-floating values finite, actions in the action space (the action distribution's ``valid``),
-the core state of the agent's shapes and dtypes, and the finished episodes bounded and finite.
+floating values finite, rewards within :func:`reward_bounds`, actions in the action space (the action
+distribution's ``valid``), the core state of the agent's shapes and dtypes, and the finished episodes
+bounded and finite.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +22,19 @@ from rfwp_rl.impala.wire import Refused, check_finite_number, check_int
 Layout = dict[str, tuple[torch.dtype, tuple[int, ...]]]  # key -> (dtype, shape of one env's entry)
 ACTION_KEYS = ("action", "prev_action")
 MAX_EPISODE_STEPS = 10**9
+# One step's reward from a remote actor, for an env that declares no finite reward_range: beyond this
+# magnitude a reward is taken for an attack or a bug (the V-trace targets of such rewards would swamp
+# every other batch's); far past any game score a single step of a supported env gives.
+MAX_ABS_REWARD = 1e9
+
+
+def reward_bounds(declared: tuple[float, float] | None) -> tuple[float, float]:
+    """``(low, high)`` of the rewards a remote rollout may hold: the env's declared ``reward_range`` where an
+    end is finite, else -/+ :data:`MAX_ABS_REWARD`; 0 always (an env pool's blank and reset entries)."""
+    low, high = declared if declared is not None else (-math.inf, math.inf)
+    low = low if math.isfinite(low) else -MAX_ABS_REWARD
+    high = high if math.isfinite(high) else MAX_ABS_REWARD
+    return min(low, 0.0), max(high, 0.0)
 
 
 class RolloutCheck:
@@ -31,6 +46,7 @@ class RolloutCheck:
         unroll_length: T (a rollout has T+1 entries).
         max_envs: the most envs one rollout may carry.
         actions_ok: the action space's check of a tensor of actions (``ActionDistribution.valid``).
+        reward_range: the env's declared reward range, if any (:func:`reward_bounds`).
     """
 
     def __init__(
@@ -40,9 +56,11 @@ class RolloutCheck:
         unroll_length: int,
         max_envs: int,
         actions_ok: Callable[[torch.Tensor], bool],
+        reward_range: tuple[float, float] | None = None,
     ):
         self.layout, self.state_spec = dict(layout), list(state_spec)
         self.length, self.max_envs, self.actions_ok = unroll_length + 1, int(max_envs), actions_ok
+        self.rewards = reward_bounds(reward_range)
 
     def envs(self, data: Any, state: Any) -> int:
         """The rollout's env count ``b``; :class:`Refused` (naming the first problem) unless it fits."""
@@ -62,6 +80,11 @@ class RolloutCheck:
                 raise Refused(f"rollout {key} is {list(t.shape)} {t.dtype}; the learner needs {list(want)} {dtype}")
             if t.is_floating_point() and not bool(torch.isfinite(t).all()):
                 raise Refused(f"rollout {key} holds NaN or inf values")
+            if key == "reward" and not bool(((t >= self.rewards[0]) & (t <= self.rewards[1])).all()):
+                raise Refused(
+                    f"rollout reward holds values outside [{self.rewards[0]:g}, {self.rewards[1]:g}] (from "
+                    f"{float(t.min()):g} to {float(t.max()):g})"
+                )
             if key in ACTION_KEYS and not self.actions_ok(t):
                 raise Refused(
                     f"rollout {key} holds actions outside the action space "

@@ -37,7 +37,7 @@ import json
 import secrets
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Any
 
@@ -53,6 +53,9 @@ from rfwp_rl.impala.wire import RefusalLog, Refused, check_int, check_name, chec
 LEARNER_NAME = "learner"
 PROTOCOL = 1
 ACTIVE_SECONDS = 30.0  # an actor counts as connected if it called within this many seconds
+# Actor names remembered (for the count of connected actors and for telling each that training finished):
+# any key holder may call with ever new names, so the table is bounded; past this the oldest is forgotten.
+MAX_ACTORS_SEEN = 4096
 
 
 def compat_info(run: Any, agent: Any) -> dict:
@@ -75,6 +78,38 @@ def _check_session(session: Any) -> str | None:
     return session
 
 
+class SeenActors:
+    """The actors that called, by name: when each last called and whether it has heard that training
+    finished. At most ``limit`` names (:data:`MAX_ACTORS_SEEN`); a new name past that drops the one that
+    called longest ago. Not thread-safe (the server holds its lock)."""
+
+    def __init__(self, limit: int = MAX_ACTORS_SEEN):
+        self.limit = int(limit)
+        self._last: OrderedDict[str, float] = OrderedDict()  # name -> last call (monotonic), oldest first
+        self._told_finished: set[str] = set()
+
+    def touch(self, name: str, now: float, finished: bool) -> None:
+        """``name`` called at ``now``; ``finished``: its answer says that training finished."""
+        self._last[name] = now
+        self._last.move_to_end(name)
+        while len(self._last) > self.limit:
+            oldest, _ = self._last.popitem(last=False)
+            self._told_finished.discard(oldest)
+        if finished:
+            self._told_finished.add(name)
+
+    def __len__(self) -> int:
+        return len(self._last)
+
+    def active(self, now: float, within: float) -> int:
+        """Actors that called within the last ``within`` seconds."""
+        return sum(now - t < within for t in self._last.values())
+
+    def not_told(self, now: float, within: float) -> list[str]:
+        """Actors that called within the last ``within`` seconds and have not heard that training finished."""
+        return [n for n, t in self._last.items() if now - t < within and n not in self._told_finished]
+
+
 class RolloutServer:
     """Serves the learner's weights to remote actors and queues their rollouts.
 
@@ -93,6 +128,8 @@ class RolloutServer:
             envs one rollout may carry.
         layout: what a local actor's rollout holds (:func:`rfwp_rl.impala.actors.rollout_spec`).
         actions_ok: the action space's check of received actions (``ActionDistribution.valid``).
+        reward_range: the env's declared reward range, if any (bounds the received rewards:
+            :func:`rfwp_rl.impala.rollout_check.reward_bounds`).
     """
 
     def __init__(
@@ -103,6 +140,7 @@ class RolloutServer:
         max_pending: int,
         layout: Layout,
         actions_ok: Callable[[torch.Tensor], bool],
+        reward_range: tuple[float, float] | None = None,
     ):
         moolib = import_moolib()
         self.address = resolve_address(address, "--listen")
@@ -114,7 +152,12 @@ class RolloutServer:
         self.session = secrets.token_hex(6)
         template = learner.agent.initial_state(1)
         self.check = RolloutCheck(
-            layout, [(tuple(s.shape[1:]), s.dtype) for s in template], self.unroll_length, self.max_pending, actions_ok
+            layout,
+            [(tuple(s.shape[1:]), s.dtype) for s in template],
+            self.unroll_length,
+            self.max_pending,
+            actions_ok,
+            reward_range,
         )
         self.refusals = RefusalLog("learner (remote actors)")
         self.finished = False
@@ -123,8 +166,7 @@ class RolloutServer:
         self._weights: tuple[int, dict] | None = None
         self._inbox: deque[tuple[Rollout, int | None, list]] = deque()
         self._pending = 0  # env entries in the inbox
-        self._seen: dict[str, float] = {}  # actor name -> last call (monotonic)
-        self._told_finished: set[str] = set()
+        self._seen = SeenActors()
         self.env_steps = 0  # remote env steps received (T per env per rollout)
         self.rollouts = 0
         self._lags: list[int] = []
@@ -206,7 +248,7 @@ class RolloutServer:
     def active_actors(self) -> int:
         now = time.monotonic()
         with self._lock:
-            return sum(now - t < ACTIVE_SECONDS for t in self._seen.values())
+            return self._seen.active(now, ACTIVE_SECONDS)
 
     def close(self, grace: float = 3.0) -> None:
         """Tell the actors that training finished (their next call gets ``finished``), waiting up
@@ -216,7 +258,7 @@ class RolloutServer:
         while time.monotonic() < deadline:
             now = time.monotonic()
             with self._lock:
-                waiting = [n for n, t in self._seen.items() if now - t < 5.0 and n not in self._told_finished]
+                waiting = self._seen.not_told(now, 5.0)
             if not waiting:
                 break
             time.sleep(0.05)
@@ -225,9 +267,7 @@ class RolloutServer:
     # ---- Rpc handlers (moolib threads; wrapped by _safe)
     def _touch(self, name: str) -> None:
         with self._lock:
-            self._seen[str(name)] = time.monotonic()
-            if self.finished:
-                self._told_finished.add(str(name))
+            self._seen.touch(str(name), time.monotonic(), self.finished)
 
     def hello(self, name: str, info: dict) -> dict:
         check_name(name, "actor name")

@@ -116,6 +116,7 @@ class RunSpec:
     memory_horizon: int | None = None  # steps a memory must span (memory tasks), for the vector profile
     max_episode_steps: int | None = None
     trainer_settings: list = dataclasses.field(default_factory=list)  # --set items for the trainer's config
+    reward_range: tuple[float, float] | None = None  # one step's reward, as the env declares it (if it does)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, trainer_keys: Any = ()) -> RunSpec:
@@ -142,6 +143,7 @@ class RunSpec:
             spec.memory_horizon,
             spec.max_episode_steps,
             trainer_settings,
+            spec.reward_range,
         )
 
     @classmethod

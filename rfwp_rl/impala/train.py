@@ -401,6 +401,7 @@ class ImpalaTrainer(Trainer):
                     max_pending=2 * cfg.batch_size,
                     layout=rollout_spec(agent.obs_space, agent.action_dist),
                     actions_ok=agent.action_dist.valid,
+                    reward_range=self.run.reward_range,
                 )
                 print(f"listening for remote actors on {cfg.listen}", flush=True)
             if cfg.broker:

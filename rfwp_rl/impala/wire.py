@@ -27,12 +27,20 @@ from typing import Any
 
 import torch
 
+from rfwp_rl.checkpoint import open_no_follow
 from rfwp_rl.errors import UserError
 from rfwp_rl.impala.env_batches import import_moolib
 
 KEY_ENV = "RFWP_AUTH_KEY"
 KEY_FILE_ENV = "RFWP_AUTH_KEY_FILE"
-MIN_KEY_CHARS = 16
+MIN_KEY_BITS = 128  # a shared key must have at least this much entropy (see key_bits)
+NEW_KEY_BYTES = 32  # a key made here: 256 random bits, as hex
+# The alphabets a key is measured by, smallest first: (name, its characters, size).
+KEY_ALPHABETS = (
+    ("hex digits", frozenset("0123456789abcdefABCDEF"), 16),
+    ("base64 characters", frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/-_"), 64),
+    ("printable ASCII characters", frozenset(chr(c) for c in range(0x20, 0x7F)), 95),
+)
 MAX_NAME_CHARS = 100
 MAX_TEXT_CHARS = 64 * 1024  # one string in a message (e.g. a settings JSON)
 MAX_ITEMS = 100_000  # containers and their items in one message, tensors not counted
@@ -50,39 +58,67 @@ def default_key_file() -> Path:
 
 
 def read_key_file(path: Path) -> str:
-    """The key in ``path`` (whitespace stripped). One-line UserError if it is missing, readable by
-    other users (like ssh: the file is a password) or too short."""
+    """The key in ``path`` (whitespace stripped). One-line UserError if it is missing, a symbolic link or
+    not a regular file (never followed: see :func:`rfwp_rl.checkpoint.open_no_follow`), readable by
+    other users (like ssh: the file is a password) or too weak (:func:`check_key`)."""
     try:
-        mode = path.stat().st_mode
-        text = path.read_text(encoding="utf-8").strip()
+        fd = open_no_follow(path, os.O_RDONLY, "auth key file")
     except FileNotFoundError:
         raise UserError(f"auth key file {path} does not exist") from None
-    except (OSError, UnicodeDecodeError) as e:
+    except OSError as e:
         raise UserError(f"cannot read auth key file {path} ({e})") from None
-    if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise UserError(
-            f"auth key file {path} is accessible by other users (mode {stat.S_IMODE(mode):o}); run: chmod 600 {path}"
-        )
+    with os.fdopen(fd, "rb") as f:
+        mode = os.fstat(f.fileno()).st_mode
+        if mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise UserError(
+                f"auth key file {path} is accessible by other users (mode {stat.S_IMODE(mode):o}); "
+                f"run: chmod 600 {path}"
+            )
+        try:
+            text = f.read(64 * 1024).decode("utf-8").strip()
+        except (OSError, UnicodeDecodeError) as e:
+            raise UserError(f"cannot read auth key file {path} ({e})") from None
     return check_key(text, str(path))
 
 
+def key_bits(key: str) -> tuple[float, str] | None:
+    """The entropy a key can have, by the rule every key must pass: its length times log2 of the size of
+    the smallest alphabet of :data:`KEY_ALPHABETS` it is written in (base64's ``=`` padding not counted),
+    and that alphabet's name; None if it is not printable ASCII."""
+    for name, characters, size in KEY_ALPHABETS:
+        body = key.rstrip("=") if size == 64 else key
+        if set(body) <= characters:
+            return len(body) * math.log2(size), name
+    return None
+
+
+def key_rule() -> str:
+    """The rule of :func:`key_bits` in words: the fewest characters of each alphabet."""
+    least = ", ".join(f"{math.ceil(MIN_KEY_BITS / math.log2(size))}+ {name}" for name, _, size in KEY_ALPHABETS)
+    return f"at least {MIN_KEY_BITS} bits of entropy ({least})"
+
+
 def check_key(key: str, where: str) -> str:
-    if len(key) < MIN_KEY_CHARS or not key.isprintable():
-        raise UserError(
-            f"the auth key in {where} is invalid; allowed: at least {MIN_KEY_CHARS} printable "
-            "characters (e.g. from: python3 -c 'import secrets; print(secrets.token_hex(32))')"
-        )
+    """``key`` if it passes :func:`key_bits` with at least :data:`MIN_KEY_BITS` bits, else a one-line
+    UserError naming ``where`` it comes from (never the key itself) and the rule."""
+    measured = key_bits(key)
+    if measured is None or measured[0] < MIN_KEY_BITS:
+        what = "is not printable ASCII" if measured is None else f"has {len(key)} {measured[1]}, {measured[0]:.0f} bits"
+        raise UserError(f"the auth key in {where} {what}; allowed: {key_rule()}; make one with: rfwp-rl keygen")
     return key
 
 
+def new_key() -> str:
+    """A new random key: :data:`NEW_KEY_BYTES` bytes from the OS's CSPRNG, as hex."""
+    return secrets.token_hex(NEW_KEY_BYTES)
+
+
 def create_key_file(path: Path) -> str:
-    """A new random key (256 bits, hex) in ``path``, created with mode 0600 (never overwrites)."""
+    """A new key (:func:`new_key`) in a new file ``path``, created with mode 0600 and never through a symbolic
+    link (its folder made with mode 0700 if missing). FileExistsError if anything is at ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    key = secrets.token_hex(32)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:  # made meanwhile by another process of this user
-        return read_key_file(path)
+    key = new_key()
+    fd = open_no_follow(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, "auth key file", 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(key + "\n")
     return key
@@ -91,25 +127,28 @@ def create_key_file(path: Path) -> str:
 def resolve_key(key_file: str | None, create: bool, role: str) -> str:
     """The shared key: ``--auth-key-file`` if given, else ``$RFWP_AUTH_KEY``, else the default key
     file (:func:`default_key_file`). ``create`` (a learner listening for actors, a broker): make the
-    default file when nothing is there and say once where it is and what the key is (the only time
-    it is printed); else (an actor, a learner joining a group) a missing key is a one-line error."""
+    default file when nothing is there and say where it is (the key itself is never printed); else
+    (an actor, a learner joining a group) a missing key is a one-line error."""
     if key_file:
         return read_key_file(Path(key_file).expanduser())
     if os.environ.get(KEY_ENV):
         return check_key(os.environ[KEY_ENV].strip(), f"${KEY_ENV}")
     path = default_key_file()
-    if path.exists():
+    if os.path.lexists(path):
         return read_key_file(path)
     if not create:
         raise UserError(
             f"{role} needs the shared auth key of its learner/broker: copy that machine's "
             f"{path} to {path} here (mode 600), or pass --auth-key-file PATH, or set ${KEY_ENV}"
         )
-    key = create_key_file(path)
+    try:
+        key = create_key_file(path)
+    except FileExistsError:  # made meanwhile by another process of this user
+        return read_key_file(path)
     print(
-        f"created a new auth key in {path} (mode 600): {key}\n"
-        f"every actor, learner and broker of this training needs it: copy the file to the same path on the "
-        f"other machines, or pass --auth-key-file PATH / set ${KEY_ENV}. It is not shown again.",
+        f"created a new auth key in {path} (mode 600): every actor, learner and broker of this training "
+        f"needs it: copy the file to the same path on the other machines, or pass --auth-key-file PATH / "
+        f"set ${KEY_ENV}",
         file=sys.stderr,
         flush=True,
     )
@@ -218,6 +257,35 @@ def check_finite_number(value: Any, what: str, bound: float = 1e30) -> float:
     return float(value)
 
 
+def check_like(value: Any, template: Any, what: str) -> None:
+    """Raise :class:`Refused` unless ``value`` has the form of ``template`` (e.g. this side's own state):
+    dicts with the same keys, lists and tuples of the same length, then item by item: a bool, an int
+    or a str where the template has one, a finite number where it has a float, None where it has None,
+    and a tensor of its dtype and shape, with finite values if floating point."""
+    if isinstance(template, dict):
+        if not isinstance(value, dict) or set(value) != set(template):
+            got = sorted(map(str, value)) if isinstance(value, dict) else short(value)
+            raise Refused(f"{what} must hold {sorted(map(str, template))}, got {got}")
+        for key, item in template.items():
+            check_like(value[key], item, f"{what}.{key}")
+    elif isinstance(template, (list, tuple)):
+        if not isinstance(value, (list, tuple)) or len(value) != len(template):
+            raise Refused(f"{what} must be a list of {len(template)}, got {short(value)}")
+        for i, (item, like) in enumerate(zip(value, template)):
+            check_like(item, like, f"{what}[{i}]")
+    elif isinstance(template, torch.Tensor):
+        if not isinstance(value, torch.Tensor) or value.dtype != template.dtype or value.shape != template.shape:
+            raise Refused(f"{what} must be a tensor {list(template.shape)} {template.dtype}, got {short(value)}")
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            raise Refused(f"{what} holds NaN or inf values")
+    elif isinstance(template, float) and not isinstance(template, bool):
+        check_finite_number(value, what)
+    elif template is not None and not isinstance(template, (bool, int, str)):
+        raise TypeError(f"check_like: no rule for a template {type(template).__name__} ({what})")
+    elif type(value) is not type(template):
+        raise Refused(f"{what} must be {type(template).__name__}, got {short(value)}")
+
+
 def short(value: Any) -> str:
     text = repr(value) if not isinstance(value, torch.Tensor) else f"tensor {list(value.shape)} {value.dtype}"
     return text if len(text) <= 60 else text[:57] + "..."
@@ -249,12 +317,13 @@ class RefusalLog:
             pass
 
 
-def handler(fn: Callable[..., dict], refusals: RefusalLog) -> Callable[..., dict]:
+def handler(fn: Callable[..., Any], refusals: RefusalLog) -> Callable[..., Any]:
     """``fn`` as an Rpc handler that never raises (an exception inside a moolib handler, or a reply
     moolib cannot send, aborts the whole process): a :class:`Refused` message is counted and answered
-    ``{"error": ...}``; any other exception likewise, as a bug of this side; the reply must be plain."""
+    ``{"error": ...}``; any other exception likewise (a call with the wrong arguments, or a bug of this
+    side); the reply must be plain. Every ``Rpc.define`` of this package goes through it."""
 
-    def wrapped(*args: Any, **kwargs: Any) -> dict:
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
         try:
             reply = fn(*args, **kwargs)
         except Refused as e:
