@@ -8,7 +8,8 @@
 #  3. the Pong run with the paper's settings and PONG_ENVS envs (default BIG_ENVS) for the time that is left,
 #     resumed from RESUME_DIR's checkpoint if there is one (default results/atari/pong_run); its newest
 #     checkpoint, and its config and TensorBoard events (pong_tb.tgz) are copied to $OUT, to be committed back to
-#     RESUME_DIR (results/atari/README.md says how).
+#     RESUME_DIR (results/atari/README.md says how); then 30 greedy and 30 sampled games of the newest
+#     checkpoint on the training device (EVAL_SECONDS, default 150; -> $OUT/eval.log).
 # Environment: OUT (default /tmp/gpu_atari), WHEELS (a folder of wheels to install first, e.g. gymnasium and
 # ale-py where the machine lacks them), ENV_PROCESSES (default: all cores), PONG_CORE (default lstm),
 # BENCH_DEVICES (default cuda,cpu), TRAIN_DEVICE (default cuda), BENCH_SECONDS (default 10).
@@ -27,6 +28,7 @@ TRAIN_DEVICE=${TRAIN_DEVICE:-cuda}
 BIG_ENVS=${BIG_ENVS:-96}
 PONG_ENVS=${PONG_ENVS:-$BIG_ENVS}
 BENCH_SECONDS=${BENCH_SECONDS:-10}
+EVAL_SECONDS=${EVAL_SECONDS:-150}
 mkdir -p "$OUT" "$RUN"
 export PYTHONUNBUFFERED=1 RFWP_CACHE=${RFWP_CACHE:-/tmp/rfwp_cache}
 if [ -n "${WHEELS:-}" ]; then
@@ -63,7 +65,7 @@ timeout -k 20 120 "$PY" -m rfwp_rl bench impala --env rfwp/DelayedRecall-easy-v0
   --env-backend process --num-actors 32 --num-env-processes 4 --batch-size 8 --unroll-length 20 --seconds "$BENCH_SECONDS" \
   --warmup-seconds 5 --out "$OUT/gpu_bench_vector.csv" 2>&1 | tee -a "$OUT/bench.log"
 
-LEFT=$(( TOTAL_SECONDS - $(elapsed) - 45 ))
+LEFT=$(( TOTAL_SECONDS - $(elapsed) - 45 - EVAL_SECONDS ))
 echo "== Pong, $PONG_CORE, $PONG_ENVS envs, for $LEFT s ($(elapsed) s)"
 if ls "$RESUME_DIR"/ckpt_*.pt >/dev/null 2>&1; then  # the committed state: checkpoint, config, TensorBoard events
   cp "$RESUME_DIR"/ckpt_*.pt "$RESUME_DIR"/config.json "$RUN"/ && cp -r "$RESUME_DIR"/tb "$RUN"/ 2>/dev/null
@@ -75,5 +77,12 @@ if [ "$LEFT" -gt 30 ]; then
 fi
 newest=$(ls "$RUN"/ckpt_*.pt 2>/dev/null | sort | tail -1)
 [ -n "$newest" ] && cp "$newest" "$OUT/"
+if [ -n "$newest" ] && [ "$EVAL_SECONDS" -gt 0 ]; then  # the saved agent on the device it was trained on
+  echo "== eval, greedy and sampled ($(elapsed) s)"
+  for mode in "" --sample; do
+    timeout -k 10 $(( EVAL_SECONDS / 2 )) "$PY" -m rfwp_rl eval "$newest" --env Pong --core "$PONG_CORE" --device "$TRAIN_DEVICE" \
+      --episodes 30 --repeats 1 --num-actors 30 $mode --out-dir /tmp/rfwp_pong_eval --no-tensorboard 2>&1 | tee -a "$OUT/eval.log"
+  done
+fi
 (cd "$RUN" && tar czf "$OUT/pong_tb.tgz" tb config.json) 2>/dev/null  # the device hands back 8 files at most
 echo "== done ($(elapsed) s)"
