@@ -124,6 +124,8 @@ def test_versus_best_follows_the_intervals():
         {"core": "c", "iqm": 0.6, "ci95_low": 0.55, "ci95_high": 0.79},
     ]
     assert results.versus_best(rows) == {"a": "best", "b": "no difference", "c": "below"}
+    one_seed = [dict(r, seeds_max=1) for r in rows]  # intervals of one run per task are points
+    assert results.versus_best(one_seed) == {"a": "best", "b": "one seed", "c": "one seed"}
 
 
 def test_no_runs_is_a_one_line_error(tmp_path):

@@ -307,14 +307,20 @@ def aggregate(runs: list[Run], level: str = "easy", reps: int = stats.INTERVAL_R
 
 def versus_best(rows: list[dict]) -> dict[str, str]:
     """Per core: ``best`` (the highest IQM), ``no difference`` (its interval overlaps the best's:
-    the data do not separate them) or ``below`` (its interval lies wholly below the best's)."""
+    the data do not separate them) or ``below`` (its interval lies wholly below the best's); with one
+    seed per task (the core's or the best's) there is no interval to compare: ``one seed``."""
     if not rows:
         return {}
     top = max(rows, key=lambda r: r["iqm"])
-    return {
-        r["core"]: "best" if r is top else "no difference" if r["ci95_high"] >= top["ci95_low"] else "below"
-        for r in rows
-    }
+
+    def verdict(r: dict) -> str:
+        if r is top:
+            return "best"
+        if r.get("seeds_max", 2) < 2 or top.get("seeds_max", 2) < 2:
+            return "one seed"
+        return "no difference" if r["ci95_high"] >= top["ci95_low"] else "below"
+
+    return {r["core"]: verdict(r) for r in rows}
 
 
 def aggregate_table(rows: list[dict]) -> str:
