@@ -226,13 +226,16 @@ def test_idle_connections_are_bounded_and_time_out(learner):
     assert out.returncode == 0 and "error" in out.stdout, out.stdout + out.stderr
     learner.still_training()
     # Each is closed by the learner: the oldest to make room, the rest after the handshake timeout.
-    for s in idle:
-        s.settimeout(DEADLINE)
+    deadline = time.monotonic() + DEADLINE
+    for i, s in enumerate(idle):
+        s.settimeout(max(deadline - time.monotonic(), 0.01))
         try:
             while s.recv(65536):
                 pass
+        except TimeoutError:
+            raise AssertionError(f"idle connection {i} still open after {DEADLINE} s") from None
         except OSError:
-            pass
+            pass  # reset: closed too
         s.close()
     learner.still_training()
 
