@@ -1,0 +1,234 @@
+"""A raw peer of a moolib listener: tensorpipe's wire format (libnop encoding, each object or buffer
+behind its 8-byte length) and moolib's message layout (rid, fid, then the fields), as far as the
+pre-handshake attack tests (tests/test_security_preauth.py) and scripts/preauth_attack_bench.py need."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import socket
+import struct
+import threading
+
+REQ_GREETING, REQ_AUTH_CHALLENGE = 0, 10  # moolib's Rpc::ReqType
+SIGNATURE = 0xFF984B883019D446  # moolib's greeting signature
+TIMEOUT = 300  # s: only ever a failure deadline
+
+# ------------------------------------------------------------------ libnop encoding
+
+
+def nop_uint(v: int) -> bytes:
+    if v < 0x80:
+        return bytes([v])
+    for prefix, fmt, bound in ((0x80, "<B", 1 << 8), (0x81, "<H", 1 << 16), (0x82, "<I", 1 << 32)):
+        if v < bound:
+            return bytes([prefix]) + struct.pack(fmt, v)
+    return b"\x83" + struct.pack("<Q", v)
+
+
+def nop_int(v: int) -> bytes:
+    if -64 <= v <= 127:
+        return struct.pack("<b", v)
+    for prefix, fmt, lo in ((0x84, "<b", -(1 << 7)), (0x85, "<h", -(1 << 15)), (0x86, "<i", -(1 << 31))):
+        if lo <= v < -lo:
+            return bytes([prefix]) + struct.pack(fmt, v)
+    return b"\x87" + struct.pack("<q", v)
+
+
+def nop_str(b: bytes) -> bytes:
+    return b"\xbd" + nop_uint(len(b)) + b
+
+
+def nop_struct(*members: bytes) -> bytes:
+    return b"\xb9" + nop_uint(len(members)) + b"".join(members)
+
+
+def nop_map(pairs: list[tuple[bytes, bytes]]) -> bytes:
+    return b"\xbb" + nop_uint(len(pairs)) + b"".join(k + v for k, v in pairs)
+
+
+def nop_array(items: list[bytes]) -> bytes:
+    return b"\xba" + nop_uint(len(items)) + b"".join(items)
+
+
+def nop_variant(index: int, value: bytes) -> bytes:
+    return b"\xb8" + nop_int(index) + value
+
+
+def frame(payload: bytes) -> bytes:
+    """What tensorpipe's TCP transport puts on the wire for one object or buffer."""
+    return struct.pack("<Q", len(payload)) + payload
+
+
+class NopReader:
+    """Decodes the libnop objects a tensorpipe peer answers with (enough for a brochure answer)."""
+
+    def __init__(self, data: bytes):
+        self.data, self.pos = data, 0
+
+    def byte(self) -> int:
+        self.pos += 1
+        return self.data[self.pos - 1]
+
+    def fixed(self, fmt: str) -> int:
+        (v,) = struct.unpack_from(fmt, self.data, self.pos)
+        self.pos += struct.calcsize(fmt)
+        return v
+
+    def value(self):
+        b = self.byte()
+        if b < 0x80:
+            return b
+        if b >= 0xC0:
+            return b - 0x100
+        ints = {0x80: "<B", 0x81: "<H", 0x82: "<I", 0x83: "<Q", 0x84: "<b", 0x85: "<h", 0x86: "<i", 0x87: "<q"}
+        if b in ints:
+            return self.fixed(ints[b])
+        if b in (0xBD, 0xBC):  # string, binary
+            n = self.value()
+            self.pos += n
+            return self.data[self.pos - n : self.pos]
+        if b in (0xB9, 0xBA):  # structure, array
+            return [self.value() for _ in range(self.value())]
+        if b == 0xBB:
+            return {self.value(): self.value() for _ in range(self.value())}
+        if b == 0xB8:
+            return (self.value(), self.value())
+        raise ValueError(f"nop prefix {b:#x}")
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytes:
+    out = b""
+    while len(out) < n:
+        chunk = sock.recv(n - len(out))
+        if not chunk:
+            raise ConnectionError("closed")
+        out += chunk
+    return out
+
+
+def recv_frame(sock: socket.socket) -> bytes:
+    (n,) = struct.unpack("<Q", recv_exact(sock, 8))
+    return recv_exact(sock, n)
+
+
+class RawPeer:
+    """A tensorpipe pipe to the learner (its connection and its basic channel's), without moolib."""
+
+    def __init__(self, port: int, key: str | None = None):
+        self.main = socket.create_connection(("127.0.0.1", port), timeout=60)
+        self.main.sendall(frame(nop_variant(0, nop_struct(nop_str(b"")))))  # spontaneous connection
+        brochure = nop_struct(
+            nop_map([(nop_str(b"uv"), nop_struct(nop_str(b"uv:*")))]),
+            nop_map([(nop_str(b"basic"), nop_struct(nop_str(b"any")))]),
+            nop_map([]),
+        )
+        self.main.sendall(frame(nop_variant(2, brochure)))
+        index, answer = NopReader(recv_frame(self.main)).value()
+        assert index == 3, answer  # a brochure answer
+        (registration,) = struct.unpack("<Q", answer[4][b"basic"][0])
+        self.channel = socket.create_connection(("127.0.0.1", port), timeout=60)
+        self.channel.sendall(frame(nop_variant(1, nop_struct(nop_uint(registration)))))  # requested connection
+        if key is not None:
+            self._handshake(key.encode())
+        # Drain what the listener sends (its challenge) so that it never waits on a full socket.
+        for s in (self.main, self.channel):
+            threading.Thread(target=self._drain, args=(s,), daemon=True).start()
+
+    def _handshake(self, key: bytes) -> None:
+        """moolib's challenge-response as a key holder (src/auth.h): the listener's challenge is
+        answered with a greeting that proves the key."""
+        recv_frame(self.main)  # the descriptor of the listener's challenge
+        buffer = recv_frame(self.channel)
+        _, fid, signature, n = struct.unpack_from("<IIQQ", buffer)
+        assert (fid, signature, n) == (REQ_AUTH_CHALLENGE, SIGNATURE, 32), buffer
+        theirs, mine = buffer[24:56], os.urandom(32)
+        proof = hmac.new(key, b"moolib-rfwp-auth-v1C" + theirs + mine, hashlib.sha256).digest()
+        self.send(challenge(mine))
+        peer_id = os.urandom(16)
+        self.send(greeting(b"raw-peer", peer_id) + moolib_str(proof))
+
+    @staticmethod
+    def _drain(sock: socket.socket) -> None:
+        try:
+            while sock.recv(65536):
+                pass
+        except OSError:
+            pass
+
+    def send(
+        self,
+        body: bytes,
+        declared: int | None = None,
+        tensors: list[int] = (),
+        offsets: list[int] = (),
+        data: list[bytes] = (),
+    ) -> None:
+        """One moolib message: ``body`` (rid, fid, fields) as its buffer, announced as ``declared``
+        bytes (default: its size), with descriptors of ``tensors`` (their byte counts), the
+        ``offsets`` of their dtype, sizes and strides in ``body``, and then their ``data``."""
+        size = len(body) if declared is None else declared
+        padded = body + b"\0" * (-len(body) % 8) + b"".join(struct.pack("<Q", o) for o in offsets)
+        descs = [nop_struct(nop_int(len(padded)), nop_str(b""), nop_int(0), nop_str(b"basic"), nop_str(b""))]
+        descs += [nop_struct(nop_int(n), nop_str(b""), nop_int(0), nop_str(b"basic"), nop_str(b"")) for n in tensors]
+        descriptor = nop_struct(nop_str(struct.pack("<I", size)), nop_array([]), nop_array(descs))
+        try:
+            self.main.sendall(frame(nop_variant(4, descriptor)))
+            self.channel.sendall(frame(padded) + b"".join(frame(d) for d in data))
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # refused (and closed) before it was all sent: what closed_by_peer() then sees
+
+    def closed_by_peer(self, timeout: float = TIMEOUT) -> bool:
+        """Whether the learner closes the connection within ``timeout`` s."""
+        self.main.settimeout(timeout)
+        try:
+            while self.main.recv(65536):
+                pass
+            return True
+        except TimeoutError:
+            return False
+        except OSError:
+            return True
+
+    def close(self) -> None:
+        for s in (self.main, self.channel):
+            s.close()
+
+
+def moolib_str(b: bytes) -> bytes:
+    return struct.pack("<Q", len(b)) + b
+
+
+def challenge(nonce: bytes = b"n" * 32) -> bytes:
+    return struct.pack("<IIQ", 0, REQ_AUTH_CHALLENGE, SIGNATURE) + moolib_str(nonce)
+
+
+def greeting(name: bytes, peer_id: bytes = b"\0" * 16) -> bytes:
+    """A greeting up to its proof: signature, name, peer id, an empty list of addresses."""
+    return struct.pack("<IIQ", 0, REQ_GREETING, SIGNATURE) + moolib_str(name) + peer_id + struct.pack("<Q", 0)
+
+
+def tensor_meta(dtype: int, sizes: list[int], strides: list[int]) -> bytes:
+    """How moolib describes a tensor inside a message: its dtype (torch's ScalarType), sizes, strides."""
+    return struct.pack("<i", dtype) + b"".join(
+        struct.pack("<Q", len(v)) + struct.pack(f"<{len(v)}q", *v) for v in (sizes, strides)
+    )
+
+
+def function_id(name: str) -> int:
+    """The id moolib gives a function it defines: 1000 + std::hash<std::string_view>(name) % 2**24,
+    with libstdc++'s hash (its _Hash_bytes, seed 0xc70f6907) on a 64-bit machine."""
+    mask, mul = (1 << 64) - 1, (0xC6A4A793 << 32) + 0x5BD1E995
+
+    def shift_mix(v: int) -> int:
+        return v ^ (v >> 47)
+
+    data = name.encode()
+    aligned = len(data) & ~7
+    h = (0xC70F6907 ^ (len(data) * mul)) & mask
+    for p in range(0, aligned, 8):
+        h = ((h ^ (shift_mix(int.from_bytes(data[p : p + 8], "little") * mul & mask) * mul & mask)) * mul) & mask
+    if len(data) & 7:
+        h = ((h ^ int.from_bytes(data[aligned:], "little")) * mul) & mask
+    return 1000 + shift_mix(shift_mix(h) * mul & mask) % (1 << 24)
