@@ -194,7 +194,9 @@ def secure_moolib(key: str, listen: Iterable[str] = (), connect: Iterable[str] =
 
 
 def refused_connections() -> int:
-    """Connections refused so far in this process for a missing or wrong proof of the key."""
+    """Connections refused so far in this process before or at the key handshake: a missing or wrong proof, and
+    (the patched moolib's limits) oversize or malformed packets; ``moolib.connection_refusals()`` splits them by
+    reason."""
     return int(import_moolib().auth_refusals())
 
 
