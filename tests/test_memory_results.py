@@ -110,7 +110,7 @@ def test_runs_summary_table_and_curves(tmp_path):
     ] == pytest.approx(0.6)
     again = stats.stratified_bootstrap([[1.0, 0.5], [0.0, 0.75]], stats.iqm, reps=2000)
     assert (agg[0]["ci95_low"], agg[0]["ci95_high"]) == pytest.approx((again.low, again.high))
-    assert "| lstm | 0.62 [" in readme and "| rdn | 0.60 [0.60, 0.60] | 1 | 1 of 2 | 1 | no difference |" in readme
+    assert "| lstm | 0.62 [" in readme and "| rdn | 0.60 [0.60, 0.60] | 1 | 1 of 2 | 1 | one seed |" in readme
     assert list(csv.DictReader((out / "aggregate.csv").open()))[0]["iqm"] == "0.6250"
     assert (out / "performance_profile.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
