@@ -116,7 +116,14 @@ def recv_frame(sock: socket.socket) -> bytes:
 class RawPeer:
     """A tensorpipe pipe to the learner (its connection and its basic channel's), without moolib."""
 
-    def __init__(self, port: int, key: str | None = None):
+    def __init__(
+        self,
+        port: int,
+        key: str | None = None,
+        name: bytes = b"raw-peer",
+        signed_name: bytes | None = None,
+        signed_id: bytes | None = None,
+    ):
         self.main = socket.create_connection(("127.0.0.1", port), timeout=60)
         self.main.sendall(frame(nop_variant(0, nop_struct(nop_str(b"")))))  # spontaneous connection
         brochure = nop_struct(
@@ -130,24 +137,39 @@ class RawPeer:
         (registration,) = struct.unpack("<Q", answer[4][b"basic"][0])
         self.channel = socket.create_connection(("127.0.0.1", port), timeout=60)
         self.channel.sendall(frame(nop_variant(1, nop_struct(nop_uint(registration)))))  # requested connection
+        self.their_greeting = b""
         if key is not None:
-            self._handshake(key.encode())
+            self._handshake(key.encode(), name, signed_name, signed_id)
         # Drain what the listener sends (its challenge) so that it never waits on a full socket.
         for s in (self.main, self.channel):
             threading.Thread(target=self._drain, args=(s,), daemon=True).start()
 
-    def _handshake(self, key: bytes) -> None:
+    def _handshake(self, key: bytes, name: bytes, signed_name: bytes | None, signed_id: bytes | None) -> None:
         """moolib's challenge-response as a key holder (src/auth.h): the listener's challenge is
-        answered with a greeting that proves the key."""
+        answered with a greeting that claims ``name`` and a random PeerId and proves the key, its
+        proof made for ``signed_name`` and ``signed_id`` where given (else for what it claims).
+        The listener's own greeting is kept in ``their_greeting``."""
         recv_frame(self.main)  # the descriptor of the listener's challenge
         buffer = recv_frame(self.channel)
         _, fid, signature, n = struct.unpack_from("<IIQQ", buffer)
         assert (fid, signature, n) == (REQ_AUTH_CHALLENGE, SIGNATURE, 32), buffer
-        theirs, mine = buffer[24:56], os.urandom(32)
-        proof = hmac.new(key, b"moolib-rfwp-auth-v1C" + theirs + mine, hashlib.sha256).digest()
-        self.send(challenge(mine))
-        peer_id = os.urandom(16)
-        self.send(greeting(b"raw-peer", peer_id) + moolib_str(proof))
+        self.their_nonce, self.my_nonce = buffer[24:56], os.urandom(32)
+        self.peer_id = os.urandom(16)
+        proof = auth_proof(
+            key,
+            b"C",
+            self.their_nonce,
+            self.my_nonce,
+            name if signed_name is None else signed_name,
+            self.peer_id if signed_id is None else signed_id,
+        )
+        self.send(challenge(self.my_nonce))
+        self.send(greeting(name, self.peer_id) + moolib_str(proof))
+        try:
+            recv_frame(self.main)  # the descriptor of the listener's greeting (sent on our challenge)
+            self.their_greeting = recv_frame(self.channel)
+        except OSError:
+            pass  # refused and closed before it came
 
     @staticmethod
     def _drain(sock: socket.socket) -> None:
@@ -194,6 +216,16 @@ class RawPeer:
     def close(self) -> None:
         for s in (self.main, self.channel):
             s.close()
+
+
+def auth_proof(
+    key: bytes, role: bytes, receiver_nonce: bytes, sender_nonce: bytes, sender_name: bytes, sender_id: bytes
+) -> bytes:
+    """A greeting's proof of the key (src/auth.h, auth::proof): HMAC-SHA256 over the tag, the
+    sender's role (b"C" connected, b"A" accepted), its claimed name (length-prefixed) and PeerId
+    (16 bytes, as on the wire), the receiver's nonce and the sender's."""
+    message = b"moolib-rfwp-auth-v1" + role + moolib_str(sender_name) + sender_id + receiver_nonce + sender_nonce
+    return hmac.new(key, message, hashlib.sha256).digest()
 
 
 def moolib_str(b: bytes) -> bytes:

@@ -33,6 +33,7 @@ from preauth_wire import (  # tests/preauth_wire.py
     REQ_GREETING,
     SIGNATURE,
     RawPeer,
+    auth_proof,
     challenge,
     frame,
     function_id,
@@ -345,6 +346,37 @@ def test_each_refusal_before_the_handshake_is_counted_by_reason(listener):
     listener.counted("timeout", lambda: None)
     for s in held:
         s.close()
+
+
+def test_the_proof_binds_the_claimed_name_and_peer_id(listener):
+    # A key holder's greeting is accepted with a proof made for the name and PeerId it claims ...
+    counts = listener.counts()
+    peer = RawPeer(listener.port, LISTENER_KEY, name=b"raw-peer")
+    assert not peer.closed_by_peer(timeout=2), "the handshake failed"
+    peer.close()
+    assert listener.counts()["wrong_key"] == counts["wrong_key"]
+    # ... and the listener's own proof is made for its name ("server") and the PeerId it claims.
+    head = struct.pack("<IIQ", 0, REQ_GREETING, SIGNATURE) + moolib_str(b"server")
+    assert peer.their_greeting.startswith(head), peer.their_greeting[:64]
+    their_id = peer.their_greeting[len(head) : len(head) + 16]
+    key = LISTENER_KEY.encode()
+    assert auth_proof(key, b"A", peer.my_nonce, peer.their_nonce, b"server", their_id) in peer.their_greeting
+    assert auth_proof(key, b"A", peer.my_nonce, peer.their_nonce, b"mallory", their_id) not in peer.their_greeting
+    # A proof made for another name or PeerId (a greeting rewritten on the way) is a wrong proof.
+    for claims in [
+        dict(name=b"mallory", signed_name=b"raw-peer"),
+        dict(name=b"raw-peer", signed_name=b"raw-peer2"),
+        dict(name=b"raw-peer", signed_name=b""),
+        dict(name=b"raw-peer", signed_id=b"\0" * 16),
+    ]:
+
+        def renamed(claims=claims):
+            peer = RawPeer(listener.port, LISTENER_KEY, **claims)
+            assert peer.closed_by_peer(), claims
+            peer.close()
+
+        listener.counted("wrong_key", renamed)
+    assert listener.proc.poll() is None
 
 
 def test_after_the_handshake_tensors_must_fit_their_data(listener):
