@@ -20,14 +20,15 @@ from pathlib import Path
 
 import numpy as np
 
-from rfwp_rl import stats
 from rfwp_rl.checkpoint import atomic_write_text
 from rfwp_rl.envs import make_env
 from rfwp_rl.errors import UserError
 from rfwp_rl.memory.results import (
     Benchmark,
     Run,
+    add_bootstrap_argument,
     aggregate_table,
+    check_bootstrap_reps,
     collect,
     markdown_table,
     with_benchmark,
@@ -96,19 +97,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=100,
         help="episodes of the random policy per game, for the normalisation (default %(default)s)",
     )
-    parser.add_argument(
-        "--bootstrap-reps",
-        type=int,
-        default=stats.INTERVAL_REPS,
-        help="bootstrap resamples of the IQM interval (default %(default)s, as rliable)",
-    )
+    add_bootstrap_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     if args.random_episodes < 1:
         raise UserError(f"--random-episodes {args.random_episodes} is invalid; allowed: an integer >= 1")
-    if args.bootstrap_reps < 1:
-        raise UserError(f"--bootstrap-reps {args.bootstrap_reps} is invalid; allowed: an integer >= 1")
+    check_bootstrap_reps(args.bootstrap_reps)
     raw = collect(Path(args.runs), RAW)
     if not raw:
         raise UserError(f"no MinAtar runs under {args.runs!r} (runs of MinAtar/<Game>-v1 with episodes logged)")

@@ -17,13 +17,19 @@ from pathlib import Path
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from rfwp_rl.checkpoint import atomic_write_text
-from rfwp_rl.runlog import read_all_scalars
+
+MINUTES = "perf/train_minutes"
 
 
-def episode_returns(run_dir: Path) -> list[tuple[int, float]]:
-    """``[(step, return)]`` of every episode, in the order they ended (several may share a step)."""
+def _accumulator(run_dir: Path) -> EventAccumulator:
     ea = EventAccumulator(str(Path(run_dir) / "tb"), size_guidance={"scalars": 0})
     ea.Reload()
+    return ea
+
+
+def episode_returns(run_dir: Path, ea: EventAccumulator | None = None) -> list[tuple[int, float]]:
+    """``[(step, return)]`` of every episode, in the order they ended (several may share a step)."""
+    ea = ea or _accumulator(run_dir)
     events = ea.Scalars("episode/return") if "episode/return" in ea.Tags().get("scalars", []) else []
     return [(e.step, e.value) for e in sorted(events, key=lambda e: (e.step, e.wall_time))]
 
@@ -31,14 +37,16 @@ def episode_returns(run_dir: Path) -> list[tuple[int, float]]:
 def curve(run_dir: Path, window: int = 100) -> list[tuple[int, float, float]]:
     """``(step, wall seconds, mean return of the last ``window`` episodes)`` at each progress report that
     has ``window`` episodes behind it."""
-    episodes = episode_returns(run_dir)
+    ea = _accumulator(run_dir)  # the event files read once, for both tags
+    episodes = episode_returns(run_dir, ea)
     ends = [s for s, _ in episodes]
+    minutes = ea.Scalars(MINUTES) if MINUTES in ea.Tags().get("scalars", []) else []
     rows = []
-    for step, minutes in read_all_scalars(run_dir).get("perf/train_minutes", []):
+    for step, value in sorted({e.step: e.value for e in minutes}.items()):  # a step logged twice: the later
         n = bisect.bisect_right(ends, step)
         if n >= window:
             last = [r for _, r in episodes[n - window : n]]
-            rows.append((step, 60.0 * minutes, sum(last) / window))
+            rows.append((step, 60.0 * value, sum(last) / window))
     return rows
 
 

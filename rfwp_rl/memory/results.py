@@ -506,6 +506,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="easy",
         help="the tasks whose runs the IQM and the performance profile pool (default %(default)s)",
     )
+    add_bootstrap_argument(parser)
+
+
+def add_bootstrap_argument(parser: argparse.ArgumentParser) -> None:
+    """``--bootstrap-reps``, for every command that writes these tables."""
     parser.add_argument(
         "--bootstrap-reps",
         type=int,
@@ -514,9 +519,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def check_bootstrap_reps(reps: int) -> int:
+    if reps < 1:
+        raise UserError(f"--bootstrap-reps {reps} is invalid; allowed: an integer >= 1")
+    return reps
+
+
 def run(args: argparse.Namespace) -> int:
-    if args.bootstrap_reps < 1:
-        raise UserError(f"--bootstrap-reps {args.bootstrap_reps} is invalid; allowed: an integer >= 1")
+    check_bootstrap_reps(args.bootstrap_reps)
     summary, agg = write_results(Path(args.runs), Path(args.out), args.aggregate_level, args.bootstrap_reps)
     print(markdown_table(summary))
     print()
