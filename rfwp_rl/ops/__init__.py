@@ -38,6 +38,12 @@ same dtype/device; ``reset`` is bool ``[T, B]``: True zeroes entry b's state *be
   torch.nn.LSTM's parameters (gates i, f, g, o): x ``[T,B,I]``, h0, c0 ``[B,H]``, w_ih
   ``[4H,I]``, w_hh ``[4H,H]``, b_ih, b_hh ``[4H]``; y ``[T,B,H]``; Dims (dk, dv) = (I, H).
   Fused on CPU only (on a GPU the cores run cuDNN's nn.LSTM).
+
+Recurrences without a fused kernel (elementwise in time, parallel as a scan in PyTorch) have a
+folder with ``naive.py`` beside the parallel form and no :class:`OpSpec`:
+
+- ``diagonal_scan(a, b, h0, reset) -> (h, h_T)``: ``h_t = a_t ⊙ h_{t-1} + b_t`` (real or
+  complex), b ``[T,B,*S]``, a broadcastable to b, h0 ``[B,*S]``.
 """
 
 from __future__ import annotations
