@@ -27,6 +27,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "actor": ("rfwp_rl.impala.remote", "run remote actors that feed a learner over moolib RPC"),
     "broker": ("rfwp_rl.impala.broker", "run the moolib broker at which groups of learners (train --broker) meet"),
     "keygen": ("rfwp_rl.impala.keygen", "make a new shared auth key for learners, remote actors and the broker"),
+    "memory-probe": (
+        "rfwp_rl.memory.probe",
+        "can a core store what a memory task asks? supervised training on its episodes beside the RL result",
+    ),
     "memory-results": ("rfwp_rl.memory.results", "memory-suite runs -> tables (default results/memory/easy_suite)"),
     "minatar-results": ("rfwp_rl.minatar_results", "MinAtar runs -> tables, IQM and profile (default results/minatar)"),
     "compare": ("rfwp_rl.compare", "compare cores per game: tables and relative-improvement charts"),

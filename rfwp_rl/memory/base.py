@@ -159,6 +159,14 @@ class SequenceTask(MemoryEnv):
         obs = np.zeros_like(ep.obs[0]) if terminated else ep.obs[self._t].copy()
         return obs, reward, terminated, False, {}
 
+    @property
+    def episode(self) -> Episode:
+        """The episode drawn by the last ``reset`` (observations, answers and rewards of every step)."""
+        ep = getattr(self, "_episode", None)
+        if ep is None:
+            raise RuntimeError(f"{self.task}: no episode yet; call reset()")
+        return ep
+
     def optimal_action(self) -> int:
         """The scored answer at a scored step, else 0 (any action does there)."""
         ep = getattr(self, "_episode", None)
