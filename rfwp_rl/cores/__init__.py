@@ -37,6 +37,7 @@ Built-in cores: ``ff`` (identity), ``lstm``, ``gru``, ``lt``, ``delta``, ``delta
 ``delta_delta`` (:mod:`rfwp_rl.cores.lm_cores`); ``gated_delta`` (Gated DeltaNet) and
 ``delta_product`` (DeltaProduct) (:mod:`rfwp_rl.cores.householder`); ``srwm`` (self-referential
 weight matrix, :mod:`rfwp_rl.cores.srwm`).
+``ffm``: Fast and Forgetful Memory (:mod:`rfwp_rl.cores.ffm`).
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ from rfwp_rl.cores.fast_weight import CORES as _FW_CORES
 from rfwp_rl.cores.fast_weight import SPECS as _FW_SPECS
 from rfwp_rl.cores.ff import SPEC as _FF_SPEC
 from rfwp_rl.cores.ff import FFCore
+from rfwp_rl.cores.ffm import SPEC as _FFM_SPEC
+from rfwp_rl.cores.ffm import FFMCore
 from rfwp_rl.cores.fwm import SPEC as _FWM_SPEC
 from rfwp_rl.cores.fwm import FWMCore
 from rfwp_rl.cores.gru import SPEC as _GRU_SPEC
@@ -151,3 +154,4 @@ register(_FWM_SPEC, FWMCore)
 for _kind, _spec in _HOUSEHOLDER_SPECS.items():
     register(_spec, _HOUSEHOLDER_CORES[_kind])
 register(_SRWM_SPEC, SRWMCore)
+register(_FFM_SPEC, FFMCore)
