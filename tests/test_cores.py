@@ -16,8 +16,8 @@ from rfwp_rl.errors import UserError
 
 D = torch.float64
 IN = 5
-BUILTIN = ("ff", "lstm", "gru", "lt", "delta", "delta_rnn", "rdn", "fwm", "gated_delta", "delta_product", "srwm")
-RECURRENT = ("lstm", "gru", "lt", "delta", "delta_rnn", "rdn", "fwm", "gated_delta", "delta_product", "srwm")
+BUILTIN = ("ff", "lstm", "gru", "lt", "delta", "delta_rnn", "rdn", "fwm", "gated_delta", "delta_product", "srwm", "lru")
+RECURRENT = ("lstm", "gru", "lt", "delta", "delta_rnn", "rdn", "fwm", "gated_delta", "delta_product", "srwm", "lru")
 FAST = ("lt", "delta", "delta_rnn", "rdn")
 ALL = tuple(cores.available())  # every registered core, built-in or added by a module
 
@@ -35,6 +35,7 @@ SMALL = {
     "gated_delta": FW_SMALL,  # short conv of 4, output gate
     "delta_product": {**FW_SMALL, "num_householder": 2},
     "srwm": FW_SMALL,
+    "lru": {"hidden_size": 6, "state_size": 4, "num_layers": 2},
 }
 # state tensors per core for its SMALL config (checked when listed)
 N_STATE = {
@@ -52,6 +53,7 @@ N_STATE = {
     "gated_delta": 4,
     "delta_product": 4,
     "srwm": 2,
+    "lru": 2,  # x [B, N, 2] per layer
 }  # (S, conv) or (ΔW,) per layer
 # (core, extra config) combinations: every core as configured in SMALL, plus every feature map
 VARIANTS = [(n, {}) for n in ALL] + [
@@ -75,6 +77,7 @@ VARIANTS = [(n, {}) for n in ALL] + [
     ("lstm", {"forget_bias": 1.0, "recurrent_init": "orthogonal"}),
     ("gru", {"recurrent_init": "orthogonal"}),
     ("gru", {"update_bias": 1.0}),
+    ("lru", {"r_min": 0.9, "r_max": 0.999, "max_phase": 0.31, "num_layers": 1}),
 ]
 
 
