@@ -15,10 +15,10 @@ and imaginary parts of B drawn N(0, 1/(2H)) and of C N(0, 1/N) (Glorot, halved f
 output keeps only the real part); D drawn N(0, 1). The defaults r_min = 0, r_max = 1,
 max_phase = 6.28 are those of App. A's ``init_lru_parameters``.
 
-The deep model (the paper's Fig. 1 and App. D, after S4/S5; the layout of the S5-derived LRU code)::
+The deep model (the paper's Fig. 1 and App. D, which follow S4/S5: norm, recurrence, GELU, GLU, skip)::
 
     x [T, B, input_size] -> Linear(input_size -> H)                       # linear encoder
-    num_layers x [ h = h + drop(GLU(drop(GELU(LRU(LN(h)))))) ]           # GLU(z) = W₁z ⊙ σ(W₂z)
+    num_layers x [ h = h + drop(GLU(drop(GELU(LRU(LN(h)))))) ]           # GLU(z) = (W₁z + b₁) ⊙ σ(W₂z + b₂)
     -> y [T, B, H]                                                        # no final norm
 
 Of the paper's two normalisations this core uses pre-LayerNorm: BatchNorm's statistics over the
