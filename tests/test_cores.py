@@ -16,8 +16,35 @@ from rfwp_rl.errors import UserError
 
 D = torch.float64
 IN = 5
-BUILTIN = ("ff", "lstm", "gru", "lt", "delta", "delta_rnn", "rdn", "fwm", "gated_delta", "delta_product", "srwm", "ffm")
-RECURRENT = ("lstm", "gru", "lt", "delta", "delta_rnn", "rdn", "fwm", "gated_delta", "delta_product", "srwm", "ffm")
+BUILTIN = (
+    "ff",
+    "lstm",
+    "gru",
+    "lt",
+    "delta",
+    "delta_rnn",
+    "rdn",
+    "fwm",
+    "gated_delta",
+    "delta_product",
+    "srwm",
+    "ffm",
+    "lru",
+)
+RECURRENT = (
+    "lstm",
+    "gru",
+    "lt",
+    "delta",
+    "delta_rnn",
+    "rdn",
+    "fwm",
+    "gated_delta",
+    "delta_product",
+    "srwm",
+    "ffm",
+    "lru",
+)
 FAST = ("lt", "delta", "delta_rnn", "rdn")
 ALL = tuple(cores.available())  # every registered core, built-in or added by a module
 
@@ -36,6 +63,7 @@ SMALL = {
     "delta_product": {**FW_SMALL, "num_householder": 2},
     "srwm": FW_SMALL,
     "ffm": {"hidden_size": 6, "memory_size": 3, "context_size": 2, "num_layers": 2},
+    "lru": {"hidden_size": 6, "state_size": 4, "num_layers": 2},
 }
 # state tensors per core for its SMALL config (checked when listed)
 N_STATE = {
@@ -54,6 +82,7 @@ N_STATE = {
     "delta_product": 4,
     "srwm": 2,
     "ffm": 2,
+    "lru": 2,  # x [B, N, 2] per layer
 }  # (S, conv) or (ΔW,) per layer
 # (core, extra config) combinations: every core as configured in SMALL, plus every feature map
 VARIANTS = [(n, {}) for n in ALL] + [
@@ -78,6 +107,7 @@ VARIANTS = [(n, {}) for n in ALL] + [
     ("gru", {"recurrent_init": "orthogonal"}),
     ("gru", {"update_bias": 1.0}),
     ("ffm", {"num_layers": 1, "context_size": 1, "max_period": 4}),
+    ("lru", {"r_min": 0.9, "r_max": 0.999, "max_phase": 0.31, "num_layers": 1}),
 ]
 
 

@@ -38,6 +38,7 @@ Built-in cores: ``ff`` (identity), ``lstm``, ``gru``, ``lt``, ``delta``, ``delta
 ``delta_product`` (DeltaProduct) (:mod:`rfwp_rl.cores.householder`); ``srwm`` (self-referential
 weight matrix, :mod:`rfwp_rl.cores.srwm`).
 ``ffm``: Fast and Forgetful Memory (:mod:`rfwp_rl.cores.ffm`).
+``lru``: the Linear Recurrent Unit (:mod:`rfwp_rl.cores.lru`).
 """
 
 from __future__ import annotations
@@ -62,6 +63,8 @@ from rfwp_rl.cores.gru import SPEC as _GRU_SPEC
 from rfwp_rl.cores.gru import GRUCore
 from rfwp_rl.cores.householder import CORES as _HOUSEHOLDER_CORES
 from rfwp_rl.cores.householder import SPECS as _HOUSEHOLDER_SPECS
+from rfwp_rl.cores.lru import SPEC as _LRU_SPEC
+from rfwp_rl.cores.lru import LRUCore
 from rfwp_rl.cores.lstm import SPEC as _LSTM_SPEC
 from rfwp_rl.cores.lstm import LSTMCore
 from rfwp_rl.cores.srwm import SPEC as _SRWM_SPEC
@@ -155,3 +158,4 @@ for _kind, _spec in _HOUSEHOLDER_SPECS.items():
     register(_spec, _HOUSEHOLDER_CORES[_kind])
 register(_SRWM_SPEC, SRWMCore)
 register(_FFM_SPEC, FFMCore)
+register(_LRU_SPEC, LRUCore)
