@@ -77,3 +77,26 @@ def test_reset_cuts_the_past_and_its_gradient() -> None:
     assert g_b[2, 0].item() == pytest.approx(0.9) and g_b[3, 0].item() == 1.0
     # entry 1 resets before step 0: h0 does not reach it
     assert g_h0[1].item() == 0.0
+
+
+@pytest.mark.parametrize("T", [1, 3, 8, 11])
+def test_prefix_scan_equals_the_loop(T: int) -> None:
+    # the loop runs on the CPU, the log-depth scan on other devices: both must give the same states
+    from rfwp_rl.ops.diagonal_scan.scan import recurrence_loop, recurrence_prefix_scan
+
+    g = torch.Generator().manual_seed(T)
+    a = torch.complex(torch.rand(T, 2, 3, generator=g, dtype=D), torch.rand(T, 2, 3, generator=g, dtype=D)) * 0.7
+    a[T // 2, 1] = 0  # a reset
+    b = torch.randn(T, 2, 3, generator=g, dtype=C)
+    h0 = torch.randn(2, 3, generator=g, dtype=C)
+    assert torch.allclose(recurrence_prefix_scan(a, b, h0), recurrence_loop(a, b, h0), atol=1e-13)
+
+
+@pytest.mark.parametrize("dtypes", [(D, D, D), (C, C, C), (D, C, C)])
+def test_gradcheck(dtypes: tuple[torch.dtype, torch.dtype, torch.dtype]) -> None:
+    g = torch.Generator().manual_seed(7)
+    a = (0.5 * torch.rand(5, 2, 3, generator=g, dtype=D)).to(dtypes[0]).requires_grad_()
+    b = torch.randn(5, 2, 3, generator=g, dtype=dtypes[1]).requires_grad_()
+    h0 = torch.randn(2, 3, generator=g, dtype=dtypes[2]).requires_grad_()
+    reset = torch.tensor([[False, False], [False, True], [False, False], [True, False], [False, False]])
+    assert torch.autograd.gradcheck(lambda a, b, h0: diagonal_scan(a, b, h0, reset)[0], (a, b, h0))
