@@ -16,8 +16,22 @@ from rfwp_rl.errors import UserError
 
 D = torch.float64
 IN = 5
-BUILTIN = ("ff", "lstm", "gru", "lt", "delta", "delta_rnn", "rdn", "fwm", "gated_delta", "delta_product", "srwm", "ffm")
-RECURRENT = ("lstm", "gru", "lt", "delta", "delta_rnn", "rdn", "fwm", "gated_delta", "delta_product", "srwm", "ffm")
+BUILTIN = (
+    "ff",
+    "lstm",
+    "gru",
+    "lt",
+    "delta",
+    "delta_rnn",
+    "rdn",
+    "fwm",
+    "gated_delta",
+    "delta_product",
+    "srwm",
+    "ffm",
+    "mlstm",
+)
+RECURRENT = BUILTIN[1:]  # all but ff (test_the_builtin_recurrent_cores_have_state checks which have state)
 FAST = ("lt", "delta", "delta_rnn", "rdn")
 ALL = tuple(cores.available())  # every registered core, built-in or added by a module
 
@@ -36,6 +50,7 @@ SMALL = {
     "delta_product": {**FW_SMALL, "num_householder": 2},
     "srwm": FW_SMALL,
     "ffm": {"hidden_size": 6, "memory_size": 3, "context_size": 2, "num_layers": 2},
+    "mlstm": {**FW_SMALL, "chunk_size": 4},  # unrolls of 6 and 7 steps cross a chunk boundary
 }
 # state tensors per core for its SMALL config (checked when listed)
 N_STATE = {
@@ -54,7 +69,8 @@ N_STATE = {
     "delta_product": 4,
     "srwm": 2,
     "ffm": 2,
-}  # (S, conv) or (ΔW,) per layer
+    "mlstm": 6,
+}  # (S, conv) or (ΔW,) or (C, n, m) per layer
 # (core, extra config) combinations: every core as configured in SMALL, plus every feature map
 VARIANTS = [(n, {}) for n in ALL] + [
     ("lt", {"feature_map": "dpfp", "dpfp_nu": 2}),
@@ -78,6 +94,8 @@ VARIANTS = [(n, {}) for n in ALL] + [
     ("gru", {"recurrent_init": "orthogonal"}),
     ("gru", {"update_bias": 1.0}),
     ("ffm", {"num_layers": 1, "context_size": 1, "max_period": 4}),
+    ("mlstm", {"chunk_size": 1}),
+    ("mlstm", {"chunk_size": 64, "num_heads": 1}),
 ]
 
 

@@ -38,6 +38,7 @@ Built-in cores: ``ff`` (identity), ``lstm``, ``gru``, ``lt``, ``delta``, ``delta
 ``delta_product`` (DeltaProduct) (:mod:`rfwp_rl.cores.householder`); ``srwm`` (self-referential
 weight matrix, :mod:`rfwp_rl.cores.srwm`).
 ``ffm``: Fast and Forgetful Memory (:mod:`rfwp_rl.cores.ffm`).
+``mlstm``: xLSTM's matrix-memory cell (:mod:`rfwp_rl.cores.mlstm`).
 """
 
 from __future__ import annotations
@@ -64,6 +65,8 @@ from rfwp_rl.cores.householder import CORES as _HOUSEHOLDER_CORES
 from rfwp_rl.cores.householder import SPECS as _HOUSEHOLDER_SPECS
 from rfwp_rl.cores.lstm import SPEC as _LSTM_SPEC
 from rfwp_rl.cores.lstm import LSTMCore
+from rfwp_rl.cores.mlstm import SPEC as _MLSTM_SPEC
+from rfwp_rl.cores.mlstm import MLSTMCore
 from rfwp_rl.cores.srwm import SPEC as _SRWM_SPEC
 from rfwp_rl.cores.srwm import SRWMCore
 from rfwp_rl.errors import UserError, check_choice, choices_hint
@@ -155,3 +158,4 @@ for _kind, _spec in _HOUSEHOLDER_SPECS.items():
     register(_spec, _HOUSEHOLDER_CORES[_kind])
 register(_SRWM_SPEC, SRWMCore)
 register(_FFM_SPEC, FFMCore)
+register(_MLSTM_SPEC, MLSTMCore)
