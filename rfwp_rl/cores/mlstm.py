@@ -8,7 +8,7 @@ no final LayerNorm), so that it compares with ``lt``/``delta``/``rdn``/``gated_d
 sizes, with this token mixer (per head of size d = hidden/H)::
 
     q, k', v, o~, i~, f~ = Linear(LN(x))            one projection with bias (Eq. 22-27)
-    k = k' / sqrt(d)                                 (Eq. 23)
+    k = k' / sqrt(d)                                 (Eq. 23; its bias scaled with it)
     C_t = f_t C_{t-1} + i_t v_t k_tᵀ,  n_t = f_t n_{t-1} + i_t k_t          (Eq. 19-20)
     h~_t = C_t q_t / max(|n_tᵀ q_t|, 1),  i_t = exp(i~_t),  f_t = σ(f~_t)   (Eq. 21, 25-26)
     y = x + drop(W_out (σ(o~) ⊙ h~))                 output gate (Eq. 21, 27), output projection
@@ -45,7 +45,7 @@ INPUT_BIAS_STD = 0.1
 
 SPEC = CoreSpec(
     "mlstm",
-    "mLSTM (xLSTM): matrix memory C += i v kᵀ with exponential input gate, sigmoid forget gate, "
+    "mLSTM (xLSTM): matrix memory C = f C + i v kᵀ with exponential input gate, sigmoid forget gate, "
     "normaliser state and output gate",
     "xLSTM paper (NeurIPS 2024) Eq. 19-27, stabiliser Eq. 15-17, parallel form App. A",
     {
