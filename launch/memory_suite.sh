@@ -3,7 +3,8 @@
 # tables of OUT (runs.csv, summary.csv, aggregate.csv, curves.png, performance_profile.png and the
 # tables in OUT/README.md) with `rfwp-rl memory-results`. The defaults reproduce the current
 # easy-suite table, results/memory/easy_suite/ (every agent core, the six easy tasks, 3 seeds, 300k
-# steps); results/memory/README.md names the command of every other table.
+# steps; ffm, lru and mlstm came after that table, so the defaults add their runs to it);
+# results/memory/README.md names the command of every other table.
 #
 #   JOBS=2 bash launch/memory_suite.sh                       # results/memory/easy_suite/
 #   STEPS=1000000 LEVELS="easy medium" RUNS=runs/memory/all OUT=runs/memory/all/tables bash launch/memory_suite.sh
@@ -22,7 +23,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 STEPS=${STEPS:-300000}
-CORES=${CORES:-"ff lstm gru lt delta delta_rnn rdn fwm gated_delta delta_product srwm ffm lru"}
+CORES=${CORES:-"ff lstm gru lt delta delta_rnn rdn fwm gated_delta delta_product srwm ffm lru mlstm"}
 LEVELS=${LEVELS:-easy}
 SEEDS=${SEEDS:-"1 2 3"}
 JOBS=${JOBS:-1}

@@ -19,8 +19,15 @@ PAPER_COUNTS = {
 # the presets that are not the paper's. GRU: the ResNet torso (1,089,232: the LSTM agent's
 # 1,616,849 less its core, 527,360, and its baseline head, 257), a GRU core of 312 units
 # (3 gate blocks of 312 x (257 + 312) weights, two biases each) and the heads (313 + 313 A).
-# FWM: agents/atari_fwm.toml.
-OTHER_COUNTS = {"gru": (1_089_232 + 3 * 312 * 569 + 6 * 312 + 313, 313), "fwm": (1_683_122, 257)}
+# FWM: agents/atari_fwm.toml. mLSTM: the torso, the input projection 257 -> 128 (33,024), per
+# block LayerNorm (256), the q, k, v, o and gate projection with bias (128 x 520 + 520), the output
+# projection (128 x 128) and the feed-forward sublayer (131,968), and the heads (129 + 129 A).
+MLSTM_BLOCK = 256 + 128 * 520 + 520 + 128 * 128 + 131_968
+OTHER_COUNTS = {
+    "gru": (1_089_232 + 3 * 312 * 569 + 6 * 312 + 313, 313),
+    "fwm": (1_683_122, 257),
+    "mlstm": (1_089_232 + 33_024 + 2 * MLSTM_BLOCK + 129, 129),
+}
 CORES = ["ff", "lstm", "gru", "lt", "delta", "delta_rnn", "rdn", "fwm"]
 SMALL = {
     "lstm": {"hidden_size": 16},

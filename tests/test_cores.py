@@ -30,21 +30,9 @@ BUILTIN = (
     "srwm",
     "ffm",
     "lru",
+    "mlstm",
 )
-RECURRENT = (
-    "lstm",
-    "gru",
-    "lt",
-    "delta",
-    "delta_rnn",
-    "rdn",
-    "fwm",
-    "gated_delta",
-    "delta_product",
-    "srwm",
-    "ffm",
-    "lru",
-)
+RECURRENT = BUILTIN[1:]  # all but ff (test_the_builtin_recurrent_cores_have_state checks which have state)
 FAST = ("lt", "delta", "delta_rnn", "rdn")
 ALL = tuple(cores.available())  # every registered core, built-in or added by a module
 
@@ -64,6 +52,7 @@ SMALL = {
     "srwm": FW_SMALL,
     "ffm": {"hidden_size": 6, "memory_size": 3, "context_size": 2, "num_layers": 2},
     "lru": {"hidden_size": 6, "state_size": 4, "num_layers": 2},
+    "mlstm": {**FW_SMALL, "chunk_size": 4},  # unrolls of 6 and 7 steps cross a chunk boundary
 }
 # state tensors per core for its SMALL config (checked when listed)
 N_STATE = {
@@ -83,7 +72,8 @@ N_STATE = {
     "srwm": 2,
     "ffm": 2,
     "lru": 2,  # x [B, N, 2] per layer
-}  # (S, conv) or (ΔW,) per layer
+    "mlstm": 6,
+}  # (S, conv) or (ΔW,) or (C, n, m) per layer
 # (core, extra config) combinations: every core as configured in SMALL, plus every feature map
 VARIANTS = [(n, {}) for n in ALL] + [
     ("lt", {"feature_map": "dpfp", "dpfp_nu": 2}),
@@ -108,6 +98,8 @@ VARIANTS = [(n, {}) for n in ALL] + [
     ("gru", {"update_bias": 1.0}),
     ("ffm", {"num_layers": 1, "context_size": 1, "max_period": 4}),
     ("lru", {"r_min": 0.9, "r_max": 0.999, "max_phase": 0.31, "num_layers": 1}),
+    ("mlstm", {"chunk_size": 1}),
+    ("mlstm", {"chunk_size": 64, "num_heads": 1}),
 ]
 
 

@@ -39,6 +39,7 @@ Built-in cores: ``ff`` (identity), ``lstm``, ``gru``, ``lt``, ``delta``, ``delta
 weight matrix, :mod:`rfwp_rl.cores.srwm`).
 ``ffm``: Fast and Forgetful Memory (:mod:`rfwp_rl.cores.ffm`).
 ``lru``: the Linear Recurrent Unit (:mod:`rfwp_rl.cores.lru`).
+``mlstm``: xLSTM's matrix-memory cell (:mod:`rfwp_rl.cores.mlstm`).
 """
 
 from __future__ import annotations
@@ -67,6 +68,8 @@ from rfwp_rl.cores.lru import SPEC as _LRU_SPEC
 from rfwp_rl.cores.lru import LRUCore
 from rfwp_rl.cores.lstm import SPEC as _LSTM_SPEC
 from rfwp_rl.cores.lstm import LSTMCore
+from rfwp_rl.cores.mlstm import SPEC as _MLSTM_SPEC
+from rfwp_rl.cores.mlstm import MLSTMCore
 from rfwp_rl.cores.srwm import SPEC as _SRWM_SPEC
 from rfwp_rl.cores.srwm import SRWMCore
 from rfwp_rl.errors import UserError, check_choice, choices_hint
@@ -159,3 +162,4 @@ for _kind, _spec in _HOUSEHOLDER_SPECS.items():
 register(_SRWM_SPEC, SRWMCore)
 register(_FFM_SPEC, FFMCore)
 register(_LRU_SPEC, LRUCore)
+register(_MLSTM_SPEC, MLSTMCore)

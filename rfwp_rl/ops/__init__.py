@@ -39,11 +39,15 @@ same dtype/device; ``reset`` is bool ``[T, B]``: True zeroes entry b's state *be
   ``[4H,I]``, w_hh ``[4H,H]``, b_ih, b_hh ``[4H]``; y ``[T,B,H]``; Dims (dk, dv) = (I, H).
   Fused on CPU only (on a GPU the cores run cuDNN's nn.LSTM).
 
-Recurrences without a fused kernel (elementwise in time, parallel as a scan in PyTorch) have a
-folder with ``naive.py`` beside the parallel form and no :class:`OpSpec`:
+Recurrences without a fused kernel (parallel in PyTorch: as a scan, or in chunks of the unroll)
+have a folder with ``naive.py`` beside the parallel form and no :class:`OpSpec`:
 
 - ``diagonal_scan(a, b, h0, reset) -> (h, h_T)``: ``h_t = a_t ⊙ h_{t-1} + b_t`` (real or
   complex), b ``[T,B,*S]``, a broadcastable to b, h0 ``[B,*S]``.
+- ``mlstm(q, k, v, i_pre, f_pre, C0, n0, m0, reset) -> (h, C, n, m)``: xLSTM's matrix memory
+  (``mlstm_naive``; ``mlstm_chunked``, the parallel form over chunks of the unroll): q, k
+  ``[T,B,H,dk]``, v ``[T,B,H,dv]``, the gate pre-activations ``[T,B,H]``, the stabilised state
+  C0 ``[B,H,dv,dk]``, n0 ``[B,H,dk]``, m0 ``[B,H]``.
 """
 
 from __future__ import annotations
