@@ -248,7 +248,7 @@ def count_parameters(module: nn.Module) -> int:
 
 
 ATARI_OBS_SHAPE = (4, 84, 84)
-# The Atari agent presets by core: the paper's six, then the GRU, FWM and mLSTM baselines.
+# The Atari agent presets by core: the paper's six, then the baselines that are not the paper's.
 ATARI_PRESETS = {
     "ff": "atari_ff",
     "lstm": "atari_lstm",
@@ -258,6 +258,8 @@ ATARI_PRESETS = {
     "delta_rnn": "atari_delta_rnn",
     "gru": "atari_gru",
     "fwm": "atari_fwm",
+    "ffm": "atari_ffm",
+    "lru": "atari_lru",
     "mlstm": "atari_mlstm",
 }
 

@@ -26,6 +26,8 @@ MLSTM_BLOCK = 256 + 128 * 520 + 520 + 128 * 128 + 131_968
 OTHER_COUNTS = {
     "gru": (1_089_232 + 3 * 312 * 569 + 6 * 312 + 313, 313),
     "fwm": (1_683_122, 257),
+    "ffm": (1_601_141, 641),  # derived in tests/test_cores_ffm.py
+    "lru": (1_618_129, 129),  # derived in tests/test_cores_lru.py
     "mlstm": (1_089_232 + 33_024 + 2 * MLSTM_BLOCK + 129, 129),
 }
 CORES = ["ff", "lstm", "gru", "lt", "delta", "delta_rnn", "rdn", "fwm"]

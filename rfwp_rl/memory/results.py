@@ -63,6 +63,7 @@ CORE_ORDER = (
     "delta_product",
     "srwm",
     "ffm",
+    "lru",
     "mlstm",
 )
 CURVE_TAG = "episode/return_mean100"
