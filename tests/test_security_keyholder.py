@@ -16,6 +16,10 @@ shown, each attack in its own test:
 After each the learner, broker and actor are alive, the learner trains (its step count goes on), and its
 next checkpoint holds finite values only. The tests run in this order on one set of processes. The raw
 peer (tests/preauth_wire.py) calls moolib's own functions, which moolib's Python API cannot.
+
+Against moolib without the Accumulator's checks the first test fails (an update naming the learner's
+model version is answered True: taken) and so does the third (the learner logs "took the model of
+key-holder": moolib broadcast the [1] tensors into every parameter, and the learner's own checks pass).
 """
 
 from __future__ import annotations
@@ -273,14 +277,13 @@ def test_unrequested_model_updates_from_a_non_leader_are_refused_in_moolib(clust
     assert cluster.refusals()["not_leader"] == before + len(calls)
     # moolib copied nothing in: the learner's own checks never saw a model
     assert not cluster.learner.has(r"took the model of|the leader's state", since)
-    state = cluster.recovered()
-    assert not any(bool((t == 0.5).all()) for t in state["agent"].values())
+    cluster.recovered()
 
 
 # ------------------------------------------------------------------ wrong arity, wrong types
 
 CALLS = textwrap.dedent("""
-    import json, sys, moolib
+    import json, os, sys, moolib
     key, port, broker_port, group_rpc = sys.argv[1:5]
     moolib.set_auth_key(key)
     moolib.set_listen_hosts(["127.0.0.1"])
@@ -305,7 +308,8 @@ CALLS = textwrap.dedent("""
             out.append([peer, fn, "reply", future.result()])
         except RuntimeError as e:
             out.append([peer, fn, "error", str(e).splitlines()[0]])
-    print(json.dumps({"calls": out}, default=repr))
+    print(json.dumps({"calls": out}, default=repr), flush=True)
+    os._exit(0)  # done: moolib's teardown would wait a minute on the calls its peers answered with errors
 """)
 
 
@@ -398,8 +402,7 @@ def test_a_key_holder_elected_leader_hands_over_no_bad_model_or_state(cluster, t
         leader.stop()
     assert not learner.has(r"took the model of key-holder|holds NaN", since), learner.output()
     learner.wait_for(r"1 learner\(s\), leader this learner", since)  # the broker dropped the key holder
-    state = cluster.recovered()
-    assert not any(bool((t == 0.5).all()) for t in state["agent"].values())
+    cluster.recovered()
 
 
 # ------------------------------------------------------------------ huge rewards
