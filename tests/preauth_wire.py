@@ -1,17 +1,20 @@
 """A raw peer of a moolib listener: tensorpipe's wire format (libnop encoding, each object or buffer
 behind its 8-byte length) and moolib's message layout (rid, fid, then the fields), as far as the
-pre-handshake attack tests (tests/test_security_preauth.py) and scripts/preauth_attack_bench.py need."""
+pre-handshake attack tests (tests/test_security_preauth.py), the key holders' calls of moolib's own
+functions (tests/test_security_keyholder.py) and scripts/preauth_attack_bench.py need."""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
 import os
+import secrets
 import socket
 import struct
 import threading
+import time
 
-REQ_GREETING, REQ_AUTH_CHALLENGE = 0, 10  # moolib's Rpc::ReqType
+REQ_GREETING, REQ_ERROR, REQ_SUCCESS, REQ_AUTH_CHALLENGE = 0, 1, 2, 10  # moolib's Rpc::ReqType
 SIGNATURE = 0xFF984B883019D446  # moolib's greeting signature
 TIMEOUT = 300  # s: only ever a failure deadline
 
@@ -140,9 +143,11 @@ class RawPeer:
         self.their_greeting = b""
         if key is not None:
             self._handshake(key.encode(), name, signed_name, signed_id)
-        # Drain what the listener sends (its challenge) so that it never waits on a full socket.
-        for s in (self.main, self.channel):
-            threading.Thread(target=self._drain, args=(s,), daemon=True).start()
+        # Drain what the listener sends (its challenge, its answers) so that it never waits on a full
+        # socket; the buffers that come on the channel are kept for reply().
+        self.received: list[bytes] = []
+        threading.Thread(target=self._drain, args=(self.main,), daemon=True).start()
+        threading.Thread(target=self._keep, daemon=True).start()
 
     def _handshake(self, key: bytes, name: bytes, signed_name: bytes | None, signed_id: bytes | None) -> None:
         """moolib's challenge-response as a key holder (src/auth.h): the listener's challenge is
@@ -178,6 +183,26 @@ class RawPeer:
                 pass
         except OSError:
             pass
+
+    def _keep(self) -> None:
+        try:
+            while True:
+                self.received.append(recv_frame(self.channel))
+        except (OSError, ConnectionError):
+            pass
+
+    def reply(self, rid: int, timeout: float = TIMEOUT) -> tuple[int, bytes]:
+        """The listener's answer to call ``rid`` (not its acknowledgement of it): its kind (REQ_SUCCESS or
+        REQ_ERROR) and the fields after it."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for buffer in list(self.received):
+                if len(buffer) >= 8 and struct.unpack_from("<II", buffer)[0] == rid & ~1:
+                    kind = struct.unpack_from("<I", buffer, 4)[0]
+                    if kind in (REQ_SUCCESS, REQ_ERROR):
+                        return kind, buffer[8:]
+            time.sleep(0.05)
+        raise TimeoutError(f"no answer to call {rid} within {timeout} s")
 
     def send(
         self,
@@ -246,6 +271,56 @@ def tensor_meta(dtype: int, sizes: list[int], strides: list[int]) -> bytes:
     return struct.pack("<i", dtype) + b"".join(
         struct.pack("<Q", len(v)) + struct.pack(f"<{len(v)}q", *v) for v in (sizes, strides)
     )
+
+
+class Call:
+    """A call of a function moolib defines in C++, its fields written as moolib serializes them; tensors are
+    described in place (their dtype as torch's ScalarType number, sizes, strides) and their data sent after.
+    The methods append a field and return the call."""
+
+    def __init__(self, function: str):
+        # Random and odd, as moolib's own: it answers with rid - 1, and takes rids from all peers in one
+        # table (a rid another peer's call holds is ignored).
+        self.rid = secrets.randbits(32) | 1
+        self.body = struct.pack("<II", self.rid, function_id(function))
+        self.offsets: list[int] = []
+        self.data: list[bytes] = []
+
+    def u32(self, v: int) -> Call:
+        self.body += struct.pack("<I", v)
+        return self
+
+    def i64(self, v: int) -> Call:
+        self.body += struct.pack("<q", v)
+        return self
+
+    def boolean(self, v: bool) -> Call:
+        self.body += bytes([int(v)])
+        return self
+
+    def text(self, v: bytes) -> Call:
+        self.body += moolib_str(v)
+        return self
+
+    def tensors(self, tensors: list[tuple[int, list[int], bytes]]) -> Call:
+        """A std::vector<Tensor> of contiguous ``(dtype, sizes, data)``."""
+        self.body += struct.pack("<Q", len(tensors))
+        for dtype, sizes, data in tensors:
+            strides = [1] * len(sizes)
+            for i in range(len(sizes) - 2, -1, -1):
+                strides[i] = strides[i + 1] * sizes[i + 1]
+            self.offsets.append(len(self.body))
+            self.body += tensor_meta(dtype, sizes, strides)
+            self.data.append(data)
+        return self
+
+    def none(self) -> Call:
+        """A Python None (a py::object field)."""
+        self.body += b"\x07"
+        return self
+
+    def send(self, peer: RawPeer) -> None:
+        peer.send(self.body, tensors=[len(d) for d in self.data], offsets=self.offsets, data=self.data)
 
 
 def function_id(name: str) -> int:

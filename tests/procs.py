@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import math
+import os
 import socket
 import time
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
+
+import torch
 
 
 def free_port() -> int:
@@ -45,3 +50,37 @@ def ended(pids: Iterable[int], timeout: float) -> list[int]:
     while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     return [p for p in pids if alive(p)]
+
+
+def listening_ports(pid: int) -> list[int]:
+    """The TCP ports (IPv4 and IPv6) that ``pid`` listens on (its sockets in /proc/net/tcp*, state LISTEN)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue  # closed meanwhile
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    ports = set()
+    for table in ("tcp", "tcp6"):
+        try:
+            lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return sorted(ports)
+
+
+def finite(obj: Any) -> bool:
+    """No NaN or inf in ``obj``: its floating-point tensors and floats, in dicts, lists and tuples."""
+    if isinstance(obj, torch.Tensor):
+        return not obj.is_floating_point() or bool(torch.isfinite(obj).all())
+    if isinstance(obj, dict):
+        return all(finite(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return all(finite(v) for v in obj)
+    return not isinstance(obj, float) or math.isfinite(obj)

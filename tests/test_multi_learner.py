@@ -378,6 +378,8 @@ def test_late_learner_takes_the_current_model_and_both_finish_with_the_same_one(
     assert a.has(re.escape(f"resuming {tmp_path / 'a'} from step {first:,}")), a.text()
     assert b.has(rf"took the model of learner-\S+-s1-\S+ at update {alone['updates']:,}$"), b.text()
     assert a.has(r"2 learner\(s\), leader this learner") and b.has(r"2 learner\(s\), leader learner-")
+    refused = "model update.s. from the group refused"  # moolib refuses none of a group's own updates
+    assert not a.has(refused) and not b.has(refused), a.text() + b.text()
     ca, cb = _final(tmp_path / "a"), _final(tmp_path / "b")
     assert ca["step"] == cb["step"] >= total  # the group's count; both stop at the same round
     assert ca["state"]["counters"]["updates"] == cb["state"]["counters"]["updates"] > alone["updates"]

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from rfwp_rl.agent import Agent
+from rfwp_rl.errors import UserError
 from rfwp_rl.impala.config import ImpalaConfig
 from rfwp_rl.impala.learner import Learner
 from rfwp_rl.impala.multi_learner import INFO_FUNCTION, LearnerGroup, member_info, pack, unpack
@@ -128,6 +129,8 @@ class FakeMoolib:
         self.defined: dict[str, Any] = {}
         self.name = ""
         self.acc: FakeAccumulator | None = None
+        # the patched build's counts of refused model updates (an older build has no such function)
+        self.accumulator_refusals = lambda: {"not_leader": 0, "not_requested": 0, "mismatch": 0, "not_finite": 0}
 
     def create_uid(self) -> str:
         return "0123456789"
@@ -191,6 +194,14 @@ def test_every_rpc_handler_of_the_package_goes_through_the_wrapper():
                 if not wrapped:
                     unwrapped.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
     assert unwrapped == []
+
+
+def test_a_moolib_build_that_does_not_check_model_updates_is_refused(monkeypatch):
+    fake = FakeMoolib({})
+    del fake.accumulator_refusals
+    monkeypatch.setattr("rfwp_rl.impala.multi_learner.import_moolib", lambda: fake)
+    with pytest.raises(UserError, match=r"does not check a learner group's model updates .* run: bash scripts/"):
+        LearnerGroup("127.0.0.1:1", "g", _learner(), SETTINGS, seed=1)
 
 
 def test_the_settings_handler_answers_a_call_with_wrong_arguments_with_an_error(monkeypatch, capsys):

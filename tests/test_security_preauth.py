@@ -27,7 +27,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from preauth_wire import (  # tests/preauth_wire.py
     REQ_GREETING,
@@ -45,7 +44,7 @@ from preauth_wire import (  # tests/preauth_wire.py
     nop_variant,
     tensor_meta,
 )
-from procs import free_port  # tests/procs.py
+from procs import finite, free_port  # tests/procs.py
 from rfwp_rl.checkpoint import list_checkpoints, read_checkpoint
 
 REPO = Path(__file__).resolve().parent.parent
@@ -241,16 +240,6 @@ def test_idle_connections_are_bounded_and_time_out(learner):
     learner.still_training()
 
 
-def _finite(obj) -> bool:
-    if isinstance(obj, torch.Tensor):
-        return not obj.is_floating_point() or bool(torch.isfinite(obj).all())
-    if isinstance(obj, dict):
-        return all(_finite(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return all(_finite(v) for v in obj)
-    return not isinstance(obj, float) or obj == obj and abs(obj) != float("inf")
-
-
 def test_learner_ends_with_finite_parameters(learner):
     learner.still_training()
     steps = learner.steps()
@@ -259,7 +248,7 @@ def test_learner_ends_with_finite_parameters(learner):
     newest = list_checkpoints(learner.run_dir)[0]
     assert int(re.search(r"(\d+)", newest.name).group(1)) >= steps
     state = read_checkpoint(newest)["state"]  # (its meta holds the observation space's infinite bounds)
-    assert state["agent"] and _finite(state), newest
+    assert state["agent"] and finite(state), newest
 
 
 # ------------------------------------------------------------------ the counts, in a bare moolib listener

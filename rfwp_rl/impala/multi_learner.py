@@ -25,7 +25,11 @@ step of the group applies the same gradients on every learner, so their paramete
   the round under way is abandoned, and the others go on as a smaller group.
 
 - **Trust.** Only holders of the shared key reach a member (moolib's connection handshake,
-  :mod:`rfwp_rl.impala.wire`). What they send is still checked before use: a round whose reduced
+  :mod:`rfwp_rl.impala.wire`). What they send is still checked before use. moolib (our patch,
+  ``third_party/moolib``) takes a model or buffer update only from the elected leader, only when this
+  learner asked for it (or as the leader's periodic re-sync of the version it holds), and only if every
+  tensor has this learner's dtype and shape and finite values; it counts the others, which the learner
+  reports (``net/refused_model_updates``). A round whose reduced
   gradients are not finite, or whose env-step count is more than its learners can have handed in,
   advances only the schedule (as a skipped update does); a leader's state whose counters are not
   sane (negative, more updates than env steps, or beyond ``--total-steps`` by more than a round), that
@@ -180,6 +184,11 @@ class LearnerGroup:
         self, broker: str, group: str, learner: Any, settings: dict, seed: int, total_steps: int | None = None
     ):
         moolib = import_moolib()
+        if not hasattr(moolib, "accumulator_refusals"):
+            raise UserError(
+                "the installed moolib does not check a learner group's model updates (an older build of "
+                "rfwp_rl's patch); run: bash scripts/build_moolib.sh"
+            )
         self.moolib, self.broker, self.group_name = moolib, broker, group
         self.learner = learner
         self.parameters = learner.parameters()

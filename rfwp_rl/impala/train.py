@@ -48,7 +48,7 @@ from rfwp_rl.impala.multi_learner import LearnerGroup, check_group_args
 from rfwp_rl.impala.net import parse_address, resolve_address
 from rfwp_rl.impala.rollout_server import NoLocalActors, RolloutServer, compat_info
 from rfwp_rl.impala.run_spec import DEFAULT_CORE, RunSpec, add_run_arguments
-from rfwp_rl.impala.wire import refused_connections, resolve_key, secure_moolib
+from rfwp_rl.impala.wire import refused_connections, refused_model_updates, resolve_key, secure_moolib
 from rfwp_rl.overrides import apply_to_trainer
 from rfwp_rl.perf import PRECISIONS, Timers, choose_torch_threads, set_torch_threads
 from rfwp_rl.runlog import run_name
@@ -452,6 +452,7 @@ class ImpalaTrainer(Trainer):
         self.adoptions = self.learner.adoptions
         self.dropped_batches = 0
         self.refused_connections = 0
+        self.refused_updates = 0
         self.last_stats: dict[str, float] = {}
 
     def hparams(self) -> dict:
@@ -601,6 +602,19 @@ class ImpalaTrainer(Trainer):
                     flush=True,
                 )
             self.refused_connections = refused
+        if self.group is not None:  # model updates from key holders that moolib refused (see LearnerGroup)
+            counts = refused_model_updates()
+            refused = sum(counts.values())
+            self.logger.log(step, {"net/refused_model_updates": float(refused)})
+            if refused > self.refused_updates:
+                detail = ", ".join(f"{reason} {n}" for reason, n in sorted(counts.items()) if n)
+                print(
+                    f"warning: {refused - self.refused_updates} model update(s) from the group refused "
+                    f"({detail} in all)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            self.refused_updates = refused
         if "loss/total" in self.last_stats:
             extra["loss"] = self.last_stats["loss/total"]
         self.logger.progress(step, **extra)

@@ -200,6 +200,12 @@ def refused_connections() -> int:
     return int(import_moolib().auth_refusals())
 
 
+def refused_model_updates() -> dict[str, int]:
+    """Model and buffer updates of a learner group that moolib refused so far in this process, by reason:
+    ``not_leader``, ``not_requested``, ``mismatch`` (count, dtype or shape), ``not_finite``."""
+    return {str(k): int(v) for k, v in import_moolib().accumulator_refusals().items()}
+
+
 # ---------------------------------------------------------------- messages
 
 
