@@ -22,7 +22,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 STEPS=${STEPS:-300000}
-CORES=${CORES:-"ff lstm gru lt delta delta_rnn rdn fwm gated_delta delta_product srwm"}
+CORES=${CORES:-"ff lstm gru lt delta delta_rnn rdn fwm gated_delta delta_product srwm mamba"}
 LEVELS=${LEVELS:-easy}
 SEEDS=${SEEDS:-"1 2 3"}
 JOBS=${JOBS:-1}

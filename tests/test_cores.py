@@ -18,6 +18,8 @@ D = torch.float64
 IN = 5
 BUILTIN = ("ff", "lstm", "gru", "lt", "delta", "delta_rnn", "rdn", "fwm", "gated_delta", "delta_product", "srwm")
 RECURRENT = ("lstm", "gru", "lt", "delta", "delta_rnn", "rdn", "fwm", "gated_delta", "delta_product", "srwm")
+BUILTIN += ("mamba",)
+RECURRENT += ("mamba",)
 FAST = ("lt", "delta", "delta_rnn", "rdn")
 ALL = tuple(cores.available())  # every registered core, built-in or added by a module
 
@@ -35,6 +37,7 @@ SMALL = {
     "gated_delta": FW_SMALL,  # short conv of 4, output gate
     "delta_product": {**FW_SMALL, "num_householder": 2},
     "srwm": FW_SMALL,
+    "mamba": {"hidden_size": 8, "num_layers": 2, "state_size": 3},  # d_inner 16, conv of 4
 }
 # state tensors per core for its SMALL config (checked when listed)
 N_STATE = {
@@ -52,6 +55,7 @@ N_STATE = {
     "gated_delta": 4,
     "delta_product": 4,
     "srwm": 2,
+    "mamba": 4,
 }  # (S, conv) or (ΔW,) per layer
 # (core, extra config) combinations: every core as configured in SMALL, plus every feature map
 VARIANTS = [(n, {}) for n in ALL] + [
@@ -75,6 +79,9 @@ VARIANTS = [(n, {}) for n in ALL] + [
     ("lstm", {"forget_bias": 1.0, "recurrent_init": "orthogonal"}),
     ("gru", {"recurrent_init": "orthogonal"}),
     ("gru", {"update_bias": 1.0}),
+    ("mamba", {"conv_size": 0, "dt_rank": 3}),
+    ("mamba", {"chunk_size": 4, "conv_size": 2}),  # chunks of 4, 4 and the rest: recomputed
+    ("mamba", {"chunk_size": 3, "scan": "parallel", "expand": 1}),
 ]
 
 

@@ -36,7 +36,7 @@ Built-in cores: ``ff`` (identity), ``lstm``, ``gru``, ``lt``, ``delta``, ``delta
 (:mod:`rfwp_rl.cores.fwm`); language-modelling variants ``delta_lstm``, ``delta_mlp``,
 ``delta_delta`` (:mod:`rfwp_rl.cores.lm_cores`); ``gated_delta`` (Gated DeltaNet) and
 ``delta_product`` (DeltaProduct) (:mod:`rfwp_rl.cores.householder`); ``srwm`` (self-referential
-weight matrix, :mod:`rfwp_rl.cores.srwm`).
+weight matrix, :mod:`rfwp_rl.cores.srwm`); ``mamba`` (selective SSM, :mod:`rfwp_rl.cores.mamba`).
 """
 
 from __future__ import annotations
@@ -61,6 +61,8 @@ from rfwp_rl.cores.householder import CORES as _HOUSEHOLDER_CORES
 from rfwp_rl.cores.householder import SPECS as _HOUSEHOLDER_SPECS
 from rfwp_rl.cores.lstm import SPEC as _LSTM_SPEC
 from rfwp_rl.cores.lstm import LSTMCore
+from rfwp_rl.cores.mamba import SPEC as _MAMBA_SPEC
+from rfwp_rl.cores.mamba import MambaCore
 from rfwp_rl.cores.srwm import SPEC as _SRWM_SPEC
 from rfwp_rl.cores.srwm import SRWMCore
 from rfwp_rl.errors import UserError, check_choice, choices_hint
@@ -151,3 +153,4 @@ register(_FWM_SPEC, FWMCore)
 for _kind, _spec in _HOUSEHOLDER_SPECS.items():
     register(_spec, _HOUSEHOLDER_CORES[_kind])
 register(_SRWM_SPEC, SRWMCore)
+register(_MAMBA_SPEC, MambaCore)
