@@ -87,7 +87,13 @@ def manual_mamba(core, x, reset, state0):
 
 
 @pytest.mark.parametrize(
-    "options", [{}, {"conv_size": 0}, {"conv_size": 3, "dt_rank": 2, "expand": 1, "chunk_size": 2, "scan": "parallel"}]
+    "options",
+    [
+        {},
+        {"backend": "reference"},
+        {"conv_size": 0},
+        {"conv_size": 3, "dt_rank": 2, "expand": 1, "chunk_size": 2, "scan": "parallel", "backend": "reference"},
+    ],
 )
 def test_mamba_core_matches_the_papers_equations(options):
     torch.manual_seed(0)
@@ -154,6 +160,7 @@ def test_state_shapes_and_defaults():
         "dt_rank": 0,
         "chunk_size": 0,
         "scan": "loop",
+        "backend": "auto",
         "detach_state_every_step": False,
     }
     core = cores.make("mamba", 3, hidden_size=16, num_layers=2, state_size=4, expand=3, conv_size=3)
@@ -162,10 +169,11 @@ def test_state_shapes_and_defaults():
     assert core.config["expand"] == 3 and set(core.config) == set(cores.available()["mamba"].defaults)
 
 
-def test_chunks_and_scans_give_the_same_numbers():
+def test_chunks_scans_and_the_fused_kernel_give_the_same_numbers():
     # the op's forms inside the core: values and gradients, with a reset and a non-zero state
     out = []
-    for options in ({}, {"chunk_size": 3}, {"scan": "parallel"}, {"chunk_size": 4, "scan": "parallel"}):
+    forms = ({}, {"chunk_size": 3}, {"scan": "parallel"}, {"chunk_size": 4, "scan": "parallel"})
+    for options in ({"backend": "auto"}, *({**f, "backend": "reference"} for f in forms)):
         torch.manual_seed(0)
         core = cores.make("mamba", IN, hidden_size=8, state_size=3, **options).to(D)
         x = rand(7, 2, IN).requires_grad_()
@@ -204,6 +212,7 @@ def test_option_errors_are_one_line():
     _err(r"dt_rank='auto' has type str; allowed: int \(default 0\)", make, "mamba", 4, dt_rank="auto")
     _err(r"chunk_size -4 is invalid; allowed: 0 \(the whole unroll", make, "mamba", 4, chunk_size=-4)
     _err(r"unknown scan 'paralel'; did you mean 'parallel'", make, "mamba", 4, scan="paralel")
+    _err(r"unknown backend 'cuda'", make, "mamba", 4, backend="cuda")
     _err(r"num_layers 0 is invalid", make, "mamba", 4, num_layers=0)
     _err(r"hidden_size 0 is invalid", make, "mamba", 4, hidden_size=0)
     _err(r"unknown config key 'num_heads' for core 'mamba'", make, "mamba", 4, num_heads=4)

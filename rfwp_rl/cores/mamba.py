@@ -29,9 +29,12 @@ divided by sqrt(num_layers) (the authors' rescaling of residual branches).
 State of each layer (batch dim 0; concatenated over layers): ``h [B, d_inner, N]``, then, with
 a convolution, ``conv [B, K - 1, d_inner]`` (the convolution's last K - 1 inputs, oldest first,
 as :func:`rfwp_rl.cores.householder.short_conv` carries them). A reset zeroes both, so one call
-on T steps equals T calls of one step. The recurrence over an unroll is
-:func:`rfwp_rl.ops.mamba.selective_scan` (``chunk_size`` steps per chunk recomputed in the
-backward pass, 0: none; ``scan`` the loop or the parallel scan inside a chunk).
+on T steps equals T calls of one step. The recurrence over an unroll (the op ``mamba`` of
+:mod:`rfwp_rl.ops`): on the CPU the fused kernel (``backend`` auto or kernel; it keeps no
+per-step states, recomputing them from chunk checkpoints in the backward pass), elsewhere (or
+with backend reference) the PyTorch form :func:`rfwp_rl.ops.mamba.selective_scan`:
+``chunk_size`` steps per chunk recomputed in the backward pass (0: none), ``scan`` the loop
+or the parallel scan inside a chunk.
 """
 
 from __future__ import annotations
@@ -43,10 +46,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rfwp_rl.cores.base import Core, CoreSpec, State, check_bool, check_positive_int
+from rfwp_rl.cores.base import Core, CoreSpec, State, check_backend, check_bool, check_positive_int
 from rfwp_rl.cores.householder import HeadRMSNorm, check_conv_size, short_conv
 from rfwp_rl.errors import UserError, check_choice
-from rfwp_rl.ops.mamba import selective_scan
+from rfwp_rl.ops.mamba import layer, selective_scan
 
 DT_MIN, DT_MAX, DT_FLOOR = 1e-3, 1e-1, 1e-4
 """Range of the initial step sizes Δ (log-uniform) and their floor (the authors' defaults)."""
@@ -66,6 +69,7 @@ SPEC = CoreSpec(
         "dt_rank": 0,
         "chunk_size": 0,
         "scan": "loop",
+        "backend": "auto",
         "detach_state_every_step": False,
     },
 )
@@ -96,11 +100,12 @@ class MambaMixer(nn.Module):
         num_layers: int,
         chunk_size: int,
         parallel: bool,
+        backend: str,
     ) -> None:
         super().__init__()
         self.d_inner = expand * d_model
         self.N, self.R, self.K = state_size, dt_rank, conv_size
-        self.chunk_size, self.parallel = chunk_size, parallel
+        self.chunk_size, self.parallel, self.backend = chunk_size, parallel, backend
         self.in_proj = nn.Linear(d_model, 2 * self.d_inner, bias=False)
         # depthwise: one kernel of K taps and a bias per channel (Conv1d's initialisation)
         self.conv = nn.Conv1d(self.d_inner, self.d_inner, conv_size, groups=self.d_inner) if conv_size else None
@@ -136,7 +141,11 @@ class MambaMixer(nn.Module):
         dt, B, C = self.x_proj(u).split([self.R, self.N, self.N], dim=-1)  # Algorithm 2 lines 2-4
         delta = F.softplus(self.dt_proj(dt))  # Δ = τ_Δ(Parameter + s_Δ(x)), τ_Δ = softplus
         A = -torch.exp(self.A_log)  # Algorithm 2 line 1 (diagonal, negative)
-        y, h = selective_scan(u, delta, A, B, C, state[0], reset, self.chunk_size, self.parallel)  # lines 5-6
+        fused = layer(self.backend, u)  # Algorithm 2 lines 5-6: the fused CPU kernel, or the PyTorch form
+        if fused is not None:
+            y, h = fused(u, delta, A, B, C, state[0], reset)
+        else:
+            y, h = selective_scan(u, delta, A, B, C, state[0], reset, self.chunk_size, self.parallel)
         y = y + self.D * u  # the D skip of the SSM's output (y_t = C_t h_t + D x_t)
         return self.out_proj(y * F.silu(z)), (h, *new_conv)  # Sec. 3.4: gate with SiLU(z)
 
@@ -163,6 +172,7 @@ class MambaCore(Core):
         dt_rank: int = 0,
         chunk_size: int = 0,
         scan: str = "loop",
+        backend: str = "auto",
         detach_state_every_step: bool = False,
     ) -> None:
         super().__init__()
@@ -175,6 +185,7 @@ class MambaCore(Core):
         check_non_negative_int("dt_rank", dt_rank, "ceil(hidden_size / 16)")
         check_non_negative_int("chunk_size", chunk_size, "the whole unroll, nothing recomputed")
         check_choice("scan", scan, SCANS)
+        check_backend(backend)
         self.detach_state_every_step = check_bool("detach_state_every_step", detach_state_every_step)
         rank = dt_rank or math.ceil(hidden_size / 16)
         self.config = {
@@ -186,12 +197,15 @@ class MambaCore(Core):
             "dt_rank": dt_rank,
             "chunk_size": chunk_size,
             "scan": scan,
+            "backend": backend,
             "detach_state_every_step": detach_state_every_step,
         }
         self.input_proj = nn.Linear(input_size, hidden_size)
         self.norms = nn.ModuleList(HeadRMSNorm(hidden_size) for _ in range(num_layers))
         self.mixers = nn.ModuleList(
-            MambaMixer(hidden_size, state_size, expand, conv_size, rank, num_layers, chunk_size, scan == "parallel")
+            MambaMixer(
+                hidden_size, state_size, expand, conv_size, rank, num_layers, chunk_size, scan == "parallel", backend
+            )
             for _ in range(num_layers)
         )
         self.norm_f = HeadRMSNorm(hidden_size)

@@ -1,6 +1,7 @@
-"""The selective SSM of Mamba: the loop against hand-computed numbers, the chunked form (loop
-or parallel scan inside chunks, chunks recomputed in the backward pass) against the loop, and
-what the chunked form keeps for the backward pass."""
+"""The selective SSM of Mamba: the loop against hand-computed numbers, the chunked PyTorch form
+(loop or parallel scan inside chunks, chunks recomputed in the backward pass) against the loop,
+what the chunked form keeps for the backward pass; and every check of op_contract.py (the
+fused CPU kernel against the loop)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ import math
 
 import pytest
 import torch
+from op_contract import *  # noqa: F401,F403  (the checks every op passes)
 
 from rfwp_rl.ops.mamba import naive, selective_scan
 
+OP = "mamba"
 D = torch.float64
 LN2 = math.log(2.0)
 FORMS = {

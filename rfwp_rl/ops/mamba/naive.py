@@ -3,10 +3,15 @@ autograd does the backward pass (the reference of :mod:`.chunked`)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor
 
 from rfwp_rl.ops.common import reset_steps, zero_entries
+
+if TYPE_CHECKING:
+    from rfwp_rl.ops.cases import Rand
 
 
 def selective_scan(
@@ -39,3 +44,17 @@ def selective_scan(
         h = decay * h + (delta[t] * u[t])[:, :, None] * B[t, :, None, :]  # Eq. 2a with B̄ = ΔB
         ys.append((h * C[t, :, None, :]).sum(-1))  # Eq. 2b: y = C h
     return torch.stack(ys), h
+
+
+def example_inputs(rand: Rand, T: int, B: int, H: int, d: int, dk: int) -> list[Tensor]:
+    """Inputs as the core hands them, D = H d channels and N = dk states: u, B, C normal,
+    Δ = softplus(normal) > 0, A = -exp(normal / 2) < 0, a non-zero h0."""
+    D = H * d
+    return [
+        rand.normal(T, B, D),
+        torch.nn.functional.softplus(rand.normal(T, B, D)),
+        -torch.exp(rand.normal(D, dk, scale=0.5)),
+        rand.normal(T, B, dk),
+        rand.normal(T, B, dk),
+        rand.state(B, D, dk),
+    ]
