@@ -258,6 +258,7 @@ ATARI_PRESETS = {
     "delta_rnn": "atari_delta_rnn",
     "gru": "atari_gru",
     "fwm": "atari_fwm",
+    "mamba": "atari_mamba",
 }
 
 

@@ -21,6 +21,7 @@ PAPER_COUNTS = {
 # (3 gate blocks of 312 x (257 + 312) weights, two biases each) and the heads (313 + 313 A).
 # FWM: agents/atari_fwm.toml.
 OTHER_COUNTS = {"gru": (1_089_232 + 3 * 312 * 569 + 6 * 312 + 313, 313), "fwm": (1_683_122, 257)}
+OTHER_COUNTS["mamba"] = (1_588_945, 129)  # agents/atari_mamba.toml
 CORES = ["ff", "lstm", "gru", "lt", "delta", "delta_rnn", "rdn", "fwm"]
 SMALL = {
     "lstm": {"hidden_size": 16},

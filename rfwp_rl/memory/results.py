@@ -51,6 +51,7 @@ from rfwp_rl.memory import suite
 from rfwp_rl.runlog import read_all_scalars
 
 CORE_ORDER = ("ff", "lstm", "gru", "lt", "delta", "delta_rnn", "rdn", "fwm", "gated_delta", "delta_product", "srwm")
+CORE_ORDER += ("mamba",)
 CURVE_TAG = "episode/return_mean100"
 MINUTES_TAG = "perf/train_minutes"
 TABLE_BEGIN, TABLE_END = "<!-- memory-table -->", "<!-- /memory-table -->"
