@@ -25,6 +25,7 @@
 
 #include "cpu/fastweight_cpu.h"
 #include "cpu/lstm_impl.h"
+#include "cpu/selective_scan_impl.h"
 #include "cpu/vec_math.h"
 #include "fastweight_params.h"
 #ifdef RFWP_WITH_CUDA
@@ -898,6 +899,128 @@ std::vector<Tensor> lstm_backward_impl(const Tensor& x, const Tensor& h0, const 
   return {gx, dh, dc, gw_ih, gw_hh, gb};
 }
 
+// --------------------------------------------------------------------- mamba (selective scan)
+
+// The selective SSM of Mamba on the CPU (cpu/selective_scan_impl.h has the equations), one batch
+// entry per task. No CUDA kernel: the core runs its PyTorch form on a GPU. chunk 0: inference
+// (no checkpoints); else the state before every chunk of `chunk` steps is kept for the backward.
+struct ScanShapes {
+  int64_t T, B, D, N;
+};
+
+ScanShapes check_scan_inputs(const Tensor& u, const Tensor& delta, const Tensor& A, const Tensor& Bm,
+                             const Tensor& C) {
+  TORCH_CHECK(!u.is_cuda(), "mamba has no CUDA kernel (the core runs its PyTorch form on a GPU)");
+  TORCH_CHECK(u.dim() == 3, "u must be [T, B, D], got ", u.sizes());
+  TORCH_CHECK(u.scalar_type() == at::kFloat || u.scalar_type() == at::kDouble,
+              "fused kernels support float32 and float64, got ", u.scalar_type());
+  TORCH_CHECK(A.dim() == 2 && A.size(0) == u.size(2) && A.size(1) >= 1,
+              "A must be [D, N] with D = ", u.size(2), " and N >= 1, got ", A.sizes());
+  const ScanShapes s{u.size(0), u.size(1), u.size(2), A.size(1)};
+  TORCH_CHECK(s.D >= 1, "u must have D >= 1 channels, got ", u.sizes());
+  TORCH_CHECK(s.T <= INT32_MAX && s.B <= INT32_MAX && s.D * s.N <= INT32_MAX,
+              "sizes beyond the kernels' 32-bit range: ", u.sizes(), ", N = ", s.N);
+  check_tensor(delta, "delta", u, {s.T, s.B, s.D});
+  check_tensor(A, "A", u, {s.D, s.N});
+  check_tensor(Bm, "B", u, {s.T, s.B, s.N});
+  check_tensor(C, "C", u, {s.T, s.B, s.N});
+  return s;
+}
+
+template <typename S>
+rfwp::cpu::SelectiveScanArgs<S> scan_args(const ScanShapes& s, const Tensor& u, const Tensor& delta,
+                                          const Tensor& A, const Tensor& Bm, const Tensor& C,
+                                          const optional<Tensor>& reset, int64_t chunk) {
+  rfwp::cpu::SelectiveScanArgs<S> a;
+  a.T = static_cast<int>(s.T);
+  a.B = static_cast<int>(s.B);
+  a.D = static_cast<int>(s.D);
+  a.N = static_cast<int>(s.N);
+  a.chunk = static_cast<int>(chunk);
+  a.u = ptr<S>(u);
+  a.delta = ptr<S>(delta);
+  a.A = ptr<S>(A);
+  a.Bm = ptr<S>(Bm);
+  a.C = ptr<S>(C);
+  Dims n;
+  n.T = a.T;
+  n.B = a.B;
+  a.reset = reset_ptr(reset, n, u);
+  return a;
+}
+
+int64_t scan_chunks(int64_t T, int64_t chunk) { return chunk > 0 ? (T + chunk - 1) / chunk : 0; }
+
+// {y [T, B, D], h_T [B, D, N], checkpoints [ceil(T / chunk), B, D, N] (empty when chunk is 0)}
+std::vector<Tensor> mamba_forward_impl(const Tensor& u, const Tensor& delta, const Tensor& A,
+                                       const Tensor& Bm, const Tensor& C, const Tensor& h0,
+                                       const optional<Tensor>& reset, int64_t chunk) {
+  TORCH_CHECK(chunk >= 0, "checkpoint interval must be >= 0, got ", chunk);
+  const ScanShapes s = check_scan_inputs(u, delta, A, Bm, C);
+  check_tensor(h0, "h0", u, {s.B, s.D, s.N});
+  Tensor y = empty_like_shape(u, {s.T, s.B, s.D}), hT = empty_like_shape(u, {s.B, s.D, s.N});
+  Tensor ckpt = empty_like_shape(u, {scan_chunks(s.T, chunk), s.B, s.D, s.N});
+  AT_DISPATCH_FLOATING_TYPES(u.scalar_type(), "mamba_forward", [&] {
+    using S = scalar_t;
+    auto a = scan_args<S>(s, u, delta, A, Bm, C, reset, chunk);
+    a.h0 = ptr<S>(h0);
+    a.y = out<S>(y);
+    a.hT = out<S>(hT);
+    a.ckpt = chunk > 0 ? out<S>(ckpt) : nullptr;
+    at::parallel_for(0, s.B, 1, [&](int64_t b0, int64_t b1) {
+      std::vector<S> h(static_cast<size_t>(s.D * s.N));
+      for (int64_t b = b0; b < b1; ++b)
+        rfwp::cpu::selective_scan_forward_entry<S>(a, static_cast<int>(b), h.data());
+    });
+  });
+  return {y, hT, ckpt};
+}
+
+// {gu, gdelta, gA, gB, gC, gh0}: ckpt from the forward with the same chunk; gy, ghT: gradients
+// of y and h_T (undefined: zero). gA sums the entries' partial sums in order of the entry.
+std::vector<Tensor> mamba_backward_impl(const Tensor& u, const Tensor& delta, const Tensor& A,
+                                        const Tensor& Bm, const Tensor& C,
+                                        const optional<Tensor>& reset, const Tensor& ckpt,
+                                        const optional<Tensor>& gy, const optional<Tensor>& ghT,
+                                        int64_t chunk) {
+  const ScanShapes s = check_scan_inputs(u, delta, A, Bm, C);
+  TORCH_CHECK(chunk >= 1, "checkpoint interval must be >= 1, got ", chunk);
+  check_tensor(ckpt, "checkpoints", u, {scan_chunks(s.T, chunk), s.B, s.D, s.N});
+  check_optional(gy, "grad y", u, {s.T, s.B, s.D});
+  check_optional(ghT, "grad h_T", u, {s.B, s.D, s.N});
+  Tensor gu = empty_like_shape(u, {s.T, s.B, s.D}), gdelta = empty_like_shape(u, {s.T, s.B, s.D});
+  Tensor gB = empty_like_shape(u, {s.T, s.B, s.N}), gC = empty_like_shape(u, {s.T, s.B, s.N});
+  Tensor gh0 = empty_like_shape(u, {s.B, s.D, s.N}), gA_part = empty_like_shape(u, {s.B, s.D, s.N});
+  Tensor gA = at::zeros({s.D, s.N}, u.options());
+  AT_DISPATCH_FLOATING_TYPES(u.scalar_type(), "mamba_backward", [&] {
+    using S = scalar_t;
+    auto a = scan_args<S>(s, u, delta, A, Bm, C, reset, chunk);
+    a.ckpt = const_cast<S*>(ptr<S>(ckpt));
+    a.gy = ptr_or_null<S>(gy);
+    a.ghT = ptr_or_null<S>(ghT);
+    a.gu = out<S>(gu);
+    a.gdelta = out<S>(gdelta);
+    a.gA_part = out<S>(gA_part);
+    a.gB = out<S>(gB);
+    a.gC = out<S>(gC);
+    a.gh0 = out<S>(gh0);
+    const int64_t DN = s.D * s.N, rows = std::min(s.T, chunk) + 1;
+    at::parallel_for(0, s.B, 1, [&](int64_t b0, int64_t b1) {
+      std::vector<S> hs(static_cast<size_t>(rows * DN)), g(static_cast<size_t>(DN));
+      for (int64_t b = b0; b < b1; ++b)
+        rfwp::cpu::selective_scan_backward_entry<S>(a, static_cast<int>(b), hs.data(), g.data());
+    });
+    // the entries' partial sums in a fixed order, whatever the thread count
+    const S* part = ptr<S>(gA_part);
+    S* ga = out<S>(gA);
+    at::parallel_for(0, DN, 1024, [&](int64_t i0, int64_t i1) {
+      for (int64_t b = 0; b < s.B; ++b)
+        for (int64_t i = i0; i < i1; ++i) ga[i] += part[b * DN + i];
+    });
+  });
+  return {gu, gdelta, gA, gB, gC, gh0};
+}
+
 // ------------------------------------------------------------------ entry points (dtype, layout)
 
 bool is_half(const Tensor& x) {
@@ -1116,6 +1239,25 @@ std::vector<Tensor> lstm_backward(const Tensor& x, const Tensor& h0, const Tenso
   return h ? to_dtype_all(outs, x.scalar_type()) : outs;
 }
 
+std::vector<Tensor> mamba_forward(const Tensor& u, const Tensor& delta, const Tensor& A, const Tensor& Bm,
+                                  const Tensor& C, const Tensor& h0, const optional<Tensor>& reset,
+                                  int64_t chunk, int64_t threads) {
+  same_dtype(u, {{"delta", &delta}, {"A", &A}, {"B", &Bm}, {"C", &C}, {"h0", &h0}});
+  const bool h = is_half(u);
+  auto outs = mamba_forward_impl(prep(u, h), prep(delta, h), prep(A, h), prep(Bm, h), prep(C, h),
+                                 prep(h0, h), prep(reset, false), chunk);
+  return h ? to_dtype(outs, {0, 1}, u.scalar_type()) : outs;
+}
+std::vector<Tensor> mamba_backward(const Tensor& u, const Tensor& delta, const Tensor& A,
+                                   const Tensor& Bm, const Tensor& C, const optional<Tensor>& reset,
+                                   const Tensor& ckpt, const optional<Tensor>& gy,
+                                   const optional<Tensor>& ghT, int64_t chunk, int64_t threads) {
+  const bool h = is_half(u);
+  auto outs = mamba_backward_impl(prep(u, h), prep(delta, h), prep(A, h), prep(Bm, h), prep(C, h),
+                                  prep(reset, false), prep(ckpt, h), prep(gy, h), prep(ghT, h), chunk);
+  return h ? to_dtype_all(outs, u.scalar_type()) : outs;
+}
+
 // exp / tanh of the CPU kernels (cpu/vec_math.h) elementwise, for accuracy tests.
 Tensor vec_math(const Tensor& x, const std::string& fn) {
   TORCH_CHECK(x.device().is_cpu() && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble),
@@ -1146,7 +1288,8 @@ bool has_cuda() {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   namespace py = pybind11;
   m.doc() = "rfwp_rl fused fast-weight recurrences (lt, delta, delta_rnn, rdn, gated_delta, "
-          "delta_product, srwm, fwm) and the CPU LSTM layer (lstm), forward and backward";
+          "delta_product, srwm, fwm), the CPU LSTM layer (lstm) and the CPU selective scan of "
+          "Mamba (mamba), forward and backward";
   m.def("has_cuda", &has_cuda, "whether this build includes the CUDA kernels");
   m.def("_vec_math", &vec_math, "the CPU kernels' exp or tanh, elementwise (for tests)");
   m.def("lt_forward", &lt_forward, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("W0"),
@@ -1199,6 +1342,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("lstm_backward", &lstm_backward, py::arg("x"), py::arg("h0"), py::arg("c0"),
         py::arg("w_ih"), py::arg("w_hh"), py::arg("reset"), py::arg("y"), py::arg("acts"),
         py::arg("c"), py::arg("gy"), py::arg("ghT"), py::arg("gcT"), py::arg("need_gx"),
+        py::arg("threads") = 0);
+  m.def("mamba_forward", &mamba_forward, py::arg("u"), py::arg("delta"), py::arg("A"), py::arg("B"),
+        py::arg("C"), py::arg("h0"), py::arg("reset"), py::arg("chunk"), py::arg("threads") = 0);
+  m.def("mamba_backward", &mamba_backward, py::arg("u"), py::arg("delta"), py::arg("A"), py::arg("B"),
+        py::arg("C"), py::arg("reset"), py::arg("ckpt"), py::arg("gy"), py::arg("ghT"), py::arg("chunk"),
         py::arg("threads") = 0);
   m.def("fwm_step_state", &fwm_step_state, py::arg("B"), py::arg("H"), py::arg("m"),
         py::arg("like"), py::arg("F0"), py::arg("capacity"),

@@ -3,7 +3,7 @@
 # tables of OUT (runs.csv, summary.csv, aggregate.csv, curves.png, performance_profile.png and the
 # tables in OUT/README.md) with `rfwp-rl memory-results`. The defaults reproduce the current
 # easy-suite table, results/memory/easy_suite/ (every agent core, the six easy tasks, 3 seeds, 300k
-# steps; ffm, lru and mlstm came after that table, so the defaults add their runs to it);
+# steps; ffm, lru, mlstm and mamba came after that table, so the defaults add their runs to it);
 # results/memory/README.md names the command of every other table.
 #
 #   JOBS=2 bash launch/memory_suite.sh                       # results/memory/easy_suite/
@@ -23,7 +23,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 STEPS=${STEPS:-300000}
-CORES=${CORES:-"ff lstm gru lt delta delta_rnn rdn fwm gated_delta delta_product srwm ffm lru mlstm"}
+CORES=${CORES:-"ff lstm gru lt delta delta_rnn rdn fwm gated_delta delta_product srwm ffm lru mlstm mamba"}
 LEVELS=${LEVELS:-easy}
 SEEDS=${SEEDS:-"1 2 3"}
 JOBS=${JOBS:-1}

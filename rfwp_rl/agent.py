@@ -261,6 +261,7 @@ ATARI_PRESETS = {
     "ffm": "atari_ffm",
     "lru": "atari_lru",
     "mlstm": "atari_mlstm",
+    "mamba": "atari_mamba",
 }
 
 

@@ -29,6 +29,7 @@ OTHER_COUNTS = {
     "ffm": (1_601_141, 641),  # derived in tests/test_cores_ffm.py
     "lru": (1_618_129, 129),  # derived in tests/test_cores_lru.py
     "mlstm": (1_089_232 + 33_024 + 2 * MLSTM_BLOCK + 129, 129),
+    "mamba": (1_588_945, 129),  # agents/atari_mamba.toml, derived in tests/test_cores_mamba.py
 }
 CORES = ["ff", "lstm", "gru", "lt", "delta", "delta_rnn", "rdn", "fwm"]
 SMALL = {

@@ -31,6 +31,7 @@ BUILTIN = (
     "ffm",
     "lru",
     "mlstm",
+    "mamba",
 )
 RECURRENT = BUILTIN[1:]  # all but ff (test_the_builtin_recurrent_cores_have_state checks which have state)
 FAST = ("lt", "delta", "delta_rnn", "rdn")
@@ -53,6 +54,7 @@ SMALL = {
     "ffm": {"hidden_size": 6, "memory_size": 3, "context_size": 2, "num_layers": 2},
     "lru": {"hidden_size": 6, "state_size": 4, "num_layers": 2},
     "mlstm": {**FW_SMALL, "chunk_size": 4},  # unrolls of 6 and 7 steps cross a chunk boundary
+    "mamba": {"hidden_size": 8, "num_layers": 2, "state_size": 3},  # d_inner 16, conv of 4
 }
 # state tensors per core for its SMALL config (checked when listed)
 N_STATE = {
@@ -73,7 +75,8 @@ N_STATE = {
     "ffm": 2,
     "lru": 2,  # x [B, N, 2] per layer
     "mlstm": 6,
-}  # (S, conv) or (ΔW,) or (C, n, m) per layer
+    "mamba": 4,
+}  # (S, conv) or (ΔW,) or (C, n, m) or (h, conv) per layer
 # (core, extra config) combinations: every core as configured in SMALL, plus every feature map
 VARIANTS = [(n, {}) for n in ALL] + [
     ("lt", {"feature_map": "dpfp", "dpfp_nu": 2}),
@@ -100,6 +103,9 @@ VARIANTS = [(n, {}) for n in ALL] + [
     ("lru", {"r_min": 0.9, "r_max": 0.999, "max_phase": 0.31, "num_layers": 1}),
     ("mlstm", {"chunk_size": 1}),
     ("mlstm", {"chunk_size": 64, "num_heads": 1}),
+    ("mamba", {"conv_size": 0, "dt_rank": 3}),
+    ("mamba", {"chunk_size": 4, "conv_size": 2}),  # chunks of 4, 4 and the rest: recomputed
+    ("mamba", {"chunk_size": 3, "scan": "parallel", "expand": 1}),
 ]
 
 

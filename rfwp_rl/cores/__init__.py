@@ -40,6 +40,7 @@ weight matrix, :mod:`rfwp_rl.cores.srwm`).
 ``ffm``: Fast and Forgetful Memory (:mod:`rfwp_rl.cores.ffm`).
 ``lru``: the Linear Recurrent Unit (:mod:`rfwp_rl.cores.lru`).
 ``mlstm``: xLSTM's matrix-memory cell (:mod:`rfwp_rl.cores.mlstm`).
+``mamba``: the selective SSM of Mamba (:mod:`rfwp_rl.cores.mamba`).
 """
 
 from __future__ import annotations
@@ -68,6 +69,8 @@ from rfwp_rl.cores.lru import SPEC as _LRU_SPEC
 from rfwp_rl.cores.lru import LRUCore
 from rfwp_rl.cores.lstm import SPEC as _LSTM_SPEC
 from rfwp_rl.cores.lstm import LSTMCore
+from rfwp_rl.cores.mamba import SPEC as _MAMBA_SPEC
+from rfwp_rl.cores.mamba import MambaCore
 from rfwp_rl.cores.mlstm import SPEC as _MLSTM_SPEC
 from rfwp_rl.cores.mlstm import MLSTMCore
 from rfwp_rl.cores.srwm import SPEC as _SRWM_SPEC
@@ -163,3 +166,4 @@ register(_SRWM_SPEC, SRWMCore)
 register(_FFM_SPEC, FFMCore)
 register(_LRU_SPEC, LRUCore)
 register(_MLSTM_SPEC, MLSTMCore)
+register(_MAMBA_SPEC, MambaCore)

@@ -65,6 +65,7 @@ CORE_ORDER = (
     "ffm",
     "lru",
     "mlstm",
+    "mamba",
 )
 CURVE_TAG = "episode/return_mean100"
 MINUTES_TAG = "perf/train_minutes"

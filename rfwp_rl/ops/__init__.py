@@ -1,10 +1,10 @@
 """Fast-weight recurrences: the sequential part of each fast-weight core.
 
 One folder per op (``lt``, ``delta``, ``delta_rnn``, ``rdn``, ``gated_delta``,
-``delta_product``, ``srwm``, ``fwm``, and the LSTM layer ``lstm``): ``naive.py`` (the plain
-PyTorch reference), ``fused.py`` (its autograd Function over the C++/CUDA kernels of
-``csrc/``, and ``supported``: the sizes the fused kernel runs) and ``__init__.py`` (its
-:class:`~rfwp_rl.ops.base.OpSpec`). Layers: cores -> ops -> kernels (build, load).
+``delta_product``, ``srwm``, ``fwm``, the LSTM layer ``lstm``, Mamba's selective SSM
+``mamba``): ``naive.py`` (the plain PyTorch reference), ``fused.py`` (its autograd Function
+over the C++/CUDA kernels of ``csrc/``, and ``supported``: the sizes the fused kernel runs)
+and ``__init__.py`` (its :class:`~rfwp_rl.ops.base.OpSpec`). Layers: cores -> ops -> kernels (build, load).
 
 ``get(name, backend)`` (or ``resolve(name, backend, dims)`` when the sizes are known, once
 at construction) picks an implementation with the reference's signature:
@@ -38,6 +38,9 @@ same dtype/device; ``reset`` is bool ``[T, B]``: True zeroes entry b's state *be
   torch.nn.LSTM's parameters (gates i, f, g, o): x ``[T,B,I]``, h0, c0 ``[B,H]``, w_ih
   ``[4H,I]``, w_hh ``[4H,H]``, b_ih, b_hh ``[4H]``; y ``[T,B,H]``; Dims (dk, dv) = (I, H).
   Fused on CPU only (on a GPU the cores run cuDNN's nn.LSTM).
+- ``mamba(u, delta, A, B, C, h0, reset) -> (y, h)``: Mamba's selective SSM, u, delta
+  ``[T,B,D]``, A ``[D,N]``, B, C ``[T,B,N]``, h0 ``[B,D,N]``; y ``[T,B,D]``; Dims (dk, dv) =
+  (N, D). Fused on CPU only (on a GPU the core runs its chunked PyTorch form).
 
 Recurrences without a fused kernel (parallel in PyTorch: as a scan, or in chunks of the unroll)
 have a folder with ``naive.py`` beside the parallel form and no :class:`OpSpec`:
@@ -67,7 +70,7 @@ def _register(*names: str) -> dict[str, OpSpec]:
 
 
 OPS: dict[str, OpSpec] = _register(
-    "lt", "delta", "delta_rnn", "rdn", "gated_delta", "delta_product", "srwm", "fwm", "lstm"
+    "lt", "delta", "delta_rnn", "rdn", "gated_delta", "delta_product", "srwm", "fwm", "lstm", "mamba"
 )
 """Every op by name; adding an op adds its folder's name here."""
 
