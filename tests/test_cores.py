@@ -547,3 +547,19 @@ def test_gate_bias_sets_one_gate_and_keeps_the_others(name, option, gates, gate)
                     getattr(rnn_biased, f"bias_{kind}_l{layer}").view(gates, 6)[g],
                     getattr(rnn_plain, f"bias_{kind}_l{layer}").view(gates, 6)[g],
                 )
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_every_core_builds_and_steps_in_the_meta_rl_and_sequence_models(name):
+    from rfwp_rl.meta_rl.model import MetaRLAgent
+    from rfwp_rl.seq.model import SeqModel
+
+    torch.manual_seed(0)
+    agent = MetaRLAgent(name, SMALL[name], obs_size=17, num_actions=3)
+    logits, value = agent.stepper(2).step(torch.randn(2, 17))
+    assert logits.shape == (2, 3) and value.shape == (2,)
+    model = SeqModel(name, [11], 7, emb_size=8, core_config=SMALL[name])
+    logits, _ = model(torch.randint(0, 11, (5, 2)))
+    assert logits.shape == (5, 2, 7)
+    model.loss(logits, torch.randint(0, 7, (5, 2))).backward()
+    assert model.describe()["core_config"] == model.core.config

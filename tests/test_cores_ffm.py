@@ -294,19 +294,3 @@ def test_atari_preset_parameter_count(num_actions):
         agent = build_agent(load_preset("atari_ffm"), ATARI_OBS_SHAPE, num_actions)
     base, per_action = ATARI_PRESET
     assert count_parameters(agent) == base + per_action * num_actions
-
-
-def test_meta_rl_and_sequence_models_build_and_step():
-    from rfwp_rl.meta_rl.model import MetaRLAgent
-    from rfwp_rl.seq.model import SeqModel
-
-    config = {"hidden_size": 8, "memory_size": 4, "context_size": 2}
-    agent = MetaRLAgent("ffm", config, obs_size=17, num_actions=3)
-    stepper = agent.stepper(2)
-    logits, value = stepper.step(torch.randn(2, 17))
-    assert logits.shape == (2, 3) and value.shape == (2,)
-    model = SeqModel("ffm", [11], 7, emb_size=8, core_config=config)
-    logits, state = model(torch.randint(0, 11, (5, 2)))
-    assert logits.shape == (5, 2, 7)
-    model.loss(logits, torch.randint(0, 7, (5, 2))).backward()
-    assert model.describe()["core_config"] == model.core.config

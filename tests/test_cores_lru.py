@@ -325,19 +325,3 @@ def test_presets_in_the_impala_agent():
     (out["policy_params"].sum() + out["baseline"].sum()).backward()
     assert all(p.grad is not None for p in agent.core.parameters())
     assert [tuple(s.shape) for s in state] == agent.core.state_shapes(B)
-
-
-def test_meta_rl_and_sequence_models_build_and_step():
-    from rfwp_rl.meta_rl.model import MetaRLAgent
-    from rfwp_rl.seq.model import SeqModel
-
-    config = {"hidden_size": 8, "state_size": 4, "num_layers": 1}
-    agent = MetaRLAgent("lru", config, obs_size=17, num_actions=3)
-    stepper = agent.stepper(2)
-    logits, value = stepper.step(torch.randn(2, 17))
-    assert logits.shape == (2, 3) and value.shape == (2,)
-    model = SeqModel("lru", [11], 7, emb_size=8, core_config=config)
-    logits, state = model(torch.randint(0, 11, (5, 2)))
-    assert logits.shape == (5, 2, 7)
-    model.loss(logits, torch.randint(0, 7, (5, 2))).backward()
-    assert model.describe()["core_config"] == model.core.config
