@@ -47,8 +47,9 @@ from rfwp_rl.encoders import (  # noqa: F401 - the torsos, also importable from 
     ResNetTorso,
     make_torso,
 )
-from rfwp_rl.errors import check_choice
+from rfwp_rl.errors import UserError, check_choice
 from rfwp_rl.presets import load_preset
+from rfwp_rl.recall import RecallHead
 
 
 @dataclasses.dataclass
@@ -70,6 +71,9 @@ class AgentConfig:
     networks are what Andrychowicz et al. 2021, "What Matters in On-Policy Reinforcement Learning?",
     recommend for on-policy continuous control; not the default: see ``docs/profiles/control.md``). The
     state is the policy core's tensors, then the baseline core's.
+    recall_lags: 0, or L >= 1 for a recall head (:mod:`rfwp_rl.recall`) that the learner trains to
+    reconstruct, from the core's output at step t, the torso features of step t - k, k uniform in
+    1..L (weighted by the trainer's ``recall_cost``); acting never uses it.
     """
 
     torso: str = "auto"
@@ -82,6 +86,7 @@ class AgentConfig:
     encoders: dict = dataclasses.field(default_factory=dict)
     log_std_init: float = 0.0
     separate_baseline: bool = False
+    recall_lags: int = 0
 
     @classmethod
     def from_dict(cls, d: dict | None) -> AgentConfig:
@@ -97,6 +102,10 @@ class AgentConfig:
         check_choice("agent mlp_activation", cfg.mlp_activation, sorted(ACTIVATIONS))
         for key, value in dict(cfg.encoders).items():
             check_choice(f"agent encoder of part {key!r}", value, PART_ENCODERS)
+        if isinstance(cfg.recall_lags, bool) or not isinstance(cfg.recall_lags, int) or cfg.recall_lags < 0:
+            raise UserError(
+                f"agent recall_lags {cfg.recall_lags!r} is invalid; allowed: 0 (no recall head) or an integer >= 1"
+            )
         return cfg
 
     def to_dict(self) -> dict:
@@ -158,6 +167,9 @@ class Agent(nn.Module):
             self.baseline_torso = make_torso(self.obs_space, cfg)
             self.baseline_core = cores.make(core, core_input, **self.core_config)
         self.baseline = nn.Linear(self.core.output_size, 1)
+        self.recall = None  # the learner's recall task (rfwp_rl/recall.py); acting never reads it
+        if cfg.recall_lags:
+            self.recall = RecallHead(self.core.output_size, self.torso.output_size, cfg.recall_lags)
         self.policy_state_size = len(self.core.state_shapes(1))  # leading tensors of the agent's state
 
     def initial_state(self, batch_size: int, device: torch.device | str | None = None) -> tuple[torch.Tensor, ...]:
@@ -176,6 +188,7 @@ class Agent(nn.Module):
         state: tuple,
         prev_action: torch.Tensor | None = None,
         greedy: bool = False,
+        with_features: bool = False,
     ) -> tuple[dict[str, torch.Tensor], tuple]:
         """Run T steps of B environments.
 
@@ -189,6 +202,8 @@ class Agent(nn.Module):
             prev_action: ``[T, B, *action_shape]`` action taken before ``obs[t]`` (only used with
                 ``use_prev_action``; zeroed at episode starts).
             greedy: take the distribution's mode instead of sampling.
+            with_features: also return ``"features" [T, B, F]`` (the torso's output) and
+            ``"core_output" [T, B, H]`` (what the learner's auxiliary losses read).
         Returns:
             ``({"policy_params": [T, B, P], "baseline": [T, B], "action": [T, B, *action_shape],
             "log_prob": [T, B]}, new_state)``; ``log_prob`` is that of ``action`` under the policy.
@@ -215,12 +230,15 @@ class Agent(nn.Module):
             params = self.policy(core_out)
             baseline = self.baseline(baseline_out).squeeze(-1)
             action = self.action_dist.act(params, greedy)
-            return {
+            out = {
                 "policy_params": params,
                 "baseline": baseline,
                 "action": action,
                 "log_prob": self.action_dist.log_prob(params, action),
-            }, policy_state + baseline_state
+            }
+            if with_features:
+                out["features"], out["core_output"] = features.float(), core_out
+            return out, policy_state + baseline_state
 
     def _core(
         self,

@@ -137,6 +137,9 @@ def test_initialisation_follows_the_authors_code():
     assert m.in_proj.bias is None and m.x_proj.bias is None and m.out_proj.bias is None
     assert m.conv.bias is not None
     assert cores.make("mamba", IN, hidden_size=40, dt_rank=7).mixers[0].R == 7
+    wide = cores.make("mamba", IN, hidden_size=40, dt_min=0.01, dt_max=1.0).mixers[0]
+    dt = torch.nn.functional.softplus(wide.dt_proj.bias)  # Δ at a zero input: log-uniform in [0.01, 1]
+    assert 0.01 - 1e-7 <= dt.min() and dt.max() <= 1.0 + 1e-6 and dt.max() > 0.1
 
 
 def test_parameter_counts():
@@ -158,6 +161,8 @@ def test_state_shapes_and_defaults():
         "expand": 2,
         "conv_size": 4,
         "dt_rank": 0,
+        "dt_min": 1e-3,
+        "dt_max": 1e-1,
         "chunk_size": 0,
         "scan": "loop",
         "backend": "auto",
@@ -213,6 +218,9 @@ def test_option_errors_are_one_line():
     _err(r"chunk_size -4 is invalid; allowed: 0 \(the whole unroll", make, "mamba", 4, chunk_size=-4)
     _err(r"unknown scan 'paralel'; did you mean 'parallel'", make, "mamba", 4, scan="paralel")
     _err(r"unknown backend 'cuda'", make, "mamba", 4, backend="cuda")
+    bad_range = r"dt_min 0.1, dt_max 0.01 are invalid; allowed: 0 < dt_min <= dt_max"
+    _err(bad_range, make, "mamba", 4, dt_min=0.1, dt_max=0.01)
+    _err(r"dt_min 0, dt_max 0.1 are invalid", make, "mamba", 4, dt_min=0)
     _err(r"num_layers 0 is invalid", make, "mamba", 4, num_layers=0)
     _err(r"hidden_size 0 is invalid", make, "mamba", 4, hidden_size=0)
     _err(r"unknown config key 'num_heads' for core 'mamba'", make, "mamba", 4, num_heads=4)

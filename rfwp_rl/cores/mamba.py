@@ -22,7 +22,7 @@ One mixer (d_inner = expand * d_model, N = state_size, R = dt_rank, K = conv_siz
 Discretisation: Ā = exp(ΔA) is the zero-order hold of Eq. 4; B̄ = ΔB is the simplified (Euler)
 form the authors' code uses instead of Eq. 4's (ΔA)⁻¹(exp(ΔA) - I)ΔB (the two agree to first
 order in Δ). Initialisation as the authors' code: A S4D-real (A[d, n] = -(n + 1), Sec. 3.6),
-D = 1, Δ's bias the inverse softplus of Δ log-uniform in [DT_MIN, DT_MAX] (floored at
+D = 1, Δ's bias the inverse softplus of Δ log-uniform in [dt_min, dt_max] (floored at
 DT_FLOOR), dt_proj's weight uniform in ±R^-1/2, the conv as torch's Conv1d, out_proj's weight
 divided by sqrt(num_layers) (the authors' rescaling of residual branches).
 
@@ -51,8 +51,8 @@ from rfwp_rl.cores.householder import HeadRMSNorm, check_conv_size, short_conv
 from rfwp_rl.errors import UserError, check_choice
 from rfwp_rl.ops.mamba import layer, selective_scan
 
-DT_MIN, DT_MAX, DT_FLOOR = 1e-3, 1e-1, 1e-4
-"""Range of the initial step sizes Δ (log-uniform) and their floor (the authors' defaults)."""
+DT_FLOOR = 1e-4
+"""The floor of the initial step sizes Δ (the authors' default)."""
 
 SCANS = ("loop", "parallel")
 
@@ -67,6 +67,8 @@ SPEC = CoreSpec(
         "expand": 2,
         "conv_size": 4,
         "dt_rank": 0,
+        "dt_min": 1e-3,
+        "dt_max": 1e-1,
         "chunk_size": 0,
         "scan": "loop",
         "backend": "auto",
@@ -79,6 +81,17 @@ def check_non_negative_int(what: str, value: Any, zero: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise UserError(f"{what} {value!r} is invalid; allowed: 0 ({zero}) or an integer >= 1")
     return value
+
+
+def check_dt_range(dt_min: Any, dt_max: Any) -> tuple[float, float]:
+    """The range of the initial step sizes Δ: ``0 < dt_min <= dt_max``."""
+    ok = all(isinstance(d, (int, float)) and not isinstance(d, bool) for d in (dt_min, dt_max))
+    if not ok or not 0.0 < dt_min <= dt_max < float("inf"):
+        raise UserError(
+            f"dt_min {dt_min!r}, dt_max {dt_max!r} are invalid; allowed: 0 < dt_min <= dt_max "
+            "(the range of the initial step sizes Δ)"
+        )
+    return float(dt_min), float(dt_max)
 
 
 def inverse_softplus(x: Tensor) -> Tensor:
@@ -97,6 +110,7 @@ class MambaMixer(nn.Module):
         expand: int,
         conv_size: int,
         dt_rank: int,
+        dt_range: tuple[float, float],
         num_layers: int,
         chunk_size: int,
         parallel: bool,
@@ -111,9 +125,9 @@ class MambaMixer(nn.Module):
         self.conv = nn.Conv1d(self.d_inner, self.d_inner, conv_size, groups=self.d_inner) if conv_size else None
         self.x_proj = nn.Linear(self.d_inner, dt_rank + 2 * state_size, bias=False)  # s_Δ (rank R), s_B, s_C
         self.dt_proj = nn.Linear(dt_rank, self.d_inner)
-        with torch.no_grad():  # Sec. 3.6 and the authors' code: Δ = softplus(bias) in [DT_MIN, DT_MAX] at init
+        with torch.no_grad():  # Sec. 3.6 and the authors' code: Δ = softplus(bias) in [dt_min, dt_max] at init
             self.dt_proj.weight.uniform_(-(dt_rank**-0.5), dt_rank**-0.5)
-            log_dt = torch.empty(self.d_inner).uniform_(math.log(DT_MIN), math.log(DT_MAX))
+            log_dt = torch.empty(self.d_inner).uniform_(math.log(dt_range[0]), math.log(dt_range[1]))
             self.dt_proj.bias.copy_(inverse_softplus(log_dt.exp().clamp(min=DT_FLOOR)))
         # S4D-real (Sec. 3.6): A[d, n] = -(n + 1), kept as log(-A) so that A stays negative
         self.A_log = nn.Parameter(
@@ -156,7 +170,8 @@ class MambaCore(Core):
     y ``[T, B, hidden_size]``. State: per layer ``h [B, d_inner, state_size]`` and, with
     ``conv_size`` > 0, ``conv [B, conv_size - 1, d_inner]`` (module docstring).
 
-    ``dt_rank`` 0 means the paper's ceil(hidden_size / 16).
+    ``dt_rank`` 0 means the paper's ceil(hidden_size / 16); the initial Δ is log-uniform in
+    ``[dt_min, dt_max]`` (the authors' defaults).
     """
 
     name = "mamba"
@@ -170,6 +185,8 @@ class MambaCore(Core):
         expand: int = 2,
         conv_size: int = 4,
         dt_rank: int = 0,
+        dt_min: float = 1e-3,
+        dt_max: float = 1e-1,
         chunk_size: int = 0,
         scan: str = "loop",
         backend: str = "auto",
@@ -183,6 +200,7 @@ class MambaCore(Core):
         check_positive_int("expand", expand)
         check_conv_size(conv_size)
         check_non_negative_int("dt_rank", dt_rank, "ceil(hidden_size / 16)")
+        dt_range = check_dt_range(dt_min, dt_max)
         check_non_negative_int("chunk_size", chunk_size, "the whole unroll, nothing recomputed")
         check_choice("scan", scan, SCANS)
         check_backend(backend)
@@ -195,6 +213,8 @@ class MambaCore(Core):
             "expand": expand,
             "conv_size": conv_size,
             "dt_rank": dt_rank,
+            "dt_min": dt_min,
+            "dt_max": dt_max,
             "chunk_size": chunk_size,
             "scan": scan,
             "backend": backend,
@@ -204,7 +224,16 @@ class MambaCore(Core):
         self.norms = nn.ModuleList(HeadRMSNorm(hidden_size) for _ in range(num_layers))
         self.mixers = nn.ModuleList(
             MambaMixer(
-                hidden_size, state_size, expand, conv_size, rank, num_layers, chunk_size, scan == "parallel", backend
+                hidden_size,
+                state_size,
+                expand,
+                conv_size,
+                rank,
+                dt_range,
+                num_layers,
+                chunk_size,
+                scan == "parallel",
+                backend,
             )
             for _ in range(num_layers)
         )

@@ -122,6 +122,11 @@ class ImpalaConfig:
         "bounds, which keeps the policy from turning deterministic at a bound (0: off; "
         "other action spaces have no such term)",
     )
+    recall_cost: float = setting(
+        1.0,
+        "weight of the recall loss, per step (agents with agent.recall_lags: reconstruct the "
+        "torso features of a step up to that many steps back; rfwp_rl/recall.py)",
+    )
     discount: float = setting(0.99)
     reward_clip: float = setting(1.0, "clip rewards to [-x, x]; 0: no clipping")
     clip_rho: float = setting(1.0, "V-trace rho-bar: the importance weights' clip in the targets")

@@ -21,6 +21,12 @@ over time and batch, as in TorchBeast (whose hyperparameters the paper used)::
     baseline = baseline_cost * 0.5 * sum (v_t - V(x_t))^2   (v_t: V-trace target)
     entropy  = -entropy_cost * sum_t H(pi(.|x_t))           (H: the action distribution's entropy)
     bound    = bound_cost * sum_t sum_i relu(|mu_i(x_t)| - 1)^2   (Box actions: mean past the bounds)
+    recall   = recall_cost * sum_t ||head(h_t, k_t) - f_{t-k_t}||^2 / sum_i Var(f_i)   (agents with a recall head)
+
+The recall term (:mod:`rfwp_rl.recall`; only for an agent with ``recall_lags``) asks the core's
+output h_t to reconstruct the torso features f of a step k_t back in the same episode and unroll,
+k_t uniform in 1..recall_lags: a dense supervised signal for the memory's writes, which the policy
+gradient reaches only at the steps that need the memory.
 
 With ``normalize_advantages`` the policy-gradient advantages are divided by their root mean
 square over the batch's unmasked steps, so that the policy step does not scale with the reward
@@ -57,6 +63,7 @@ import torch.nn as nn
 from rfwp_rl.envs.spaces import pick_obs
 from rfwp_rl.impala import vtrace
 from rfwp_rl.impala.config import DEFAULTS
+from rfwp_rl.recall import draw_lags, recall_loss
 
 
 @dataclasses.dataclass
@@ -77,6 +84,7 @@ class LossConfig:
     normalize_value_loss: bool
     max_kl: float
     normalize_returns: bool
+    recall_cost: float
     clip_pg_rho: float = 1.0  # the policy gradient's rho clip: 1 as in IMPALA and TorchBeast (not a setting)
 
 
@@ -122,8 +130,15 @@ def compute_loss(
         initial_state: core state before entry 0, tuple of ``[B, ...]`` tensors.
     """
     # greedy: the learner needs no sampled actions (the mode uses no RNG and tolerates NaN logits)
+    recall_head = getattr(agent, "recall", None)
     out, _ = agent(
-        pick_obs(batch), batch["reward"], batch["done"], initial_state, prev_action=batch["prev_action"], greedy=True
+        pick_obs(batch),
+        batch["reward"],
+        batch["done"],
+        initial_state,
+        prev_action=batch["prev_action"],
+        greedy=True,
+        with_features=recall_head is not None,
     )
     dist = agent.action_dist
     bootstrap_value = out["baseline"][-1].detach()
@@ -170,6 +185,13 @@ def compute_loss(
     entropy_loss = -cfg.entropy_cost * (entropy * mask).sum()
     bound_loss = cfg.bound_cost * (dist.out_of_bounds(target_params) * mask).sum()
     total = pg_loss + baseline_loss + entropy_loss + bound_loss
+    recall_stats = {}
+    if recall_head is not None:
+        # every entry, the last one included: its features are known, only its action is not
+        lags = draw_lags(tuple(batch["done"].shape[:2]), recall_head.lags)
+        recall_sum, recall_mask = recall_loss(recall_head, out["core_output"], out["features"], batch["done"], lags)
+        total = total + cfg.recall_cost * recall_sum
+        recall_stats = {"loss/recall": float(recall_sum.detach()) / max(float(recall_mask.sum()), 1.0)}
     stats = {
         "loss/total": float(total.detach()),
         "loss/policy": float(pg_loss.detach()),
@@ -182,6 +204,7 @@ def compute_loss(
         "learner/advantage_scale": float(scale),
         "learner/return_scale": float(return_scale),
         "learner/return_ms": float(masked_mean((vt.vs * return_scale) ** 2, mask)),
+        **recall_stats,
     }
     return total, stats
 

@@ -71,6 +71,7 @@ GROUP_SETTINGS = (
     "entropy_cost",
     "baseline_cost",
     "bound_cost",
+    "recall_cost",
     "discount",
     "reward_clip",
     "clip_rho",
@@ -184,6 +185,7 @@ def _add_learner_arguments(g: argparse._ArgumentGroup) -> None:
         "epochs",
         "baseline_cost",
         "bound_cost",
+        "recall_cost",
         "discount",
         "clip_rho",
         "clip_c",
@@ -239,6 +241,8 @@ def check_config(cfg: ImpalaConfig) -> None:
         raise UserError(f"--advantage-floor {cfg.advantage_floor:g} is invalid; allowed: a number >= 0")
     if not 0.0 <= cfg.bound_cost < float("inf"):
         raise UserError(f"--bound-cost {cfg.bound_cost:g} is invalid; allowed: a number >= 0 (0: off)")
+    if not 0.0 <= cfg.recall_cost < float("inf"):
+        raise UserError(f"--recall-cost {cfg.recall_cost:g} is invalid; allowed: a number >= 0 (0: off)")
     if not 0.0 <= cfg.max_kl < float("inf"):
         raise UserError(f"--max-kl {cfg.max_kl:g} is invalid; allowed: a number >= 0 (0: off)")
     if cfg.group and cfg.max_kl > 0:

@@ -1,0 +1,92 @@
+"""The recall auxiliary task (rfwp_rl/recall.py): which steps it asks for, its value on a
+hand-checked case, where its gradient goes, and the agent and trainer options that turn it on."""
+
+import pytest
+import torch
+
+from rfwp_rl.agent import Agent, AgentConfig
+from rfwp_rl.errors import UserError
+from rfwp_rl.impala.loss import compute_loss, loss_config
+from rfwp_rl.recall import RecallHead, draw_lags, recall_loss
+
+
+class Echo(RecallHead):
+    """A head whose prediction is the core output itself (zeros below), so that the error is
+    ||f_{t-k}||^2 and the target indexing can be checked by hand."""
+
+    def forward(self, core_out, lag):
+        return core_out
+
+
+def test_targets_stay_in_the_unroll_and_the_episode():
+    T, B, F = 6, 2, 1
+    features = torch.arange(T * B, dtype=torch.float32).view(T, B, F)
+    core_out = torch.zeros(T, B, F)
+    done = torch.zeros(T, B, dtype=torch.bool)
+    done[3, 1] = True  # env 1: a new episode starts at entry 3
+    lag = torch.tensor([[1, 1], [1, 2], [2, 2], [3, 1], [2, 3], [5, 2]])
+    total, mask = recall_loss(Echo(F, F, 5), core_out, features, done, lag)
+    # env 0: t - k >= 0 at t >= k: t=0 (k1) no, 1 (k1) yes, 2 (k2) yes, 3 (k3) yes, 4 (k2) yes, 5 (k5) yes
+    # env 1: t=0 (k1) no, 1 (k2) no, 2 (k2) yes, 3 (k1 -> 2: other episode) no, 4 (k3 -> 1) no, 5 (k2 -> 3) yes
+    expected = torch.tensor([[0, 0], [1, 0], [1, 1], [1, 0], [1, 0], [1, 1]], dtype=torch.float32)
+    torch.testing.assert_close(mask, expected)
+    # error ||0 - f_{t-k}||^2 / Var(f) summed over the valid (t, b); f[t, b] = 2t + b
+    f = lambda t, b: 2.0 * t + b  # noqa: E731
+    valid = [(1, 0, 1), (2, 0, 2), (3, 0, 3), (4, 0, 2), (5, 0, 5), (2, 1, 2), (5, 1, 2)]
+    scale = features.var(unbiased=False)
+    want = sum(f(t - k, b) ** 2 for t, b, k in valid) / scale
+    torch.testing.assert_close(total, want)
+
+
+def test_gradient_reaches_the_core_output_and_the_head_never_the_features():
+    torch.manual_seed(0)
+    T, B, H, F, L = 7, 3, 5, 4, 3
+    head = RecallHead(H, F, L, hidden_size=8)
+    core_out = torch.randn(T, B, H, requires_grad=True)
+    features = torch.randn(T, B, F, requires_grad=True)
+    lag = draw_lags((T, B), L)
+    assert lag.min() >= 1 and lag.max() <= L
+    assert draw_lags((4, 500), 10).max() == 3  # lags past the unroll are never drawn
+    total, mask = recall_loss(head, core_out, features, torch.zeros(T, B, dtype=torch.bool), lag)
+    total.backward()
+    assert mask.sum() > 0 and core_out.grad.abs().sum() > 0
+    assert features.grad is None
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in head.parameters())
+
+
+def test_the_learner_trains_the_head_through_the_core():
+    torch.manual_seed(0)
+    agent = Agent((5,), 3, core="lstm", core_config={"hidden_size": 8}, agent_config={"recall_lags": 4})
+    T, B = 6, 2
+    batch = {
+        "obs": torch.randn(T + 1, B, 5),
+        "reward": torch.zeros(T + 1, B),
+        "done": torch.zeros(T + 1, B, dtype=torch.bool),
+        "action": torch.randint(0, 3, (T + 1, B)),
+        "prev_action": torch.randint(0, 3, (T + 1, B)),
+        "behaviour_log_prob": torch.full((T + 1, B), -1.0986),
+    }
+    state = agent.initial_state(B)
+    with_recall, stats = compute_loss(agent, batch, state, loss_config(recall_cost=1.0))
+    assert stats["loss/recall"] > 0
+    with_recall.backward()
+    assert agent.recall.net[0].weight.grad.abs().sum() > 0
+    agent.zero_grad()
+    without, stats0 = compute_loss(agent, batch, state, loss_config(recall_cost=0.0))
+    without.backward()
+    assert agent.recall.net[0].weight.grad.abs().sum() == 0
+    plain = Agent((5,), 3, core="lstm", core_config={"hidden_size": 8})
+    assert plain.recall is None and "loss/recall" not in compute_loss(plain, batch, state, loss_config())[1]
+
+
+def test_acting_never_uses_the_head():
+    agent = Agent((5,), 3, core="lstm", core_config={"hidden_size": 8}, agent_config={"recall_lags": 4})
+    zeros = torch.zeros(1, 2)
+    out, _ = agent(torch.randn(1, 2, 5), zeros, zeros, agent.initial_state(2), prev_action=zeros)
+    assert "core_output" not in out and "features" not in out
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "8"])
+def test_bad_recall_lags_are_one_line_errors(bad):
+    with pytest.raises(UserError, match=r"agent recall_lags .* is invalid; allowed: 0 \(no recall head\)"):
+        AgentConfig.from_dict({"recall_lags": bad})
