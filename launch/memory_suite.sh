@@ -11,6 +11,7 @@
 #   CORES="lt delta" IDS="rfwp/AssociativeRecallReassign-medium-v0" RUNS=... OUT=... bash launch/memory_suite.sh
 #   nohup bash launch/memory_suite.sh > runs/memory/launch.log 2>&1 &          # survive logout
 #   EXTRA="--max-kl 0" RUNS=runs/memory/no_kl OUT=runs/memory/no_kl_tables bash launch/memory_suite.sh
+#   DRY=1 bash launch/memory_suite.sh                        # list the runs ("env core seed") and their count
 #
 # Every run uses the defaults of `rfwp-rl train` for vector envs (the vector profile and the
 # agents/vector_<core>.toml presets); one run = one command of the form
@@ -19,6 +20,7 @@
 # console logs next to them (<core>_s<seed>.log). Order: seed 1 of everything first, then seed 2,
 # ...: a partial sweep still gives a complete first-seed table. Re-running the script resumes every
 # run from its newest checkpoint; finished runs return at once. Ctrl-C / kill -TERM saves first.
+# BENCH: the `memory-results --bench` of the tables (suite; launch/memory_comparison.sh sets comparison).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,7 +33,24 @@ RUNS=${RUNS:-runs/memory/easy_suite}
 OUT=${OUT:-results/memory/easy_suite}
 THREADS=${THREADS:-1}
 EXTRA=${EXTRA:-}
+BENCH=${BENCH:-suite}
+DRY=${DRY:-}
 IDS=${IDS:-$(python3 -c "import sys; from rfwp_rl.memory import suite; print(' '.join(i for l in sys.argv[1:] for i in suite.suite_ids(l)))" $LEVELS)}
+
+plan() {  # one "ENV CORE SEED" line per run, seed 1 of everything first
+  for seed in $SEEDS; do
+    for id in $IDS; do
+      for core in $CORES; do
+        echo "$id $core $seed"
+      done
+    done
+  done
+}
+if [ -n "$DRY" ]; then
+  plan
+  echo "# $(plan | wc -l) runs of $STEPS env steps in $RUNS/<env>/<core>_s<seed>; tables: memory-results --bench $BENCH --out $OUT"
+  exit 0
+fi
 mkdir -p "$RUNS"
 
 one_run() {  # ENV CORE SEED
@@ -44,12 +63,6 @@ one_run() {  # ENV CORE SEED
 export -f one_run
 export RUNS STEPS THREADS EXTRA
 
-for seed in $SEEDS; do
-  for id in $IDS; do
-    for core in $CORES; do
-      echo "$id $core $seed"
-    done
-  done
-done | xargs -P "$JOBS" -L 1 bash -c 'one_run "$0" "$1" "$2"'
+plan | xargs -P "$JOBS" -L 1 bash -c 'one_run "$0" "$1" "$2"'
 
-python3 -m rfwp_rl memory-results --runs "$RUNS" --out "$OUT"
+python3 -m rfwp_rl memory-results --bench "$BENCH" --runs "$RUNS" --out "$OUT"

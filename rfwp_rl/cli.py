@@ -31,7 +31,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "rfwp_rl.memory.probe",
         "can a core store what a memory task asks? supervised training on its episodes beside the RL result",
     ),
-    "memory-results": ("rfwp_rl.memory.results", "memory-suite runs -> tables (default results/memory/easy_suite)"),
+    "memory-results": (
+        "rfwp_rl.memory.results",
+        "memory-suite runs (or the extended comparison's: --bench comparison) -> tables (default "
+        "results/memory/easy_suite)",
+    ),
     "minatar-results": ("rfwp_rl.minatar_results", "MinAtar runs -> tables, IQM and profile (default results/minatar)"),
     "compare": ("rfwp_rl.compare", "compare cores per game: tables and relative-improvement charts"),
     "meta-rl": ("rfwp_rl.meta_rl.train", "A2C meta-RL on random POMDP graphs (FWM paper, Sec. 4.2)"),

@@ -3,7 +3,10 @@
 ``rfwp-rl memory-results --runs runs/memory/easy_suite --out results/memory/easy_suite`` (the defaults:
 the runs of ``launch/memory_suite.sh`` and the easy-suite table) reads every run directory under
 ``--runs`` whose env is a suite id
-(its ``config.json`` and TensorBoard events) and writes
+(its ``config.json`` and TensorBoard events) and writes the files below. ``--bench comparison`` reads the
+runs of the extended comparison instead (``launch/memory_comparison.sh``; defaults ``--runs
+runs/memory/comparison --out results/memory/comparison``): the suite's easy and medium ids, popgym's easy
+memory tasks and MiniGrid-MemoryS7 (:mod:`rfwp_rl.memory.comparison`), its IQM over all of them.
 
 - ``runs.csv``: one row per run: env, task, level, core, seed, parameters, env steps reached and
   targeted, wall-clock minutes, final return and its normalised value, and the run's peak (the
@@ -15,7 +18,7 @@ the runs of ``launch/memory_suite.sh`` and the easy-suite table) reads every run
   deviation over seeds and 95% interval (Student t; both empty for one seed), mean parameters
   and minutes;
 - ``aggregate.csv``: one row per core: the interquartile mean (IQM) of the normalised final
-  returns of all its runs on the tasks of one level (``--aggregate-level``), with the 95%
+  returns of all its runs on the tasks of one level (``--aggregate-level``; ``all``: every task), with the 95%
   stratified-bootstrap interval (:mod:`rfwp_rl.stats`), and the numbers of runs and tasks;
 - ``performance_profile.png``: per core, the fraction of those runs whose normalised return
   exceeds tau, over tau, with the 95% stratified-bootstrap band;
@@ -27,7 +30,8 @@ the runs of ``launch/memory_suite.sh`` and the easy-suite table) reads every run
 
 Final return: the mean return of the last 100 training episodes (sampled actions), TensorBoard's
 ``episode/return_mean100`` at the run's last step. Normalised: ``(R - random) / (optimal - random)``
-with the suite's exact reference numbers (:mod:`rfwp_rl.memory.suite`).
+with the suite's exact reference numbers (:mod:`rfwp_rl.memory.suite`; the comparison's other envs:
+:mod:`rfwp_rl.memory.comparison`).
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ from pathlib import Path
 from rfwp_rl import stats
 from rfwp_rl.checkpoint import atomic_write_figure, atomic_write_text
 from rfwp_rl.errors import UserError, check_choice
-from rfwp_rl.memory import suite
+from rfwp_rl.memory import comparison, suite
 from rfwp_rl.runlog import read_all_scalars
 
 CORE_ORDER = (
@@ -71,7 +75,6 @@ CURVE_TAG = "episode/return_mean100"
 MINUTES_TAG = "perf/train_minutes"
 TABLE_BEGIN, TABLE_END = "<!-- memory-table -->", "<!-- /memory-table -->"
 AGGREGATE_BEGIN, AGGREGATE_END = "<!-- memory-aggregate -->", "<!-- /memory-aggregate -->"
-AGGREGATE_LEVELS = (*suite.LEVELS, "all")
 HELD_LEVEL = 0.9  # "reached the optimum": normalised return of the runs' held columns
 PROFILE_TAUS = tuple(i / 100 for i in range(101))  # normalised return thresholds of the profile
 # two-sided 95% Student t quantiles t_{0.975, df}, df = seeds - 1
@@ -87,11 +90,36 @@ class Benchmark:
     describe: Callable[[str], tuple[str, str]]  # env -> (task, level)
     normalize: Callable[[str, float], float]  # (env, return) -> normalised return
     title: str = "Memory-task suite results"  # a new README's heading
+    name: str = "memory-suite"  # what its runs are called in messages
+    aggregate_level: str = "easy"  # the level memory-results pools by default
+
+    @property
+    def levels(self) -> tuple[str, ...]:
+        """The levels of its envs, in the envs' order."""
+        return tuple(dict.fromkeys(self.describe(env)[1] for env in self.envs))
+
+    @property
+    def aggregate_levels(self) -> tuple[str, ...]:
+        """What ``--aggregate-level`` may be: one of :attr:`levels`, or ``all`` (every env)."""
+        return (*self.levels, "all")
 
 
 MEMORY_SUITE = Benchmark(
     tuple(suite.ALL), lambda env: (suite.entry(env).task, suite.entry(env).level), suite.normalized_return
 )
+COMPARISON = Benchmark(
+    comparison.ENVS,
+    comparison.describe,
+    comparison.normalized_return,
+    title="Memory cores: the extended comparison",
+    name="comparison",
+    aggregate_level="all",
+)
+#: ``--bench`` name -> (benchmark, default --runs, default --out)
+BENCHES: dict[str, tuple[Benchmark, str, str]] = {
+    "suite": (MEMORY_SUITE, "runs/memory/easy_suite", "results/memory/easy_suite"),
+    "comparison": (COMPARISON, "runs/memory/comparison", "results/memory/comparison"),
+}
 
 
 @dataclass
@@ -287,7 +315,8 @@ def markdown_table(summary: list[dict], bench: Benchmark = MEMORY_SUITE) -> str:
 def scores_by_core(runs: list[Run], level: str = "easy") -> dict[str, list[list[float]]]:
     """``{core: [normalised final returns of its runs on one task] per task}`` over the tasks of
     ``level`` (``all``: every level) that the core has runs on, in the benchmark's order; cores in table order."""
-    check_choice("aggregate level", level, AGGREGATE_LEVELS)
+    if runs:
+        check_choice("aggregate level", level, runs[0].bench.aggregate_levels)
     by_core: dict[str, dict[str, list[float]]] = {}
     for r in runs:
         if level == "all" or r.level == level:
@@ -386,7 +415,8 @@ def plot_profiles(
         ax.fill_between(taus, ci.low, ci.high, color=line.get_color(), alpha=0.15, step="post")
     ax.set_xlabel(r"normalised return $\tau$")
     ax.set_ylabel(r"fraction of runs with return > $\tau$")
-    ax.set_title(f"performance profile, {level} level (95% stratified-bootstrap bands)", fontsize=10)
+    tasks = "every task" if level == "all" else f"{level} level"
+    ax.set_title(f"performance profile, {tasks} (95% stratified-bootstrap bands)", fontsize=10)
     ax.set_ylim(-0.02, 1.02)
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), title="core (runs)", title_fontsize=7)
     fig.tight_layout()
@@ -477,14 +507,23 @@ def run_row(r: Run) -> dict:
 
 
 def write_results(
-    runs_root: Path, out: Path, level: str = "easy", reps: int = stats.INTERVAL_REPS
+    runs_root: Path,
+    out: Path,
+    level: str | None = None,
+    reps: int = stats.INTERVAL_REPS,
+    bench: Benchmark = MEMORY_SUITE,
 ) -> tuple[list[dict], list[dict]]:
-    """Collect the memory-suite runs under ``runs_root`` and write the outputs listed in the module docstring
-    (aggregates over the tasks of ``level``). Returns ``(summary rows, aggregate rows)``."""
-    check_choice("aggregate level", level, AGGREGATE_LEVELS)
-    runs = collect(runs_root)
+    """Collect the runs of ``bench`` under ``runs_root`` and write the outputs listed in the module docstring
+    (aggregates over the tasks of ``level``, default the benchmark's). Returns ``(summary rows, aggregate
+    rows)``."""
+    level = bench.aggregate_level if level is None else level
+    check_choice("aggregate level", level, bench.aggregate_levels)
+    runs = collect(runs_root, bench)
     if not runs:
-        raise UserError(f"no memory-suite runs under {str(runs_root)!r} (runs of rfwp/ envs with episodes logged)")
+        raise UserError(
+            f"no {bench.name} runs under {str(runs_root)!r} (runs of its envs with episodes logged, e.g. "
+            f"{bench.envs[0]})"
+        )
     return write_tables(runs, out, level, reps)
 
 
@@ -509,20 +548,29 @@ def write_tables(runs: list[Run], out: Path, level: str = "all", reps: int = sta
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--runs", default="runs/memory/easy_suite", help="folder of the suite's run directories (default %(default)s)"
+        "--bench",
+        choices=tuple(BENCHES),
+        default="suite",
+        help="whose runs: the memory suite's, or the extended comparison's (suite easy and medium, popgym easy "
+        "memory tasks, MiniGrid-MemoryS7) (default %(default)s)",
     )
-    parser.add_argument(
-        "--out",
-        default="results/memory/easy_suite",
-        help="where the CSVs, curves and README tables go (default %(default)s)",
-    )
+    runs = _per_bench(lambda bench, runs, out: runs)
+    parser.add_argument("--runs", help=f"folder of the run directories (default: {runs})")
+    outs = _per_bench(lambda bench, runs, out: out)
+    parser.add_argument("--out", help=f"where the CSVs, curves and README tables go (default: {outs})")
+    levels = _per_bench(lambda bench, runs, out: "/".join(bench.aggregate_levels))
     parser.add_argument(
         "--aggregate-level",
-        choices=AGGREGATE_LEVELS,
-        default="easy",
-        help="the tasks whose runs the IQM and the performance profile pool (default %(default)s)",
+        help=f"the level whose tasks the IQM and the performance profile pool ({levels}; all: every task) "
+        f"(default: {_per_bench(lambda bench, runs, out: bench.aggregate_level)})",
     )
     add_bootstrap_argument(parser)
+
+
+def _per_bench(text: Callable[[Benchmark, str, str], str]) -> str:
+    """``"<text of suite> for suite, <text of comparison> for comparison"``, ``text`` of each entry of
+    :data:`BENCHES`."""
+    return ", ".join(f"{text(*entry)} for {name}" for name, entry in BENCHES.items())
 
 
 def add_bootstrap_argument(parser: argparse.ArgumentParser) -> None:
@@ -543,12 +591,16 @@ def check_bootstrap_reps(reps: int) -> int:
 
 def run(args: argparse.Namespace) -> int:
     check_bootstrap_reps(args.bootstrap_reps)
-    summary, agg = write_results(Path(args.runs), Path(args.out), args.aggregate_level, args.bootstrap_reps)
-    print(markdown_table(summary))
+    bench, default_runs, default_out = BENCHES[check_choice("--bench", args.bench, BENCHES)]
+    out = args.out or default_out
+    summary, agg = write_results(
+        Path(args.runs or default_runs), Path(out), args.aggregate_level, args.bootstrap_reps, bench
+    )
+    print(markdown_table(summary, bench))
     print()
     print(aggregate_table(agg))
     print(
-        f"wrote {args.out}/runs.csv, summary.csv, aggregate.csv, curves.png, performance_profile.png and the "
+        f"wrote {out}/runs.csv, summary.csv, aggregate.csv, curves.png, performance_profile.png and the "
         "tables in README.md"
     )
     return 0
