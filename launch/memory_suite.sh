@@ -25,7 +25,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 STEPS=${STEPS:-300000}
-CORES=${CORES:-"ff lstm gru lt delta delta_rnn rdn fwm gated_delta delta_product srwm ffm lru mlstm mamba"}
+CORES=${CORES:-"ff lstm gru lt delta delta_rnn rdn fwm gated_delta delta_product ffm lru mlstm mamba"}
 LEVELS=${LEVELS:-easy}
 SEEDS=${SEEDS:-"1 2 3"}
 JOBS=${JOBS:-1}

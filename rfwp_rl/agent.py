@@ -262,7 +262,11 @@ class Agent(nn.Module):
 
 
 def count_parameters(module: nn.Module) -> int:
-    return sum(p.numel() for p in module.parameters())
+    """Weights of ``module``; of an :class:`Agent`, those of the network that acts (torso, core, heads):
+    its recall head only serves the learner's auxiliary loss, so agents compare equal with or without it."""
+    recall = getattr(module, "recall", None) if isinstance(module, Agent) else None
+    skip = {id(p) for p in recall.parameters()} if recall is not None else set()
+    return sum(p.numel() for p in module.parameters() if id(p) not in skip)
 
 
 ATARI_OBS_SHAPE = (4, 84, 84)

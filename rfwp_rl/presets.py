@@ -36,6 +36,9 @@ from rfwp_rl.resources import data_dir
 # the repository's agents/ in a checkout, else the copy shipped in the wheel
 AGENTS_DIR = data_dir("agents", required=False)
 TOP_LEVEL_KEYS = ("description", "core", "core_config", "agent")
+AGENT_KINDS = ("vector", "atari")
+"""Preset file prefixes: a core with neither an ``agents/vector_<core>.toml`` nor an
+``agents/atari_<core>.toml`` is a sequence-model core, not offered to the RL trainers."""
 
 
 @dataclasses.dataclass
@@ -137,5 +140,11 @@ def resolve_preset(
         name = core or default_core
         check_choice("core", name, sorted(cores.available()))
         kind_file = AGENTS_DIR / f"{kind}_{name}.toml"
+        if AGENTS_DIR.is_dir() and not any((AGENTS_DIR / f"{k}_{name}.toml").is_file() for k in AGENT_KINDS):
+            agent_cores = sorted({f.stem.split("_", 1)[1] for k in AGENT_KINDS for f in AGENTS_DIR.glob(f"{k}_*.toml")})
+            raise UserError(
+                f"core {name!r} has no agent preset (agents/<vector|atari>_{name}.toml): a sequence-model core "
+                f"(rfwp-rl seq; agent cores: {', '.join(agent_cores)}; an own preset: --preset FILE.toml)"
+            )
         p = load_preset(kind_file) if kind_file.is_file() else Preset(core=name)
     return apply_overrides(p, overrides)

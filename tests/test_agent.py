@@ -186,6 +186,11 @@ def test_presets_load_override_and_errors(tmp_path):
     assert resolve_preset("ff", None, kind="vector").core_config == {}
     with pytest.raises(UserError, match="unknown core 'lstn'.*'lstm'"):
         resolve_preset("lstn", None)
+    # a core with no agent preset of any kind is a sequence-model core: refused, naming the agent cores
+    for seq_only in ("srwm", "delta_lstm"):
+        with pytest.raises(UserError, match=rf"core '{seq_only}' has no agent preset .*agent cores: delta, "):
+            resolve_preset(seq_only, None, kind="vector")
+    assert resolve_preset("gated_delta", None, kind="atari").core_config == {}  # a vector preset only
     with pytest.raises(UserError, match="contradicts"):
         resolve_preset("lstm", "atari_rdn")
 

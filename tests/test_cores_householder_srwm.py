@@ -341,7 +341,7 @@ def test_option_errors_are_one_line():
 
 # ------------------------------------------------------------------------- in every trainer
 
-VECTOR_PRESETS = {"gated_delta": 231_149, "delta_product": 248_485, "srwm": 208_709}
+VECTOR_PRESETS = {"gated_delta": 231_149, "delta_product": 248_485}
 """Parameters of the agents of agents/vector_<core>.toml for a 9-float observation and 4
 actions (+257 per further action); the other vector presets have 207,749 (lstm) to 245,957
 (delta_rnn)."""

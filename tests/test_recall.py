@@ -79,6 +79,17 @@ def test_the_learner_trains_the_head_through_the_core():
     assert plain.recall is None and "loss/recall" not in compute_loss(plain, batch, state, loss_config())[1]
 
 
+def test_parameter_counts_are_the_acting_networks():
+    from rfwp_rl.agent import count_parameters
+
+    plain = Agent((5,), 3, core="lstm", core_config={"hidden_size": 8})
+    with_head = Agent((5,), 3, core="lstm", core_config={"hidden_size": 8}, agent_config={"recall_lags": 4})
+    assert count_parameters(with_head) == count_parameters(plain)
+    assert sum(p.numel() for p in with_head.parameters()) == count_parameters(plain) + sum(
+        p.numel() for p in with_head.recall.parameters()
+    )
+
+
 def test_acting_never_uses_the_head():
     agent = Agent((5,), 3, core="lstm", core_config={"hidden_size": 8}, agent_config={"recall_lags": 4})
     zeros = torch.zeros(1, 2)

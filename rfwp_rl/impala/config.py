@@ -124,8 +124,8 @@ class ImpalaConfig:
     )
     recall_cost: float = setting(
         1.0,
-        "weight of the recall loss, per step (agents with agent.recall_lags: reconstruct the "
-        "torso features of a step up to that many steps back; rfwp_rl/recall.py)",
+        "weight of the recall loss, per step (agents with agent.recall_lags, as the vector presets: "
+        "reconstruct the torso features of a step up to that many steps back; rfwp_rl/recall.py)",
     )
     discount: float = setting(0.99)
     reward_clip: float = setting(1.0, "clip rewards to [-x, x]; 0: no clipping")

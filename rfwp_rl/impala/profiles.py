@@ -57,6 +57,7 @@ VECTOR = {
     "normalize_returns": False,
     "vtrace_lambda": 0.9,
     "max_kl": 0.01,
+    "recall_cost": 1.0,  # agents with a recall head (the vector presets): results/memory/cure/
 }
 PROFILE_OPTIONS = tuple(VECTOR)
 ATARI = {k: getattr(DEFAULTS, k) for k in PROFILE_OPTIONS}
@@ -69,7 +70,8 @@ CONTROL = dict(
     normalize_returns=True,
     advantage_floor=0.0,
     max_kl=0.0,
-)  # no trust region: not measured on continuous control
+    recall_cost=0.0,
+)  # no trust region and no recall task: neither measured on continuous control
 CONTROL_UNROLL = 16  # without a stated memory horizon
 MIN_UNROLL, MAX_UNROLL = 20, 128
 # A long unroll must not cost updates: the vector profile holds the env steps per update near

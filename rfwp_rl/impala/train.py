@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from rfwp_rl import flags
+from rfwp_rl.agent import count_parameters
 from rfwp_rl.checkpoint import add_trust_argument
 from rfwp_rl.encoders import has_image_torso
 from rfwp_rl.errors import UserError, check_choice
@@ -147,8 +148,8 @@ def _add_learner_arguments(g: argparse._ArgumentGroup) -> None:
         help="defaults of the options left unset: atari (the paper's), vector (memory tasks: unroll = "
         "2 x the env's memory horizon, Adam, normalised advantages), control (vector "
         "observations and continuous actions: the vector profile with 4 envs and batch 4 x unroll 16, "
-        "return scaling instead of the reward clip, plain advantage RMS, no entropy bonus and no "
-        "trust region), "
+        "return scaling instead of the reward clip, plain advantage RMS, no entropy bonus, no "
+        "trust region and no recall task), "
         "auto: by the env's spaces (default %(default)s)",
     )
     unset = {  # settings the profile fills where the command line gives none: their help names each profile's value
@@ -168,6 +169,7 @@ def _add_learner_arguments(g: argparse._ArgumentGroup) -> None:
         "normalize_returns": _by_profile("normalize_returns"),
         "max_kl": _by_profile("max_kl", "{:g}"),
         "reward_clip": _by_profile("reward_clip", "{:g}"),
+        "recall_cost": _by_profile("recall_cost", "{:g}"),
     }
     assert set(unset) == set(profiles.PROFILE_OPTIONS) - {"num_actors"}, "every profile option needs its flag here"
     for f in dataclasses.fields(ImpalaConfig):
@@ -185,7 +187,6 @@ def _add_learner_arguments(g: argparse._ArgumentGroup) -> None:
         "epochs",
         "baseline_cost",
         "bound_cost",
-        "recall_cost",
         "discount",
         "clip_rho",
         "clip_c",
@@ -461,10 +462,13 @@ class ImpalaTrainer(Trainer):
 
     def hparams(self) -> dict:
         agent, cfg = self.learner.agent, self.cfg
-        num_params = sum(p.numel() for p in agent.parameters())
+        num_params = count_parameters(agent)
+        recall = ""
+        if agent.recall is not None and cfg.recall_cost > 0:
+            recall = f"; recall task over up to {agent.recall.lags} steps, cost {cfg.recall_cost:g}"
         print(
             f"IMPALA {self.run.env} ({self.run.num_actions} actions), core {self.run.preset.core} "
-            f"({num_params:,} parameters), {cfg.num_actors} envs [{cfg.env_backend}], batch {cfg.batch_size} x "
+            f"({num_params:,} parameters{recall}), {cfg.num_actors} envs [{cfg.env_backend}], batch {cfg.batch_size} x "
             f"unroll {cfg.unroll_length}, {cfg.precision}, {self.threads_note}, {self.actor_device_note}; "
             f"run dir {self.run_dir}",
             flush=True,
