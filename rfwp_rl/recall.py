@@ -38,10 +38,15 @@ class RecallHead(nn.Module):
         return self.net(torch.cat([core_out, F.one_hot(lag - 1, self.lags).to(core_out.dtype)], dim=-1))
 
 
-def draw_lags(shape: tuple[int, int], lags: int, generator: torch.Generator | None = None) -> Tensor:
+def draw_lags(
+    shape: tuple[int, int],
+    lags: int,
+    device: torch.device | str | None = None,
+    generator: torch.Generator | None = None,
+) -> Tensor:
     """One lag per (t, b), uniform in 1..min(``lags``, T - 1) (a longer one never lies in the unroll):
     ``[T, B]`` int64."""
-    return torch.randint(1, max(min(lags, shape[0] - 1), 1) + 1, shape, generator=generator)
+    return torch.randint(1, max(min(lags, shape[0] - 1), 1) + 1, shape, device=device, generator=generator)
 
 
 def recall_loss(
@@ -50,14 +55,15 @@ def recall_loss(
     """The recall loss (module docstring) for lags ``lag [T, B]`` and the mask ``[T, B]`` of the
     (t, b) it counts: those whose step t - k lies inside the unroll and in the same episode."""
     T = core_out.shape[0]
+    lag = lag.to(core_out.device)
     t = torch.arange(T, device=lag.device).unsqueeze(1)
-    src = t - lag.to(core_out.device)  # the step whose features are asked for
-    episode = done.long().cumsum(0)  # entries with equal counts lie in one episode
+    src = t - lag  # the step whose features are asked for
+    episode = done.to(lag.device).long().cumsum(0)  # entries with equal counts lie in one episode
     valid = src >= 0
     src = src.clamp(min=0)
     valid &= episode.gather(0, src) == episode
     target = features.detach().gather(0, src.unsqueeze(-1).expand(-1, -1, features.shape[-1]))
-    pred = head(core_out, lag.to(core_out.device))
+    pred = head(core_out, lag)
     scale = features.detach().flatten(0, 1).var(0, unbiased=False).sum().clamp(min=1e-8)
     err = (pred - target).pow(2).sum(-1) / scale
     mask = valid.to(err.dtype)
