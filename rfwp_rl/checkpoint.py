@@ -30,6 +30,7 @@ import stat
 import sys
 import tempfile
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -268,12 +269,17 @@ class Checkpointer:
             number of actions, model config...). Plain, comparable Python values.
         keep: how many periodic checkpoints to keep (>= 2, so that a broken newest one
             still leaves a good previous one).
+        upgrade: maps a saved meta to this version's form before the comparison (e.g. an option
+            added since the checkpoint was written, filled in with its default).
     """
 
-    def __init__(self, run_dir: str | os.PathLike, meta: dict, keep: int = 2):
+    def __init__(
+        self, run_dir: str | os.PathLike, meta: dict, keep: int = 2, upgrade: Callable[[dict], dict] | None = None
+    ):
         self.run_dir = Path(run_dir)
         self.meta = meta
         self.keep = max(2, keep)
+        self.upgrade = upgrade
 
     def save(self, state: dict, step: int) -> Path:
         """Write ``ckpt_<step>.pt`` atomically, then prune older ones beyond ``keep``.
@@ -328,8 +334,9 @@ class Checkpointer:
                     file=sys.stderr,
                 )
                 continue
-            check_meta(obj["meta"], self.meta, path)
-            return {"step": int(obj["step"]), "state": obj["state"], "meta": obj["meta"], "path": path}
+            saved = self.upgrade(obj["meta"]) if self.upgrade is not None else obj["meta"]
+            check_meta(saved, self.meta, path)
+            return {"step": int(obj["step"]), "state": obj["state"], "meta": saved, "path": path}
         raise UserError(
             "no usable checkpoint in "
             f"{self.run_dir}: {', '.join(p.name for p in files)} are all "

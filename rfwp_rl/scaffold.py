@@ -61,6 +61,11 @@ class Trainer:
         """The run's config for ``config.json`` and the hparams tab."""
         raise NotImplementedError
 
+    def upgrade_meta(self, saved: dict) -> dict:
+        """A checkpoint's meta in this version's form, before it is compared with :attr:`meta`
+        (options added since it was written read as their defaults)."""
+        return saved
+
     def train(self, stop: GracefulStop) -> None:
         """The training loop, until the target or ``stop.requested``; may raise :class:`TrainingAborted`."""
         raise NotImplementedError
@@ -98,7 +103,7 @@ class Trainer:
 def run_trainer(trainer: Trainer) -> int:
     """Run ``trainer`` inside the scaffold (see the module docstring). Returns the exit code:
     0 finished or stopped by a signal, 1 aborted (non-finite updates, env failures)."""
-    trainer.checkpointer = Checkpointer(trainer.run_dir, trainer.meta)
+    trainer.checkpointer = Checkpointer(trainer.run_dir, trainer.meta, upgrade=trainer.upgrade_meta)
     lock = lock_run_dir(trainer.run_dir)  # one trainer per run directory, until the end
     try:
         loaded = trainer.checkpointer.load_latest(trust=trainer.trust_checkpoint)

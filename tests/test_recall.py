@@ -101,3 +101,19 @@ def test_acting_never_uses_the_head():
 def test_bad_recall_lags_are_one_line_errors(bad):
     with pytest.raises(UserError, match=r"agent recall_lags .* is invalid; allowed: 0 \(no recall head\)"):
         AgentConfig.from_dict({"recall_lags": bad})
+
+
+def test_a_checkpoint_from_before_the_option_resumes_as_its_default(tmp_path):
+    from rfwp_rl.checkpoint import Checkpointer
+    from rfwp_rl.impala.run_spec import RunSpec
+
+    now = AgentConfig().to_dict()
+    before = {k: v for k, v in now.items() if k != "recall_lags"}  # written before the option existed
+    Checkpointer(tmp_path, {"trainer": "impala", "agent": before}).save({"w": torch.zeros(1)}, 10)
+    plain = Checkpointer(tmp_path, {"trainer": "impala", "agent": now}, upgrade=RunSpec.upgrade_meta)
+    assert plain.load_latest()["step"] == 10
+    with_head = Checkpointer(
+        tmp_path, {"trainer": "impala", "agent": {**now, "recall_lags": 128}}, upgrade=RunSpec.upgrade_meta
+    )
+    with pytest.raises(UserError, match="agent.recall_lags: checkpoint has 0, this run has 128"):
+        with_head.load_latest()

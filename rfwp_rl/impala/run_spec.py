@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from rfwp_rl import cores, envs, flags
-from rfwp_rl.agent import build_agent
+from rfwp_rl.agent import AgentConfig, build_agent
 from rfwp_rl.distributions import make_distribution
 from rfwp_rl.envs.spaces import space_from_dict, zero_obs
 from rfwp_rl.errors import UserError
@@ -188,6 +188,14 @@ class RunSpec:
             "action_space": dict(self.action_space),
             "agent": agent.config.to_dict(),
         }
+
+    @staticmethod
+    def upgrade_meta(saved: dict) -> dict:
+        """A saved meta with the agent options added since it was written set to their defaults (an
+        agent option's default leaves the agent as it was before the option existed)."""
+        if not isinstance(saved.get("agent"), dict):
+            return saved
+        return {**saved, "agent": AgentConfig.from_dict(saved["agent"]).to_dict()}
 
     def make_env_pool(self, backend: str, seed: int, num_envs: int, num_batches: int, num_processes: int):
         """The env pool (see :func:`rfwp_rl.impala.env_batches.make_env_pool`); an env slot that can never

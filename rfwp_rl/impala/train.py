@@ -460,6 +460,9 @@ class ImpalaTrainer(Trainer):
         self.refused_updates = 0
         self.last_stats: dict[str, float] = {}
 
+    def upgrade_meta(self, saved: dict) -> dict:
+        return RunSpec.upgrade_meta(saved)
+
     def hparams(self) -> dict:
         agent, cfg = self.learner.agent, self.cfg
         num_params = count_parameters(agent)
