@@ -115,6 +115,21 @@ def advantage_scale(advantages: torch.Tensor, targets: torch.Tensor, mask: torch
     return torch.maximum(rms, floor * target_rms).clamp(min=1e-8)
 
 
+def unroll(agent: nn.Module, batch: dict[str, torch.Tensor], initial_state: tuple, with_features: bool = False) -> dict:
+    """The agent's outputs over a batch's whole unroll (``[T+1, B, ...]``, see :func:`compute_loss`)."""
+    # greedy: the learner needs no sampled actions (the mode uses no RNG and tolerates NaN logits)
+    out, _ = agent(
+        pick_obs(batch),
+        batch["reward"],
+        batch["done"],
+        initial_state,
+        prev_action=batch["prev_action"],
+        greedy=True,
+        with_features=with_features,
+    )
+    return out
+
+
 def compute_loss(
     agent: nn.Module, batch: dict[str, torch.Tensor], initial_state: tuple, cfg: LossConfig, return_scale: float = 1.0
 ) -> tuple[torch.Tensor, dict[str, float]]:
@@ -129,17 +144,8 @@ def compute_loss(
             action), optionally ``truncated [T+1, B]``.
         initial_state: core state before entry 0, tuple of ``[B, ...]`` tensors.
     """
-    # greedy: the learner needs no sampled actions (the mode uses no RNG and tolerates NaN logits)
     recall_head = getattr(agent, "recall", None)
-    out, _ = agent(
-        pick_obs(batch),
-        batch["reward"],
-        batch["done"],
-        initial_state,
-        prev_action=batch["prev_action"],
-        greedy=True,
-        with_features=recall_head is not None,
-    )
+    out = unroll(agent, batch, initial_state, with_features=recall_head is not None)
     dist = agent.action_dist
     bootstrap_value = out["baseline"][-1].detach()
 

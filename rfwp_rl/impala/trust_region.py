@@ -16,8 +16,7 @@ import math
 import torch
 import torch.nn as nn
 
-from rfwp_rl.envs.spaces import pick_obs
-from rfwp_rl.impala.loss import masked_mean, step_mask
+from rfwp_rl.impala.loss import masked_mean, step_mask, unroll
 
 
 def kl_terms(log_r: torch.Tensor) -> torch.Tensor:
@@ -33,14 +32,7 @@ def behaviour_kl(agent: nn.Module, batch: dict[str, torch.Tensor], initial_state
     r = pi(a) / mu(a) (Schulman, "Approximating KL divergence", 2020), so that it needs only
     log-probs and serves every action distribution."""
     with torch.no_grad():
-        out, _ = agent(
-            pick_obs(batch),
-            batch["reward"],
-            batch["done"],
-            initial_state,
-            prev_action=batch["prev_action"],
-            greedy=True,
-        )
+        out = unroll(agent, batch, initial_state)
         log_r = (
             agent.action_dist.log_prob(out["policy_params"][:-1], batch["action"][:-1]).float()
             - batch["behaviour_log_prob"][:-1].float()
