@@ -36,6 +36,7 @@ import torch.nn as nn
 from gymnasium import spaces
 
 from rfwp_rl import cores
+from rfwp_rl.cores.base import check_non_negative_int
 from rfwp_rl.distributions import ActionDistribution, make_distribution
 from rfwp_rl.encoders import (  # noqa: F401 - the torsos, also importable from here
     ACTIVATIONS,
@@ -47,7 +48,7 @@ from rfwp_rl.encoders import (  # noqa: F401 - the torsos, also importable from 
     ResNetTorso,
     make_torso,
 )
-from rfwp_rl.errors import UserError, check_choice
+from rfwp_rl.errors import check_choice
 from rfwp_rl.presets import load_preset
 from rfwp_rl.recall import RecallHead
 
@@ -102,10 +103,7 @@ class AgentConfig:
         check_choice("agent mlp_activation", cfg.mlp_activation, sorted(ACTIVATIONS))
         for key, value in dict(cfg.encoders).items():
             check_choice(f"agent encoder of part {key!r}", value, PART_ENCODERS)
-        if isinstance(cfg.recall_lags, bool) or not isinstance(cfg.recall_lags, int) or cfg.recall_lags < 0:
-            raise UserError(
-                f"agent recall_lags {cfg.recall_lags!r} is invalid; allowed: 0 (no recall head) or an integer >= 1"
-            )
+        check_non_negative_int("agent recall_lags", cfg.recall_lags, "no recall head")
         return cfg
 
     def to_dict(self) -> dict:

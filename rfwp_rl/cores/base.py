@@ -65,6 +65,13 @@ def check_positive_int(what: str, value: Any) -> int:
     return value
 
 
+def check_non_negative_int(what: str, value: Any, zero: str) -> int:
+    """An integer >= 0 whose 0 means ``zero`` (named in the error)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise UserError(f"{what} {value!r} is invalid; allowed: 0 ({zero}) or an integer >= 1")
+    return value
+
+
 def check_positive_float(what: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < value < float("inf"):
         raise UserError(f"{what} {value!r} is invalid; allowed: a finite number > 0")

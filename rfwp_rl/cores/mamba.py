@@ -46,7 +46,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rfwp_rl.cores.base import Core, CoreSpec, State, check_backend, check_bool, check_positive_int
+from rfwp_rl.cores.base import (
+    Core,
+    CoreSpec,
+    State,
+    check_backend,
+    check_bool,
+    check_non_negative_int,
+    check_positive_int,
+)
 from rfwp_rl.cores.householder import HeadRMSNorm, check_conv_size, short_conv
 from rfwp_rl.errors import UserError, check_choice
 from rfwp_rl.ops.mamba import layer, selective_scan
@@ -75,12 +83,6 @@ SPEC = CoreSpec(
         "detach_state_every_step": False,
     },
 )
-
-
-def check_non_negative_int(what: str, value: Any, zero: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise UserError(f"{what} {value!r} is invalid; allowed: 0 ({zero}) or an integer >= 1")
-    return value
 
 
 def check_dt_range(dt_min: Any, dt_max: Any) -> tuple[float, float]:
