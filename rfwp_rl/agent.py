@@ -62,8 +62,10 @@ class AgentConfig:
     encoders: for Dict observations, ``{part path: encoder}`` (``auto``, ``resnet``, ``grid``, ``mlp``,
     ``skip``) overriding the automatic choice of those parts.
     resnet_channels: channels of the three residual stages. grid_channels: the grid torso's
-    convolutions. torso_output: width of the conv torsos' last linear layer. mlp_sizes /
-    mlp_activation: the MLP torso.
+    convolutions. grid_embedding: 0 (uint8 grid cells scaled by 1/255), or E >= 1 for an E-wide
+    learned embedding of every cell value of a uint8 grid, its symbols (:class:`GridTorso`).
+    torso_output: width of the conv torsos' last linear layer. mlp_sizes / mlp_activation: the MLP
+    torso.
     use_prev_action: also feed the previous action (its distribution's encoding: one-hot for
     Discrete) to the core (zeros at episode starts).
     log_std_init: initial log standard deviation of a Box action space's Gaussian.
@@ -84,6 +86,7 @@ class AgentConfig:
     mlp_activation: str = "tanh"
     use_prev_action: bool = False
     grid_channels: tuple[int, ...] = (16, 32, 32)
+    grid_embedding: int = 0
     encoders: dict = dataclasses.field(default_factory=dict)
     log_std_init: float = 0.0
     separate_baseline: bool = False
@@ -104,6 +107,7 @@ class AgentConfig:
         for key, value in dict(cfg.encoders).items():
             check_choice(f"agent encoder of part {key!r}", value, PART_ENCODERS)
         check_non_negative_int("agent recall_lags", cfg.recall_lags, "no recall head")
+        check_non_negative_int("agent grid_embedding", cfg.grid_embedding, "uint8 grid cells scaled by 1/255")
         return cfg
 
     def to_dict(self) -> dict:

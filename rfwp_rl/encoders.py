@@ -6,7 +6,8 @@ The space is a tensor space of :mod:`rfwp_rl.envs.spaces` (a leaf, or a flat Dic
   at either end): :class:`ResNetTorso`, the IMPALA "large" torso, when both sides are at least
   :data:`RESNET_MIN_SIDE` (its three stride-2 poolings fit); else :class:`GridTorso`, a few 3x3
   convolutions without pooling (small symbolic grids such as 7x7x3 grid worlds). uint8 images are
-  scaled by 1/255;
+  scaled by 1/255, except in a grid torso with ``grid_embedding`` set, where each cell value is a
+  symbol (an object, colour or state index) and is embedded instead;
 - other ``Box`` (vectors; any other rank is flattened): :class:`MLPTorso`;
 - ``Discrete(n)`` / ``MultiDiscrete(nvec)``: one-hot (concatenated), then the MLP;
 - ``Dict``: :class:`DictTorso`: every image part through its own conv torso, all other parts
@@ -124,7 +125,13 @@ class ResNetTorso(nn.Module):
 class GridTorso(nn.Module):
     """Small images (grids) ``[N, C, H, W]`` (``[N, H, W, C]`` with ``hwc``) -> ``[N, output_size]``: 3x3
     convolutions (stride 1, pad 1, relu) with ``channels``, no pooling (every cell of a 7x7 grid keeps its
-    own features), flatten, linear, relu."""
+    own features), flatten, linear, relu.
+
+    With ``embedding`` E > 0 (uint8 grids only) the cells are symbols, not intensities: grid worlds store
+    object, colour and state indices, which a 1/255 scale leaves nearly equal (a key 5/255, a ball 6/255).
+    Each channel's value then picks a learned E-vector and a cell is the sum over its channels (the
+    bag-of-words image embedding of Hui et al. 2020, "BabyAI 1.1"), ``[N, E, H, W]`` into the
+    convolutions."""
 
     def __init__(
         self,
@@ -133,10 +140,17 @@ class GridTorso(nn.Module):
         output_size: int = 256,
         hwc: bool = False,
         divisor: float = 255.0,
+        embedding: int = 0,
     ):
         super().__init__()
         in_ch, h, w = obs_shape
         self.hwc, self.divisor = hwc, divisor
+        self.embed: nn.Embedding | None = None
+        if embedding:
+            # one table of 256 values per channel: channel c's value v is row 256 c + v
+            self.embed = nn.Embedding(256 * in_ch, embedding)
+            self.register_buffer("offsets", torch.arange(in_ch) * 256, persistent=False)
+            in_ch = embedding
         layers: list[nn.Module] = []
         for out_ch in channels:
             layers += [nn.Conv2d(in_ch, out_ch, 3, stride=1, padding=1), nn.ReLU()]
@@ -146,8 +160,15 @@ class GridTorso(nn.Module):
         self.fc = nn.Linear(self.flat_size, output_size)
         self.output_size = output_size
 
+    def cells(self, obs: torch.Tensor) -> torch.Tensor:
+        """The convolutions' input ``[N, C or E, H, W]`` of observations ``obs``."""
+        if self.embed is None:
+            return _image_input(obs, self.hwc, self.divisor)
+        x = obs if self.hwc else obs.permute(0, 2, 3, 1)  # [N, H, W, C]
+        return self.embed(x.long() + self.offsets).sum(-2).permute(0, 3, 1, 2)
+
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return F.relu(self.fc(self.convs(_image_input(obs, self.hwc, self.divisor)).flatten(1)))
+        return F.relu(self.fc(self.convs(self.cells(obs)).flatten(1)))
 
 
 def vector_width(space: gymnasium.Space) -> int:
@@ -214,10 +235,11 @@ def choose_encoder(space: gymnasium.Space, choice: str, what: str) -> str:
 def image_torso(kind: str, space: gymnasium.Space, cfg: Any) -> nn.Module:
     """A :class:`ResNetTorso` or :class:`GridTorso` for the image space ``space`` (``cfg``: AgentConfig)."""
     chw, hwc = image_layout(space.shape)
-    divisor = 255.0 if space.dtype == np.uint8 else 1.0
+    uint8 = space.dtype == np.uint8
+    divisor = 255.0 if uint8 else 1.0
     if kind == "resnet":
         return ResNetTorso(chw, cfg.resnet_channels, cfg.torso_output, hwc, divisor)
-    return GridTorso(chw, cfg.grid_channels, cfg.torso_output, hwc, divisor)
+    return GridTorso(chw, cfg.grid_channels, cfg.torso_output, hwc, divisor, cfg.grid_embedding if uint8 else 0)
 
 
 def leaf_torso(space: gymnasium.Space, cfg: Any) -> nn.Module:

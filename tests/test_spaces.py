@@ -190,6 +190,35 @@ def test_images_pick_the_torso_by_size_and_layout():
     assert not has_image_torso(small) and not has_image_torso(torso)
 
 
+def test_grid_embedding_sums_one_learned_vector_per_channel_value():
+    from rfwp_rl.agent import AgentConfig
+    from rfwp_rl.encoders import make_torso
+
+    space = spaces.Box(0, 255, (7, 7, 3), np.uint8)  # a grid world's [H, W, (object, colour, state)]
+    torso = make_torso(space, AgentConfig(grid_embedding=4))
+    assert isinstance(torso, GridTorso) and torso.convs[0].in_channels == 4
+    obs = torch.zeros(1, 7, 7, 3, dtype=torch.uint8)
+    obs[0, 2, 5] = torch.tensor([5, 1, 2], dtype=torch.uint8)  # a key, colour 1, state 2
+    cells = torso.cells(obs)
+    table = torso.embed.weight
+    assert cells.shape == (1, 4, 7, 7)
+    torch.testing.assert_close(cells[0, :, 2, 5], table[5] + table[256 + 1] + table[512 + 2])
+    torch.testing.assert_close(cells[0, :, 0, 0], table[0] + table[256] + table[512])
+    obs_ball = obs.clone()
+    obs_ball[0, 2, 5, 0] = 6
+    assert (torso.cells(obs_ball)[0, :, 2, 5] - cells[0, :, 2, 5]).abs().max() > 0.1  # 5 and 6 apart
+    # channels first gives the same cells; float and bool grids are not symbols and keep no table
+    chw = make_torso(spaces.Box(0, 255, (3, 7, 7), np.uint8), AgentConfig(grid_embedding=4))
+    chw.load_state_dict(torso.state_dict())
+    torch.testing.assert_close(chw(obs.permute(0, 3, 1, 2)), torso(obs))
+    floats = make_torso(spaces.Box(0.0, 1.0, (10, 10, 4), np.float32), AgentConfig(grid_embedding=4))
+    assert floats.embed is None and floats.convs[0].in_channels == 4
+    # without the option the values are scaled as before
+    assert make_torso(space, AgentConfig()).embed is None
+    with pytest.raises(UserError, match="agent grid_embedding -1 is invalid; allowed: 0"):
+        AgentConfig.from_dict({"grid_embedding": -1})
+
+
 def test_spaces_round_trip_as_plain_data():
     for space in [
         spaces.Box(-2.0, 2.0, (1,), np.float32),
