@@ -5,7 +5,7 @@ import torch
 
 from rfwp_rl.agent import Agent, AgentConfig, ResNetTorso, atari_param_counts
 from rfwp_rl.errors import UserError
-from rfwp_rl.presets import apply_overrides, available_presets, load_preset, resolve_preset
+from rfwp_rl.presets import AGENTS_DIR, apply_overrides, available_presets, load_preset, resolve_preset
 
 # RFWP paper App. C (reference implementation): base + per-action parameters.
 PAPER_COUNTS = {
@@ -226,3 +226,28 @@ def test_vector_gru_preset_matches_the_lstm_presets_count():
         preset = resolve_preset(core, None, kind="vector")
         counts[core] = [count_parameters(build_agent(preset, (9,), a)) for a in (4, 5)]
     assert counts == {"lstm": [207_749, 207_749 + 961], "gru": [204_165, 204_165 + 897]}
+
+
+VECTOR_PRESET_CORES = sorted(f.stem.split("_", 1)[1] for f in AGENTS_DIR.glob("vector_*.toml"))
+
+
+@pytest.mark.parametrize("core", VECTOR_PRESET_CORES)
+def test_every_vector_preset_takes_a_learner_step_in_the_impala_agent(core):
+    # one learner step: an unroll with an episode start inside, gradients through the core's state
+    from rfwp_rl.agent import Agent
+
+    preset = resolve_preset(core, None, kind="vector")
+    assert preset.source.endswith(f"vector_{core}.toml") and preset.core == core
+    assert preset == load_preset(f"vector_{core}")
+    torch.manual_seed(0)
+    agent = Agent((9,), 4, core, core_config=preset.core_config, agent_config=preset.agent)
+    T, B = 4, 3
+    done = torch.zeros(T, B, dtype=torch.bool)
+    done[2, 1] = True
+    out, state = agent(
+        torch.randn(T, B, 9), torch.randn(T, B), done, agent.initial_state(B), prev_action=torch.randint(0, 4, (T, B))
+    )
+    assert out["policy_params"].shape == (T, B, 4) and out["action"].shape == (T, B)
+    (out["policy_params"].sum() + out["baseline"].sum()).backward()
+    assert all(p.grad is not None and p.grad.abs().max() > 0 for p in agent.core.parameters())
+    assert [tuple(s.shape) for s in state] == agent.core.state_shapes(B)

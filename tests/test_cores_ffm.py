@@ -272,17 +272,6 @@ def test_vector_preset_in_the_impala_agent():
     assert count_parameters(agent) == VECTOR_PRESET
     five = Agent((9,), 5, "ffm", core_config=preset.core_config, agent_config=preset.agent)
     assert count_parameters(five) == VECTOR_PRESET + 1_601
-    # one learner step: an unroll with an episode start inside, gradients through the state
-    T, B = 4, 3
-    done = torch.zeros(T, B, dtype=torch.bool)
-    done[2, 1] = True
-    out, state = agent(
-        torch.randn(T, B, 9), torch.randn(T, B), done, agent.initial_state(B), prev_action=torch.randint(0, 4, (T, B))
-    )
-    assert out["policy_params"].shape == (T, B, 4) and out["action"].shape == (T, B)
-    (out["policy_params"].sum() + out["baseline"].sum()).backward()
-    assert all(p.grad is not None and p.grad.abs().max() > 0 for p in agent.core.parameters())
-    assert [tuple(s.shape) for s in state] == agent.core.state_shapes(B)
 
 
 @pytest.mark.parametrize("num_actions", [6, 18])

@@ -314,14 +314,3 @@ def test_presets_in_the_impala_agent():
     with torch.device("meta"):
         for a in (4, 6):
             assert count_parameters(build_agent(atari, ATARI_OBS_SHAPE, a)) == ATARI_COUNT + 129 * a
-    # one learner step: an unroll with an episode start inside, gradients through the state
-    T, B = 4, 3
-    done = torch.zeros(T, B, dtype=torch.bool)
-    done[2, 1] = True
-    out, state = agent(
-        torch.randn(T, B, 9), torch.randn(T, B), done, agent.initial_state(B), prev_action=torch.randint(0, 4, (T, B))
-    )
-    assert out["policy_params"].shape == (T, B, 4) and out["action"].shape == (T, B)
-    (out["policy_params"].sum() + out["baseline"].sum()).backward()
-    assert all(p.grad is not None for p in agent.core.parameters())
-    assert [tuple(s.shape) for s in state] == agent.core.state_shapes(B)
