@@ -36,7 +36,7 @@ import torch.nn as nn
 from gymnasium import spaces
 
 from rfwp_rl import cores
-from rfwp_rl.cores.base import check_non_negative_int
+from rfwp_rl.cores.base import MAX_REPEATS, build_bounded, check_non_negative_int, check_size
 from rfwp_rl.distributions import ActionDistribution, make_distribution
 from rfwp_rl.encoders import (  # noqa: F401 - the torsos, also importable from here
     ACTIVATIONS,
@@ -108,6 +108,12 @@ class AgentConfig:
             check_choice(f"agent encoder of part {key!r}", value, PART_ENCODERS)
         check_non_negative_int("agent recall_lags", cfg.recall_lags, "no recall head")
         check_non_negative_int("agent grid_embedding", cfg.grid_embedding, "uint8 grid cells scaled by 1/255")
+        for key in ("resnet_channels", "mlp_sizes", "grid_channels"):
+            check_size(f"agent {key}: the number of layers", len(getattr(cfg, key)), MAX_REPEATS)
+            for value in getattr(cfg, key):
+                check_size(f"agent {key}: a width", value)
+        for key in ("torso_output", "recall_lags", "grid_embedding"):
+            check_size(f"agent {key}", getattr(cfg, key))
         return cfg
 
     def to_dict(self) -> dict:
@@ -290,8 +296,9 @@ ATARI_PRESETS = {
 
 
 def build_agent(preset: Any, obs_space: gymnasium.Space | Sequence[int], action_space: gymnasium.Space | int) -> Agent:
-    """An :class:`Agent` from a loaded :class:`rfwp_rl.presets.Preset` (spaces as :class:`Agent` takes them)."""
-    return Agent(obs_space, action_space, preset.core, preset.core_config, preset.agent)
+    """An :class:`Agent` from a loaded :class:`rfwp_rl.presets.Preset` (spaces as :class:`Agent` takes them);
+    one past :data:`rfwp_rl.cores.base.MAX_PARAMETERS` weights is a one-line error before any memory is taken."""
+    return build_bounded("agent", lambda: Agent(obs_space, action_space, preset.core, preset.core_config, preset.agent))
 
 
 def atari_param_counts(num_actions: int) -> dict[str, int]:

@@ -251,3 +251,26 @@ def test_every_vector_preset_takes_a_learner_step_in_the_impala_agent(core):
     (out["policy_params"].sum() + out["baseline"].sum()).backward()
     assert all(p.grad is not None and p.grad.abs().max() > 0 for p in agent.core.parameters())
     assert [tuple(s.shape) for s in state] == agent.core.state_shapes(B)
+
+
+def test_sizes_past_the_bounds_are_refused_before_any_memory_is_taken():
+    # a preset or checkpoint is a file: an absurd size in it is a one-line error, not an exhausted machine
+    from rfwp_rl import cores
+    from rfwp_rl.agent import build_agent
+    from rfwp_rl.cores.base import MAX_PARAMETERS, MAX_REPEATS, MAX_SIZE
+
+    with pytest.raises(UserError, match=rf"core 'rdn': hidden_size {MAX_SIZE + 1} is too large; allowed: at most"):
+        cores.make("rdn", 8, hidden_size=MAX_SIZE + 1)
+    with pytest.raises(UserError, match=rf"core 'lstm': num_layers {MAX_REPEATS + 1} is too large"):
+        cores.make("lstm", 8, num_layers=MAX_REPEATS + 1)
+    # every size within its bound, the whole too large: counted on the meta device
+    too_many = rf"core 'rdn' would have [\d,]+ parameters; allowed: at most {MAX_PARAMETERS:,}"
+    with pytest.raises(UserError, match=too_many):
+        cores.make("rdn", 8, hidden_size=2**16, ff_size=2**16)
+    with pytest.raises(UserError, match="agent mlp_sizes: a width"):
+        AgentConfig.from_dict({"mlp_sizes": [MAX_SIZE + 1]})
+    with pytest.raises(UserError, match="agent recall_lags"):
+        AgentConfig.from_dict({"recall_lags": MAX_SIZE + 1})
+    with pytest.raises(UserError, match="agent would have [\\d,]+ parameters"):
+        build_agent(resolve_preset("lstm", None, ["agent.mlp_sizes=[1000000, 1000]"]), (9,), 4)
+    assert cores.make("rdn", 8, hidden_size=16, num_heads=2) is not None  # ordinary sizes build

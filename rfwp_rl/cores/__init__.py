@@ -52,7 +52,7 @@ from typing import Any
 
 from torch import nn
 
-from rfwp_rl.cores.base import Core, CoreSpec, State
+from rfwp_rl.cores.base import MAX_REPEATS, Core, CoreSpec, State, build_bounded, check_size
 from rfwp_rl.cores.fast_weight import CORES as _FW_CORES
 from rfwp_rl.cores.fast_weight import SPECS as _FW_SPECS
 from rfwp_rl.cores.ff import SPEC as _FF_SPEC
@@ -134,10 +134,15 @@ def _check_type(core: str, key: str, value: Any, default: Any) -> None:
         )
 
 
+REPEAT_OPTIONS = ("num_layers", "fast_layers", "num_householder", "num_reads")
+"""Integer options that repeat modules or steps: bounded by :data:`rfwp_rl.cores.base.MAX_REPEATS`."""
+
+
 def make(name: str, input_size: int, **config: Any) -> nn.Module:
     """Build core ``name`` for inputs of size ``input_size`` with ``config`` over its defaults.
 
-    Unknown names, unknown config keys and badly typed values raise a one-line UserError.
+    Unknown names, unknown config keys, badly typed values and sizes past the bounds of
+    :mod:`rfwp_rl.cores.base` (checked before any memory is taken) raise a one-line UserError.
     """
     _load_plugins()
     check_choice("core", name, _REGISTRY)
@@ -149,9 +154,14 @@ def make(name: str, input_size: int, **config: Any) -> nn.Module:
                 f"{choices_hint(key, spec.defaults) if spec.defaults else 'allowed: none'}"
             )
         _check_type(name, key, value, spec.defaults[key])
+        if key in REPEAT_OPTIONS:
+            check_size(f"core {name!r}: {key}", value, MAX_REPEATS)
+        else:
+            check_size(f"core {name!r}: {key}", value)
     if isinstance(input_size, bool) or not isinstance(input_size, int) or input_size < 1:
         raise UserError(f"input_size {input_size!r} is invalid; allowed: an integer >= 1")
-    return cls(input_size, **{**spec.defaults, **config})
+    check_size("core input_size", input_size)
+    return build_bounded(f"core {name!r}", lambda: cls(input_size, **{**spec.defaults, **config}))
 
 
 register(_FF_SPEC, FFCore)

@@ -26,7 +26,7 @@ it once on the whole episode.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,6 +57,33 @@ class CoreSpec:
 
 
 # ------------------------------------------------------------------------- config checks
+
+# Sizes read from a preset, a checkpoint or a flag are bounded before any memory is taken, so that
+# an absurd value is a one-line error instead of a machine out of memory.
+MAX_SIZE = 2**20
+"""The largest integer option of a core or an agent (a width, a count, a period)."""
+MAX_REPEATS = 1024
+"""The largest count of repeated modules or steps per token (layers, reads, Householder steps)."""
+MAX_PARAMETERS = 2**28
+"""The most weights a core or an agent may have; counted on the meta device before it is built."""
+
+
+def check_size(what: str, value: Any, limit: int = MAX_SIZE) -> None:
+    """A one-line UserError if the integer ``value`` is above ``limit``."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > limit:
+        raise UserError(f"{what} {value!r} is too large; allowed: at most {limit:,}")
+
+
+def build_bounded(what: str, build: Callable[[], nn.Module]) -> nn.Module:
+    """``build()``, after a build on the meta device (no memory) showed at most :data:`MAX_PARAMETERS`
+    weights; else a one-line UserError naming ``what``."""
+    with torch.device("meta"):
+        count = sum(p.numel() for p in build().parameters())
+    if count > MAX_PARAMETERS:
+        raise UserError(
+            f"{what} would have {count:,} parameters; allowed: at most {MAX_PARAMETERS:,} (a size is too large)"
+        )
+    return build()
 
 
 def check_positive_int(what: str, value: Any) -> int:
