@@ -231,6 +231,15 @@ def test_vector_gru_preset_matches_the_lstm_presets_count():
 VECTOR_PRESET_CORES = sorted(f.stem.split("_", 1)[1] for f in AGENTS_DIR.glob("vector_*.toml"))
 
 
+def test_every_atari_preset_is_the_one_an_atari_run_of_its_core_picks():
+    atari_cores = sorted(f.stem.split("_", 1)[1] for f in AGENTS_DIR.glob("atari_*.toml"))
+    assert {"ff", "lstm", "lt", "delta", "delta_rnn", "rdn", "mamba", "mlstm", "lru", "ffm"} <= set(atari_cores)
+    for core in atari_cores:
+        preset = resolve_preset(core, None, kind="atari")
+        assert preset.source.endswith(f"atari_{core}.toml") and preset.core == core
+        assert preset == load_preset(f"atari_{core}")
+
+
 @pytest.mark.parametrize("core", VECTOR_PRESET_CORES)
 def test_every_vector_preset_takes_a_learner_step_in_the_impala_agent(core):
     # one learner step: an unroll with an episode start inside, gradients through the core's state

@@ -237,11 +237,9 @@ and 1,543,761 (atari_rdn) to 1,616,849 (atari_lstm) + their per-action counts)."
 @pytest.mark.parametrize("kind, obs_shape, num_actions", [("vector", (9,), 4), ("atari", (4, 84, 84), 6)])
 def test_presets_in_the_impala_agent(kind, obs_shape, num_actions):
     from rfwp_rl.agent import Agent, count_parameters
-    from rfwp_rl.presets import load_preset, resolve_preset
+    from rfwp_rl.presets import resolve_preset
 
     preset = resolve_preset("mamba", None, kind=kind)
-    assert preset.source.endswith(f"{kind}_mamba.toml") and preset.core == "mamba"
-    assert preset == load_preset(f"{kind}_mamba")
     torch.manual_seed(0)
     agent = Agent(obs_shape, num_actions, "mamba", core_config=preset.core_config, agent_config=preset.agent)
     base, per_action = PRESET_COUNTS[kind]
