@@ -45,6 +45,10 @@ def test_flag_only_below_the_bar_on_both_tasks():
     table = health.markdown(rows, health.TASKS, 1000)
     assert "| srwm | 0.15 | 0.23 | 2 | **FLAGGED** |" in table and "| lstm | 0.50 | 0.15 | 2 |  |" in table
     assert "| ff | 0.00 | no result | 1 | **FLAGGED** |" in table
+    # registered cores without an agent preset are named, not silently left out
+    others = table.splitlines()[-1]
+    assert others.startswith("Registered cores without an agent preset") and "srwm" in others
+    assert "rdn" not in others.split(":")[-1].split(", ") and "rdn" in health.agent_cores()
 
 
 def test_finished_runs_are_skipped(tmp_path):

@@ -163,6 +163,13 @@ def markdown(rows: list[dict], tasks: tuple[str, ...], steps: int) -> str:
         f"Normalised final return (random 0, optimal 1; mean of the last 100 training episodes, mean over "
         f"seeds) after {steps:,} env steps with the defaults of `rfwp-rl train`."
     )
+    others = sorted(set(cores_mod.available()) - set(agent_cores()))
+    if others:
+        lines.append("")
+        lines.append(
+            f"Registered cores without an agent preset, so not agent cores (`rfwp-rl train` refuses them; "
+            f"they serve the sequence trainer, `rfwp-rl seq`): {', '.join(others)}."
+        )
     return "\n".join(lines)
 
 
