@@ -62,6 +62,11 @@ def available_presets() -> list[str]:
     return sorted(p.stem for p in AGENTS_DIR.glob("*.toml"))
 
 
+def preset_cores(kind: str) -> list[str]:
+    """The cores that have an ``agents/<kind>_<core>.toml`` preset (``kind``: ``vector``, ``atari``), sorted."""
+    return sorted(name.split("_", 1)[1] for name in available_presets() if name.startswith(f"{kind}_"))
+
+
 def preset_path(name_or_path: str | Path) -> Path:
     """The file of a preset given by name (``atari_rdn``) or path (``my/agent.toml``)."""
     p = Path(name_or_path)
@@ -141,7 +146,7 @@ def resolve_preset(
         check_choice("core", name, sorted(cores.available()))
         kind_file = AGENTS_DIR / f"{kind}_{name}.toml"
         if AGENTS_DIR.is_dir() and not any((AGENTS_DIR / f"{k}_{name}.toml").is_file() for k in AGENT_KINDS):
-            agent_cores = sorted({f.stem.split("_", 1)[1] for k in AGENT_KINDS for f in AGENTS_DIR.glob(f"{k}_*.toml")})
+            agent_cores = sorted({core for k in AGENT_KINDS for core in preset_cores(k)})
             raise UserError(
                 f"core {name!r} has no agent preset (agents/<vector|atari>_{name}.toml): a sequence-model core "
                 f"(rfwp-rl seq; agent cores: {', '.join(agent_cores)}; an own preset: --preset FILE.toml)"

@@ -5,7 +5,7 @@ import torch
 
 from rfwp_rl.agent import Agent, AgentConfig, ResNetTorso, atari_param_counts
 from rfwp_rl.errors import UserError
-from rfwp_rl.presets import AGENTS_DIR, apply_overrides, available_presets, load_preset, resolve_preset
+from rfwp_rl.presets import apply_overrides, available_presets, load_preset, preset_cores, resolve_preset
 
 # RFWP paper App. C (reference implementation): base + per-action parameters.
 PAPER_COUNTS = {
@@ -228,11 +228,8 @@ def test_vector_gru_preset_matches_the_lstm_presets_count():
     assert counts == {"lstm": [207_749, 207_749 + 961], "gru": [204_165, 204_165 + 897]}
 
 
-VECTOR_PRESET_CORES = sorted(f.stem.split("_", 1)[1] for f in AGENTS_DIR.glob("vector_*.toml"))
-
-
 def test_every_atari_preset_is_the_one_an_atari_run_of_its_core_picks():
-    atari_cores = sorted(f.stem.split("_", 1)[1] for f in AGENTS_DIR.glob("atari_*.toml"))
+    atari_cores = preset_cores("atari")
     assert {"ff", "lstm", "lt", "delta", "delta_rnn", "rdn", "mamba", "mlstm", "lru", "ffm"} <= set(atari_cores)
     for core in atari_cores:
         preset = resolve_preset(core, None, kind="atari")
@@ -240,7 +237,7 @@ def test_every_atari_preset_is_the_one_an_atari_run_of_its_core_picks():
         assert preset == load_preset(f"atari_{core}")
 
 
-@pytest.mark.parametrize("core", VECTOR_PRESET_CORES)
+@pytest.mark.parametrize("core", preset_cores("vector"))
 def test_every_vector_preset_takes_a_learner_step_in_the_impala_agent(core):
     # one learner step: an unroll with an episode start inside, gradients through the core's state
     from rfwp_rl.agent import Agent

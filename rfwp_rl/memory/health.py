@@ -33,7 +33,7 @@ from rfwp_rl.checkpoint import atomic_write_text, list_checkpoints
 from rfwp_rl.errors import UserError, check_choice
 from rfwp_rl.memory import suite
 from rfwp_rl.memory.results import core_rank, read_run
-from rfwp_rl.presets import AGENTS_DIR
+from rfwp_rl.presets import preset_cores
 from rfwp_rl.runlog import run_name
 
 TASKS = (suite.env_id("DelayedRecall", "easy"), suite.env_id("AssociativeRecall", "easy"))
@@ -44,7 +44,8 @@ DEFAULT_STEPS = 300_000
 def agent_cores() -> list[str]:
     """Registered cores that have a vector-env preset (``agents/vector_<core>.toml``), in the
     memory table's order."""
-    return sorted((c for c in cores_mod.available() if (AGENTS_DIR / f"vector_{c}.toml").is_file()), key=core_rank)
+    with_preset = set(preset_cores("vector"))
+    return sorted((c for c in cores_mod.available() if c in with_preset), key=core_rank)
 
 
 @dataclass(frozen=True)
