@@ -25,7 +25,6 @@
 
 #include "cpu/fastweight_cpu.h"
 #include "cpu/lstm_impl.h"
-#include "cpu/selective_scan_impl.h"
 #include "cpu/vec_math.h"
 #include "fastweight_params.h"
 #ifdef RFWP_WITH_CUDA
@@ -901,77 +900,50 @@ std::vector<Tensor> lstm_backward_impl(const Tensor& x, const Tensor& h0, const 
 
 // --------------------------------------------------------------------- mamba (selective scan)
 
-// The selective SSM of Mamba on the CPU (cpu/selective_scan_impl.h has the equations), one batch
-// entry per task. No CUDA kernel: the core runs its PyTorch form on a GPU. chunk 0: inference
+// The selective SSM of Mamba (cpu/selective_scan_impl.h has the equations): one batch entry per
+// task on the CPU, one block per batch entry on CUDA (cuda/selective_scan.cu). chunk 0: inference
 // (no checkpoints); else the state before every chunk of `chunk` steps is kept for the backward.
-struct ScanShapes {
-  int64_t T, B, D, N;
-};
-
-ScanShapes check_scan_inputs(const Tensor& u, const Tensor& delta, const Tensor& A, const Tensor& Bm,
-                             const Tensor& C) {
-  TORCH_CHECK(!u.is_cuda(), "mamba has no CUDA kernel (the core runs its PyTorch form on a GPU)");
+// Dims: H = 1, dk = N (state values per channel), dv = D (channels).
+Dims check_scan_inputs(const Tensor& u, const Tensor& delta, const Tensor& A, const Tensor& Bm,
+                       const Tensor& C, int64_t chunk) {
   TORCH_CHECK(u.dim() == 3, "u must be [T, B, D], got ", u.sizes());
   TORCH_CHECK(u.scalar_type() == at::kFloat || u.scalar_type() == at::kDouble,
               "fused kernels support float32 and float64, got ", u.scalar_type());
   TORCH_CHECK(A.dim() == 2 && A.size(0) == u.size(2) && A.size(1) >= 1,
               "A must be [D, N] with D = ", u.size(2), " and N >= 1, got ", A.sizes());
-  const ScanShapes s{u.size(0), u.size(1), u.size(2), A.size(1)};
-  TORCH_CHECK(s.D >= 1, "u must have D >= 1 channels, got ", u.sizes());
-  TORCH_CHECK(s.T <= INT32_MAX && s.B <= INT32_MAX && s.D * s.N <= INT32_MAX,
-              "sizes beyond the kernels' 32-bit range: ", u.sizes(), ", N = ", s.N);
-  check_tensor(delta, "delta", u, {s.T, s.B, s.D});
-  check_tensor(A, "A", u, {s.D, s.N});
-  check_tensor(Bm, "B", u, {s.T, s.B, s.N});
-  check_tensor(C, "C", u, {s.T, s.B, s.N});
-  return s;
-}
-
-template <typename S>
-rfwp::cpu::SelectiveScanArgs<S> scan_args(const ScanShapes& s, const Tensor& u, const Tensor& delta,
-                                          const Tensor& A, const Tensor& Bm, const Tensor& C,
-                                          const optional<Tensor>& reset, int64_t chunk) {
-  rfwp::cpu::SelectiveScanArgs<S> a;
-  a.T = static_cast<int>(s.T);
-  a.B = static_cast<int>(s.B);
-  a.D = static_cast<int>(s.D);
-  a.N = static_cast<int>(s.N);
-  a.chunk = static_cast<int>(chunk);
-  a.u = ptr<S>(u);
-  a.delta = ptr<S>(delta);
-  a.A = ptr<S>(A);
-  a.Bm = ptr<S>(Bm);
-  a.C = ptr<S>(C);
+  const int64_t T = u.size(0), B = u.size(1), D = u.size(2), N = A.size(1);
+  TORCH_CHECK(D >= 1, "u must have D >= 1 channels, got ", u.sizes());
+  TORCH_CHECK(T <= INT32_MAX && B <= INT32_MAX && D * N <= INT32_MAX,
+              "sizes beyond the kernels' 32-bit range: ", u.sizes(), ", N = ", N);
+  check_tensor(delta, "delta", u, {T, B, D});
+  check_tensor(A, "A", u, {D, N});
+  check_tensor(Bm, "B", u, {T, B, N});
+  check_tensor(C, "C", u, {T, B, N});
   Dims n;
-  n.T = a.T;
-  n.B = a.B;
-  a.reset = reset_ptr(reset, n, u);
-  return a;
+  n.T = static_cast<int>(T);
+  n.B = static_cast<int>(B);
+  n.H = 1;
+  n.dk = static_cast<int>(N);
+  n.dv = static_cast<int>(D);
+  n.chunk = static_cast<int>(chunk);
+  return n;
 }
-
-int64_t scan_chunks(int64_t T, int64_t chunk) { return chunk > 0 ? (T + chunk - 1) / chunk : 0; }
 
 // {y [T, B, D], h_T [B, D, N], checkpoints [ceil(T / chunk), B, D, N] (empty when chunk is 0)}
 std::vector<Tensor> mamba_forward_impl(const Tensor& u, const Tensor& delta, const Tensor& A,
                                        const Tensor& Bm, const Tensor& C, const Tensor& h0,
-                                       const optional<Tensor>& reset, int64_t chunk) {
+                                       const optional<Tensor>& reset, int64_t chunk, int64_t threads) {
   TORCH_CHECK(chunk >= 0, "checkpoint interval must be >= 0, got ", chunk);
-  const ScanShapes s = check_scan_inputs(u, delta, A, Bm, C);
-  check_tensor(h0, "h0", u, {s.B, s.D, s.N});
-  Tensor y = empty_like_shape(u, {s.T, s.B, s.D}), hT = empty_like_shape(u, {s.B, s.D, s.N});
-  Tensor ckpt = empty_like_shape(u, {scan_chunks(s.T, chunk), s.B, s.D, s.N});
+  const Dims n = check_scan_inputs(u, delta, A, Bm, C, chunk);
+  check_tensor(h0, "h0", u, {n.B, n.dv, n.dk});
+  const uint8_t* rst = reset_ptr(reset, n, u);
+  Tensor y = empty_like_shape(u, {n.T, n.B, n.dv}), hT = empty_like_shape(u, {n.B, n.dv, n.dk});
+  Tensor ckpt = empty_like_shape(u, {nck(n), n.B, n.dv, n.dk});
   AT_DISPATCH_FLOATING_TYPES(u.scalar_type(), "mamba_forward", [&] {
     using S = scalar_t;
-    auto a = scan_args<S>(s, u, delta, A, Bm, C, reset, chunk);
-    a.h0 = ptr<S>(h0);
-    a.y = out<S>(y);
-    a.hT = out<S>(hT);
-    a.ckpt = chunk > 0 ? out<S>(ckpt) : nullptr;
-    at::parallel_for(0, s.B, 1, [&](int64_t b0, int64_t b1) {
-      std::vector<S> h(static_cast<size_t>(s.D * s.N));
-      for (int64_t b = b0; b < b1; ++b)
-        rfwp::cpu::selective_scan_forward_entry<S>(a, static_cast<int>(b), h.data());
-    });
+    rfwp::MambaFwdArgs<S> a{ptr<S>(u), ptr<S>(delta), ptr<S>(A), ptr<S>(Bm), ptr<S>(C), ptr<S>(h0), rst,
+                            out<S>(y), out<S>(hT), chunk > 0 ? out<S>(ckpt) : nullptr, n};
+    RFWP_RUN(mamba_forward, a, u, threads);
   });
   return {y, hT, ckpt};
 }
@@ -982,41 +954,23 @@ std::vector<Tensor> mamba_backward_impl(const Tensor& u, const Tensor& delta, co
                                         const Tensor& Bm, const Tensor& C,
                                         const optional<Tensor>& reset, const Tensor& ckpt,
                                         const optional<Tensor>& gy, const optional<Tensor>& ghT,
-                                        int64_t chunk) {
-  const ScanShapes s = check_scan_inputs(u, delta, A, Bm, C);
+                                        int64_t chunk, int64_t threads) {
   TORCH_CHECK(chunk >= 1, "checkpoint interval must be >= 1, got ", chunk);
-  check_tensor(ckpt, "checkpoints", u, {scan_chunks(s.T, chunk), s.B, s.D, s.N});
-  check_optional(gy, "grad y", u, {s.T, s.B, s.D});
-  check_optional(ghT, "grad h_T", u, {s.B, s.D, s.N});
-  Tensor gu = empty_like_shape(u, {s.T, s.B, s.D}), gdelta = empty_like_shape(u, {s.T, s.B, s.D});
-  Tensor gB = empty_like_shape(u, {s.T, s.B, s.N}), gC = empty_like_shape(u, {s.T, s.B, s.N});
-  Tensor gh0 = empty_like_shape(u, {s.B, s.D, s.N}), gA_part = empty_like_shape(u, {s.B, s.D, s.N});
-  Tensor gA = at::zeros({s.D, s.N}, u.options());
+  const Dims n = check_scan_inputs(u, delta, A, Bm, C, chunk);
+  check_tensor(ckpt, "checkpoints", u, {nck(n), n.B, n.dv, n.dk});
+  check_optional(gy, "grad y", u, {n.T, n.B, n.dv});
+  check_optional(ghT, "grad h_T", u, {n.B, n.dv, n.dk});
+  const uint8_t* rst = reset_ptr(reset, n, u);
+  Tensor gu = empty_like_shape(u, {n.T, n.B, n.dv}), gdelta = empty_like_shape(u, {n.T, n.B, n.dv});
+  Tensor gB = empty_like_shape(u, {n.T, n.B, n.dk}), gC = empty_like_shape(u, {n.T, n.B, n.dk});
+  Tensor gh0 = empty_like_shape(u, {n.B, n.dv, n.dk}), gA_part = empty_like_shape(u, {n.B, n.dv, n.dk});
+  Tensor gA = empty_like_shape(u, {n.dv, n.dk});
   AT_DISPATCH_FLOATING_TYPES(u.scalar_type(), "mamba_backward", [&] {
     using S = scalar_t;
-    auto a = scan_args<S>(s, u, delta, A, Bm, C, reset, chunk);
-    a.ckpt = const_cast<S*>(ptr<S>(ckpt));
-    a.gy = ptr_or_null<S>(gy);
-    a.ghT = ptr_or_null<S>(ghT);
-    a.gu = out<S>(gu);
-    a.gdelta = out<S>(gdelta);
-    a.gA_part = out<S>(gA_part);
-    a.gB = out<S>(gB);
-    a.gC = out<S>(gC);
-    a.gh0 = out<S>(gh0);
-    const int64_t DN = s.D * s.N, rows = std::min(s.T, chunk) + 1;
-    at::parallel_for(0, s.B, 1, [&](int64_t b0, int64_t b1) {
-      std::vector<S> hs(static_cast<size_t>(rows * DN)), g(static_cast<size_t>(DN));
-      for (int64_t b = b0; b < b1; ++b)
-        rfwp::cpu::selective_scan_backward_entry<S>(a, static_cast<int>(b), hs.data(), g.data());
-    });
-    // the entries' partial sums in a fixed order, whatever the thread count
-    const S* part = ptr<S>(gA_part);
-    S* ga = out<S>(gA);
-    at::parallel_for(0, DN, 1024, [&](int64_t i0, int64_t i1) {
-      for (int64_t b = 0; b < s.B; ++b)
-        for (int64_t i = i0; i < i1; ++i) ga[i] += part[b * DN + i];
-    });
+    rfwp::MambaBwdArgs<S> a{ptr<S>(u), ptr<S>(delta), ptr<S>(A), ptr<S>(Bm), ptr<S>(C), rst, ptr<S>(ckpt),
+                            ptr_or_null<S>(gy), ptr_or_null<S>(ghT), out<S>(gu), out<S>(gdelta),
+                            out<S>(gA_part), out<S>(gA), out<S>(gB), out<S>(gC), out<S>(gh0), n};
+    RFWP_RUN(mamba_backward, a, u, threads);
   });
   return {gu, gdelta, gA, gB, gC, gh0};
 }
@@ -1245,7 +1199,7 @@ std::vector<Tensor> mamba_forward(const Tensor& u, const Tensor& delta, const Te
   same_dtype(u, {{"delta", &delta}, {"A", &A}, {"B", &Bm}, {"C", &C}, {"h0", &h0}});
   const bool h = is_half(u);
   auto outs = mamba_forward_impl(prep(u, h), prep(delta, h), prep(A, h), prep(Bm, h), prep(C, h),
-                                 prep(h0, h), prep(reset, false), chunk);
+                                 prep(h0, h), prep(reset, false), chunk, threads);
   return h ? to_dtype(outs, {0, 1}, u.scalar_type()) : outs;
 }
 std::vector<Tensor> mamba_backward(const Tensor& u, const Tensor& delta, const Tensor& A,
@@ -1254,7 +1208,8 @@ std::vector<Tensor> mamba_backward(const Tensor& u, const Tensor& delta, const T
                                    const optional<Tensor>& ghT, int64_t chunk, int64_t threads) {
   const bool h = is_half(u);
   auto outs = mamba_backward_impl(prep(u, h), prep(delta, h), prep(A, h), prep(Bm, h), prep(C, h),
-                                  prep(reset, false), prep(ckpt, h), prep(gy, h), prep(ghT, h), chunk);
+                                  prep(reset, false), prep(ckpt, h), prep(gy, h), prep(ghT, h), chunk,
+                                  threads);
   return h ? to_dtype_all(outs, u.scalar_type()) : outs;
 }
 
@@ -1288,8 +1243,8 @@ bool has_cuda() {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   namespace py = pybind11;
   m.doc() = "rfwp_rl fused fast-weight recurrences (lt, delta, delta_rnn, rdn, gated_delta, "
-          "delta_product, srwm, fwm), the CPU LSTM layer (lstm) and the CPU selective scan of "
-          "Mamba (mamba), forward and backward";
+          "delta_product, srwm, fwm), the CPU LSTM layer (lstm) and the selective scan of Mamba "
+          "(mamba), forward and backward";
   m.def("has_cuda", &has_cuda, "whether this build includes the CUDA kernels");
   m.def("_vec_math", &vec_math, "the CPU kernels' exp or tanh, elementwise (for tests)");
   m.def("lt_forward", &lt_forward, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("W0"),

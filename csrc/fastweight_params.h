@@ -152,6 +152,28 @@ struct SrwmBwdArgs {
   Dims n;
 };
 
+// mamba (Mamba's selective SSM): u, delta [T, B, D], A [D, N], Bm, C [T, B, N], the state
+// h [B, D, N] (one row of N state values per channel), y [T, B, D]. Dims: H = 1, dk = N, dv = D.
+// Checkpoints [ceil(T / chunk), B, D, N] hold h.
+template <typename S>
+struct MambaFwdArgs {
+  const S *u, *delta, *A, *Bm, *C, *h0;
+  const uint8_t* reset;
+  S *y, *hT, *ckpt;
+  Dims n;
+};
+
+// gy and ghT may be null (zero). gA_part [B, D, N] receives per-entry partial gradients of A;
+// gA [D, N] their sum over b, taken in order b = 0, 1, ..., B-1 (deterministic).
+template <typename S>
+struct MambaBwdArgs {
+  const S *u, *delta, *A, *Bm, *C;
+  const uint8_t* reset;
+  const S *ckpt, *gy, *ghT;
+  S *gu, *gdelta, *gA_part, *gA, *gB, *gC, *gh0;
+  Dims n;
+};
+
 // fwm (FWM paper Eq. 1-7), dk == dv == m: per step the slow projections w [T, B, H, 3m + 1]
 // (the write keys k1, k2 and value v before tanh, the strength beta before the sigmoid) and
 // r [T, B, H, (1 + nr) m] (the read keys n0, e_1..e_nr before tanh); the fast tensor

@@ -182,17 +182,18 @@ def test_emulated_key_size_different_from_value_size(emu, name):
     assert err < 1e-12 and gerr < 1e-12
 
 
-@pytest.mark.parametrize("name", ["delta_rnn", "rdn"])
+@pytest.mark.parametrize("name", ["delta_rnn", "rdn", "mamba"])
 def test_emulated_unstaged_layouts(device_limits, name):
     # a device too small for the staged layout: the backward re-reads its running state from
-    # the workspace and rdn reads Rq, Rk, Rv from global memory; same results (lt and delta
-    # stage nothing: their two-sweep backward holds one matrix)
+    # the workspace, rdn reads Rq, Rk, Rv from global memory, mamba keeps its state (and, in
+    # the backward, its gradient and A's partial sums) in global memory; same results (lt and
+    # delta stage nothing: their two-sweep backward holds one matrix)
     emu = device_limits
     emu.threads = 64
     args, reset = cases.make_inputs(name, T=6, B=2, H=1, d=16, seed=5, reset_at=((2, 1), (4, 0)))
     small = emu.smem_request(name, "backward", 16, 16, 8, optin=1)  # the unstaged size
     assert small < emu.smem_request(name, "backward", 16, 16, 8)
-    emu.set_device_smem_optin(small)
+    emu.set_device_smem_optin(max(small, 1))  # 0 would restore the true limit
     emu.launches()
     for chunk in (2, 6):
         err, gerr = cases.max_errors(name, emulated(emu, name, chunk), args, reset)
@@ -231,16 +232,17 @@ def test_emulated_empty_sequence(emu, name):
     states = ops.spec(name).state_args[: 2 if name == "rdn" else len(ops.spec(name).state_args)]
     states = states[:2] if name == "delta_rnn" else states[:1]  # the final states returned
     g = torch.Generator().manual_seed(7)
-    shapes = [(0, 2, 2, 5)] + [args[s].shape for s in states]
+    y_shape = (0, 2, 10) if name == "mamba" else (0, 2, 2, 5)  # mamba: [T, B, D], D = H d channels
+    shapes = [y_shape] + [args[s].shape for s in states]
     cotangents = [torch.randn(sh, generator=g, dtype=torch.float64) for sh in shapes]
     outs, grads = cases.forward_backward(emulated(emu, name, 2), args, reset, cotangents)
-    assert outs[0].shape == (0, 2, 2, 5)
+    assert outs[0].shape == y_shape
     for o, s in zip(outs[1:], states):
         assert torch.equal(o, args[s])
     for i, gr in enumerate(grads):
         if i in states:
             assert torch.equal(gr, cotangents[1 + states.index(i)])
-        else:  # inputs over time: empty; y0 and rdn's slow weights: nothing read them
+        else:  # inputs over time: empty; y0, rdn's slow weights, mamba's A: nothing read them
             assert gr.shape == args[i].shape
             assert gr.numel() == 0 or torch.equal(gr, torch.zeros_like(gr)), i
 
@@ -290,14 +292,18 @@ def test_launches_ask_what_cuda_limits_says(device_limits, name):
         cases.forward_backward(emulated(emu, name, 2), args, reset)
         log = emu.launches()
         optin = emu.device_smem_optin()
+        # one block per (b, h); mamba: one per batch entry, its D = H d channels the matrix rows
+        blocks, dv = (1, 2 * d) if name == "mamba" else (1 * 2, d)
         expect = []
         for direction in ("forward", "backward"):
-            req = cuda_limits.requirements(name, direction, dk, d, ELEM[dtype], threads=threads, smem_optin=optin)
-            expect.append((1 * 2, req.threads_per_block, req.smem_dynamic))
+            req = cuda_limits.requirements(name, direction, dk, dv, ELEM[dtype], threads=threads, smem_optin=optin)
+            expect.append((blocks, req.threads_per_block, req.smem_dynamic))
         assert log[:2] == expect, (d, dk, threads)
         assert all(block <= cuda_limits.MAX_THREADS and block % 32 == 0 for _, block, _ in log)
         if name == "rdn":  # the slow-weight gradients: one launch for Rq, Rk, Rv, one for rb
             assert len(log) == 4
+        if name == "mamba":  # A's gradient: the entries' partial sums added by a second launch
+            assert len(log) == 3 and log[2][2] == 0
 
 
 def test_launch_beyond_the_device_is_refused_and_cleared(device_limits):
@@ -446,6 +452,48 @@ def test_race_check_finds_a_removed_barrier():
         pytest.skip(f"cannot build with ThreadSanitizer here: {output[-500:]}")
     proc = _race_check(out_dir / "race_check", ("3", "1", "1", "5", "64"))
     assert "ThreadSanitizer: data race" in proc.stderr, (proc.returncode, proc.stderr[-2000:])
+
+
+@pytest.mark.slow
+def test_race_check_finds_a_removed_barrier_in_the_mamba_backward():
+    # the mamba backward without the barrier between the reverse walk (each row writes its
+    # h_t, G_t) and the column phase (sums over the rows); d = 33 with 64 threads: one lane per
+    # row, so no warp shuffle lies between the write and the read
+    cxx = shutil.which("g++")
+    if cxx is None:
+        pytest.skip("no g++")
+    text = (_build.CSRC / "cuda" / "selective_scan.cu").read_text()
+    barrier = "    __syncthreads();   // every row's h_t and G_t of the chunk are in the workspace\n"
+    assert text.count(barrier) == 1
+    src = _build.cache_root() / f"mutant_mamba_src_{_build._hash(_build.EMU_PARTS, 'mutant mamba')}"
+    if not (src / "cuda" / "selective_scan.cu").exists():
+        shutil.copytree(_build.CSRC, src, dirs_exist_ok=True)
+        (src / "cuda" / "selective_scan.cu").write_text(text.replace(barrier, ""))
+    cmd = [
+        cxx,
+        "-std=c++20",
+        "-O1",
+        "-g",
+        "-fsanitize=thread",
+        "-pthread",
+        f"-I{src}",
+        "-include",
+        str(src / "cuda_emu" / "cuda_emulation.h"),
+        "-x",
+        "c++",
+        *[str(src / f) for f in _build.CU_FILES],
+        "-x",
+        "none",
+        str(src / "cuda_emu" / "race_check.cpp"),
+        "-o",
+        "{out}/race_check",
+    ]
+    ok, output, out_dir = _build._cached_command("tsan_mutant_mamba", cmd, text + _build._tool_version(cxx))
+    if not ok:
+        pytest.skip(f"cannot build with ThreadSanitizer here: {output[-500:]}")
+    proc = _race_check(out_dir / "race_check", ("3", "2", "1", "33", "64"))
+    assert "ThreadSanitizer: data race" in proc.stderr, (proc.returncode, proc.stderr[-2000:])
+    assert "selective_scan_backward_kernel" in proc.stderr
 
 
 def test_emulator_selftest(emu):

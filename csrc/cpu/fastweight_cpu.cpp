@@ -6,12 +6,15 @@
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <type_traits>
 #include <vector>
 
 #include "fastweight_cpu_impl.h"
 #include "fwm_impl.h"
 #include "householder_product_impl.h"
+#include "selective_scan_impl.h"
 #include "srwm_impl.h"
 
 namespace rfwp {
@@ -202,6 +205,68 @@ template <typename S> void fwm_step_dense(const FwmStepArgs<S>& a, S* F) {
   });
 }
 
+namespace {
+
+// The per-entry arguments of selective_scan_impl.h (D = dv channels, N = dk state values).
+template <typename S>
+SelectiveScanArgs<S> scan_args(const Dims& n, const S* u, const S* delta, const S* A, const S* Bm, const S* C,
+                               const uint8_t* reset) {
+  SelectiveScanArgs<S> s;
+  s.T = n.T;
+  s.B = n.B;
+  s.D = n.dv;
+  s.N = n.dk;
+  s.chunk = n.chunk;
+  s.u = u;
+  s.delta = delta;
+  s.A = A;
+  s.Bm = Bm;
+  s.C = C;
+  s.reset = reset;
+  return s;
+}
+
+}  // namespace
+
+template <typename S> void mamba_forward(const MambaFwdArgs<S>& a) {
+  SelectiveScanArgs<S> s = scan_args(a.n, a.u, a.delta, a.A, a.Bm, a.C, a.reset);
+  s.h0 = a.h0;
+  s.y = a.y;
+  s.hT = a.hT;
+  s.ckpt = a.n.chunk > 0 ? a.ckpt : nullptr;
+  const int64_t DN = static_cast<int64_t>(a.n.dv) * a.n.dk;
+  at::parallel_for(0, a.n.B, 1, [&](int64_t b0, int64_t b1) {
+    std::vector<S> h(static_cast<size_t>(DN));
+    for (int64_t b = b0; b < b1; ++b) selective_scan_forward_entry<S>(s, static_cast<int>(b), h.data());
+  });
+}
+
+template <typename S> void mamba_backward(const MambaBwdArgs<S>& a) {
+  SelectiveScanArgs<S> s = scan_args(a.n, a.u, a.delta, a.A, a.Bm, a.C, a.reset);
+  s.ckpt = const_cast<S*>(a.ckpt);
+  s.gy = a.gy;
+  s.ghT = a.ghT;
+  s.gu = a.gu;
+  s.gdelta = a.gdelta;
+  s.gA_part = a.gA_part;
+  s.gB = a.gB;
+  s.gC = a.gC;
+  s.gh0 = a.gh0;
+  const int64_t DN = static_cast<int64_t>(a.n.dv) * a.n.dk;
+  const int64_t rows = std::min(a.n.T, a.n.chunk) + 1;
+  at::parallel_for(0, a.n.B, 1, [&](int64_t b0, int64_t b1) {
+    std::vector<S> hs(static_cast<size_t>(rows * DN)), g(static_cast<size_t>(DN));
+    for (int64_t b = b0; b < b1; ++b)
+      selective_scan_backward_entry<S>(s, static_cast<int>(b), hs.data(), g.data());
+  });
+  // the entries' partial sums in a fixed order, whatever the thread count
+  at::parallel_for(0, DN, 1024, [&](int64_t i0, int64_t i1) {
+    std::fill(a.gA + i0, a.gA + i1, S(0));
+    for (int64_t b = 0; b < a.n.B; ++b)
+      for (int64_t i = i0; i < i1; ++i) a.gA[i] += a.gA_part[b * DN + i];
+  });
+}
+
 #define RFWP_INSTANTIATE(S)                                          \
   template void lt_forward<S>(const DeltaFwdArgs<S>&);               \
   template void lt_backward<S>(const DeltaBwdArgs<S>&);              \
@@ -220,7 +285,9 @@ template <typename S> void fwm_step_dense(const FwmStepArgs<S>& a, S* F) {
   template void fwm_step<S>(const FwmStepArgs<S>&);                   \
   template void fwm_step_init<S>(const FwmStepArgs<S>&, const S*);     \
   template void fwm_step_dense<S>(const FwmStepArgs<S>&, S*);          \
-  template int fwm_lanes<S>();
+  template int fwm_lanes<S>();                                      \
+  template void mamba_forward<S>(const MambaFwdArgs<S>&);            \
+  template void mamba_backward<S>(const MambaBwdArgs<S>&);
 RFWP_INSTANTIATE(float)
 RFWP_INSTANTIATE(double)
 #undef RFWP_INSTANTIATE

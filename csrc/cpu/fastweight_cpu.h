@@ -22,6 +22,10 @@ template <typename S> void srwm_forward(const SrwmFwdArgs<S>& a);
 template <typename S> void srwm_backward(const SrwmBwdArgs<S>& a);
 template <typename S> void fwm_forward(const FwmFwdArgs<S>& a);
 template <typename S> void fwm_backward(const FwmBwdArgs<S>& a);
+// mamba: one task per batch entry (selective_scan_impl.h); the backward also sums the entries'
+// partial gradients of A in order of the entry
+template <typename S> void mamba_forward(const MambaFwdArgs<S>& a);
+template <typename S> void mamba_backward(const MambaBwdArgs<S>& a);
 // the incremental stepper: its state from F0 [B, H, m, m, m] rows (null: zero); one step, in
 // place on the state; every task's F into rows F [B, H, m, m, m]
 template <typename S> void fwm_step_init(const FwmStepArgs<S>& a, const S* F0);

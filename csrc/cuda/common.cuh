@@ -325,5 +325,37 @@ int launch_per_head(Kernel kernel, const Dims& n, std::size_t smem, int threads,
   return static_cast<int>(cudaGetLastError());
 }
 
+// ------------------------------------------------------------------- sums over the batch
+
+// Internal linkage: each .cu file that launches the kernel has its own instance (a kernel
+// template shared across translation units of a non-relocatable build is not portable).
+namespace {
+
+constexpr int kSumThreads = 128;
+
+// out[h][e] = Σ_b part[b][h][e], b in order (deterministic; zero for B = 0).
+template <typename S>
+__global__ void __launch_bounds__(kSumThreads) batch_sum_kernel(const S* part, S* out, int B, int H, int len) {
+  const int h = blockIdx.y;
+  const int e = static_cast<int>(blockIdx.x) * kSumThreads + static_cast<int>(threadIdx.x);
+  if (e >= len) return;
+  S s = 0;
+  for (int b = 0; b < B; ++b) s += part[(static_cast<std::size_t>(b) * H + h) * len + e];
+  out[static_cast<std::size_t>(h) * len + e] = s;
+}
+
+// Launches batch_sum_kernel for `len` elements per head (nothing when H or len is 0); returns 0
+// or a CUDA error code.
+template <typename S>
+int launch_batch_sum(const S* part, S* out, int B, int H, int len, cudaStream_t stream) {
+  if (H == 0 || len == 0) return 0;
+  const dim3 grid(static_cast<unsigned>((len + kSumThreads - 1) / kSumThreads), static_cast<unsigned>(H));
+  auto kernel = batch_sum_kernel<S>;
+  RFWP_LAUNCH(kernel, grid, dim3(kSumThreads), 0, stream, part, out, B, H, len);
+  return static_cast<int>(cudaGetLastError());
+}
+
+}  // namespace
+
 }  // namespace cuda
 }  // namespace rfwp

@@ -1,11 +1,11 @@
 // Launcher interface of the CUDA recurrences (defined in lt_delta.cu, delta_rnn.cu, rdn.cu,
-// householder_product.cu, srwm.cu).
+// householder_product.cu, srwm.cu, selective_scan.cu).
 //
 // Needs neither torch nor the CUDA headers: the argument blocks are plain structs of device
 // pointers (fastweight_params.h) and the stream is CUDA's opaque `cudaStream_t`.
 //
-// Every launcher runs one thread block per (batch, head) pair, launch_threads(dk, dv, threads)
-// threads per block, and returns 0 on success or a CUDA error code (cudaErrorInvalidConfiguration
+// Every launcher runs one thread block per (batch, head) pair (mamba: per batch entry, its D x N
+// state being the dv x dk matrix), launch_threads(dk, dv, threads) threads per block, and returns 0 on success or a CUDA error code (cudaErrorInvalidConfiguration
 // when the block's shared memory exceeds the device's opt-in limit; a failed attribute call is
 // cleared, not left pending).
 // Backward launchers take a device workspace of *_workspace_elems() scalars (the states
@@ -42,8 +42,11 @@ std::size_t rdn_smem_bytes(const Dims& n, std::size_t elem, bool backward, bool 
 // in global memory: srwm has no size limit).
 std::size_t product_smem_bytes(const Dims& n, std::size_t elem, bool backward, bool stage);
 std::size_t srwm_smem_bytes(const Dims& n, std::size_t elem, bool backward, bool stage);
+// mamba stages its state (forward), or the gradient of the state and the entry's partial gradient
+// of A (backward), when they fit; else they stay in global memory (no size limit, no shared memory).
+std::size_t mamba_smem_bytes(const Dims& n, std::size_t elem, bool backward, bool stage);
 // What the launcher of `op` ("lt", "delta", "delta_rnn", "rdn", "gated_delta",
-// "delta_product", "srwm") requests on a device whose
+// "delta_product", "srwm", "mamba") requests on a device whose
 // opt-in limit is `optin` bytes (static shared memory not included).
 std::size_t smem_request(const char* op, const Dims& n, std::size_t elem, bool backward, std::size_t optin);
 // The current device's opt-in shared memory per block (bytes), or 0 if it cannot be read.
@@ -54,6 +57,7 @@ std::size_t delta_rnn_workspace_elems(const Dims& n);
 std::size_t rdn_workspace_elems(const Dims& n);
 std::size_t product_workspace_elems(const Dims& n, int nh);
 std::size_t srwm_workspace_elems(const Dims& n);
+std::size_t mamba_workspace_elems(const Dims& n);
 // Block size of the srwm kernels: launch_threads for its (3d + 4) x d matrix.
 int srwm_threads(const Dims& n, int threads);
 
@@ -71,6 +75,10 @@ template <typename S> int product_backward(const ProductBwdArgs<S>& a, S* worksp
 // srwm_backward also sums the per-(b, h) W_init gradients over b (a second launch)
 template <typename S> int srwm_forward(const SrwmFwdArgs<S>& a, int threads, cudaStream_t stream);
 template <typename S> int srwm_backward(const SrwmBwdArgs<S>& a, S* workspace, int threads, cudaStream_t stream);
+// mamba (a.n.H == 1, dk = N, dv = D); mamba_backward also sums the per-entry gradients of A
+// over b (a second launch)
+template <typename S> int mamba_forward(const MambaFwdArgs<S>& a, int threads, cudaStream_t stream);
+template <typename S> int mamba_backward(const MambaBwdArgs<S>& a, S* workspace, int threads, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace rfwp

@@ -314,6 +314,7 @@ std::size_t smem_request(const char* op, const Dims& n, std::size_t elem, bool b
   if (name == "rdn") return pick(rdn_smem_bytes);
   if (name == "gated_delta" || name == "delta_product") return pick(product_smem_bytes);
   if (name == "srwm") return pick(srwm_smem_bytes);
+  if (name == "mamba") return pick(mamba_smem_bytes);
   return 0;
 }
 

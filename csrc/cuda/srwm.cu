@@ -28,7 +28,6 @@ namespace cuda {
 namespace {
 
 constexpr int kRates = 4;
-constexpr int kSumThreads = 128;
 
 __host__ __device__ inline int srwm_rows(int d) { return 3 * d + kRates; }
 __device__ inline int row_block(int r, int d) { return r < 3 * d ? r / d : 3; }
@@ -292,17 +291,6 @@ RFWP_KERNEL srwm_backward_kernel(SrwmBwdArgs<S> a, S* work, bool stage) {
       for (int c = rows.lane; c < d; c += rows.width) gdW0[r * d + c] = G[r * ld + c];
 }
 
-// out[h][e] = Σ_b part[b][h][e], b in order (deterministic; zero for B = 0).
-template <typename S>
-__global__ void __launch_bounds__(kSumThreads) batch_sum_kernel(const S* part, S* out, int B, int H, int len) {
-  const int h = blockIdx.y;
-  const int e = static_cast<int>(blockIdx.x) * kSumThreads + static_cast<int>(threadIdx.x);
-  if (e >= len) return;
-  S s = 0;
-  for (int b = 0; b < B; ++b) s += part[(static_cast<std::size_t>(b) * H + h) * len + e];
-  out[static_cast<std::size_t>(h) * len + e] = s;
-}
-
 }  // namespace
 
 std::size_t srwm_smem_bytes(const Dims& n, std::size_t elem, bool backward, bool stage) {
@@ -338,12 +326,7 @@ int srwm_backward(const SrwmBwdArgs<S>& a, S* work, int threads, cudaStream_t st
   int err = launch_per_head(srwm_backward_kernel<S>, a.n, smem, srwm_threads(a.n, threads), stream, a,
                             work, stage);
   if (err != 0) return err;
-  const int len = srwm_rows(a.n.dv) * a.n.dv;
-  if (a.n.H == 0 || len == 0) return 0;
-  const dim3 grid(static_cast<unsigned>((len + kSumThreads - 1) / kSumThreads), static_cast<unsigned>(a.n.H));
-  auto kernel = batch_sum_kernel<S>;
-  RFWP_LAUNCH(kernel, grid, dim3(kSumThreads), 0, stream, a.gWinit_part, a.gWinit, a.n.B, a.n.H, len);
-  return static_cast<int>(cudaGetLastError());
+  return launch_batch_sum(a.gWinit_part, a.gWinit, a.n.B, a.n.H, srwm_rows(a.n.dv) * a.n.dv, stream);
 }
 
 #define RFWP_INSTANTIATE(S)                                                          \

@@ -72,6 +72,8 @@ RFWP_BACKWARD(lt_backward, DeltaBwdArgs, "lt", lt_delta_workspace_elems)
 RFWP_BACKWARD(delta_backward, DeltaBwdArgs, "delta", lt_delta_workspace_elems)
 RFWP_BACKWARD(delta_rnn_backward, DeltaRnnBwdArgs, "delta_rnn", delta_rnn_workspace_elems)
 RFWP_BACKWARD(rdn_backward, RdnBwdArgs, "rdn", rdn_workspace_elems)
+RFWP_FORWARD(mamba_forward, MambaFwdArgs, "mamba")
+RFWP_BACKWARD(mamba_backward, MambaBwdArgs, "mamba", mamba_workspace_elems)
 #undef RFWP_FORWARD
 #undef RFWP_BACKWARD
 
@@ -127,7 +129,9 @@ void srwm_backward(const SrwmBwdArgs<S>& a, const at::Tensor& like, int64_t thre
   template void product_forward<S>(const ProductFwdArgs<S>&, const at::Tensor&, int64_t);   \
   template void product_backward<S>(const ProductBwdArgs<S>&, const at::Tensor&, int64_t);  \
   template void srwm_forward<S>(const SrwmFwdArgs<S>&, const at::Tensor&, int64_t);         \
-  template void srwm_backward<S>(const SrwmBwdArgs<S>&, const at::Tensor&, int64_t);
+  template void srwm_backward<S>(const SrwmBwdArgs<S>&, const at::Tensor&, int64_t);         \
+  template void mamba_forward<S>(const MambaFwdArgs<S>&, const at::Tensor&, int64_t);       \
+  template void mamba_backward<S>(const MambaBwdArgs<S>&, const at::Tensor&, int64_t);
 RFWP_INSTANTIATE(float)
 RFWP_INSTANTIATE(double)
 #undef RFWP_INSTANTIATE

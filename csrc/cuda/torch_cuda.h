@@ -21,6 +21,8 @@ template <typename S> void product_forward(const ProductFwdArgs<S>& a, const at:
 template <typename S> void product_backward(const ProductBwdArgs<S>& a, const at::Tensor& like, int64_t threads);
 template <typename S> void srwm_forward(const SrwmFwdArgs<S>& a, const at::Tensor& like, int64_t threads);
 template <typename S> void srwm_backward(const SrwmBwdArgs<S>& a, const at::Tensor& like, int64_t threads);
+template <typename S> void mamba_forward(const MambaFwdArgs<S>& a, const at::Tensor& like, int64_t threads);
+template <typename S> void mamba_backward(const MambaBwdArgs<S>& a, const at::Tensor& like, int64_t threads);
 
 }  // namespace cuda_torch
 }  // namespace rfwp

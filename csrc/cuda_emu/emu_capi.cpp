@@ -1,7 +1,7 @@
 // C interface of the emulated CUDA kernels (built with cuda_emulation.h force-included, see
 // rfwp_rl/kernels/_build.py) for ctypes: each op takes the pointers of its argument block in
 // field order (fastweight_params.h), the dims {T, B, H, dk, dv, chunk} (the product ops add
-// nh as a seventh) and the block size.
+// nh as a seventh; mamba: {T, B, 1, N, D, chunk}) and the block size.
 // Returns the launcher's CUDA error code (0: success).
 #include <cstddef>
 #include <cstring>
@@ -47,7 +47,9 @@ rfwp::Dims dims_of(const int* d) { return rfwp::Dims{d[0], d[1], d[2], d[3], d[4
   RFWP_EMU_BWD(lt_backward, DeltaBwdArgs, S, suffix)           \
   RFWP_EMU_BWD(delta_backward, DeltaBwdArgs, S, suffix)        \
   RFWP_EMU_BWD(delta_rnn_backward, DeltaRnnBwdArgs, S, suffix) \
-  RFWP_EMU_BWD(rdn_backward, RdnBwdArgs, S, suffix)
+  RFWP_EMU_BWD(rdn_backward, RdnBwdArgs, S, suffix)        \
+  RFWP_EMU_FWD(mamba_forward, MambaFwdArgs, S, suffix)     \
+  RFWP_EMU_BWD(mamba_backward, MambaBwdArgs, S, suffix)
 RFWP_EMU_ALL(float, f32)
 RFWP_EMU_ALL(double, f64)
 
@@ -76,7 +78,7 @@ RFWP_EMU_PRODUCT_SRWM(double, f64)
 extern "C" int rfwp_emu_num_pointers(const char* block) {
   const char* names[] = {"DeltaFwdArgs", "DeltaBwdArgs", "DeltaRnnFwdArgs", "DeltaRnnBwdArgs",
                          "RdnFwdArgs", "RdnBwdArgs", "ProductFwdArgs", "ProductBwdArgs",
-                         "SrwmFwdArgs", "SrwmBwdArgs"};
+                         "SrwmFwdArgs", "SrwmBwdArgs", "MambaFwdArgs", "MambaBwdArgs"};
   const std::size_t counts[] = {num_pointers<rfwp::DeltaFwdArgs<float>>(),
                                 num_pointers<rfwp::DeltaBwdArgs<float>>(),
                                 num_pointers<rfwp::DeltaRnnFwdArgs<float>>(),
@@ -86,8 +88,10 @@ extern "C" int rfwp_emu_num_pointers(const char* block) {
                                 num_pointers<rfwp::ProductFwdArgs<float>>(),
                                 num_pointers<rfwp::ProductBwdArgs<float>>(),
                                 num_pointers<rfwp::SrwmFwdArgs<float>>(),
-                                num_pointers<rfwp::SrwmBwdArgs<float>>()};
-  for (int i = 0; i < 10; ++i)
+                                num_pointers<rfwp::SrwmBwdArgs<float>>(),
+                                num_pointers<rfwp::MambaFwdArgs<float>>(),
+                                num_pointers<rfwp::MambaBwdArgs<float>>()};
+  for (int i = 0; i < 12; ++i)
     if (std::strcmp(block, names[i]) == 0) return static_cast<int>(counts[i]);
   return -1;
 }
@@ -99,6 +103,7 @@ extern "C" std::size_t rfwp_emu_workspace_elems(const char* op, const int* dims)
   if (std::strcmp(op, "rdn") == 0) return rfwp::cuda::rdn_workspace_elems(n);
   if (std::strcmp(op, "product") == 0) return rfwp::cuda::product_workspace_elems(n, dims[6]);
   if (std::strcmp(op, "srwm") == 0) return rfwp::cuda::srwm_workspace_elems(n);
+  if (std::strcmp(op, "mamba") == 0) return rfwp::cuda::mamba_workspace_elems(n);
   return 0;
 }
 
@@ -116,7 +121,7 @@ extern "C" long long rfwp_emu_smem_request(const char* op, int backward, const i
                                            long long optin) {
   const std::string name(op);
   if (name != "lt" && name != "delta" && name != "delta_rnn" && name != "rdn" &&
-      name != "gated_delta" && name != "delta_product" && name != "srwm")
+      name != "gated_delta" && name != "delta_product" && name != "srwm" && name != "mamba")
     return -1;
   return static_cast<long long>(rfwp::cuda::smem_request(op, dims_of(dims), static_cast<std::size_t>(elem),
                                                          backward != 0, static_cast<std::size_t>(optin)));

@@ -20,6 +20,7 @@ std::size_t delta_rnn_smem_bytes(const Dims&, std::size_t, bool, bool) { return 
 std::size_t rdn_smem_bytes(const Dims&, std::size_t, bool, bool) { return 0; }
 std::size_t product_smem_bytes(const Dims&, std::size_t, bool, bool) { return 0; }
 std::size_t srwm_smem_bytes(const Dims&, std::size_t, bool, bool) { return 0; }
+std::size_t mamba_smem_bytes(const Dims&, std::size_t, bool, bool) { return 0; }
 }  // namespace rfwp::cuda
 #endif
 
@@ -103,6 +104,24 @@ int run(int T, int B, int H, int d, int threads) {
   SrwmBwdArgs<S> sb{sf.x, sf.Winit, reset.data(), sf.ckpt, p.rnd(vec), p.rnd(wm), p.out(vec),
                     p.out(wm), p.out(static_cast<std::size_t>(H) * R * d), p.out(wm), n};
   err |= cuda::srwm_backward(sb, p.out(cuda::srwm_workspace_elems(n)), threads, nullptr);
+  // mamba: D = H d channels of N = d state values per batch entry, both layouts (the state in
+  // shared memory, and in global memory on a device without room for it)
+  const int D = H * d;
+  const Dims m{T, B, 1, d, D, chunk};
+  const std::size_t m_vec = static_cast<std::size_t>(T) * B * D, m_bc = static_cast<std::size_t>(T) * B * d;
+  const std::size_t m_state = static_cast<std::size_t>(B) * D * d, m_A = static_cast<std::size_t>(D) * d;
+  for (int staged = 1; staged >= 0; --staged) {
+    cuda_emu::reported_smem_optin = staged ? cuda_emu::kMaxSharedBytesOptin : 1;
+    MambaFwdArgs<S> mf{p.rnd(m_vec), p.rnd(m_vec), p.rnd(m_A, S(-1), S(-0.1)), p.rnd(m_bc), p.rnd(m_bc),
+                       p.rnd(m_state), reset.data(), p.out(m_vec), p.out(m_state),
+                       p.out(static_cast<std::size_t>(num_chunks(T, chunk)) * m_state), m};
+    err |= cuda::mamba_forward(mf, threads, nullptr);
+    MambaBwdArgs<S> mb{mf.u, mf.delta, mf.A, mf.Bm, mf.C, reset.data(), mf.ckpt, p.rnd(m_vec), p.rnd(m_state),
+                       p.out(m_vec), p.out(m_vec), p.out(m_state), p.out(m_A), p.out(m_bc), p.out(m_bc),
+                       p.out(m_state), m};
+    err |= cuda::mamba_backward(mb, p.out(cuda::mamba_workspace_elems(m)), threads, nullptr);
+  }
+  cuda_emu::reported_smem_optin = cuda_emu::kMaxSharedBytesOptin;
 #endif
   return err;
 }

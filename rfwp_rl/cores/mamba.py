@@ -30,9 +30,10 @@ State of each layer (batch dim 0; concatenated over layers): ``h [B, d_inner, N]
 a convolution, ``conv [B, K - 1, d_inner]`` (the convolution's last K - 1 inputs, oldest first,
 as :func:`rfwp_rl.cores.householder.short_conv` carries them). A reset zeroes both, so one call
 on T steps equals T calls of one step. The recurrence over an unroll (the op ``mamba`` of
-:mod:`rfwp_rl.ops`): on the CPU the fused kernel (``backend`` auto or kernel; it keeps no
-per-step states, recomputing them from chunk checkpoints in the backward pass), elsewhere (or
-with backend reference) the PyTorch form :func:`rfwp_rl.ops.mamba.selective_scan`:
+:mod:`rfwp_rl.ops`): on the CPU and on CUDA the fused kernel (``backend`` auto or kernel; it
+keeps no per-step states, recomputing them from chunk checkpoints in the backward pass),
+elsewhere (or with backend reference, or auto where the CUDA kernel is unavailable) the
+PyTorch form :func:`rfwp_rl.ops.mamba.selective_scan`:
 ``chunk_size`` steps per chunk recomputed in the backward pass (0: none), ``scan`` the loop
 or the parallel scan inside a chunk.
 """
@@ -157,7 +158,7 @@ class MambaMixer(nn.Module):
         dt, B, C = self.x_proj(u).split([self.R, self.N, self.N], dim=-1)  # Algorithm 2 lines 2-4
         delta = F.softplus(self.dt_proj(dt))  # Δ = τ_Δ(Parameter + s_Δ(x)), τ_Δ = softplus
         A = -torch.exp(self.A_log)  # Algorithm 2 line 1 (diagonal, negative)
-        fused = layer(self.backend, u)  # Algorithm 2 lines 5-6: the fused CPU kernel, or the PyTorch form
+        fused = layer(self.backend, u, self.N)  # Algorithm 2 lines 5-6: the fused kernel, or the PyTorch form
         if fused is not None:
             y, h = fused(u, delta, A, B, C, state[0], reset)
         else:

@@ -34,7 +34,14 @@ from rfwp_rl.resources import data_dir
 CSRC = data_dir("csrc", required=False)
 
 CPU_SOURCES = ("bindings.cpp", "cpu/fastweight_cpu.cpp")
-CU_FILES = ("cuda/lt_delta.cu", "cuda/delta_rnn.cu", "cuda/rdn.cu", "cuda/householder_product.cu", "cuda/srwm.cu")
+CU_FILES = (
+    "cuda/lt_delta.cu",
+    "cuda/delta_rnn.cu",
+    "cuda/rdn.cu",
+    "cuda/householder_product.cu",
+    "cuda/srwm.cu",
+    "cuda/selective_scan.cu",
+)
 CUDA_SOURCES = ("cuda/torch_cuda.cpp",) + CU_FILES
 EMU_CU_FILES = CU_FILES + ("cuda_emu/selftest.cu",)
 CFLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-ffp-contract=fast", "-DNDEBUG")

@@ -24,7 +24,7 @@ from typing import Any
 
 from rfwp_rl.resources import data_dir
 
-OPS = ("lt", "delta", "delta_rnn", "rdn", "gated_delta", "delta_product", "srwm")
+OPS = ("lt", "delta", "delta_rnn", "rdn", "gated_delta", "delta_product", "srwm", "mamba")
 PRODUCT_OPS = ("gated_delta", "delta_product")  # one kernel (csrc/cuda/householder_product.cu)
 DIRECTIONS = ("forward", "backward")
 
@@ -60,6 +60,10 @@ RESOURCES: dict[tuple[str, int], dict[int, tuple[int, int]]] = {
     ("rdn_backward", 8): {80: (124, 0), 90: (124, 0)},
     ("rdn_forward", 4): {80: (72, 0), 90: (96, 0)},
     ("rdn_forward", 8): {80: (91, 0), 90: (107, 0)},
+    ("selective_scan_backward", 4): {80: (72, 0), 90: (80, 0)},
+    ("selective_scan_backward", 8): {80: (82, 0), 90: (84, 0)},
+    ("selective_scan_forward", 4): {80: (48, 0), 90: (54, 0)},
+    ("selective_scan_forward", 8): {80: (56, 0), 90: (60, 0)},
     ("srwm_backward", 4): {80: (60, 0), 90: (90, 0)},
     ("srwm_backward", 8): {80: (103, 0), 90: (128, 0)},
     ("srwm_forward", 4): {80: (56, 0), 90: (72, 0)},
@@ -73,6 +77,8 @@ def kernel_name(op: str, direction: str) -> str:
         return f"delta_{direction}<{op}>"
     if op in PRODUCT_OPS:
         return f"product_{direction}"
+    if op == "mamba":
+        return f"selective_scan_{direction}"
     return f"{op}_{direction}"
 
 
@@ -207,6 +213,8 @@ def _smem_elems(op: str, direction: str, dk: int, dv: int, stage: bool) -> int:
         )
     if op in PRODUCT_OPS:  # the state (or its gradient) only: the same for every n_h
         return _mat(dv, dk) + (3 * dv if direction == "backward" else 0)
+    if op == "mamba":  # the D x N state (and, backward, its gradient and A's partial sums) when staged
+        return _mat(dv, dk) * (2 if direction == "backward" else 1) if stage else 0
     if op == "srwm":  # dk == dv == d; the matrix (R = 3d + 4 rows) only when staged
         d, R = dk, srwm_rows(dk)
         m = _mat(R, d) if stage else 0
@@ -277,11 +285,12 @@ def requirements(
     smem_optin: int | None = None,
 ) -> Requirements:
     """What the launcher of ``op`` (``forward``/``backward``) asks for at key size ``dk``,
-    value size ``dv`` and scalar size ``dtype_bytes`` (2: half types, computed in float32),
-    for a ``threads`` request (0: default), on a GPU of compute capability ``arch`` (None:
-    the most registers of the table) with ``smem_optin`` bytes of shared memory per block
-    (None: unlimited; the backward kernels and rdn keep less in shared memory when the
-    largest layout does not fit)."""
+    value size ``dv`` (mamba: the state size N and the channels D) and scalar size
+    ``dtype_bytes`` (2: half types, computed in float32), for a ``threads`` request (0:
+    default), on a GPU of compute capability ``arch`` (None: the most registers of the table)
+    with ``smem_optin`` bytes of shared memory per block (None: unlimited; the backward
+    kernels, rdn, srwm and mamba keep less in shared memory when the largest layout does not
+    fit)."""
     _validate(op, direction, dk, dv)
     regs, static = registers(op, direction, dtype_bytes, arch)
     return Requirements(
@@ -307,6 +316,8 @@ def _dtype_name(dtype_bytes: int) -> str:
 
 
 def _size(op: str, dk: int, dv: int) -> str:
+    if op == "mamba":
+        return f"N={dk}, D={dv}"
     return f"d={dk}" if dk == dv else f"dk={dk}, dv={dv}"
 
 
@@ -473,12 +484,20 @@ def resources_table(rows: list[dict[str, Any]]) -> dict[tuple[str, int], dict[in
     return by
 
 
-CU_FILES = ("cuda/lt_delta.cu", "cuda/delta_rnn.cu", "cuda/rdn.cu", "cuda/householder_product.cu", "cuda/srwm.cu")
+CU_FILES = (
+    "cuda/lt_delta.cu",
+    "cuda/delta_rnn.cu",
+    "cuda/rdn.cu",
+    "cuda/householder_product.cu",
+    "cuda/srwm.cu",
+    "cuda/selective_scan.cu",
+)
 
 
 def _demangle(symbol: str) -> str:
     """Short kernel name: 'delta_forward<lt>/4', 'rdn_backward/8', 'outer_sum/4',
-    'product_forward/4' (gated_delta, delta_product), 'srwm_backward/8'."""
+    'product_forward/4' (gated_delta, delta_product), 'srwm_backward/8',
+    'selective_scan_forward/4' (mamba), 'batch_sum/8'."""
     import re
     import subprocess
 

@@ -144,6 +144,25 @@ FIELDS = {
     ),
     "SrwmFwdArgs": ("x", "Winit", "dW0", "reset", "y", "dW", "ckpt"),
     "SrwmBwdArgs": ("x", "Winit", "reset", "ckpt", "gy", "gdW", "gx", "gWinit_part", "gWinit", "gdW0"),
+    "MambaFwdArgs": ("u", "delta", "A", "Bm", "C", "h0", "reset", "y", "hT", "ckpt"),
+    "MambaBwdArgs": (
+        "u",
+        "delta",
+        "A",
+        "Bm",
+        "C",
+        "reset",
+        "ckpt",
+        "gy",
+        "ghT",
+        "gu",
+        "gdelta",
+        "gA_part",
+        "gA",
+        "gB",
+        "gC",
+        "gh0",
+    ),
 }
 
 
@@ -548,3 +567,42 @@ class EmulatedCuda:
             self._workspace("srwm", dims, x),
         )
         return [out["gx"], out["gWinit"], out["gdW0"]]
+
+    # ---------------------------------------------------------------------------- mamba
+
+    def mamba_forward(self, u, delta, A, B, C, h0, reset, chunk, threads=0):
+        T, Bn, D = u.shape
+        N = A.shape[1]
+        dims = (T, Bn, 1, N, D, chunk)  # one block per batch entry, its D x N state as the matrix
+        out = {"y": torch.empty_like(u), "hT": torch.empty_like(h0), "ckpt": u.new_empty(_nck(T, chunk), Bn, D, N)}
+        self._call(
+            "mamba_forward",
+            u.dtype,
+            "MambaFwdArgs",
+            dict(u=u, delta=delta, A=A, Bm=B, C=C, h0=h0, reset=self._reset(reset), **out),
+            dims,
+        )
+        return [out["y"], out["hT"], out["ckpt"]]
+
+    def mamba_backward(self, u, delta, A, B, C, reset, ckpt, gy, ghT, chunk, threads=0):
+        T, Bn, D = u.shape
+        N = A.shape[1]
+        dims = (T, Bn, 1, N, D, chunk)
+        out = {
+            "gu": torch.empty_like(u),
+            "gdelta": torch.empty_like(delta),
+            "gA_part": u.new_empty(Bn, D, N),
+            "gA": torch.empty_like(A),
+            "gB": torch.empty_like(B),
+            "gC": torch.empty_like(C),
+            "gh0": u.new_empty(Bn, D, N),
+        }
+        self._call(
+            "mamba_backward",
+            u.dtype,
+            "MambaBwdArgs",
+            dict(u=u, delta=delta, A=A, Bm=B, C=C, reset=self._reset(reset), ckpt=ckpt, gy=gy, ghT=ghT, **out),
+            dims,
+            self._workspace("mamba", dims, u),
+        )
+        return [out[x] for x in ("gu", "gdelta", "gA", "gB", "gC", "gh0")]

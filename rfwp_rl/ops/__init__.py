@@ -40,7 +40,7 @@ same dtype/device; ``reset`` is bool ``[T, B]``: True zeroes entry b's state *be
   Fused on CPU only (on a GPU the cores run cuDNN's nn.LSTM).
 - ``mamba(u, delta, A, B, C, h0, reset) -> (y, h)``: Mamba's selective SSM, u, delta
   ``[T,B,D]``, A ``[D,N]``, B, C ``[T,B,N]``, h0 ``[B,D,N]``; y ``[T,B,D]``; Dims (dk, dv) =
-  (N, D). Fused on CPU only (on a GPU the core runs its chunked PyTorch form).
+  (N, D). Fused on CPU and CUDA (where it cannot run, the core runs its chunked PyTorch form).
 
 Recurrences without a fused kernel (parallel in PyTorch: as a scan, or in chunks of the unroll)
 have a folder with ``naive.py`` beside the parallel form and no :class:`OpSpec`:

@@ -98,9 +98,9 @@ def _first_unsupported(name: str, dtype: torch.dtype, limits) -> int | None:
     return next((d for d in HEAD_SIZES if _launch_model(name, d, d, dtype, limits) is not None), None)
 
 
-UNLIMITED = ("srwm",)
-"""Ops whose CUDA kernels run every head size (srwm keeps its matrix in global memory when it
-does not fit in shared memory)."""
+UNLIMITED = ("srwm", "mamba")
+"""Ops whose CUDA kernels run every head size (srwm keeps its matrix, mamba its state in global
+memory when it does not fit in shared memory)."""
 
 
 @pytest.mark.parametrize("limits", GPUS, ids=lambda g: g.name.split(",")[0])

@@ -1,17 +1,21 @@
 """The selective SSM of Mamba: the loop against hand-computed numbers, the chunked PyTorch form
 (loop or parallel scan inside chunks, chunks recomputed in the backward pass) against the loop,
-what the chunked form keeps for the backward pass; and every check of op_contract.py (the
-fused CPU kernel against the loop)."""
+what the chunked form keeps for the backward pass, when the core's layer takes the fused kernel;
+and every check of op_contract.py (the fused CPU kernel against the loop)."""
 
 from __future__ import annotations
 
+import logging
 import math
 
 import pytest
 import torch
 from op_contract import *  # noqa: F401,F403  (the checks every op passes)
 
-from rfwp_rl.ops.mamba import naive, selective_scan
+from rfwp_rl import kernels
+from rfwp_rl.errors import UserError
+from rfwp_rl.ops import Dims, dispatch
+from rfwp_rl.ops.mamba import fused, layer, naive, selective_scan
 
 OP = "mamba"
 D = torch.float64
@@ -115,3 +119,50 @@ def test_chunks_keep_only_boundary_states_for_the_backward_pass() -> None:
     state_bytes = B * Dn * N * 8  # one step's state in float64
     assert _saved_bytes(0, args) >= T * state_bytes  # every step's state
     assert _saved_bytes(chunk, args) <= (T // chunk) * state_bytes  # the states at chunk boundaries
+
+
+class _WrongMamba:
+    """A kernel backend whose mamba forward is off by 1% (a miscompiled kernel, say)."""
+
+    def __init__(self, ext) -> None:
+        self.ext = ext
+
+    def has_cuda(self) -> bool:
+        return False
+
+    def mamba_forward(self, *args):
+        y, h, ckpt = self.ext.mamba_forward(*args)
+        return y * 1.01, h, ckpt
+
+    def __getattr__(self, name):
+        return getattr(self.ext, name)
+
+
+def test_layer_runs_the_chunked_form_where_the_kernel_disagrees_at_first_use(ext, monkeypatch, caplog) -> None:
+    # on a device type whose first kernel use is verified (CUDA; here also the CPU) a kernel
+    # that disagrees with the reference is never used by the core: 'auto' takes the chunked
+    # PyTorch form after one warning, 'kernel' refuses in one line; a CUDA device without CUDA
+    # kernels in the build is refused the same way
+    monkeypatch.setattr(
+        kernels, "_state", {"loaded": True, "ext": _WrongMamba(ext), "why": "test", "build_seconds": 0.0}
+    )
+    monkeypatch.setattr(dispatch, "VERIFY_DEVICE_TYPES", frozenset({"cpu", "cuda"}))
+    monkeypatch.setattr(dispatch, "_warned", set())
+    monkeypatch.setattr(dispatch, "_verified", {})
+    u = torch.zeros(3, 2, 6, dtype=D)
+    with caplog.at_level(logging.WARNING, logger="rfwp_rl.ops"):
+        assert layer("auto", u, 4) is None and layer("auto", u, 4) is None
+    warnings = [r.getMessage() for r in caplog.records if r.name == "rfwp_rl.ops"]
+    assert len(warnings) == 1 and warnings[0].startswith(
+        "rfwp_rl: op 'mamba' at key size 4, value size 6 (float64, cpu) runs on the chunked PyTorch form: "
+        "its first run disagrees with the reference (relative error"
+    )
+    with pytest.raises(UserError, match=r"^backend 'kernel' cannot run op 'mamba' at key size 4, value size 6 "):
+        layer("kernel", u, 4)
+    assert layer("reference", u, 4) is None
+    if not ext.has_cuda():
+        why = fused._refusal(ext, torch.device("cuda", 0), torch.float32, Dims(16, 256))
+        assert why == "this build has CPU kernels only"
+    # a kernel that agrees passes the check (once) and runs
+    monkeypatch.setattr(kernels, "_state", {"loaded": True, "ext": ext, "why": "test", "build_seconds": 0.0})
+    assert layer("auto", u, 4) is fused._kernel_op()

@@ -1,9 +1,10 @@
-"""Fused ``mamba`` over the CPU kernel of ``csrc/cpu/selective_scan_impl.h``: one task per batch
-entry keeps the state of a step (D x N numbers) in a scratch row, so the states of all steps are
-never written to memory; the forward keeps the state before every chunk of steps, the backward
-recomputes each chunk's states from it and walks the steps in reverse. There is no CUDA kernel:
-``supported`` sends CUDA inputs to the reference, and the core runs the chunked PyTorch form
-(:mod:`rfwp_rl.ops.mamba.chunked`) there.
+"""Fused ``mamba`` over the kernels of ``csrc/``: on the CPU ``csrc/cpu/selective_scan_impl.h``
+(one task per batch entry keeps the state of a step, D x N numbers, in a scratch row), on CUDA
+``csrc/cuda/selective_scan.cu`` (one thread block per batch entry, each channel's N state values
+spread over lanes of one warp, the state in shared memory when it fits the device, else in
+global memory: no size limit). Neither writes the states of all steps to memory: the forward
+keeps the state before every chunk of steps, the backward recomputes each chunk's states from it
+and walks the steps in reverse; the gradient of A is summed over the batch in a fixed order.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from torch import Tensor
 from torch.autograd.function import FunctionCtx, once_differentiable
 
 from rfwp_rl import kernels, ops
+from rfwp_rl.errors import UserError
 from rfwp_rl.kernels.cuda_limits import DeviceLimits
+from rfwp_rl.ops import dispatch
 from rfwp_rl.ops.base import HALF_DTYPES, KERNEL_DTYPES, Dims, kernel_supported, needs_grad, reset_mask
 from rfwp_rl.ops.base import contiguous as _c
 
@@ -75,8 +78,10 @@ def selective_scan(
 def supported(
     dims: Dims, dtype: torch.dtype, device: torch.device | str, limits: DeviceLimits | None = None
 ) -> str | None:
-    """None when the fused ``mamba`` runs these sizes (every size on the CPU), else why not
-    (CUDA has no mamba kernel)."""
+    """None when the fused ``mamba`` runs these sizes, else why not: every size on the CPU, and
+    on CUDA every size the launch model of :mod:`rfwp_rl.kernels.cuda_limits` admits (the
+    kernels keep what does not fit the device's shared memory in global memory, so that is every
+    size up to the device's thread and register limits)."""
     return kernel_supported("mamba", dims, dtype, device, limits)
 
 
@@ -91,16 +96,44 @@ def _kernel_op() -> Callable[..., tuple]:
     return ops.get("mamba", "kernel")
 
 
-def layer(backend: str, like: Tensor) -> Callable[..., tuple] | None:
-    """The op on its fused kernel for inputs like ``like`` (the signature of
-    :func:`rfwp_rl.ops.mamba.naive.selective_scan`), or None where the caller should run the
-    chunked PyTorch form instead: backend ``'reference'``, a device other than the CPU, a dtype
-    the kernel does not take, or no built kernels (with backend ``'kernel'`` that is a one-line
-    :class:`~rfwp_rl.errors.UserError`)."""
-    if backend == "reference" or like.device.type != "cpu" or like.dtype not in KERNEL_DTYPES + HALF_DTYPES:
+@functools.cache
+def _refusal(ext: Any, device: torch.device, dtype: torch.dtype, dims: Dims) -> str | None:
+    """Why the fused op cannot run ``dims`` in ``dtype`` on ``device`` with the built kernels
+    ``ext`` (None: it can): a build without CUDA kernels, a size beyond the device, or (device
+    types in :data:`rfwp_rl.ops.dispatch.VERIFY_DEVICE_TYPES`) a first run that disagrees with
+    the reference (:func:`rfwp_rl.ops.dispatch.first_use_check`, the check the op's own dispatch
+    makes, so it runs once)."""
+    if device.type == "cuda" and not ext.has_cuda():
+        return "this build has CPU kernels only"
+    why = supported(dims, dtype, device)
+    if why is None and device.type in dispatch.VERIFY_DEVICE_TYPES:
+        spec = ops.spec("mamba")
+        why = dispatch.first_use_check(spec, dispatch.FusedCall(spec, ext, dims, dtype, device))
+    return why
+
+
+def layer(backend: str, like: Tensor, state_size: int) -> Callable[..., tuple] | None:
+    """The op on its fused kernel for inputs like ``like`` (``u [T, B, D]`` of
+    :func:`rfwp_rl.ops.mamba.naive.selective_scan`) with ``state_size`` (N) state values per
+    channel, or None where the caller should run the chunked PyTorch form instead: backend
+    ``'reference'``, a device other than the CPU and CUDA, a dtype the kernel does not take, no
+    built kernels, or on CUDA a build without CUDA kernels or a kernel whose first run on the
+    device disagrees with the reference (after one warning). With backend ``'kernel'`` the last
+    three are a one-line :class:`~rfwp_rl.errors.UserError` instead."""
+    dtypes = KERNEL_DTYPES + HALF_DTYPES
+    if backend == "reference" or like.device.type not in ("cpu", "cuda") or like.dtype not in dtypes:
         return None
-    if kernels.load()[0] is None:
+    ext = kernels.load()[0]
+    if ext is None:
         if backend == "kernel":
             ops.resolve("mamba", "kernel")  # raises the one-line error naming why
+        return None
+    dims = Dims(dk=state_size, dv=like.shape[-1])
+    why = _refusal(ext, like.device, like.dtype, dims)
+    if why is not None:
+        where = f"op 'mamba' at {dims} ({str(like.dtype).replace('torch.', '')}, {like.device})"
+        if backend == "kernel":
+            raise UserError(f"backend 'kernel' cannot run {where}: {why}; use backend 'auto' or 'reference'")
+        dispatch.warn_once(f"rfwp_rl: {where} runs on the chunked PyTorch form: {why}")
         return None
     return _kernel_op()
