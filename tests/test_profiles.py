@@ -79,6 +79,7 @@ def test_the_command_line_wins_over_the_profile():
         (("--vtrace-lambda", "1.5"), "--vtrace-lambda 1.5 is invalid; allowed: a number in [0, 1]"),
         (("--learning-rate", "0"), "--learning-rate 0 is invalid; allowed: a number > 0"),
         (("--unroll-length", "0"), "--unroll-length 0 is invalid"),
+        (("--advantage-min", "-0.1"), "--advantage-min -0.1 is invalid; allowed: a number >= 0"),
     ],
 )
 def test_bad_values_are_one_line_errors(argv, message):
@@ -93,7 +94,7 @@ def test_settings_line_names_every_learning_setting():
         "vector profile",
         "batch 16 x unroll 20",
         "adam lr 0.0005",
-        "advantages normalised",
+        "advantages normalised (floor 0.3 x target RMS, at least 0.1)",
         "V-trace lambda 0.9",
         "entropy 0.03",
         "agents/vector_rdn.toml",
@@ -107,7 +108,7 @@ def test_continuous_actions_get_the_control_profile():
     assert (cfg.batch_size, cfg.unroll_length, cfg.entropy_cost) == (4, profiles.CONTROL_UNROLL, 0.0)
     assert cfg.normalize_returns and cfg.reward_clip == 0.0 and cfg.optimizer == "adam"
     # on-policy batches (one env per batch row) and advantages divided by their plain RMS
-    assert (cfg.num_actors, cfg.advantage_floor, cfg.max_kl) == (4, 0.0, 0.0)
+    assert (cfg.num_actors, cfg.advantage_floor, cfg.advantage_min, cfg.max_kl) == (4, 0.0, 0.0, 0.0)
     # a stated memory horizon sets the unroll as in the vector profile
     cfg = train.config_from_args(parse(), "vector", memory_horizon=30, continuous_actions=True)
     assert cfg.unroll_length == 60
@@ -122,6 +123,7 @@ def test_vector_profile_takes_a_trust_region_step_except_in_a_group():
     cfg = train.config_from_args(parse(), "vector", memory_horizon=9)
     assert cfg.max_kl == profiles.VECTOR["max_kl"] > 0
     assert cfg.normalize_advantages and cfg.advantage_floor == 0.3  # noise on a solved task stays small
+    assert cfg.advantage_min == 0.1  # and on a task whose returns are still near 0
     grouped = train.config_from_args(parse("--broker", "127.0.0.1:4431", "--group", "g"), "vector", memory_horizon=9)
     assert grouped.max_kl == 0.0
     assert train.config_from_args(parse(), "atari").max_kl == 0.0

@@ -185,3 +185,16 @@ def test_advantage_scale_is_the_rms_with_a_floor_relative_to_the_targets():
     ones = torch.ones(4, 3)
     assert float((noise / advantage_scale(noise, ones, ones, 0.1)).abs().max()) == pytest.approx(1e-2)
     assert float(advantage_scale(torch.zeros(2, 2), torch.zeros(2, 2), torch.ones(2, 2), 0.1)) == pytest.approx(1e-8)
+
+
+def test_advantage_scale_has_a_minimum_in_the_values_units():
+    from rfwp_rl.impala.loss import advantage_scale
+
+    # a sparse reward not yet found: targets near 0, advantages value noise of size 1e-2
+    noise = torch.tensor([[1e-2, -1e-2], [1e-2, -1e-2]])
+    zeros, ones = torch.zeros(2, 2), torch.ones(2, 2)
+    assert float(advantage_scale(noise, zeros, ones, 0.3)) == pytest.approx(1e-2)  # noise made unit-sized
+    assert float((noise / advantage_scale(noise, zeros, ones, 0.3, 0.1)).abs().max()) == pytest.approx(0.1)
+    # advantages above the minimum are divided by their RMS as before
+    adv = torch.tensor([[3.0, -4.0], [0.0, 0.0]])  # RMS 2.5
+    assert float(advantage_scale(adv, zeros, ones, 0.3, 0.1)) == pytest.approx(2.5)

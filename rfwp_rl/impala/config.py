@@ -139,6 +139,11 @@ class ImpalaConfig:
         "the V-trace targets, so that noise around a solved task is not blown up "
         "to unit size (0: plain RMS)",
     )
+    advantage_min: float = setting(
+        0.0,
+        "with --normalize-advantages the divisor is also at least this, in the values' units, so that "
+        "value noise is not blown up to unit size while the returns are still near 0 (0: no minimum)",
+    )
     normalize_value_loss: bool = setting(
         False,
         "with --normalize-advantages, divide the value errors by the same "

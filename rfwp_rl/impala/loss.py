@@ -36,7 +36,10 @@ actions do not matter and their advantages are near 0, and subtracting the batch
 them all one sign. The divisor is at least ``advantage_floor`` times the RMS of the V-trace
 targets: once a task is solved every advantage is value-function noise, and dividing noise by its
 own RMS turns it into unit-sized policy steps that walk the policy off the solution; with the
-floor such noise stays small next to the returns it is noise on. The measurements behind both:
+floor such noise stays small next to the returns it is noise on. It is also at least
+``advantage_min``, in the values' units: where the returns are still near 0 (a sparse reward not
+yet found) the targets' RMS bounds nothing, and value noise divided by its own RMS walks the
+policy to a deterministic one before the reward is ever seen. The measurements behind all three:
 ``docs/profiles/vector.md``.
 
 ``bound_cost`` (Box actions) adds c x relu(|mu| - 1)^2 per step and bounded action dimension, mu
@@ -81,6 +84,7 @@ class LossConfig:
     vtrace_lambda: float  # trace factor (IMPALA Sec. 4.1, Remark 2)
     normalize_advantages: bool
     advantage_floor: float
+    advantage_min: float
     normalize_value_loss: bool
     max_kl: float
     normalize_returns: bool
@@ -107,12 +111,14 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (x * mask).sum() / mask.sum().clamp(min=1.0)
 
 
-def advantage_scale(advantages: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, floor: float) -> torch.Tensor:
+def advantage_scale(
+    advantages: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, floor: float, minimum: float = 0.0
+) -> torch.Tensor:
     """The divisor of normalised advantages ``[T, B]``: their RMS over unmasked steps, at least
-    ``floor`` times the RMS of the value targets ``[T, B]`` (and 1e-8)."""
+    ``floor`` times the RMS of the value targets ``[T, B]`` and at least ``minimum`` (and 1e-8)."""
     rms = masked_mean(advantages**2, mask).sqrt()
     target_rms = masked_mean(targets**2, mask).sqrt()
-    return torch.maximum(rms, floor * target_rms).clamp(min=1e-8)
+    return torch.maximum(rms, floor * target_rms).clamp(min=max(minimum, 1e-8))
 
 
 def unroll(agent: nn.Module, batch: dict[str, torch.Tensor], initial_state: tuple, with_features: bool = False) -> dict:
@@ -179,7 +185,7 @@ def compute_loss(
     advantages = vt.pg_advantages
     scale = torch.ones(())
     if cfg.normalize_advantages:  # not centred, and never blowing noise up (see the module docstring)
-        scale = advantage_scale(advantages, vt.vs, mask, cfg.advantage_floor)
+        scale = advantage_scale(advantages, vt.vs, mask, cfg.advantage_floor, cfg.advantage_min)
         advantages = advantages / scale
 
     entropy = dist.entropy(target_params)

@@ -14,7 +14,8 @@ below (``VECTOR``, ``CONTROL``) and in :mod:`rfwp_rl.impala.config` (``ATARI``).
     unroll does not cost updates;
   - Adam; advantages divided by their RMS, not centred, so that a sparse +-1 is not drowned by the
     entropy bonus; the divisor at least ``advantage_floor`` x the RMS of the value targets, so that
-    value noise around a solved task is not blown up to unit-sized policy steps;
+    value noise around a solved task is not blown up to unit-sized policy steps, and at least
+    ``advantage_min``, so that neither is it while a sparse reward has not been found;
   - an entropy cost above Atari's, which keeps the policy from saturating on one action against
     unit-sized advantages; V-trace lambda below 1, which cuts the noise of later rewards in each
     advantage;
@@ -52,6 +53,7 @@ VECTOR = {
     "entropy_cost": 0.03,
     "normalize_advantages": True,
     "advantage_floor": 0.3,
+    "advantage_min": 0.1,
     "normalize_value_loss": False,
     "reward_clip": 1.0,
     "normalize_returns": False,
@@ -69,9 +71,10 @@ CONTROL = dict(
     reward_clip=0.0,
     normalize_returns=True,
     advantage_floor=0.0,
+    advantage_min=0.0,
     max_kl=0.0,
     recall_cost=0.0,
-)  # no trust region and no recall task: neither measured on continuous control
+)  # no trust region, no recall task and no advantage minimum: none measured on continuous control
 CONTROL_UNROLL = 16  # without a stated memory horizon
 MIN_UNROLL, MAX_UNROLL = 20, 128
 # A long unroll must not cost updates: the vector profile holds the env steps per update near
@@ -140,6 +143,7 @@ def describe(cfg: Any, preset_source: str) -> str:
         else f"rmsprop lr {d['learning_rate']:g} alpha {d['rmsprop_alpha']:g} eps {d['rmsprop_eps']:g}"
     )
     floor = f"floor {d['advantage_floor']:g} x target RMS" if d["advantage_floor"] > 0 else "plain RMS"
+    floor += f", at least {d['advantage_min']:g}" if d["advantage_min"] > 0 else ""
     value_too = ", value loss too" if d["normalize_value_loss"] else ""
     advantages = f"normalised ({floor}{value_too})" if d["normalize_advantages"] else "raw"
     trust = f", trust region {d['max_kl']:g} nats" if d["max_kl"] > 0 else ""

@@ -81,6 +81,7 @@ GROUP_SETTINGS = (
     "adam_eps",
     "normalize_advantages",
     "advantage_floor",
+    "advantage_min",
     "normalize_value_loss",
     "vtrace_lambda",
     "max_kl",
@@ -166,6 +167,7 @@ def _add_learner_arguments(g: argparse._ArgumentGroup) -> None:
         "normalize_advantages": _by_profile("normalize_advantages", control=False),
         "normalize_value_loss": _by_profile("normalize_value_loss"),
         "advantage_floor": _by_profile("advantage_floor", "{:g}"),
+        "advantage_min": _by_profile("advantage_min", "{:g}"),
         "normalize_returns": _by_profile("normalize_returns"),
         "max_kl": _by_profile("max_kl", "{:g}"),
         "reward_clip": _by_profile("reward_clip", "{:g}"),
@@ -240,6 +242,8 @@ def check_config(cfg: ImpalaConfig) -> None:
     check_choice("optimizer", cfg.optimizer, OPTIMIZERS)
     if not 0.0 <= cfg.advantage_floor < float("inf"):
         raise UserError(f"--advantage-floor {cfg.advantage_floor:g} is invalid; allowed: a number >= 0")
+    if not 0.0 <= cfg.advantage_min < float("inf"):
+        raise UserError(f"--advantage-min {cfg.advantage_min:g} is invalid; allowed: a number >= 0 (0: no minimum)")
     if not 0.0 <= cfg.bound_cost < float("inf"):
         raise UserError(f"--bound-cost {cfg.bound_cost:g} is invalid; allowed: a number >= 0 (0: off)")
     if not 0.0 <= cfg.recall_cost < float("inf"):
