@@ -7,6 +7,7 @@
   small per-step inference, are fastest so on a busy machine); trainer test modules use it with
   ``pytestmark = pytest.mark.usefixtures("one_thread")``.
 - ``ext``: the built fused-kernel extension, for the kernel and op tests.
+- ``emu``: the CUDA kernels run on the host (``csrc/cuda_emu``), for the emulated-CUDA tests.
 - Network peers started by the tests share an auth key in a temporary file (``RFWP_AUTH_KEY_FILE``).
 """
 
@@ -60,3 +61,21 @@ def ext():
     if extension is None:
         pytest.fail(f"the fused CPU kernels are not available: {why}")
     return extension
+
+
+@pytest.fixture(scope="module")
+def emu():
+    """The CUDA kernels on the host emulation, 32 threads (skipped without g++; a build error fails)."""
+    import shutil
+
+    from rfwp_rl.kernels import _build
+    from rfwp_rl.kernels.emulated import EmulatedCuda
+
+    if shutil.which("g++") is None:
+        pytest.skip("no host C++ compiler (g++) to build the CUDA emulation")
+    try:
+        be = EmulatedCuda(threads=32)
+    except _build.BuildError as e:
+        pytest.fail(f"{e} (log: {e.log})")
+    yield be
+    be.set_device_smem_optin(None)

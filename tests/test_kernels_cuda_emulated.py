@@ -21,7 +21,7 @@ import torch
 
 from rfwp_rl import ops
 from rfwp_rl.kernels import _build, cuda_limits
-from rfwp_rl.kernels.emulated import EmulatedCuda, EmulationError
+from rfwp_rl.kernels.emulated import EmulationError
 from rfwp_rl.ops import cases
 
 OPS = tuple(n for n in ops.OPS if n in cuda_limits.OPS)  # the ops with CUDA kernels
@@ -36,18 +36,6 @@ def one_thread():
     torch.set_num_threads(1)  # the reference's tiny ops (see test_kernels.py)
     yield
     torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def emu():
-    if shutil.which("g++") is None:
-        pytest.skip("no host C++ compiler (g++) to build the CUDA emulation")
-    try:
-        be = EmulatedCuda(threads=32)
-    except _build.BuildError as e:
-        pytest.fail(f"{e} (log: {e.log})")
-    yield be
-    be.set_device_smem_optin(None)
 
 
 @pytest.fixture
@@ -412,45 +400,34 @@ def test_no_data_race_between_threads_of_a_block(shape):
     assert "launch errors 0" in proc.stdout
 
 
-@pytest.mark.slow
-def test_race_check_finds_a_removed_barrier():
-    # the forward of lt/delta without the barrier that publishes the step's vectors; the
-    # mutated copy lives in the kernel cache (stable paths, so the build is cached)
+def _race_check_without(cu: str, barrier: str, tag: str, cu_files: tuple[str, ...], *defines: str) -> Path:
+    """The race-check binary built from a copy of csrc/ whose ``cu`` lacks the line ``barrier``
+    (kept in the kernel cache under ``tag``, so the build is cached); skips without g++ or TSan."""
     cxx = shutil.which("g++")
     if cxx is None:
         pytest.skip("no g++")
-    text = (_build.CSRC / "cuda" / "lt_delta.cu").read_text()
-    barrier = "    __syncthreads();   // the step's vectors are in shared memory\n"
+    text = (_build.CSRC / cu).read_text()
     assert text.count(barrier) == 1
-    src = _build.cache_root() / f"mutant_src_{_build._hash(_build.EMU_PARTS, 'mutant')}"
-    if not (src / "cuda" / "lt_delta.cu").exists():
+    src = _build.cache_root() / f"{tag}_src_{_build._hash(_build.EMU_PARTS, tag)}"
+    if not (src / cu).exists():
         shutil.copytree(_build.CSRC, src, dirs_exist_ok=True)
-        (src / "cuda" / "lt_delta.cu").write_text(text.replace(barrier, ""))
-    cu = src / "cuda" / "lt_delta.cu"
-    cmd = [
-        cxx,
-        "-std=c++20",
-        "-O1",
-        "-g",
-        "-fsanitize=thread",
-        "-pthread",
-        "-DRFWP_RACE_LT_DELTA_ONLY",
-        f"-I{src}",
-        "-include",
-        str(src / "cuda_emu" / "cuda_emulation.h"),
-        "-x",
-        "c++",
-        str(cu),
-        "-x",
-        "none",
-        str(src / "cuda_emu" / "race_check.cpp"),
-        "-o",
-        "{out}/race_check",
-    ]
-    ok, output, out_dir = _build._cached_command("tsan_mutant", cmd, text + _build._tool_version(cxx))
+        (src / cu).write_text(text.replace(barrier, ""))
+    cmd = [cxx, "-std=c++20", "-O1", "-g", "-fsanitize=thread", "-pthread", *defines, f"-I{src}"]
+    cmd += ["-include", str(src / "cuda_emu" / "cuda_emulation.h"), "-x", "c++", *[str(src / f) for f in cu_files]]
+    cmd += ["-x", "none", str(src / "cuda_emu" / "race_check.cpp"), "-o", "{out}/race_check"]
+    ok, output, out_dir = _build._cached_command(tag, cmd, text + _build._tool_version(cxx))
     if not ok:
         pytest.skip(f"cannot build with ThreadSanitizer here: {output[-500:]}")
-    proc = _race_check(out_dir / "race_check", ("3", "1", "1", "5", "64"))
+    return out_dir / "race_check"
+
+
+@pytest.mark.slow
+def test_race_check_finds_a_removed_barrier():
+    # the forward of lt/delta without the barrier that publishes the step's vectors
+    cu = "cuda/lt_delta.cu"
+    barrier = "    __syncthreads();   // the step's vectors are in shared memory\n"
+    binary = _race_check_without(cu, barrier, "tsan_mutant", (cu,), "-DRFWP_RACE_LT_DELTA_ONLY")
+    proc = _race_check(binary, ("3", "1", "1", "5", "64"))
     assert "ThreadSanitizer: data race" in proc.stderr, (proc.returncode, proc.stderr[-2000:])
 
 
@@ -459,39 +436,9 @@ def test_race_check_finds_a_removed_barrier_in_the_mamba_backward():
     # the mamba backward without the barrier between the reverse walk (each row writes its
     # h_t, G_t) and the column phase (sums over the rows); d = 33 with 64 threads: one lane per
     # row, so no warp shuffle lies between the write and the read
-    cxx = shutil.which("g++")
-    if cxx is None:
-        pytest.skip("no g++")
-    text = (_build.CSRC / "cuda" / "selective_scan.cu").read_text()
     barrier = "    __syncthreads();   // every row's h_t and G_t of the chunk are in the workspace\n"
-    assert text.count(barrier) == 1
-    src = _build.cache_root() / f"mutant_mamba_src_{_build._hash(_build.EMU_PARTS, 'mutant mamba')}"
-    if not (src / "cuda" / "selective_scan.cu").exists():
-        shutil.copytree(_build.CSRC, src, dirs_exist_ok=True)
-        (src / "cuda" / "selective_scan.cu").write_text(text.replace(barrier, ""))
-    cmd = [
-        cxx,
-        "-std=c++20",
-        "-O1",
-        "-g",
-        "-fsanitize=thread",
-        "-pthread",
-        f"-I{src}",
-        "-include",
-        str(src / "cuda_emu" / "cuda_emulation.h"),
-        "-x",
-        "c++",
-        *[str(src / f) for f in _build.CU_FILES],
-        "-x",
-        "none",
-        str(src / "cuda_emu" / "race_check.cpp"),
-        "-o",
-        "{out}/race_check",
-    ]
-    ok, output, out_dir = _build._cached_command("tsan_mutant_mamba", cmd, text + _build._tool_version(cxx))
-    if not ok:
-        pytest.skip(f"cannot build with ThreadSanitizer here: {output[-500:]}")
-    proc = _race_check(out_dir / "race_check", ("3", "2", "1", "33", "64"))
+    binary = _race_check_without("cuda/selective_scan.cu", barrier, "tsan_mutant_mamba", _build.CU_FILES)
+    proc = _race_check(binary, ("3", "2", "1", "33", "64"))
     assert "ThreadSanitizer: data race" in proc.stderr, (proc.returncode, proc.stderr[-2000:])
     assert "selective_scan_backward_kernel" in proc.stderr
 

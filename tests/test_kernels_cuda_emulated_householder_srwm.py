@@ -8,30 +8,17 @@ side effects are checked for every op in tests/test_kernels_cuda_emulated.py."""
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 import torch
 
 from rfwp_rl import ops
-from rfwp_rl.kernels import _build, cuda_limits
-from rfwp_rl.kernels.emulated import EmulatedCuda
+from rfwp_rl.kernels import cuda_limits
 from rfwp_rl.ops import cases
 
 OPS = ("gated_delta", "delta_product", "srwm")
 TOL = {torch.float32: 2e-5, torch.float64: 1e-12}
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-@pytest.fixture(scope="module")
-def emu():
-    if shutil.which("g++") is None:
-        pytest.skip("no host C++ compiler (g++) to build the CUDA emulation")
-    try:
-        return EmulatedCuda(threads=32)
-    except _build.BuildError as e:
-        pytest.fail(f"{e} (log: {e.log})")
 
 
 def emulated(emu, name, chunk):

@@ -28,20 +28,13 @@ from types import ModuleType
 
 import torch
 
+from rfwp_rl.kernels.cuda_limits import CU_FILES
 from rfwp_rl.resources import data_dir
 
 # the repository's csrc/ in a checkout, else the copy shipped in the wheel (rfwp_rl/_data/csrc)
 CSRC = data_dir("csrc", required=False)
 
 CPU_SOURCES = ("bindings.cpp", "cpu/fastweight_cpu.cpp")
-CU_FILES = (
-    "cuda/lt_delta.cu",
-    "cuda/delta_rnn.cu",
-    "cuda/rdn.cu",
-    "cuda/householder_product.cu",
-    "cuda/srwm.cu",
-    "cuda/selective_scan.cu",
-)
 CUDA_SOURCES = ("cuda/torch_cuda.cpp",) + CU_FILES
 EMU_CU_FILES = CU_FILES + ("cuda_emu/selftest.cu",)
 CFLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-ffp-contract=fast", "-DNDEBUG")

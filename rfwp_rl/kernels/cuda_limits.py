@@ -484,6 +484,7 @@ def resources_table(rows: list[dict[str, Any]]) -> dict[tuple[str, int], dict[in
     return by
 
 
+# the CUDA sources of the kernels (csrc/), which the build compiles and nvcc's resource usage reads
 CU_FILES = (
     "cuda/lt_delta.cu",
     "cuda/delta_rnn.cu",
