@@ -13,7 +13,7 @@ order :mod:`rfwp_rl.scaffold`.
 
 Examples::
 
-    rfwp-rl train --env Pong --core rdn                      # agents/atari_rdn.toml, 50M steps
+    rfwp-rl train --env Pong --core rdn                      # agents/atari_rdn.toml, the --total-steps default
     rfwp-rl train --env CartPole-v1 --core lstm --total-steps 200000 --num-actors 8 \\
         --unroll-length 20 --batch-size 8
     rfwp-rl train --env Pong --preset my_agent.toml --set core_config.hidden_size=64 --set entropy_cost=0.005

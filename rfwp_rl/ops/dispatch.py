@@ -54,14 +54,16 @@ def warn_once(message: str) -> None:
     log.warning("%s", message)
 
 
-def _where(spec: OpSpec, dims: Dims, dtype: torch.dtype, device: torch.device | None) -> str:
+def op_site(spec: OpSpec, dims: Dims, dtype: torch.dtype, device: torch.device | None) -> str:
+    """``op NAME at SIZES (DTYPE, DEVICE)``, as the warnings and errors name a call."""
     at = f"op {spec.name!r} at {dims}"
     if device is None:
         return at
     return f"{at} ({str(dtype).replace('torch.', '')}, {device})"
 
 
-def _refuse(where: str, reason: str) -> UserError:
+def refuse(where: str, reason: str) -> UserError:
+    """The one-line error of backend ``'kernel'`` where the fused op cannot run ``where``."""
     return UserError(f"backend 'kernel' cannot run {where}: {reason}; use backend 'auto' or 'reference'")
 
 
@@ -133,6 +135,19 @@ def first_use_check(spec: OpSpec, call: FusedCall) -> str | None:
     return why
 
 
+def refusal(spec: OpSpec, ext: Any, dims: Dims, dtype: torch.dtype, device: torch.device) -> str | None:
+    """Why the fused ``spec`` cannot run ``dims`` in ``dtype`` on ``device`` with the built
+    kernels ``ext`` (None: it can): a build without CUDA kernels, a size or device its kernels do
+    not take (``spec.supported``), or, on device types in :data:`VERIFY_DEVICE_TYPES`, a first
+    run that disagrees with the reference (:func:`first_use_check`, once per process)."""
+    if device.type == "cuda" and not ext.has_cuda():
+        return "this build has CPU kernels only"
+    reason = spec.supported(dims, dtype, device)
+    if reason is None and device.type in VERIFY_DEVICE_TYPES:
+        reason = first_use_check(spec, FusedCall(spec, ext, dims, dtype, device))
+    return reason
+
+
 class ResolvedOp:
     """Op ``spec`` for backend ``"auto"`` or ``"kernel"``: a callable with the reference's
     signature (``reset`` may be a keyword). The choice between the fused kernel and the
@@ -178,24 +193,17 @@ class ResolvedOp:
         spec = self.spec
         device, dtype = key[0], key[1]
         dims = self.dims if self.dims is not None else key[2]
-        where = _where(spec, dims, dtype, device)
+        where = op_site(spec, dims, dtype, device)
         ext, why = kernels.load()
         if ext is None:  # loading warned once already (or the kernels are disabled on purpose)
             if self.required:
-                raise _refuse(where, why)
+                raise refuse(where, why)
             return _naive_call(spec)
-        reason = spec.supported(dims, dtype, device)
-        if reason is None and device.type == "cuda" and not ext.has_cuda():
-            reason = "this build has CPU kernels only"
+        reason = refusal(spec, ext, dims, dtype, device)
         if reason is None:
-            call = FusedCall(spec, ext, dims, dtype, device)
-            if device.type not in VERIFY_DEVICE_TYPES:
-                return call
-            reason = first_use_check(spec, call)
-            if reason is None:
-                return call
+            return FusedCall(spec, ext, dims, dtype, device)
         if self.required:
-            raise _refuse(where, reason)
+            raise refuse(where, reason)
         warn_once(f"rfwp_rl: {where} runs on the PyTorch reference: {reason}")
         return _naive_call(spec)
 
@@ -230,9 +238,9 @@ def resolve(spec: OpSpec, backend: str = "auto", dims: Dims | None = None, **opt
         # the limits that hold on every device (the CPU kernels have no size limit)
         reason = spec.supported(dims, torch.float32, torch.device("cpu"))
         if reason is not None:
-            where = _where(spec, dims, torch.float32, None)
+            where = op_site(spec, dims, torch.float32, None)
             if backend == "kernel":
-                raise _refuse(where, reason)
+                raise refuse(where, reason)
             warn_once(f"rfwp_rl: {where} runs on the PyTorch reference: {reason}")
             return naive
     return ResolvedOp(spec, backend, dims, options)

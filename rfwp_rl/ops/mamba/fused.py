@@ -18,7 +18,6 @@ from torch import Tensor
 from torch.autograd.function import FunctionCtx, once_differentiable
 
 from rfwp_rl import kernels, ops
-from rfwp_rl.errors import UserError
 from rfwp_rl.kernels.cuda_limits import DeviceLimits
 from rfwp_rl.ops import dispatch
 from rfwp_rl.ops.base import HALF_DTYPES, KERNEL_DTYPES, Dims, kernel_supported, needs_grad, reset_mask
@@ -98,18 +97,9 @@ def _kernel_op() -> Callable[..., tuple]:
 
 @functools.cache
 def _refusal(ext: Any, device: torch.device, dtype: torch.dtype, dims: Dims) -> str | None:
-    """Why the fused op cannot run ``dims`` in ``dtype`` on ``device`` with the built kernels
-    ``ext`` (None: it can): a build without CUDA kernels, a size beyond the device, or (device
-    types in :data:`rfwp_rl.ops.dispatch.VERIFY_DEVICE_TYPES`) a first run that disagrees with
-    the reference (:func:`rfwp_rl.ops.dispatch.first_use_check`, the check the op's own dispatch
-    makes, so it runs once)."""
-    if device.type == "cuda" and not ext.has_cuda():
-        return "this build has CPU kernels only"
-    why = supported(dims, dtype, device)
-    if why is None and device.type in dispatch.VERIFY_DEVICE_TYPES:
-        spec = ops.spec("mamba")
-        why = dispatch.first_use_check(spec, dispatch.FusedCall(spec, ext, dims, dtype, device))
-    return why
+    """:func:`rfwp_rl.ops.dispatch.refusal` of ``mamba``, kept per (kernels, device, dtype, sizes):
+    :func:`layer` runs on every forward pass."""
+    return dispatch.refusal(ops.spec("mamba"), ext, dims, dtype, device)
 
 
 def layer(backend: str, like: Tensor, state_size: int) -> Callable[..., tuple] | None:
@@ -131,9 +121,9 @@ def layer(backend: str, like: Tensor, state_size: int) -> Callable[..., tuple] |
     dims = Dims(dk=state_size, dv=like.shape[-1])
     why = _refusal(ext, like.device, like.dtype, dims)
     if why is not None:
-        where = f"op 'mamba' at {dims} ({str(like.dtype).replace('torch.', '')}, {like.device})"
+        where = dispatch.op_site(ops.spec("mamba"), dims, like.dtype, like.device)
         if backend == "kernel":
-            raise UserError(f"backend 'kernel' cannot run {where}: {why}; use backend 'auto' or 'reference'")
+            raise dispatch.refuse(where, why)
         dispatch.warn_once(f"rfwp_rl: {where} runs on the chunked PyTorch form: {why}")
         return None
     return _kernel_op()
