@@ -213,7 +213,7 @@ def _smem_elems(op: str, direction: str, dk: int, dv: int, stage: bool) -> int:
         )
     if op in PRODUCT_OPS:  # the state (or its gradient) only: the same for every n_h
         return _mat(dv, dk) + (3 * dv if direction == "backward" else 0)
-    if op == "mamba":  # the D x N state (and, backward, its gradient and A's partial sums) when staged
+    if op == "mamba":  # when staged: the D x N state (forward), or its gradient and A's partial sums (backward)
         return _mat(dv, dk) * (2 if direction == "backward" else 1) if stage else 0
     if op == "srwm":  # dk == dv == d; the matrix (R = 3d + 4 rows) only when staged
         d, R = dk, srwm_rows(dk)
