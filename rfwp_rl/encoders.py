@@ -56,12 +56,13 @@ def _pooled_size(n: int) -> int:
 
 
 def image_layout(shape: Sequence[int]) -> tuple[tuple[int, int, int], bool]:
-    """``((C, H, W), hwc)`` of an image shape: channels last (``hwc``) when the last axis is at most 4
-    long and the first is longer, else channels first (Atari's ``[4, 84, 84]``)."""
+    """``((C, H, W), hwc)`` of an image shape: channels first when the first axis is shorter than both
+    others (Atari's frame stack ``[4, 84, 84]``), else channels last, gymnasium's image convention
+    (MiniGrid's ``[7, 7, 3]``, MinAtar's ``[10, 10, C]`` with C up to 10)."""
     a, b, c = (int(s) for s in shape)
-    if c <= 4 < a:
-        return (c, a, b), True
-    return (a, b, c), False
+    if a < b and a < c:
+        return (a, b, c), False
+    return (c, a, b), True
 
 
 def _image_input(obs: torch.Tensor, hwc: bool, divisor: float) -> torch.Tensor:

@@ -178,6 +178,10 @@ def test_images_pick_the_torso_by_size_and_layout():
     assert big(torch.randint(0, 256, (2, 64, 48, 3), dtype=torch.uint8)).shape == (2, 256)
     small = make_torso(spaces.Box(0.0, 1.0, (2, 5, 5), np.float32), cfg)
     assert isinstance(small, GridTorso) and not small.hwc and small.divisor == 1.0
+    for channels in (4, 6, 7, 10):  # MinAtar's games: [10, 10, C], channels last whatever C
+        grid = make_torso(spaces.Box(0, 1, (10, 10, channels), bool), cfg)
+        assert isinstance(grid, GridTorso) and grid.hwc and grid.convs[0].in_channels == channels
+        assert grid(torch.ones(2, 10, 10, channels, dtype=torch.bool)).shape == (2, 256)
     with pytest.raises(UserError, match="agent torso 'resnet' needs image observations"):
         make_torso(spaces.Box(0.0, 1.0, (5,), np.float32), AgentConfig(torso="resnet"))
     # a Dict part can be overridden (here: the image left out)
