@@ -12,6 +12,10 @@ from typing import Any
 
 import torch
 
+# Appended to a moolib script a test runs and reads: its output flushed, the process ends without moolib's
+# teardown, which can abort ("terminate called without an active exception") while its threads still run.
+MOOLIB_EXIT = "\nimport os as _os, sys as _sys\n_sys.stdout.flush()\n_os._exit(0)\n"
+
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago."""

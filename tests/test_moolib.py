@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from procs import free_port  # tests/procs.py
+from procs import MOOLIB_EXIT, free_port  # tests/procs.py
 
 REPO = Path(__file__).resolve().parent.parent
 DEADLINE = 300  # s: only ever a failure deadline (a slow or busy machine just takes longer)
@@ -33,7 +33,7 @@ except ImportError as e:  # pragma: no cover - depends on the machine
 def _run(script: str, timeout: float = DEADLINE) -> dict:
     """Run ``script`` in a fresh interpreter; it prints one JSON line last."""
     proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(script)],
+        [sys.executable, "-c", textwrap.dedent(script) + MOOLIB_EXIT],
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import torch
 
-from procs import free_port  # tests/procs.py
+from procs import MOOLIB_EXIT, free_port  # tests/procs.py
 from rfwp_rl import cli
 from rfwp_rl.checkpoint import (
     Checkpointer,
@@ -443,7 +443,7 @@ def test_learner_endpoints_refuse_peers_without_the_key_and_pickles_and_bad_roll
 
         def attack(attacker_key: str, *extra: str) -> dict:
             proc = subprocess.run(
-                [sys.executable, "-c", ATTACKER, attacker_key, str(port), str(marker), *extra],
+                [sys.executable, "-c", ATTACKER + MOOLIB_EXIT, attacker_key, str(port), str(marker), *extra],
                 capture_output=True,
                 text=True,
                 timeout=DEADLINE,
@@ -553,7 +553,12 @@ def test_group_refuses_nan_gradients_impossible_step_counts_and_counters_past_th
             l["group"].close()
     """)
     proc = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=DEADLINE, cwd=REPO, env=_env()
+        [sys.executable, "-c", script + MOOLIB_EXIT],
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE,
+        cwd=REPO,
+        env=_env(),
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])

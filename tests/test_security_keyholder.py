@@ -39,7 +39,7 @@ import pytest
 import torch
 
 from preauth_wire import REQ_ERROR, REQ_SUCCESS, Call, RawPeer  # tests/preauth_wire.py
-from procs import finite, free_port, listening_ports  # tests/procs.py
+from procs import MOOLIB_EXIT, finite, free_port, listening_ports  # tests/procs.py
 from rfwp_rl.checkpoint import list_checkpoints, read_checkpoint
 
 REPO = Path(__file__).resolve().parent.parent
@@ -208,7 +208,7 @@ class Cluster:
         """A key holder built with moolib's Python API (``script`` with the key, the learner's and the
         broker's ports and ``args``); what it printed last, as JSON."""
         out = subprocess.run(
-            [sys.executable, "-c", script, self.key, str(self.port), str(self.broker_port), *args],
+            [sys.executable, "-c", script + MOOLIB_EXIT, self.key, str(self.port), str(self.broker_port), *args],
             capture_output=True,
             text=True,
             timeout=DEADLINE,
@@ -283,7 +283,7 @@ def test_unrequested_model_updates_from_a_non_leader_are_refused_in_moolib(clust
 # ------------------------------------------------------------------ wrong arity, wrong types
 
 CALLS = textwrap.dedent("""
-    import json, os, sys, moolib
+    import json, sys, moolib
     key, port, broker_port, group_rpc = sys.argv[1:5]
     moolib.set_auth_key(key)
     moolib.set_listen_hosts(["127.0.0.1"])
@@ -308,8 +308,7 @@ CALLS = textwrap.dedent("""
             out.append([peer, fn, "reply", future.result()])
         except RuntimeError as e:
             out.append([peer, fn, "error", str(e).splitlines()[0]])
-    print(json.dumps({"calls": out}, default=repr), flush=True)
-    os._exit(0)  # done: moolib's teardown would wait a minute on the calls its peers answered with errors
+    print(json.dumps({"calls": out}, default=repr))
 """)
 
 
@@ -382,7 +381,7 @@ def test_a_key_holder_elected_leader_hands_over_no_bad_model_or_state(cluster, t
     since, before = len(learner.lines), cluster.refusals()
     torch.save(cluster.checkpoint()[1], tmp_path / "learner_state.pt")  # (the learner prunes its checkpoints)
     argv = [cluster.key, str(cluster.port), str(cluster.broker_port), GROUP, str(tmp_path / "learner_state.pt")]
-    leader = Proc([sys.executable, "-c", LEADER, *argv], _env(), stdin=subprocess.PIPE)
+    leader = Proc([sys.executable, "-c", LEADER + MOOLIB_EXIT, *argv], _env(), stdin=subprocess.PIPE)
 
     def serve(what: str) -> None:
         assert leader.p.poll() is None, leader.output()

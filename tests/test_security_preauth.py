@@ -44,7 +44,7 @@ from preauth_wire import (  # tests/preauth_wire.py
     nop_variant,
     tensor_meta,
 )
-from procs import finite, free_port  # tests/procs.py
+from procs import MOOLIB_EXIT, finite, free_port  # tests/procs.py
 from rfwp_rl.checkpoint import list_checkpoints, read_checkpoint
 
 REPO = Path(__file__).resolve().parent.parent
@@ -216,7 +216,7 @@ def test_idle_connections_are_bounded_and_time_out(learner):
         idle.append(s)
     # A key holder is answered while they are held.
     out = subprocess.run(
-        [sys.executable, "-c", KEY_HOLDER, learner.key, str(learner.port)],
+        [sys.executable, "-c", KEY_HOLDER + MOOLIB_EXIT, learner.key, str(learner.port)],
         capture_output=True,
         text=True,
         timeout=DEADLINE,
