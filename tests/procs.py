@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import os
-import socket
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -12,16 +11,11 @@ from typing import Any
 
 import torch
 
+from rfwp_rl.impala.net import free_port  # noqa: F401 - the tests' and scripts' port helper, one for the package
+
 # Appended to a moolib script a test runs and reads: its output flushed, the process ends without moolib's
 # teardown, which can abort ("terminate called without an active exception") while its threads still run.
 MOOLIB_EXIT = "\nimport os as _os, sys as _sys\n_sys.stdout.flush()\n_os._exit(0)\n"
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def children(pid: int) -> list[int]:
@@ -35,6 +29,17 @@ def children(pid: int) -> list[int]:
 def children_and_grandchildren(pid: int) -> list[int]:
     """``pid``'s children and theirs: a trainer's moolib env pool and the pool's worker processes."""
     return [w for c in children(pid) for w in [c, *children(c)]]
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid``: its children, theirs and so on (a benchmark's learners, actors, brokers and
+    their env worker processes)."""
+    found, stack = [], children(pid)
+    while stack:
+        child = stack.pop()
+        found.append(child)
+        stack += children(child)
+    return found
 
 
 def alive(pid: int) -> bool:

@@ -8,6 +8,7 @@ difference is named in a one-line error.
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 from rfwp_rl.errors import UserError
@@ -21,12 +22,18 @@ def parse_address(text: str, flag: str) -> str:
     return text
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on ``host`` that was free a moment ago (another process may take it before it is used)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
 def resolve_address(text: str, flag: str) -> str:
     """``HOST:PORT`` with HOST resolved to an IP address (``[v6]:PORT`` for IPv6), as moolib needs it:
     moolib 0.0.9b0 aborts the process on a host name (``localhost:4431`` is read as a URL scheme).
     A name that does not resolve is a one-line UserError."""
     import ipaddress
-    import socket
 
     host, _, port = parse_address(text, flag).rpartition(":")
     bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
