@@ -23,7 +23,6 @@ reaches. Writes a table and ``--out`` (CSV, atomic).
 from __future__ import annotations
 
 import argparse
-import io
 import math
 import platform
 import tempfile
@@ -36,7 +35,7 @@ import torch
 
 from rfwp_rl import cores as cores_module
 from rfwp_rl import flags
-from rfwp_rl.checkpoint import atomic_write_text
+from rfwp_rl.bench import write_csv
 from rfwp_rl.errors import UserError, check_choice
 from rfwp_rl.impala.actors import Rollout, rollout_spec
 from rfwp_rl.impala.config import ImpalaConfig, trainer_keys
@@ -359,7 +358,7 @@ def run(args: argparse.Namespace) -> int:
                     f"learner bound {row['learner_bound_sps']:,.0f}, ratio {row['ratio']:.2f}",
                     flush=True,
                 )
-                _write(rows, Path(args.out), atomic_write_text)  # partial tables survive a time limit
+                write_csv(args.out, COLUMNS, rows)  # partial tables survive a time limit
     finally:
         if hasattr(pool, "close"):
             pool.close()
@@ -367,10 +366,3 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {args.out}")
     return 0
 
-
-def _write(rows: list[dict], out: Path, atomic_write_text) -> None:
-    buf = io.StringIO()
-    buf.write(",".join(COLUMNS) + "\n")
-    for r in rows:
-        buf.write(",".join(f"{r[c]:.6g}" if isinstance(r[c], float) else str(r[c]) for c in COLUMNS) + "\n")
-    atomic_write_text(out, buf.getvalue())
