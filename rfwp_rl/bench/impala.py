@@ -18,6 +18,9 @@ For each core (``--cores``; the Atari presets ``agents/atari_<core>.toml`` on At
 
 and ``ratio = env_sps / min(env_bound_sps, learner_bound_sps)``: the share of the smaller bound the loop
 reaches. Writes a table and ``--out`` (CSV, atomic).
+
+``--topologies local,remote,group`` times instead one learner, one learner fed by remote actors, and a group
+of two learners, each as ``rfwp-rl`` processes on loopback (:mod:`rfwp_rl.bench.topology`).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ import torch
 
 from rfwp_rl import cores as cores_module
 from rfwp_rl import flags
-from rfwp_rl.bench import write_csv
+from rfwp_rl.bench import topology, write_csv
 from rfwp_rl.errors import UserError, check_choice
 from rfwp_rl.impala.actors import Rollout, rollout_spec
 from rfwp_rl.impala.config import ImpalaConfig, trainer_keys
@@ -46,6 +49,7 @@ from rfwp_rl.perf import available_cores
 from rfwp_rl.runlog import RunLogger
 from rfwp_rl.texttable import format_columns
 
+OUT = "results/bench/impala.csv"
 COLUMNS = (
     "agent",
     "device",
@@ -100,7 +104,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     flags.add_field(parser, ImpalaConfig, "actor_device")
     flags.add_field(parser, ImpalaConfig, "acting_graph")
     flags.add_set_argument(parser, "agent or trainer setting, as for rfwp-rl train", "max_kl=0")
-    parser.add_argument("--out", default="results/bench/impala.csv")
+    parser.add_argument(
+        "--topologies",
+        default="",
+        metavar="LIST",
+        help=f"comma-separated, of {', '.join(topology.TOPOLOGIES)}: instead of the in-process loop, time "
+        "one learner with all --num-actors envs (local), one learner fed by --remote-actors actor processes "
+        "(remote) and a broker with two learners of half the envs each (group), as rfwp-rl processes on "
+        "loopback, side by side",
+    )
+    parser.add_argument(
+        "--remote-actors",
+        type=flags.integer,
+        default=2,
+        metavar="K",
+        help="actor processes of the remote topology, each stepping --num-actors / K envs (default %(default)s)",
+    )
+    parser.add_argument(
+        "--out",
+        default=None,
+        help=f"CSV file to write (default {OUT}; with --topologies {topology.OUT})",
+    )
 
 
 def _config(args: argparse.Namespace, run, device: str):
@@ -315,7 +339,12 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"--devices {args.devices!r}: this torch build or machine has no CUDA device")
     if not args.seconds > 0 or args.warmup_seconds < 0:
         raise UserError(f"--seconds {args.seconds:g} / --warmup-seconds {args.warmup_seconds:g}: need > 0 / >= 0")
+    if args.topologies:
+        topology.parse_topologies(args)  # bad names and splits: one line before anything starts
+    args.out = args.out or (topology.OUT if args.topologies else OUT)
     specs = {core: _run_spec(core, args) for core in cores}
+    if args.topologies:
+        return topology.run(args, cores, devices, {core: spec.env for core, spec in specs.items()})
     first = next(iter(specs.values()))
     # one pool, made before anything touches CUDA (its workers are forked); moolib allows one per process
     pool = first.make_env_pool(args.env_backend, 0, args.num_actors, args.num_env_batches, args.num_env_processes)
@@ -365,4 +394,3 @@ def run(args: argparse.Namespace) -> int:
     print(format_table(rows))
     print(f"wrote {args.out}")
     return 0
-
