@@ -4,8 +4,12 @@
 #  2. `rfwp-rl bench impala` on Pong with the paper's LSTM and RDN agents, into one table ($OUT/gpu_bench.csv):
 #     48 envs with the learner on cuda and on cpu, 48 envs on cuda with eager acting (no CUDA graph), and
 #     BIG_ENVS envs (default 96) on cuda, each with the env-stepping and learner bounds; and the small vector
-#     agent on both devices (-> $OUT/gpu_bench_vector.csv);
-#  3. the Pong run with the paper's settings and PONG_ENVS envs (default BIG_ENVS) for the time that is left,
+#     agent on both devices (its rows in the same table: the same columns, its env in the `env` column);
+#  3. `rfwp-rl bench impala --topologies local,remote,group` on Pong, `lstm` on cuda, 48 envs in all: one learner,
+#     one learner fed by 2 remote actor processes, and a group of two learners, TOPOLOGY_SECONDS (default 5)
+#     timed after 2 s of warm-up each (-> $OUT/topology.csv; about 60 s of the budget, at most TOPOLOGY_TIMEOUT,
+#     default 120; the Pong run gets what is left);
+#  4. the Pong run with the paper's settings and PONG_ENVS envs (default BIG_ENVS) for the time that is left,
 #     resumed from RESUME_DIR's checkpoint if there is one (default results/atari/pong_run); its newest
 #     checkpoint, and its config and TensorBoard events (pong_tb.tgz) are copied to $OUT, to be committed back to
 #     RESUME_DIR (results/atari/README.md says how); then 30 greedy and 30 sampled games of the newest
@@ -13,6 +17,8 @@
 # Environment: OUT (default /tmp/gpu_atari), WHEELS (a folder of wheels to install first, e.g. gymnasium and
 # ale-py where the machine lacks them), ENV_PROCESSES (default: all cores), PONG_CORE (default lstm),
 # BENCH_DEVICES (default cuda,cpu), TRAIN_DEVICE (default cuda), BENCH_SECONDS (default 10).
+# The device hands back 8 files at most: device.txt, gpu_bench.csv, topology.csv, bench.log (every bench's output),
+# pong.log, eval.log, the newest ckpt_*.pt and pong_tb.tgz.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 START=$(date +%s)
@@ -28,6 +34,8 @@ TRAIN_DEVICE=${TRAIN_DEVICE:-cuda}
 BIG_ENVS=${BIG_ENVS:-96}
 PONG_ENVS=${PONG_ENVS:-$BIG_ENVS}
 BENCH_SECONDS=${BENCH_SECONDS:-10}
+TOPOLOGY_SECONDS=${TOPOLOGY_SECONDS:-5}
+TOPOLOGY_TIMEOUT=${TOPOLOGY_TIMEOUT:-120}
 EVAL_SECONDS=${EVAL_SECONDS:-150}
 mkdir -p "$OUT" "$RUN"
 export PYTHONUNBUFFERED=1 RFWP_CACHE=${RFWP_CACHE:-/tmp/rfwp_cache}
@@ -55,15 +63,20 @@ timeout -k 20 150 "$PY" -m rfwp_rl bench impala "${BENCH[@]}" --devices "${BENCH
 echo "== bench impala, Pong, $BIG_ENVS envs ($(elapsed) s)"
 timeout -k 20 150 "$PY" -m rfwp_rl bench impala "${BENCH[@]}" --devices "${BENCH_DEVICES%%,*}" --num-actors "$BIG_ENVS" \
   --out "$OUT/bench_big.csv" 2>&1 | tee -a "$OUT/bench.log"
-# one table (the device hands back 8 files at most)
-{ head -1 "$OUT/bench_48.csv"; for f in "$OUT"/bench_48.csv "$OUT"/bench_48_eager.csv "$OUT"/bench_big.csv; do
-  tail -n +2 "$f"; done; } > "$OUT/gpu_bench.csv" 2>/dev/null
-rm -f "$OUT"/bench_48.csv "$OUT"/bench_48_eager.csv "$OUT"/bench_big.csv
 
 echo "== bench impala, vector agent ($(elapsed) s)"
 timeout -k 20 120 "$PY" -m rfwp_rl bench impala --env rfwp/DelayedRecall-easy-v0 --cores rdn --devices "$BENCH_DEVICES" \
   --env-backend process --num-actors 32 --num-env-processes 4 --batch-size 8 --unroll-length 20 --seconds "$BENCH_SECONDS" \
-  --warmup-seconds 5 --out "$OUT/gpu_bench_vector.csv" 2>&1 | tee -a "$OUT/bench.log"
+  --warmup-seconds 5 --out "$OUT/bench_vector.csv" 2>&1 | tee -a "$OUT/bench.log"
+# one table (the device hands back 8 files at most)
+parts=("$OUT"/bench_48.csv "$OUT"/bench_48_eager.csv "$OUT"/bench_big.csv "$OUT"/bench_vector.csv)
+{ head -1 "$OUT/bench_48.csv"; for f in "${parts[@]}"; do tail -n +2 "$f"; done; } > "$OUT/gpu_bench.csv" 2>/dev/null
+rm -f "${parts[@]}"
+
+echo "== bench impala --topologies, Pong, lstm, 48 envs ($(elapsed) s)"
+timeout -k 30 "$TOPOLOGY_TIMEOUT" "$PY" -m rfwp_rl bench impala --topologies local,remote,group --env Pong --cores lstm \
+  --devices "${BENCH_DEVICES%%,*}" --env-backend process --num-actors 48 --num-env-processes "$ENV_PROCESSES" \
+  --remote-actors 2 --seconds "$TOPOLOGY_SECONDS" --warmup-seconds 2 --out "$OUT/topology.csv" 2>&1 | tee -a "$OUT/bench.log"
 
 LEFT=$(( TOTAL_SECONDS - $(elapsed) - 45 - EVAL_SECONDS ))
 echo "== Pong, $PONG_CORE, $PONG_ENVS envs, for $LEFT s ($(elapsed) s)"
