@@ -18,7 +18,11 @@ from rfwp_rl.checkpoint import atomic_write_text
 
 BENCHMARKS = {  # name -> (module, what it measures)
     "kernels": ("rfwp_rl.bench.kernels", "fused step kernels vs the PyTorch reference, forward and forward+backward"),
-    "impala": ("rfwp_rl.bench.impala", "IMPALA env steps/s end to end and learner-only, per core"),
+    "impala": (
+        "rfwp_rl.bench.impala",
+        "IMPALA env steps/s end to end and learner-only, per core; --topologies: one learner, remote actors "
+        "and a learner group side by side",
+    ),
     "seq": ("rfwp_rl.bench.seq", "sequence-trainer tokens/s per core"),
     "meta_rl": ("rfwp_rl.meta_rl.bench", "CPU and wall seconds of one A2C meta-RL update per agent"),
     "memory-health": (
