@@ -24,7 +24,7 @@ from rfwp_rl.bench.topology import progress, timed_window
 from rfwp_rl.errors import UserError
 
 REPO = Path(__file__).resolve().parent.parent
-DEADLINE = 600  # s: only ever a failure deadline
+DEADLINE = 600  # s: only ever a failure deadline (a bench runs three topologies one after the other)
 TINY = [
     "--env",
     "rfwp/DelayedRecall-easy-v0",
