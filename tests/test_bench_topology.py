@@ -8,6 +8,7 @@ deadlines (a slow or busy machine just takes longer).
 from __future__ import annotations
 
 import csv
+import importlib.util
 import os
 import signal
 import subprocess
@@ -70,6 +71,17 @@ def test_bad_topology_arguments_are_one_line_errors(capsys, argv, message):
     assert cli.main(["bench", "impala", *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
+
+
+def test_without_moolib_remote_and_group_are_skipped_in_one_line(monkeypatch, capsys, tmp_path):
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "moolib" else find_spec(name, *a))
+    out = tmp_path / "t.csv"
+    assert cli.main(["bench", "impala", *TINY, "--topologies", "remote,group", "--out", str(out)]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "moolib is not installed: remote and group need it (bash scripts/setup.sh); skipping them"
+    ]
+    assert not out.exists()
 
 
 def test_progress_lines_and_the_timed_window():
