@@ -232,7 +232,7 @@ class Topology:
             _say(f"  starting 1 learner listening on {address}, then {k} actors of {share} envs each")
             learner = self.procs.start("learner", plan.learner("learner", 1, 0, 1, "--listen", address))
             self.learners = [learner]
-            self.wait(lambda: _said(learner, "listening for remote actors"), "the learner to listen")
+            self.wait(lambda: _said(learner, "listening for remote actors"), "the learner listening")
             for i in range(k):
                 self.procs.start(f"actor-{i}", plan.actor(i, address, share, per_actor))
             self.processes, self.env_processes = 1 + k, workers * k * per_actor
@@ -241,7 +241,7 @@ class Topology:
         share, per_learner = n // GROUP_LEARNERS, max(1, p // GROUP_LEARNERS)
         _say(f"  starting a broker on {address}, then {GROUP_LEARNERS} learners of {share} envs each")
         broker = self.procs.start("broker", plan.broker(address))
-        self.wait(lambda: _said(broker, "broker listening on"), "the broker to listen")
+        self.wait(lambda: _said(broker, "broker listening on"), "the broker listening")
         joined = ("--broker", address, "--group", GROUP_NAME)
         self.learners = [
             self.procs.start(f"learner-{i}", plan.learner(f"learner-{i}", 1 + i, share, per_learner, *joined))
@@ -266,7 +266,7 @@ class Topology:
                     raise UserError(f"{self.name}: the {child.name} exited (code {code}) while waiting for {what}")
             if time.monotonic() > deadline:
                 print(self.learners[0].tail() if self.learners else "", file=sys.stderr, flush=True)
-                raise UserError(f"{self.name}: no {what} within {timeout:g} s")
+                raise UserError(f"{self.name}: {timeout:g} s passed without {what}")
             time.sleep(0.1)
 
     def reports(self) -> list[dict[str, float]]:
@@ -287,19 +287,19 @@ class Topology:
         """Start the topology and let it run through the warm-up and the timed window."""
         self.start()
         what = {
-            "local": "first update of the learner",
+            "local": "the first update of the learner",
             "remote": f"{self.plan.args.remote_actors} connected remote actors and a first update",
-            "group": f"group of {GROUP_LEARNERS} learners and its first update",
+            "group": f"a group of {GROUP_LEARNERS} learners and its first update",
         }[self.name]
-        _say(f"  waiting for the {what} (up to {START_SECONDS:g} s)")
+        _say(f"  waiting for {what} (up to {START_SECONDS:g} s)")
         self.wait(self.in_place, what)
         _say(f"  in place: warm-up {warmup:g} s, then {seconds:g} s timed")
         # the reports that bound the window come at most LOG_SECONDS apart: wait past the window's end
         end = time.monotonic() + warmup + seconds + 2 * LOG_SECONDS
-        self.wait(lambda: time.monotonic() >= end, "end of the timed window", warmup + seconds + LINE_SECONDS)
+        self.wait(lambda: time.monotonic() >= end, "the end of the timed window", warmup + seconds + LINE_SECONDS)
         # two more progress lines: the second was reported after the first arrived, so after `end`
         seen = len(self.reports())
-        self.wait(lambda: len(self.reports()) >= seen + 2, "progress lines of the learner", LINE_SECONDS)
+        self.wait(lambda: len(self.reports()) >= seen + 2, "the learner's next progress lines", LINE_SECONDS)
 
 
 def run(args: argparse.Namespace, cores: list[str], devices: list[str], envs: dict[str, str]) -> int:
