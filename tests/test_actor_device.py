@@ -77,6 +77,16 @@ def test_train_refuses_an_unknown_actor_device(capsys):
     assert stop.value.code == 2 and "invalid choice: 'tpu'" in capsys.readouterr().err
 
 
+def test_train_refuses_cuda_actors_without_a_cuda_device(monkeypatch):
+    from rfwp_rl.impala.config import ImpalaConfig
+    from rfwp_rl.impala.train import check_config
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(UserError, match=r"^--actor-device 'cuda': this torch build or machine has no CUDA device"):
+        check_config(ImpalaConfig(actor_device="cuda"))
+    check_config(ImpalaConfig(actor_device="cpu"))
+
+
 def test_minatar_ids_register_on_demand_or_say_what_is_missing(monkeypatch):
     from rfwp_rl.envs import make_env, registry
 

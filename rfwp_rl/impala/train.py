@@ -277,6 +277,8 @@ def check_config(cfg: ImpalaConfig) -> None:
         raise UserError(f"--device {cfg.device!r} is invalid; allowed: cpu, cuda, cuda:N") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UserError(f"--device {cfg.device!r}: this torch build or machine has no CUDA device; use --device cpu")
+    if cfg.actor_device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--actor-device 'cuda': this torch build or machine has no CUDA device; use cpu or auto")
 
 
 def run(args: argparse.Namespace) -> int:
