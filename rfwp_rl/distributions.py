@@ -84,6 +84,11 @@ class ActionDistribution(nn.Module):
         learner's ``bound_cost``); 0 for distributions that cannot leave them."""
         return torch.zeros(self._batch(params), device=params.device)
 
+    @property
+    def has_bounds(self) -> bool:
+        """Whether the distribution's location can leave the action bounds (what ``bound_cost`` penalises)."""
+        return False
+
     def act(self, params: torch.Tensor, greedy: bool) -> torch.Tensor:
         return self.mode(params) if greedy else self.sample(params)
 
@@ -250,6 +255,10 @@ class DiagGaussian(ActionDistribution):
         ):
             self.register_buffer(name, torch.tensor(value, dtype=torch.float32), persistent=False)
         self.register_buffer("bounded", torch.tensor(bounded), persistent=False)
+
+    @property
+    def has_bounds(self) -> bool:
+        return bool(self.bounded.any())
 
     def sample(self, params: torch.Tensor) -> torch.Tensor:
         mean = params.float()

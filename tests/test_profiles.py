@@ -100,6 +100,8 @@ def test_settings_line_names_every_learning_setting():
         "agents/vector_rdn.toml",
     ):
         assert part in line
+    assert "bound cost" not in line  # discrete actions: nothing for it to keep in bounds
+    assert ", bound cost 1" in profiles.describe(train.config_from_args(parse(), "vector"), "x", bounded_actions=True)
 
 
 def test_continuous_actions_get_the_control_profile():

@@ -313,6 +313,9 @@ def test_bound_cost_adds_the_squared_distance_of_the_mean_past_the_bounds():
     assert float(grad[0]) > 0 and float(grad[1]) == 0.0  # pulls dimension 0 back towards the box
     logits = torch.randn(3, 4, 5) * 10
     assert torch.equal(Categorical(5).out_of_bounds(logits), torch.zeros(3, 4))
+    assert agent.action_dist.has_bounds and not Categorical(5).has_bounds
+    unbounded = spaces.Box(-np.inf, np.inf, (2,), np.float32)
+    assert not Agent((3,), unbounded, "ff").action_dist.has_bounds
 
 
 @pytest.mark.parametrize("env_id, what", [("SpaceGraph-v0", "Graph"), ("SpaceSequence-v0", "Sequence")])

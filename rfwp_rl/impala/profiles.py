@@ -134,8 +134,9 @@ def fill_unset(
     return {k: (defaults[k] if v is None and k in defaults else v) for k, v in given.items()}
 
 
-def describe(cfg: Any, preset_source: str) -> str:
-    """The effective settings as printed at the start of a run (one line per group)."""
+def describe(cfg: Any, preset_source: str, bounded_actions: bool = False) -> str:
+    """The effective settings as printed at the start of a run (one line per group); the bound cost only where
+    the actions have bounds to keep (``bounded_actions``), the one place it acts."""
     d = dataclasses.asdict(cfg)
     opt = (
         f"adam lr {d['learning_rate']:g} eps {d['adam_eps']:g}"
@@ -147,7 +148,7 @@ def describe(cfg: Any, preset_source: str) -> str:
     value_too = ", value loss too" if d["normalize_value_loss"] else ""
     advantages = f"normalised ({floor}{value_too})" if d["normalize_advantages"] else "raw"
     trust = f", trust region {d['max_kl']:g} nats" if d["max_kl"] > 0 else ""
-    bound = f", bound cost {d['bound_cost']:g}" if d["bound_cost"] > 0 else ""
+    bound = f", bound cost {d['bound_cost']:g}" if d["bound_cost"] > 0 and bounded_actions else ""
     epochs = f", {d['epochs']} epochs per batch" if d["epochs"] > 1 else ""
     return (
         f"settings ({d['profile']} profile): {d['num_actors']} envs, batch {d['batch_size']} x unroll "

@@ -482,7 +482,7 @@ class ImpalaTrainer(Trainer):
             f"run dir {self.run_dir}",
             flush=True,
         )
-        print(profiles.describe(cfg, self.run.preset.source), flush=True)
+        print(profiles.describe(cfg, self.run.preset.source, agent.action_dist.has_bounds), flush=True)
         return {
             **dataclasses.asdict(cfg),
             "core": self.run.preset.core,
