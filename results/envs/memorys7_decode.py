@@ -2,11 +2,12 @@
 
     python results/envs/memorys7_decode.py RUN_DIR [EPISODES]
 
-Plays sampled episodes (seeds 20000 on) of the saved agent and keeps those whose cue (a key or a ball
-in the start room) is in view at reset. For each it records the core state after the first step and
-at the last step before the choice, and fits a logistic regression (standardised state, L2 1e-3) on
-the first half of the episodes that predicts which cue it was; prints the success rate and the
-accuracy on the second half (0.5: the state holds nothing of the cue; 1: it holds it linearly).
+Plays sampled episodes (env seeds 20000 on, torch seed 0) of the saved agent and keeps those whose cue
+(a key or a ball in the start room) is in view at reset. For each it records the core state after each
+of the first steps and at the last step before the choice, and fits a logistic regression (standardised
+state, L2 1e-3) on the first half of the episodes that predicts which cue it was; prints the success rate
+and the accuracy on the second half (0.5: the state holds nothing of the cue; 1: it holds it linearly),
+then the same after step k = 1..STEPS with the share of episodes that still see the cue at that step.
 """
 
 import sys
@@ -20,6 +21,7 @@ from minigrid.core.world_object import Key
 from rfwp_rl.impala.evaluate import load_agent
 
 CUE = (1, 2)  # the start room's object in the 7x7 layout
+STEPS = 10
 
 
 def flat(state) -> np.ndarray:
@@ -48,7 +50,9 @@ def main() -> None:
     agent, _, _, _ = load_agent(sys.argv[1], env="minigrid:MiniGrid-MemoryS7-v0")
     wanted = int(sys.argv[2]) if len(sys.argv) > 2 else 400
     env = gym.make("MiniGrid-MemoryS7-v0")
-    first, last, cues, wins = [], [], [], []
+    torch.manual_seed(0)
+    by_step: list[list] = [[] for _ in range(STEPS)]  # (state, cue, cue in view) after step k + 1
+    last, cues, wins = [], [], []
     seed = 20000
     while len(cues) < wanted:
         obs, _ = env.reset(seed=seed)
@@ -64,21 +68,28 @@ def main() -> None:
             x = {"direction": torch.tensor([[obs["direction"]]]), "image": torch.from_numpy(obs["image"])[None, None]}
             with torch.no_grad():
                 out, state = agent(x, torch.tensor([[reward]]), torch.tensor([[done]]), state, prev)
+            if len(seen) < STEPS:
+                by_step[len(seen)].append((flat(state), cues[-1], game.in_view(*CUE)))
             seen.append(flat(state))
             prev = out["action"]
             obs, reward, terminated, truncated, _ = env.step(int(prev[0, 0]))
             done = False
             if terminated or truncated:
                 break
-        first.append(seen[0])
         last.append(seen[-1])
         wins.append(reward > 0)
     y = np.array(cues, dtype=np.float32)
+    first = [state for state, _, _ in by_step[0]]
     print(
         f"{len(cues)} episodes with the cue in view at reset, success {np.mean(wins):.2f}; the cue decoded "
         f"(held out) from the core state after the first step {held_out_accuracy(first, y):.2f}, "
         f"before the choice {held_out_accuracy(last, y):.2f}"
     )
+    for k, rows in enumerate(by_step):
+        if len(rows) >= 100:  # enough episodes last that long for the held-out half
+            states, ys, views = zip(*rows)
+            accuracy = held_out_accuracy(list(states), np.array(ys, dtype=np.float32))
+            print(f"after step {k + 1}: {len(rows)} episodes, cue in view {np.mean(views):.2f}, decoded {accuracy:.2f}")
 
 
 if __name__ == "__main__":
