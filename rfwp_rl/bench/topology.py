@@ -297,9 +297,15 @@ class Topology:
         # the reports that bound the window come at most LOG_SECONDS apart: wait past the window's end
         end = time.monotonic() + warmup + seconds + 2 * LOG_SECONDS
         self.wait(lambda: time.monotonic() >= end, "the end of the timed window", warmup + seconds + LINE_SECONDS)
-        # two more progress lines: the second was reported after the first arrived, so after `end`
-        seen = len(self.reports())
-        self.wait(lambda: len(self.reports()) >= seen + 2, "the learner's next progress lines", LINE_SECONDS)
+        # TensorBoard keeps one report per step (the last), so the window's reports are those of steps: where an
+        # update takes longer than a report interval, the window's ends move by up to an update each (the
+        # first step's last report, the start's, the end's). Three more updates after `end` cover them.
+        last = self.reports()[-1]["step"]
+        self.wait(
+            lambda: len({r["step"] for r in self.reports() if r["step"] > last}) >= 3,
+            "the learner's next updates",
+            LINE_SECONDS,
+        )
 
 
 def run(args: argparse.Namespace, cores: list[str], devices: list[str], envs: dict[str, str]) -> int:
