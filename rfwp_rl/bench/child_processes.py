@@ -3,7 +3,8 @@
 Each child runs in a session of its own (a Ctrl-C at the terminal reaches only the benchmark, which then
 stops its children itself) and writes its output to a log file, which the benchmark reads line by line.
 :class:`ChildProcesses` stops every child it started when its ``with`` block ends, however it ends (an
-error, Ctrl-C, or SIGTERM, which it turns into :class:`KeyboardInterrupt`): SIGTERM to each child (a
+error, Ctrl-C, or SIGTERM inside :func:`interrupt_on_sigterm`, which turns it into
+:class:`KeyboardInterrupt`): SIGTERM to each child (a
 trainer saves and ends its env workers), then SIGKILL to the process group of any child whose group still
 has a live process after ``grace`` seconds (the env worker processes go with it). On Linux the kernel
 also sends a child SIGTERM when the benchmark dies (``PR_SET_PDEATHSIG``), e.g. when it is SIGKILLed.
@@ -140,14 +141,18 @@ class ChildProcesses:
         return child
 
     def __enter__(self) -> ChildProcesses:
-        self._previous = signal.signal(signal.SIGTERM, _interrupt)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        try:
-            self.stop()
-        finally:
-            signal.signal(signal.SIGTERM, self._previous)
+        self.stop()
+
+    def _wait_until_gone(self, seconds: float) -> None:
+        """Poll until no child's group has a live process, at most ``seconds``."""
+        deadline = time.monotonic() + seconds
+        while any(group_members(c.pid) for c in self.children) and time.monotonic() < deadline:
+            for c in self.children:
+                c.exit_code()  # reap the child once it ends: a zombie leader is not a live member
+            time.sleep(POLL_SECONDS)
 
     def stop(self) -> list[str]:
         """Stop every child (SIGTERM, then SIGKILL to its group after ``grace`` s); the names of those
@@ -156,21 +161,13 @@ class ChildProcesses:
         try:
             for child in reversed(self.children):
                 child.terminate()
-            deadline = time.monotonic() + self.grace
-            while any(group_members(c.pid) for c in self.children) and time.monotonic() < deadline:
-                for c in self.children:
-                    c.exit_code()  # reap the child once it ends: a zombie leader is not a live member
-                time.sleep(POLL_SECONDS)
+            self._wait_until_gone(self.grace)
             killed = [c.name for c in self.children if group_members(c.pid)]
             for child in self.children:
                 if child.name in killed:
                     child.kill_group()
-            deadline = time.monotonic() + KILL_SECONDS
-            while any(group_members(c.pid) for c in self.children) and time.monotonic() < deadline:
-                for c in self.children:
-                    c.exit_code()
-                time.sleep(POLL_SECONDS)
-            left = {c.name: group_members(c.pid) for c in self.children if group_members(c.pid)}
+            self._wait_until_gone(KILL_SECONDS)
+            left = {c.name: members for c in self.children if (members := group_members(c.pid))}
             for child in self.children:
                 if child.exit_code() is None:
                     child.popen.wait(timeout=KILL_SECONDS)
