@@ -6,6 +6,8 @@
 - ``one_thread``: torch runs on one thread during the test (many tiny ops, and the trainers'
   small per-step inference, are fastest so on a busy machine); trainer test modules use it with
   ``pytestmark = pytest.mark.usefixtures("one_thread")``.
+- Every test starts from random states seeded by its own id, so what a test draws does not depend
+  on which tests ran before it (a tolerance that passes once passes on every machine and order).
 - ``ext``: the built fused-kernel extension, for the kernel and op tests.
 - ``emu``: the CUDA kernels run on the host (``csrc/cuda_emu``), for the emulated-CUDA tests.
 - Network peers started by the tests share an auth key in a temporary file (``RFWP_AUTH_KEY_FILE``).
@@ -15,7 +17,10 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import random
+import zlib
 
+import numpy as np
 import pytest
 import torch
 
@@ -40,6 +45,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "moolib" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _seeded_by_test_id(request: pytest.FixtureRequest) -> None:
+    seed = zlib.crc32(request.node.nodeid.encode())
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
 
 
 @pytest.fixture

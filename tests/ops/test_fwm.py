@@ -223,9 +223,11 @@ def test_recorded_steps_replay_one_call_with_resets(ext, d, T):
     torch.testing.assert_close(y, ys, rtol=0, atol=0)
     # float64 rounding of the dense reference vs the factored kernel, amplified by LN (Eq. 7)
     torch.testing.assert_close(y, y_ref, rtol=1e-9, atol=1e-10)
-    g = torch.randn_like(y)
+    g = torch.randn(y.shape, dtype=y.dtype, generator=torch.Generator().manual_seed(d))
     for a, b in zip(torch.autograd.grad((y * g).sum(), (w, r)), torch.autograd.grad((y_ref * g).sum(), (w, r))):
-        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
+        # LN's backward divides by the standard deviation at every step: gradients reach the
+        # hundreds at d=16, T=30, so the rounding is bounded relative to their largest entry
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-8 * float(b.abs().max()))
 
 
 def test_no_replay_from_F0_or_after_a_fold(ext):
