@@ -62,8 +62,9 @@ class AgentConfig:
     encoders: for Dict observations, ``{part path: encoder}`` (``auto``, ``resnet``, ``grid``, ``mlp``,
     ``skip``) overriding the automatic choice of those parts.
     resnet_channels: channels of the three residual stages. grid_channels: the grid torso's
-    convolutions. grid_embedding: 0 (uint8 grid cells scaled by 1/255), or E >= 1 for an E-wide
-    learned embedding of every cell value of a uint8 grid, its symbols (:class:`GridTorso`).
+    convolutions. grid_embedding: E >= 1 for an E-wide learned embedding of every cell value of a
+    uint8 grid, its symbols (:class:`GridTorso`), or 0 for cells scaled by 1/255 (indices then differ
+    by 1/255: ``results/envs/minigrid.md``).
     torso_output: width of the conv torsos' last linear layer. mlp_sizes / mlp_activation: the MLP
     torso.
     use_prev_action: also feed the previous action (its distribution's encoding: one-hot for
@@ -86,7 +87,7 @@ class AgentConfig:
     mlp_activation: str = "tanh"
     use_prev_action: bool = False
     grid_channels: tuple[int, ...] = (16, 32, 32)
-    grid_embedding: int = 0
+    grid_embedding: int = 16
     encoders: dict = dataclasses.field(default_factory=dict)
     log_std_init: float = 0.0
     separate_baseline: bool = False

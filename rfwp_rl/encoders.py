@@ -6,8 +6,8 @@ The space is a tensor space of :mod:`rfwp_rl.envs.spaces` (a leaf, or a flat Dic
   at either end): :class:`ResNetTorso`, the IMPALA "large" torso, when both sides are at least
   :data:`RESNET_MIN_SIDE` (its three stride-2 poolings fit); else :class:`GridTorso`, a few 3x3
   convolutions without pooling (small symbolic grids such as 7x7x3 grid worlds). uint8 images are
-  scaled by 1/255, except in a grid torso with ``grid_embedding`` set, where each cell value is a
-  symbol (an object, colour or state index) and is embedded instead;
+  scaled by 1/255, except in a grid torso with ``grid_embedding`` (the default), where each cell
+  value is a symbol (an object, colour or state index) and is embedded instead;
 - other ``Box`` (vectors; any other rank is flattened): :class:`MLPTorso`;
 - ``Discrete(n)`` / ``MultiDiscrete(nvec)``: one-hot (concatenated), then the MLP;
 - ``Dict``: :class:`DictTorso`: every image part through its own conv torso, all other parts

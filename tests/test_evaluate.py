@@ -381,3 +381,28 @@ def test_eval_of_an_env_from_a_module_imports_it_only_when_env_names_it(tmp_path
     assert cli.main([*train, "--total-steps", "80"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "obs_space: checkpoint has '<missing>'" in err[0], err
+
+
+def test_a_checkpoint_from_before_the_grid_embedding_loads_with_scaled_cells(tmp_path):
+    """Grid cells are embedded by default; a checkpoint whose meta predates the option (no
+    ``grid_embedding`` in its agent) was trained on cells scaled by 1/255 and loads as such."""
+    import space_envs  # noqa: F401  (registers SpaceDict-v0: a 7x7x3 uint8 grid among its parts)
+    from rfwp_rl.checkpoint import atomic_torch_save, read_checkpoint
+    from rfwp_rl.impala.evaluate import load_agent
+
+    file = make_checkpoint(tmp_path / "embedded", "space_envs:SpaceDict-v0")
+    agent, meta, _, _ = load_agent(tmp_path / "embedded", env="space_envs:SpaceDict-v0")
+    assert meta["agent"]["grid_embedding"] == 16 and agent.torso.images["image"].embed is not None
+
+    spec = envs.env_spec("space_envs:SpaceDict-v0")
+    run = RunSpec(spec.gym_id, spec.kind, spec.obs_space, spec.action_space, {}, Preset("lstm", {}))
+    run.preset.agent["grid_embedding"] = 0
+    scaled = run.build_agent()
+    meta = {**run.meta(scaled), "trainer": "impala"}
+    del meta["agent"]["grid_embedding"]
+    obj = read_checkpoint(file)
+    obj["meta"], obj["state"] = meta, {"agent": scaled.state_dict()}
+    (tmp_path / "old").mkdir()
+    atomic_torch_save(obj, tmp_path / "old" / file.name)
+    agent, _, _, _ = load_agent(tmp_path / "old", env="space_envs:SpaceDict-v0")
+    assert agent.torso.images["image"].embed is None and agent.torso.images["image"].divisor == 255.0

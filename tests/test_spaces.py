@@ -217,8 +217,10 @@ def test_grid_embedding_sums_one_learned_vector_per_channel_value():
     torch.testing.assert_close(chw(obs.permute(0, 3, 1, 2)), torso(obs))
     floats = make_torso(spaces.Box(0.0, 1.0, (10, 10, 4), np.float32), AgentConfig(grid_embedding=4))
     assert floats.embed is None and floats.convs[0].in_channels == 4
-    # without the option the values are scaled as before
-    assert make_torso(space, AgentConfig()).embed is None
+    # the default embeds uint8 grid cells (16 wide); 0 scales them by 1/255
+    assert make_torso(space, AgentConfig()).convs[0].in_channels == 16
+    scaled = make_torso(space, AgentConfig(grid_embedding=0))
+    assert scaled.embed is None and scaled.divisor == 255.0 and scaled.convs[0].in_channels == 3
     with pytest.raises(UserError, match="agent grid_embedding -1 is invalid; allowed: 0"):
         AgentConfig.from_dict({"grid_embedding": -1})
 
