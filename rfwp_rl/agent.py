@@ -168,6 +168,9 @@ class Agent(nn.Module):
         self.action_dist: ActionDistribution = make_distribution(self.action_space, cfg.log_std_init)
         self.num_actions = self.action_dist.num_params  # width of the policy head
         self.torso = make_torso(self.obs_space, cfg)
+        if not any(isinstance(m, GridTorso) and m.embed is not None for m in self.torso.modules()):
+            # no uint8 grid to embed: the option has no effect, and the agent records it as off
+            self.config = cfg = dataclasses.replace(cfg, grid_embedding=0)
         core_input = self.torso.output_size + 1 + (self.action_dist.prev_action_size if cfg.use_prev_action else 0)
         self.core = cores.make(core, core_input, **self.core_config)
         self.policy = nn.Linear(self.core.output_size, self.num_actions)

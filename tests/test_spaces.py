@@ -223,6 +223,16 @@ def test_grid_embedding_sums_one_learned_vector_per_channel_value():
     assert scaled.embed is None and scaled.divisor == 255.0 and scaled.convs[0].in_channels == 3
     with pytest.raises(UserError, match="agent grid_embedding -1 is invalid; allowed: 0"):
         AgentConfig.from_dict({"grid_embedding": -1})
+    # an agent records the option only where a uint8 grid is embedded, so that runs and checkpoints of
+    # other observations (vectors, MinAtar's bool grids) read the same as before the option existed
+    from rfwp_rl.agent import Agent
+
+    for obs_space, recorded in [
+        (space, 16),
+        (spaces.Box(0, 1, (10, 10, 4), bool), 0),
+        (spaces.Box(-1.0, 1.0, (5,), np.float32), 0),
+    ]:
+        assert Agent(obs_space, 3, "lstm", {"hidden_size": 8}).config.grid_embedding == recorded
 
 
 def test_spaces_round_trip_as_plain_data():

@@ -151,8 +151,7 @@ class RunSpec:
         """From a checkpoint's meta (:meth:`meta`, every key of :data:`META_KEYS`); ``env_options`` replace
         the recorded ones."""
         kind = envs.resolve_env_id(str(meta["env"])).kind
-        # a checkpoint without grid_embedding predates the option: its grid cells were scaled by 1/255
-        agent = {"grid_embedding": 0, **dict(meta["agent"])}
+        agent = RunSpec.upgrade_meta({"agent": dict(meta["agent"])})["agent"]
         preset = Preset(core=meta["core"], core_config=dict(meta["core_config"]), agent=agent)
         options = dict(meta["env_options"]) if env_options is None else env_options
         return cls(str(meta["env"]), kind, dict(meta["obs_space"]), dict(meta["action_space"]), options, preset)
@@ -193,11 +192,11 @@ class RunSpec:
 
     @staticmethod
     def upgrade_meta(saved: dict) -> dict:
-        """A saved meta with the agent options added since it was written set to their defaults (an
-        agent option's default leaves the agent as it was before the option existed)."""
+        """A saved meta with the agent options added since it was written set to what the agent had
+        before each existed: their defaults, except ``grid_embedding`` (grid cells were scaled: 0)."""
         if not isinstance(saved.get("agent"), dict):
             return saved
-        return {**saved, "agent": AgentConfig.from_dict(saved["agent"]).to_dict()}
+        return {**saved, "agent": AgentConfig.from_dict({"grid_embedding": 0, **saved["agent"]}).to_dict()}
 
     def make_env_pool(self, backend: str, seed: int, num_envs: int, num_batches: int, num_processes: int):
         """The env pool (see :func:`rfwp_rl.impala.env_batches.make_env_pool`); an env slot that can never
