@@ -436,8 +436,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         const="all",
         choices=PAPER_TABLES + ("all",),
         default=None,
-        help="the RFWP paper's table(s): table9 = 50M steps, table10 = 200M, table3 = larger "
-        "RDN, table8 = gated FF (both 200M); 'all' (default when no value) needs --steps",
+        help="the RFWP paper's table(s) (what each holds and at which step budget: results/paper/README.md); "
+        "'all' (default when no value) needs --steps",
     )
     src.add_argument(
         "--paper-dir",
