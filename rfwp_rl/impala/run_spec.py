@@ -151,7 +151,7 @@ class RunSpec:
         """From a checkpoint's meta (:meth:`meta`, every key of :data:`META_KEYS`); ``env_options`` replace
         the recorded ones."""
         kind = envs.resolve_env_id(str(meta["env"])).kind
-        agent = RunSpec.upgrade_meta({"agent": dict(meta["agent"])})["agent"]
+        agent = dict(RunSpec.upgrade_meta(meta)["agent"])
         preset = Preset(core=meta["core"], core_config=dict(meta["core_config"]), agent=agent)
         options = dict(meta["env_options"]) if env_options is None else env_options
         return cls(str(meta["env"]), kind, dict(meta["obs_space"]), dict(meta["action_space"]), options, preset)
