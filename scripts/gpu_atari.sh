@@ -1,24 +1,27 @@
 #!/usr/bin/env bash
 # The Atari work that needs a GPU machine, in one go within TOTAL_SECONDS (default 540):
-#  1. the fused kernels (built once per machine), and the test that an acting step makes no host sync;
+#  1. the fused kernels (built once per machine), their GPU tests against the PyTorch reference, `rfwp-rl info
+#     --check`, and the test that an acting step makes no host sync (-> $OUT/checks.log);
 #  2. `rfwp-rl bench impala` on Pong with the paper's LSTM and RDN agents, into one table ($OUT/gpu_bench.csv):
-#     48 envs with the learner on cuda and on cpu, 48 envs on cuda with eager acting (no CUDA graph), and
+#     48 envs with the learner on each of PONG_BENCH_DEVICES (default BENCH_DEVICES), 48 envs on cuda with eager
+#     acting (no CUDA graph; the cores EAGER_CORES, default lstm,rdn), and
 #     BIG_ENVS envs (default 96) on cuda, each with the env-stepping and learner bounds; and the small vector
 #     agent on both devices (its rows in the same table: the same columns, its env in the `env` column);
 #  3. `rfwp-rl bench impala --topologies local,remote,group` on Pong, `lstm` on cuda, 48 envs in all: one learner,
 #     one learner fed by 2 remote actor processes, and a group of two learners, TOPOLOGY_SECONDS (default 5)
 #     timed after 2 s of warm-up each (-> $OUT/topology.csv; about 60 s of the budget, at most TOPOLOGY_TIMEOUT,
 #     default 120; the Pong run gets what is left);
-#  4. the Pong run with the paper's settings and PONG_ENVS envs (default BIG_ENVS) for the time that is left,
-#     resumed from RESUME_DIR's checkpoint if there is one (default results/atari/pong_run); its newest
-#     checkpoint, and its config and TensorBoard events (pong_tb.tgz) are copied to $OUT, to be committed back to
-#     RESUME_DIR (results/atari/README.md says how); then 30 greedy and 30 sampled games of the newest
-#     checkpoint on the training device (EVAL_SECONDS, default 150; -> $OUT/eval.log).
+#  4. the Pong run with the paper's settings and PONG_ENVS envs (default BIG_ENVS) for PONG_SECONDS (default: the
+#     time that is left; 0: no training), resumed from RESUME_DIR's checkpoint if there is one (default
+#     results/atari/pong_run); its newest checkpoint, and its config and TensorBoard events (pong_tb.tgz) are
+#     copied to $OUT, to be committed back to RESUME_DIR (results/atari/README.md says how); then 30 greedy and
+#     30 sampled games of the newest checkpoint on the training device (EVAL_SECONDS, default 150; -> the end of
+#     $OUT/pong.log).
 # Environment: OUT (default /tmp/gpu_atari), WHEELS (a folder of wheels to install first, e.g. gymnasium and
 # ale-py where the machine lacks them), ENV_PROCESSES (default: all cores), PONG_CORE (default lstm),
 # BENCH_DEVICES (default cuda,cpu), TRAIN_DEVICE (default cuda), BENCH_SECONDS (default 10).
-# The device hands back 8 files at most: device.txt, gpu_bench.csv, topology.csv, bench.log (every bench's output),
-# pong.log, eval.log, the newest ckpt_*.pt and pong_tb.tgz.
+# The device hands back 8 files at most: device.txt, checks.log, gpu_bench.csv, topology.csv, bench.log (every
+# bench's output), pong.log (the run and the games), the newest ckpt_*.pt and pong_tb.tgz.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 START=$(date +%s)
@@ -30,6 +33,8 @@ ENV_PROCESSES=${ENV_PROCESSES:-$(nproc)}
 RUN=${RUN:-/tmp/rfwp_pong_run}
 PY=${PYTHON:-python3}
 BENCH_DEVICES=${BENCH_DEVICES:-cuda,cpu}
+PONG_BENCH_DEVICES=${PONG_BENCH_DEVICES:-$BENCH_DEVICES}
+EAGER_CORES=${EAGER_CORES:-lstm,rdn}
 TRAIN_DEVICE=${TRAIN_DEVICE:-cuda}
 BIG_ENVS=${BIG_ENVS:-96}
 PONG_ENVS=${PONG_ENVS:-$BIG_ENVS}
@@ -48,20 +53,25 @@ elapsed() { echo $(( $(date +%s) - START )); }
 torch.version.cuda, torch.cuda.get_device_name(), '| gymnasium', gymnasium.__version__, '| ale-py', ale_py.__version__)"; \
 git log -1 --format='commit %h %cd' 2>/dev/null; } 2>&1 | tee "$OUT/device.txt"
 
-echo "== kernels ($(elapsed) s)"; "$PY" -m rfwp_rl.kernels 2>&1 | tail -3
-echo "== an acting step makes no host sync ($(elapsed) s)"
-"$PY" -m pytest -q -p no:cacheprovider tests/test_acting_gpu.py 2>&1 | tail -4
+{
+  echo "== kernels ($(elapsed) s)"; "$PY" -m rfwp_rl.kernels 2>&1 | tail -3
+  echo "== the CUDA kernels against the reference; an acting step makes no host sync ($(elapsed) s)"
+  timeout -k 10 120 "$PY" -m pytest -q -p no:cacheprovider -o addopts="" tests/test_kernels_gpu.py tests/test_acting_gpu.py 2>&1 \
+    | tail -15
+  echo "== info --check ($(elapsed) s)"; timeout -k 10 90 "$PY" -m rfwp_rl info --check 2>&1 | tail -60
+} 2>&1 | tee "$OUT/checks.log"
 
-BENCH=(--env Pong --cores lstm,rdn --env-backend process --num-env-processes "$ENV_PROCESSES" --seconds "$BENCH_SECONDS"
+BENCH=(--env Pong --env-backend process --num-env-processes "$ENV_PROCESSES" --seconds "$BENCH_SECONDS"
   --warmup-seconds 5)
 echo "== bench impala, Pong, 48 envs ($(elapsed) s)"
-timeout -k 20 240 "$PY" -m rfwp_rl bench impala "${BENCH[@]}" --devices "$BENCH_DEVICES" --num-actors 48 \
+timeout -k 20 240 "$PY" -m rfwp_rl bench impala "${BENCH[@]}" --cores lstm,rdn --devices "$PONG_BENCH_DEVICES" --num-actors 48 \
   --out "$OUT/bench_48.csv" 2>&1 | tee "$OUT/bench.log"
 echo "== bench impala, Pong, 48 envs, eager acting ($(elapsed) s)"
-timeout -k 20 150 "$PY" -m rfwp_rl bench impala "${BENCH[@]}" --devices "${BENCH_DEVICES%%,*}" --num-actors 48 \
-  --no-acting-graph --out "$OUT/bench_48_eager.csv" 2>&1 | tee -a "$OUT/bench.log"
+timeout -k 20 150 "$PY" -m rfwp_rl bench impala "${BENCH[@]}" --cores "$EAGER_CORES" --devices "${BENCH_DEVICES%%,*}" \
+  --num-actors 48 --no-acting-graph --out "$OUT/bench_48_eager.csv" 2>&1 | tee -a "$OUT/bench.log"
 echo "== bench impala, Pong, $BIG_ENVS envs ($(elapsed) s)"
-timeout -k 20 150 "$PY" -m rfwp_rl bench impala "${BENCH[@]}" --devices "${BENCH_DEVICES%%,*}" --num-actors "$BIG_ENVS" \
+timeout -k 20 150 "$PY" -m rfwp_rl bench impala "${BENCH[@]}" --cores lstm,rdn --devices "${BENCH_DEVICES%%,*}" \
+  --num-actors "$BIG_ENVS" \
   --out "$OUT/bench_big.csv" 2>&1 | tee -a "$OUT/bench.log"
 
 echo "== bench impala, vector agent ($(elapsed) s)"
@@ -79,23 +89,28 @@ timeout -k 30 "$TOPOLOGY_TIMEOUT" "$PY" -m rfwp_rl bench impala --topologies loc
   --remote-actors 2 --seconds "$TOPOLOGY_SECONDS" --warmup-seconds 2 --out "$OUT/topology.csv" 2>&1 | tee -a "$OUT/bench.log"
 
 LEFT=$(( TOTAL_SECONDS - $(elapsed) - 45 - EVAL_SECONDS ))
-echo "== Pong, $PONG_CORE, $PONG_ENVS envs, for $LEFT s ($(elapsed) s)"
+PONG_SECONDS=${PONG_SECONDS:-$LEFT}
+[ "$PONG_SECONDS" -gt "$LEFT" ] && PONG_SECONDS=$LEFT
 if ls "$RESUME_DIR"/ckpt_*.pt >/dev/null 2>&1; then  # the committed state: checkpoint, config, TensorBoard events
   cp "$RESUME_DIR"/ckpt_*.pt "$RESUME_DIR"/config.json "$RUN"/ && cp -r "$RESUME_DIR"/tb "$RUN"/ 2>/dev/null
 fi
-if [ "$LEFT" -gt 30 ]; then
-  timeout -s INT -k 40 "$LEFT" "$PY" -m rfwp_rl train --env Pong --core "$PONG_CORE" --device "$TRAIN_DEVICE" --env-backend process \
-    --num-actors "$PONG_ENVS" --num-env-processes "$ENV_PROCESSES" --total-steps 50000000 --run-dir "$RUN" --log-every 20 \
-    --checkpoint-every 120 2>&1 | tee "$OUT/pong.log"
+: > "$OUT/pong.log"
+if [ "$PONG_SECONDS" -gt 30 ]; then
+  echo "== Pong, $PONG_CORE, $PONG_ENVS envs, for $PONG_SECONDS s ($(elapsed) s)" | tee -a "$OUT/pong.log"
+  timeout -s INT -k 40 "$PONG_SECONDS" "$PY" -m rfwp_rl train --env Pong --core "$PONG_CORE" --device "$TRAIN_DEVICE" \
+    --env-backend process --num-actors "$PONG_ENVS" --num-env-processes "$ENV_PROCESSES" --total-steps 50000000 \
+    --run-dir "$RUN" --log-every 20 --checkpoint-every 120 2>&1 | tee -a "$OUT/pong.log"
+  trained=1
 fi
 newest=$(ls "$RUN"/ckpt_*.pt 2>/dev/null | sort | tail -1)
-[ -n "$newest" ] && cp "$newest" "$OUT/"
+if [ -n "${trained:-}" ] && [ -n "$newest" ]; then  # the device hands back 8 files at most
+  cp "$newest" "$OUT/" && (cd "$RUN" && tar czf "$OUT/pong_tb.tgz" tb config.json)
+fi
 if [ -n "$newest" ] && [ "$EVAL_SECONDS" -gt 0 ]; then  # the saved agent on the device it was trained on
-  echo "== eval, greedy and sampled ($(elapsed) s)"
+  echo "== eval of $(basename "$newest"), greedy and sampled ($(elapsed) s)" | tee -a "$OUT/pong.log"
   for mode in "" --sample; do
     timeout -k 10 $(( EVAL_SECONDS / 2 )) "$PY" -m rfwp_rl eval "$newest" --env Pong --core "$PONG_CORE" --device "$TRAIN_DEVICE" \
-      --episodes 30 --repeats 1 --num-actors 30 $mode --out-dir /tmp/rfwp_pong_eval --no-tensorboard 2>&1 | tee -a "$OUT/eval.log"
+      --episodes 30 --repeats 1 --num-actors 30 $mode --out-dir /tmp/rfwp_pong_eval --no-tensorboard 2>&1 | tee -a "$OUT/pong.log"
   done
 fi
-(cd "$RUN" && tar czf "$OUT/pong_tb.tgz" tb config.json) 2>/dev/null  # the device hands back 8 files at most
 echo "== done ($(elapsed) s)"
