@@ -172,8 +172,9 @@ EOF
   START=$(date +%s)
   # CMake runs `python -c "import torch"`: put this interpreter first on PATH.
   # LDFLAGS=-s strips the debug info of the RelWithDebInfo build (a much smaller wheel).
+  # CMAKE_POLICY_VERSION_MINIMUM: CMake >= 4 refuses the bundled libuv's cmake_minimum_required(< 3.5) without it
   if ! env PATH="$(dirname "$PYEXE"):$PATH" USE_CUDA="$USE_CUDA" MAX_JOBS="$JOBS" \
-       CMAKE_BUILD_PARALLEL_LEVEL="$JOBS" LDFLAGS="${LDFLAGS:-} -s" \
+       CMAKE_BUILD_PARALLEL_LEVEL="$JOBS" CMAKE_POLICY_VERSION_MINIMUM=3.5 LDFLAGS="${LDFLAGS:-} -s" \
        "$PYEXE" -m pip wheel -v --no-deps --no-build-isolation --no-cache-dir \
        --wheel-dir "$BUILD/dist" "$SRC" >"$LOG" 2>&1; then
     echo "---- last 40 lines of $LOG ----" >&2; tail -n 40 "$LOG" >&2
