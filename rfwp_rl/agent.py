@@ -46,11 +46,16 @@ from rfwp_rl.encoders import (  # noqa: F401 - the torsos, also importable from 
     MLPTorso,
     ResidualBlock,
     ResNetTorso,
+    embedded_grids,
     make_torso,
 )
 from rfwp_rl.errors import check_choice
 from rfwp_rl.presets import load_preset
 from rfwp_rl.recall import RecallHead
+
+#: what the agent did before an option existed, where that is not the option's default: a saved meta without
+#: the option reads as this (:meth:`rfwp_rl.impala.run_spec.RunSpec.upgrade_meta`)
+BEFORE_OPTION = {"grid_embedding": 0, "recall_symbols": False}
 
 
 @dataclasses.dataclass
@@ -78,6 +83,9 @@ class AgentConfig:
     recall_lags: 0, or L >= 1 for a recall head (:mod:`rfwp_rl.recall`) that the learner trains to
     reconstruct, from the core's output at step t, the torso features of step t - k, k uniform in
     1..L (weighted by the trainer's ``recall_cost``); acting never uses it.
+    recall_symbols: with a recall head and a uint8 grid embedded as symbols, the head also names that grid's
+    symbols k steps back, rare ones weighted up (:mod:`rfwp_rl.recall`); recorded as False where it has no
+    effect.
     """
 
     torso: str = "auto"
@@ -92,6 +100,7 @@ class AgentConfig:
     log_std_init: float = 0.0
     separate_baseline: bool = False
     recall_lags: int = 0
+    recall_symbols: bool = True
 
     @classmethod
     def from_dict(cls, d: dict | None) -> AgentConfig:
@@ -168,9 +177,12 @@ class Agent(nn.Module):
         self.action_dist: ActionDistribution = make_distribution(self.action_space, cfg.log_std_init)
         self.num_actions = self.action_dist.num_params  # width of the policy head
         self.torso = make_torso(self.obs_space, cfg)
-        if not any(isinstance(m, GridTorso) and m.embed is not None for m in self.torso.modules()):
+        grids = embedded_grids(self.torso)
+        if not grids:
             # no uint8 grid to embed: the option has no effect, and the agent records it as off
             self.config = cfg = dataclasses.replace(cfg, grid_embedding=0)
+        if not (grids and cfg.recall_lags) and cfg.recall_symbols:  # likewise: no symbols to recall
+            self.config = cfg = dataclasses.replace(cfg, recall_symbols=False)
         core_input = self.torso.output_size + 1 + (self.action_dist.prev_action_size if cfg.use_prev_action else 0)
         self.core = cores.make(core, core_input, **self.core_config)
         self.policy = nn.Linear(self.core.output_size, self.num_actions)
@@ -181,7 +193,13 @@ class Agent(nn.Module):
         self.baseline = nn.Linear(self.core.output_size, 1)
         self.recall = None  # the learner's recall task (rfwp_rl/recall.py); acting never reads it
         if cfg.recall_lags:
-            self.recall = RecallHead(self.core.output_size, self.torso.output_size, cfg.recall_lags)
+            self.recall = RecallHead(
+                self.core.output_size,
+                self.torso.output_size,
+                cfg.recall_lags,
+                grids=[(t.symbol_cells, t.symbol_channels) for _, t in grids] if cfg.recall_symbols else (),
+            )
+        self.symbol_grids = grids if cfg.recall_symbols else []
         self.policy_state_size = len(self.core.state_shapes(1))  # leading tensors of the agent's state
 
     def initial_state(self, batch_size: int, device: torch.device | str | None = None) -> tuple[torch.Tensor, ...]:
@@ -250,6 +268,10 @@ class Agent(nn.Module):
             }
             if with_features:
                 out["features"], out["core_output"] = features.float(), core_out
+                if self.symbol_grids:
+                    out["symbols"] = torch.cat(
+                        [t.symbols(flat if k is None else flat[k]) for k, t in self.symbol_grids], -1
+                    ).view(T, B, -1)
             return out, policy_state + baseline_state
 
     def _core(

@@ -147,6 +147,7 @@ class GridTorso(nn.Module):
         in_ch, h, w = obs_shape
         self.hwc, self.divisor = hwc, divisor
         self.embed: nn.Embedding | None = None
+        self.symbol_cells, self.symbol_channels = h * w, in_ch  # with an embedding: a symbol per cell and channel
         if embedding:
             # one table of 256 values per channel: channel c's value v is row 256 c + v
             self.embed = nn.Embedding(256 * in_ch, embedding)
@@ -170,6 +171,21 @@ class GridTorso(nn.Module):
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         return F.relu(self.fc(self.convs(self.cells(obs)).flatten(1)))
+
+    def symbols(self, obs: torch.Tensor) -> torch.Tensor:
+        """The cells' symbols ``[N, H * W * C]`` int64 (cell-major, channel last): what the embedding reads."""
+        x = obs if self.hwc else obs.permute(0, 2, 3, 1)
+        return x.reshape(x.shape[0], -1).long()
+
+
+def embedded_grids(torso: nn.Module) -> list[tuple[str | None, GridTorso]]:
+    """The grid torsos of ``torso`` that embed their cells as symbols, with their observation part's path
+    (None for a leaf observation)."""
+    if isinstance(torso, GridTorso):
+        return [(None, torso)] if torso.embed is not None else []
+    if isinstance(torso, DictTorso):
+        return [(k, t) for k, t in torso.images.items() if isinstance(t, GridTorso) and t.embed is not None]
+    return []
 
 
 def vector_width(space: gymnasium.Space) -> int:

@@ -14,28 +14,76 @@ where entry t starts an episode: a lag never reaches into an earlier episode). T
 sum over valid (t, b) of ``||head(h_t, k) - f_{t-k}||^2 / sum_i Var(f_i)`` (the variance over
 the batch's steps: predicting the mean features costs about 1 per step whatever the torso's scale,
 so only what tells steps apart lowers it; a sum over steps as the learner's other losses).
+
+Symbols: where the agent embeds a uint8 grid's cells as symbols (``agent.grid_embedding``), the head also
+names every symbol of that grid k steps back (one of 256 values per cell and channel, a cross-entropy), each
+weighted by one over how often its (channel, value) is a target in the batch, the weights' mean 1: walls and
+floor then count as much as the one key that must be remembered, which the features' squared error, dominated
+by the common cells, leaves unlearned (``results/envs/minigrid.md``: MemoryS7's supervised probe). The step's
+term is the weighted mean over its symbols, summed over steps as above.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+SYMBOL_VALUES = 256  # a uint8 cell channel's values
+SYMBOL_WIDTH = 16  # the width of the head's prediction for one cell, read by each channel's decoder
+
 
 class RecallHead(nn.Module):
     """Predicts features ``[..., F]`` of the step ``k`` back from the core output ``[..., H]`` and
-    the lag ``k`` in 1..``lags`` (one-hot): a two-layer MLP, ReLU."""
+    the lag ``k`` in 1..``lags`` (one-hot): a two-layer MLP, ReLU. With ``grids`` (the ``(cells, channels)``
+    of each embedded grid) a second MLP of the same input predicts a ``SYMBOL_WIDTH`` vector per cell, which
+    a linear decoder per grid channel turns into the logits of that channel's ``SYMBOL_VALUES`` values."""
 
-    def __init__(self, core_size: int, feature_size: int, lags: int, hidden_size: int = 256) -> None:
+    def __init__(
+        self,
+        core_size: int,
+        feature_size: int,
+        lags: int,
+        hidden_size: int = 256,
+        grids: Sequence[tuple[int, int]] = (),
+    ) -> None:
         super().__init__()
         self.lags = lags
         self.net = nn.Sequential(
             nn.Linear(core_size + lags, hidden_size), nn.ReLU(), nn.Linear(hidden_size, feature_size)
         )
+        self.symbols = None
+        if grids:
+            # symbol position p (grids in order, cell-major, channel last) is read from cell cell_of[p] by the
+            # decoder of its channel channel_of[p]
+            cell_of, channel_of, cells, channels = [], [], 0, 0
+            for n_cells, n_channels in grids:
+                cell_of += [cells + p // n_channels for p in range(n_cells * n_channels)]
+                channel_of += [channels + p % n_channels for p in range(n_cells * n_channels)]
+                cells, channels = cells + n_cells, channels + n_channels
+            self.register_buffer("cell_of", torch.tensor(cell_of), persistent=False)
+            self.register_buffer("channel_of", torch.tensor(channel_of), persistent=False)
+            self.symbols = nn.Sequential(
+                nn.Linear(core_size + lags, hidden_size), nn.ReLU(), nn.Linear(hidden_size, cells * SYMBOL_WIDTH)
+            )
+            self.decoder_weight = nn.Parameter(torch.randn(channels, SYMBOL_WIDTH, SYMBOL_VALUES) / SYMBOL_WIDTH**0.5)
+            self.decoder_bias = nn.Parameter(torch.zeros(channels, SYMBOL_VALUES))
+
+    def _input(self, core_out: Tensor, lag: Tensor) -> Tensor:
+        return torch.cat([core_out, F.one_hot(lag - 1, self.lags).to(core_out.dtype)], dim=-1)
 
     def forward(self, core_out: Tensor, lag: Tensor) -> Tensor:
-        return self.net(torch.cat([core_out, F.one_hot(lag - 1, self.lags).to(core_out.dtype)], dim=-1))
+        return self.net(self._input(core_out, lag))
+
+    def symbol_logits(self, core_out: Tensor, lag: Tensor) -> Tensor:
+        """``core_out [M, H]``, ``lag [M]`` -> logits ``[M, P, SYMBOL_VALUES]`` of the P symbols ``lag`` back."""
+        cells = self.symbols(self._input(core_out, lag)).view(core_out.shape[0], -1, SYMBOL_WIDTH)
+        x = cells[:, self.cell_of]  # [M, P, W]
+        return (
+            torch.einsum("mpw,pwv->mpv", x, self.decoder_weight[self.channel_of]) + self.decoder_bias[self.channel_of]
+        )
 
 
 def draw_lags(
@@ -49,22 +97,51 @@ def draw_lags(
     return torch.randint(1, max(min(lags, shape[0] - 1), 1) + 1, shape, device=device, generator=generator)
 
 
-def recall_loss(
-    head: RecallHead, core_out: Tensor, features: Tensor, done: Tensor, lag: Tensor
-) -> tuple[Tensor, Tensor]:
-    """The recall loss (module docstring) for lags ``lag [T, B]`` and the mask ``[T, B]`` of the
-    (t, b) it counts: those whose step t - k lies inside the unroll and in the same episode."""
-    T = core_out.shape[0]
-    lag = lag.to(core_out.device)
+def _sources(done: Tensor, lag: Tensor) -> tuple[Tensor, Tensor]:
+    """For lags ``[T, B]``: the step each (t, b) asks for, ``t - lag`` clamped to 0, and whether it is
+    valid (inside the unroll and in the same episode), both ``[T, B]``."""
+    T = lag.shape[0]
     t = torch.arange(T, device=lag.device).unsqueeze(1)
-    src = t - lag  # the step whose features are asked for
+    src = t - lag
     episode = done.to(lag.device).long().cumsum(0)  # entries with equal counts lie in one episode
     valid = src >= 0
     src = src.clamp(min=0)
     valid &= episode.gather(0, src) == episode
+    return src, valid
+
+
+def recall_loss(
+    head: RecallHead, core_out: Tensor, features: Tensor, done: Tensor, lag: Tensor, symbols: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """The recall loss (module docstring) for lags ``lag [T, B]`` and the mask ``[T, B]`` of the
+    (t, b) it counts: those whose step t - k lies inside the unroll and in the same episode. ``symbols``
+    ``[T, B, P]`` int64: the embedded grids' symbols, for a head with ``grids``."""
+    lag = lag.to(core_out.device)
+    src, valid = _sources(done, lag)
     target = features.detach().gather(0, src.unsqueeze(-1).expand(-1, -1, features.shape[-1]))
     pred = head(core_out, lag)
     scale = features.detach().flatten(0, 1).var(0, unbiased=False).sum().clamp(min=1e-8)
     err = (pred - target).pow(2).sum(-1) / scale
     mask = valid.to(err.dtype)
-    return (err * mask).sum(), mask
+    total = (err * mask).sum()
+    if head.symbols is not None and symbols is not None and bool(valid.any()):
+        total = total + symbol_recall_sum(
+            head,
+            core_out[valid],
+            lag[valid],
+            symbols.gather(0, src.unsqueeze(-1).expand(-1, -1, symbols.shape[-1]))[valid],
+        )
+    return total, mask
+
+
+def symbol_recall_sum(head: RecallHead, core_out: Tensor, lag: Tensor, target: Tensor) -> Tensor:
+    """The symbols' term summed over ``M`` steps: ``core_out [M, H]``, ``lag [M]``, ``target [M, P]`` the
+    symbols asked for. Each symbol's cross-entropy is weighted by one over the count of its (channel, value)
+    among the ``M x P`` targets, the weights scaled to mean 1; a step's term is its weighted mean."""
+    logits = head.symbol_logits(core_out, lag)
+    ce = F.cross_entropy(logits.flatten(0, 1), target.flatten(), reduction="none").view(target.shape)
+    kind = head.channel_of * SYMBOL_VALUES + target  # [M, P]: which (channel, value) each target is
+    counts = torch.bincount(kind.flatten(), minlength=int(head.decoder_bias.numel()))
+    weight = 1.0 / counts[kind].to(ce.dtype)
+    weight = weight / weight.mean()
+    return (weight * ce).mean(-1).sum()

@@ -117,3 +117,71 @@ def test_a_checkpoint_from_before_the_option_resumes_as_its_default(tmp_path):
     )
     with pytest.raises(UserError, match="agent.recall_lags: checkpoint has 0, this run has 128"):
         with_head.load_latest()
+
+
+def test_symbols_are_weighted_by_how_rare_they_are():
+    """Two steps of two single-channel cells; targets 0, 0 / 0, 5: value 0 is a target 3 times, value 5 once,
+    so the weights are 1/3, 1/3, 1/3, 1 scaled to mean 1 (2/3, 2/3, 2/3, 2)."""
+    from rfwp_rl.recall import symbol_recall_sum
+
+    head = RecallHead(2, 1, 3, hidden_size=4, grids=[(2, 1)])
+    logits = torch.zeros(2, 2, 256)
+    logits[:, :, 5] = 3.0  # every cell predicts 5 more likely
+    head.symbol_logits = lambda core_out, lag: logits
+    target = torch.tensor([[0, 0], [0, 5]])
+    ce0 = -torch.log_softmax(logits[0, 0], -1)[0]  # a target 0
+    ce5 = -torch.log_softmax(logits[0, 0], -1)[5]  # a target 5
+    w0, w5 = 2 / 3, 2.0
+    want = (w0 * ce0 + w0 * ce0) / 2 + (w0 * ce0 + w5 * ce5) / 2
+    got = symbol_recall_sum(head, torch.zeros(2, 2), torch.ones(2, dtype=torch.long), target)
+    torch.testing.assert_close(got, want)
+
+
+def _grid_agent(**options):
+    import numpy as np
+    from gymnasium import spaces
+
+    space = spaces.Dict({"image": spaces.Box(0, 255, (5, 5, 3), np.uint8), "direction": spaces.Discrete(4)})
+    return Agent(space, 3, core="lstm", core_config={"hidden_size": 8}, agent_config=options)
+
+
+def test_an_embedded_grid_agent_recalls_its_symbols_through_the_core():
+    torch.manual_seed(0)
+    agent = _grid_agent(recall_lags=4)
+    assert agent.config.recall_symbols and agent.recall.symbols is not None
+    T, B = 6, 2
+    image = torch.randint(0, 11, (T + 1, B, 5, 5, 3), dtype=torch.uint8)
+    batch = {
+        "obs/image": image,
+        "obs/direction": torch.randint(0, 4, (T + 1, B)),
+        "reward": torch.zeros(T + 1, B),
+        "done": torch.zeros(T + 1, B, dtype=torch.bool),
+        "action": torch.randint(0, 3, (T + 1, B)),
+        "prev_action": torch.randint(0, 3, (T + 1, B)),
+        "behaviour_log_prob": torch.full((T + 1, B), -1.0986),
+    }
+    zeros = torch.zeros(T + 1, B)
+    obs = {"image": image, "direction": batch["obs/direction"]}
+    out, _ = agent(obs, zeros, zeros.bool(), agent.initial_state(B), prev_action=zeros.long(), with_features=True)
+    assert torch.equal(out["symbols"], image.reshape(T + 1, B, -1).long())  # cell-major, channel last
+    loss, stats = compute_loss(agent, batch, agent.initial_state(B), loss_config(recall_cost=1.0))
+    loss.backward()
+    assert agent.recall.symbols[0].weight.grad.abs().sum() > 0 and agent.recall.decoder_weight.grad.abs().sum() > 0
+    assert all(p.grad is not None for p in agent.core.parameters())
+    # the feature recall alone leaves the symbol head untouched
+    off = _grid_agent(recall_lags=4, recall_symbols=False)
+    assert not off.config.recall_symbols and off.recall.symbols is None
+
+
+def test_recall_symbols_is_recorded_off_where_it_has_no_effect():
+    assert not _grid_agent().config.recall_symbols  # no recall head
+    assert not _grid_agent(recall_lags=4, grid_embedding=0).config.recall_symbols  # scaled cells
+    assert not Agent((5,), 3, core="lstm", agent_config={"recall_lags": 4}).config.recall_symbols  # a vector
+
+
+def test_a_meta_from_before_recall_symbols_reads_it_as_off():
+    from rfwp_rl.impala.run_spec import RunSpec
+
+    before = {k: v for k, v in AgentConfig().to_dict().items() if k != "recall_symbols"}
+    assert RunSpec.upgrade_meta({"agent": before})["agent"]["recall_symbols"] is False
+    assert RunSpec.upgrade_meta({"agent": AgentConfig().to_dict()})["agent"]["recall_symbols"] is True

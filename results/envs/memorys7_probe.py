@@ -15,7 +15,9 @@ output at step ``AT`` (``first`` or ``last``) and predicts ``LABEL``:
 ``AUX``: ``none``; ``cue`` (a second linear head also predicts the cue at the last step: an oracle
 that makes the memory keep it); ``symbols`` (a two-layer head predicts, from the last step's output and a
 lag k uniform over the episode, the object index of every cell of the view k steps back: recall of
-the observation itself, no oracle). Prints the accuracy on 256 held-out episodes every 50 updates.
+the observation itself, no oracle); ``rare`` (the same, each cell's loss weighted by one over how often
+its object is a target in the batch, so that walls and floor count as much as a key or a ball).
+Prints the accuracy on 256 held-out episodes every 50 updates.
 
 Importing this file also registers ``MemoryS7Facing-v0`` (the env of the walks) for RL runs.
 """
@@ -107,12 +109,16 @@ def main() -> None:
         loss = F.binary_cross_entropy_with_logits(head(h).squeeze(-1), y)
         if aux == "cue":
             loss = loss + F.binary_cross_entropy_with_logits(cue_head(h_last).squeeze(-1), data[5])
-        elif aux == "symbols":
+        elif aux in ("symbols", "rare"):
             last, B = data[3], len(data[3])
             k = (torch.rand(B) * (last.float() + 1)).long().clamp(max=last)  # lag 0..last
             target = data[0]["image"][last - k, torch.arange(B), :, :, 0].long().reshape(B * 49)
             logits = recall(torch.cat([h_last, F.one_hot(k, MAX_LAG).float()], -1)).reshape(B * 49, OBJECTS)
-            loss = loss + F.cross_entropy(logits, target)
+            if aux == "symbols":
+                loss = loss + F.cross_entropy(logits, target)
+            else:
+                weight = 1.0 / torch.bincount(target, minlength=OBJECTS).clamp(min=1).float()[target]
+                loss = loss + (weight * F.cross_entropy(logits, target, reduction="none")).sum() / weight.sum()
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)

@@ -201,7 +201,9 @@ def compute_loss(
     if recall_head is not None:
         # every entry, the last one included: its features are known, only its action is not
         lags = draw_lags(tuple(batch["done"].shape[:2]), recall_head.lags, device=batch["done"].device)
-        recall_sum, recall_mask = recall_loss(recall_head, out["core_output"], out["features"], batch["done"], lags)
+        recall_sum, recall_mask = recall_loss(
+            recall_head, out["core_output"], out["features"], batch["done"], lags, out.get("symbols")
+        )
         total = total + cfg.recall_cost * recall_sum
         recall_stats = {"loss/recall": float(recall_sum.detach()) / max(float(recall_mask.sum()), 1.0)}
     stats = {

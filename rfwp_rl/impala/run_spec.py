@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from rfwp_rl import cores, envs, flags
-from rfwp_rl.agent import AgentConfig, build_agent
+from rfwp_rl.agent import BEFORE_OPTION, AgentConfig, build_agent
 from rfwp_rl.distributions import make_distribution
 from rfwp_rl.envs.spaces import space_from_dict, zero_obs
 from rfwp_rl.errors import UserError
@@ -193,10 +193,10 @@ class RunSpec:
     @staticmethod
     def upgrade_meta(saved: dict) -> dict:
         """A saved meta with the agent options added since it was written set to what the agent had
-        before each existed: their defaults, except ``grid_embedding`` (grid cells were scaled: 0)."""
+        before each existed: their defaults, except those in :data:`rfwp_rl.agent.BEFORE_OPTION`."""
         if not isinstance(saved.get("agent"), dict):
             return saved
-        return {**saved, "agent": AgentConfig.from_dict({"grid_embedding": 0, **saved["agent"]}).to_dict()}
+        return {**saved, "agent": AgentConfig.from_dict({**BEFORE_OPTION, **saved["agent"]}).to_dict()}
 
     def make_env_pool(self, backend: str, seed: int, num_envs: int, num_batches: int, num_processes: int):
         """The env pool (see :func:`rfwp_rl.impala.env_batches.make_env_pool`); an env slot that can never

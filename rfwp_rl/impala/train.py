@@ -474,7 +474,8 @@ class ImpalaTrainer(Trainer):
         num_params = count_parameters(agent)
         recall = ""
         if agent.recall is not None and cfg.recall_cost > 0:
-            recall = f"; recall task over up to {agent.recall.lags} steps, cost {cfg.recall_cost:g}"
+            symbols = " (features and the grid's symbols)" if agent.recall.symbols is not None else ""
+            recall = f"; recall task{symbols} over up to {agent.recall.lags} steps, cost {cfg.recall_cost:g}"
         print(
             f"IMPALA {self.run.env} ({self.run.num_actions} actions), core {self.run.preset.core} "
             f"({num_params:,} parameters{recall}), {cfg.num_actors} envs [{cfg.env_backend}], batch {cfg.batch_size} x "
