@@ -5,7 +5,8 @@
 #  2. `rfwp-rl bench impala` on Pong with the paper's LSTM and RDN agents, into one table ($OUT/gpu_bench.csv):
 #     48 envs with the learner on each of PONG_BENCH_DEVICES (default BENCH_DEVICES), 48 envs on cuda with eager
 #     acting (no CUDA graph; the cores EAGER_CORES, default lstm,rdn), and
-#     BIG_ENVS envs (default 96) on cuda, each with the env-stepping and learner bounds; and the small vector
+#     BIG_ENVS envs (default 96) on cuda, 48 envs in ale-py's vector env (--env-backend ale), each with the
+#     env-stepping and learner bounds; and the small vector
 #     agent on both devices (its rows in the same table: the same columns, its env in the `env` column);
 #  3. `rfwp-rl bench impala --topologies local,remote,group` on Pong, `lstm` on cuda, 48 envs in all: one learner,
 #     one learner fed by 2 remote actor processes, and a group of two learners, TOPOLOGY_SECONDS (default 5)
@@ -74,12 +75,17 @@ timeout -k 20 150 "$PY" -m rfwp_rl bench impala "${BENCH[@]}" --cores lstm,rdn -
   --num-actors "$BIG_ENVS" \
   --out "$OUT/bench_big.csv" 2>&1 | tee -a "$OUT/bench.log"
 
+echo "== bench impala, Pong, 48 envs, ale backend ($(elapsed) s)"  # ale-py's vector env: C++ threads, no worker processes
+timeout -k 20 150 "$PY" -m rfwp_rl bench impala --env Pong --env-backend ale --num-env-processes "$ENV_PROCESSES" \
+  --seconds "$BENCH_SECONDS" --warmup-seconds 5 --cores lstm,rdn --devices "${BENCH_DEVICES%%,*}" --num-actors 48 \
+  --out "$OUT/bench_ale.csv" 2>&1 | tee -a "$OUT/bench.log"
+
 echo "== bench impala, vector agent ($(elapsed) s)"
 timeout -k 20 120 "$PY" -m rfwp_rl bench impala --env rfwp/DelayedRecall-easy-v0 --cores rdn --devices "$BENCH_DEVICES" \
   --env-backend process --num-actors 32 --num-env-processes 4 --batch-size 8 --unroll-length 20 --seconds "$BENCH_SECONDS" \
   --warmup-seconds 5 --out "$OUT/bench_vector.csv" 2>&1 | tee -a "$OUT/bench.log"
 # one table (the device hands back 8 files at most)
-parts=("$OUT"/bench_48.csv "$OUT"/bench_48_eager.csv "$OUT"/bench_big.csv "$OUT"/bench_vector.csv)
+parts=("$OUT"/bench_48.csv "$OUT"/bench_48_eager.csv "$OUT"/bench_big.csv "$OUT"/bench_ale.csv "$OUT"/bench_vector.csv)
 { head -1 "$OUT/bench_48.csv"; for f in "${parts[@]}"; do tail -n +2 "$f"; done; } > "$OUT/gpu_bench.csv" 2>/dev/null
 rm -f "${parts[@]}"
 

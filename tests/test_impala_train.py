@@ -403,3 +403,15 @@ def test_ctrl_c_saves_and_exits_zero(tmp_path):
     assert "SIGINT received" in err and "stopped at step" in out
     ckpt = read_checkpoint(list_checkpoints(tmp_path / "run")[0])
     assert 0 < ckpt["step"] < 10_000_000
+
+
+def test_tiny_pong_run_in_the_ale_backend(tmp_path, capsys):
+    """--env-backend ale: the trainer steps Atari in ale-py's vector env (an env that is not Atari: one line)."""
+    pytest.importorskip("ale_py.vector_env")
+    assert train(tmp_path, "Pong", "lstm", 20, "--env-backend", "ale", "--num-env-processes", "1") == 0
+    ckpt = read_checkpoint(list_checkpoints(tmp_path / "run")[0])
+    assert ckpt["step"] == 20 and ckpt["state"]["counters"]["updates"] == 2
+    capsys.readouterr()
+    assert train(tmp_path, "CartPole-v1", "lstm", 20, "--env-backend", "ale", name="cartpole") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--env-backend ale steps Atari games" in err[0], err

@@ -21,7 +21,7 @@ import os
 from rfwp_rl.flags import ENV_STEPS, SECONDS, setting
 from rfwp_rl.perf import PRECISIONS
 
-ENV_BACKENDS = ("moolib", "process", "local")
+ENV_BACKENDS = ("moolib", "process", "ale", "local")
 ACTOR_DEVICES = ("auto", "cpu", "cuda")
 OPTIMIZERS = ("rmsprop", "adam")
 
@@ -61,7 +61,8 @@ class ImpalaConfig:
     env_backend: str = setting(
         "moolib",
         "moolib: EnvPool worker processes; process: forked worker processes of our "
-        "own (no moolib needed); local: step the envs in this process (debugging)",
+        "own (no moolib needed); ale: Atari games in ale-py's vector env, --num-env-processes C++ threads; "
+        "local: step the envs in this process (debugging)",
         choices=ENV_BACKENDS,
     )
     listen: str = setting(

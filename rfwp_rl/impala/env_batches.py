@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rfwp_rl.envs.ale_vector_pool import AleVectorPool
 from rfwp_rl.envs.pool_env import ActionTable, PoolEnvFactory, decode_fatal, pool_step, seeded_pool_env
 from rfwp_rl.envs.process_pool import ProcessEnvPool, process_cpu_seconds
 from rfwp_rl.errors import UserError
@@ -269,9 +270,9 @@ def make_env_pool(
     blank_obs: Any = None,
     action_row: tuple | None = None,
 ):
-    """An env pool of ``num_batches`` batches of ``num_envs // num_batches`` envs
-    (``moolib.EnvPool`` or :class:`LocalEnvPool`). Create it before any moolib Rpc/Group and
-    before other threads: moolib forks its worker processes here. moolib workers seed their
+    """An env pool of ``num_batches`` batches of ``num_envs // num_batches`` envs (``moolib.EnvPool``,
+    :class:`ProcessEnvPool`, :class:`AleVectorPool` or :class:`LocalEnvPool`, by ``backend``). Create it before
+    any moolib Rpc/Group and before other threads: moolib forks its worker processes here. moolib workers seed their
     envs from OS entropy (runs with moolib are not bit-reproducible anyway: worker timing
     decides which model version acts). ``blank_obs`` (one observation's shape and dtype, e.g.
     ``np.zeros(spec.obs_shape, spec.obs_dtype)``) lets an env slot whose envs can never be made
@@ -285,6 +286,8 @@ def make_env_pool(
     batch_size = num_envs // num_batches
     if backend == "local":
         return LocalEnvPool(env_id, env_options, seed, batch_size, num_batches, blank_obs)
+    if backend == "ale":
+        return AleVectorPool(env_id, env_options, seed, batch_size, num_batches, num_processes)
     if backend == "process":
         return ProcessEnvPool(env_id, env_options, seed, batch_size, num_batches, num_processes, blank_obs, action_row)
     global _moolib_pool_made
