@@ -4,7 +4,7 @@
 #     --check`, and the test that an acting step makes no host sync (-> $OUT/checks.log);
 #  2. `rfwp-rl bench impala` on Pong with the paper's LSTM and RDN agents, into one table ($OUT/gpu_bench.csv):
 #     48 envs with the learner on each of PONG_BENCH_DEVICES (default BENCH_DEVICES), 48 envs on cuda with eager
-#     acting (no CUDA graph; the cores EAGER_CORES, default lstm,rdn), and
+#     acting (no CUDA graph; the cores EAGER_CORES, default lstm,rdn; empty: not benched), and
 #     BIG_ENVS envs (default 96) on cuda, 48 envs in ale-py's vector env (--env-backend ale), each with the
 #     env-stepping and learner bounds; and the small vector
 #     agent on both devices (its rows in the same table: the same columns, its env in the `env` column);
@@ -35,7 +35,7 @@ RUN=${RUN:-/tmp/rfwp_pong_run}
 PY=${PYTHON:-python3}
 BENCH_DEVICES=${BENCH_DEVICES:-cuda,cpu}
 PONG_BENCH_DEVICES=${PONG_BENCH_DEVICES:-$BENCH_DEVICES}
-EAGER_CORES=${EAGER_CORES:-lstm,rdn}
+EAGER_CORES=${EAGER_CORES-lstm,rdn}
 TRAIN_DEVICE=${TRAIN_DEVICE:-cuda}
 BIG_ENVS=${BIG_ENVS:-96}
 PONG_ENVS=${PONG_ENVS:-$BIG_ENVS}
@@ -67,9 +67,11 @@ BENCH=(--env Pong --env-backend process --num-env-processes "$ENV_PROCESSES" --s
 echo "== bench impala, Pong, 48 envs ($(elapsed) s)"
 timeout -k 20 240 "$PY" -m rfwp_rl bench impala "${BENCH[@]}" --cores lstm,rdn --devices "$PONG_BENCH_DEVICES" --num-actors 48 \
   --out "$OUT/bench_48.csv" 2>&1 | tee "$OUT/bench.log"
-echo "== bench impala, Pong, 48 envs, eager acting ($(elapsed) s)"
-timeout -k 20 150 "$PY" -m rfwp_rl bench impala "${BENCH[@]}" --cores "$EAGER_CORES" --devices "${BENCH_DEVICES%%,*}" \
-  --num-actors 48 --no-acting-graph --out "$OUT/bench_48_eager.csv" 2>&1 | tee -a "$OUT/bench.log"
+if [ -n "$EAGER_CORES" ]; then
+  echo "== bench impala, Pong, 48 envs, eager acting ($(elapsed) s)"
+  timeout -k 20 150 "$PY" -m rfwp_rl bench impala "${BENCH[@]}" --cores "$EAGER_CORES" --devices "${BENCH_DEVICES%%,*}" \
+    --num-actors 48 --no-acting-graph --out "$OUT/bench_48_eager.csv" 2>&1 | tee -a "$OUT/bench.log"
+fi
 echo "== bench impala, Pong, $BIG_ENVS envs ($(elapsed) s)"
 timeout -k 20 150 "$PY" -m rfwp_rl bench impala "${BENCH[@]}" --cores lstm,rdn --devices "${BENCH_DEVICES%%,*}" \
   --num-actors "$BIG_ENVS" \
