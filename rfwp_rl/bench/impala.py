@@ -350,7 +350,8 @@ def run(args: argparse.Namespace) -> int:
     pool = first.make_env_pool(args.env_backend, 0, args.num_actors, args.num_env_batches, args.num_env_processes)
     print(
         f"IMPALA benchmark: {args.env}, batch {args.batch_size} x unroll {args.unroll_length}, {args.num_actors} envs "
-        f"in {args.num_env_batches} batches [{args.env_backend}, {args.num_env_processes} processes], "
+        f"in {args.num_env_batches} batches [{args.env_backend}, {args.num_env_processes} "
+        f"{'threads' if args.env_backend == 'ale' else 'processes'}], "
         f"{available_cores()} cores, {platform.processor() or platform.machine()}"
         + (f", {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""),
         flush=True,
