@@ -19,7 +19,9 @@
 #     30 sampled games of the newest checkpoint on the training device (EVAL_SECONDS, default 150; -> the end of
 #     $OUT/pong.log).
 # Environment: OUT (default /tmp/gpu_atari), WHEELS (a folder of wheels to install first, e.g. gymnasium and
-# ale-py where the machine lacks them), ENV_PROCESSES (default: all cores), PONG_CORE (default lstm),
+# ale-py where the machine lacks them), MOOLIB_SOURCES (a folder with moolib's pinned sdist and pybind11 wheel,
+# as scripts/build_moolib.sh caches them: moolib is then built first where it is missing), ENV_PROCESSES (default:
+# all cores), PONG_CORE (default lstm),
 # BENCH_DEVICES (default cuda,cpu), TRAIN_DEVICE (default cuda), BENCH_SECONDS (default 10).
 # The device hands back 8 files at most: device.txt, checks.log, gpu_bench.csv, topology.csv, bench.log (every
 # bench's output), pong.log (the run and the games), the newest ckpt_*.pt and pong_tb.tgz.
@@ -50,12 +52,23 @@ if [ -n "${WHEELS:-}" ]; then
     && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 elapsed() { echo $(( $(date +%s) - START )); }
+if [ -n "${MOOLIB_SOURCES:-}" ] && ! "$PY" -c "import moolib" 2>/dev/null; then
+  # moolib has no wheel for every Python: built from its pinned sources (scripts/build_moolib.sh) beside the
+  # kernels, before any bench, for the topology bench's remote actors and learner group
+  mkdir -p "$RFWP_CACHE/sources" && cp "$MOOLIB_SOURCES"/* "$RFWP_CACHE/sources/"
+  (MAX_JOBS=$(nproc) PYTHON="$PY" bash scripts/build_moolib.sh > /tmp/moolib_build.log 2>&1
+   echo "moolib build: exit $?" >> /tmp/moolib_build.log) &
+  MOOLIB_BUILD=$!
+fi
 { nvidia-smi -L; nproc; "$PY" -c "import torch, gymnasium, ale_py; print('torch', torch.__version__, 'cuda', \
 torch.version.cuda, torch.cuda.get_device_name(), '| gymnasium', gymnasium.__version__, '| ale-py', ale_py.__version__)"; \
 git log -1 --format='commit %h %cd' 2>/dev/null; } 2>&1 | tee "$OUT/device.txt"
 
 {
   echo "== kernels ($(elapsed) s)"; "$PY" -m rfwp_rl.kernels 2>&1 | tail -3
+  if [ -n "${MOOLIB_BUILD:-}" ]; then
+    wait "$MOOLIB_BUILD"; echo "== moolib built ($(elapsed) s)"; tail -3 /tmp/moolib_build.log
+  fi
   echo "== the CUDA kernels against the reference; an acting step makes no host sync ($(elapsed) s)"
   timeout -k 10 120 "$PY" -m pytest -q -p no:cacheprovider -o addopts="" tests/test_kernels_gpu.py tests/test_acting_gpu.py 2>&1 \
     | tail -15
