@@ -29,7 +29,8 @@ import numpy as np
 import torch
 
 from rfwp_rl.envs.atari import ATARI_DEFAULTS, check_atari_settings
-from rfwp_rl.envs.pool_env import _NO_FATAL
+from rfwp_rl.envs.pool_env import NO_FATAL
+from rfwp_rl.envs.process_pool import PendingStep
 from rfwp_rl.errors import UserError
 
 
@@ -67,17 +68,6 @@ def vector_env_options(env_options: dict) -> tuple[dict[str, Any], int]:
     }, s["frame_stack"]
 
 
-class _Pending:
-    def __init__(self, pool: AleVectorPool, batch_index: int):
-        self.pool, self.batch_index = pool, batch_index
-        self._value: dict[str, torch.Tensor] | None = None
-
-    def result(self) -> dict[str, torch.Tensor]:
-        if self._value is None:
-            self._value = self.pool._collect(self.batch_index)
-        return self._value
-
-
 class AleVectorPool:
     """``num_batches`` batches of ``batch_size`` Atari games, each batch one ``AtariVectorEnv`` of
     ``num_threads`` threads (default: the cores shared among the batches). Env ``i`` of batch ``b`` is
@@ -105,18 +95,18 @@ class AleVectorPool:
         self.pending = [False] * num_batches
         self.returns = np.zeros((num_batches, batch_size), np.float64)
         self.lengths = np.zeros((num_batches, batch_size), np.int64)
-        self.fatal = torch.from_numpy(np.broadcast_to(_NO_FATAL, (batch_size, *_NO_FATAL.shape)).copy())
+        self.fatal = torch.from_numpy(np.broadcast_to(NO_FATAL, (batch_size, *NO_FATAL.shape)).copy())
         # per batch: the reset observations of games cut by the frame limit, shown at the next step
         self.held: list[dict[int, tuple[np.ndarray, float, int]]] = [{} for _ in range(num_batches)]
 
-    def step(self, batch_index: int, action: torch.Tensor) -> _Pending:
+    def step(self, batch_index: int, action: torch.Tensor) -> PendingStep:
         """Start stepping batch ``batch_index`` with ``action [batch_size]`` (ignored by its first step)."""
         if self.pending[batch_index]:
             raise RuntimeError(f"env batch {batch_index} is stepped again before its result was taken")
         if self.started[batch_index]:
             self.envs[batch_index].send(action.numpy().astype(np.int64).reshape(self.batch_size))
         self.pending[batch_index] = True
-        return _Pending(self, batch_index)
+        return PendingStep(self, batch_index)
 
     def _collect(self, b: int) -> dict[str, torch.Tensor]:
         self.pending[b] = False

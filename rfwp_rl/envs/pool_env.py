@@ -74,8 +74,8 @@ from rfwp_rl.envs.spaces import env_step_action, flatten_obs, pick_obs, zero_obs
 # slot gives up with ``env_fatal``: a flaky env fails now and then, a broken one every time.
 MAX_FAILED_CONSTRUCTIONS = 3
 FATAL_MESSAGE_BYTES = 240  # room for the one-line error in ``env_fatal``
-_NO_FATAL = np.zeros(FATAL_MESSAGE_BYTES, np.uint8)
-_NO_FATAL.flags.writeable = False
+NO_FATAL = np.zeros(FATAL_MESSAGE_BYTES, np.uint8)  # env_fatal where the slot works
+NO_FATAL.flags.writeable = False
 _live_envs: weakref.WeakSet[PoolEnv] = weakref.WeakSet()
 _atexit_registered = False
 
@@ -191,7 +191,7 @@ class PoolEnv:
         }
         if self.make is not None:  # only envs that can be replaced report failures
             self._last["env_error"] = np.int32(self._pending_errors)
-            self._last["env_fatal"] = _NO_FATAL if self._fatal is None else self._fatal
+            self._last["env_fatal"] = NO_FATAL if self._fatal is None else self._fatal
             self._pending_errors = 0
         return self._last
 

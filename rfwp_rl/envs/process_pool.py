@@ -51,10 +51,11 @@ def output_layout(blank_obs: Any) -> dict[str, tuple[np.dtype, tuple[int, ...]]]
     return layout
 
 
-class _Step:
-    """The pending step of one batch: ``result()`` waits for its workers' answers."""
+class PendingStep:
+    """The pending step of one batch of a pool: ``result()`` waits for it (the pool's ``_collect(batch_index)``),
+    once."""
 
-    def __init__(self, pool: ProcessEnvPool, batch_index: int):
+    def __init__(self, pool: Any, batch_index: int):
         self.pool, self.batch_index = pool, batch_index
         self._value: dict[str, torch.Tensor] | None = None
 
@@ -124,7 +125,7 @@ class ProcessEnvPool:
             self.workers.append(proc)
         self.processes = WorkerProcesses(self.workers)
 
-    def step(self, batch_index: int, action: torch.Tensor) -> _Step:
+    def step(self, batch_index: int, action: torch.Tensor) -> PendingStep:
         """Start stepping batch ``batch_index`` with ``action [batch_size, ...]`` (ignored by its first step)."""
         if self.pending[batch_index]:
             raise RuntimeError(f"env batch {batch_index} is stepped again before its result was taken")
@@ -136,7 +137,7 @@ class ProcessEnvPool:
             except OSError:  # a dead worker: its result() reports it (the trainer restarts the pool)
                 pass
         self.pending[batch_index] = True
-        return _Step(self, batch_index)
+        return PendingStep(self, batch_index)
 
     def _collect(self, batch_index: int) -> dict[str, torch.Tensor]:
         # A worker answers its requests in order, but the trainer may ask for batch 1's result after
