@@ -66,14 +66,15 @@ git log -1 --format='commit %h %cd' 2>/dev/null; } 2>&1 | tee "$OUT/device.txt"
 
 {
   echo "== kernels ($(elapsed) s)"; "$PY" -m rfwp_rl.kernels 2>&1 | tail -3
-  if [ -n "${MOOLIB_BUILD:-}" ]; then
-    wait "$MOOLIB_BUILD"; echo "== moolib built ($(elapsed) s)"; tail -3 /tmp/moolib_build.log
-  fi
   echo "== the CUDA kernels against the reference; an acting step makes no host sync ($(elapsed) s)"
   timeout -k 10 120 "$PY" -m pytest -q -p no:cacheprovider -o addopts="" tests/test_kernels_gpu.py tests/test_acting_gpu.py 2>&1 \
     | tail -15
   echo "== info --check ($(elapsed) s)"; timeout -k 10 90 "$PY" -m rfwp_rl info --check 2>&1 | tail -60
 } 2>&1 | tee "$OUT/checks.log"
+if [ -n "${MOOLIB_BUILD:-}" ]; then  # waited for here: the block above runs in a subshell, which cannot wait on it
+  wait "$MOOLIB_BUILD"
+  { echo "== moolib built ($(elapsed) s)"; tail -3 /tmp/moolib_build.log; } 2>&1 | tee -a "$OUT/checks.log"
+fi
 
 BENCH=(--env Pong --env-backend process --num-env-processes "$ENV_PROCESSES" --seconds "$BENCH_SECONDS"
   --warmup-seconds 5)
