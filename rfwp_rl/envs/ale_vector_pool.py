@@ -70,7 +70,7 @@ def vector_env_options(env_options: dict) -> tuple[dict[str, Any], int]:
 
 class AleVectorPool:
     """``num_batches`` batches of ``batch_size`` Atari games, each batch one ``AtariVectorEnv`` of
-    ``num_threads`` threads (default: the cores shared among the batches). Env ``i`` of batch ``b`` is
+    ``num_threads // num_batches`` threads. Env ``i`` of batch ``b`` is
     seeded ``seed * 100_003 + b * batch_size + i``, as in the other pools."""
 
     def __init__(
@@ -115,7 +115,7 @@ class AleVectorPool:
             self.started[b] = True
             obs, _ = self.envs[b].reset(seed=self.seeds[b])
             zeros = np.zeros(n, bool)
-            return self._pack(obs[:, 0], np.zeros(n, np.float32), zeros, zeros, np.ones(n, bool), zeros, b)
+            return self._pack(obs[:, 0], np.zeros(n, np.float32), zeros, np.ones(n, bool), zeros, b)
         obs, reward, terminated, truncated, info = self.envs[b].recv()
         frame, reward = np.array(obs[:, 0]), np.asarray(reward, np.float32).copy()
         terminated = np.asarray(terminated, bool)
@@ -130,32 +130,31 @@ class AleVectorPool:
         for i in np.flatnonzero(cut):  # show the cut game's last frame; its new game's first next step
             self.held[b][int(i)] = (frame[i].copy(), float(self.returns[b][i]), int(self.lengths[b][i]))
             frame[i] = info["final_obs"][i, 0]
-        return self._pack(frame, reward, done, done.copy(), done, cut, b)
+        return self._pack(frame, reward, done, done, cut, b)
 
     def _pack(
         self,
         frame: np.ndarray,
         reward: np.ndarray,
         done: np.ndarray,
-        ended: np.ndarray,
         first: np.ndarray,
         cut: np.ndarray,
         b: int,
     ) -> dict[str, torch.Tensor]:
-        """The batch's outputs for this step's ``frame [n, H, W]``; ``first``: the frames that start a game
-        (their stack is filled with them)."""
+        """The batch's outputs for this step's ``frame [n, H, W]``; ``done``: the games that ended (their
+        counters restart); ``first``: the frames that start a game (their stack is filled with them)."""
         stack = self.stacks[b]
         stack[:, :-1] = stack[:, 1:]
         stack[:, -1] = frame
         stack[first] = frame[first][:, None]
         episode_return, episode_step = self.returns[b].astype(np.float32), self.lengths[b].astype(np.int32)
-        self.returns[b][ended], self.lengths[b][ended] = 0.0, 0
+        self.returns[b][done], self.lengths[b][done] = 0.0, 0
         n = self.batch_size
         return {
             "obs": torch.from_numpy(stack.copy()),
             "episode_return": torch.from_numpy(episode_return),
             "episode_step": torch.from_numpy(episode_step),
-            "episode_end": torch.from_numpy(ended),
+            "episode_end": torch.from_numpy(done.copy()),
             "truncated": torch.from_numpy(cut),
             "env_error": torch.zeros(n, dtype=torch.int32),
             "env_fatal": self.fatal,
