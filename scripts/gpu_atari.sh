@@ -76,8 +76,8 @@ if [ -n "${MOOLIB_BUILD:-}" ]; then  # waited for here: the block above runs in 
   { echo "== moolib built ($(elapsed) s)"; tail -3 /tmp/moolib_build.log; } 2>&1 | tee -a "$OUT/checks.log"
 fi
 
-BENCH=(--env Pong --env-backend process --num-env-processes "$ENV_PROCESSES" --seconds "$BENCH_SECONDS"
-  --warmup-seconds 5)
+PONG=(--env Pong --num-env-processes "$ENV_PROCESSES" --seconds "$BENCH_SECONDS" --warmup-seconds 5)
+BENCH=("${PONG[@]}" --env-backend process)
 echo "== bench impala, Pong, 48 envs ($(elapsed) s)"
 timeout -k 20 240 "$PY" -m rfwp_rl bench impala "${BENCH[@]}" --cores lstm,rdn --devices "$PONG_BENCH_DEVICES" --num-actors 48 \
   --out "$OUT/bench_48.csv" 2>&1 | tee "$OUT/bench.log"
@@ -92,9 +92,8 @@ timeout -k 20 150 "$PY" -m rfwp_rl bench impala "${BENCH[@]}" --cores lstm,rdn -
   --out "$OUT/bench_big.csv" 2>&1 | tee -a "$OUT/bench.log"
 
 echo "== bench impala, Pong, 48 envs, ale backend ($(elapsed) s)"  # ale-py's vector env: C++ threads, no worker processes
-timeout -k 20 150 "$PY" -m rfwp_rl bench impala --env Pong --env-backend ale --num-env-processes "$ENV_PROCESSES" \
-  --seconds "$BENCH_SECONDS" --warmup-seconds 5 --cores lstm,rdn --devices "${BENCH_DEVICES%%,*}" --num-actors 48 \
-  --out "$OUT/bench_ale.csv" 2>&1 | tee -a "$OUT/bench.log"
+timeout -k 20 150 "$PY" -m rfwp_rl bench impala "${PONG[@]}" --env-backend ale --cores lstm,rdn \
+  --devices "${BENCH_DEVICES%%,*}" --num-actors 48 --out "$OUT/bench_ale.csv" 2>&1 | tee -a "$OUT/bench.log"
 
 echo "== bench impala, vector agent ($(elapsed) s)"
 timeout -k 20 120 "$PY" -m rfwp_rl bench impala --env rfwp/DelayedRecall-easy-v0 --cores rdn --devices "$BENCH_DEVICES" \
