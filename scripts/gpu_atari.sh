@@ -5,7 +5,9 @@
 #  2. `rfwp-rl bench impala` on Pong with the paper's LSTM and RDN agents, into one table ($OUT/gpu_bench.csv):
 #     48 envs with the learner on each of PONG_BENCH_DEVICES (default BENCH_DEVICES), 48 envs on cuda with eager
 #     acting (no CUDA graph; the cores EAGER_CORES, default lstm,rdn; empty: not benched), and
-#     BIG_ENVS envs (default 96) on cuda, 48 envs in ale-py's vector env (--env-backend ale), each with the
+#     BIG_ENVS envs (default 96) on cuda, 48 envs in ale-py's vector env (--env-backend ale), LSTM with 48 envs in
+#     each number of env batches of BATCH_SWEEP (default "3 4") and env processes of PROCESS_SWEEP (default: two
+#     fewer than ENV_PROCESSES; empty: none), each with the
 #     env-stepping and learner bounds; and the small vector
 #     agent on both devices (its rows in the same table: the same columns, its env in the `env` column);
 #  3. `rfwp-rl bench impala --topologies local,remote,group` on Pong, `lstm` on cuda, 48 envs in all: one learner,
@@ -45,6 +47,8 @@ BENCH_SECONDS=${BENCH_SECONDS:-10}
 TOPOLOGY_SECONDS=${TOPOLOGY_SECONDS:-5}
 TOPOLOGY_TIMEOUT=${TOPOLOGY_TIMEOUT:-120}
 EVAL_SECONDS=${EVAL_SECONDS:-150}
+BATCH_SWEEP=${BATCH_SWEEP-3 4}
+PROCESS_SWEEP=${PROCESS_SWEEP-$(( ENV_PROCESSES > 4 ? ENV_PROCESSES - 2 : ENV_PROCESSES ))}
 mkdir -p "$OUT" "$RUN"
 export PYTHONUNBUFFERED=1 RFWP_CACHE=${RFWP_CACHE:-/tmp/rfwp_cache}
 if [ -n "${WHEELS:-}" ]; then
@@ -95,12 +99,26 @@ echo "== bench impala, Pong, 48 envs, ale backend ($(elapsed) s)"  # ale-py's ve
 timeout -k 20 150 "$PY" -m rfwp_rl bench impala "${PONG[@]}" --env-backend ale --cores lstm,rdn \
   --devices "${BENCH_DEVICES%%,*}" --num-actors 48 --out "$OUT/bench_ale.csv" 2>&1 | tee -a "$OUT/bench.log"
 
+# what might close the gap to the bounds: more env batches (a batch steps while another is acted on), fewer env
+# processes than cores (the main and learner threads need cores too); LSTM on the first device, one row each
+for b in $BATCH_SWEEP; do
+  echo "== bench impala, Pong, 48 envs in $b batches ($(elapsed) s)"
+  timeout -k 20 90 "$PY" -m rfwp_rl bench impala "${BENCH[@]}" --cores lstm --devices "${BENCH_DEVICES%%,*}" --num-actors 48 \
+    --num-env-batches "$b" --out "$OUT/bench_batches_$b.csv" 2>&1 | tee -a "$OUT/bench.log"
+done
+for p in $PROCESS_SWEEP; do
+  echo "== bench impala, Pong, 48 envs in $p env processes ($(elapsed) s)"
+  timeout -k 20 90 "$PY" -m rfwp_rl bench impala "${BENCH[@]}" --num-env-processes "$p" --cores lstm \
+    --devices "${BENCH_DEVICES%%,*}" --num-actors 48 --out "$OUT/bench_processes_$p.csv" 2>&1 | tee -a "$OUT/bench.log"
+done
+
 echo "== bench impala, vector agent ($(elapsed) s)"
 timeout -k 20 120 "$PY" -m rfwp_rl bench impala --env rfwp/DelayedRecall-easy-v0 --cores rdn --devices "$BENCH_DEVICES" \
   --env-backend process --num-actors 32 --num-env-processes 4 --batch-size 8 --unroll-length 20 --seconds "$BENCH_SECONDS" \
   --warmup-seconds 5 --out "$OUT/bench_vector.csv" 2>&1 | tee -a "$OUT/bench.log"
 # one table (the device hands back 8 files at most)
-parts=("$OUT"/bench_48.csv "$OUT"/bench_48_eager.csv "$OUT"/bench_big.csv "$OUT"/bench_ale.csv "$OUT"/bench_vector.csv)
+parts=("$OUT"/bench_48.csv "$OUT"/bench_48_eager.csv "$OUT"/bench_big.csv "$OUT"/bench_ale.csv "$OUT"/bench_batches_*.csv
+  "$OUT"/bench_processes_*.csv "$OUT"/bench_vector.csv)
 { head -1 "$OUT/bench_48.csv"; for f in "${parts[@]}"; do tail -n +2 "$f"; done; } > "$OUT/gpu_bench.csv" 2>/dev/null
 rm -f "${parts[@]}"
 
