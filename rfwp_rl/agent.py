@@ -81,8 +81,8 @@ class AgentConfig:
     recommend for on-policy continuous control; not the default: see ``docs/profiles/control.md``). The
     state is the policy core's tensors, then the baseline core's.
     recall_lags: 0, or L >= 1 for a recall head (:mod:`rfwp_rl.recall`) that the learner trains to
-    reconstruct, from the core's output at step t, the torso features of step t - k, k uniform in
-    1..L (weighted by the trainer's ``recall_cost``); acting never uses it.
+    reconstruct, from the core's output at step t, the torso features of step t - k, k uniform over
+    the episode's steps in the unroll, at most L back (weighted by the trainer's ``recall_cost``); acting never uses it.
     recall_symbols: with a recall head and a uint8 grid embedded as symbols, the head also names that grid's
     symbols k steps back, rare ones weighted up (:mod:`rfwp_rl.recall`); recorded as False where it has no
     effect.

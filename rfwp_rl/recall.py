@@ -1,7 +1,10 @@
 """Recall of the past: an auxiliary task that asks the core's output at step t to reconstruct the
-agent's observation features at step t - k, for a lag k drawn uniformly in 1..L per step (Trinh,
-Dai, Luong, Le 2018, *Learning Longer-term Dependencies in RNNs with Auxiliary Losses*, Sec. 3:
-reconstructing the past from an anchor point; here one lag per step, predicted by one head).
+agent's observation features at step t - k, for a lag k drawn per step uniformly over the steps of its
+episode that lie in the unroll, at most L back (Trinh, Dai, Luong, Le 2018, *Learning Longer-term
+Dependencies in RNNs with Auxiliary Losses*, Sec. 3: reconstructing the past from an anchor point; here
+one lag per step, predicted by one head). Drawn within the episode, not uniform in 1..L: where episodes
+are short against the unroll, most uniform lags reach into another episode and are lost, and the few left
+rarely reach its first steps, where a cue is seen (``results/envs/minigrid.md``: MemoryS7).
 
 Why: a memory task's reward reaches the core's writes only through the policy gradient at the step
 that needs the memory, a signal of about 1/n of a supervised label's for n answers
@@ -87,14 +90,20 @@ class RecallHead(nn.Module):
 
 
 def draw_lags(
-    shape: tuple[int, int],
+    done: Tensor,
     lags: int,
-    device: torch.device | str | None = None,
     generator: torch.Generator | None = None,
 ) -> Tensor:
-    """One lag per (t, b), uniform in 1..min(``lags``, T - 1) (a longer one never lies in the unroll):
-    ``[T, B]`` int64."""
-    return torch.randint(1, max(min(lags, shape[0] - 1), 1) + 1, shape, device=device, generator=generator)
+    """One lag per (t, b), uniform over the steps of its own episode that lie in the unroll, at most ``lags``
+    back: 1..min(``lags``, t - s) for the episode's first entry s in the unroll (0 where it starts before
+    it). ``done [T, B]`` (True where entry t starts an episode) -> ``[T, B]`` int64; where there is no
+    earlier step (t = s) the lag is 1 and the step is masked by :func:`recall_loss`."""
+    T = done.shape[0]
+    t = torch.arange(T, device=done.device).unsqueeze(1).expand_as(done)
+    start = torch.where(done.bool(), t, torch.zeros_like(t)).cummax(0).values
+    high = (t - start).clamp(max=lags, min=1)
+    u = torch.rand(done.shape, device=done.device, generator=generator)
+    return (u * high).long().clamp(max=high - 1) + 1
 
 
 def _sources(done: Tensor, lag: Tensor) -> tuple[Tensor, Tensor]:

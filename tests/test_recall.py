@@ -38,15 +38,37 @@ def test_targets_stay_in_the_unroll_and_the_episode():
     torch.testing.assert_close(total, want)
 
 
+def test_lags_are_drawn_uniformly_over_the_episode_in_the_unroll():
+    T, B, n = 8, 3, 4000
+    done = torch.zeros(T, B, dtype=torch.bool)
+    done[3, 0] = True  # env 0: an episode starts at entry 3
+    done[0, 1] = done[5, 1] = True  # env 1: episodes start at entries 0 and 5; env 2: none inside the unroll
+    g = torch.Generator().manual_seed(0)
+    lags = torch.stack([draw_lags(done, 3, generator=g) for _ in range(n)])  # [n, T, B]
+    # the furthest step back each entry may reach: t - (its episode's first entry in the unroll, else 0), at most 3
+    high = torch.tensor([[0, 1, 2, 0, 1, 2, 3, 3], [0, 1, 2, 3, 3, 0, 1, 2], [0, 1, 2, 3, 3, 3, 3, 3]]).T
+    for t in range(T):
+        for b in range(B):
+            drawn = lags[:, t, b]
+            if high[t, b] == 0:  # nothing earlier in the episode and the unroll: masked by recall_loss
+                assert (drawn == 1).all()
+                continue
+            counts = torch.bincount(drawn, minlength=4)[1:]
+            assert counts[high[t, b] :].sum() == 0, (t, b)  # never past the episode's first entry or the limit
+            share = counts[: high[t, b]].float() / n
+            torch.testing.assert_close(share, torch.full_like(share, 1 / float(high[t, b])), atol=0.03, rtol=0)
+    _, valid = recall_loss(Echo(1, 1, 3), torch.zeros(T, B, 1), torch.randn(T, B, 1), done, lags[0])
+    torch.testing.assert_close(valid, (high > 0).float())  # every other entry asks for a step it may see
+
+
 def test_gradient_reaches_the_core_output_and_the_head_never_the_features():
     torch.manual_seed(0)
     T, B, H, F, L = 7, 3, 5, 4, 3
     head = RecallHead(H, F, L, hidden_size=8)
     core_out = torch.randn(T, B, H, requires_grad=True)
     features = torch.randn(T, B, F, requires_grad=True)
-    lag = draw_lags((T, B), L)
+    lag = draw_lags(torch.zeros(T, B, dtype=torch.bool), L)
     assert lag.min() >= 1 and lag.max() <= L
-    assert draw_lags((4, 500), 10).max() == 3  # lags past the unroll are never drawn
     total, mask = recall_loss(head, core_out, features, torch.zeros(T, B, dtype=torch.bool), lag)
     total.backward()
     assert mask.sum() > 0 and core_out.grad.abs().sum() > 0

@@ -25,9 +25,10 @@ over time and batch, as in TorchBeast (whose hyperparameters the paper used)::
 
 The recall term (:mod:`rfwp_rl.recall`; only for an agent with ``recall_lags``) asks the core's
 output h_t to reconstruct the torso features f of a step k_t back in the same episode and unroll,
-k_t uniform in 1..recall_lags: a dense supervised signal for the memory's writes, which the policy
-gradient reaches only at the steps that need the memory. Where the agent embeds a uint8 grid, the term also
-holds the weighted cross-entropy of that grid's symbols k_t back (``agent.recall_symbols``).
+k_t uniform over the episode's steps in the unroll, at most recall_lags back: a dense supervised signal for
+the memory's writes, which the policy gradient reaches only at the steps that need the memory. Where the
+agent embeds a uint8 grid, the term also holds the weighted cross-entropy of that grid's symbols k_t back
+(``agent.recall_symbols``).
 
 With ``normalize_advantages`` the policy-gradient advantages are divided by their root mean
 square over the batch's unmasked steps, so that the policy step does not scale with the reward
@@ -201,7 +202,7 @@ def compute_loss(
     recall_stats = {}
     if recall_head is not None:
         # every entry, the last one included: its features are known, only its action is not
-        lags = draw_lags(tuple(batch["done"].shape[:2]), recall_head.lags, device=batch["done"].device)
+        lags = draw_lags(batch["done"], recall_head.lags)
         recall_sum, recall_mask = recall_loss(
             recall_head, out["core_output"], out["features"], batch["done"], lags, out.get("symbols")
         )
