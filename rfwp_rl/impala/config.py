@@ -124,7 +124,7 @@ class ImpalaConfig:
         "other action spaces have no such term)",
     )
     recall_cost: float = setting(
-        1.0,
+        0.25,
         "weight of the recall loss, per step (agents with agent.recall_lags, as the vector presets: "
         "reconstruct the torso features of a step up to that many steps back; rfwp_rl/recall.py)",
     )

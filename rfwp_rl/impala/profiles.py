@@ -59,7 +59,7 @@ VECTOR = {
     "normalize_returns": False,
     "vtrace_lambda": 0.9,
     "max_kl": 0.01,
-    "recall_cost": 1.0,  # agents with a recall head (the vector presets): results/memory/cure/
+    "recall_cost": 0.25,  # agents with a recall head (the vector presets): results/memory/cure/
 }
 PROFILE_OPTIONS = tuple(VECTOR)
 ATARI = {k: getattr(DEFAULTS, k) for k in PROFILE_OPTIONS}
