@@ -69,6 +69,7 @@ def test_gradient_reaches_the_core_output_and_the_head_never_the_features():
     features = torch.randn(T, B, F, requires_grad=True)
     lag = draw_lags(torch.zeros(T, B, dtype=torch.bool), L)
     assert lag.min() >= 1 and lag.max() <= L
+    assert draw_lags(torch.zeros(4, 500, dtype=torch.bool), 10).max() == 3  # lags past the unroll are never drawn
     total, mask = recall_loss(head, core_out, features, torch.zeros(T, B, dtype=torch.bool), lag)
     total.backward()
     assert mask.sum() > 0 and core_out.grad.abs().sum() > 0
