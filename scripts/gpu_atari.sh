@@ -101,16 +101,13 @@ timeout -k 20 150 "$PY" -m rfwp_rl bench impala "${PONG[@]}" --env-backend ale -
 
 # what might close the gap to the bounds: more env batches (a batch steps while another is acted on), fewer env
 # processes than cores (the main and learner threads need cores too); LSTM on the first device, one row each
-for b in $BATCH_SWEEP; do
-  echo "== bench impala, Pong, 48 envs in $b batches ($(elapsed) s)"
-  timeout -k 20 90 "$PY" -m rfwp_rl bench impala "${BENCH[@]}" --cores lstm --devices "${BENCH_DEVICES%%,*}" --num-actors 48 \
-    --num-env-batches "$b" --out "$OUT/bench_batches_$b.csv" 2>&1 | tee -a "$OUT/bench.log"
-done
-for p in $PROCESS_SWEEP; do
-  echo "== bench impala, Pong, 48 envs in $p env processes ($(elapsed) s)"
-  timeout -k 20 90 "$PY" -m rfwp_rl bench impala "${BENCH[@]}" --num-env-processes "$p" --cores lstm \
-    --devices "${BENCH_DEVICES%%,*}" --num-actors 48 --out "$OUT/bench_processes_$p.csv" 2>&1 | tee -a "$OUT/bench.log"
-done
+sweep_row() {  # NAME WHAT OPTION VALUE: one bench with OPTION VALUE added to BENCH's, into bench_NAME_VALUE.csv
+  echo "== bench impala, Pong, 48 envs in $4 $2 ($(elapsed) s)"
+  timeout -k 20 90 "$PY" -m rfwp_rl bench impala "${BENCH[@]}" "$3" "$4" --cores lstm --devices "${BENCH_DEVICES%%,*}" \
+    --num-actors 48 --out "$OUT/bench_$1_$4.csv" 2>&1 | tee -a "$OUT/bench.log"
+}
+for b in $BATCH_SWEEP; do sweep_row batches batches --num-env-batches "$b"; done
+for p in $PROCESS_SWEEP; do sweep_row processes "env processes" --num-env-processes "$p"; done
 
 echo "== bench impala, vector agent ($(elapsed) s)"
 timeout -k 20 120 "$PY" -m rfwp_rl bench impala --env rfwp/DelayedRecall-easy-v0 --cores rdn --devices "$BENCH_DEVICES" \
