@@ -26,6 +26,13 @@ CUE = (1, 2)  # the start room's object in the 7x7 layout
 STEPS = 10
 
 
+def act(agent, obs: dict, reward: float, done: bool, state, prev: torch.Tensor, **kwargs) -> tuple[dict, tuple]:
+    """One step of the agent on MemoryS7's Dict observation (batch 1, one step): its outputs and next state."""
+    x = {"direction": torch.tensor([[obs["direction"]]]), "image": torch.from_numpy(obs["image"])[None, None]}
+    with torch.no_grad():
+        return agent(x, torch.tensor([[reward]]), torch.tensor([[done]]), state, prev, **kwargs)
+
+
 def flat(state) -> np.ndarray:
     return torch.cat([s.reshape(-1).float() for s in state]).numpy()
 
@@ -67,9 +74,7 @@ def main() -> None:
         prev = torch.zeros(1, 1, dtype=torch.long)
         seen = []
         while True:
-            x = {"direction": torch.tensor([[obs["direction"]]]), "image": torch.from_numpy(obs["image"])[None, None]}
-            with torch.no_grad():
-                out, state = agent(x, torch.tensor([[reward]]), torch.tensor([[done]]), state, prev, with_features=True)
+            out, state = act(agent, obs, reward, done, state, prev, with_features=True)
             output = out["core_output"].reshape(-1).numpy()
             if len(seen) < STEPS:
                 by_step[len(seen)].append((flat(state), output, cues[-1], game.in_view(*CUE)))

@@ -12,10 +12,9 @@ import sys
 import gymnasium as gym
 import minigrid  # noqa: F401 - registers MiniGrid-MemoryS7-v0
 import torch
+from memorys7_decode import CUE, act  # this folder's script: the cue's cell and the agent's step
 
 from rfwp_rl.impala.evaluate import load_agent
-
-CUE = (1, 2)  # the start room's object in the 7x7 layout
 
 
 def main() -> None:
@@ -31,9 +30,7 @@ def main() -> None:
         state, reward, done, steps = agent.initial_state(1), 0.0, True, 0
         prev = torch.zeros(1, 1, dtype=torch.long)
         while True:
-            x = {"direction": torch.tensor([[obs["direction"]]]), "image": torch.from_numpy(obs["image"])[None, None]}
-            with torch.no_grad():
-                out, state = agent(x, torch.tensor([[reward]]), torch.tensor([[done]]), state, prev)
+            out, state = act(agent, obs, reward, done, state, prev)
             prev = out["action"]
             obs, reward, terminated, truncated, _ = env.step(int(prev[0, 0]))
             done, steps = False, steps + 1
