@@ -19,7 +19,9 @@
 # Run directories: $RUNS/<env>/<core>_s<seed> (TensorBoard tb/, config.json, checkpoints);
 # console logs next to them (<core>_s<seed>.log). Order: seed 1 of everything first, then seed 2,
 # ...: a partial sweep still gives a complete first-seed table. Re-running the script resumes every
-# run from its newest checkpoint; finished runs return at once. Ctrl-C / kill -TERM saves first.
+# run from its newest checkpoint; finished runs return at once, and a run with a record in $OUT/records/
+# (written by memory-results for every finished run, committed with the tables) is not run again, so the
+# tables outlive the run directories. Ctrl-C / kill -TERM saves first.
 # BENCH: the `memory-results --bench` of the tables (suite; launch/memory_comparison.sh sets comparison).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -54,14 +56,16 @@ fi
 mkdir -p "$RUNS"
 
 one_run() {  # ENV CORE SEED
-  local dir="$RUNS/$(echo "$1" | tr -c 'A-Za-z0-9.+\n-' '-')/$2_s$3"
+  local name="$(echo "$1" | tr -c 'A-Za-z0-9.+\n-' '-')/$2_s$3"
+  local dir="$RUNS/$name"
+  if [ -f "$OUT/records/$name.json" ]; then echo "kept    $1 $2 seed $3 ($OUT/records/$name.json)"; return 0; fi
   mkdir -p "$dir"
   OMP_NUM_THREADS=$THREADS python3 -m rfwp_rl train --env "$1" --core "$2" --seed "$3" --total-steps "$STEPS" \
     --run-dir "$dir" --num-env-processes 1 --torch-threads "$THREADS" --log-every 30 $EXTRA >> "$dir.log" 2>&1 \
     && echo "done    $1 $2 seed $3" || echo "FAILED  $1 $2 seed $3 (exit $?; log $dir.log)"
 }
 export -f one_run
-export RUNS STEPS THREADS EXTRA
+export RUNS OUT STEPS THREADS EXTRA
 
 plan | xargs -P "$JOBS" -L 1 bash -c 'one_run "$0" "$1" "$2"'
 

@@ -10,8 +10,10 @@
 #   STEPS=1000000 SEEDS=1 CORES="ff lstm rdn" bash launch/minatar.sh  # a first look
 #
 # Run directories: $RUNS/<game>/<core>_s<seed> (TensorBoard tb/, config.json, checkpoints), console logs beside
-# them. Order: seed 1 of everything first. Re-running resumes every run from its newest checkpoint; finished
-# runs return at once; Ctrl-C / kill -TERM saves first.
+# them; then the tables of OUT (default results/minatar) with `rfwp-rl minatar-results`. Order: seed 1 of
+# everything first. Re-running resumes every run from its newest checkpoint; finished runs return at once, and
+# a run with a record in $OUT/records/ (the tables keep one per finished run) is not run again. Ctrl-C /
+# kill -TERM saves first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,6 +23,7 @@ CORES=${CORES:-"ff lstm gru lt delta delta_rnn rdn"}
 SEEDS=${SEEDS:-"1 2 3"}
 JOBS=${JOBS:-1}
 RUNS=${RUNS:-runs/minatar}
+OUT=${OUT:-results/minatar}
 THREADS=${THREADS:-1}
 PROFILE=${PROFILE:-atari}
 EXTRA=${EXTRA:-}
@@ -29,13 +32,14 @@ mkdir -p "$RUNS"
 
 one_run() {  # GAME CORE SEED
   local dir="$RUNS/$1/$2_s$3"
+  if [ -f "$OUT/records/$1/$2_s$3.json" ]; then echo "kept    $1 $2 seed $3 ($OUT/records/$1/$2_s$3.json)"; return 0; fi
   mkdir -p "$dir"
   OMP_NUM_THREADS=$THREADS python3 -m rfwp_rl train --env "MinAtar/$1-v1" --core "$2" --seed "$3" \
     --total-steps "$STEPS" --run-dir "$dir" --num-env-processes 1 --torch-threads "$THREADS" --log-every 30 \
     --profile "$PROFILE" $EXTRA >> "$dir.log" 2>&1 && echo "done    $1 $2 seed $3" || echo "FAILED  $1 $2 seed $3 (exit $?; log $dir.log)"
 }
 export -f one_run
-export RUNS STEPS THREADS PROFILE EXTRA
+export RUNS OUT STEPS THREADS PROFILE EXTRA
 
 for seed in $SEEDS; do
   for game in $GAMES; do
@@ -44,3 +48,5 @@ for seed in $SEEDS; do
     done
   done
 done | xargs -P "$JOBS" -L 1 bash -c 'one_run "$0" "$1" "$2"'
+
+python3 -m rfwp_rl minatar-results --runs "$RUNS" --out "$OUT"

@@ -4,7 +4,8 @@
 every run directory under ``--runs`` on a ``MinAtar/<Game>-v1`` id and writes what ``rfwp-rl memory-results``
 writes (:mod:`rfwp_rl.memory.results`: ``runs.csv``, ``summary.csv``, ``aggregate.csv`` with the IQM per core
 and its 95% stratified-bootstrap interval over all five games, ``performance_profile.png``, ``curves.png``, the
-README tables), and ``normalization.csv``.
+README tables, the finished runs' ``records/``, from which the tables are remade when a run directory is
+gone), and ``normalization.csv``.
 
 Normalised return of a game: ``(R - random) / (best - random)``, ``random`` the mean return of a uniformly
 random policy (``--random-episodes`` episodes, seeded), ``best`` the highest mean final return over seeds of
@@ -24,6 +25,7 @@ from rfwp_rl.checkpoint import atomic_write_text
 from rfwp_rl.envs import make_env
 from rfwp_rl.errors import UserError
 from rfwp_rl.memory.results import (
+    RECORDS,
     Benchmark,
     Run,
     add_bootstrap_argument,
@@ -32,6 +34,7 @@ from rfwp_rl.memory.results import (
     collect,
     markdown_table,
     with_benchmark,
+    write_records,
     write_tables,
 )
 
@@ -104,13 +107,14 @@ def run(args: argparse.Namespace) -> int:
     if args.random_episodes < 1:
         raise UserError(f"--random-episodes {args.random_episodes} is invalid; allowed: an integer >= 1")
     check_bootstrap_reps(args.bootstrap_reps)
-    raw = collect(Path(args.runs), RAW)
+    runs_root, out = Path(args.runs), Path(args.out)
+    raw = collect(runs_root, RAW, out / RECORDS)
     if not raw:
         raise UserError(f"no MinAtar runs under {args.runs!r} (runs of MinAtar/<Game>-v1 with episodes logged)")
     envs = tuple(e for e in ENVS if any(r.env == e for r in raw))
     random, best = random_returns(envs, args.random_episodes), best_returns(raw)
     runs = with_benchmark(raw, normalized_benchmark(random, best))
-    out = Path(args.out)
+    write_records(runs, runs_root, out / RECORDS)
     summary, agg = write_tables(runs, out, "all", args.bootstrap_reps)
     atomic_write_text(
         out / "normalization.csv",
@@ -119,7 +123,10 @@ def run(args: argparse.Namespace) -> int:
     print(markdown_table(summary, runs[0].bench))
     print()
     print(aggregate_table(agg))
-    print(f"wrote {out}/runs.csv, summary.csv, aggregate.csv, normalization.csv, curves.png, performance_profile.png")
+    print(
+        f"wrote {out}/runs.csv, summary.csv, aggregate.csv, normalization.csv, curves.png, performance_profile.png "
+        f"and the finished runs' {RECORDS}/"
+    )
     return 0
 
 

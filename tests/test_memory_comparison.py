@@ -255,3 +255,15 @@ def test_the_launcher_stops_at_a_missing_env_package(tmp_path):
     done = _launch({"IDS": "no_such_env_package_rfwp:Thing-v0", "CORES": "ff", "RUNS": str(tmp_path / "runs")})
     assert done.returncode == 2 and "no_such_env_package_rfwp is not installed" in done.stderr
     assert "pip install '.[envs]'" in done.stderr and not (tmp_path / "runs").exists()
+
+
+def test_the_launcher_skips_a_run_with_a_record(tmp_path):
+    runs, out = tmp_path / "runs", tmp_path / "out"
+    env = "rfwp/DelayedRecall-easy-v0"
+    fake_run(runs, "lstm", 1, [0.25, 1.0])
+    results.write_results(runs, out, reps=10, bench=results.COMPARISON)
+    done = _launch({"IDS": env, "CORES": "lstm", "SEEDS": "1", "RUNS": str(tmp_path / "fresh"), "OUT": str(out)})
+    assert done.returncode == 0, done.stderr
+    assert f"kept    {env} lstm seed 1 ({out}/records/rfwp-DelayedRecall-easy-v0/lstm_s1.json)" in done.stdout
+    assert not (tmp_path / "fresh" / "rfwp-DelayedRecall-easy-v0").exists()  # nothing trained
+    assert "| DelayedRecall (easy) | 1.00 (1) |" in (out / "README.md").read_text()  # the tables from the record

@@ -2,7 +2,9 @@
 tiny real sweep that writes the table."""
 
 import csv
+import json
 import math
+import shutil
 
 import pytest
 
@@ -52,12 +54,23 @@ def test_flag_only_below_the_bar_on_both_tasks():
 
 
 def test_finished_runs_are_skipped(tmp_path):
-    jobs = health.plan(["lstm", "rdn"], [1, 2], 5000, tmp_path)
+    jobs = health.plan(["lstm", "rdn"], [1, 2], 5000, tmp_path / "runs", tmp_path / "records")
     assert [(j.seed, j.env, j.core) for j in jobs[:3]] == [(1, DR, "lstm"), (1, DR, "rdn"), (1, AR, "lstm")]
-    assert jobs[0].run_dir == tmp_path / "rfwp-DelayedRecall-easy-v0" / "lstm_s1"
+    assert jobs[0].run_dir == tmp_path / "runs" / "rfwp-DelayedRecall-easy-v0" / "lstm_s1"
+    assert jobs[2].record == tmp_path / "records" / "rfwp-AssociativeRecall-easy-v0" / "lstm_s1.json"
     Checkpointer(jobs[0].run_dir, {}).save({}, 5000)
     Checkpointer(jobs[1].run_dir, {}).save({}, 4000)  # interrupted: resumed
-    assert [j.done for j in jobs[:3]] == [True, False, False]
+    # a run whose directory is gone but whose record was kept: done, and scored from the record
+    jobs[2].record.parent.mkdir(parents=True)
+    record = {"env": AR, "core": "lstm", "seed": 1, "params": 9, "total_steps": 5000, "steps": 5000, "minutes": 1.0}
+    record |= {"final_return": 0.625, "peak": [5000, 0.625], "curve": [[5000, 0.625]]}
+    jobs[2].record.write_text(json.dumps(record))
+    assert [j.done for j in jobs[:4]] == [True, False, True, False]
+    assert jobs[2].result().normalized == pytest.approx(0.5) and jobs[3].result() is None
+    assert health.scores(jobs[2:4]) == {
+        ("lstm", AR): [pytest.approx(0.5)],
+        ("rdn", AR): [pytest.approx(math.nan, nan_ok=True)],
+    }
     cmd = jobs[1].command(["--env-backend", "local"])
     assert cmd[1:4] == ["-m", "rfwp_rl", "train"] and cmd[-2:] == ["--env-backend", "local"]
     assert cmd[cmd.index("--total-steps") + 1] == "5000" and cmd[cmd.index("--core") + 1] == "rdn"
@@ -91,6 +104,13 @@ def test_a_tiny_sweep_writes_the_table_and_skips_on_rerun(tmp_path, capsys):
         values = [float(r["DelayedRecall"]), float(r["AssociativeRecall"])]
         assert all(-1.5 < v <= 1.0 for v in values)
         assert r["flagged"] == str(int(all(v < 0.5 for v in values)))
-    assert (tmp_path / "out" / "health.md").read_text().startswith("# Memory health check\n\n| core |")
+    table = (tmp_path / "out" / "health.md").read_text()
+    assert table.startswith("# Memory health check\n\n| core |")
     assert cli.main(argv) == 0
     assert "4 runs already done, 0 to train" in capsys.readouterr().out
+    # the finished runs' records keep the table when the run directories are gone
+    assert len(list((tmp_path / "out" / "records").glob("*/*.json"))) == 4
+    shutil.rmtree(tmp_path / "runs")
+    assert cli.main(argv) == 0
+    assert "4 runs already done, 0 to train" in capsys.readouterr().out
+    assert (tmp_path / "out" / "health.md").read_text() == table

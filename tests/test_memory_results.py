@@ -2,7 +2,10 @@
 table between its markers, the curves figure; and a short default run that learns."""
 
 import csv
+import json
 import math
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -115,6 +118,35 @@ def test_runs_summary_table_and_curves(tmp_path):
     assert (out / "performance_profile.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out / "summary.csv").read_text().splitlines()[0].startswith("env,task,level,core,seeds")
+
+
+def test_records_keep_the_tables_when_the_run_directories_are_gone(tmp_path):
+    runs, out = tmp_path / "runs", tmp_path / "out"
+    gone = [fake_run(runs, "lstm", 1, [0.25, 0.5, 1.0]), fake_run(runs, "lstm", 2, [0.25, 1.0, 0.625])]
+    going = fake_run(runs, "rdn", 1, [0.3, 0.7])
+    config = json.loads((going / "config.json").read_text())
+    (going / "config.json").write_text(json.dumps({**config, "total_steps": 9000}))  # not finished: no record
+    results.write_results(runs, out, reps=50)
+    table = (out / "runs.csv").read_text()
+    records = sorted(p.relative_to(out / "records") for p in (out / "records").rglob("*.json"))
+    assert records == [Path("rfwp-DelayedRecall-easy-v0/lstm_s1.json"), Path("rfwp-DelayedRecall-easy-v0/lstm_s2.json")]
+    for run_dir in gone:
+        shutil.rmtree(run_dir)
+    fake_run(runs, "lstm", 2, [0.25])  # the same run restarted from scratch: the longer record wins
+    results.write_results(runs, out, reps=50)
+    assert (out / "runs.csv").read_text() == table  # the same rows, peaks and held columns
+    kept = next(r for r in results.collect(runs, records_root=out / "records") if r.seed == 2)
+    assert kept.curve == [(1000, 0.25), (2000, 1.0), (3000, 0.625)] and kept.path.suffix == ".json"
+    # a record kept without its curve: its final return and peak, no held columns; the curves leave it out
+    curveless = {**json.loads(kept.path.read_text()), "curve": [], "seed": 3}
+    (kept.path.parent / "lstm_s3.json").write_text(json.dumps(curveless))
+    results.write_results(runs, out, reps=50)
+    row = next(r for r in csv.DictReader((out / "runs.csv").open()) if r["seed"] == "3")
+    assert (row["final_return"], row["peak_return"], row["peak_step"]) == ("0.6250", "1.0000", "2000")
+    assert row["reached_0.9_step"] == row["lowest_after_0.9"] == ""
+    (kept.path.parent / "lstm_s4.json").write_text('{"env": "rfwp/DelayedRecall-easy-v0"')
+    with pytest.raises(UserError, match=r"run record '.*lstm_s4.json' is unreadable \(JSONDecodeError"):
+        results.write_results(runs, out, reps=50)
 
 
 def test_versus_best_follows_the_intervals():

@@ -4,6 +4,7 @@ policy's returns, which these tests hand in."""
 
 import csv
 import math
+import shutil
 
 import pytest
 
@@ -64,6 +65,13 @@ def test_one_command_writes_tables_iqm_and_normalisation(tmp_path, monkeypatch):
     readme = (out / "README.md").read_text()
     assert "| Breakout (v1) |" in readme and "IQM" in readme
     assert (out / "performance_profile.png").stat().st_size > 0 and (out / "curves.png").stat().st_size > 0
+    # every run finished: each has its record, and the tables come out the same from the records alone
+    assert len(list((out / "records").glob("*/*.json"))) == 8
+    table = (out / "runs.csv").read_text()
+    shutil.rmtree(runs)
+    runs.mkdir()
+    assert cli.main(["minatar-results", "--runs", str(runs), "--out", str(out), "--random-episodes", "7"]) == 0
+    assert (out / "runs.csv").read_text() == table
 
 
 def test_no_runs_or_bad_counts_are_one_line_errors(tmp_path, capsys):

@@ -6,13 +6,15 @@ defaults of ``rfwp-rl train`` on the two easiest recall tasks, DelayedRecall-eas
 AssociativeRecall-easy, for a fixed budget (``--total-steps`` env steps) and ``--seeds``. Every run is one
 ``rfwp-rl train`` process, as ``launch/memory_suite.sh`` starts them, in
 ``<runs>/<env>/<core>_s<seed>`` with its console log beside it; a run whose newest checkpoint has
-reached the budget is skipped, so re-running the command resumes an interrupted sweep.
+reached the budget, or that has a record in ``<out>/records/`` (written for every finished run, committed with
+the table, so that it outlives the run directories), is skipped, so re-running the command resumes an
+interrupted sweep.
 
 Score: the normalised final return (random 0, optimal 1) of each run, TensorBoard's
 ``episode/return_mean100`` at its end (the mean return of the last 100 training episodes), mean
 over seeds. A core below :data:`HEALTHY` on both tasks is flagged (a run that logged no episodes
-counts as below). Writes ``health.csv`` and ``health.md`` to ``--out`` (atomically) and prints
-the table; exits 1 if a run failed.
+counts as below). Writes ``health.csv``, ``health.md`` and the records to ``--out`` (atomically) after every
+run, and prints the table at the end; exits 1 if a run failed.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import os
 import shlex
 import subprocess
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +35,7 @@ from rfwp_rl import flags
 from rfwp_rl.checkpoint import atomic_write_text, list_checkpoints
 from rfwp_rl.errors import UserError, check_choice
 from rfwp_rl.memory import suite
-from rfwp_rl.memory.results import core_rank, read_run
+from rfwp_rl.memory.results import RECORDS, Run, core_rank, read_record, read_run, record_text
 from rfwp_rl.presets import preset_cores
 from rfwp_rl.runlog import run_name
 
@@ -57,12 +60,22 @@ class Job:
     seed: int
     steps: int
     run_dir: Path
+    record: Path  # where its record goes once it has finished (:func:`rfwp_rl.memory.results.record_text`)
 
     @property
     def done(self) -> bool:
-        """Its newest checkpoint (named by its step) has reached the budget."""
+        """It has a record, or its newest checkpoint (named by its step) has reached the budget."""
+        if self.record.is_file():
+            return True
         files = list_checkpoints(self.run_dir)
         return bool(files) and int(files[0].stem.split("_")[1]) >= self.steps
+
+    def result(self) -> Run | None:
+        """Its run, from the run directory, else from its record; None before any episode is logged."""
+        run = read_run(self.run_dir) if self.run_dir.is_dir() else None
+        if run is None and self.record.is_file():
+            run = read_record(self.record)
+        return run
 
     def command(self, train_args: list[str]) -> list[str]:
         """The ``rfwp-rl train`` command (one env process and one torch thread, as the suite's
@@ -92,10 +105,19 @@ class Job:
         ]
 
 
-def plan(cores: list[str], seeds: list[int], steps: int, runs_root: Path, tasks: tuple[str, ...] = TASKS) -> list[Job]:
+def plan(
+    cores: list[str], seeds: list[int], steps: int, runs_root: Path, records_root: Path, tasks: tuple[str, ...] = TASKS
+) -> list[Job]:
     """Every (seed, task, core) run, seed by seed (a partial sweep gives complete first seeds)."""
     return [
-        Job(env, core, seed, steps, runs_root / run_name(env) / f"{core}_s{seed}")
+        Job(
+            env,
+            core,
+            seed,
+            steps,
+            runs_root / run_name(env) / f"{core}_s{seed}",
+            records_root / run_name(env) / f"{core}_s{seed}.json",
+        )
         for seed in seeds
         for env in tasks
         for core in cores
@@ -114,9 +136,22 @@ def scores(jobs: list[Job]) -> dict[tuple[str, str], list[float]]:
     """``{(core, env): [normalised final return per seed]}``; NaN for a run that logged no episodes."""
     out: dict[tuple[str, str], list[float]] = {}
     for job in jobs:
-        run = read_run(job.run_dir) if job.run_dir.is_dir() else None
+        run = job.result()
         out.setdefault((job.core, job.env), []).append(run.normalized if run is not None else math.nan)
     return out
+
+
+def write_outputs(jobs: list[Job], cores: list[str], steps: int, out: Path) -> str:
+    """Write the records of the finished runs, ``health.csv`` and ``health.md`` (atomically); the table."""
+    for job in jobs:
+        run = read_run(job.run_dir) if job.run_dir.is_dir() else None
+        if run is not None and run.steps >= run.total_steps:
+            atomic_write_text(job.record, record_text(run))
+    rows = health_rows(cores, TASKS, scores(jobs))
+    table = markdown(rows, TASKS, steps)
+    atomic_write_text(out / "health.csv", csv_text(rows, TASKS, steps))
+    atomic_write_text(out / "health.md", f"# Memory health check\n\n{table}\n")
+    return table
 
 
 def flagged(per_task: list[float], threshold: float = HEALTHY) -> bool:
@@ -221,7 +256,8 @@ def run(args: argparse.Namespace) -> int:
         for c in cores:
             check_choice("core", c, sorted(cores_mod.available()))
     train_args = shlex.split(args.train_args)
-    jobs = plan(cores, args.seeds, args.total_steps, Path(args.runs))
+    out = Path(args.out)
+    jobs = plan(cores, args.seeds, args.total_steps, Path(args.runs), out / RECORDS)
     todo = [j for j in jobs if not j.done]
     print(
         f"memory health: {len(cores)} cores x {len(TASKS)} tasks x {len(args.seeds)} seeds, "
@@ -230,19 +266,19 @@ def run(args: argparse.Namespace) -> int:
         flush=True,
     )
 
+    writing = threading.Lock()
+
     def one(job: Job) -> int:
         code = run_job(job, train_args)
         status = "done  " if code == 0 else f"FAILED (exit {code}; log {job.run_dir}.log)"
         print(f"{status} {job.env} {job.core} seed {job.seed}", flush=True)
+        with writing:  # the table fills as runs finish, so an interrupted sweep still leaves its runs' results
+            write_outputs(jobs, cores, args.total_steps, out)
         return code
 
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         failed = sum(code != 0 for code in pool.map(one, todo))
-    rows = health_rows(cores, TASKS, scores(jobs))
-    table = markdown(rows, TASKS, args.total_steps)
-    out = Path(args.out)
-    atomic_write_text(out / "health.csv", csv_text(rows, TASKS, args.total_steps))
-    atomic_write_text(out / "health.md", f"# Memory health check\n\n{table}\n")
+    table = write_outputs(jobs, cores, args.total_steps, out)
     print(table)
     print(f"wrote {out / 'health.csv'} and {out / 'health.md'}")
     return 1 if failed else 0

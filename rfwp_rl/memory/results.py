@@ -26,7 +26,11 @@ memory tasks and MiniGrid-MemoryS7 (:mod:`rfwp_rl.memory.comparison`), its IQM o
   interval as a band, one line per core;
 - the tables between the markers ``<!-- memory-table -->`` and ``<!-- /memory-table -->``, and
   ``<!-- memory-aggregate -->`` and ``<!-- /memory-aggregate -->``, of ``README.md`` (the file is
-  created if missing; the text around the markers is kept).
+  created if missing; the text around the markers is kept);
+- ``records/``: one small JSON file per finished run (its row's raw numbers and its curve), at the run
+  directory's path under ``--runs`` (``records/<env>/<core>_s<seed>.json``). They are committed with the
+  tables, so a table outlives its run directories: the tables are made from the run directories and from
+  every record whose run directory is gone, and the launch scripts skip a run that has a record.
 
 Final return: the mean return of the last 100 training episodes (sampled actions), TensorBoard's
 ``episode/return_mean100`` at the run's last step. Normalised: ``(R - random) / (optimal - random)``
@@ -75,6 +79,7 @@ CURVE_TAG = "episode/return_mean100"
 MINUTES_TAG = "perf/train_minutes"
 TABLE_BEGIN, TABLE_END = "<!-- memory-table -->", "<!-- /memory-table -->"
 AGGREGATE_BEGIN, AGGREGATE_END = "<!-- memory-aggregate -->", "<!-- /memory-aggregate -->"
+RECORDS = "records"  # the folder of an output folder that keeps its finished runs' records
 HELD_LEVEL = 0.9  # "reached the optimum": normalised return of the runs' held columns
 PROFILE_TAUS = tuple(i / 100 for i in range(101))  # normalised return thresholds of the profile
 # two-sided 95% Student t quantiles t_{0.975, df}, df = seeds - 1
@@ -137,6 +142,8 @@ class Run:
     final_return: float
     curve: list[tuple[int, float]] = field(default_factory=list)  # (env step, return_mean100)
     bench: Benchmark = MEMORY_SUITE
+    # a record kept without its curve: its peak (env step, return), which the curve would give
+    kept_peak: tuple[int, float] | None = None
 
     @property
     def task(self) -> str:
@@ -153,6 +160,8 @@ class Run:
     @property
     def peak(self) -> tuple[int, float]:
         """(env step, return) of the highest point of the curve (the first, on a tie)."""
+        if not self.curve and self.kept_peak is not None:
+            return self.kept_peak
         return max(self.curve, key=lambda point: (point[1], -point[0]))
 
     @property
@@ -163,7 +172,7 @@ class Run:
     def held(self, level: float = HELD_LEVEL) -> tuple[int, float] | None:
         """(env step at which the normalised curve first reached ``level``, its lowest normalised
         value from there on), or None if it never did: a run that reached the optimum and kept it
-        has the second number near the first's level, one that lost it far below."""
+        has the second number near the first's level, one that lost it far below (None also without a curve)."""
         normalized = self.normalized_curve
         first = next((i for i, (_, value) in enumerate(normalized) if value >= level), None)
         if first is None:
@@ -203,18 +212,83 @@ def read_run(run_dir: Path, bench: Benchmark = MEMORY_SUITE) -> Run | None:
     )
 
 
-def collect(runs_root: Path, bench: Benchmark = MEMORY_SUITE) -> list[Run]:
-    """Every run on an env of ``bench`` under ``runs_root`` (any depth, through links to directories), sorted
-    by env, core order and seed."""
-    if not runs_root.is_dir():
-        raise UserError(f"--runs {str(runs_root)!r} is not a directory")
+RECORD_FIELDS = ("env", "core", "seed", "params", "total_steps", "steps", "minutes", "final_return")
+
+
+def record_text(r: Run) -> str:
+    """The JSON record of a run: the raw numbers of its ``runs.csv`` row, its peak and its curve (no
+    normalised value: those follow the benchmark, which may change)."""
+    record = {k: getattr(r, k) for k in RECORD_FIELDS}
+    record["peak"] = list(r.peak)
+    record["curve"] = [[int(step), float(value)] for step, value in r.curve]
+    return json.dumps(record, indent=None, separators=(",", ":")) + "\n"
+
+
+def read_record(path: Path, bench: Benchmark = MEMORY_SUITE) -> Run | None:
+    """The run a record holds, or None if its env is not one of ``bench``; a malformed record is a one-line
+    error naming the file."""
+    try:
+        record = json.loads(path.read_text())
+        env = record["env"]
+        if env not in bench.envs:
+            return None
+        curve = [(int(step), float(value)) for step, value in record["curve"]]
+        peak = record.get("peak")
+        return Run(
+            path,
+            str(env),
+            str(record["core"]),
+            int(record["seed"]),
+            int(record["params"]),
+            int(record["total_steps"]),
+            int(record["steps"]),
+            float(record["minutes"]),
+            float(record["final_return"]),
+            curve,
+            bench,
+            (int(peak[0]), float(peak[1])) if peak is not None else None,
+        )
+    except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
+        raise UserError(f"run record {str(path)!r} is unreadable ({type(e).__name__}: {e}); delete or fix it") from e
+
+
+def record_path(records_root: Path, runs_root: Path, run_dir: Path) -> Path:
+    """Where the record of the run in ``run_dir`` (under ``runs_root``) goes: the same relative path, .json."""
+    return records_root / f"{run_dir.relative_to(runs_root)}.json"
+
+
+def write_records(runs: list[Run], runs_root: Path, records_root: Path) -> int:
+    """Write (atomically) the record of every finished run of ``runs`` that lives under ``runs_root``; how many."""
+    written = 0
+    for r in runs:
+        if r.steps >= r.total_steps and r.path.is_dir() and r.path.is_relative_to(runs_root):
+            atomic_write_text(record_path(records_root, runs_root, r.path), record_text(r))
+            written += 1
+    return written
+
+
+def _glob(root: Path, name: str) -> list[Path]:
     # glob's ** follows links to directories (Path.rglob does not), so a comparison can be assembled
     # from runs kept elsewhere by linking them into one folder
-    found = sorted(
-        Path(p) for p in glob.glob(os.path.join(glob.escape(str(runs_root)), "**", "config.json"), recursive=True)
-    )
-    runs = [r for p in found if (r := read_run(p.parent, bench)) is not None]
-    return sorted(runs, key=lambda r: (bench.envs.index(r.env), core_rank(r.core), r.seed))
+    return sorted(Path(p) for p in glob.glob(os.path.join(glob.escape(str(root)), "**", name), recursive=True))
+
+
+def collect(runs_root: Path, bench: Benchmark = MEMORY_SUITE, records_root: Path | None = None) -> list[Run]:
+    """Every run on an env of ``bench`` under ``runs_root`` (any depth, through links to directories), and
+    every record under ``records_root`` whose run directory is not under ``runs_root`` (or has fewer
+    steps), sorted by env, core order and seed."""
+    if not runs_root.is_dir():
+        raise UserError(f"--runs {str(runs_root)!r} is not a directory")
+    runs = {
+        p.parent.relative_to(runs_root): r for p in _glob(runs_root, "config.json") if (r := read_run(p.parent, bench))
+    }
+    if records_root is not None and records_root.is_dir():
+        for p in _glob(records_root, "*.json"):
+            key = p.relative_to(records_root).with_suffix("")
+            kept = read_record(p, bench)
+            if kept is not None and (key not in runs or runs[key].steps < kept.steps):
+                runs[key] = kept
+    return sorted(runs.values(), key=lambda r: (bench.envs.index(r.env), core_rank(r.core), r.seed))
 
 
 def with_benchmark(runs: list[Run], bench: Benchmark) -> list[Run]:
@@ -424,13 +498,17 @@ def plot_profiles(
 
 
 def plot_curves(runs: list[Run], path: Path, points: int = 100) -> None:
-    """Normalised return over env steps per env (one panel each): mean over seeds, 95% band."""
+    """Normalised return over env steps per env (one panel each): mean over seeds, 95% band; records kept
+    without their curve are left out."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
 
+    runs = [r for r in runs if r.curve]
+    if not runs:
+        return
     envs = [e for e in runs[0].bench.envs if any(r.env == e for r in runs)]
     cols = min(3, len(envs))
     rows = math.ceil(len(envs) / cols)
@@ -518,12 +596,13 @@ def write_results(
     rows)``."""
     level = bench.aggregate_level if level is None else level
     check_choice("aggregate level", level, bench.aggregate_levels)
-    runs = collect(runs_root, bench)
+    runs = collect(runs_root, bench, out / RECORDS)
     if not runs:
         raise UserError(
             f"no {bench.name} runs under {str(runs_root)!r} (runs of its envs with episodes logged, e.g. "
             f"{bench.envs[0]})"
         )
+    write_records(runs, runs_root, out / RECORDS)
     return write_tables(runs, out, level, reps)
 
 
@@ -600,8 +679,8 @@ def run(args: argparse.Namespace) -> int:
     print()
     print(aggregate_table(agg))
     print(
-        f"wrote {out}/runs.csv, summary.csv, aggregate.csv, curves.png, performance_profile.png and the "
-        "tables in README.md"
+        f"wrote {out}/runs.csv, summary.csv, aggregate.csv, curves.png, performance_profile.png, the "
+        f"tables in README.md and the finished runs' {RECORDS}/"
     )
     return 0
 
