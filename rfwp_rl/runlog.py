@@ -91,6 +91,7 @@ class RunLogger:
         log_every: float = 5.0,
         stream=None,
     ):
+        from tensorboard.compat.proto.summary_pb2 import Summary
         from torch.utils.tensorboard import SummaryWriter
         from torch.utils.tensorboard.summary import hparams
 
@@ -101,6 +102,7 @@ class RunLogger:
         # a resumed run (also one resumed from its step-0 checkpoint) drops what the crashed run logged past it
         purge = start + 1 if start > 0 or earlier else None
         self.writer = SummaryWriter(log_dir=str(self.run_dir / "tb"), purge_step=purge)
+        self._summary = Summary
         if start == 0:
             flat = {k: _hparam_value(v) for k, v in config.items()}
             exp, ssi, sei = hparams(flat, {m: float("nan") for m in metrics})
@@ -113,9 +115,11 @@ class RunLogger:
         self._rate_t, self._rate_s, self.rate = time.monotonic(), start, 0.0
 
     def log(self, step: int, scalars: Mapping[str, float]) -> None:
-        """Write ``{tag: value}`` at ``step`` (non-finite values are written as they are)."""
-        for tag, value in scalars.items():
-            self.writer.add_scalar(tag, float(value), step)
+        """Write ``{tag: value}`` at ``step`` (non-finite values are written as they are), as one event: what
+        ``SummaryWriter.add_scalar`` writes per tag, at a fraction of its cost per episode of a short-episode env."""
+        values = [self._summary.Value(tag=tag, simple_value=float(value)) for tag, value in scalars.items()]
+        if values:
+            self.writer.file_writer.add_summary(self._summary(value=values), step)
 
     def progress(self, step: int, force: bool = False, **extra: object) -> None:
         """Print ``step/total (pct) | rate | ETA | extra...`` at most every ``log_every`` s."""

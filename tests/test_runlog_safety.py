@@ -1,6 +1,7 @@
 """Run logging (TensorBoard continuity on resume, hparams) and run-safety helpers."""
 
 import io
+import math
 import signal
 import subprocess
 import sys
@@ -34,6 +35,18 @@ def test_resume_purges_rewound_points(tmp_path):
     points = _steps(tmp_path, "loss")
     assert [s for s, _ in points] == [0, 1, 2, 3, 4, 5, 6, 7]
     assert [v for _, v in points] == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 106.0, 107.0]
+
+
+def test_the_scalars_of_one_call_come_back_each_under_its_tag(tmp_path):
+    log = RunLogger(tmp_path, {}, total=10, stream=io.StringIO())
+    log.log(3, {"episode/return": 2.5, "episode/length": 7, "loss/total": float("nan")})
+    log.log(4, {"episode/return": -1.0, "loss/total": float("inf")})
+    log.log(5, {})  # nothing to write
+    log.close()
+    assert _steps(tmp_path, "episode/return") == [(3, 2.5), (4, -1.0)]
+    assert _steps(tmp_path, "episode/length") == [(3, 7.0)]
+    (s3, nan), (s4, inf) = _steps(tmp_path, "loss/total")
+    assert (s3, s4) == (3, 4) and math.isnan(nan) and inf == math.inf
 
 
 def test_config_and_hparams_written(tmp_path):

@@ -224,7 +224,8 @@ class Actors:
     ) -> tuple[dict[str, torch.Tensor], tuple]:
         """One step of the model on one env batch: ``obs [b, ...]`` (or a dict of them), ``reward``/``done``
         ``[b]``, ``prev_action [b, ...]`` -> outputs ``[1, b, ...]`` and the new core state."""
-        self.agent.eval()
+        if self.agent.training:  # the learner may share the model; eval() walks every module, so only on a change
+            self.agent.eval()
         obs = {k: v.unsqueeze(0) for k, v in obs.items()} if isinstance(obs, dict) else obs.unsqueeze(0)
         with torch.inference_mode(), autocast(self.device, self.precision):
             return self.agent(obs, reward.unsqueeze(0), done.unsqueeze(0), state, prev_action=prev_action.unsqueeze(0))
