@@ -133,11 +133,13 @@ def run_job(job: Job, train_args: list[str]) -> int:
 
 
 def scores(jobs: list[Job]) -> dict[tuple[str, str], list[float]]:
-    """``{(core, env): [normalised final return per seed]}``; NaN for a run that logged no episodes."""
+    """``{(core, env): [normalised final return per finished seed]}``; NaN for a finished run that logged no
+    episodes; runs not finished yet are left out."""
     out: dict[tuple[str, str], list[float]] = {}
     for job in jobs:
-        run = job.result()
-        out.setdefault((job.core, job.env), []).append(run.normalized if run is not None else math.nan)
+        if job.done:
+            run = job.result()
+            out.setdefault((job.core, job.env), []).append(run.normalized if run is not None else math.nan)
     return out
 
 
@@ -148,7 +150,7 @@ def write_outputs(jobs: list[Job], cores: list[str], steps: int, out: Path) -> s
         if run is not None and run.steps >= run.total_steps:
             atomic_write_text(job.record, record_text(run))
     rows = health_rows(cores, TASKS, scores(jobs))
-    table = markdown(rows, TASKS, steps)
+    table = markdown(rows, TASKS, steps, (sum(job.done for job in jobs), len(jobs)))
     atomic_write_text(out / "health.csv", csv_text(rows, TASKS, steps))
     atomic_write_text(out / "health.md", f"# Memory health check\n\n{table}\n")
     return table
@@ -161,7 +163,7 @@ def flagged(per_task: list[float], threshold: float = HEALTHY) -> bool:
 
 def health_rows(cores: list[str], tasks: tuple[str, ...], by_run: dict[tuple[str, str], list[float]]) -> list[dict]:
     """One row per core: per task the mean normalised return over its seeds (NaN if any seed has
-    none), the seed count, and the flag."""
+    none), the seed count, the tasks with a finished run, and the flag (only once every task has one)."""
     rows = []
     for core in cores:
         row: dict = {"core": core}
@@ -172,26 +174,36 @@ def health_rows(cores: list[str], tasks: tuple[str, ...], by_run: dict[tuple[str
             row[suite.entry(env).task] = mean
             means.append(mean)
         row["seeds"] = min((len(by_run.get((core, env), [])) for env in tasks), default=0)
-        row["flagged"] = flagged(means)
+        row["finished"] = {suite.entry(env).task for env in tasks if (core, env) in by_run}  # tasks with a result
+        row["flagged"] = flagged(means) and len(row["finished"]) == len(tasks)
         rows.append(row)
     return rows
 
 
-def _cell(v: float) -> str:
+def _cell(v: float, finished: bool) -> str:
+    if not finished:
+        return "not run yet"
     return "no result" if math.isnan(v) else f"{v:.2f}"
 
 
-def markdown(rows: list[dict], tasks: tuple[str, ...], steps: int) -> str:
-    """The table: cores x tasks, normalised final return, and the flag."""
+def markdown(rows: list[dict], tasks: tuple[str, ...], steps: int, finished: tuple[int, int] | None = None) -> str:
+    """The table: cores x tasks, normalised final return, and the flag; ``finished``: (runs finished, runs
+    planned) of a sweep under way, said above the table."""
     names = [suite.entry(e).task for e in tasks]
-    lines = [
+    lines = []
+    if finished is not None and finished[0] < finished[1]:
+        lines += [
+            f"**Partial**: {finished[0]} of {finished[1]} runs finished; a cell is the mean over its finished seeds.",
+            "",
+        ]
+    lines += [
         "| core | " + " | ".join(f"{n} (easy)" for n in names) + f" | seeds | below {HEALTHY} on every task |",
         "|---|" + "---|" * (len(names) + 2),
     ]
     for r in rows:
         lines.append(
             f"| {r['core']} | "
-            + " | ".join(_cell(r[n]) for n in names)
+            + " | ".join(_cell(r[n], n in r["finished"]) for n in names)
             + f" | {r['seeds']} | {'**FLAGGED**' if r['flagged'] else ''} |"
         )
     lines.append("")
