@@ -55,16 +55,20 @@ if [ -n "$DRY" ]; then
 fi
 mkdir -p "$RUNS"
 
+kept() {  # RECORD: true if it is the record of a finished run of at least $STEPS env steps (raising STEPS trains on)
+  [ -f "$1" ] && [ "$(grep -o '"total_steps":[0-9]*' "$1" | cut -d: -f2)" -ge "$STEPS" ] 2>/dev/null
+}
+
 one_run() {  # ENV CORE SEED
   local name="$(echo "$1" | tr -c 'A-Za-z0-9.+\n-' '-')/$2_s$3"
   local dir="$RUNS/$name"
-  if [ -f "$OUT/records/$name.json" ]; then echo "kept    $1 $2 seed $3 ($OUT/records/$name.json)"; return 0; fi
+  if kept "$OUT/records/$name.json"; then echo "kept    $1 $2 seed $3 ($OUT/records/$name.json)"; return 0; fi
   mkdir -p "$dir"
   OMP_NUM_THREADS=$THREADS python3 -m rfwp_rl train --env "$1" --core "$2" --seed "$3" --total-steps "$STEPS" \
     --run-dir "$dir" --num-env-processes 1 --torch-threads "$THREADS" --log-every 30 $EXTRA >> "$dir.log" 2>&1 \
     && echo "done    $1 $2 seed $3" || echo "FAILED  $1 $2 seed $3 (exit $?; log $dir.log)"
 }
-export -f one_run
+export -f one_run kept
 export RUNS OUT STEPS THREADS EXTRA
 
 plan | xargs -P "$JOBS" -L 1 bash -c 'one_run "$0" "$1" "$2"'

@@ -30,15 +30,19 @@ EXTRA=${EXTRA:-}
 python3 -c "import minatar" 2>/dev/null || { echo "minatar is not installed: pip install -e '.[minatar]'" >&2; exit 2; }
 mkdir -p "$RUNS"
 
+kept() {  # RECORD: true if it is the record of a finished run of at least $STEPS env steps (raising STEPS trains on)
+  [ -f "$1" ] && [ "$(grep -o '"total_steps":[0-9]*' "$1" | cut -d: -f2)" -ge "$STEPS" ] 2>/dev/null
+}
+
 one_run() {  # GAME CORE SEED
   local dir="$RUNS/$1/$2_s$3"
-  if [ -f "$OUT/records/$1/$2_s$3.json" ]; then echo "kept    $1 $2 seed $3 ($OUT/records/$1/$2_s$3.json)"; return 0; fi
+  if kept "$OUT/records/$1/$2_s$3.json"; then echo "kept    $1 $2 seed $3 ($OUT/records/$1/$2_s$3.json)"; return 0; fi
   mkdir -p "$dir"
   OMP_NUM_THREADS=$THREADS python3 -m rfwp_rl train --env "MinAtar/$1-v1" --core "$2" --seed "$3" \
     --total-steps "$STEPS" --run-dir "$dir" --num-env-processes 1 --torch-threads "$THREADS" --log-every 30 \
     --profile "$PROFILE" $EXTRA >> "$dir.log" 2>&1 && echo "done    $1 $2 seed $3" || echo "FAILED  $1 $2 seed $3 (exit $?; log $dir.log)"
 }
-export -f one_run
+export -f one_run kept
 export RUNS OUT STEPS THREADS PROFILE EXTRA
 
 for seed in $SEEDS; do

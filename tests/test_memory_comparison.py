@@ -262,8 +262,23 @@ def test_the_launcher_skips_a_run_with_a_record(tmp_path):
     env = "rfwp/DelayedRecall-easy-v0"
     fake_run(runs, "lstm", 1, [0.25, 1.0])
     results.write_results(runs, out, reps=10, bench=results.COMPARISON)
-    done = _launch({"IDS": env, "CORES": "lstm", "SEEDS": "1", "RUNS": str(tmp_path / "fresh"), "OUT": str(out)})
+    done = _launch(
+        {"IDS": env, "CORES": "lstm", "SEEDS": "1", "STEPS": "2000", "RUNS": str(tmp_path / "fresh"), "OUT": str(out)}
+    )
     assert done.returncode == 0, done.stderr
     assert f"kept    {env} lstm seed 1 ({out}/records/rfwp-DelayedRecall-easy-v0/lstm_s1.json)" in done.stdout
     assert not (tmp_path / "fresh" / "rfwp-DelayedRecall-easy-v0").exists()  # nothing trained
     assert "| DelayedRecall (easy) | 1.00 (1) |" in (out / "README.md").read_text()  # the tables from the record
+    # a record of fewer env steps than asked (STEPS raised) does not keep its run from training on
+    record = out / "records" / "rfwp-DelayedRecall-easy-v0" / "lstm_s1.json"
+    for script in ("launch/memory_suite.sh", "launch/minatar.sh"):
+        kept = f'source <(sed -n "/^kept()/,/^}}/p" {script}); kept "$0" && echo kept || echo trains'
+        for steps, answer in ((2000, "kept"), (1999, "kept"), (2001, "trains")):
+            done = subprocess.run(
+                ["bash", "-c", kept, str(record)],
+                cwd=ROOT,
+                env={**os.environ, "STEPS": str(steps)},
+                capture_output=True,
+                text=True,
+            )
+            assert done.stdout.strip() == answer, (script, steps, done.stderr)

@@ -77,6 +77,7 @@ def test_finished_runs_are_skipped(tmp_path):
     record |= {"final_return": 0.625, "peak": [5000, 0.625], "curve": [[5000, 0.625]]}
     jobs[2].record.write_text(json.dumps(record))
     assert [j.done for j in jobs[:4]] == [True, False, True, False]
+    assert not health.plan(["lstm"], [1], 6000, tmp_path / "runs", tmp_path / "records")[1].done  # a larger budget
     assert jobs[2].result().normalized == pytest.approx(0.5) and jobs[3].result() is None
     assert health.scores(jobs[2:4]) == {("lstm", AR): [pytest.approx(0.5)]}  # a run not finished is left out
     cmd = jobs[1].command(["--env-backend", "local"])

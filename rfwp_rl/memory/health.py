@@ -64,18 +64,21 @@ class Job:
 
     @property
     def done(self) -> bool:
-        """It has a record, or its newest checkpoint (named by its step) has reached the budget."""
-        if self.record.is_file():
+        """It has a record of the budget, or its newest checkpoint (named by its step) has reached it."""
+        if self.kept() is not None:
             return True
         files = list_checkpoints(self.run_dir)
         return bool(files) and int(files[0].stem.split("_")[1]) >= self.steps
 
+    def kept(self) -> Run | None:
+        """Its record, if it has one of the budget."""
+        run = read_record(self.record) if self.record.is_file() else None
+        return run if run is not None and run.total_steps >= self.steps else None
+
     def result(self) -> Run | None:
-        """Its run, from the run directory, else from its record; None before any episode is logged."""
-        run = read_run(self.run_dir) if self.run_dir.is_dir() else None
-        if run is None and self.record.is_file():
-            run = read_record(self.record)
-        return run
+        """Its run: from its record (cheap to read), else from the run directory; None before any episode is
+        logged."""
+        return self.kept() or (read_run(self.run_dir) if self.run_dir.is_dir() else None)
 
     def command(self, train_args: list[str]) -> list[str]:
         """The ``rfwp-rl train`` command (one env process and one torch thread, as the suite's
@@ -146,7 +149,7 @@ def scores(jobs: list[Job]) -> dict[tuple[str, str], list[float]]:
 def write_outputs(jobs: list[Job], cores: list[str], steps: int, out: Path) -> str:
     """Write the records of the finished runs, ``health.csv`` and ``health.md`` (atomically); the table."""
     for job in jobs:
-        run = read_run(job.run_dir) if job.run_dir.is_dir() else None
+        run = read_run(job.run_dir) if job.kept() is None and job.run_dir.is_dir() else None
         if run is not None and run.steps >= run.total_steps:
             atomic_write_text(job.record, record_text(run))
     rows = health_rows(cores, TASKS, scores(jobs))
