@@ -64,9 +64,14 @@ def test_learning_keeps_an_acting_copy_only_where_it_needs_one():
         assert threaded.acting_agent is not learner.agent and threaded in learner.followers
         with torch.no_grad():
             next(learner.agent.parameters()).add_(1.0)
+        # the learner's parameters are read (on a GPU: waited for) before the actors' lock is taken
+        held = []
+        state_dict = learner.agent.state_dict
+        learner.agent.state_dict = lambda: held.append(threaded.acting_lock.locked()) or state_dict()
         learner.publish()
+        assert held == [False]
         for a, b in zip(threaded.acting_agent.parameters(), learner.agent.parameters()):
-            assert torch.equal(a, b)
+            assert torch.equal(a, b) and a.data_ptr() != b.data_ptr()
     finally:
         threaded.close()
 

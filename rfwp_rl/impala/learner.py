@@ -346,7 +346,8 @@ class Learning:
     """Turns full batches into updates: a single learner's (:meth:`Learner.update`), or with a learner
     ``group`` the gradients handed in to the group's round. In the calling thread, or with
     ``thread=True`` in a :class:`LearnerThread` while the actors go on with ``acting_agent``, a copy
-    of the model refreshed after each update (under ``acting_lock``)."""
+    of the model refreshed after each update (copied off the learner's device first, then loaded under
+    ``acting_lock``)."""
 
     def __init__(
         self, learner: Learner, group: Any = None, thread: bool = False, acting_device: torch.device | None = None
@@ -355,14 +356,18 @@ class Learning:
         self.thread = LearnerThread(self._learn) if thread else None
         acting_device = learner.device if acting_device is None else torch.device(acting_device)
         own_copy = thread or acting_device != learner.device
+        self.acting_device = acting_device
         self.acting_agent = copy.deepcopy(learner.agent).to(acting_device) if own_copy else learner.agent
         self.acting_lock = threading.Lock()
         if own_copy:
             learner.followers.append(self)
 
     def follow(self, learner: Learner) -> None:
+        # The copy off the learner's device waits for its update to finish, so it is made before the lock
+        # is taken: the actors go on acting meanwhile and only wait for the copy into their model.
+        state = {k: v.detach().to(self.acting_device, copy=True) for k, v in learner.agent.state_dict().items()}
         with self.acting_lock:
-            self.acting_agent.load_state_dict(learner.agent.state_dict())
+            self.acting_agent.load_state_dict(state)
 
     def submit(self, batch: Any) -> None:
         """Learn on ``batch`` (with a thread: waits while the previous batch is learned)."""
