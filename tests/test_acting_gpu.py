@@ -1,6 +1,7 @@
 """Acting on a GPU: one acting step of the Atari agents asks the device nothing (a host synchronisation in the
 actors' inner loop would stop the CPU from queueing the next kernels while the GPU works), and its CUDA graph
-replays the eager step, with the parameters as they are at each replay. Skipped without a CUDA device;
+replays the eager step, with the parameters as they are at each replay; the learner's loss statistics come to
+the host in one copy. Skipped without a CUDA device;
 ``scripts/gpu_atari.sh`` runs it first."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from rfwp_rl.bench import impala as bench_impala
 from rfwp_rl.envs.spaces import obs_keys, pick_obs
 from rfwp_rl.impala.acting_graph import _replay_differs, capture_acting
 from rfwp_rl.impala.actors import rollout_spec
+from rfwp_rl.impala.loss import host_floats
 
 pytestmark = [
     pytest.mark.gpu,
@@ -62,3 +64,17 @@ def test_the_acting_graph_replays_the_eager_step_with_the_parameters_of_now(core
     # the learner's updates reach the actors' copy in place, through load_state_dict
     agent.load_state_dict({k: v * 1.5 if v.is_floating_point() else v for k, v in agent.state_dict().items()})
     assert _replay_differs(graph) == ""
+
+
+def test_the_loss_statistics_come_to_the_host_in_one_copy():
+    x = torch.arange(4.0, device="cuda")
+    named = {"a": x.sum(), "b": x.mean(), "c": torch.ones(()), "d": 0.5, "e": (x > 1).sum()}
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with pytest.warns(UserWarning, match="synchroniz") as caught:
+            host = host_floats(named)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert len([w for w in caught if "synchroniz" in str(w.message)]) == 1
+    assert host == {"a": 6.0, "b": 1.5, "c": 1.0, "d": 0.5, "e": 2.0}

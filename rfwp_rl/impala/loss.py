@@ -199,7 +199,19 @@ def compute_loss(
     entropy_loss = -cfg.entropy_cost * (entropy * mask).sum()
     bound_loss = cfg.bound_cost * (dist.out_of_bounds(target_params) * mask).sum()
     total = pg_loss + baseline_loss + entropy_loss + bound_loss
-    recall_stats = {}
+    named = {
+        "loss/total": total,
+        "loss/policy": pg_loss,
+        "loss/baseline": baseline_loss,
+        "loss/entropy": entropy_loss,
+        "loss/bound": bound_loss,
+        "learner/entropy": entropy.mean(),
+        "learner/mean_rho": vt.log_rhos.exp().mean(),
+        "learner/mean_value": values.mean(),
+        "learner/advantage_scale": scale,
+        "learner/return_scale": return_scale,
+        "learner/return_ms": masked_mean((vt.vs * return_scale) ** 2, mask),
+    }
     if recall_head is not None:
         # every entry, the last one included: its features are known, only its action is not
         lags = draw_lags(batch["done"], recall_head.lags)
@@ -207,22 +219,19 @@ def compute_loss(
             recall_head, out["core_output"], out["features"], batch["done"], lags, out.get("symbols")
         )
         total = total + cfg.recall_cost * recall_sum
-        recall_stats = {"loss/recall": float(recall_sum.detach()) / max(float(recall_mask.sum()), 1.0)}
-    stats = {
-        "loss/total": float(total.detach()),
-        "loss/policy": float(pg_loss.detach()),
-        "loss/baseline": float(baseline_loss.detach()),
-        "loss/entropy": float(entropy_loss.detach()),
-        "loss/bound": float(bound_loss.detach()),
-        "learner/entropy": float(entropy.mean().detach()),
-        "learner/mean_rho": float(vt.log_rhos.exp().mean()),
-        "learner/mean_value": float(values.mean().detach()),
-        "learner/advantage_scale": float(scale),
-        "learner/return_scale": float(return_scale),
-        "learner/return_ms": float(masked_mean((vt.vs * return_scale) ** 2, mask)),
-        **recall_stats,
-    }
-    return total, stats
+        named["loss/total"] = total
+        named["loss/recall"] = recall_sum / recall_mask.sum().float().clamp(min=1.0)
+    return total, host_floats(named)
+
+
+def host_floats(named: dict[str, torch.Tensor | float]) -> dict[str, float]:
+    """``named`` as Python floats, the values on a device copied to the host together (each ``float()`` of a
+    GPU tensor would wait for the device once)."""
+    on_device = [k for k, v in named.items() if isinstance(v, torch.Tensor) and v.device.type != "cpu"]
+    copied = {}
+    if on_device:
+        copied = dict(zip(on_device, torch.stack([named[k].detach().float().reshape(()) for k in on_device]).tolist()))
+    return {k: copied[k] if k in copied else float(v) for k, v in named.items()}
 
 
 class ReturnScale:
