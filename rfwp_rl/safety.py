@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 import signal
 import sys
@@ -74,11 +73,10 @@ class NonFiniteGuard:
         self.consecutive = 0
 
     def ok(self, loss: torch.Tensor, parameters: Iterable[torch.nn.Parameter]) -> bool:
-        finite = math.isfinite(float(loss.detach()))
-        if finite:
-            grads = [p.grad for p in parameters if p.grad is not None]
-            if grads:
-                finite = bool(torch.isfinite(torch.stack([g.detach().abs().max() for g in grads])).all())
+        # one check, so one wait for a GPU: the loss and every gradient's largest magnitude
+        values = [loss.detach().float().reshape(())]
+        values += [p.grad.detach().abs().max().float() for p in parameters if p.grad is not None]
+        finite = bool(torch.isfinite(torch.stack(values)).all())
         if finite:
             self.consecutive = 0
             return True
