@@ -23,6 +23,7 @@
 # (written by memory-results for every finished run, committed with the tables) is not run again, so the
 # tables outlive the run directories. Ctrl-C / kill -TERM saves first.
 # BENCH: the `memory-results --bench` of the tables (suite; launch/memory_comparison.sh sets comparison).
+{ # read to the end before running: an edit to this file cannot change a sweep under way
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -74,3 +75,5 @@ export RUNS OUT STEPS THREADS EXTRA
 plan | xargs -P "$JOBS" -L 1 bash -c 'one_run "$0" "$1" "$2"'
 
 python3 -m rfwp_rl memory-results --bench "$BENCH" --runs "$RUNS" --out "$OUT"
+exit
+}

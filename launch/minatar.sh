@@ -14,6 +14,7 @@
 # everything first. Re-running resumes every run from its newest checkpoint; finished runs return at once, and
 # a run with a record in $OUT/records/ (the tables keep one per finished run) is not run again. Ctrl-C /
 # kill -TERM saves first.
+{ # read to the end before running: an edit to this file cannot change a sweep under way
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -54,3 +55,5 @@ for seed in $SEEDS; do
 done | xargs -P "$JOBS" -L 1 bash -c 'one_run "$0" "$1" "$2"'
 
 python3 -m rfwp_rl minatar-results --runs "$RUNS" --out "$OUT"
+exit
+}

@@ -10,6 +10,7 @@
 # checkpoint. Ctrl-C stops the running trainers (each saves a checkpoint). Extra arguments go to
 # every `rfwp-rl train`. Split the CPUs: each run gets ENV_PROCS env workers and NUM_ACTORS envs.
 # Afterwards: `rfwp-rl eval` each run, then `rfwp-rl compare --runs $RUNS --model rdn --baseline lt`.
+{ # read to the end before running: an edit to this file cannot change a sweep under way
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -40,3 +41,5 @@ done
 while (( $(jobs -rp | wc -l) > 0 )); do wait -n || failed=$((failed + 1)); done
 echo "$(date +%T) sweep done; $failed run(s) exited with an error (see $RUNS/*.log); re-run to resume" >&2
 (( failed == 0 ))
+exit
+}
