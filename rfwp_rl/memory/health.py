@@ -247,7 +247,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--runs", default="runs/memory_health", help="folder of the run directories (default %(default)s)"
     )
     parser.add_argument(
-        "--out", default="results/memory", help="where health.csv and health.md go (default %(default)s)"
+        "--out",
+        default="results/memory/health",
+        help="where health.csv, health.md and the finished runs' records/ go (default %(default)s)",
     )
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time (default %(default)s)")
     parser.add_argument(
