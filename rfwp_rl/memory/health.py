@@ -150,7 +150,7 @@ def write_outputs(jobs: list[Job], cores: list[str], steps: int, out: Path) -> s
     """Write the records of the finished runs, ``health.csv`` and ``health.md`` (atomically); the table."""
     for job in jobs:
         run = read_run(job.run_dir) if job.kept() is None and job.run_dir.is_dir() else None
-        if run is not None and run.steps >= run.total_steps:
+        if run is not None and run.finished:
             atomic_write_text(job.record, record_text(run))
     rows = health_rows(cores, TASKS, scores(jobs))
     table = markdown(rows, TASKS, steps, (sum(job.done for job in jobs), len(jobs)))

@@ -154,6 +154,11 @@ class Run:
         return self.bench.describe(self.env)[1]
 
     @property
+    def finished(self) -> bool:
+        """It reached its budget: only then is it kept as a record."""
+        return self.steps >= self.total_steps
+
+    @property
     def normalized(self) -> float:
         return self.bench.normalize(self.env, self.final_return)
 
@@ -261,7 +266,7 @@ def write_records(runs: list[Run], runs_root: Path, records_root: Path) -> int:
     """Write (atomically) the record of every finished run of ``runs`` that lives under ``runs_root``; how many."""
     written = 0
     for r in runs:
-        if r.steps >= r.total_steps and r.path.is_dir() and r.path.is_relative_to(runs_root):
+        if r.finished and r.path.is_dir() and r.path.is_relative_to(runs_root):
             atomic_write_text(record_path(records_root, runs_root, r.path), record_text(r))
             written += 1
     return written
