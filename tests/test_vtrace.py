@@ -198,3 +198,14 @@ def test_advantage_scale_has_a_minimum_in_the_values_units():
     # advantages above the minimum are divided by their RMS as before
     adv = torch.tensor([[3.0, -4.0], [0.0, 0.0]])  # RMS 2.5
     assert float(advantage_scale(adv, zeros, ones, 0.3, 0.1)) == pytest.approx(2.5)
+
+
+def test_host_floats_reads_tensors_that_need_gradients_without_a_warning():
+    import warnings
+
+    from rfwp_rl.impala.loss import host_floats
+
+    loss = (torch.ones(3, requires_grad=True) * 2).sum()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert host_floats({"total": loss, "count": 4}) == {"total": 6.0, "count": 4.0}

@@ -231,7 +231,10 @@ def host_floats(named: dict[str, torch.Tensor | float]) -> dict[str, float]:
     copied = {}
     if on_device:
         copied = dict(zip(on_device, torch.stack([named[k].detach().float().reshape(()) for k in on_device]).tolist()))
-    return {k: copied[k] if k in copied else float(v) for k, v in named.items()}
+    return {
+        k: copied[k] if k in copied else float(v.detach() if isinstance(v, torch.Tensor) else v)
+        for k, v in named.items()
+    }
 
 
 class ReturnScale:
