@@ -20,8 +20,8 @@
 # console logs next to them (<core>_s<seed>.log). Order: seed 1 of everything first, then seed 2,
 # ...: a partial sweep still gives a complete first-seed table. Re-running the script resumes every
 # run from its newest checkpoint; finished runs return at once, and a run with a record in $OUT/records/
-# (written by memory-results for every finished run, committed with the tables) is not run again, so the
-# tables outlive the run directories. Ctrl-C / kill -TERM saves first.
+# (written as each run finishes, committed with the tables) is not run again, so the tables outlive the run
+# directories. Ctrl-C / kill -TERM saves first.
 # BENCH: the `memory-results --bench` of the tables (suite; launch/memory_comparison.sh sets comparison).
 { # read to the end before running: an edit to this file cannot change a sweep under way
 set -euo pipefail
@@ -56,9 +56,7 @@ if [ -n "$DRY" ]; then
 fi
 mkdir -p "$RUNS"
 
-kept() {  # RECORD: true if it is the record of a finished run of at least $STEPS env steps (raising STEPS trains on)
-  [ -f "$1" ] && [ "$(grep -o '"total_steps":[0-9]*' "$1" | cut -d: -f2)" -ge "$STEPS" ] 2>/dev/null
-}
+source launch/records.sh
 
 one_run() {  # ENV CORE SEED
   local name="$(echo "$1" | tr -c 'A-Za-z0-9.+\n-' '-')/$2_s$3"
@@ -67,10 +65,11 @@ one_run() {  # ENV CORE SEED
   mkdir -p "$dir"
   OMP_NUM_THREADS=$THREADS python3 -m rfwp_rl train --env "$1" --core "$2" --seed "$3" --total-steps "$STEPS" \
     --run-dir "$dir" --num-env-processes 1 --torch-threads "$THREADS" --log-every 30 $EXTRA >> "$dir.log" 2>&1 \
-    && echo "done    $1 $2 seed $3" || echo "FAILED  $1 $2 seed $3 (exit $?; log $dir.log)"
+    || { echo "FAILED  $1 $2 seed $3 (exit $?; log $dir.log)"; return 0; }
+  recorded "$1 $2 seed $3" "$dir" memory-results --bench "$BENCH"
 }
-export -f one_run kept
-export RUNS OUT STEPS THREADS EXTRA
+export -f one_run kept recorded
+export RUNS OUT STEPS THREADS EXTRA BENCH
 
 plan | xargs -P "$JOBS" -L 1 bash -c 'one_run "$0" "$1" "$2"'
 

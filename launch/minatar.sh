@@ -12,7 +12,7 @@
 # Run directories: $RUNS/<game>/<core>_s<seed> (TensorBoard tb/, config.json, checkpoints), console logs beside
 # them; then the tables of OUT (default results/minatar) with `rfwp-rl minatar-results`. Order: seed 1 of
 # everything first. Re-running resumes every run from its newest checkpoint; finished runs return at once, and
-# a run with a record in $OUT/records/ (the tables keep one per finished run) is not run again. Ctrl-C /
+# a run with a record in $OUT/records/ (written as each run finishes, kept with the tables) is not run again. Ctrl-C /
 # kill -TERM saves first.
 { # read to the end before running: an edit to this file cannot change a sweep under way
 set -euo pipefail
@@ -31,9 +31,7 @@ EXTRA=${EXTRA:-}
 python3 -c "import minatar" 2>/dev/null || { echo "minatar is not installed: pip install -e '.[minatar]'" >&2; exit 2; }
 mkdir -p "$RUNS"
 
-kept() {  # RECORD: true if it is the record of a finished run of at least $STEPS env steps (raising STEPS trains on)
-  [ -f "$1" ] && [ "$(grep -o '"total_steps":[0-9]*' "$1" | cut -d: -f2)" -ge "$STEPS" ] 2>/dev/null
-}
+source launch/records.sh
 
 one_run() {  # GAME CORE SEED
   local dir="$RUNS/$1/$2_s$3"
@@ -41,9 +39,10 @@ one_run() {  # GAME CORE SEED
   mkdir -p "$dir"
   OMP_NUM_THREADS=$THREADS python3 -m rfwp_rl train --env "MinAtar/$1-v1" --core "$2" --seed "$3" \
     --total-steps "$STEPS" --run-dir "$dir" --num-env-processes 1 --torch-threads "$THREADS" --log-every 30 \
-    --profile "$PROFILE" $EXTRA >> "$dir.log" 2>&1 && echo "done    $1 $2 seed $3" || echo "FAILED  $1 $2 seed $3 (exit $?; log $dir.log)"
+    --profile "$PROFILE" $EXTRA >> "$dir.log" 2>&1 || { echo "FAILED  $1 $2 seed $3 (exit $?; log $dir.log)"; return 0; }
+  recorded "$1 $2 seed $3" "$dir" minatar-results
 }
-export -f one_run kept
+export -f one_run kept recorded
 export RUNS OUT STEPS THREADS PROFILE EXTRA
 
 for seed in $SEEDS; do

@@ -16,6 +16,7 @@ say how close each core comes to it, not how close to the game's optimum.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -29,11 +30,13 @@ from rfwp_rl.memory.results import (
     Benchmark,
     Run,
     add_bootstrap_argument,
+    add_record_argument,
     aggregate_table,
     check_bootstrap_reps,
     collect,
     markdown_table,
     with_benchmark,
+    write_record,
     write_records,
     write_tables,
 )
@@ -46,7 +49,7 @@ def _describe(env: str) -> tuple[str, str]:
     return env.removeprefix("MinAtar/").removesuffix("-v1"), "v1"
 
 
-RAW = Benchmark(ENVS, _describe, lambda env, value: value, "MinAtar: the comparison of cores")
+RAW = Benchmark(ENVS, _describe, lambda env, value: value, "MinAtar: the comparison of cores", name="MinAtar")
 
 
 def random_returns(envs: tuple[str, ...] = ENVS, episodes: int = 100, seed: int = 0) -> dict[str, float]:
@@ -86,7 +89,7 @@ def normalized_benchmark(random: dict[str, float], best: dict[str, float]) -> Be
         span = best[env] - random[env]
         return (value - random[env]) / span if span > 0 else float("nan")
 
-    return Benchmark(RAW.envs, RAW.describe, normalize, RAW.title)
+    return dataclasses.replace(RAW, normalize=normalize)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -101,6 +104,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="episodes of the random policy per game, for the normalisation (default %(default)s)",
     )
     add_bootstrap_argument(parser)
+    add_record_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -108,6 +112,9 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--random-episodes {args.random_episodes} is invalid; allowed: an integer >= 1")
     check_bootstrap_reps(args.bootstrap_reps)
     runs_root, out = Path(args.runs), Path(args.out)
+    if args.record:
+        print(f"wrote {write_record(Path(args.record), runs_root, out / RECORDS, RAW)}")
+        return 0
     raw = collect(runs_root, RAW, out / RECORDS)
     if not raw:
         raise UserError(f"no MinAtar runs under {args.runs!r} (runs of MinAtar/<Game>-v1 with episodes logged)")

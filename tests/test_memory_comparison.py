@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import csv
+import json
 import math
 import os
 import subprocess
@@ -272,13 +273,36 @@ def test_the_launcher_skips_a_run_with_a_record(tmp_path):
     # a record of fewer env steps than asked (STEPS raised) does not keep its run from training on
     record = out / "records" / "rfwp-DelayedRecall-easy-v0" / "lstm_s1.json"
     for script in ("launch/memory_suite.sh", "launch/minatar.sh"):
-        kept = f'source <(sed -n "/^kept()/,/^}}/p" {script}); kept "$0" && echo kept || echo trains'
-        for steps, answer in ((2000, "kept"), (1999, "kept"), (2001, "trains")):
-            done = subprocess.run(
-                ["bash", "-c", kept, str(record)],
-                cwd=ROOT,
-                env={**os.environ, "STEPS": str(steps)},
-                capture_output=True,
-                text=True,
-            )
-            assert done.stdout.strip() == answer, (script, steps, done.stderr)
+        assert "source launch/records.sh" in (ROOT / script).read_text()
+    kept = 'source launch/records.sh; kept "$0" && echo kept || echo trains'
+    for steps, answer in ((2000, "kept"), (1999, "kept"), (2001, "trains")):
+        done = subprocess.run(
+            ["bash", "-c", kept, str(record)],
+            cwd=ROOT,
+            env={**os.environ, "STEPS": str(steps)},
+            capture_output=True,
+            text=True,
+        )
+        assert done.stdout.strip() == answer, (steps, done.stderr)
+
+
+def test_the_launcher_writes_a_runs_record_as_it_finishes(tmp_path):
+    runs, out = tmp_path / "runs", tmp_path / "out"
+    finished = fake_run(runs, "lstm", 1, [0.25, 1.0])
+    going = fake_run(runs, "gru", 1, [0.25])
+    config = json.loads((going / "config.json").read_text())
+    (going / "config.json").write_text(json.dumps({**config, "total_steps": 9000}))  # stopped early (SIGTERM)
+    recorded = 'source launch/records.sh; recorded "$0 seed 1" "$1" memory-results --bench comparison'
+    for run_dir, line in ((finished, "done    lstm seed 1"), (going, "stopped gru seed 1 (no record: not finished;")):
+        done = subprocess.run(
+            ["bash", "-c", recorded, run_dir.name.split("_")[0], str(run_dir)],
+            cwd=ROOT,
+            env={**os.environ, "RUNS": str(runs), "OUT": str(out)},
+            capture_output=True,
+            text=True,
+        )
+        assert done.stdout.startswith(line), done.stdout + done.stderr
+    assert [p.relative_to(out) for p in out.rglob("*") if p.is_file()] == [
+        Path("records/rfwp-DelayedRecall-easy-v0/lstm_s1.json")
+    ]  # the record alone, no tables
+    assert "is not finished (1,000 of 9,000 env steps)" in Path(f"{going}.log").read_text()

@@ -149,6 +149,24 @@ def test_records_keep_the_tables_when_the_run_directories_are_gone(tmp_path):
         results.write_results(runs, out, reps=50)
 
 
+def test_one_runs_record_is_the_one_the_tables_keep(tmp_path):
+    runs, out = tmp_path / "runs", tmp_path / "out"
+    run_dir = fake_run(runs, "lstm", 1, [0.25, 0.5, 1.0])
+    path = results.write_record(run_dir, runs, out / "records")
+    assert path == out / "records" / "rfwp-DelayedRecall-easy-v0" / "lstm_s1.json"
+    alone = path.read_text()
+    results.write_results(runs, out, reps=10)
+    assert path.read_text() == alone
+    assert (
+        cli.main(["memory-results", "--runs", str(runs), "--out", str(tmp_path / "o"), "--record", str(run_dir)]) == 0
+    )
+    assert [p.name for p in (tmp_path / "o").rglob("*") if p.is_file()] == ["lstm_s1.json"]
+    with pytest.raises(UserError, match=r"--record '.*' is not under --runs"):
+        results.write_record(run_dir, tmp_path / "elsewhere", out / "records")
+    with pytest.raises(UserError, match=r"is not a run on an env of memory-suite with episodes logged"):
+        results.write_record(runs / "missing", runs, out / "records")
+
+
 def test_versus_best_follows_the_intervals():
     rows = [
         {"core": "a", "iqm": 0.9, "ci95_low": 0.8, "ci95_high": 1.0},

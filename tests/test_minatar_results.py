@@ -66,7 +66,13 @@ def test_one_command_writes_tables_iqm_and_normalisation(tmp_path, monkeypatch):
     assert "| Breakout (v1) |" in readme and "IQM" in readme
     assert (out / "performance_profile.png").stat().st_size > 0 and (out / "curves.png").stat().st_size > 0
     # every run finished: each has its record, and the tables come out the same from the records alone
-    assert len(list((out / "records").glob("*/*.json"))) == 8
+    records = sorted((out / "records").glob("*/*.json"))
+    assert len(records) == 8
+    one = next(p.parent for p in runs.rglob("config.json") if p.parent.name == "ff_s1" and "Breakout" in str(p))
+    alone = tmp_path / "alone"
+    assert cli.main(["minatar-results", "--runs", str(runs), "--out", str(alone), "--record", str(one)]) == 0
+    [written] = [p for p in alone.rglob("*") if p.is_file()]  # the record alone: no random episodes, no tables
+    assert written.read_text() == (out / written.relative_to(alone)).read_text() and len(asked) == 1
     table = (out / "runs.csv").read_text()
     shutil.rmtree(runs)
     runs.mkdir()

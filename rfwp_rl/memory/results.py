@@ -272,6 +272,22 @@ def write_records(runs: list[Run], runs_root: Path, records_root: Path) -> int:
     return written
 
 
+def write_record(run_dir: Path, runs_root: Path, records_root: Path, bench: Benchmark = MEMORY_SUITE) -> Path:
+    """Write (atomically) the record of the one finished run in ``run_dir`` (under ``runs_root``); its path.
+    The sweep launchers call it after each run, so that a record does not wait for the tables."""
+    root, run = Path(os.path.abspath(runs_root)), Path(os.path.abspath(run_dir))  # links kept, as in collect
+    if not run.is_relative_to(root) or run == root:
+        raise UserError(f"--record {str(run_dir)!r} is not under --runs {str(runs_root)!r}")
+    r = read_run(run_dir, bench)
+    if r is None:
+        raise UserError(f"--record {str(run_dir)!r} is not a run on an env of {bench.name} with episodes logged")
+    if not r.finished:
+        raise UserError(f"--record {str(run_dir)!r} is not finished ({r.steps:,} of {r.total_steps:,} env steps)")
+    path = record_path(records_root, root, run)
+    atomic_write_text(path, record_text(r))
+    return path
+
+
 def _glob(root: Path, name: str) -> list[Path]:
     # glob's ** follows links to directories (Path.rglob does not), so a comparison can be assembled
     # from runs kept elsewhere by linking them into one folder
@@ -649,6 +665,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"(default: {_per_bench(lambda bench, runs, out: bench.aggregate_level)})",
     )
     add_bootstrap_argument(parser)
+    add_record_argument(parser)
 
 
 def _per_bench(text: Callable[[Benchmark, str, str], str]) -> str:
@@ -667,6 +684,16 @@ def add_bootstrap_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_record_argument(parser: argparse.ArgumentParser) -> None:
+    """``--record``, for every command that keeps run records."""
+    parser.add_argument(
+        "--record",
+        metavar="RUN_DIR",
+        help="write only the record of this finished run (a directory under --runs) into --out's records/, no "
+        "tables (the sweep launchers call it after each run)",
+    )
+
+
 def check_bootstrap_reps(reps: int) -> int:
     if reps < 1:
         raise UserError(f"--bootstrap-reps {reps} is invalid; allowed: an integer >= 1")
@@ -677,6 +704,10 @@ def run(args: argparse.Namespace) -> int:
     check_bootstrap_reps(args.bootstrap_reps)
     bench, default_runs, default_out = BENCHES[check_choice("--bench", args.bench, BENCHES)]
     out = args.out or default_out
+    if args.record:
+        path = write_record(Path(args.record), Path(args.runs or default_runs), Path(out) / RECORDS, bench)
+        print(f"wrote {path}")
+        return 0
     summary, agg = write_results(
         Path(args.runs or default_runs), Path(out), args.aggregate_level, args.bootstrap_reps, bench
     )
