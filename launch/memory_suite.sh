@@ -58,20 +58,20 @@ mkdir -p "$RUNS"
 
 source launch/records.sh
 
-one_run() {  # ENV CORE SEED
-  local name="$(echo "$1" | tr -c 'A-Za-z0-9.+\n-' '-')/$2_s$3"
-  local dir="$RUNS/$name"
-  if kept "$OUT/records/$name.json"; then echo "kept    $1 $2 seed $3 ($OUT/records/$name.json)"; return 0; fi
+one_run() {  # K/N ENV CORE SEED
+  local name="$(echo "$2" | tr -c 'A-Za-z0-9.+\n-' '-')/$3_s$4"
+  local dir="$RUNS/$name" what="$1 $2 $3 seed $4" start=$SECONDS
+  if kept "$OUT/records/$name.json"; then echo "kept    $what ($OUT/records/$name.json)"; return 0; fi
   mkdir -p "$dir"
-  OMP_NUM_THREADS=$THREADS python3 -m rfwp_rl train --env "$1" --core "$2" --seed "$3" --total-steps "$STEPS" \
+  OMP_NUM_THREADS=$THREADS python3 -m rfwp_rl train --env "$2" --core "$3" --seed "$4" --total-steps "$STEPS" \
     --run-dir "$dir" --num-env-processes 1 --torch-threads "$THREADS" --log-every 30 $EXTRA >> "$dir.log" 2>&1 \
-    || { echo "FAILED  $1 $2 seed $3 (exit $?; log $dir.log)"; return 0; }
-  recorded "$1 $2 seed $3" "$dir" memory-results --bench "$BENCH"
+    || { echo "FAILED  $what (exit $?; log $dir.log)"; return 0; }
+  recorded "$what ($(( (SECONDS - start) / 60 )) min)" "$dir" memory-results --bench "$BENCH"
 }
 export -f one_run kept recorded
 export RUNS OUT STEPS THREADS EXTRA BENCH
 
-plan | xargs -P "$JOBS" -L 1 bash -c 'one_run "$0" "$1" "$2"'
+plan | numbered | xargs -P "$JOBS" -L 1 bash -c 'one_run "$0" "$1" "$2" "$3"'
 
 python3 -m rfwp_rl memory-results --bench "$BENCH" --runs "$RUNS" --out "$OUT"
 exit

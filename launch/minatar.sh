@@ -33,14 +33,14 @@ mkdir -p "$RUNS"
 
 source launch/records.sh
 
-one_run() {  # GAME CORE SEED
-  local dir="$RUNS/$1/$2_s$3"
-  if kept "$OUT/records/$1/$2_s$3.json"; then echo "kept    $1 $2 seed $3 ($OUT/records/$1/$2_s$3.json)"; return 0; fi
+one_run() {  # K/N GAME CORE SEED
+  local dir="$RUNS/$2/$3_s$4" what="$1 $2 $3 seed $4" start=$SECONDS
+  if kept "$OUT/records/$2/$3_s$4.json"; then echo "kept    $what ($OUT/records/$2/$3_s$4.json)"; return 0; fi
   mkdir -p "$dir"
-  OMP_NUM_THREADS=$THREADS python3 -m rfwp_rl train --env "MinAtar/$1-v1" --core "$2" --seed "$3" \
+  OMP_NUM_THREADS=$THREADS python3 -m rfwp_rl train --env "MinAtar/$2-v1" --core "$3" --seed "$4" \
     --total-steps "$STEPS" --run-dir "$dir" --num-env-processes 1 --torch-threads "$THREADS" --log-every 30 \
-    --profile "$PROFILE" $EXTRA >> "$dir.log" 2>&1 || { echo "FAILED  $1 $2 seed $3 (exit $?; log $dir.log)"; return 0; }
-  recorded "$1 $2 seed $3" "$dir" minatar-results
+    --profile "$PROFILE" $EXTRA >> "$dir.log" 2>&1 || { echo "FAILED  $what (exit $?; log $dir.log)"; return 0; }
+  recorded "$what ($(( (SECONDS - start) / 60 )) min)" "$dir" minatar-results
 }
 export -f one_run kept recorded
 export RUNS OUT STEPS THREADS PROFILE EXTRA
@@ -51,7 +51,7 @@ for seed in $SEEDS; do
       echo "$game $core $seed"
     done
   done
-done | xargs -P "$JOBS" -L 1 bash -c 'one_run "$0" "$1" "$2"'
+done | numbered | xargs -P "$JOBS" -L 1 bash -c 'one_run "$0" "$1" "$2" "$3"'
 
 python3 -m rfwp_rl minatar-results --runs "$RUNS" --out "$OUT"
 exit

@@ -267,7 +267,7 @@ def test_the_launcher_skips_a_run_with_a_record(tmp_path):
         {"IDS": env, "CORES": "lstm", "SEEDS": "1", "STEPS": "2000", "RUNS": str(tmp_path / "fresh"), "OUT": str(out)}
     )
     assert done.returncode == 0, done.stderr
-    assert f"kept    {env} lstm seed 1 ({out}/records/rfwp-DelayedRecall-easy-v0/lstm_s1.json)" in done.stdout
+    assert f"kept    1/1 {env} lstm seed 1 ({out}/records/rfwp-DelayedRecall-easy-v0/lstm_s1.json)" in done.stdout
     assert not (tmp_path / "fresh" / "rfwp-DelayedRecall-easy-v0").exists()  # nothing trained
     assert "| DelayedRecall (easy) | 1.00 (1) |" in (out / "README.md").read_text()  # the tables from the record
     # a record of fewer env steps than asked (STEPS raised) does not keep its run from training on
@@ -286,23 +286,26 @@ def test_the_launcher_skips_a_run_with_a_record(tmp_path):
         assert done.stdout.strip() == answer, (steps, done.stderr)
 
 
-def test_the_launcher_writes_a_runs_record_as_it_finishes(tmp_path):
+@pytest.mark.slow
+def test_the_launcher_trains_and_writes_each_runs_record_as_it_finishes(tmp_path):
     runs, out = tmp_path / "runs", tmp_path / "out"
-    finished = fake_run(runs, "lstm", 1, [0.25, 1.0])
+    env = "rfwp/DelayedRecall-easy-v0"
+    done = _launch({"IDS": env, "CORES": "ff", "SEEDS": "1", "STEPS": "3000", "RUNS": str(runs), "OUT": str(out)})
+    assert done.returncode == 0, done.stderr
+    assert f"done    1/1 {env} ff seed 1 (0 min)" in done.stdout  # printed once the run's record is written
+    assert (out / "records" / "rfwp-DelayedRecall-easy-v0" / "ff_s1.json").is_file()
+    # a run stopped before its budget (SIGTERM) gets no record, and its line says so
     going = fake_run(runs, "gru", 1, [0.25])
     config = json.loads((going / "config.json").read_text())
-    (going / "config.json").write_text(json.dumps({**config, "total_steps": 9000}))  # stopped early (SIGTERM)
-    recorded = 'source launch/records.sh; recorded "$0 seed 1" "$1" memory-results --bench comparison'
-    for run_dir, line in ((finished, "done    lstm seed 1"), (going, "stopped gru seed 1 (no record: not finished;")):
-        done = subprocess.run(
-            ["bash", "-c", recorded, run_dir.name.split("_")[0], str(run_dir)],
-            cwd=ROOT,
-            env={**os.environ, "RUNS": str(runs), "OUT": str(out)},
-            capture_output=True,
-            text=True,
-        )
-        assert done.stdout.startswith(line), done.stdout + done.stderr
-    assert [p.relative_to(out) for p in out.rglob("*") if p.is_file()] == [
-        Path("records/rfwp-DelayedRecall-easy-v0/lstm_s1.json")
-    ]  # the record alone, no tables
+    (going / "config.json").write_text(json.dumps({**config, "total_steps": 9000}))
+    recorded = 'source launch/records.sh; recorded "gru seed 1" "$0" memory-results --bench comparison'
+    done = subprocess.run(
+        ["bash", "-c", recorded, str(going)],
+        cwd=ROOT,
+        env={**os.environ, "RUNS": str(runs), "OUT": str(out)},
+        capture_output=True,
+        text=True,
+    )
+    assert done.stdout.startswith("stopped gru seed 1 (no record: not finished;"), done.stdout + done.stderr
+    assert not (out / "records" / "rfwp-DelayedRecall-easy-v0" / "gru_s1.json").exists()
     assert "is not finished (1,000 of 9,000 env steps)" in Path(f"{going}.log").read_text()
