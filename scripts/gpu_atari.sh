@@ -9,7 +9,8 @@
 #     each number of env batches of BATCH_SWEEP (default "3 4") and env processes of PROCESS_SWEEP (default: two
 #     fewer than ENV_PROCESSES; empty: none), each with the
 #     env-stepping and learner bounds; and the small vector
-#     agent on both devices (its rows in the same table: the same columns, its env in the `env` column);
+#     agent on both devices, and on the first one with the learner in the acting thread (--no-learner-thread; its
+#     rows in the same table: the same columns, its env in the `env` column, `learner_thread` False);
 #  3. `rfwp-rl bench impala --topologies local,remote,group` on Pong, `lstm` on cuda, 48 envs in all: one learner,
 #     one learner fed by 2 remote actor processes, and a group of two learners, TOPOLOGY_SECONDS (default 5)
 #     timed after 2 s of warm-up each (-> $OUT/topology.csv; about 60 s of the budget, at most TOPOLOGY_TIMEOUT,
@@ -113,9 +114,13 @@ echo "== bench impala, vector agent ($(elapsed) s)"
 timeout -k 20 120 "$PY" -m rfwp_rl bench impala --env rfwp/DelayedRecall-easy-v0 --cores rdn --devices "$BENCH_DEVICES" \
   --env-backend process --num-actors 32 --num-env-processes 4 --batch-size 8 --unroll-length 20 --seconds "$BENCH_SECONDS" \
   --warmup-seconds 5 --out "$OUT/bench_vector.csv" 2>&1 | tee -a "$OUT/bench.log"
+echo "== bench impala, vector agent, GPU learner without its thread ($(elapsed) s)"  # is the thread what costs?
+timeout -k 20 60 "$PY" -m rfwp_rl bench impala --env rfwp/DelayedRecall-easy-v0 --cores rdn --devices "${BENCH_DEVICES%%,*}" \
+  --env-backend process --num-actors 32 --num-env-processes 4 --batch-size 8 --unroll-length 20 --seconds "$BENCH_SECONDS" \
+  --warmup-seconds 5 --set learner_thread=false --out "$OUT/bench_vector_sync.csv" 2>&1 | tee -a "$OUT/bench.log"
 # one table (the device hands back 8 files at most)
 parts=("$OUT"/bench_48.csv "$OUT"/bench_48_eager.csv "$OUT"/bench_big.csv "$OUT"/bench_ale.csv "$OUT"/bench_batches_*.csv
-  "$OUT"/bench_processes_*.csv "$OUT"/bench_vector.csv)
+  "$OUT"/bench_processes_*.csv "$OUT"/bench_vector.csv "$OUT"/bench_vector_sync.csv)
 { head -1 "$OUT/bench_48.csv"; for f in "${parts[@]}"; do tail -n +2 "$f"; done; } > "$OUT/gpu_bench.csv" 2>/dev/null
 rm -f "${parts[@]}"
 

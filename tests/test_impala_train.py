@@ -299,8 +299,12 @@ def test_learner_thread_run_and_resume(tmp_path, capsys):
     ckpt = read_checkpoint(list_checkpoints(tmp_path / "run")[0])
     assert ckpt["step"] == 60 and ckpt["state"]["counters"]["updates"] == 6
     assert train(tmp_path, "CartPole-v1", "rdn", 100, "--learner-thread") == 0
-    assert "from step 60" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "from step 60" in out and "learning in its own thread" in out
     assert read_checkpoint(list_checkpoints(tmp_path / "run")[0])["step"] == 100
+    assert train(tmp_path, "CartPole-v1", "rdn", 140, "--no-learner-thread") == 0  # on a CPU, the default
+    assert "learning in its own thread" not in capsys.readouterr().out
+    assert read_checkpoint(list_checkpoints(tmp_path / "run")[0])["step"] == 140
 
 
 def test_non_finite_update_is_skipped():

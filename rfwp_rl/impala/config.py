@@ -169,11 +169,11 @@ class ImpalaConfig:
     )
     profile: str = setting("atari", "which defaults filled the options the command line left unset")
     device: str = setting("cpu")
-    learner_thread: bool = setting(
-        False,
+    learner_thread: bool | None = setting(
+        None,
         "run updates in a learner thread while the actors go on with a copy of the "
-        "model (refreshed after each update); always on with a GPU learner, "
-        "else off: act and learn in turn in one thread",
+        "model (refreshed after each update); --no-learner-thread: act and learn in turn "
+        "in one thread; unset: a thread with a GPU learner, none otherwise",
     )
     actor_device: str = setting(
         "auto",

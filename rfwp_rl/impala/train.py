@@ -427,9 +427,10 @@ class ImpalaTrainer(Trainer):
             cfg.actor_device, learner.agent, self.device, max(1, cfg.num_actors // cfg.num_env_batches)
         )
         self.actor_device_note = f"actors on {self.actor_device} ({why})"
-        # with a GPU learner, acting goes on while it learns (the GPU works while the CPU steps envs)
-        thread = cfg.learner_thread or self.device.type == "cuda"
+        # by default, with a GPU learner acting goes on while it learns (the GPU works while the CPU steps envs)
+        thread = self.device.type == "cuda" if cfg.learner_thread is None else cfg.learner_thread
         self.learning = Learning(learner, self.group, thread=thread, acting_device=self.actor_device)
+        self.actor_device_note += ", learning in its own thread" if thread else ""
         if self.pool is None:
             self.actors = NoLocalActors(self.counts["env_failures"])
         else:
