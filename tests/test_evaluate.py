@@ -110,8 +110,10 @@ class SpyAgent(Agent):
         super().__init__(*args, **kwargs)
         self.calls = []
 
-    def forward(self, obs, reward, done, state, prev_action=None, greedy=False):
-        out, state = super().forward(obs, reward, done, state, prev_action=prev_action, greedy=greedy)
+    def forward(self, obs, reward, done, state, prev_action=None, greedy=False, with_features=False):
+        out, state = super().forward(
+            obs, reward, done, state, prev_action=prev_action, greedy=greedy, with_features=with_features
+        )
         self.calls.append((reward[0].tolist(), done[0].tolist(), out["policy_params"][0].clone()))
         return out, state
 

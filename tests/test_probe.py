@@ -4,11 +4,13 @@ index within the episode."""
 import csv
 import math
 
+import numpy as np
 import pytest
 import torch
 
 from rfwp_rl import cli
 from rfwp_rl.agent import Agent
+from rfwp_rl.impala.memory_span import MemorySpan, ridge_r2
 from rfwp_rl.impala.probe import StepStats
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -108,6 +110,13 @@ def test_probe_a_trained_run_counts_every_played_step(tmp_path, capsys):
         probe(run, episodes=3, bin_steps=100, num_envs=2, shift=s)["rows"][0]["shift_kl"] for s in (1e-4, 1e-2)
     )
     assert 0.0 <= small < large
+    # --span: one row per lag; the present features recover themselves at lag 0
+    assert cli.main(["probe", str(run), "--episodes", "12", "--span", "3", "--out", str(out)]) == 0
+    assert "how far back the memory reaches" in capsys.readouterr().out
+    span = list(csv.DictReader((tmp_path / "probe_span.csv").open()))
+    assert [r["lag"] for r in span] == ["0", "1", "2", "3"]
+    assert list(span[0]) == ["lag", "pairs_fit", "pairs_scored", "r2_output", "r2_state", "r2_present"]
+    assert float(span[0]["r2_present"]) > 0.99 and int(span[3]["pairs_fit"]) < int(span[0]["pairs_fit"])
 
 
 def test_probe_refuses_bad_counts(tmp_path, capsys):
@@ -115,3 +124,41 @@ def test_probe_refuses_bad_counts(tmp_path, capsys):
     assert "--episodes 0" in capsys.readouterr().err
     assert cli.main(["probe", str(tmp_path), "--shift", "-1"]) == 2
     assert "--shift -1" in capsys.readouterr().err
+    assert cli.main(["probe", str(tmp_path), "--span", "-2"]) == 2
+    assert "--span -2 is invalid; allowed: an integer >= 0" in capsys.readouterr().err
+    assert cli.main(["probe", str(tmp_path), "--span", "4", "--episodes", "1"]) == 2
+    assert "--span needs --episodes 2 or more" in capsys.readouterr().err
+
+
+def _feed(span: MemorySpan, episodes: int, length: int, width: int = 6, seed: int = 0) -> None:
+    """Episodes of i.i.d. features, played by a hand-made agent whose output is the features of one step back
+    and whose state holds those of two steps back (zeros before the episode's start)."""
+    rng = np.random.default_rng(seed)
+    for _ in range(episodes):
+        feats = rng.standard_normal((length, width)).astype(np.float32)
+        for t in range(length):
+            back = [torch.from_numpy(feats[t - k]) if t >= k else torch.zeros(width) for k in (1, 2)]
+            out = {"features": torch.from_numpy(feats[t])[None, None], "core_output": back[0][None, None]}
+            span([0], [t], {}, out, (back[1][None],))
+
+
+def test_memory_span_reads_what_the_core_holds_and_no_more():
+    span = MemorySpan(max_lag=3)
+    _feed(span, episodes=40, length=12)
+    rows = {r["lag"]: r for r in span.table()}
+    assert rows[0]["pairs_fit"] == rows[0]["pairs_scored"] == 20 * 12 and rows[3]["pairs_fit"] == 20 * 9
+    assert rows[0]["r2_present"] == pytest.approx(1.0, abs=1e-3)  # the present features recover themselves
+    assert rows[1]["r2_output"] > 0.95 and rows[2]["r2_state"] > 0.95  # one step back in the output, two in the state
+    for lag in (1, 2, 3):
+        assert abs(rows[lag]["r2_present"]) < 0.1  # i.i.d. features: the present says nothing of the past
+    assert abs(rows[2]["r2_output"]) < 0.1 and abs(rows[1]["r2_state"]) < 0.1 and abs(rows[3]["r2_state"]) < 0.1
+
+
+def test_ridge_r2_on_exact_independent_and_too_few_pairs():
+    rng = np.random.default_rng(1)
+    x, noise = rng.standard_normal((400, 5)), rng.standard_normal((400, 3))
+    y = x @ rng.standard_normal((5, 3))
+    assert ridge_r2(x[:200], y[:200], x[200:], y[200:]) > 0.99
+    assert abs(ridge_r2(x[:200], noise[:200], x[200:], noise[200:])) < 0.1
+    assert math.isnan(ridge_r2(x[:10], y[:10], x[200:], y[200:]))  # fewer than MIN_PAIRS fitted
+    assert math.isnan(ridge_r2(x[:200, :0], y[:200], x[200:, :0], y[200:]))  # a core without state

@@ -173,6 +173,7 @@ def play(
     recorder: GifRecorder | None = None,
     progress: Callable[[int, int, list[Episode]], None] | None = None,
     observer: Callable[[list[int], list[int], dict, dict, tuple], None] | None = None,
+    with_features: bool = False,
 ) -> list[Episode]:
     """Play full episodes with ``agent`` on ``envs`` stepped together (batched inference).
 
@@ -189,10 +190,11 @@ def play(
     ``recorder`` captures the first episode of env 0. ``observer(envs, steps, inputs, out, state)`` sees every
     forward pass: the active envs' indices, each one's step index within its episode, the agent's
     inputs (``x``, ``reward``, ``done``, ``prev_action``, each ``[1, n, ...]``), its outputs
-    (``[1, n, ...]``) and the new core state of those envs (tensors ``[n, ...]``). Returns every finished episode,
-    including dropped ones, sorted by (env, index).
+    (``[1, n, ...]``; with ``with_features`` also the torso's ``features`` and the ``core_output``) and the new
+    core state of those envs (tensors ``[n, ...]``). Returns every finished episode, including dropped ones,
+    sorted by (env, index).
     """
-    game = _Play(agent, envs, episode_quota, noneg, max_dropped, recorder, progress, observer)
+    game = _Play(agent, envs, episode_quota, noneg, max_dropped, recorder, progress, observer, with_features)
     active = [i for i in range(len(envs)) if episode_quota[i] > 0]
     while active:
         actions = game.act(active, greedy)
@@ -214,10 +216,12 @@ class _Play:
         recorder: GifRecorder | None,
         progress: Callable[[int, int, list[Episode]], None] | None,
         observer: Callable[[list[int], list[int], dict, dict, tuple], None] | None = None,
+        with_features: bool = False,
     ):
         n = len(envs)
         self.agent, self.envs, self.quota, self.noneg, self.max_dropped = agent, envs, quota, noneg, max_dropped
         self.recorder, self.progress, self.observer = recorder, progress, observer
+        self.with_features = with_features
         self.device = next(agent.parameters()).device
         self.state = [s.clone() for s in agent.initial_state(n, device=self.device)]
         self.obs = [env.reset()[0] for env in envs]
@@ -247,7 +251,13 @@ class _Play:
         }
         with torch.inference_mode():
             out, new_sub = self.agent(
-                inputs["x"], inputs["reward"], inputs["done"], sub, prev_action=inputs["prev_action"], greedy=greedy
+                inputs["x"],
+                inputs["reward"],
+                inputs["done"],
+                sub,
+                prev_action=inputs["prev_action"],
+                greedy=greedy,
+                with_features=self.with_features,
             )
         for s, ns in zip(self.state, new_sub):
             s.index_copy_(0, idx.to(s.device), ns)

@@ -8,14 +8,18 @@ grows through an episode, a value that drifts with time, a policy that loses its
 late in an episode: each shows in one table. With ``--shift LR``, also how far one optimizer
 step of size LR moves the policy at each step of the episode (a policy that is far more
 sensitive to its parameters late in an episode than early, or than another core's, is one that
-a fixed learning rate can throw off a solved task). Writes the table as CSV next to the run
-(``probe_<step>_<sample|greedy>.csv``, atomically).
+a fixed learning rate can throw off a solved task). With ``--span K``, also how far back the memory
+reaches: for lags 0..K, how much of what the agent saw that many steps back a linear read-out recovers
+from the core's output, from its state, and from the present observation alone
+(:mod:`rfwp_rl.impala.memory_span`). Writes the tables as CSV next to the run
+(``probe_<step>_<sample|greedy>.csv``, ``span_<step>_<sample|greedy>.csv``, atomically).
 
 Examples::
 
     rfwp-rl probe runs/memory/rfwp-PositionOnlyCartPole-easy-v0/rdn_s3
     rfwp-rl probe RUN --checkpoint best --episodes 40 --bin 20
     rfwp-rl probe RUN --shift 5e-4 --bin 40
+    rfwp-rl probe RUN --span 30 --episodes 100
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from rfwp_rl import flags
 from rfwp_rl.checkpoint import add_trust_argument, atomic_write_text
 from rfwp_rl.errors import UserError
 from rfwp_rl.impala.evaluate import _check_envs, add_checkpoint_arguments, eval_env_options, load_agent, play, quotas
+from rfwp_rl.impala.memory_span import MemorySpan, state_width
 from rfwp_rl.impala.run_spec import parse_env_options
 from rfwp_rl.impala.trust_region import kl_terms
 from rfwp_rl.texttable import format_columns
@@ -122,31 +127,50 @@ def probe(
     env_overrides: dict | None = None,
     shift: float = 0.0,
     env: str | None = None,
+    span: int = 0,
 ) -> dict:
     """Play ``episodes`` full episodes of the checkpoint at ``path`` and return
     ``{"rows": StepStats.table(), "lengths": [...], "returns": [...], "truncated": int, "step": int,
-    "checkpoint": str, "env": str, "core": str, "state_shapes": [...]}``. ``env``: see
+    "checkpoint": str, "env": str, "core": str, "state_shapes": [...]}``, with ``span`` > 0 also
+    ``"span": MemorySpan.table()`` over lags 0..``span`` and ``"state_width"``. ``env``: see
     :func:`rfwp_rl.impala.evaluate.load_agent` (names an env module or file the checkpoint's env needs)."""
     if episodes < 1 or bin_steps < 1 or num_envs < 1:
         raise UserError(f"--episodes {episodes} / --bin {bin_steps} / --num-actors {num_envs}: each must be >= 1")
     if not shift >= 0:
         raise UserError(f"--shift {shift}: must be >= 0 (a parameter step size such as the learning rate; 0: off)")
+    if span < 0:
+        raise UserError(f"--span {span} is invalid; allowed: an integer >= 0 (the longest lag; 0: off)")
+    if span and episodes < 2:
+        raise UserError(
+            f"--span needs --episodes 2 or more (read-outs are fitted on half the episodes), not {episodes}"
+        )
     agent, meta, step, file = load_agent(path, env=env, which=which, trust=trust_checkpoint)
     env_id = str(meta["env"])
     options = eval_env_options(meta, dict(env_overrides or {}), envs_mod.resolve_env_id(env_id).kind)
     n = min(num_envs, episodes)
     torch.manual_seed(seed)
     stats = StepStats(agent, bin_steps, shift=shift, num_envs=n, seed=seed)
+    spans = MemorySpan(span, seed) if span else None
+
+    def observe(*seen: object) -> None:
+        stats(*seen)
+        if spans is not None:
+            spans(*seen)
+
     env_list = []
     try:
         for i in range(n):
             env_list.append(envs_mod.make_env(env_id, seed=seed + i, **options))
         _check_envs(env_list[0], env_id, meta, file)
-        played = play(agent, env_list, quotas(episodes, n), greedy=greedy, observer=stats)
+        played = play(
+            agent, env_list, quotas(episodes, n), greedy=greedy, observer=observe, with_features=spans is not None
+        )
     finally:
         for e in env_list:
             e.close()
+    extra = {"span": spans.table(), "state_width": state_width(agent.initial_state(1))} if spans is not None else {}
     return {
+        **extra,
         "rows": stats.table(),
         "lengths": [e.length for e in played],
         "returns": [e.score for e in played],
@@ -175,6 +199,29 @@ def format_table(record: dict) -> str:
     )
 
 
+def format_span(record: dict) -> str:
+    return format_columns(
+        ["lag", "pairs (fit/scored)", "from the core output", "from the core state", "from the present"],
+        [
+            [
+                str(r["lag"]),
+                f"{r['pairs_fit']}/{r['pairs_scored']}",
+                *(f"{r[f'r2_{source}']:.2f}" for source in ("output", "state", "present")),
+            ]
+            for r in record["span"]
+        ],
+    )
+
+
+def _csv(rows: list[dict]) -> str:
+    buf = io.StringIO()
+    keys = list(rows[0])
+    buf.write(",".join(keys) + "\n")
+    for r in rows:
+        buf.write(",".join(str(r[k]) if isinstance(r[k], int) else f"{r[k]:.6g}" for k in keys) + "\n")
+    return buf.getvalue()
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = "examples:" + __doc__.split("Examples::", 1)[1]
@@ -190,6 +237,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="add a column shift_kl: KL from the policy to that of the agent with every parameter "
         "moved by +-LR (random signs; one Adam step's size), per step within the episode "
         "(e.g. 5e-4, the vector profile's learning rate; default 0: off)",
+    )
+    parser.add_argument(
+        "--span",
+        type=int,
+        default=0,
+        metavar="K",
+        help="also how far back the memory reaches: for lags 0..K, the R² of a linear read-out of the features "
+        "seen that many steps back, from the core output, from the core state and from the present features "
+        "alone (fitted on the even episodes, scored on the odd ones; default 0: off)",
     )
     flags.add_shared(parser, "num_actors", 8)
     flags.add_shared(parser, "seed", 12345, "env i is seeded with SEED + i")
@@ -228,6 +284,7 @@ def run(args: argparse.Namespace) -> int:
         env_overrides=parse_env_options(args.env_options, "max_episode_steps=500"),
         shift=args.shift,
         env=args.env,
+        span=args.span,
     )
     lengths, returns = np.array(record["lengths"]), np.array(record["returns"])
     mode = "greedy" if args.greedy else "sample"
@@ -239,11 +296,17 @@ def run(args: argparse.Namespace) -> int:
     )
     print(format_table(record))
     out = Path(args.out) if args.out else Path(record["checkpoint"]).parent / f"probe_{record['step']:012d}_{mode}.csv"
-    buf = io.StringIO()
-    keys = list(record["rows"][0])
-    buf.write(",".join(keys) + "\n")
-    for r in record["rows"]:
-        buf.write(",".join(str(r[k]) if isinstance(r[k], int) else f"{r[k]:.6g}" for k in keys) + "\n")
-    atomic_write_text(out, buf.getvalue())
+    atomic_write_text(out, _csv(record["rows"]))
     print(f"wrote {out}")
+    if "span" in record:
+        width = record["state_width"]
+        state = f"the core state through {width} numbers" if width else "the core has no state"
+        print(
+            "\nhow far back the memory reaches: R² of the features seen `lag` steps back, read linearly at each "
+            f"step ({state}; 'from the present': no memory)"
+        )
+        print(format_span(record))
+        span_out = out.with_name(f"span_{record['step']:012d}_{mode}.csv" if not args.out else f"{out.stem}_span.csv")
+        atomic_write_text(span_out, _csv(record["span"]))
+        print(f"wrote {span_out}")
     return 0
