@@ -10,6 +10,7 @@ import torch
 
 from rfwp_rl import cli
 from rfwp_rl.agent import Agent
+from rfwp_rl.impala import memory_span
 from rfwp_rl.impala.memory_span import MemorySpan, ridge_r2
 from rfwp_rl.impala.probe import StepStats
 
@@ -142,7 +143,7 @@ def _feed(span: MemorySpan, episodes: int, length: int, width: int = 6, seed: in
             span([0], [t], {}, out, (back[1][None],))
 
 
-def test_memory_span_reads_what_the_core_holds_and_no_more():
+def test_memory_span_reads_what_the_core_holds_and_no_more(monkeypatch):
     span = MemorySpan(max_lag=3)
     _feed(span, episodes=40, length=12)
     rows = {r["lag"]: r for r in span.table()}
@@ -152,6 +153,11 @@ def test_memory_span_reads_what_the_core_holds_and_no_more():
     for lag in (1, 2, 3):
         assert abs(rows[lag]["r2_present"]) < 0.1  # i.i.d. features: the present says nothing of the past
     assert abs(rows[2]["r2_output"]) < 0.1 and abs(rows[1]["r2_state"]) < 0.1 and abs(rows[3]["r2_state"]) < 0.1
+    many = MemorySpan(max_lag=1)
+    _feed(many, episodes=4, length=40)
+    monkeypatch.setattr(memory_span, "MAX_PAIRS", 30)  # long episodes: at most this many pairs a side
+    x, y = many.pairs(1, fit=True)["output"]
+    assert len(x) == len(y) == 30 and np.array_equal(x, y) and many.table()[1]["r2_output"] > 0.95
 
 
 def test_ridge_r2_on_exact_independent_and_too_few_pairs():

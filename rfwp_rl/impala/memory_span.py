@@ -24,6 +24,7 @@ import torch
 STATE_DIMS = 512  # a core state larger than this is read through this many random directions
 RIDGE = 1e-2  # ridge penalty per pair, on standardised inputs
 MIN_PAIRS = 20  # fewer pairs than this on either side of the split: no score for that lag
+MAX_PAIRS = 10_000  # more pairs than this on a side (long episodes): this many, evenly spaced, bound the time
 SOURCES = ("output", "state", "present")
 
 
@@ -95,8 +96,9 @@ class MemorySpan:
         if not targets:
             empty = np.zeros((0, 1), np.float32)
             return {s: (empty, empty) for s in SOURCES}
-        y = np.concatenate(targets).astype(np.float64)
-        return {s: (np.concatenate(rows[s]).astype(np.float64), y) for s in SOURCES}
+        y = np.concatenate(targets)
+        keep = np.linspace(0, len(y) - 1, MAX_PAIRS).round().astype(int) if len(y) > MAX_PAIRS else slice(None)
+        return {s: (np.concatenate(rows[s])[keep].astype(np.float64), y[keep].astype(np.float64)) for s in SOURCES}
 
     def table(self) -> list[dict]:
         """One row per lag 0..``max_lag``: ``lag``, ``pairs_fit``, ``pairs_scored`` and the R² of each source."""
