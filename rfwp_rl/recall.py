@@ -19,7 +19,9 @@ the batch's steps: predicting the mean features costs about 1 per step whatever 
 so only what tells steps apart lowers it; a sum over steps as the learner's other losses).
 
 Symbols: where the agent embeds a uint8 grid's cells as symbols (``agent.grid_embedding``), the head also
-names every symbol of that grid k steps back (one of 256 values per cell and channel, a cross-entropy), each
+names every symbol of that grid k steps back (a cross-entropy over the values of its channel that the learner
+has seen so far, of the 256 a uint8 allows: a grid uses a few, MiniGrid at most 11, and a value never seen is
+never a target, so the softmax leaves the others out and costs a few instead of 256 logits a symbol), each
 weighted by one over how often its (channel, value) is a target in the batch, the weights' mean 1: walls and
 floor then count as much as the one key that must be remembered, which the features' squared error, dominated
 by the common cells, leaves unlearned (``results/envs/minigrid.md``: MemoryS7's supervised probe). The step's
@@ -73,6 +75,8 @@ class RecallHead(nn.Module):
             )
             self.decoder_weight = nn.Parameter(torch.randn(channels, SYMBOL_WIDTH, SYMBOL_VALUES) / SYMBOL_WIDTH**0.5)
             self.decoder_bias = nn.Parameter(torch.zeros(channels, SYMBOL_VALUES))
+            # the values seen in each channel: the symbols' softmax runs over them (module docstring)
+            self.register_buffer("seen", torch.zeros(channels, SYMBOL_VALUES, dtype=torch.bool), persistent=False)
 
     def _input(self, core_out: Tensor, lag: Tensor) -> Tensor:
         return torch.cat([core_out, F.one_hot(lag - 1, self.lags).to(core_out.dtype)], dim=-1)
@@ -80,13 +84,28 @@ class RecallHead(nn.Module):
     def forward(self, core_out: Tensor, lag: Tensor) -> Tensor:
         return self.net(self._input(core_out, lag))
 
-    def symbol_logits(self, core_out: Tensor, lag: Tensor) -> Tensor:
-        """``core_out [M, H]``, ``lag [M]`` -> logits ``[M, P, SYMBOL_VALUES]`` of the P symbols ``lag`` back."""
+    def see(self, symbols: Tensor) -> None:
+        """Add the values of ``symbols [..., P]`` (position p in channel ``channel_of[p]``) to those seen."""
+        self.seen[self.channel_of.expand(symbols.shape).flatten(), symbols.flatten()] = True
+
+    def vocabulary(self) -> tuple[Tensor, Tensor, Tensor]:
+        """The values seen, per channel: ``values [C, V]`` (ascending, then padding; V: the most of one channel),
+        ``valid [C, V]`` (False on the padding) and ``place [C, SYMBOL_VALUES]``, each value's column in ``values``."""
+        counts = self.seen.sum(1)
+        width = max(int(counts.max()), 1)
+        values = torch.argsort((~self.seen).to(torch.int8), dim=1, stable=True)[:, :width]  # seen values first
+        valid = torch.arange(width, device=counts.device) < counts[:, None]
+        return values, valid, self.seen.long().cumsum(1) - 1
+
+    def symbol_logits(self, core_out: Tensor, lag: Tensor, values: Tensor, valid: Tensor) -> Tensor:
+        """``core_out [M, H]``, ``lag [M]`` -> logits ``[M, P, V]`` of the P symbols ``lag`` back, over the values
+        of :meth:`vocabulary` (``-inf`` on its padding)."""
         cells = self.symbols(self._input(core_out, lag)).view(core_out.shape[0], -1, SYMBOL_WIDTH)
         x = cells[:, self.cell_of]  # [M, P, W]
-        return (
-            torch.einsum("mpw,pwv->mpv", x, self.decoder_weight[self.channel_of]) + self.decoder_bias[self.channel_of]
-        )
+        weight = self.decoder_weight.gather(2, values.unsqueeze(1).expand(-1, SYMBOL_WIDTH, -1))  # [C, W, V]
+        bias = self.decoder_bias.gather(1, values)  # [C, V]
+        logits = torch.einsum("mpw,pwv->mpv", x, weight[self.channel_of]) + bias[self.channel_of]
+        return logits.masked_fill(~valid[self.channel_of], float("-inf"))
 
 
 def draw_lags(
@@ -134,6 +153,7 @@ def recall_loss(
     mask = valid.to(err.dtype)
     total = (err * mask).sum()
     if head.symbols is not None and symbols is not None and bool(valid.any()):
+        head.see(symbols)
         total = total + symbol_recall_sum(
             head,
             core_out[valid],
@@ -145,10 +165,13 @@ def recall_loss(
 
 def symbol_recall_sum(head: RecallHead, core_out: Tensor, lag: Tensor, target: Tensor) -> Tensor:
     """The symbols' term summed over ``M`` steps: ``core_out [M, H]``, ``lag [M]``, ``target [M, P]`` the
-    symbols asked for. Each symbol's cross-entropy is weighted by one over the count of its (channel, value)
-    among the ``M x P`` targets, the weights scaled to mean 1; a step's term is its weighted mean."""
-    logits = head.symbol_logits(core_out, lag)
-    ce = F.cross_entropy(logits.flatten(0, 1), target.flatten(), reduction="none").view(target.shape)
+    symbols asked for (each one seen: :meth:`RecallHead.see`). Each symbol's cross-entropy, over the values seen
+    in its channel, is weighted by one over the count of its (channel, value) among the ``M x P`` targets, the
+    weights scaled to mean 1; a step's term is its weighted mean."""
+    values, valid, place = head.vocabulary()
+    logits = head.symbol_logits(core_out, lag, values, valid)
+    column = place[head.channel_of.expand(target.shape), target]  # [M, P]: each target's column in its channel
+    ce = F.cross_entropy(logits.flatten(0, 1), column.flatten(), reduction="none").view(target.shape)
     kind = head.channel_of * SYMBOL_VALUES + target  # [M, P]: which (channel, value) each target is
     counts = torch.bincount(kind.flatten(), minlength=int(head.decoder_bias.numel()))
     weight = 1.0 / counts[kind].to(ce.dtype)

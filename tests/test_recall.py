@@ -1,6 +1,8 @@
 """The recall auxiliary task (rfwp_rl/recall.py): which steps it asks for, its value on a
 hand-checked case, where its gradient goes, and the agent and trainer options that turn it on."""
 
+import math
+
 import pytest
 import torch
 
@@ -97,7 +99,7 @@ def test_the_learner_trains_the_head_through_the_core():
     agent.zero_grad()
     without, stats0 = compute_loss(agent, batch, state, loss_config(recall_cost=0.0))
     without.backward()
-    assert agent.recall.net[0].weight.grad.abs().sum() == 0
+    assert agent.recall.net[0].weight.grad is None and "loss/recall" not in stats0  # cost 0: not computed
     plain = Agent((5,), 3, core="lstm", core_config={"hidden_size": 8})
     assert plain.recall is None and "loss/recall" not in compute_loss(plain, batch, state, loss_config())[1]
 
@@ -144,20 +146,42 @@ def test_a_checkpoint_from_before_the_option_resumes_as_its_default(tmp_path):
 
 def test_symbols_are_weighted_by_how_rare_they_are():
     """Two steps of two single-channel cells; targets 0, 0 / 0, 5: value 0 is a target 3 times, value 5 once,
-    so the weights are 1/3, 1/3, 1/3, 1 scaled to mean 1 (2/3, 2/3, 2/3, 2)."""
+    so the weights are 1/3, 1/3, 1/3, 1 scaled to mean 1 (2/3, 2/3, 2/3, 2). The softmax runs over the values
+    seen, 0 and 5: logits 0 and 3 give cross-entropies log(1 + e^3) and log(1 + e^-3)."""
     from rfwp_rl.recall import symbol_recall_sum
 
     head = RecallHead(2, 1, 3, hidden_size=4, grids=[(2, 1)])
-    logits = torch.zeros(2, 2, 256)
-    logits[:, :, 5] = 3.0  # every cell predicts 5 more likely
-    head.symbol_logits = lambda core_out, lag: logits
     target = torch.tensor([[0, 0], [0, 5]])
-    ce0 = -torch.log_softmax(logits[0, 0], -1)[0]  # a target 0
-    ce5 = -torch.log_softmax(logits[0, 0], -1)[5]  # a target 5
+    head.see(target)
+    values, valid, place = head.vocabulary()
+    assert values.tolist() == [[0, 5]] and valid.tolist() == [[True, True]] and place[0, 5] == 1
+    head.symbol_logits = lambda core_out, lag, values, valid: torch.tensor([0.0, 3.0]).expand(2, 2, 2)
+    ce0, ce5 = math.log(1 + math.exp(3.0)), math.log(1 + math.exp(-3.0))
     w0, w5 = 2 / 3, 2.0
     want = (w0 * ce0 + w0 * ce0) / 2 + (w0 * ce0 + w5 * ce5) / 2
     got = symbol_recall_sum(head, torch.zeros(2, 2), torch.ones(2, dtype=torch.long), target)
-    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(got, torch.tensor(want))
+
+
+def test_the_symbols_softmax_over_the_values_seen_equals_the_full_one_restricted_to_them():
+    """Three channels with 2, 3 and 1 values seen: the logits of symbol_logits are the full decoder's logits at
+    those values, and -inf on the padding of the channels with fewer."""
+    torch.manual_seed(0)
+    head = RecallHead(4, 1, 3, hidden_size=8, grids=[(2, 3)])  # 2 cells x 3 channels: P = 6
+    head.see(torch.tensor([[7, 1, 200, 3, 1, 200], [7, 9, 200, 3, 250, 200]]))
+    values, valid, _ = head.vocabulary()
+    assert [row[: int(n)] for row, n in zip(values.tolist(), valid.sum(1))] == [[3, 7], [1, 9, 250], [200]]
+    assert valid.tolist() == [[True, True, False], [True, True, True], [True, False, False]]
+    core_out, lag = torch.randn(5, 4), torch.tensor([1, 2, 3, 1, 2])
+    got = head.symbol_logits(core_out, lag, values, valid)  # [5, 6, 3]
+    cells = head.symbols(head._input(core_out, lag)).view(5, -1, 16)[:, head.cell_of]
+    full = (
+        torch.einsum("mpw,pwv->mpv", cells, head.decoder_weight[head.channel_of]) + head.decoder_bias[head.channel_of]
+    )
+    for p, channel in enumerate(head.channel_of.tolist()):
+        n = int(valid[channel].sum())
+        torch.testing.assert_close(got[:, p, :n], full[:, p, values[channel, :n]])
+        assert torch.isinf(got[:, p, n:]).all()
 
 
 def _grid_agent(**options):

@@ -152,7 +152,7 @@ def compute_loss(
             action), optionally ``truncated [T+1, B]``.
         initial_state: core state before entry 0, tuple of ``[B, ...]`` tensors.
     """
-    recall_head = getattr(agent, "recall", None)
+    recall_head = getattr(agent, "recall", None) if cfg.recall_cost > 0 else None  # at cost 0 it trains nothing
     out = unroll(agent, batch, initial_state, with_features=recall_head is not None)
     dist = agent.action_dist
     bootstrap_value = out["baseline"][-1].detach()
