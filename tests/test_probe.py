@@ -167,4 +167,6 @@ def test_ridge_r2_on_exact_independent_and_too_few_pairs():
     assert ridge_r2(x[:200], y[:200], x[200:], y[200:]) > 0.99
     assert abs(ridge_r2(x[:200], noise[:200], x[200:], noise[200:])) < 0.1
     assert math.isnan(ridge_r2(x[:10], y[:10], x[200:], y[200:]))  # fewer than MIN_PAIRS fitted
+    wide = rng.standard_normal((120, 200))  # more input numbers than pairs, none of them informative
+    assert -0.2 < ridge_r2(wide[:60], noise[:60], wide[60:], noise[60:120]) < 0.1  # the penalty grows, no overfit
     assert math.isnan(ridge_r2(x[:200, :0], y[:200], x[200:, :0], y[200:]))  # a core without state
