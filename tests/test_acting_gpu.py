@@ -1,7 +1,7 @@
 """Acting on a GPU: one acting step of the Atari agents asks the device nothing (a host synchronisation in the
 actors' inner loop would stop the CPU from queueing the next kernels while the GPU works), and its CUDA graph
 replays the eager step, with the parameters as they are at each replay; the learner's loss statistics come to
-the host in one copy. Skipped without a CUDA device;
+the host in one copy; the recall of a grid's symbols gives the CPU's loss. Skipped without a CUDA device;
 ``scripts/gpu_atari.sh`` runs it first."""
 
 from __future__ import annotations
@@ -78,3 +78,19 @@ def test_the_loss_statistics_come_to_the_host_in_one_copy():
         torch.cuda.set_sync_debug_mode("default")
     assert len([w for w in caught if "synchroniz" in str(w.message)]) == 1
     assert host == {"a": 6.0, "b": 1.5, "c": 1.0, "d": 0.5, "e": 2.0}
+
+
+def test_the_symbols_recall_on_the_gpu_equals_the_cpus():
+    from rfwp_rl.recall import RecallHead, symbol_recall_sum
+
+    torch.manual_seed(0)
+    head = RecallHead(6, 1, 4, hidden_size=8, grids=[(3, 2)])  # 3 cells x 2 channels
+    symbols = torch.randint(0, 11, (5, 6))
+    core_out, lag = torch.randn(5, 6), torch.randint(1, 5, (5,))
+    losses = []
+    for device in ("cpu", "cuda"):
+        on = RecallHead(6, 1, 4, hidden_size=8, grids=[(3, 2)]).to(device)
+        on.load_state_dict(head.state_dict())
+        on.see(symbols.to(device))
+        losses.append(symbol_recall_sum(on, core_out.to(device), lag.to(device), symbols.to(device)))
+    torch.testing.assert_close(losses[1].cpu(), losses[0])
