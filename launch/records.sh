@@ -18,6 +18,6 @@ recorded() {  # NAME DIR RESULTS-COMMAND...: after a run's training, its record 
   if python3 -m rfwp_rl "$@" --runs "$RUNS" --out "$OUT" --record "$dir" >> "$dir.log" 2>&1; then
     echo "done    $name"
   else
-    echo "stopped $name (no record: not finished; log $dir.log)"
+    echo "stopped $name (no record: why in $dir.log)"
   fi
 }

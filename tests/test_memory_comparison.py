@@ -306,6 +306,6 @@ def test_the_launcher_trains_and_writes_each_runs_record_as_it_finishes(tmp_path
         capture_output=True,
         text=True,
     )
-    assert done.stdout.startswith("stopped gru seed 1 (no record: not finished;"), done.stdout + done.stderr
+    assert done.stdout.startswith("stopped gru seed 1 (no record: why in "), done.stdout + done.stderr
     assert not (out / "records" / "rfwp-DelayedRecall-easy-v0" / "gru_s1.json").exists()
     assert "is not finished (1,000 of 9,000 env steps)" in Path(f"{going}.log").read_text()
