@@ -95,30 +95,37 @@ class MemorySpan:
                 self.episodes.append(self.current[env])
             self.current[env].append((features[j], output[j], memory[j]))
 
-    def pairs(self, lag: int, fit: bool) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-        """``{source: (inputs at t, features at t - lag)}`` over the fitted (even) or scored (odd) episodes."""
+    def _stacked(self) -> list[dict[str, np.ndarray]]:
+        """Each episode's steps as arrays ``[L, ...]``: its features (``present``), core output and state."""
+        return [dict(zip(("present", "output", "state"), map(np.stack, zip(*steps)))) for steps in self.episodes]
+
+    def pairs(
+        self, lag: int, fit: bool, stacked: list[dict[str, np.ndarray]] | None = None
+    ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """``{source: (inputs at t, features at t - lag)}`` over the fitted (even) or scored (odd) episodes
+        (``stacked``: :meth:`_stacked`, made once by :meth:`table` for every lag)."""
         rows: dict[str, list] = {s: [] for s in SOURCES}
         targets = []
-        for number, steps in enumerate(self.episodes):
-            if (number % 2 == 0) != fit or len(steps) <= lag:
+        for number, episode in enumerate(self._stacked() if stacked is None else stacked):
+            length = len(episode["present"])
+            if (number % 2 == 0) != fit or length <= lag:
                 continue
-            feats = np.stack([s[0] for s in steps])
-            targets.append(feats[: len(steps) - lag])
-            rows["output"].append(np.stack([s[1] for s in steps[lag:]]))
-            rows["state"].append(np.stack([s[2] for s in steps[lag:]]))
-            rows["present"].append(feats[lag:])
+            targets.append(episode["present"][: length - lag])
+            for source in SOURCES:
+                rows[source].append(episode[source][lag:])
         if not targets:
             empty = np.zeros((0, 1), np.float32)
             return {s: (empty, empty) for s in SOURCES}
         y = np.concatenate(targets)
         keep = np.linspace(0, len(y) - 1, MAX_PAIRS).round().astype(int) if len(y) > MAX_PAIRS else slice(None)
-        return {s: (np.concatenate(rows[s])[keep].astype(np.float64), y[keep].astype(np.float64)) for s in SOURCES}
+        y = y[keep].astype(np.float64)
+        return {s: (np.concatenate(rows[s])[keep].astype(np.float64), y) for s in SOURCES}
 
     def table(self) -> list[dict]:
         """One row per lag 0..``max_lag``: ``lag``, ``pairs_fit``, ``pairs_scored`` and the R² of each source."""
-        rows = []
+        rows, stacked = [], self._stacked()
         for lag in range(self.max_lag + 1):
-            fit, scored = self.pairs(lag, True), self.pairs(lag, False)
+            fit, scored = self.pairs(lag, True, stacked), self.pairs(lag, False, stacked)
             row: dict = {"lag": lag, "pairs_fit": len(fit["output"][1]), "pairs_scored": len(scored["output"][1])}
             for source in SOURCES:
                 row[f"r2_{source}"] = ridge_r2(*fit[source], *scored[source])
