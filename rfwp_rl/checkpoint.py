@@ -20,6 +20,7 @@ loading could run code) is refused in one line, :class:`UnsafeCheckpoint`; ``tru
 
 from __future__ import annotations
 
+import csv
 import errno
 import io
 import os
@@ -30,7 +31,7 @@ import stat
 import sys
 import tempfile
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -72,8 +73,6 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
 
 def atomic_write_figure(path: str | os.PathLike, fig, dpi: float | None = None) -> None:
     """Render the matplotlib figure ``fig`` as a png to ``path`` atomically, then close it."""
-    import io
-
     import matplotlib.pyplot as plt
 
     buf = io.BytesIO()
@@ -85,6 +84,38 @@ def atomic_write_figure(path: str | os.PathLike, fig, dpi: float | None = None) 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     """Atomic text write (JSON/CSV results, configs)."""
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def csv_text(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None, float_format: str = ".6g") -> str:
+    """``rows`` as CSV text: the header ``columns`` (default: every row's keys, in the order first seen), then a
+    line per row; floats as ``float_format``, a missing key or ``None`` empty, keys outside ``columns`` left out,
+    a field holding a comma or a quote quoted. No rows and no columns: the empty string."""
+    if columns is None:
+        columns = list(dict.fromkeys(k for row in rows for k in row))
+    if not columns:
+        return ""
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(columns)
+    for row in rows:
+        writer.writerow([_csv_field(row.get(c), float_format) for c in columns])
+    return buf.getvalue()
+
+
+def _csv_field(value: Any, float_format: str) -> Any:
+    if value is None:
+        return ""
+    return format(value, float_format) if isinstance(value, (float, np.floating)) else value
+
+
+def atomic_write_csv(
+    path: str | os.PathLike,
+    rows: Sequence[Mapping[str, Any]],
+    columns: Sequence[str] | None = None,
+    float_format: str = ".6g",
+) -> None:
+    """:func:`csv_text` of ``rows``, written atomically to ``path``."""
+    atomic_write_text(path, csv_text(rows, columns, float_format))
 
 
 def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:

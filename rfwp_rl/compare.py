@@ -25,9 +25,7 @@ Examples::
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
-import io
 import math
 import os
 import shlex
@@ -36,7 +34,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
-from rfwp_rl.checkpoint import atomic_write_figure, atomic_write_text
+from rfwp_rl.checkpoint import atomic_write_figure, atomic_write_text, csv_text
 from rfwp_rl.errors import UserError, choices_hint
 from rfwp_rl.scores import (
     METRICS,
@@ -352,24 +350,23 @@ def summary(c: Comparison) -> str:
 def to_csv(c: Comparison) -> str:
     """The table as CSV: game, game_label, then <column>_mean, <column>_std, <column>_steps per
     column, then (with a model and a baseline) model, baseline, metric, relative_improvement_pct, verdict."""
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
     header = ["game", "game_label"]
     for col in c.columns:
         header += [f"{col}_mean", f"{col}_std", f"{col}_steps"]
     if c.model:
         header += ["model", "baseline", "metric", "relative_improvement_pct", "verdict"]
-    w.writerow(header)
+    rows = []
     for g in c.games:
-        row: list = [g, game_label(g)]
+        row = {"game": g, "game_label": game_label(g)}
         for col in c.columns:
-            s = c.cells[g].get(col)
-            row += ["", "", ""] if s is None else [f"{s.mean:.6g}", f"{s.std:.6g}", s.steps]
+            if (s := c.cells[g].get(col)) is not None:
+                row |= {f"{col}_mean": f"{s.mean:.6g}", f"{col}_std": f"{s.std:.6g}", f"{col}_steps": s.steps}
         if c.model:
             r = c.rel[g]
-            row += [c.model, c.baseline, c.metric, "" if math.isnan(r) else f"{r:.4f}", c.verdict[g]]
-        w.writerow(row)
-    return buf.getvalue()
+            row |= {"model": c.model, "baseline": c.baseline, "metric": c.metric, "verdict": c.verdict[g]}
+            row["relative_improvement_pct"] = "" if math.isnan(r) else f"{r:.4f}"
+        rows.append(row)
+    return csv_text(rows, header)
 
 
 def plot(c: Comparison, path: str | Path, axis_limit: float = 200.0, footer: str = "") -> Path:

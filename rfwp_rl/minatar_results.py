@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rfwp_rl.checkpoint import atomic_write_text
+from rfwp_rl.checkpoint import atomic_write_csv
 from rfwp_rl.envs import make_env
 from rfwp_rl.errors import UserError
 from rfwp_rl.memory.results import (
@@ -123,10 +123,8 @@ def run(args: argparse.Namespace) -> int:
     runs = with_benchmark(raw, normalized_benchmark(random, best))
     write_records(runs, runs_root, out / RECORDS)
     summary, agg = write_tables(runs, out, "all", args.bootstrap_reps)
-    atomic_write_text(
-        out / "normalization.csv",
-        "env,random_return,best_return\n" + "".join(f"{e},{random[e]:.4f},{best[e]:.4f}\n" for e in envs),
-    )
+    normalization = [{"env": e, "random_return": random[e], "best_return": best[e]} for e in envs]
+    atomic_write_csv(out / "normalization.csv", normalization, float_format=".4f")
     print(markdown_table(summary, runs[0].bench))
     print()
     print(aggregate_table(agg))

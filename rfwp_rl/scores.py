@@ -30,7 +30,7 @@ import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from rfwp_rl.checkpoint import atomic_write_text
+from rfwp_rl.checkpoint import atomic_write_text, csv_text
 from rfwp_rl.errors import UserError, check_choice
 from rfwp_rl.resources import data_dir
 
@@ -303,24 +303,21 @@ def load_runs(paths: Iterable[str | Path]) -> list[Score]:
 
 def score_rows_csv(scores: Sequence[Score], extra_columns: Sequence[str] = ()) -> str:
     """CSV text of ``scores`` in the paper tables' columns plus ``extra_columns``."""
-    buf = io.StringIO()
-    cols = ["game", "game_label", "model", "model_label", "steps", "mean", "std", *extra_columns]
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(cols)
-    for s in scores:
-        w.writerow(
-            [
-                s.game,
-                game_label(s.game),
-                s.model,
-                model_label(s.model),
-                s.steps,
-                f"{s.mean:.6g}",
-                f"{s.std:.6g}",
-                *(s.extra.get(c, "") for c in extra_columns),
-            ]
-        )
-    return buf.getvalue()
+    rows = [
+        {
+            **s.extra,
+            "game": s.game,
+            "game_label": game_label(s.game),
+            "model": s.model,
+            "model_label": model_label(s.model),
+            "steps": s.steps,
+            "mean": f"{s.mean:.6g}",
+            "std": f"{s.std:.6g}",
+        }
+        for s in scores
+    ]
+    columns = ["game", "game_label", "model", "model_label", "steps", "mean", "std", *extra_columns]
+    return csv_text(rows, columns, float_format="")
 
 
 METRICS = ("relative", "gap")

@@ -1,16 +1,20 @@
 """Checkpoints: atomic writes, keep-previous, broken and mismatched files (issue 8)."""
 
+import csv
 import os
 import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 import torch
 
 from rfwp_rl.checkpoint import (
     Checkpointer,
     atomic_torch_save,
+    atomic_write_csv,
+    csv_text,
     list_checkpoints,
     read_checkpoint,
     rng_state,
@@ -186,3 +190,23 @@ def test_run_dir_lock_refuses_a_second_trainer(tmp_path):
     assert proc.returncode != 0 and "is in use by pid" in proc.stderr and str(os.getpid()) in proc.stderr
     held.close()
     assert subprocess.run([sys.executable, "-c", script]).returncode == 0
+
+
+def test_csv_text_columns_formats_and_quoting():
+    rows = [{"core": "lstm", "score": 0.123456789, "note": "a,b"}, {"core": "rdn", "seeds": 3, "score": None}]
+    assert csv_text(rows, float_format=".3f").splitlines() == [
+        "core,score,note,seeds",  # every key, in the order first seen
+        'lstm,0.123,"a,b",',  # a comma quoted, a missing key empty
+        "rdn,,,3",  # None empty, an int as it is
+    ]
+    assert csv_text(rows, ["seeds", "core"]).splitlines() == ["seeds,core", ",lstm", "3,rdn"]  # others left out
+    assert csv_text([{"x": np.float32(0.5), "y": True}]).splitlines() == ["x,y", "0.5,True"]
+    assert csv_text([]) == ""
+
+
+def test_atomic_write_csv_reads_back(tmp_path):
+    path = tmp_path / "sub" / "table.csv"
+    atomic_write_csv(path, [{"a": 1.5, "b": "x"}, {"a": 2.0, "b": "y"}], float_format=".2f")
+    with path.open(newline="") as f:
+        assert list(csv.DictReader(f)) == [{"a": "1.50", "b": "x"}, {"a": "2.00", "b": "y"}]
+    assert [p.name for p in path.parent.iterdir()] == ["table.csv"]  # no temporary file left

@@ -10,11 +10,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import io
-from collections.abc import Sequence
-from pathlib import Path
-
-from rfwp_rl.checkpoint import atomic_write_text
 
 BENCHMARKS = {  # name -> (module, what it measures)
     "kernels": ("rfwp_rl.bench.kernels", "fused step kernels vs the PyTorch reference, forward and forward+backward"),
@@ -48,12 +43,3 @@ def run(args: argparse.Namespace) -> int | None:
     parser = argparse.ArgumentParser(prog=f"rfwp-rl bench {args.which}", description=description)
     module.add_arguments(parser)
     return module.run(parser.parse_args(args.options))
-
-
-def write_csv(out: str | Path, columns: Sequence[str], rows: list[dict]) -> None:
-    """``rows`` as a CSV of ``columns`` (floats to 6 significant digits), written atomically."""
-    buf = io.StringIO()
-    buf.write(",".join(columns) + "\n")
-    for r in rows:
-        buf.write(",".join(f"{r[c]:.6g}" if isinstance(r[c], float) else str(r[c]) for c in columns) + "\n")
-    atomic_write_text(Path(out), buf.getvalue())

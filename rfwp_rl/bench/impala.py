@@ -38,7 +38,8 @@ import torch
 
 from rfwp_rl import cores as cores_module
 from rfwp_rl import flags
-from rfwp_rl.bench import topology, write_csv
+from rfwp_rl.bench import topology
+from rfwp_rl.checkpoint import atomic_write_csv
 from rfwp_rl.errors import UserError, check_choice
 from rfwp_rl.impala.actors import Rollout, rollout_spec
 from rfwp_rl.impala.config import ImpalaConfig, trainer_keys
@@ -388,7 +389,7 @@ def run(args: argparse.Namespace) -> int:
                     f"learner bound {row['learner_bound_sps']:,.0f}, ratio {row['ratio']:.2f}",
                     flush=True,
                 )
-                write_csv(args.out, COLUMNS, rows)  # partial tables survive a time limit
+                atomic_write_csv(args.out, rows, COLUMNS)  # partial tables survive a time limit
     finally:
         if hasattr(pool, "close"):
             pool.close()

@@ -29,8 +29,6 @@ and the load average is recorded; run under ``nice`` on shared machines.
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import os
 import statistics
 import time
@@ -40,7 +38,7 @@ from pathlib import Path
 import torch
 
 from rfwp_rl import flags, kernels, ops
-from rfwp_rl.checkpoint import atomic_write_text
+from rfwp_rl.checkpoint import atomic_write_csv
 from rfwp_rl.errors import UserError, check_choice
 from rfwp_rl.kernels import cuda_limits
 from rfwp_rl.ops import cases
@@ -258,11 +256,6 @@ def run(args: argparse.Namespace) -> int:
         "fwdbwd_fraction_of_matmul",
         "load_average",
     ]
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
-    writer.writeheader()
-    for row in rows:
-        writer.writerow({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in row.items() if k in fields})
-    atomic_write_text(out, buf.getvalue())
+    atomic_write_csv(out, rows, fields, float_format=".4g")
     print(f"\nwrote {out}")
     return 0

@@ -12,7 +12,6 @@ load average. Prints a table and writes ``results/bench/seq.csv`` (atomic).
 from __future__ import annotations
 
 import argparse
-import io
 import os
 import platform
 import statistics
@@ -22,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from rfwp_rl import flags, kernels
-from rfwp_rl.checkpoint import atomic_write_text
+from rfwp_rl.checkpoint import atomic_write_csv
 from rfwp_rl.errors import UserError, check_choice
 from rfwp_rl.seq.model import SeqModel, core_defaults, core_names
 
@@ -164,10 +163,6 @@ def run(args: argparse.Namespace) -> int:
     for row in rows:
         print(f"{row['core']:<12} {row['params']:>10,} {row['tokens_per_s']:>10,} {row['ms_per_step']:>9.1f}")
     print(f"(1-minute load average during the run: {load})")
-    buf = io.StringIO()
-    buf.write(",".join(COLUMNS) + "\n")
-    for row in rows:
-        buf.write(",".join(str(row[c]) for c in COLUMNS) + "\n")
-    atomic_write_text(args.out, buf.getvalue())
+    atomic_write_csv(args.out, rows, COLUMNS, float_format="")
     print(f"wrote {args.out}")
     return 0

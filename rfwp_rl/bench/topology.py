@@ -40,8 +40,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import rfwp_rl
-from rfwp_rl.bench import write_csv
 from rfwp_rl.bench.child_processes import ChildProcess, ChildProcesses, interrupt_on_sigterm
+from rfwp_rl.checkpoint import atomic_write_csv
 from rfwp_rl.errors import UserError, check_choice
 from rfwp_rl.impala.net import free_port
 from rfwp_rl.impala.wire import create_key_file
@@ -343,7 +343,7 @@ def run(args: argparse.Namespace, cores: list[str], devices: list[str], envs: di
                         f"{core} on {device}, {name}: {row['env_sps']:,.0f} env steps/s "
                         f"({row['env_steps']:,} in {row['window_seconds']:.1f} s)"
                     )
-                    write_csv(args.out, COLUMNS, rows)  # partial tables survive a time limit
+                    atomic_write_csv(args.out, rows, COLUMNS)  # partial tables survive a time limit
     print(format_table(rows))
     print(f"wrote {args.out}")
     return 0

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import io
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +33,7 @@ import torch
 
 from rfwp_rl import envs as envs_mod
 from rfwp_rl import flags
-from rfwp_rl.checkpoint import add_trust_argument, atomic_write_text
+from rfwp_rl.checkpoint import add_trust_argument, atomic_write_csv
 from rfwp_rl.errors import UserError
 from rfwp_rl.impala.evaluate import _check_envs, add_checkpoint_arguments, eval_env_options, load_agent, play, quotas
 from rfwp_rl.impala.memory_span import MemorySpan, state_width
@@ -213,15 +212,6 @@ def format_span(record: dict) -> str:
     )
 
 
-def _csv(rows: list[dict]) -> str:
-    buf = io.StringIO()
-    keys = list(rows[0])
-    buf.write(",".join(keys) + "\n")
-    for r in rows:
-        buf.write(",".join(str(r[k]) if isinstance(r[k], int) else f"{r[k]:.6g}" for k in keys) + "\n")
-    return buf.getvalue()
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = "examples:" + __doc__.split("Examples::", 1)[1]
@@ -296,7 +286,7 @@ def run(args: argparse.Namespace) -> int:
     )
     print(format_table(record))
     out = Path(args.out) if args.out else Path(record["checkpoint"]).parent / f"probe_{record['step']:012d}_{mode}.csv"
-    atomic_write_text(out, _csv(record["rows"]))
+    atomic_write_csv(out, record["rows"])
     print(f"wrote {out}")
     if "span" in record:
         width = record["state_width"]
@@ -307,6 +297,6 @@ def run(args: argparse.Namespace) -> int:
         )
         print(format_span(record))
         span_out = out.with_name(f"span_{record['step']:012d}_{mode}.csv" if not args.out else f"{out.stem}_span.csv")
-        atomic_write_text(span_out, _csv(record["span"]))
+        atomic_write_csv(span_out, record["span"])
         print(f"wrote {span_out}")
     return 0

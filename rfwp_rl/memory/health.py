@@ -32,7 +32,7 @@ from pathlib import Path
 
 from rfwp_rl import cores as cores_mod
 from rfwp_rl import flags
-from rfwp_rl.checkpoint import atomic_write_text, list_checkpoints
+from rfwp_rl.checkpoint import atomic_write_csv, atomic_write_text, list_checkpoints
 from rfwp_rl.errors import UserError, check_choice
 from rfwp_rl.memory import suite
 from rfwp_rl.memory.results import RECORDS, Run, core_rank, read_record, read_run, record_text
@@ -154,7 +154,7 @@ def write_outputs(jobs: list[Job], cores: list[str], steps: int, out: Path) -> s
             atomic_write_text(job.record, record_text(run))
     rows = health_rows(cores, TASKS, scores(jobs))
     table = markdown(rows, TASKS, steps, (sum(job.done for job in jobs), len(jobs)))
-    atomic_write_text(out / "health.csv", csv_text(rows, TASKS, steps))
+    write_csv(out / "health.csv", rows, TASKS, steps)
     atomic_write_text(out / "health.md", f"# Memory health check\n\n{table}\n")
     return table
 
@@ -224,14 +224,11 @@ def markdown(rows: list[dict], tasks: tuple[str, ...], steps: int, finished: tup
     return "\n".join(lines)
 
 
-def csv_text(rows: list[dict], tasks: tuple[str, ...], steps: int) -> str:
-    names = [suite.entry(e).task for e in tasks]
-    lines = ["core," + ",".join(names) + ",seeds,steps,flagged"]
-    for r in rows:
-        lines.append(
-            f"{r['core']}," + ",".join(f"{r[n]:.4f}" for n in names) + f",{r['seeds']},{steps},{int(r['flagged'])}"
-        )
-    return "\n".join(lines) + "\n"
+def write_csv(path: Path, rows: list[dict], tasks: tuple[str, ...], steps: int) -> None:
+    """``health.csv``: per core its score on each task, its seeds, the budget and whether it is flagged."""
+    columns = ["core", *(suite.entry(e).task for e in tasks), "seeds", "steps", "flagged"]
+    table = [{**r, "steps": steps, "flagged": int(r["flagged"])} for r in rows]
+    atomic_write_csv(path, table, columns, float_format=".4f")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import io
 import math
 import time
 from collections import defaultdict
@@ -37,7 +36,7 @@ import torch.nn.functional as F
 from rfwp_rl import cores as cores_mod
 from rfwp_rl import flags
 from rfwp_rl.agent import build_agent, count_parameters
-from rfwp_rl.checkpoint import atomic_write_text
+from rfwp_rl.checkpoint import atomic_write_csv, atomic_write_text
 from rfwp_rl.errors import UserError, check_choice
 from rfwp_rl.memory import suite
 from rfwp_rl.memory.base import SequenceTask
@@ -213,13 +212,9 @@ def read_rows(path: Path) -> list[ProbeResult]:
         return [ProbeResult(**{k: cast[types[k]](v) for k, v in row.items()}) for row in csv.DictReader(f)]
 
 
-def csv_text(rows: list[ProbeResult]) -> str:
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, [f.name for f in fields(ProbeResult)], lineterminator="\n")
-    writer.writeheader()
-    for r in rows:
-        writer.writerow({k: f"{v:.4f}" if isinstance(v, float) else v for k, v in asdict(r).items()})
-    return buf.getvalue()
+def write_rows(path: Path, rows: list[ProbeResult]) -> None:
+    """``rows`` as ``probe.csv`` (atomically)."""
+    atomic_write_csv(path, [asdict(r) for r in rows], [f.name for f in fields(ProbeResult)], float_format=".4f")
 
 
 def read_rl(paths: list[Path]) -> dict[tuple[str, str, str], list[float]]:
@@ -329,7 +324,7 @@ def run(args: argparse.Namespace) -> int:
     for i, (task, level, core, seed) in enumerate(plan, 1):
         result = probe(task, level, core, seed, config, tuple(args.overrides), log_every=max(config.updates // 5, 1))
         rows.append(result)
-        atomic_write_text(path, csv_text(rows))
+        write_rows(path, rows)
         print(
             f"[{i}/{len(plan)}] {task}-{level} {core} seed {seed}: accuracy {result.accuracy:.3f} "
             f"(normalised {result.normalized:.2f}) in {result.seconds:.0f} s",

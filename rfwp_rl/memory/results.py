@@ -41,9 +41,7 @@ with the suite's exact reference numbers (:mod:`rfwp_rl.memory.suite`; the compa
 from __future__ import annotations
 
 import argparse
-import csv
 import glob
-import io
 import json
 import math
 import os
@@ -53,7 +51,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from rfwp_rl import stats
-from rfwp_rl.checkpoint import atomic_write_figure, atomic_write_text
+from rfwp_rl.checkpoint import atomic_write_csv, atomic_write_figure, atomic_write_text
 from rfwp_rl.errors import UserError, check_choice
 from rfwp_rl.memory import comparison, suite
 from rfwp_rl.runlog import read_all_scalars
@@ -360,17 +358,6 @@ def summarize(runs: list[Run]) -> list[dict]:
     return rows
 
 
-def _csv_text(rows: list[dict]) -> str:
-    if not rows:
-        return ""
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
-    w.writeheader()
-    for row in rows:
-        w.writerow({k: (f"{v:.4f}" if isinstance(v, float) else v) for k, v in row.items()})
-    return buf.getvalue()
-
-
 def markdown_table(summary: list[dict], bench: Benchmark = MEMORY_SUITE) -> str:
     """Rows: the benchmark's envs; columns: cores; cells: normalised final return ``mean ± sd (seeds)``
     (sd: the sample standard deviation over seeds)."""
@@ -635,9 +622,9 @@ def write_tables(runs: list[Run], out: Path, level: str = "all", reps: int = sta
     run_rows = [run_row(r) for r in runs]
     summary = summarize(runs)
     agg = aggregate(runs, level, reps=reps)
-    atomic_write_text(out / "runs.csv", _csv_text(run_rows))
-    atomic_write_text(out / "summary.csv", _csv_text(summary))
-    atomic_write_text(out / "aggregate.csv", _csv_text(agg))
+    atomic_write_csv(out / "runs.csv", run_rows, float_format=".4f")
+    atomic_write_csv(out / "summary.csv", summary, float_format=".4f")
+    atomic_write_csv(out / "aggregate.csv", agg, float_format=".4f")
     plot_curves(runs, out / "curves.png")
     if agg:
         plot_profiles(runs, out / "performance_profile.png", level)

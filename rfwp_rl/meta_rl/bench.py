@@ -13,13 +13,12 @@ may be shared: CPU time is what the update costs, wall time what it took here. H
 from __future__ import annotations
 
 import argparse
-import io
 import time
 
 import torch
 
 from rfwp_rl import flags
-from rfwp_rl.checkpoint import atomic_write_text
+from rfwp_rl.checkpoint import atomic_write_csv
 from rfwp_rl.errors import check_choice
 from rfwp_rl.meta_rl import a2c, graph_env
 from rfwp_rl.meta_rl.config import MetaRLConfig
@@ -128,14 +127,19 @@ def run(args: argparse.Namespace) -> int:
                 f"fwm, {prec}: replaying the acting steps {cpu['fwm (fused)']:.3f} vs a second forward "
                 f"{cpu['fwm (fused) no replay']:.3f}: {cpu['fwm (fused) no replay'] / cpu['fwm (fused)']:.2f}x fewer"
             )
-    buf = io.StringIO()
-    buf.write("case,matmul_precision,weights,batch_size,torch_threads,cpu_seconds_per_update,wall_seconds_per_update\n")
-    for r in rows:
-        buf.write(
-            f"{r['case']},{r['precision']},{r['params']},{args.batch_size},{args.torch_threads},"
-            f"{r['cpu_s']:.4f},{r['wall_s']:.4f}\n"
-        )
-    atomic_write_text(args.out, buf.getvalue())
+    table = [
+        {
+            "case": r["case"],
+            "matmul_precision": r["precision"],
+            "weights": r["params"],
+            "batch_size": args.batch_size,
+            "torch_threads": args.torch_threads,
+            "cpu_seconds_per_update": r["cpu_s"],
+            "wall_seconds_per_update": r["wall_s"],
+        }
+        for r in rows
+    ]
+    atomic_write_csv(args.out, table, float_format=".4f")
     print(f"wrote {args.out}")
     return 0
 

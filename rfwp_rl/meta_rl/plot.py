@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import argparse
 import csv
-import io
 import json
 import math
 from pathlib import Path
 
-from rfwp_rl.checkpoint import atomic_write_figure, atomic_write_text
+from rfwp_rl.checkpoint import atomic_write_csv, atomic_write_figure
 
 # Published logs of the FWM paper's meta-RL experiment (Fig. 5): FWM test total reward near
 # 45 at the start, 90 after ~29k episodes, 100 after ~42k, ending near 107 (we do not know the
@@ -149,18 +148,12 @@ def plot(runs: list[tuple[str, list[dict]]], path: Path) -> None:
     atomic_write_figure(path, fig, dpi=110)
 
 
-def _csv_text(rows: list[dict], columns: list[str]) -> str:
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n", extrasaction="ignore")
-    w.writeheader()
-    for r in rows:
-        w.writerow(
-            {
-                k: ("" if isinstance(v, float) and math.isnan(v) else (int(v) if k == "episode" else v))
-                for k, v in r.items()
-            }
-        )
-    return buf.getvalue()
+def _csv_rows(rows: list[dict]) -> list[dict]:
+    """Rows for :func:`atomic_write_csv`: a NaN empty, the episode a whole number."""
+    return [
+        {k: None if isinstance(v, float) and math.isnan(v) else int(v) if k == "episode" else v for k, v in r.items()}
+        for r in rows
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -187,10 +180,10 @@ def main(argv: list[str] | None = None) -> int:
         "entropy",
     ]
     long_rows = [{"run": label, **r} for label, rows in runs for r in rows]
-    atomic_write_text(out / "curves.csv", _csv_text(long_rows, columns))
+    atomic_write_csv(out / "curves.csv", _csv_rows(long_rows), columns, float_format="")
     common = min((rows[-1]["episode"] for _, rows in runs if rows), default=math.nan)
     summary = [summarise(label, rows, common) for label, rows in runs]
-    atomic_write_text(out / "summary.csv", _csv_text(summary, list(summary[0])))
+    atomic_write_csv(out / "summary.csv", _csv_rows(summary), float_format="")
     plot(runs, out / "curves.png")
     print("| " + " | ".join(summary[0]) + " |")
     print("|" + "---|" * len(summary[0]))

@@ -24,9 +24,7 @@ resumes from the newest checkpoint and continues to ``--total-steps``.
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
-import io
 import math
 import random
 import sys
@@ -39,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from rfwp_rl import cores, flags
-from rfwp_rl.checkpoint import add_trust_argument, atomic_write_text
+from rfwp_rl.checkpoint import add_trust_argument, atomic_write_csv
 from rfwp_rl.errors import UserError, check_choice
 from rfwp_rl.meta_rl import a2c, graph_env
 from rfwp_rl.meta_rl.config import EVAL_POLICIES, TIME_LIMITS, MetaRLConfig
@@ -259,13 +257,9 @@ def _fmt(v: Any) -> str:
 
 
 def write_csv(path: Path, rows: list[dict]) -> None:
-    """All evaluation rows to ``path`` (atomic rewrite)."""
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(CSV_COLUMNS)
-    for row in rows:
-        w.writerow([_fmt(row.get(c)) for c in CSV_COLUMNS])
-    atomic_write_text(path, buf.getvalue())
+    """All evaluation rows to ``path`` (atomic rewrite); a NaN is left empty."""
+    rows = [{k: None if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()} for row in rows]
+    atomic_write_csv(path, rows, CSV_COLUMNS)
 
 
 def _test_reward(row: dict) -> float:

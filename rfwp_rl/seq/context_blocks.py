@@ -10,14 +10,13 @@ with ``--out``, writes it as CSV (rows: core, state, block, first token, tokens,
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import math
 from pathlib import Path
 
 import torch
 
-from rfwp_rl.checkpoint import atomic_write_text
+from rfwp_rl.checkpoint import atomic_write_csv
 from rfwp_rl.errors import UserError
 from rfwp_rl.seq.model import SeqModel
 from rfwp_rl.seq.tasks.lm import SPLITS, carried_blocks, load_corpus
@@ -89,13 +88,11 @@ def main(argv: list[str] | None = None) -> int:
                     rows.append((cfg["core"], state, i + 1, i * args.block, score.tokens, math.exp(score.loss)))
     except UserError as e:
         raise SystemExit(f"error: {e}") from None
-    buf = io.StringIO()
-    buf.write("core,state,block,first_token,tokens,ppl\n")
     for r in rows:
-        buf.write(f"{r[0]},{r[1]},{r[2]},{r[3]},{r[4]},{r[5]:.2f}\n")
         print(f"{r[0]:<12} {r[1]:<10} block {r[2]:>3} (tokens {r[3]:>6,}+{r[4]:>5,}) ppl {r[5]:8.1f}")
     if args.out:
-        atomic_write_text(args.out, buf.getvalue())
+        columns = ("core", "state", "block", "first_token", "tokens", "ppl")
+        atomic_write_csv(args.out, [dict(zip(columns, r)) for r in rows], columns, float_format=".2f")
         print(f"wrote {args.out}")
     return 0
 

@@ -14,12 +14,11 @@ one panel each, one line per run) are drawn, and written as ``OUT.csv`` (run, ta
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import sys
 from pathlib import Path
 
-from rfwp_rl.checkpoint import atomic_write_figure, atomic_write_text
+from rfwp_rl.checkpoint import atomic_write_csv, atomic_write_figure
 from rfwp_rl.errors import UserError
 from rfwp_rl.runlog import read_scalars
 
@@ -70,17 +69,6 @@ def collect(root: str | Path) -> list[dict]:
     return [flatten(json.loads(f.read_text()), str(f.parent)) for f in files]
 
 
-def write_csv(rows: list[dict], path: str | Path) -> None:
-    columns: list[str] = []
-    for row in rows:
-        columns += [k for k in row if k not in columns]
-    buf = io.StringIO()
-    buf.write(",".join(columns) + "\n")
-    for row in rows:
-        buf.write(",".join(str(row.get(c, "")).replace(",", ";") for c in columns) + "\n")
-    atomic_write_text(path, buf.getvalue())
-
-
 def plot(
     rows: list[dict],
     path: str | Path,
@@ -127,11 +115,12 @@ def curves(rows: list[dict], root: str | Path, path: str | Path, tags: list[str]
     data = {(name, tag): read_scalars(run_dir, tag) for name, run_dir in runs.items() for tag in tags}
     if not any(data.values()):
         raise UserError(f"none of the tags {tags} was logged by the runs under {root}")
-    buf = io.StringIO()
-    buf.write("run,tag,step,value\n")
-    for (name, tag), points in data.items():
-        buf.writelines(f"{name},{tag},{step},{value:.6g}\n" for step, value in points)
-    atomic_write_text(Path(path).with_suffix(".csv"), buf.getvalue())
+    points = [
+        {"run": name, "tag": tag, "step": step, "value": value}
+        for (name, tag), curve in data.items()
+        for step, value in curve
+    ]
+    atomic_write_csv(Path(path).with_suffix(".csv"), points)
     fig, axes = plt.subplots(1, len(tags), figsize=(5 * len(tags), 3.6), squeeze=False)
     for ax, tag in zip(axes[0], tags):
         for name in runs:
@@ -164,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         rows = collect(args.root)
-        write_csv(rows, args.csv)
+        atomic_write_csv(args.csv, rows, float_format="")
         if args.plot:
             plot(rows, args.plot, args.x, args.y, args.group, args.title, args.xline, args.xline_label, args.logy)
         if args.curves:
