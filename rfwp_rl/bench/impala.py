@@ -13,8 +13,8 @@ For each core (``--cores``; the Atari presets ``agents/atari_<core>.toml`` on At
 - **the env bound** (``env_bound_sps``): the same pool stepped with random actions and no agent, batches
   alternating as the actors step them (measured once, before the agents);
 - **the learner bound** (``learner_bound_sps``): the run's learner alone, full updates (loss, backward,
-  optimizer step, trust region, publishing to the actors' copy) on random batches of the run's shape,
-  in env steps per second;
+  optimizer step, trust region, publishing to the actors' copy) on one learner batch of the run itself
+  (its envs' observations, as the learner receives them), again and again, in env steps per second;
 
 and ``ratio = env_sps / min(env_bound_sps, learner_bound_sps)``: the share of the smaller bound the loop
 reaches. Writes a table and ``--out`` (CSV, atomic).
@@ -32,8 +32,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import gymnasium
-import numpy as np
 import torch
 
 from rfwp_rl import cores as cores_module
@@ -41,7 +39,7 @@ from rfwp_rl import flags
 from rfwp_rl.bench import topology
 from rfwp_rl.checkpoint import atomic_write_csv
 from rfwp_rl.errors import UserError, check_choice
-from rfwp_rl.impala.actors import Rollout, rollout_spec
+from rfwp_rl.impala.actors import Rollout
 from rfwp_rl.impala.config import ImpalaConfig, trainer_keys
 from rfwp_rl.impala.env_batches import EnvBatches
 from rfwp_rl.impala.run_spec import RunSpec
@@ -156,33 +154,6 @@ def _config(args: argparse.Namespace, run, device: str):
     )
 
 
-def random_batch(agent, T1: int, B: int, g: torch.Generator) -> dict[str, torch.Tensor]:
-    """Random rollout data of the agent's spaces (:func:`rfwp_rl.impala.actors.rollout_spec`)."""
-    dist = agent.action_dist
-    params = torch.randn(T1, B, dist.num_params, generator=g)
-    with torch.no_grad():
-        action, prev_action = dist.sample(params), dist.sample(params)
-        behaviour_log_prob = dist.log_prob(params, action)
-    batch = {
-        "reward": torch.randn(T1, B, generator=g).sign() * (torch.rand(T1, B, generator=g) < 0.05),
-        "done": torch.rand(T1, B, generator=g) < 0.01,
-        "truncated": torch.zeros(T1, B, dtype=torch.bool),
-        "action": action,
-        "prev_action": prev_action,
-        "behaviour_log_prob": behaviour_log_prob,
-    }
-    parts = agent.obs_space.spaces if isinstance(agent.obs_space, gymnasium.spaces.Dict) else {"": agent.obs_space}
-    for (key, (dtype, shape)), space in zip(rollout_spec(agent.obs_space, dist).items(), parts.values()):
-        if isinstance(space, (gymnasium.spaces.Discrete, gymnasium.spaces.MultiDiscrete)):
-            high = torch.as_tensor(np.asarray(space.nvec if hasattr(space, "nvec") else space.n))
-            batch[key] = (torch.rand(T1, B, *shape, generator=g) * high).long()
-        elif dtype == torch.uint8:
-            batch[key] = torch.randint(0, 256, (T1, B, *shape), generator=g, dtype=torch.uint8)
-        else:
-            batch[key] = torch.randn(T1, B, *shape, generator=g)
-    return batch
-
-
 def env_bound(pool, agent, num_envs: int, num_batches: int, seconds: float) -> float:
     """Env steps per second of ``pool`` stepped with uniformly random actions and no agent."""
     b = num_envs // num_batches
@@ -209,18 +180,15 @@ def env_bound(pool, agent, num_envs: int, num_batches: int, seconds: float) -> f
     return rate
 
 
-def learner_bound(trainer, seconds: float) -> float:
-    """Env steps per second of the trainer's learner alone: full updates on random batches of the run's shape."""
+def learner_bound(trainer, batch: Rollout, seconds: float) -> float:
+    """Env steps per second of the trainer's learner alone: full updates on ``batch``, a learner batch of the
+    run (real observations: a grid's few symbols, not every byte value), as in training."""
     cfg, learner = trainer.cfg, trainer.learner
     trainer.learning.wait_idle()
-    g = torch.Generator().manual_seed(0)
-    data = random_batch(learner.agent, cfg.unroll_length + 1, cfg.batch_size, g)
-    state = tuple(s.cpu() for s in learner.agent.initial_state(cfg.batch_size, torch.device("cpu")))
-    rollout = Rollout({k: v.pin_memory() if learner.device.type == "cuda" else v for k, v in data.items()}, state)
 
     def update() -> None:
         with learner.lock:
-            learner.update(rollout)
+            learner.update(batch)
         if learner.device.type == "cuda":
             torch.cuda.synchronize(learner.device)
 
@@ -258,8 +226,11 @@ def side_by_side(run, cfg, pool, seconds: float, warmup: float) -> dict[str, flo
             steps, updates = trainer.learner.step - steps0, trainer.learner.updates - updates0
             cpu1 = trainer.actors.envs.worker_cpu_seconds()
             shares = {k: v / wall for k, v in trainer.timers.seconds.items()}
+            while not trainer.queue.ready():
+                trainer.collect()
+            batch = trainer.queue.get()
             trainer.actors.drain()  # the next run uses the same pool
-            bound = learner_bound(trainer, min(seconds, 10.0))
+            bound = learner_bound(trainer, batch, min(seconds, 10.0))
         finally:
             trainer.learning.close()
             trainer.logger.close()
