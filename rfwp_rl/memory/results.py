@@ -690,14 +690,11 @@ def check_bootstrap_reps(reps: int) -> int:
 def run(args: argparse.Namespace) -> int:
     check_bootstrap_reps(args.bootstrap_reps)
     bench, default_runs, default_out = BENCHES[check_choice("--bench", args.bench, BENCHES)]
-    out = args.out or default_out
+    runs, out = Path(args.runs or default_runs), Path(args.out or default_out)
     if args.record:
-        path = write_record(Path(args.record), Path(args.runs or default_runs), Path(out) / RECORDS, bench)
-        print(f"wrote {path}")
+        print(f"wrote {write_record(Path(args.record), runs, out / RECORDS, bench)}")
         return 0
-    summary, agg = write_results(
-        Path(args.runs or default_runs), Path(out), args.aggregate_level, args.bootstrap_reps, bench
-    )
+    summary, agg = write_results(runs, out, args.aggregate_level, args.bootstrap_reps, bench)
     print(markdown_table(summary, bench))
     print()
     print(aggregate_table(agg))
