@@ -117,25 +117,25 @@ def draw_lags(
     back: 1..min(``lags``, t - s) for the episode's first entry s in the unroll (0 where it starts before
     it). ``done [T, B]`` (True where entry t starts an episode) -> ``[T, B]`` int64; where there is no
     earlier step (t = s) the lag is 1 and the step is masked by :func:`recall_loss`."""
-    T = done.shape[0]
-    t = torch.arange(T, device=done.device).unsqueeze(1).expand_as(done)
-    start = torch.where(done.bool(), t, torch.zeros_like(t)).cummax(0).values
+    t, start = _episode_starts(done)
     high = (t - start).clamp(max=lags, min=1)
     u = torch.rand(done.shape, device=done.device, generator=generator)
     return (u * high).long().clamp(max=high - 1) + 1
 
 
+def _episode_starts(done: Tensor) -> tuple[Tensor, Tensor]:
+    """``done [T, B]`` -> the step ``t`` of each entry and the first entry of its episode in the unroll
+    (0 where the episode began before it), both ``[T, B]`` int64."""
+    t = torch.arange(done.shape[0], device=done.device).unsqueeze(1).expand(done.shape)
+    return t, torch.where(done.bool(), t, torch.zeros_like(t)).cummax(0).values
+
+
 def _sources(done: Tensor, lag: Tensor) -> tuple[Tensor, Tensor]:
     """For lags ``[T, B]``: the step each (t, b) asks for, ``t - lag`` clamped to 0, and whether it is
     valid (inside the unroll and in the same episode), both ``[T, B]``."""
-    T = lag.shape[0]
-    t = torch.arange(T, device=lag.device).unsqueeze(1)
+    t, start = _episode_starts(done.to(lag.device))
     src = t - lag
-    episode = done.to(lag.device).long().cumsum(0)  # entries with equal counts lie in one episode
-    valid = src >= 0
-    src = src.clamp(min=0)
-    valid &= episode.gather(0, src) == episode
-    return src, valid
+    return src.clamp(min=0), src >= start
 
 
 def recall_loss(
