@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from rfwp_rl.checkpoint import atomic_write_text
+from rfwp_rl.checkpoint import atomic_write_csv
 
 MINUTES = "perf/train_minutes"
 
@@ -57,9 +57,8 @@ def main() -> None:
     parser.add_argument("--png", type=Path)
     args = parser.parse_args()
     rows = curve(args.run_dir)
-    atomic_write_text(
-        args.csv, "step,wall_seconds,return_100\n" + "".join(f"{s},{w:.0f},{r:.2f}\n" for s, w, r in rows)
-    )
+    table = [{"step": s, "wall_seconds": f"{w:.0f}", "return_100": f"{r:.2f}"} for s, w, r in rows]
+    atomic_write_csv(args.csv, table)
     if args.png:
         import matplotlib
 

@@ -8,11 +8,10 @@ writes OUT_DIR/<env>.csv (one row per run and lag: the R² from the core output,
 features) and prints a markdown table of the R² from the core output by lag, with the run's final return.
 """
 
-import csv
-import io
 import sys
 from pathlib import Path
 
+from rfwp_rl.checkpoint import atomic_write_csv
 from rfwp_rl.impala.probe import probe
 from rfwp_rl.memory.results import core_rank
 
@@ -37,13 +36,7 @@ def main(runs_env: Path, lags: int, episodes: int, out_dir: Path) -> None:
         )
         print(f"{core} seed {seed}: return {mean_return:.2f}", file=sys.stderr, flush=True)
     env = rows[0]["env"]
-    out_dir.mkdir(parents=True, exist_ok=True)
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(rows[0]))
-    writer.writeheader()
-    for r in rows:
-        writer.writerow({k: f"{v:.4f}" if isinstance(v, float) else v for k, v in r.items()})
-    (out_dir / f"{env.replace('/', '-')}.csv").write_text(buf.getvalue())
+    atomic_write_csv(out_dir / f"{env.replace('/', '-')}.csv", rows, float_format=".4f")
     print(
         f"| core | seed | return ({episodes} episodes) | " + " | ".join(f"lag {k}" for k in range(1, lags + 1)) + " |"
     )
