@@ -52,11 +52,12 @@ def device_limits(emu):
 
 # the nvcc and ThreadSanitizer builds take minutes on a cold kernel cache: marked slow
 @pytest.mark.slow
+@pytest.mark.parametrize("arch", [80, 90])
 @pytest.mark.parametrize("cu", _build.EMU_CU_FILES)
-def test_nvcc_compiles_for_sm80_and_sm90(cu):
+def test_nvcc_compiles_for_sm80_and_sm90(cu, arch):
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc is not on PATH: the CUDA sources are only checked through the emulation")
-    ok, output = _build.nvcc_compile(cu)
+    ok, output = _build.nvcc_compile(cu, arch)  # the build the resource test reads (cached)
     assert ok, output[-3000:]
 
 
@@ -70,8 +71,7 @@ def test_nvcc_resource_usage_within_launch_bounds_and_tabled(arch, tmp_path):
         pytest.skip("nvcc is not on PATH")
     rows = []
     for cu in cuda_limits.CU_FILES:
-        cmd = cuda_limits.nvcc_resource_command(_build.CSRC / cu, _build.CSRC, arch, "{out}/x.o")
-        ok, output, _ = _build._cached_command("nvcc_ru", cmd, _build._tool_version("nvcc"))
+        ok, output = _build.nvcc_compile(cu, arch)
         assert ok, output[-3000:]
         rows += cuda_limits.parse_resource_usage(output, arch)
     table = cuda_limits.resources_table(rows)
@@ -426,7 +426,7 @@ def test_race_check_finds_a_removed_barrier():
     # the forward of lt/delta without the barrier that publishes the step's vectors
     cu = "cuda/lt_delta.cu"
     barrier = "    __syncthreads();   // the step's vectors are in shared memory\n"
-    binary = _race_check_without(cu, barrier, "tsan_mutant", (cu,), "-DRFWP_RACE_LT_DELTA_ONLY")
+    binary = _race_check_without(cu, barrier, "tsan_mutant", (cu,), "-DRFWP_RACE_ONLY_LT_DELTA")
     proc = _race_check(binary, ("3", "1", "1", "5", "64"))
     assert "ThreadSanitizer: data race" in proc.stderr, (proc.returncode, proc.stderr[-2000:])
 
@@ -437,7 +437,9 @@ def test_race_check_finds_a_removed_barrier_in_the_mamba_backward():
     # h_t, G_t) and the column phase (sums over the rows); d = 33 with 64 threads: one lane per
     # row, so no warp shuffle lies between the write and the read
     barrier = "    __syncthreads();   // every row's h_t and G_t of the chunk are in the workspace\n"
-    binary = _race_check_without("cuda/selective_scan.cu", barrier, "tsan_mutant_mamba", _build.CU_FILES)
+    cu_files = ("cuda/lt_delta.cu", "cuda/selective_scan.cu")  # the smem_request of lt_delta.cu
+    cu = "cuda/selective_scan.cu"
+    binary = _race_check_without(cu, barrier, "tsan_mutant_mamba", cu_files, "-DRFWP_RACE_ONLY_MAMBA")
     proc = _race_check(binary, ("3", "2", "1", "33", "64"))
     assert "ThreadSanitizer: data race" in proc.stderr, (proc.returncode, proc.stderr[-2000:])
     assert "selective_scan_backward_kernel" in proc.stderr

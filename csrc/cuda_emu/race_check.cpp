@@ -5,7 +5,8 @@
 // by different threads is reported by ThreadSanitizer (exit code 66) whether or not the race
 // changes the result on this run. Usage: race_check [T B H d threads]. Use at least two warps
 // (threads > 32): a warp's lanes meet at every shuffle, so only barriers between warps are
-// checked. Built with -DRFWP_RACE_LT_DELTA_ONLY it runs only lt and delta (lt_delta.cu alone).
+// checked. Built with -DRFWP_RACE_ONLY_LT_DELTA it runs only lt and delta (lt_delta.cu alone), with
+// -DRFWP_RACE_ONLY_MAMBA only mamba (selective_scan.cu and lt_delta.cu, whose smem_request it uses).
 #include <cstdio>
 #include <cstdlib>
 #include <random>
@@ -13,14 +14,17 @@
 
 #include "../cuda/fastweight_cuda.h"
 
-#ifdef RFWP_RACE_LT_DELTA_ONLY
-// lt_delta.cu's smem_request names the other ops' sizes; this build has only lt and delta
+#if defined(RFWP_RACE_ONLY_LT_DELTA) || defined(RFWP_RACE_ONLY_MAMBA)
+#define RFWP_RACE_SUBSET 1
+// lt_delta.cu's smem_request names every op's sizes; this build has only some of the ops
 namespace rfwp::cuda {
 std::size_t delta_rnn_smem_bytes(const Dims&, std::size_t, bool, bool) { return 0; }
 std::size_t rdn_smem_bytes(const Dims&, std::size_t, bool, bool) { return 0; }
 std::size_t product_smem_bytes(const Dims&, std::size_t, bool, bool) { return 0; }
 std::size_t srwm_smem_bytes(const Dims&, std::size_t, bool, bool) { return 0; }
+#ifndef RFWP_RACE_ONLY_MAMBA
 std::size_t mamba_smem_bytes(const Dims&, std::size_t, bool, bool) { return 0; }
+#endif
 }  // namespace rfwp::cuda
 #endif
 
@@ -54,6 +58,7 @@ int run(int T, int B, int H, int d, int threads) {
   reset[static_cast<std::size_t>(T / 2) * B] = 1;   // entry 0 resets mid-sequence
   Pool<S> p;
   int err = 0;
+#if !defined(RFWP_RACE_SUBSET) || defined(RFWP_RACE_ONLY_LT_DELTA)
   for (int lt = 0; lt < 2; ++lt) {
     DeltaFwdArgs<S> f{p.rnd(vec), p.rnd(vec), p.rnd(vec), lt ? nullptr : p.rnd(sc), p.rnd(mat),
                       reset.data(), p.out(vec), p.out(mat),
@@ -64,7 +69,8 @@ int run(int T, int B, int H, int d, int threads) {
     S* work = p.out(cuda::lt_delta_workspace_elems(n));
     err |= lt ? cuda::lt_backward(b, work, threads, nullptr) : cuda::delta_backward(b, work, threads, nullptr);
   }
-#ifndef RFWP_RACE_LT_DELTA_ONLY
+#endif
+#ifndef RFWP_RACE_SUBSET
   DeltaRnnFwdArgs<S> rf{p.rnd(vec), p.rnd(vec), p.rnd(vec), p.rnd(sc), p.rnd(vec), p.rnd(vec),
                         p.rnd(sc), p.rnd(mat), p.rnd(mat), p.rnd(st), reset.data(), p.out(vec),
                         p.out(mat), p.out(mat), p.out(ck), p.out(ck), p.out(vec), n};
@@ -104,6 +110,8 @@ int run(int T, int B, int H, int d, int threads) {
   SrwmBwdArgs<S> sb{sf.x, sf.Winit, reset.data(), sf.ckpt, p.rnd(vec), p.rnd(wm), p.out(vec),
                     p.out(wm), p.out(static_cast<std::size_t>(H) * R * d), p.out(wm), n};
   err |= cuda::srwm_backward(sb, p.out(cuda::srwm_workspace_elems(n)), threads, nullptr);
+#endif
+#if !defined(RFWP_RACE_SUBSET) || defined(RFWP_RACE_ONLY_MAMBA)
   // mamba: D = H d channels of N = d state values per batch entry, both layouts (the state in
   // shared memory, and in global memory on a device without room for it)
   const int D = H * d;

@@ -28,7 +28,7 @@ from types import ModuleType
 
 import torch
 
-from rfwp_rl.kernels.cuda_limits import CU_FILES
+from rfwp_rl.kernels.cuda_limits import CU_FILES, nvcc_resource_command
 from rfwp_rl.resources import data_dir
 
 # the repository's csrc/ in a checkout, else the copy shipped in the wheel (rfwp_rl/_data/csrc)
@@ -45,7 +45,6 @@ if platform.machine().lower() in ("x86_64", "amd64", "i686", "i386"):
     CFLAGS += ("-mprefer-vector-width=512",)
 NVCC_FLAGS = ("-O3", "-DNDEBUG")
 EMU_FLAGS = ("-std=c++20", "-O1", "-g0", "-fPIC", "-shared", "-pthread")
-NVCC_ARCH_FLAGS = ("-gencode", "arch=compute_80,code=sm_80", "-gencode", "arch=compute_90,code=sm_90")
 
 
 class BuildError(RuntimeError):
@@ -295,20 +294,11 @@ def _tool_version(tool: str) -> str:
         return ""
 
 
-def nvcc_compile(cu_file: str) -> tuple[bool, str]:
-    """Compile one .cu file under csrc/ with nvcc for sm_80 and sm_90 (object only; cached)."""
-    cmd = [
-        "nvcc",
-        "-c",
-        str(CSRC / cu_file),
-        "-o",
-        "{out}/" + Path(cu_file).stem + ".o",
-        "-std=c++17",
-        f"-I{CSRC}",
-        *NVCC_ARCH_FLAGS,
-        *NVCC_FLAGS,
-    ]
-    ok, output, _ = _cached_command("nvcc", cmd, _tool_version("nvcc"))
+def nvcc_compile(cu_file: str, arch: int) -> tuple[bool, str]:
+    """Compile one .cu file under csrc/ with nvcc for sm_<arch> (object only; cached), the output with ptxas's
+    resource report (:func:`rfwp_rl.kernels.cuda_limits.parse_resource_usage`): the one nvcc build of the tests."""
+    cmd = nvcc_resource_command(CSRC / cu_file, CSRC, arch, "{out}/" + Path(cu_file).stem + ".o")
+    ok, output, _ = _cached_command("nvcc_ru", cmd, _tool_version("nvcc"))
     return ok, output
 
 
