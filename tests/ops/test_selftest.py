@@ -20,6 +20,8 @@ def test_info_check_passes_here(ext, capsys):
     assert "fused C++      float64" in table and "fused C++      float32" in table
     if emulated:
         assert "emulated CUDA  float64" in table
+        rows = [line.split() for line in table.splitlines() if "emulated CUDA" in line and "pass" in line]
+        assert rows and all(row[-2:] == ["-", "-"] for row in rows)  # checked, not timed: host threads
     # two dtypes, C++ (and emulated CUDA)
     checks = 2 * len(ops.OPS) + (2 * len(set(ops.OPS) & set(cuda_limits.OPS)) if emulated else 0)
     assert "FAIL" not in table and table.rstrip().endswith(f"pass ({checks} checks)")
