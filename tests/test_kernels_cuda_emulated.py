@@ -1,7 +1,7 @@
 """The CUDA kernels without a GPU: nvcc compiles every .cu for sm_80/sm_90 within the register
 budget of the launch bounds (and rfwp_rl.kernels.cuda_limits has its numbers); the REAL kernel
 sources, compiled by the host compiler against csrc/cuda_emu/cuda_emulation.h (threads of a
-block = std::threads meeting at a barrier, warps in lockstep at every shuffle), equal the
+block = fibers meeting at a barrier, warps in lockstep at every shuffle), equal the
 PyTorch reference in values and gradients at the head sizes the cores use; the launchers ask
 for exactly what cuda_limits says, clamp block sizes and report configuration errors without
 leaving them pending; ThreadSanitizer finds no data race between the threads of a block and

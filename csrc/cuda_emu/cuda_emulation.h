@@ -4,9 +4,12 @@
 //   g++ -std=c++20 -pthread -include cuda_emu/cuda_emulation.h -x c++ cuda/lt_delta.cu ...
 //
 // Execution model:
-//   - a launch runs its blocks one after another; the threads of a block are real std::threads
-//     that meet at a std::barrier for __syncthreads() (a thread that returns from the kernel
-//     drops out of the barrier, as an exited CUDA thread does);
+//   - a launch runs its blocks one after another; the threads of a block are fibers (ucontext) on
+//     the launching thread, resumed in turn, each running until it waits at a barrier or returns:
+//     __syncthreads() waits until every thread still in the block has arrived (a thread that
+//     returns from the kernel drops out of the barrier, as an exited CUDA thread does). Built
+//     with ThreadSanitizer (or -DRFWP_EMU_THREADS) they are real std::threads meeting at a
+//     std::barrier instead, so that the sanitizer sees the accesses of concurrent threads;
 //   - threadIdx, blockIdx, blockDim, gridDim are thread_local;
 //   - dynamic shared memory (RFWP_DYNAMIC_SHARED in common.cuh) is a per-block arena filled
 //     with 0xFF bytes (NaN for floating point) before every block, so reading shared memory
@@ -15,7 +18,7 @@
 //     threads, which is per-block storage because blocks never overlap (launches are
 //     serialised by a global mutex);
 //   - atomics are std::atomic_ref operations;
-//   - warps: threads 32w .. 32w+31 of a block form warp w, which has its own std::barrier and
+//   - warps: threads 32w .. 32w+31 of a block form warp w, which has its own barrier and
 //     exchange slots: __shfl_sync, __shfl_xor_sync, __shfl_up/down_sync, __ballot_sync,
 //     __any/__all_sync and __syncwarp make the warp's threads meet (lockstep at every warp
 //     intrinsic) and exchange values as on a GPU. A warp barrier orders only the threads of
@@ -30,8 +33,12 @@
 #ifndef RFWP_CUDA_EMULATION
 #define RFWP_CUDA_EMULATION 1
 #endif
+#if defined(__SANITIZE_THREAD__) && !defined(RFWP_EMU_THREADS)
+#define RFWP_EMU_THREADS 1   // ThreadSanitizer checks real threads: a block's threads become std::threads
+#endif
 
 #include <math.h>
+#include <ucontext.h>
 
 #include <algorithm>
 #include <atomic>
@@ -42,6 +49,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -104,7 +112,52 @@ inline thread_local cudaError_t last_error = cudaSuccess;
 // launchers' smaller layouts, or raise it above kMaxSharedBytesOptin to make
 // cudaFuncSetAttribute fail as a driver would).
 inline std::size_t reported_smem_optin = kMaxSharedBytesOptin;
-inline std::barrier<>* block_barrier = nullptr;
+#ifndef RFWP_EMU_THREADS
+// A block's threads are fibers on the launching thread (the header comment); a barrier makes its fiber wait
+// until every thread still in the block has arrived.
+struct Fiber {
+  ucontext_t context;
+  char* stack = nullptr;
+  dim3 thread;
+  struct Warp* warp = nullptr;
+  unsigned lane = 0, phase = 0;
+  bool waiting = false, done = false;
+};
+inline Fiber* running_fiber = nullptr;   // the fiber the scheduler resumed last
+inline ucontext_t scheduler_context;
+
+inline void yield_to_scheduler() { swapcontext(&running_fiber->context, &scheduler_context); }
+
+class Barrier {
+ public:
+  explicit Barrier(std::ptrdiff_t expected) : expected_(expected) {}
+  void arrive_and_wait() {
+    if (++arrived_ == expected_) {
+      release();
+      return;
+    }
+    running_fiber->waiting = true;
+    waiters_.push_back(running_fiber);
+    yield_to_scheduler();   // resumed once the last thread has arrived
+  }
+  void arrive_and_drop() {   // an exited thread: the barrier no longer waits for it
+    if (--expected_ == arrived_ && arrived_ > 0) release();
+  }
+
+ private:
+  void release() {
+    arrived_ = 0;
+    for (Fiber* f : waiters_) f->waiting = false;
+    waiters_.clear();
+  }
+  std::ptrdiff_t expected_, arrived_ = 0;
+  std::vector<Fiber*> waiters_;
+};
+#else
+using Barrier = std::barrier<>;
+#endif
+
+inline Barrier* block_barrier = nullptr;
 inline unsigned char* block_smem = nullptr;
 inline std::size_t smem_limit = kDefaultSharedBytes;   // raised by cudaFuncSetAttribute
 
@@ -112,7 +165,7 @@ inline std::size_t smem_limit = kDefaultSharedBytes;   // raised by cudaFuncSetA
 // between consecutive intrinsics, so that a fast lane's next write never meets a slow lane's
 // read of the previous exchange: both sides of one barrier separate them).
 struct Warp {
-  std::barrier<> bar;
+  Barrier bar;
   unsigned size;                          // threads in this warp (the last may be partial)
   unsigned long long slots[2][32];
   explicit Warp(unsigned n) : bar(static_cast<std::ptrdiff_t>(n)), size(n), slots{} {}
@@ -138,6 +191,62 @@ inline std::mutex& launch_mutex() {
 
 inline unsigned char* dynamic_shared_memory() { return block_smem; }
 
+inline dim3 thread_index(std::size_t tid, dim3 block) {
+  return dim3(static_cast<unsigned int>(tid % block.x), static_cast<unsigned int>((tid / block.x) % block.y),
+              static_cast<unsigned int>(tid / (static_cast<std::size_t>(block.x) * block.y)));
+}
+
+#ifndef RFWP_EMU_THREADS
+constexpr std::size_t kFiberStackBytes = 256 * 1024;
+inline std::function<void()> fiber_body;   // the running block's kernel call
+
+inline void fiber_entry() {
+  fiber_body();
+  this_warp->bar.arrive_and_drop();   // an exited thread leaves its warp and block
+  block_barrier->arrive_and_drop();
+  running_fiber->done = true;         // uc_link returns to the scheduler
+}
+
+// Runs one block: resumes its runnable fibers in turn until every one has returned.
+inline void run_block(std::size_t nthreads, dim3 block, std::vector<std::unique_ptr<Warp>>& warps) {
+  static std::vector<std::unique_ptr<char[]>> stacks;   // reused by later blocks and launches
+  while (stacks.size() < nthreads) stacks.emplace_back(new char[kFiberStackBytes]);
+  std::vector<Fiber> fibers(nthreads);
+  for (std::size_t tid = 0; tid < nthreads; ++tid) {
+    Fiber& f = fibers[tid];
+    f.stack = stacks[tid].get();
+    f.thread = thread_index(tid, block);
+    f.warp = warps[tid / 32].get();
+    f.lane = static_cast<unsigned>(tid % 32);
+    getcontext(&f.context);
+    f.context.uc_stack.ss_sp = f.stack;
+    f.context.uc_stack.ss_size = kFiberStackBytes;
+    f.context.uc_link = &scheduler_context;
+    makecontext(&f.context, fiber_entry, 0);
+  }
+  for (std::size_t left = nthreads; left > 0;) {
+    bool resumed = false;
+    for (Fiber& f : fibers) {
+      if (f.done || f.waiting) continue;
+      threadIdx = f.thread;
+      this_warp = f.warp;
+      this_lane = f.lane;
+      warp_phase = f.phase;
+      running_fiber = &f;
+      swapcontext(&scheduler_context, &f.context);
+      f.phase = warp_phase;
+      resumed = true;
+      left -= f.done;
+    }
+    if (!resumed) {
+      std::fprintf(stderr, "cuda emulation: deadlock: every thread left waits at a barrier the others never reach\n");
+      std::abort();
+    }
+  }
+  running_fiber = nullptr;
+}
+#endif
+
 // Run kernel(args...) over `grid` blocks of `block` threads (see the header comment).
 template <typename... Params, typename... Args>
 void launch(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem, cudaStream_t,
@@ -156,12 +265,20 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem, 
     for (unsigned int by = 0; by < grid.y; ++by)
       for (unsigned int bx = 0; bx < grid.x; ++bx) {
         std::memset(arena.data(), 0xFF, arena.size() * sizeof(std::max_align_t));
-        std::barrier<> bar(static_cast<std::ptrdiff_t>(nthreads));
+        Barrier bar(static_cast<std::ptrdiff_t>(nthreads));
         block_barrier = &bar;
         block_smem = reinterpret_cast<unsigned char*>(arena.data());
         std::vector<std::unique_ptr<Warp>> warps;
         for (std::size_t w = 0; w * 32 < nthreads; ++w)
           warps.push_back(std::make_unique<Warp>(static_cast<unsigned>(std::min<std::size_t>(32, nthreads - 32 * w))));
+#ifndef RFWP_EMU_THREADS
+        blockIdx = dim3(bx, by, bz);
+        blockDim = block;
+        gridDim = grid;
+        fiber_body = [&] { std::apply(kernel, params); };
+        run_block(nthreads, block, warps);
+        fiber_body = nullptr;
+#else
         std::vector<std::thread> threads;
         threads.reserve(nthreads);
         for (std::size_t tid = 0; tid < nthreads; ++tid) {
@@ -169,9 +286,7 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem, 
             this_warp = warps[tid / 32].get();
             this_lane = static_cast<unsigned>(tid % 32);
             warp_phase = 0;
-            threadIdx = dim3(static_cast<unsigned int>(tid % block.x),
-                             static_cast<unsigned int>((tid / block.x) % block.y),
-                             static_cast<unsigned int>(tid / (static_cast<std::size_t>(block.x) * block.y)));
+            threadIdx = thread_index(tid, block);
             blockIdx = dim3(bx, by, bz);
             blockDim = block;
             gridDim = grid;
@@ -181,6 +296,7 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem, 
           });
         }
         for (auto& t : threads) t.join();
+#endif
         block_barrier = nullptr;
         block_smem = nullptr;
       }

@@ -2,8 +2,9 @@
 (``csrc/cuda_emu/cuda_emulation.h``): a kernel backend with the same functions as the torch
 extension, for checking the CUDA sources on machines without a GPU.
 
-Every thread of a block is a real ``std::thread`` and blocks run one after another, so keep
-the sizes tiny (a handful of blocks of at most a few dozen threads). ``threads`` sets the
+Every thread of a block is a fiber on the calling thread, resumed in turn between barriers,
+and blocks run one after another, so keep the sizes small (a handful of blocks of at most a
+few hundred threads). ``threads`` sets the
 block size request (default 32, which does not divide head sizes such as 5 or 33; 0: the
 launchers' default); the launchers round it to whole warps and clamp it as on a GPU.
 

@@ -39,7 +39,7 @@ class Backend:
     H: int
     d: int
     cuda: bool = False  # runs the CUDA kernels (only the ops that have one, cuda_limits.OPS)
-    timed: bool = True  # False: checked only (the emulation's times are those of host threads, not of a GPU)
+    timed: bool = True  # False: checked only (the emulation's times are those of the CPU, not of a GPU)
 
     def runs(self, name: str) -> bool:
         """Whether this backend has a kernel for op ``name``."""
@@ -78,7 +78,7 @@ def backends(emulation: bool = True) -> tuple[list[Backend], list[str]]:
             else:
                 notes.append(f"CUDA: a GPU is present but this build has CPU kernels only ({why})")
     if emulation:
-        try:  # every emulated GPU thread is a host thread: tiny sizes
+        try:  # every emulated GPU thread is a fiber on this thread: small sizes
             emulated = EmulatedCuda(threads=32)
             found.append(Backend("cpu", "emulated CUDA", emulated, T=6, B=2, H=1, d=8, cuda=True, timed=False))
         except (_build.BuildError, OSError) as e:

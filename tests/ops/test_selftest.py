@@ -21,7 +21,7 @@ def test_info_check_passes_here(ext, capsys):
     if emulated:
         assert "emulated CUDA  float64" in table
         rows = [line.split() for line in table.splitlines() if "emulated CUDA" in line and "pass" in line]
-        assert rows and all(row[-2:] == ["-", "-"] for row in rows)  # checked, not timed: host threads
+        assert rows and all(row[-2:] == ["-", "-"] for row in rows)  # checked, not timed: emulated on the CPU
     # two dtypes, C++ (and emulated CUDA)
     checks = 2 * len(ops.OPS) + (2 * len(set(ops.OPS) & set(cuda_limits.OPS)) if emulated else 0)
     assert "FAIL" not in table and table.rstrip().endswith(f"pass ({checks} checks)")
