@@ -484,3 +484,21 @@ def test_cuda_limits_doctest():
     import doctest
 
     assert doctest.testmod(cuda_limits).failed == 0
+
+
+def test_a_deadlocked_block_is_reported_not_hung(tmp_path):
+    # thread 0 waits at __syncthreads() while thread 1 waits at __syncwarp(), which needs thread 0:
+    # neither barrier completes, and the fiber scheduler says so and aborts
+    cxx = shutil.which("g++")
+    if cxx is None:
+        pytest.skip("no g++")
+    src = tmp_path / "deadlock.cu"
+    src.write_text(
+        "__global__ void stuck() { if (threadIdx.x == 0) __syncthreads(); else __syncwarp(); }\n"
+        "int main() { ::cuda_emu::launch(stuck, dim3(1), dim3(2), 0, nullptr); return 0; }\n"
+    )
+    header = _build.CSRC / "cuda_emu" / "cuda_emulation.h"
+    build = [cxx, "-std=c++20", "-pthread", "-include", str(header), "-x", "c++", str(src), "-o", str(tmp_path / "d")]
+    subprocess.run(build, check=True, capture_output=True, timeout=300)
+    proc = subprocess.run([str(tmp_path / "d")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "deadlock" in proc.stderr, (proc.returncode, proc.stderr)
