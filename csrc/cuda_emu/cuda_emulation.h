@@ -52,6 +52,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <thread>
 #include <tuple>
 #include <vector>
@@ -125,6 +126,10 @@ struct Fiber {
 };
 inline Fiber* running_fiber = nullptr;   // the fiber the scheduler resumed last
 inline ucontext_t scheduler_context;
+// 0: the scheduler resumes a block's fibers in thread order; else in an order drawn afresh for every round
+// from this seed, so that a kernel whose result depends on the order of its threads between barriers
+// (a missing barrier) gives different results under different seeds.
+inline unsigned schedule_seed = 0;
 
 inline void yield_to_scheduler() { swapcontext(&running_fiber->context, &scheduler_context); }
 
@@ -224,9 +229,14 @@ inline void run_block(std::size_t nthreads, dim3 block, std::vector<std::unique_
     f.context.uc_link = &scheduler_context;
     makecontext(&f.context, fiber_entry, 0);
   }
+  std::vector<std::size_t> order(nthreads);
+  for (std::size_t i = 0; i < nthreads; ++i) order[i] = i;
+  std::minstd_rand draw(schedule_seed);
   for (std::size_t left = nthreads; left > 0;) {
     bool resumed = false;
-    for (Fiber& f : fibers) {
+    if (schedule_seed != 0) std::shuffle(order.begin(), order.end(), draw);
+    for (std::size_t i : order) {
+      Fiber& f = fibers[i];
       if (f.done || f.waiting) continue;
       threadIdx = f.thread;
       this_warp = f.warp;

@@ -133,6 +133,15 @@ extern "C" long long rfwp_emu_device_smem_optin() { return static_cast<long long
 extern "C" void rfwp_emu_set_device_smem_optin(long long bytes) {
   cuda_emu::reported_smem_optin = bytes > 0 ? static_cast<std::size_t>(bytes) : cuda_emu::kMaxSharedBytesOptin;
 }
+// The order in which a block's threads run between barriers: 0 thread order, else a seeded shuffle per round
+// (cuda_emulation.h, schedule_seed); ignored by ThreadSanitizer builds, whose threads are real.
+extern "C" void rfwp_emu_set_schedule(unsigned seed) {
+#ifndef RFWP_EMU_THREADS
+  cuda_emu::schedule_seed = seed;
+#else
+  (void)seed;
+#endif
+}
 // The calling thread's pending CUDA error (not cleared).
 extern "C" int rfwp_emu_peek_last_error() { return static_cast<int>(cudaPeekAtLastError()); }
 

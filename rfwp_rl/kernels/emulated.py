@@ -192,6 +192,7 @@ class EmulatedCuda:
         ]
         self.lib.rfwp_emu_device_smem_optin.restype = ctypes.c_longlong
         self.lib.rfwp_emu_set_device_smem_optin.argtypes = [ctypes.c_longlong]
+        self.lib.rfwp_emu_set_schedule.argtypes = [ctypes.c_uint]
         for block, fields in FIELDS.items():
             n = self.lib.rfwp_emu_num_pointers(block.encode())
             if n != len(fields):
@@ -231,6 +232,11 @@ class EmulatedCuda:
         true limit, 227 KiB). Lower: the launchers pick smaller layouts or refuse; higher:
         the attribute call fails as on a GPU whose driver refuses the size."""
         self.lib.rfwp_emu_set_device_smem_optin(0 if nbytes is None else int(nbytes))
+
+    def set_schedule(self, seed: int) -> None:
+        """The order in which a block's threads run between barriers: 0 (the default) thread order, else an
+        order drawn afresh each round from ``seed``. A race-free kernel gives the same result under every seed."""
+        self.lib.rfwp_emu_set_schedule(int(seed))
 
     def pending_error(self) -> int:
         """The CUDA error left pending on this thread (0: none)."""
