@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import subprocess
+import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -16,6 +19,49 @@ from rfwp_rl.impala.net import free_port  # noqa: F401 - the tests' and scripts'
 # Appended to a moolib script a test runs and reads: its output flushed, the process ends without moolib's
 # teardown, which can abort ("terminate called without an active exception") while its threads still run.
 MOOLIB_EXIT = "\nimport os as _os, sys as _sys\n_sys.stdout.flush()\n_os._exit(0)\n"
+
+
+def script_result(
+    argv: list[str],
+    env: dict | None = None,
+    cwd: str | os.PathLike | None = None,
+    timeout: float = 300,
+    lines: list[str] | None = None,
+) -> Any:
+    """Run ``argv``, a script that prints its result as one JSON line (an object or a list), and return that
+    result as soon as it is printed; the script is then killed, not waited for (moolib's threads can hold a
+    finished script for a minute, and its exit says nothing the result does not). ``lines``, if given, receives
+    the script's output lines (stdout and stderr) up to then. AssertionError with that output if the script
+    ends or ``timeout`` seconds pass without printing a result."""
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = [] if lines is None else lines
+
+    def read() -> None:
+        for line in proc.stdout:
+            lines.append(line)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    deadline, checked = time.monotonic() + timeout, 0
+    try:
+        while True:
+            ended = proc.poll() is not None and not reader.is_alive()
+            for line in lines[checked:]:
+                try:
+                    result = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(result, (dict, list)):
+                    return result
+            checked = len(lines)
+            output = "".join(lines)[-6000:]
+            assert not ended, f"the script ended ({proc.returncode}) without a result:\n{output}"
+            assert time.monotonic() < deadline, f"no result within {timeout:.0f} s:\n{output}"
+            time.sleep(0.02)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=60)
 
 
 def children(pid: int) -> list[int]:

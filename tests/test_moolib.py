@@ -8,7 +8,6 @@ where a missing moolib fails.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from procs import MOOLIB_EXIT, free_port  # tests/procs.py
+from procs import MOOLIB_EXIT, free_port, script_result  # tests/procs.py
 
 REPO = Path(__file__).resolve().parent.parent
 DEADLINE = 300  # s: only ever a failure deadline (a slow or busy machine just takes longer)
@@ -32,15 +31,7 @@ except ImportError as e:  # pragma: no cover - depends on the machine
 
 def _run(script: str, timeout: float = DEADLINE) -> dict:
     """Run ``script`` in a fresh interpreter; it prints one JSON line last."""
-    proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(script) + MOOLIB_EXIT],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=REPO,
-    )
-    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-3000:]}"
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return script_result([sys.executable, "-c", textwrap.dedent(script) + MOOLIB_EXIT], cwd=REPO, timeout=timeout)
 
 
 def test_build_matches_pins():

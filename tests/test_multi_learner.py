@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from procs import MOOLIB_EXIT, alive, children_and_grandchildren, ended, free_port  # tests/procs.py
+from procs import MOOLIB_EXIT, alive, children_and_grandchildren, ended, free_port, script_result  # tests/procs.py
 from rfwp_rl import cli
 from rfwp_rl.checkpoint import list_checkpoints, read_checkpoint
 from rfwp_rl.impala.multi_learner import group_gradient_factor, pack, unpack
@@ -284,11 +284,7 @@ def test_a_real_group_applies_the_weighted_mean_on_every_learner(tmp_path):
         for l in learners:
             l["group"].close()
     """)
-    proc = subprocess.run(
-        [sys.executable, "-c", script + MOOLIB_EXIT], capture_output=True, text=True, timeout=DEADLINE, cwd=REPO
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    steps = json.loads(proc.stdout.strip().splitlines()[-1])
+    steps = script_result([sys.executable, "-c", script + MOOLIB_EXIT], cwd=REPO, timeout=DEADLINE)
     S, g0, g1 = 3, torch.tensor([1.0, 2.0]), torch.tensor([9.0, -3.0])
     weighted = (S * (g0 + g1) / 4).tolist()  # 4 env steps in the round: each counts the same
     assert weighted != ((g0 + g1) / 2).tolist()

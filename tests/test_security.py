@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import torch
 
-from procs import MOOLIB_EXIT, free_port  # tests/procs.py
+from procs import MOOLIB_EXIT, free_port, script_result  # tests/procs.py
 from rfwp_rl import cli
 from rfwp_rl.checkpoint import (
     Checkpointer,
@@ -442,16 +442,8 @@ def test_learner_endpoints_refuse_peers_without_the_key_and_pickles_and_bad_roll
         marker = tmp_path / "pwned"
 
         def attack(attacker_key: str, *extra: str) -> dict:
-            proc = subprocess.run(
-                [sys.executable, "-c", ATTACKER + MOOLIB_EXIT, attacker_key, str(port), str(marker), *extra],
-                capture_output=True,
-                text=True,
-                timeout=DEADLINE,
-                cwd=REPO,
-                env=_env(RFWP_MOOLIB_SEND_PICKLES_FOR_TESTS="1"),
-            )
-            assert proc.returncode == 0, proc.stdout + proc.stderr
-            return json.loads(proc.stdout.strip().splitlines()[-1])
+            argv = [sys.executable, "-c", ATTACKER + MOOLIB_EXIT, attacker_key, str(port), str(marker), *extra]
+            return script_result(argv, env=_env(RFWP_MOOLIB_SEND_PICKLES_FOR_TESTS="1"), cwd=REPO, timeout=DEADLINE)
 
         for attacker_key in ("-", "wrong-key-0123456789abcdef"):  # no key, a wrong key: no endpoint answers
             out = attack(attacker_key)
@@ -484,11 +476,11 @@ def test_learner_endpoints_refuse_peers_without_the_key_and_pickles_and_bad_roll
 @pytest.mark.moolib
 @pytest.mark.slow
 def test_group_refuses_nan_gradients_impossible_step_counts_and_counters_past_the_target(tmp_path):
-    port = free_port()
     script = textwrap.dedent(f"""
         import json, threading, time, torch, moolib
         from rfwp_rl.impala.learner import Gradients
         from rfwp_rl.impala.multi_learner import LearnerGroup
+        from rfwp_rl.impala.net import free_port
 
         moolib.set_auth_key("group-test-key-0123456789")
         moolib.set_listen_hosts(["127.0.0.1"])
@@ -510,7 +502,8 @@ def test_group_refuses_nan_gradients_impossible_step_counts_and_counters_past_th
                 self.loaded.append(state)
 
         broker_rpc = moolib.Rpc(); broker_rpc.set_name("broker")
-        broker = moolib.Broker(broker_rpc); broker_rpc.listen("127.0.0.1:{port}")
+        port = free_port()  # taken here, just before the broker listens on it
+        broker = moolib.Broker(broker_rpc); broker_rpc.listen(f"127.0.0.1:{{port}}")
         S, TOTAL = 3, 1000
         learners = []
         # learner 0 leads (more updates) and hands over counters past --total-steps
@@ -518,7 +511,7 @@ def test_group_refuses_nan_gradients_impossible_step_counts_and_counters_past_th
             w = torch.nn.Parameter(torch.zeros(2))
             steps = []
             l = Learner(w, steps, counters)
-            group = LearnerGroup("127.0.0.1:{port}", "t/w", l, {{"x": 1}}, seed=i, total_steps=TOTAL)
+            group = LearnerGroup(f"127.0.0.1:{{port}}", "t/w", l, {{"x": 1}}, seed=i, total_steps=TOTAL)
             learners.append(dict(w=w, group=group, steps=steps, l=l))
         def ready(l):  # in the group with the other (learner 1: has refused the leader's state)
             g = l["group"]
@@ -547,29 +540,30 @@ def test_group_refuses_nan_gradients_impossible_step_counts_and_counters_past_th
                 for l in learners:
                     l["handed"] = False
             time.sleep(0.005)
+        def status(g):  # what a failure message needs: how far each learner got into the group
+            acc = g.acc
+            if acc is None:
+                return {{"accumulator": False, "members": len(g.group.members())}}
+            return {{"connected": acc.connected(), "size": g.size, "leader": acc.get_leader() == g.name,
+                     "new_state": acc.has_new_state(), "version": acc.model_version(), "round": rnd,
+                     "started": started}}
         print(json.dumps({{"steps": [l["steps"] for l in learners], "loaded": [len(l["l"].loaded) for l in learners],
-                          "refused": [l["group"].refusals.count for l in learners]}}))
+                          "refused": [l["group"].refusals.count for l in learners],
+                          "status": [status(l["group"]) for l in learners]}}))
         for l in learners:
             l["group"].close()
     """)
-    proc = subprocess.run(
-        [sys.executable, "-c", script + MOOLIB_EXIT],
-        capture_output=True,
-        text=True,
-        timeout=DEADLINE,
-        cwd=REPO,
-        env=_env(),
+    lines: list[str] = []
+    out = script_result(
+        [sys.executable, "-c", script + MOOLIB_EXIT], env=_env(), cwd=REPO, timeout=DEADLINE, lines=lines
     )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    output = "".join(lines)
     # both rounds are only counted on both learners: no optimizer step, no env steps
     assert out["steps"] == [[[0, 0], [0, 0]], [[0, 0], [0, 0]]], out
     assert out["loaded"][1] == 0  # the leader's counters past the target were not adopted
     assert out["refused"][0] >= 2 and out["refused"][1] >= 3, out
-    assert (
-        "refused a message: the leader's state: shared step counter must be an integer in [0, 1006]" in proc.stderr
-    ), proc.stderr
-    assert "a round: the reduced gradients hold NaN or inf values" in proc.stderr  # later lines are rate-limited
+    assert "refused a message: the leader's state: shared step counter must be an integer in [0, 1006]" in output
+    assert "a round: the reduced gradients hold NaN or inf values" in output, output  # later lines: rate-limited
 
 
 @pytest.mark.moolib

@@ -24,7 +24,6 @@ key-holder": moolib broadcast the [1] tensors into every parameter, and the lear
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import struct
@@ -39,7 +38,7 @@ import pytest
 import torch
 
 from preauth_wire import REQ_ERROR, REQ_SUCCESS, Call, RawPeer  # tests/preauth_wire.py
-from procs import MOOLIB_EXIT, finite, free_port, listening_ports  # tests/procs.py
+from procs import MOOLIB_EXIT, finite, free_port, listening_ports, script_result  # tests/procs.py
 from rfwp_rl.checkpoint import list_checkpoints, read_checkpoint
 
 REPO = Path(__file__).resolve().parent.parent
@@ -206,17 +205,9 @@ class Cluster:
 
     def run(self, script: str, *args: str) -> dict:
         """A key holder built with moolib's Python API (``script`` with the key, the learner's and the
-        broker's ports and ``args``); what it printed last, as JSON."""
-        out = subprocess.run(
-            [sys.executable, "-c", script + MOOLIB_EXIT, self.key, str(self.port), str(self.broker_port), *args],
-            capture_output=True,
-            text=True,
-            timeout=DEADLINE,
-            cwd=REPO,
-            env=_env(),
-        )
-        assert out.returncode == 0, out.stdout + out.stderr
-        return json.loads(out.stdout.strip().splitlines()[-1])
+        broker's ports and ``args``); the JSON line it prints at its end."""
+        argv = [sys.executable, "-c", script + MOOLIB_EXIT, self.key, str(self.port), str(self.broker_port), *args]
+        return script_result(argv, env=_env(), cwd=REPO, timeout=DEADLINE)
 
 
 @pytest.fixture(scope="module")

@@ -44,7 +44,7 @@ from preauth_wire import (  # tests/preauth_wire.py
     nop_variant,
     tensor_meta,
 )
-from procs import MOOLIB_EXIT, finite, free_port  # tests/procs.py
+from procs import MOOLIB_EXIT, finite, free_port, script_result  # tests/procs.py
 from rfwp_rl.checkpoint import list_checkpoints, read_checkpoint
 
 REPO = Path(__file__).resolve().parent.parent
@@ -198,12 +198,12 @@ def test_nested_containers_before_the_handshake_are_refused(learner):
 
 
 KEY_HOLDER = textwrap.dedent("""
-    import sys, moolib
+    import json, sys, moolib
     moolib.set_auth_key(sys.argv[1])
     moolib.set_listen_hosts(["127.0.0.1"])
     rpc = moolib.Rpc(); rpc.set_name("key-holder"); rpc.set_timeout(120)
     rpc.connect("127.0.0.1:" + sys.argv[2])
-    print(repr(rpc.sync("learner", "hello", "key-holder", {"protocol": 1})))
+    print(json.dumps(rpc.sync("learner", "hello", "key-holder", {"protocol": 1}), default=repr))
 """)
 
 
@@ -215,15 +215,9 @@ def test_idle_connections_are_bounded_and_time_out(learner):
             s.sendall(frame(nop_variant(0, nop_struct(nop_str(b"")))))
         idle.append(s)
     # A key holder is answered while they are held.
-    out = subprocess.run(
-        [sys.executable, "-c", KEY_HOLDER + MOOLIB_EXIT, learner.key, str(learner.port)],
-        capture_output=True,
-        text=True,
-        timeout=DEADLINE,
-        env=_env(),
-        cwd=REPO,
-    )
-    assert out.returncode == 0 and "error" in out.stdout, out.stdout + out.stderr
+    argv = [sys.executable, "-c", KEY_HOLDER + MOOLIB_EXIT, learner.key, str(learner.port)]
+    reply = script_result(argv, env=_env(), cwd=REPO, timeout=DEADLINE)
+    assert "error" in reply, reply
     learner.still_training()
     # Each is closed by the learner: the oldest to make room, the rest after the handshake timeout.
     deadline = time.monotonic() + DEADLINE
