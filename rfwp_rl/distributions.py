@@ -13,7 +13,8 @@ and the agent, actors, learner, rollout server and evaluation use only its inter
 
 Kinds (field practice: Sample Factory, CleanRL, RLlib):
 
-- ``Discrete(n)``: a categorical over n logits (sampling as the agent always did).
+- ``Discrete(n, start)``: a categorical over n logits (sampling as the agent always did); the env gets
+  ``action + start``.
 - ``MultiDiscrete(nvec)``: one categorical per dimension, independent; log-probs and entropies
   summed (the joint distribution factorises).
 - ``MultiBinary(n)``: n independent Bernoullis from n logits.
@@ -56,6 +57,7 @@ class ActionDistribution(nn.Module):
     action_dtype: torch.dtype
     env_dtype: torch.dtype  # dtype of env_action (the env's own action dtype)
     prev_action_size: int
+    plain_index: bool = False  # the env gets each action as it is: one integer 0..n-1 (what moolib's EnvPool carries)
 
     def sample(self, params: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -112,13 +114,16 @@ def _categorical_entropy(logits: torch.Tensor) -> torch.Tensor:
 
 
 class Categorical(ActionDistribution):
-    """``Discrete(n)``: logits ``[..., n]``, actions int64 ``[...]`` in 0..n-1."""
+    """``Discrete(n, start)``: logits ``[..., n]``, actions int64 ``[...]`` in 0..n-1; the env gets
+    ``action + start``."""
 
     kind = "categorical"
 
-    def __init__(self, n: int):
+    def __init__(self, n: int, start: int = 0):
         super().__init__()
         self.n = self.num_params = self.prev_action_size = int(n)
+        self.start = int(start)
+        self.plain_index = self.start == 0
         self.action_shape, self.action_dtype, self.env_dtype = (), torch.int64, torch.int64
 
     def sample(self, params: torch.Tensor) -> torch.Tensor:
@@ -134,10 +139,14 @@ class Categorical(ActionDistribution):
         return params.argmax(dim=-1)
 
     def extra_repr(self) -> str:
-        return f"integers 0..{self.n - 1}"
+        shifted = f", the env's {self.start}..{self.start + self.n - 1}" if self.start else ""
+        return f"integers 0..{self.n - 1}{shifted}"
 
     def prev_action_encoding(self, action: torch.Tensor) -> torch.Tensor:
         return F.one_hot(action.long(), self.n).float()
+
+    def env_action(self, action: torch.Tensor) -> torch.Tensor:
+        return action + self.start if self.start else action
 
     def valid(self, action: torch.Tensor) -> bool:
         return action.dtype == torch.int64 and bool(((action >= 0) & (action < self.n)).all())
@@ -301,9 +310,7 @@ def make_distribution(space: gymnasium.Space, log_std_init: float = 0.0) -> Acti
     """The :class:`ActionDistribution` of a gymnasium action space; any other space is a one-line
     :class:`UserError` naming it and the supported kinds."""
     if isinstance(space, spaces.Discrete):
-        if int(space.start) != 0:
-            raise UserError(f"action space {space} starts at {int(space.start)}; Discrete actions must be 0..n-1")
-        return Categorical(int(space.n))
+        return Categorical(int(space.n), int(space.start))
     if isinstance(space, spaces.MultiDiscrete) and len(space.nvec.shape) == 1:
         start = getattr(space, "start", None)
         return MultiCategorical(space.nvec.tolist(), None if start is None else np.asarray(start).tolist())

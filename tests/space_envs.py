@@ -1,10 +1,11 @@
 """Small synthetic envs, one per kind of space (used by tests/test_spaces.py).
 
 Importing this module registers ``SpaceBox-v0`` (Box actions), ``SpaceMultiDiscrete-v0``,
-``SpaceMultiBinary-v0``, ``SpaceDict-v0`` (a grid-world-like Dict observation: image, direction and a
-Text mission), ``SpaceTuple-v0`` (nested Tuple/Dict observation) and ``SpaceGraph-v0`` /
-``SpaceSequence-v0`` (unsupported observation spaces). Every episode lasts 5 steps; the reward
-tells how close the action came to one that depends on the observation, so a policy can learn.
+``SpaceMultiBinary-v0``, ``SpaceDiscreteStart-v0`` (Discrete actions -1..1), ``SpaceDict-v0`` (a
+grid-world-like Dict observation: image, direction and a Text mission), ``SpaceTuple-v0`` (nested Tuple/Dict
+observation) and ``SpaceGraph-v0`` / ``SpaceSequence-v0`` (unsupported observation spaces). Every episode lasts
+5 steps; the reward tells how close the action came to one that depends on the observation, so a policy can
+learn.
 """
 
 from __future__ import annotations
@@ -63,6 +64,10 @@ def multi_binary_env():
     return SpaceEnv(spaces.MultiDiscrete([2, 3]), spaces.MultiBinary(3))
 
 
+def discrete_start_env():
+    return SpaceEnv(spaces.Box(-1.0, 1.0, (2,), np.float32), spaces.Discrete(3, start=-1))
+
+
 def dict_env():
     obs = spaces.Dict(
         {"image": spaces.Box(0, 255, (7, 7, 3), np.uint8), "direction": spaces.Discrete(4), "mission": spaces.Text(20)}
@@ -87,6 +92,7 @@ for _name, _entry in [
     ("SpaceBox-v0", box_env),
     ("SpaceMultiDiscrete-v0", multi_discrete_env),
     ("SpaceMultiBinary-v0", multi_binary_env),
+    ("SpaceDiscreteStart-v0", discrete_start_env),
     ("SpaceDict-v0", dict_env),
     ("SpaceTuple-v0", tuple_env),
     ("SpaceGraph-v0", graph_env),

@@ -42,6 +42,15 @@ def test_categorical_matches_torch():
     assert torch.equal(dist.mode(logits), logits.argmax(-1))
 
 
+def test_discrete_actions_from_a_start_reach_the_env_shifted():
+    dist = make_distribution(spaces.Discrete(3, start=-1))
+    a = torch.tensor([[0, 1, 2], [2, 2, 0]])
+    assert dist.valid(a) and not dist.valid(a - 1)  # stored 0..n-1, as for start 0
+    assert torch.equal(dist.env_action(a), a - 1) and dist.env_action(a).dtype == torch.int64
+    assert torch.equal(Categorical(3).env_action(a), a)
+    assert "the env's -1..1" in repr(dist)
+
+
 def test_discrete_sampling_is_the_agents_original_draw():
     logits = torch.randn(6, 2, 5)
     torch.manual_seed(7)
@@ -246,7 +255,14 @@ def test_spaces_round_trip_as_plain_data():
         assert space_from_dict(space_to_dict(space)) == space
 
 
-SPACE_ENVS = ["SpaceBox-v0", "SpaceMultiDiscrete-v0", "SpaceMultiBinary-v0", "SpaceDict-v0", "SpaceTuple-v0"]
+SPACE_ENVS = [
+    "SpaceBox-v0",
+    "SpaceMultiDiscrete-v0",
+    "SpaceMultiBinary-v0",
+    "SpaceDiscreteStart-v0",
+    "SpaceDict-v0",
+    "SpaceTuple-v0",
+]
 
 
 @pytest.mark.parametrize("env_id", SPACE_ENVS)
@@ -347,9 +363,9 @@ def test_unsupported_action_space_is_one_line():
 @pytest.mark.slow
 def test_train_dict_obs_and_box_actions_through_moolib(tmp_path):
     """The CLI trains on the moolib pool: Dict observations (one tensor per part key), integer
-    observations and MultiDiscrete actions (through the shared action table), then eval plays the
-    checkpoint greedily."""
-    for env_id in ["SpaceDict-v0", "SpaceMultiDiscrete-v0"]:  # Box actions use the same action table
+    observations, MultiDiscrete actions and Discrete actions from -1 (through the shared action table; the
+    env checks each action is in its space), then eval plays the checkpoint greedily."""
+    for env_id in ["SpaceDict-v0", "SpaceMultiDiscrete-v0", "SpaceDiscreteStart-v0"]:  # Box: the same table
         run = tmp_path / env_id
         argv = [
             "train",

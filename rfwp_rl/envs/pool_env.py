@@ -6,8 +6,9 @@ moolib 0.0.9b0's EnvPool worker calls, per env (see third_party/moolib/README.md
 * ``step(action: int)`` and reads only items 0, 1, 2 of the result: obs, reward, done.
 It adds the keys "reward" (float32) and "done" (bool) itself; every other key of the
 observation dict becomes a tensor ``[batch_size, ...]`` of ``EnvPool.step(...).result()``.
-moolib carries one int64 per env to the workers: actions that are not one integer
-(MultiDiscrete, MultiBinary, Box) go through an :class:`ActionTable` in shared memory instead.
+moolib carries one int64 per env to the workers: actions that are not one integer 0..n-1
+(MultiDiscrete, MultiBinary, Box, a Discrete space's with a start) go through an :class:`ActionTable` in shared
+memory instead.
 
 :class:`PoolEnv` gives it, per env and step:
     obs             the observation (Atari uint8 [4, 84, 84], else the tensor form of
