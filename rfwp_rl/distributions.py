@@ -18,7 +18,8 @@ Kinds (field practice: Sample Factory, CleanRL, RLlib):
 - ``MultiDiscrete(nvec)``: one categorical per dimension, independent; log-probs and entropies
   summed (the joint distribution factorises).
 - ``MultiBinary(n)``: n independent Bernoullis from n logits.
-- ``Box`` (1-D): a diagonal Gaussian over the action *normalised* to [-1, 1] per bounded dimension,
+- ``Box`` (float, any shape, flattened to A dimensions; the env gets its own shape back): a diagonal
+  Gaussian over the action *normalised* to [-1, 1] per bounded dimension,
   mean from the head and a learned, state-independent log-std (one per dimension). The env gets the
   sample mapped affinely onto ``[low, high]`` and clipped to it; the log-prob is of the unclipped
   sample (as IMPALA/PPO implementations do). Clipping keeps the Gaussian's exact log-prob, entropy
@@ -76,6 +77,11 @@ class ActionDistribution(nn.Module):
 
     def env_action(self, action: torch.Tensor) -> torch.Tensor:
         return action.to(self.env_dtype)
+
+    @property
+    def env_shape(self) -> tuple[int, ...]:
+        """The shape of one action as the env gets it (:meth:`env_action`'s trailing dimensions)."""
+        return self.action_shape
 
     def valid(self, action: torch.Tensor) -> bool:
         """True if ``action [..., *action_shape]`` has the stored dtype and lies in the action space."""
@@ -235,11 +241,11 @@ class Bernoulli(ActionDistribution):
 
 
 class DiagGaussian(ActionDistribution):
-    """``Box`` (1-D, A dims): means ``[..., A]`` from the head, ``log_std`` a learned parameter ``[A]``
+    """``Box`` (A dims once flattened): means ``[..., A]`` from the head, ``log_std`` a learned parameter ``[A]``
     (state-independent); actions float32 ``[..., A]`` in normalised units (see the module docstring).
 
     A dimension with finite bounds maps ``u`` to ``low + (u + 1) / 2 * (high - low)``, clipped to
-    ``[low, high]``; an unbounded one passes ``u`` as it is."""
+    ``[low, high]``; an unbounded one passes ``u`` as it is. The env gets the Box's own shape."""
 
     kind = "gaussian"
 
@@ -247,6 +253,7 @@ class DiagGaussian(ActionDistribution):
         self, low: np.ndarray, high: np.ndarray, env_dtype: torch.dtype = torch.float32, log_std_init: float = 0.0
     ):
         super().__init__()
+        self._env_shape = tuple(int(n) for n in np.shape(low))
         low, high = np.asarray(low, np.float64).reshape(-1), np.asarray(high, np.float64).reshape(-1)
         A = low.shape[0]
         self.num_params = self.prev_action_size = A
@@ -296,7 +303,12 @@ class DiagGaussian(ActionDistribution):
 
     def env_action(self, action: torch.Tensor) -> torch.Tensor:
         mapped = self.centre + action * self.scale
-        return torch.maximum(torch.minimum(mapped, self.high), self.low).to(self.env_dtype)
+        clipped = torch.maximum(torch.minimum(mapped, self.high), self.low).to(self.env_dtype)
+        return clipped.reshape(*action.shape[:-1], *self._env_shape)
+
+    @property
+    def env_shape(self) -> tuple[int, ...]:
+        return self._env_shape
 
     def valid(self, action: torch.Tensor) -> bool:
         return (
@@ -316,6 +328,6 @@ def make_distribution(space: gymnasium.Space, log_std_init: float = 0.0) -> Acti
         return MultiCategorical(space.nvec.tolist(), None if start is None else np.asarray(start).tolist())
     if isinstance(space, spaces.MultiBinary) and np.ndim(space.n) == 0:
         return Bernoulli(int(space.n))
-    if isinstance(space, spaces.Box) and len(space.shape) == 1 and np.issubdtype(space.dtype, np.floating):
+    if isinstance(space, spaces.Box) and len(space.shape) >= 1 and np.issubdtype(space.dtype, np.floating):
         return DiagGaussian(space.low, space.high, torch_dtype(space.dtype), log_std_init)
     raise UserError(f"action space {space} is not supported; supported: {SUPPORTED_ACTIONS}")

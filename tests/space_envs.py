@@ -1,6 +1,7 @@
 """Small synthetic envs, one per kind of space (used by tests/test_spaces.py).
 
-Importing this module registers ``SpaceBox-v0`` (Box actions), ``SpaceMultiDiscrete-v0``,
+Importing this module registers ``SpaceBox-v0`` (Box actions), ``SpaceBoxMatrix-v0`` (2x3 Box actions),
+``SpaceMultiDiscrete-v0``,
 ``SpaceMultiBinary-v0``, ``SpaceDiscreteStart-v0`` (Discrete actions -1..1), ``SpaceDict-v0`` (a
 grid-world-like Dict observation: image, direction and a Text mission), ``SpaceTuple-v0`` (nested Tuple/Dict
 observation) and ``SpaceGraph-v0`` / ``SpaceSequence-v0`` (unsupported observation spaces). Every episode lasts
@@ -56,6 +57,12 @@ def box_env():
     return SpaceEnv(spaces.Box(-1.0, 1.0, (3,), np.float32), spaces.Box(-2.0, 2.0, (2,), np.float32))
 
 
+def box_matrix_env():
+    low = np.array([[-2.0, 0.0, -np.inf], [-1.0, -1.0, 5.0]], np.float32)
+    high = np.array([[2.0, 1.0, np.inf], [1.0, 3.0, 6.0]], np.float32)
+    return SpaceEnv(spaces.Box(-1.0, 1.0, (3,), np.float32), spaces.Box(low, high, dtype=np.float32))
+
+
 def multi_discrete_env():
     return SpaceEnv(spaces.Discrete(4, start=1), spaces.MultiDiscrete([3, 2]))
 
@@ -90,6 +97,7 @@ def sequence_env():
 
 for _name, _entry in [
     ("SpaceBox-v0", box_env),
+    ("SpaceBoxMatrix-v0", box_matrix_env),
     ("SpaceMultiDiscrete-v0", multi_discrete_env),
     ("SpaceMultiBinary-v0", multi_binary_env),
     ("SpaceDiscreteStart-v0", discrete_start_env),

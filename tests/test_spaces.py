@@ -247,6 +247,7 @@ def test_grid_embedding_sums_one_learned_vector_per_channel_value():
 def test_spaces_round_trip_as_plain_data():
     for space in [
         spaces.Box(-2.0, 2.0, (1,), np.float32),
+        space_envs.box_matrix_env().action_space,  # bounds per element
         spaces.Discrete(5),
         spaces.MultiDiscrete([3, 4]),
         spaces.MultiBinary(3),
@@ -257,6 +258,7 @@ def test_spaces_round_trip_as_plain_data():
 
 SPACE_ENVS = [
     "SpaceBox-v0",
+    "SpaceBoxMatrix-v0",
     "SpaceMultiDiscrete-v0",
     "SpaceMultiBinary-v0",
     "SpaceDiscreteStart-v0",
@@ -355,17 +357,28 @@ def test_unsupported_observation_space_is_one_line(env_id, what):
 
 
 def test_unsupported_action_space_is_one_line():
-    with pytest.raises(UserError) as e:
-        make_distribution(spaces.Box(0.0, 1.0, (2, 2), np.float32))
-    assert "supported: Discrete, MultiDiscrete" in str(e.value) and "\n" not in str(e.value)
+    for space in [spaces.Tuple((spaces.Discrete(2), spaces.Discrete(3))), spaces.Box(0, 9, (2,), np.int64)]:
+        with pytest.raises(UserError) as e:
+            make_distribution(space)
+        assert "supported: Discrete, MultiDiscrete" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_box_actions_of_any_shape_are_flattened_and_reach_the_env_in_its_shape():
+    low = np.array([[-2.0, 0.0, -np.inf], [-1.0, -1.0, 5.0]], np.float32)
+    high = np.array([[2.0, 1.0, np.inf], [1.0, 3.0, 6.0]], np.float32)
+    dist = make_distribution(spaces.Box(low, high, dtype=np.float32))
+    assert dist.action_shape == (6,) and dist.num_params == 6 and dist.env_shape == (2, 3)
+    u = torch.tensor([[[1.0, -1.0, 7.5, 0.0, 2.0, -3.0]]])  # [1, 1, 6] normalised
+    want = torch.tensor([[[[2.0, 0.0, 7.5], [0.0, 3.0, 5.0]]]])  # mapped to each bound (clipped), inf passed on
+    torch.testing.assert_close(dist.env_action(u), want)
 
 
 @pytest.mark.slow
 def test_train_dict_obs_and_box_actions_through_moolib(tmp_path):
     """The CLI trains on the moolib pool: Dict observations (one tensor per part key), integer
-    observations, MultiDiscrete actions and Discrete actions from -1 (through the shared action table; the
-    env checks each action is in its space), then eval plays the checkpoint greedily."""
-    for env_id in ["SpaceDict-v0", "SpaceMultiDiscrete-v0", "SpaceDiscreteStart-v0"]:  # Box: the same table
+    observations, MultiDiscrete actions, Discrete actions from -1 and 2x3 Box actions (through the shared action
+    table; the env checks each action is in its space), then eval plays the checkpoint greedily."""
+    for env_id in ["SpaceDict-v0", "SpaceMultiDiscrete-v0", "SpaceDiscreteStart-v0", "SpaceBoxMatrix-v0"]:
         run = tmp_path / env_id
         argv = [
             "train",

@@ -19,6 +19,7 @@ carries them.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import gymnasium
@@ -31,7 +32,7 @@ from rfwp_rl.errors import UserError
 SUPPORTED_OBS = (
     "Box, Discrete, MultiDiscrete (1-D), MultiBinary (1-D), Dict and Tuple of these (nested; Text parts are skipped)"
 )
-SUPPORTED_ACTIONS = "Discrete, MultiDiscrete (1-D), MultiBinary (1-D), Box (1-D, float)"
+SUPPORTED_ACTIONS = "Discrete, MultiDiscrete (1-D), MultiBinary (1-D), Box (float)"
 OBS_KEY = "obs"
 PART_SEP = "/"
 
@@ -220,6 +221,12 @@ def _bound(values: np.ndarray) -> Any:
     return flat.tolist() if flat.size <= 1024 else None
 
 
+def _bound_array(value: Any, shape: tuple[int, ...]) -> np.ndarray:
+    """A bound as :func:`_bound` wrote it: one number, or every element in order (reshaped to ``shape``)."""
+    flat = np.asarray(value, np.float64)
+    return flat.reshape(shape) if flat.ndim == 1 and len(shape) > 1 and flat.size == math.prod(shape) else flat
+
+
 def space_to_dict(space: gymnasium.Space) -> dict:
     """A JSON-able description of a tensor space or an action space (inverse: :func:`space_from_dict`)."""
     if isinstance(space, spaces.Box):
@@ -257,8 +264,8 @@ def space_from_dict(d: dict) -> gymnasium.Space:
             if dtype.kind not in "fiub":
                 raise ValueError(f"dtype {dtype}")
             info = np.finfo(dtype) if dtype.kind == "f" else np.iinfo(dtype)
-            low = info.min if d.get("low") is None else np.asarray(d["low"], np.float64)
-            high = info.max if d.get("high") is None else np.asarray(d["high"], np.float64)
+            low = info.min if d.get("low") is None else _bound_array(d["low"], shape)
+            high = info.max if d.get("high") is None else _bound_array(d["high"], shape)
             low = np.broadcast_to(low, shape).astype(dtype)
             high = np.broadcast_to(high, shape).astype(dtype)
             return spaces.Box(low, high, shape, dtype)
@@ -280,7 +287,7 @@ def action_space_dict(space: gymnasium.Space, env_id: str) -> dict:
     supported = (
         isinstance(space, spaces.Discrete)
         or (isinstance(space, (spaces.MultiDiscrete, spaces.MultiBinary)) and len(space.shape) == 1)
-        or (isinstance(space, spaces.Box) and len(space.shape) == 1 and space.dtype.kind == "f")
+        or (isinstance(space, spaces.Box) and len(space.shape) >= 1 and space.dtype.kind == "f")
     )
     if not supported:
         raise UserError(

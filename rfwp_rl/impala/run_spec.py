@@ -203,7 +203,7 @@ class RunSpec:
         make its env reports it as ``env_fatal`` (one line) instead of failing its worker."""
         obs_space, action_space = self.spaces()
         dist = make_distribution(action_space)
-        action_row = None if dist.plain_index else (dist.action_shape, np.dtype(action_space.dtype))
+        action_row = None if dist.plain_index else (dist.env_shape, np.dtype(action_space.dtype))
         return make_env_pool(
             backend,
             self.env,
