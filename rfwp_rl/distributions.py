@@ -31,6 +31,9 @@ Kinds (field practice: Sample Factory, CleanRL, RLlib):
   the learner's ``bound_cost``. The affine map to [-1, 1] makes the initial std (1) cover the action
   range whatever its units, and it changes log-probs by a constant only (importance ratios
   unchanged).
+- ``Tuple`` / ``Dict`` of the kinds above (nested alike): one distribution per leaf, independent (log-probs
+  and entropies summed), their parameters, actions and encodings side by side in one fixed leaf order
+  (:func:`rfwp_rl.envs.spaces.action_leaves`); the env gets the space's structure back.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from gymnasium import spaces
 
-from rfwp_rl.envs.spaces import SUPPORTED_ACTIONS, torch_dtype
+from rfwp_rl.envs.spaces import SUPPORTED_ACTIONS, action_leaves, torch_dtype
 from rfwp_rl.errors import UserError
 
 
@@ -318,6 +321,89 @@ class DiagGaussian(ActionDistribution):
         )
 
 
+class Composite(ActionDistribution):
+    """``Tuple`` / ``Dict``: one distribution per leaf (``parts``, in :func:`rfwp_rl.envs.spaces.action_leaves`
+    order). ``params [..., sum of the parts' num_params]``; actions float32 ``[..., A]``, each part's action
+    flattened in turn (a categorical's index as a float, exact); the env gets float64 ``[..., E]``, each part's
+    env action flattened in turn, which :func:`rfwp_rl.envs.spaces.env_step_action` turns into the space's
+    structure."""
+
+    kind = "composite"
+
+    def __init__(self, parts: list[ActionDistribution]):
+        super().__init__()
+        self.parts = nn.ModuleList(parts)
+        self.sizes = [math.prod(p.action_shape) for p in parts]
+        self.num_params = sum(p.num_params for p in parts)
+        self.prev_action_size = sum(p.prev_action_size for p in parts)
+        self.action_shape, self.action_dtype, self.env_dtype = (sum(self.sizes),), torch.float32, torch.float64
+        self._env_shape = (sum(math.prod(p.env_shape) for p in parts),)
+
+    @property
+    def env_shape(self) -> tuple[int, ...]:
+        return self._env_shape
+
+    @property
+    def has_bounds(self) -> bool:
+        return any(p.has_bounds for p in self.parts)
+
+    def _params(self, params: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return params.split([p.num_params for p in self.parts], dim=-1)
+
+    def _actions(self, action: torch.Tensor) -> list[torch.Tensor]:
+        """Each part's action, in its own shape and dtype, from ``action [..., A]``."""
+        batch = action.shape[:-1]
+        return [
+            a.reshape(tuple(batch) + tuple(p.action_shape)).to(p.action_dtype)
+            for p, a in zip(self.parts, action.split(self.sizes, dim=-1))
+        ]
+
+    @staticmethod
+    def _join(values: list[torch.Tensor], shapes: list[tuple[int, ...]], dtype: torch.dtype) -> torch.Tensor:
+        """The parts' ``values [..., *shape]`` flattened side by side: ``[..., sum of sizes]``."""
+        flat = [v.reshape(*v.shape[: v.dim() - len(s)], -1).to(dtype) for v, s in zip(values, shapes)]
+        return torch.cat(flat, dim=-1)
+
+    def _joined_actions(self, values: list[torch.Tensor]) -> torch.Tensor:
+        return self._join(values, [p.action_shape for p in self.parts], torch.float32)
+
+    def sample(self, params: torch.Tensor) -> torch.Tensor:
+        return self._joined_actions([p.sample(x) for p, x in zip(self.parts, self._params(params))])
+
+    def mode(self, params: torch.Tensor) -> torch.Tensor:
+        return self._joined_actions([p.mode(x) for p, x in zip(self.parts, self._params(params))])
+
+    def log_prob(self, params: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        # independent parts: log p(a) = sum_i log p_i(a_i)
+        parts = zip(self.parts, self._params(params), self._actions(action))
+        return torch.stack([p.log_prob(x, a) for p, x, a in parts], dim=-1).sum(-1)
+
+    def entropy(self, params: torch.Tensor) -> torch.Tensor:
+        return torch.stack([p.entropy(x) for p, x in zip(self.parts, self._params(params))], dim=-1).sum(-1)
+
+    def out_of_bounds(self, params: torch.Tensor) -> torch.Tensor:
+        return torch.stack([p.out_of_bounds(x) for p, x in zip(self.parts, self._params(params))], dim=-1).sum(-1)
+
+    def prev_action_encoding(self, action: torch.Tensor) -> torch.Tensor:
+        return torch.cat([p.prev_action_encoding(a) for p, a in zip(self.parts, self._actions(action))], dim=-1)
+
+    def env_action(self, action: torch.Tensor) -> torch.Tensor:
+        values = [p.env_action(a) for p, a in zip(self.parts, self._actions(action))]
+        return self._join(values, [p.env_shape for p in self.parts], torch.float64)
+
+    def valid(self, action: torch.Tensor) -> bool:
+        if not (
+            action.dtype == torch.float32
+            and tuple(action.shape[-1:]) == self.action_shape
+            and bool(torch.isfinite(action).all())
+        ):
+            return False
+        for p, a in zip(self.parts, action.split(self.sizes, dim=-1)):
+            if p.action_dtype != torch.float32 and not bool((a == a.round()).all()):
+                return False  # an integer part must hold whole numbers
+        return all(p.valid(a) for p, a in zip(self.parts, self._actions(action)))
+
+
 def make_distribution(space: gymnasium.Space, log_std_init: float = 0.0) -> ActionDistribution:
     """The :class:`ActionDistribution` of a gymnasium action space; any other space is a one-line
     :class:`UserError` naming it and the supported kinds."""
@@ -330,4 +416,9 @@ def make_distribution(space: gymnasium.Space, log_std_init: float = 0.0) -> Acti
         return Bernoulli(int(space.n))
     if isinstance(space, spaces.Box) and len(space.shape) >= 1 and np.issubdtype(space.dtype, np.floating):
         return DiagGaussian(space.low, space.high, torch_dtype(space.dtype), log_std_init)
+    if isinstance(space, (spaces.Tuple, spaces.Dict)) and action_leaves(space):
+        try:
+            return Composite([make_distribution(leaf, log_std_init) for _, leaf in action_leaves(space)])
+        except UserError:
+            pass  # named below: the whole space, not only its part
     raise UserError(f"action space {space} is not supported; supported: {SUPPORTED_ACTIONS}")

@@ -2,7 +2,8 @@
 
 Importing this module registers ``SpaceBox-v0`` (Box actions), ``SpaceBoxMatrix-v0`` (2x3 Box actions),
 ``SpaceMultiDiscrete-v0``,
-``SpaceMultiBinary-v0``, ``SpaceDiscreteStart-v0`` (Discrete actions -1..1), ``SpaceDict-v0`` (a
+``SpaceMultiBinary-v0``, ``SpaceDiscreteStart-v0`` (Discrete actions -1..1), ``SpaceComposite-v0`` (Dict
+actions holding a Box, a Tuple and a MultiDiscrete, keys unsorted), ``SpaceDict-v0`` (a
 grid-world-like Dict observation: image, direction and a Text mission), ``SpaceTuple-v0`` (nested Tuple/Dict
 observation) and ``SpaceGraph-v0`` / ``SpaceSequence-v0`` (unsupported observation spaces). Every episode lasts
 5 steps; the reward tells how close the action came to one that depends on the observation, so a policy can
@@ -10,6 +11,8 @@ learn.
 """
 
 from __future__ import annotations
+
+from collections import OrderedDict
 
 import gymnasium
 import numpy as np
@@ -39,16 +42,15 @@ class SpaceEnv(gymnasium.Env):
         return obs
 
     def step(self, action):
-        assert self.action_space.contains(
-            np.asarray(action, self.action_space.dtype)
-            if not isinstance(self.action_space, spaces.Discrete)
-            else action
-        ), action
+        as_given = isinstance(self.action_space, (spaces.Discrete, spaces.Tuple, spaces.Dict))
+        assert self.action_space.contains(action if as_given else np.asarray(action, self.action_space.dtype)), action
         self._t += 1
         reward = self.reward(action)
         return self._observe(), float(reward), self._t >= LENGTH, False, {}
 
     def reward(self, action) -> float:
+        if isinstance(self.action_space, (spaces.Tuple, spaces.Dict)):
+            action = spaces.flatten(self.action_space, action)
         flat = np.asarray(action, np.float64).reshape(-1)
         return -float(np.abs(flat - flat.mean()).sum()) + float(flat[0] > 0)
 
@@ -73,6 +75,15 @@ def multi_binary_env():
 
 def discrete_start_env():
     return SpaceEnv(spaces.Box(-1.0, 1.0, (2,), np.float32), spaces.Discrete(3, start=-1))
+
+
+def composite_env():
+    parts = [
+        ("pick", spaces.Tuple((spaces.Discrete(3, start=1), spaces.MultiBinary(2)))),
+        ("move", spaces.Box(-1.0, 1.0, (2,), np.float32)),
+        ("aim", spaces.MultiDiscrete([2, 3])),
+    ]
+    return SpaceEnv(spaces.Box(-1.0, 1.0, (3,), np.float32), spaces.Dict(OrderedDict(parts)))
 
 
 def dict_env():
@@ -101,6 +112,7 @@ for _name, _entry in [
     ("SpaceMultiDiscrete-v0", multi_discrete_env),
     ("SpaceMultiBinary-v0", multi_binary_env),
     ("SpaceDiscreteStart-v0", discrete_start_env),
+    ("SpaceComposite-v0", composite_env),
     ("SpaceDict-v0", dict_env),
     ("SpaceTuple-v0", tuple_env),
     ("SpaceGraph-v0", graph_env),

@@ -248,6 +248,7 @@ def test_spaces_round_trip_as_plain_data():
     for space in [
         spaces.Box(-2.0, 2.0, (1,), np.float32),
         space_envs.box_matrix_env().action_space,  # bounds per element
+        spaces.Tuple((spaces.Discrete(3, start=1), spaces.Dict({"b": spaces.MultiBinary(2)}))),
         spaces.Discrete(5),
         spaces.MultiDiscrete([3, 4]),
         spaces.MultiBinary(3),
@@ -262,6 +263,7 @@ SPACE_ENVS = [
     "SpaceMultiDiscrete-v0",
     "SpaceMultiBinary-v0",
     "SpaceDiscreteStart-v0",
+    "SpaceComposite-v0",
     "SpaceDict-v0",
     "SpaceTuple-v0",
 ]
@@ -357,10 +359,50 @@ def test_unsupported_observation_space_is_one_line(env_id, what):
 
 
 def test_unsupported_action_space_is_one_line():
-    for space in [spaces.Tuple((spaces.Discrete(2), spaces.Discrete(3))), spaces.Box(0, 9, (2,), np.int64)]:
+    for space in [
+        spaces.Tuple((spaces.Discrete(2), spaces.Box(0, 9, (2,), np.int64))),
+        spaces.Box(0, 9, (2,), np.int64),
+    ]:
         with pytest.raises(UserError) as e:
             make_distribution(space)
         assert "supported: Discrete, MultiDiscrete" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_composite_actions_are_their_parts_side_by_side_and_reach_the_env_in_its_structure():
+    """A Dict of (a Tuple of a Discrete from 1 and a MultiBinary, a Box, a MultiDiscrete): the leaves in sorted-key
+    order whatever the Dict's own order, log-prob and entropy the sums of torch's distributions of the parts,
+    and the env's structure back from the flat env action."""
+    space = space_envs.composite_env().action_space
+    assert list(space.spaces) == ["pick", "move", "aim"]  # an OrderedDict keeps its order
+    from rfwp_rl.envs.spaces import action_leaves, env_step_action
+
+    assert [path for path, _ in action_leaves(space)] == ["aim", "move", "pick/0", "pick/1"]
+    dist = make_distribution(space, log_std_init=-0.5)
+    assert dist.num_params == 5 + 2 + 3 + 2 and dist.action_shape == (2 + 2 + 1 + 2,) and dist.env_shape == (7,)
+    g = torch.Generator().manual_seed(3)
+    params = torch.randn(4, 2, dist.num_params, generator=g)
+    a = dist.sample(params).detach()  # (the Box part's learned log-std carries a gradient)
+    assert a.dtype == torch.float32 and a.shape == (4, 2, 7) and dist.valid(a)
+    aim, move, pick0, pick1 = params.split([5, 2, 3, 2], dim=-1)
+    sigma = torch.full((2,), -0.5).exp()
+    parts = [
+        (D.Categorical(logits=aim[..., :2]), a[..., 0].long()),
+        (D.Categorical(logits=aim[..., 2:]), a[..., 1].long()),
+        (D.Normal(move, sigma), a[..., 2:4]),
+        (D.Categorical(logits=pick0), a[..., 4].long()),
+        (D.Bernoulli(logits=pick1), a[..., 5:7]),
+    ]
+    want = sum(d.log_prob(x).reshape(4, 2, -1).sum(-1) for d, x in parts)
+    torch.testing.assert_close(dist.log_prob(params, a), want)
+    torch.testing.assert_close(dist.entropy(params), sum(d.entropy().reshape(4, 2, -1).sum(-1) for d, _ in parts))
+    assert not dist.valid(a + 0.5) and not dist.valid(a.double())  # not whole numbers; not the stored dtype
+    env = dist.env_action(a)
+    assert env.dtype == torch.float64 and env.shape == (4, 2, 7)
+    for row, stored in zip(env.reshape(-1, 7).numpy(), a.reshape(-1, 7)):
+        act = env_step_action(row, space)
+        assert space.contains(act), act
+        assert act["pick"][0] == int(stored[4]) + 1 and list(act["aim"]) == stored[:2].long().tolist()
+    assert dist.prev_action_encoding(a).shape == (4, 2, dist.prev_action_size) == (4, 2, 12)
 
 
 def test_box_actions_of_any_shape_are_flattened_and_reach_the_env_in_its_shape():
@@ -376,9 +418,15 @@ def test_box_actions_of_any_shape_are_flattened_and_reach_the_env_in_its_shape()
 @pytest.mark.slow
 def test_train_dict_obs_and_box_actions_through_moolib(tmp_path):
     """The CLI trains on the moolib pool: Dict observations (one tensor per part key), integer
-    observations, MultiDiscrete actions, Discrete actions from -1 and 2x3 Box actions (through the shared action
-    table; the env checks each action is in its space), then eval plays the checkpoint greedily."""
-    for env_id in ["SpaceDict-v0", "SpaceMultiDiscrete-v0", "SpaceDiscreteStart-v0", "SpaceBoxMatrix-v0"]:
+    observations, MultiDiscrete actions, Discrete actions from -1, 2x3 Box actions and Dict actions (through the
+    shared action table; the env checks each action is in its space), then eval plays the checkpoint greedily."""
+    for env_id in [
+        "SpaceDict-v0",
+        "SpaceMultiDiscrete-v0",
+        "SpaceDiscreteStart-v0",
+        "SpaceBoxMatrix-v0",
+        "SpaceComposite-v0",
+    ]:
         run = tmp_path / env_id
         argv = [
             "train",

@@ -7,8 +7,8 @@ moolib 0.0.9b0's EnvPool worker calls, per env (see third_party/moolib/README.md
 It adds the keys "reward" (float32) and "done" (bool) itself; every other key of the
 observation dict becomes a tensor ``[batch_size, ...]`` of ``EnvPool.step(...).result()``.
 moolib carries one int64 per env to the workers: actions that are not one integer 0..n-1
-(MultiDiscrete, MultiBinary, Box, a Discrete space's with a start) go through an :class:`ActionTable` in shared
-memory instead.
+(MultiDiscrete, MultiBinary, Box, a Discrete space's with a start, Tuple and Dict as the flat vector of their
+leaves) go through an :class:`ActionTable` in shared memory instead.
 
 :class:`PoolEnv` gives it, per env and step:
     obs             the observation (Atari uint8 [4, 84, 84], else the tensor form of
@@ -309,7 +309,7 @@ class PoolEnv:
         try:
             if self.action_table is not None:
                 action = self.action_table.read(int(action))
-            obs, reward, terminated, truncated, info = self.env.step(env_step_action(action))
+            obs, reward, terminated, truncated, info = self.env.step(env_step_action(action, self.env.action_space))
         except Exception as e:
             if self.make is None or self._last is None:
                 raise

@@ -32,7 +32,7 @@ from rfwp_rl.errors import UserError
 SUPPORTED_OBS = (
     "Box, Discrete, MultiDiscrete (1-D), MultiBinary (1-D), Dict and Tuple of these (nested; Text parts are skipped)"
 )
-SUPPORTED_ACTIONS = "Discrete, MultiDiscrete (1-D), MultiBinary (1-D), Box (float)"
+SUPPORTED_ACTIONS = "Discrete, MultiDiscrete (1-D), MultiBinary (1-D), Box (float), Tuple and Dict of these"
 OBS_KEY = "obs"
 PART_SEP = "/"
 
@@ -206,9 +206,47 @@ def stack_obs(items: list[Any]) -> Any:
     return torch.from_numpy(np.stack(items))
 
 
-def env_step_action(action: Any) -> Any:
-    """What ``env.step`` gets: an int for a scalar action (Discrete), else the array."""
+def env_step_action(action: Any, space: gymnasium.Space | None = None) -> Any:
+    """What ``env.step`` gets: for a Tuple or Dict ``space``, its structure read from the flat vector of its
+    leaves' actions (:func:`action_leaves` order); an int for a scalar action (Discrete); else the array."""
+    if isinstance(space, (spaces.Tuple, spaces.Dict)):
+        return _unflatten_action(np.asarray(action).reshape(-1), space, 0)[0]
     return int(action) if np.ndim(action) == 0 else np.asarray(action)
+
+
+def action_leaves(space: gymnasium.Space, path: str = "") -> list[tuple[str, gymnasium.Space]]:
+    """The leaves of a Tuple or Dict action space with their paths, in one fixed order: a Tuple's parts in
+    order, a Dict's keys sorted (gymnasium keeps an OrderedDict's own order), nested alike. Any other space is
+    its own one leaf."""
+    if isinstance(space, spaces.Tuple):
+        parts = [(str(i), s) for i, s in enumerate(space.spaces)]
+    elif isinstance(space, spaces.Dict):
+        parts = [(str(k), space.spaces[k]) for k in sorted(space.spaces, key=str)]
+    else:
+        return [(path, space)]
+    return [leaf for key, s in parts for leaf in action_leaves(s, f"{path}{PART_SEP}{key}" if path else key)]
+
+
+def _unflatten_action(flat: np.ndarray, space: gymnasium.Space, at: int) -> tuple[Any, int]:
+    """The action of ``space`` whose leaves' values start at ``flat[at]``, and where the next one starts."""
+    if isinstance(space, spaces.Tuple):
+        parts = []
+        for s in space.spaces:
+            value, at = _unflatten_action(flat, s, at)
+            parts.append(value)
+        return tuple(parts), at
+    if isinstance(space, spaces.Dict):
+        out = {}
+        for key in sorted(space.spaces, key=str):
+            out[key], at = _unflatten_action(flat, space.spaces[key], at)
+        return out, at
+    size = math.prod(space.shape) if space.shape else 1
+    values = flat[at : at + size]
+    if isinstance(space, spaces.Discrete):
+        return int(np.rint(values[0])), at + size
+    if isinstance(space, (spaces.MultiDiscrete, spaces.MultiBinary)):
+        values = np.rint(values)
+    return values.astype(space.dtype).reshape(space.shape), at + size
 
 
 # ---------------------------------------------------------------- spaces as plain data (checkpoint meta, wire)
@@ -249,8 +287,11 @@ def space_to_dict(space: gymnasium.Space) -> dict:
         return {"type": "MultiBinary", "n": int(space.n)}
     if isinstance(space, spaces.Dict):
         return {"type": "Dict", "spaces": {k: space_to_dict(s) for k, s in space.spaces.items()}}
+    if isinstance(space, spaces.Tuple):
+        return {"type": "Tuple", "spaces": [space_to_dict(s) for s in space.spaces]}
     raise UserError(
-        f"space {space} has no plain-data description; supported: Box, Discrete, MultiDiscrete, MultiBinary, Dict"
+        f"space {space} has no plain-data description; supported: Box, Discrete, MultiDiscrete, MultiBinary, Dict, "
+        "Tuple"
     )
 
 
@@ -277,6 +318,8 @@ def space_from_dict(d: dict) -> gymnasium.Space:
             return spaces.MultiBinary(int(d["n"]))
         if kind == "Dict":
             return spaces.Dict({str(k): space_from_dict(v) for k, v in d["spaces"].items()})
+        if kind == "Tuple":
+            return spaces.Tuple(tuple(space_from_dict(v) for v in d["spaces"]))
         raise ValueError(f"type {kind!r}")
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise UserError(f"malformed space description {d!r}: {e}") from None
@@ -284,10 +327,12 @@ def space_from_dict(d: dict) -> gymnasium.Space:
 
 def action_space_dict(space: gymnasium.Space, env_id: str) -> dict:
     """:func:`space_to_dict` of an action space the agent supports, else a one-line UserError naming it."""
-    supported = (
-        isinstance(space, spaces.Discrete)
-        or (isinstance(space, (spaces.MultiDiscrete, spaces.MultiBinary)) and len(space.shape) == 1)
-        or (isinstance(space, spaces.Box) and len(space.shape) >= 1 and space.dtype.kind == "f")
+    leaves = [leaf for _, leaf in action_leaves(space)]
+    supported = bool(leaves) and all(
+        isinstance(leaf, spaces.Discrete)
+        or (isinstance(leaf, (spaces.MultiDiscrete, spaces.MultiBinary)) and len(leaf.shape) == 1)
+        or (isinstance(leaf, spaces.Box) and len(leaf.shape) >= 1 and leaf.dtype.kind == "f")
+        for leaf in leaves
     )
     if not supported:
         raise UserError(

@@ -269,7 +269,9 @@ class _Play:
         """Env ``i`` takes action ``a`` (the agent's form of it); False once it has played its quota."""
         with torch.inference_mode():
             env_action = self.dist.env_action(a.to(self.device)).cpu().numpy()
-        self.obs[i], r, terminated, truncated, info = self.envs[i].step(env_step_action(env_action))
+        self.obs[i], r, terminated, truncated, info = self.envs[i].step(
+            env_step_action(env_action, self.envs[i].action_space)
+        )
         self.ret[i] += float(r)
         self.length[i] += 1
         if self.recording and i == 0:

@@ -203,7 +203,8 @@ class RunSpec:
         make its env reports it as ``env_fatal`` (one line) instead of failing its worker."""
         obs_space, action_space = self.spaces()
         dist = make_distribution(action_space)
-        action_row = None if dist.plain_index else (dist.env_shape, np.dtype(action_space.dtype))
+        env_dtype = np.float64 if action_space.dtype is None else action_space.dtype  # a Tuple's or Dict's: None
+        action_row = None if dist.plain_index else (dist.env_shape, np.dtype(env_dtype))
         return make_env_pool(
             backend,
             self.env,
