@@ -18,7 +18,7 @@ Kinds (field practice: Sample Factory, CleanRL, RLlib):
 - ``MultiDiscrete(nvec)``: one categorical per dimension, independent; log-probs and entropies
   summed (the joint distribution factorises).
 - ``MultiBinary(n)``: n independent Bernoullis from n logits.
-- ``Box`` (float, any shape, flattened to A dimensions; the env gets its own shape back): a diagonal
+- ``Box`` (float): a diagonal
   Gaussian over the action *normalised* to [-1, 1] per bounded dimension,
   mean from the head and a learned, state-independent log-std (one per dimension). The env gets the
   sample mapped affinely onto ``[low, high]`` and clipped to it; the log-prob is of the unclipped
@@ -34,6 +34,9 @@ Kinds (field practice: Sample Factory, CleanRL, RLlib):
 - ``Tuple`` / ``Dict`` of the kinds above (nested alike): one distribution per leaf, independent (log-probs
   and entropies summed), their parameters, actions and encodings side by side in one fixed leaf order
   (:func:`rfwp_rl.envs.spaces.action_leaves`); the env gets the space's structure back.
+
+A MultiDiscrete, MultiBinary or Box space of any shape is flattened (``action_shape`` one dimension); the env
+gets its own shape back (``env_shape``).
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ class ActionDistribution(nn.Module):
     env_dtype: torch.dtype  # dtype of env_action (the env's own action dtype)
     prev_action_size: int
     plain_index: bool = False  # the env gets each action as it is: one integer 0..n-1 (what moolib's EnvPool carries)
+    _env_shape: tuple[int, ...] | None = None  # where the env's shape is not action_shape (a flattened space)
 
     def sample(self, params: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -79,12 +83,16 @@ class ActionDistribution(nn.Module):
         raise NotImplementedError
 
     def env_action(self, action: torch.Tensor) -> torch.Tensor:
-        return action.to(self.env_dtype)
+        return self._in_env_shape(action.to(self.env_dtype))
 
     @property
     def env_shape(self) -> tuple[int, ...]:
         """The shape of one action as the env gets it (:meth:`env_action`'s trailing dimensions)."""
-        return self.action_shape
+        return self.action_shape if self._env_shape is None else self._env_shape
+
+    def _in_env_shape(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [..., *action_shape]`` as ``[..., *env_shape]``."""
+        return x.reshape(tuple(x.shape[: x.dim() - len(self.action_shape)]) + tuple(self.env_shape))
 
     def valid(self, action: torch.Tensor) -> bool:
         """True if ``action [..., *action_shape]`` has the stored dtype and lies in the action space."""
@@ -162,13 +170,14 @@ class Categorical(ActionDistribution):
 
 
 class MultiCategorical(ActionDistribution):
-    """``MultiDiscrete(nvec)`` (1-D): logits ``[..., sum(nvec)]`` (one block per dimension), actions int64
-    ``[..., k]``; the env gets ``action + start``."""
+    """``MultiDiscrete(nvec)`` (``nvec`` flattened, k dimensions): logits ``[..., sum(nvec)]`` (one block per
+    dimension), actions int64 ``[..., k]``; the env gets ``action + start`` in ``env_shape`` (default ``(k,)``)."""
 
     kind = "multi_categorical"
 
-    def __init__(self, nvec: list[int], start: list[int] | None = None):
+    def __init__(self, nvec: list[int], start: list[int] | None = None, env_shape: tuple[int, ...] | None = None):
         super().__init__()
+        self._env_shape = None if env_shape is None else tuple(env_shape)
         self.nvec = [int(n) for n in nvec]
         self.num_params = self.prev_action_size = sum(self.nvec)
         self.action_shape, self.action_dtype, self.env_dtype = (len(self.nvec),), torch.int64, torch.int64
@@ -198,7 +207,7 @@ class MultiCategorical(ActionDistribution):
         return torch.cat([F.one_hot(action[..., i].long(), n).float() for i, n in enumerate(self.nvec)], dim=-1)
 
     def env_action(self, action: torch.Tensor) -> torch.Tensor:
-        return action + self.start.to(action.device)
+        return self._in_env_shape(action + self.start.to(action.device))
 
     def valid(self, action: torch.Tensor) -> bool:
         return (
@@ -209,12 +218,14 @@ class MultiCategorical(ActionDistribution):
 
 
 class Bernoulli(ActionDistribution):
-    """``MultiBinary(n)`` (1-D): logits ``[..., n]``, actions int64 ``[..., n]`` of 0/1."""
+    """``MultiBinary(n)`` (n elements once flattened): logits ``[..., n]``, actions int64 ``[..., n]`` of 0/1; the
+    env gets int8 in ``env_shape`` (default ``(n,)``)."""
 
     kind = "bernoulli"
 
-    def __init__(self, n: int):
+    def __init__(self, n: int, env_shape: tuple[int, ...] | None = None):
         super().__init__()
+        self._env_shape = None if env_shape is None else tuple(env_shape)
         self.num_params = self.prev_action_size = int(n)
         self.action_shape, self.action_dtype, self.env_dtype = (int(n),), torch.int64, torch.int8
 
@@ -306,12 +317,7 @@ class DiagGaussian(ActionDistribution):
 
     def env_action(self, action: torch.Tensor) -> torch.Tensor:
         mapped = self.centre + action * self.scale
-        clipped = torch.maximum(torch.minimum(mapped, self.high), self.low).to(self.env_dtype)
-        return clipped.reshape(*action.shape[:-1], *self._env_shape)
-
-    @property
-    def env_shape(self) -> tuple[int, ...]:
-        return self._env_shape
+        return self._in_env_shape(torch.maximum(torch.minimum(mapped, self.high), self.low).to(self.env_dtype))
 
     def valid(self, action: torch.Tensor) -> bool:
         return (
@@ -338,10 +344,6 @@ class Composite(ActionDistribution):
         self.prev_action_size = sum(p.prev_action_size for p in parts)
         self.action_shape, self.action_dtype, self.env_dtype = (sum(self.sizes),), torch.float32, torch.float64
         self._env_shape = (sum(math.prod(p.env_shape) for p in parts),)
-
-    @property
-    def env_shape(self) -> tuple[int, ...]:
-        return self._env_shape
 
     @property
     def has_bounds(self) -> bool:
@@ -409,12 +411,12 @@ def make_distribution(space: gymnasium.Space, log_std_init: float = 0.0) -> Acti
     :class:`UserError` naming it and the supported kinds."""
     if isinstance(space, spaces.Discrete):
         return Categorical(int(space.n), int(space.start))
-    if isinstance(space, spaces.MultiDiscrete) and len(space.nvec.shape) == 1:
-        start = getattr(space, "start", None)
-        return MultiCategorical(space.nvec.tolist(), None if start is None else np.asarray(start).tolist())
-    if isinstance(space, spaces.MultiBinary) and np.ndim(space.n) == 0:
-        return Bernoulli(int(space.n))
-    if isinstance(space, spaces.Box) and len(space.shape) >= 1 and np.issubdtype(space.dtype, np.floating):
+    if isinstance(space, spaces.MultiDiscrete):
+        start = np.broadcast_to(np.asarray(getattr(space, "start", 0), np.int64), space.shape)
+        return MultiCategorical(space.nvec.reshape(-1).tolist(), start.reshape(-1).tolist(), space.shape)
+    if isinstance(space, spaces.MultiBinary):
+        return Bernoulli(math.prod(space.shape), space.shape)
+    if isinstance(space, spaces.Box) and np.issubdtype(space.dtype, np.floating):
         return DiagGaussian(space.low, space.high, torch_dtype(space.dtype), log_std_init)
     if isinstance(space, (spaces.Tuple, spaces.Dict)) and action_leaves(space):
         try:

@@ -3,7 +3,8 @@
 Importing this module registers ``SpaceBox-v0`` (Box actions), ``SpaceBoxMatrix-v0`` (2x3 Box actions),
 ``SpaceMultiDiscrete-v0``,
 ``SpaceMultiBinary-v0``, ``SpaceDiscreteStart-v0`` (Discrete actions -1..1), ``SpaceComposite-v0`` (Dict
-actions holding a Box, a Tuple and a MultiDiscrete, keys unsorted), ``SpaceDict-v0`` (a
+actions holding a Box, a Tuple and a MultiDiscrete, keys unsorted), ``SpaceGridDiscrete-v0`` (2x2
+MultiDiscrete actions with starts), ``SpaceShapedTuple-v0`` (a 2x2 MultiBinary and a scalar Box), ``SpaceDict-v0`` (a
 grid-world-like Dict observation: image, direction and a Text mission), ``SpaceTuple-v0`` (nested Tuple/Dict
 observation) and ``SpaceGraph-v0`` / ``SpaceSequence-v0`` (unsupported observation spaces). Every episode lasts
 5 steps; the reward tells how close the action came to one that depends on the observation, so a policy can
@@ -86,6 +87,16 @@ def composite_env():
     return SpaceEnv(spaces.Box(-1.0, 1.0, (3,), np.float32), spaces.Dict(OrderedDict(parts)))
 
 
+def grid_discrete_env():
+    space = spaces.MultiDiscrete(np.array([[2, 3], [4, 5]]), start=np.array([[0, 1], [-1, 0]]))
+    return SpaceEnv(spaces.Box(-1.0, 1.0, (3,), np.float32), space)
+
+
+def shaped_tuple_env():
+    space = spaces.Tuple((spaces.MultiBinary([2, 2]), spaces.Box(-3.0, 3.0, (), np.float32)))
+    return SpaceEnv(spaces.Box(-1.0, 1.0, (3,), np.float32), space)
+
+
 def dict_env():
     obs = spaces.Dict(
         {"image": spaces.Box(0, 255, (7, 7, 3), np.uint8), "direction": spaces.Discrete(4), "mission": spaces.Text(20)}
@@ -113,6 +124,8 @@ for _name, _entry in [
     ("SpaceMultiBinary-v0", multi_binary_env),
     ("SpaceDiscreteStart-v0", discrete_start_env),
     ("SpaceComposite-v0", composite_env),
+    ("SpaceGridDiscrete-v0", grid_discrete_env),
+    ("SpaceShapedTuple-v0", shaped_tuple_env),
     ("SpaceDict-v0", dict_env),
     ("SpaceTuple-v0", tuple_env),
     ("SpaceGraph-v0", graph_env),

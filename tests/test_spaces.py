@@ -249,6 +249,8 @@ def test_spaces_round_trip_as_plain_data():
         spaces.Box(-2.0, 2.0, (1,), np.float32),
         space_envs.box_matrix_env().action_space,  # bounds per element
         spaces.Tuple((spaces.Discrete(3, start=1), spaces.Dict({"b": spaces.MultiBinary(2)}))),
+        space_envs.grid_discrete_env().action_space,  # 2-D, with starts
+        space_envs.shaped_tuple_env().action_space,  # a 2x2 MultiBinary and a scalar Box
         spaces.Discrete(5),
         spaces.MultiDiscrete([3, 4]),
         spaces.MultiBinary(3),
@@ -264,6 +266,8 @@ SPACE_ENVS = [
     "SpaceMultiBinary-v0",
     "SpaceDiscreteStart-v0",
     "SpaceComposite-v0",
+    "SpaceGridDiscrete-v0",
+    "SpaceShapedTuple-v0",
     "SpaceDict-v0",
     "SpaceTuple-v0",
 ]
@@ -403,6 +407,26 @@ def test_composite_actions_are_their_parts_side_by_side_and_reach_the_env_in_its
         assert space.contains(act), act
         assert act["pick"][0] == int(stored[4]) + 1 and list(act["aim"]) == stored[:2].long().tolist()
     assert dist.prev_action_encoding(a).shape == (4, 2, dist.prev_action_size) == (4, 2, 12)
+
+
+def test_multi_discrete_multi_binary_and_scalar_box_actions_reach_the_env_in_their_shape():
+    from rfwp_rl.envs.spaces import env_step_action
+
+    grid = space_envs.grid_discrete_env().action_space
+    dist = make_distribution(grid)
+    assert dist.action_shape == (4,) and dist.env_shape == (2, 2) and dist.num_params == 2 + 3 + 4 + 5
+    a = torch.tensor([[1, 2, 0, 4]])
+    assert torch.equal(dist.env_action(a), torch.tensor([[[1, 3], [-1, 4]]]))
+    assert grid.contains(env_step_action(dist.env_action(a)[0].numpy(), grid))
+    bits = make_distribution(spaces.MultiBinary([2, 2]))
+    assert bits.action_shape == (4,) and bits.env_action(torch.tensor([[1, 0, 0, 1]])).shape == (1, 2, 2)
+    scalar = spaces.Box(-3.0, 3.0, (), np.float32)
+    dist = make_distribution(scalar)
+    assert dist.action_shape == (1,) and dist.env_shape == ()
+    env = dist.env_action(torch.tensor([[0.5], [9.0]]))
+    torch.testing.assert_close(env, torch.tensor([1.5, 3.0]))  # the bounds' units, clipped, one number each
+    act = env_step_action(env[0].numpy(), scalar)
+    assert isinstance(act, np.ndarray) and act.shape == () and scalar.contains(act)
 
 
 def test_box_actions_of_any_shape_are_flattened_and_reach_the_env_in_its_shape():

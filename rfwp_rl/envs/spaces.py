@@ -32,7 +32,7 @@ from rfwp_rl.errors import UserError
 SUPPORTED_OBS = (
     "Box, Discrete, MultiDiscrete (1-D), MultiBinary (1-D), Dict and Tuple of these (nested; Text parts are skipped)"
 )
-SUPPORTED_ACTIONS = "Discrete, MultiDiscrete (1-D), MultiBinary (1-D), Box (float), Tuple and Dict of these"
+SUPPORTED_ACTIONS = "Discrete, MultiDiscrete, MultiBinary, Box (float), Tuple and Dict of these"
 OBS_KEY = "obs"
 PART_SEP = "/"
 
@@ -208,9 +208,12 @@ def stack_obs(items: list[Any]) -> Any:
 
 def env_step_action(action: Any, space: gymnasium.Space | None = None) -> Any:
     """What ``env.step`` gets: for a Tuple or Dict ``space``, its structure read from the flat vector of its
-    leaves' actions (:func:`action_leaves` order); an int for a scalar action (Discrete); else the array."""
+    leaves' actions (:func:`action_leaves` order); an int for a scalar action (Discrete, or no ``space`` given)
+    but a Box's; else the array."""
     if isinstance(space, (spaces.Tuple, spaces.Dict)):
         return _unflatten_action(np.asarray(action).reshape(-1), space, 0)[0]
+    if isinstance(space, spaces.Box):
+        return np.asarray(action)
     return int(action) if np.ndim(action) == 0 else np.asarray(action)
 
 
@@ -284,7 +287,8 @@ def space_to_dict(space: gymnasium.Space) -> dict:
             "start": np.asarray(getattr(space, "start", np.zeros_like(space.nvec))).tolist(),
         }
     if isinstance(space, spaces.MultiBinary):
-        return {"type": "MultiBinary", "n": int(space.n)}
+        n = space.n
+        return {"type": "MultiBinary", "n": int(n) if np.ndim(n) == 0 else [int(k) for k in np.asarray(n).reshape(-1)]}
     if isinstance(space, spaces.Dict):
         return {"type": "Dict", "spaces": {k: space_to_dict(s) for k, s in space.spaces.items()}}
     if isinstance(space, spaces.Tuple):
@@ -315,7 +319,8 @@ def space_from_dict(d: dict) -> gymnasium.Space:
         if kind == "MultiDiscrete":
             return spaces.MultiDiscrete(np.asarray(d["nvec"], np.int64), start=np.asarray(d.get("start", 0), np.int64))
         if kind == "MultiBinary":
-            return spaces.MultiBinary(int(d["n"]))
+            n = d["n"]
+            return spaces.MultiBinary([int(k) for k in n] if isinstance(n, list) else int(n))
         if kind == "Dict":
             return spaces.Dict({str(k): space_from_dict(v) for k, v in d["spaces"].items()})
         if kind == "Tuple":
@@ -329,9 +334,8 @@ def action_space_dict(space: gymnasium.Space, env_id: str) -> dict:
     """:func:`space_to_dict` of an action space the agent supports, else a one-line UserError naming it."""
     leaves = [leaf for _, leaf in action_leaves(space)]
     supported = bool(leaves) and all(
-        isinstance(leaf, spaces.Discrete)
-        or (isinstance(leaf, (spaces.MultiDiscrete, spaces.MultiBinary)) and len(leaf.shape) == 1)
-        or (isinstance(leaf, spaces.Box) and len(leaf.shape) >= 1 and leaf.dtype.kind == "f")
+        isinstance(leaf, (spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary))
+        or (isinstance(leaf, spaces.Box) and leaf.dtype.kind == "f")
         for leaf in leaves
     )
     if not supported:
