@@ -268,6 +268,7 @@ SPACE_ENVS = [
     "SpaceComposite-v0",
     "SpaceGridDiscrete-v0",
     "SpaceShapedTuple-v0",
+    "SpaceShapedObs-v0",
     "SpaceDict-v0",
     "SpaceTuple-v0",
 ]

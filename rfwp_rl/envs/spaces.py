@@ -6,8 +6,8 @@
 
 - ``Box`` kept as it is when float32, or uint8 of rank 3 (an image); any other dtype is cast to float32;
 - ``Discrete(n)`` -> int64 scalar 0..n-1 (``start`` subtracted); the encoder one-hots it;
-- ``MultiDiscrete(nvec)`` (1-D) -> int64 ``[k]`` 0..nvec-1 (``start`` subtracted);
-- ``MultiBinary(n)`` (1-D) -> ``Box(0, 1, (n,), float32)``.
+- ``MultiDiscrete(nvec)`` (any shape, flattened to k elements) -> int64 ``[k]`` 0..nvec-1 (``start`` subtracted);
+- ``MultiBinary(n)`` (any shape, flattened to n elements) -> ``Box(0, 1, (n,), float32)``.
 
 ``Text`` parts of a Dict/Tuple are dropped (an agent usually gets a mission in other ways;
 :func:`skipped_parts` names them). Anything else (``Graph``, ``Sequence``, nested ``Text``
@@ -29,9 +29,7 @@ from gymnasium import spaces
 
 from rfwp_rl.errors import UserError
 
-SUPPORTED_OBS = (
-    "Box, Discrete, MultiDiscrete (1-D), MultiBinary (1-D), Dict and Tuple of these (nested; Text parts are skipped)"
-)
+SUPPORTED_OBS = "Box, Discrete, MultiDiscrete, MultiBinary, Dict and Tuple of these (nested; Text parts are skipped)"
 SUPPORTED_ACTIONS = "Discrete, MultiDiscrete, MultiBinary, Box (float), Tuple and Dict of these"
 OBS_KEY = "obs"
 PART_SEP = "/"
@@ -51,10 +49,10 @@ def _leaf(space: gymnasium.Space, env_id: str) -> gymnasium.Space:
         return spaces.Box(space.low.astype(np.float32), space.high.astype(np.float32), space.shape, np.float32)
     if isinstance(space, spaces.Discrete):
         return spaces.Discrete(int(space.n))
-    if isinstance(space, spaces.MultiDiscrete) and len(space.nvec.shape) == 1:
-        return spaces.MultiDiscrete(space.nvec.astype(np.int64))
-    if isinstance(space, spaces.MultiBinary) and np.ndim(space.n) == 0:
-        return spaces.Box(0.0, 1.0, (int(space.n),), np.float32)
+    if isinstance(space, spaces.MultiDiscrete):  # any shape, flattened
+        return spaces.MultiDiscrete(space.nvec.astype(np.int64).reshape(-1))
+    if isinstance(space, spaces.MultiBinary):  # any shape, flattened
+        return spaces.Box(0.0, 1.0, (math.prod(space.shape),), np.float32)
     raise _unsupported(space, env_id)
 
 
@@ -139,8 +137,8 @@ class TensorObservation(gymnasium.ObservationWrapper):
     @staticmethod
     def _leaf_value(value: Any, space: gymnasium.Space, start: Any) -> np.ndarray:
         if isinstance(space, (spaces.Discrete, spaces.MultiDiscrete)):
-            return np.asarray(value, np.int64) - start
-        return np.asarray(value, space.dtype)
+            return (np.asarray(value, np.int64) - start).reshape(space.shape)
+        return np.asarray(value, space.dtype).reshape(space.shape)
 
 
 def _start(space: gymnasium.Space) -> Any:
