@@ -18,6 +18,8 @@ Kinds (field practice: Sample Factory, CleanRL, RLlib):
 - ``MultiDiscrete(nvec)``: one categorical per dimension, independent; log-probs and entropies
   summed (the joint distribution factorises).
 - ``MultiBinary(n)``: n independent Bernoullis from n logits.
+- ``Box`` of integers with finite bounds: as a ``MultiDiscrete`` of ``high - low + 1`` values per element
+  (at most ``MAX_INTEGER_VALUES``), starting at ``low``.
 - ``Box`` (float): a diagonal
   Gaussian over the action *normalised* to [-1, 1] per bounded dimension,
   mean from the head and a learned, state-independent log-std (one per dimension). The env gets the
@@ -52,6 +54,8 @@ from gymnasium import spaces
 
 from rfwp_rl.envs.spaces import SUPPORTED_ACTIONS, action_leaves, torch_dtype
 from rfwp_rl.errors import UserError
+
+MAX_INTEGER_VALUES = 1024  # an integer Box element is a categorical over its values: a policy head of this width
 
 
 class ActionDistribution(nn.Module):
@@ -175,12 +179,18 @@ class MultiCategorical(ActionDistribution):
 
     kind = "multi_categorical"
 
-    def __init__(self, nvec: list[int], start: list[int] | None = None, env_shape: tuple[int, ...] | None = None):
+    def __init__(
+        self,
+        nvec: list[int],
+        start: list[int] | None = None,
+        env_shape: tuple[int, ...] | None = None,
+        env_dtype: torch.dtype = torch.int64,
+    ):
         super().__init__()
         self._env_shape = None if env_shape is None else tuple(env_shape)
         self.nvec = [int(n) for n in nvec]
         self.num_params = self.prev_action_size = sum(self.nvec)
-        self.action_shape, self.action_dtype, self.env_dtype = (len(self.nvec),), torch.int64, torch.int64
+        self.action_shape, self.action_dtype, self.env_dtype = (len(self.nvec),), torch.int64, env_dtype
         self.register_buffer(
             "start", torch.tensor(list(start or [0] * len(self.nvec)), dtype=torch.int64), persistent=False
         )
@@ -207,7 +217,7 @@ class MultiCategorical(ActionDistribution):
         return torch.cat([F.one_hot(action[..., i].long(), n).float() for i, n in enumerate(self.nvec)], dim=-1)
 
     def env_action(self, action: torch.Tensor) -> torch.Tensor:
-        return self._in_env_shape(action + self.start.to(action.device))
+        return self._in_env_shape((action + self.start.to(action.device)).to(self.env_dtype))
 
     def valid(self, action: torch.Tensor) -> bool:
         return (
@@ -416,6 +426,15 @@ def make_distribution(space: gymnasium.Space, log_std_init: float = 0.0) -> Acti
         return MultiCategorical(space.nvec.reshape(-1).tolist(), start.reshape(-1).tolist(), space.shape)
     if isinstance(space, spaces.MultiBinary):
         return Bernoulli(math.prod(space.shape), space.shape)
+    if isinstance(space, spaces.Box) and np.issubdtype(space.dtype, np.integer):
+        low, high = space.low.astype(np.int64).reshape(-1), space.high.astype(np.int64).reshape(-1)
+        values = high - low + 1
+        if not space.is_bounded() or int(values.max(initial=1)) > MAX_INTEGER_VALUES:
+            raise UserError(
+                f"action space {space}: an integer Box needs finite bounds with at most {MAX_INTEGER_VALUES} "
+                "values per element (each is a categorical over its values)"
+            )
+        return MultiCategorical(values.tolist(), low.tolist(), space.shape, torch_dtype(space.dtype))
     if isinstance(space, spaces.Box) and np.issubdtype(space.dtype, np.floating):
         return DiagGaussian(space.low, space.high, torch_dtype(space.dtype), log_std_init)
     if isinstance(space, (spaces.Tuple, spaces.Dict)) and action_leaves(space):

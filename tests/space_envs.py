@@ -5,7 +5,8 @@ Importing this module registers ``SpaceBox-v0`` (Box actions), ``SpaceBoxMatrix-
 ``SpaceMultiBinary-v0``, ``SpaceDiscreteStart-v0`` (Discrete actions -1..1), ``SpaceComposite-v0`` (Dict
 actions holding a Box, a Tuple and a MultiDiscrete, keys unsorted), ``SpaceGridDiscrete-v0`` (2x2
 MultiDiscrete actions with starts), ``SpaceShapedTuple-v0`` (a 2x2 MultiBinary and a scalar Box),
-``SpaceShapedObs-v0`` (observed: a 2x2 MultiDiscrete with starts and a 2x3 MultiBinary), ``SpaceDict-v0`` (a
+``SpaceShapedObs-v0`` (observed: a 2x2 MultiDiscrete with starts and a 2x3 MultiBinary), ``SpaceIntBox-v0``
+(int32 Box actions), ``SpaceDict-v0`` (a
 grid-world-like Dict observation: image, direction and a Text mission), ``SpaceTuple-v0`` (nested Tuple/Dict
 observation) and ``SpaceGraph-v0`` / ``SpaceSequence-v0`` (unsupported observation spaces). Every episode lasts
 5 steps; the reward tells how close the action came to one that depends on the observation, so a policy can
@@ -108,6 +109,11 @@ def shaped_obs_env():
     return SpaceEnv(obs, spaces.Discrete(2))
 
 
+def int_box_env():
+    actions = spaces.Box(np.array([0, -2]), np.array([4, 2]), dtype=np.int32)
+    return SpaceEnv(spaces.Box(-1.0, 1.0, (3,), np.float32), actions)
+
+
 def dict_env():
     obs = spaces.Dict(
         {"image": spaces.Box(0, 255, (7, 7, 3), np.uint8), "direction": spaces.Discrete(4), "mission": spaces.Text(20)}
@@ -138,6 +144,7 @@ for _name, _entry in [
     ("SpaceGridDiscrete-v0", grid_discrete_env),
     ("SpaceShapedTuple-v0", shaped_tuple_env),
     ("SpaceShapedObs-v0", shaped_obs_env),
+    ("SpaceIntBox-v0", int_box_env),
     ("SpaceDict-v0", dict_env),
     ("SpaceTuple-v0", tuple_env),
     ("SpaceGraph-v0", graph_env),

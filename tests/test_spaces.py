@@ -269,6 +269,7 @@ SPACE_ENVS = [
     "SpaceGridDiscrete-v0",
     "SpaceShapedTuple-v0",
     "SpaceShapedObs-v0",
+    "SpaceIntBox-v0",
     "SpaceDict-v0",
     "SpaceTuple-v0",
 ]
@@ -364,13 +365,23 @@ def test_unsupported_observation_space_is_one_line(env_id, what):
 
 
 def test_unsupported_action_space_is_one_line():
-    for space in [
-        spaces.Tuple((spaces.Discrete(2), spaces.Box(0, 9, (2,), np.int64))),
-        spaces.Box(0, 9, (2,), np.int64),
-    ]:
+    for space in [spaces.Tuple((spaces.Discrete(2), spaces.Text(4))), spaces.Text(4)]:
         with pytest.raises(UserError) as e:
             make_distribution(space)
         assert "supported: Discrete, MultiDiscrete" in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(UserError) as e:  # an integer Box of too many values for a categorical per element
+        make_distribution(spaces.Box(0, 5000, (2,), np.int64))
+    assert "at most 1024 values per element" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_integer_box_actions_are_categoricals_over_their_values_from_low():
+    space = spaces.Box(np.array([0, -2]), np.array([4, 2]), dtype=np.int32)
+    dist = make_distribution(space)
+    assert dist.nvec == [5, 5] and dist.env_shape == (2,) and dist.env_dtype == torch.int32
+    a = torch.tensor([[4, 0], [0, 4]])
+    env = dist.env_action(a)
+    assert env.dtype == torch.int32 and env.tolist() == [[4, -2], [0, 2]]
+    assert all(space.contains(row) for row in env.numpy())
 
 
 def test_composite_actions_are_their_parts_side_by_side_and_reach_the_env_in_its_structure():

@@ -30,7 +30,9 @@ from gymnasium import spaces
 from rfwp_rl.errors import UserError
 
 SUPPORTED_OBS = "Box, Discrete, MultiDiscrete, MultiBinary, Dict and Tuple of these (nested; Text parts are skipped)"
-SUPPORTED_ACTIONS = "Discrete, MultiDiscrete, MultiBinary, Box (float), Tuple and Dict of these"
+SUPPORTED_ACTIONS = (
+    "Discrete, MultiDiscrete, MultiBinary, Box (float; integers with finite bounds), Tuple and Dict of these"
+)
 OBS_KEY = "obs"
 PART_SEP = "/"
 
@@ -333,7 +335,9 @@ def action_space_dict(space: gymnasium.Space, env_id: str) -> dict:
     leaves = [leaf for _, leaf in action_leaves(space)]
     supported = bool(leaves) and all(
         isinstance(leaf, (spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary))
-        or (isinstance(leaf, spaces.Box) and leaf.dtype.kind == "f")
+        or (
+            isinstance(leaf, spaces.Box) and (leaf.dtype.kind == "f" or (leaf.dtype.kind in "iu" and leaf.is_bounded()))
+        )
         for leaf in leaves
     )
     if not supported:
