@@ -217,32 +217,35 @@ def env_step_action(action: Any, space: gymnasium.Space | None = None) -> Any:
     return int(action) if np.ndim(action) == 0 else np.asarray(action)
 
 
-def action_leaves(space: gymnasium.Space, path: str = "") -> list[tuple[str, gymnasium.Space]]:
-    """The leaves of a Tuple or Dict action space with their paths, in one fixed order: a Tuple's parts in
-    order, a Dict's keys sorted (gymnasium keeps an OrderedDict's own order), nested alike. Any other space is
-    its own one leaf."""
+def _action_parts(space: gymnasium.Space) -> list[tuple[Any, gymnasium.Space]]:
+    """A Tuple's or Dict's parts with their keys, in the one order actions use: a Tuple's in order, a Dict's
+    keys sorted (gymnasium keeps an OrderedDict's own order); ``[]`` for any other space."""
     if isinstance(space, spaces.Tuple):
-        parts = [(str(i), s) for i, s in enumerate(space.spaces)]
-    elif isinstance(space, spaces.Dict):
-        parts = [(str(k), space.spaces[k]) for k in sorted(space.spaces, key=str)]
-    else:
+        return list(enumerate(space.spaces))
+    if isinstance(space, spaces.Dict):
+        return [(k, space.spaces[k]) for k in sorted(space.spaces, key=str)]
+    return []
+
+
+def action_leaves(space: gymnasium.Space, path: str = "") -> list[tuple[str, gymnasium.Space]]:
+    """The leaves of a Tuple or Dict action space with their paths, in :func:`_action_parts` order, nested
+    alike. Any other space is its own one leaf."""
+    if not isinstance(space, (spaces.Tuple, spaces.Dict)):
         return [(path, space)]
-    return [leaf for key, s in parts for leaf in action_leaves(s, f"{path}{PART_SEP}{key}" if path else key)]
+    return [
+        leaf
+        for key, s in _action_parts(space)
+        for leaf in action_leaves(s, f"{path}{PART_SEP}{key}" if path else str(key))
+    ]
 
 
 def _unflatten_action(flat: np.ndarray, space: gymnasium.Space, at: int) -> tuple[Any, int]:
     """The action of ``space`` whose leaves' values start at ``flat[at]``, and where the next one starts."""
-    if isinstance(space, spaces.Tuple):
-        parts = []
-        for s in space.spaces:
-            value, at = _unflatten_action(flat, s, at)
-            parts.append(value)
-        return tuple(parts), at
-    if isinstance(space, spaces.Dict):
+    if isinstance(space, (spaces.Tuple, spaces.Dict)):
         out = {}
-        for key in sorted(space.spaces, key=str):
-            out[key], at = _unflatten_action(flat, space.spaces[key], at)
-        return out, at
+        for key, s in _action_parts(space):
+            out[key], at = _unflatten_action(flat, s, at)
+        return (tuple(out.values()) if isinstance(space, spaces.Tuple) else out), at
     size = math.prod(space.shape) if space.shape else 1
     values = flat[at : at + size]
     if isinstance(space, spaces.Discrete):

@@ -14,7 +14,6 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from rfwp_rl import cores, envs, flags
@@ -203,8 +202,8 @@ class RunSpec:
         make its env reports it as ``env_fatal`` (one line) instead of failing its worker."""
         obs_space, action_space = self.spaces()
         dist = make_distribution(action_space)
-        env_dtype = np.float64 if action_space.dtype is None else action_space.dtype  # a Tuple's or Dict's: None
-        action_row = None if dist.plain_index else (dist.env_shape, np.dtype(env_dtype))
+        env_dtype = torch.empty(0, dtype=dist.env_dtype).numpy().dtype  # what env_action gives the env
+        action_row = None if dist.plain_index else (dist.env_shape, env_dtype)
         return make_env_pool(
             backend,
             self.env,
