@@ -54,9 +54,10 @@ def script_result(
                 if isinstance(result, (dict, list)):
                     return result
             checked = len(lines)
-            output = "".join(lines)[-6000:]
-            assert not ended, f"the script ended ({proc.returncode}) without a result:\n{output}"
-            assert time.monotonic() < deadline, f"no result within {timeout:.0f} s:\n{output}"
+            if ended or time.monotonic() >= deadline:
+                output = "".join(lines)[-6000:]
+                assert not ended, f"the script ended ({proc.returncode}) without a result:\n{output}"
+                raise AssertionError(f"no result within {timeout:.0f} s:\n{output}")
             time.sleep(0.02)
     finally:
         if proc.poll() is None:
