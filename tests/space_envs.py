@@ -1,16 +1,14 @@
 """Small synthetic envs, one per kind of space (used by tests/test_spaces.py).
 
 Importing this module registers ``SpaceBox-v0`` (Box actions), ``SpaceBoxMatrix-v0`` (2x3 Box actions),
-``SpaceMultiDiscrete-v0``,
-``SpaceMultiBinary-v0``, ``SpaceDiscreteStart-v0`` (Discrete actions -1..1), ``SpaceComposite-v0`` (Dict
-actions holding a Box, a Tuple and a MultiDiscrete, keys unsorted), ``SpaceGridDiscrete-v0`` (2x2
-MultiDiscrete actions with starts), ``SpaceShapedTuple-v0`` (a 2x2 MultiBinary and a scalar Box),
-``SpaceShapedObs-v0`` (observed: a 2x2 MultiDiscrete with starts and a 2x3 MultiBinary), ``SpaceIntBox-v0``
-(int32 Box actions), ``SpaceDict-v0`` (a
-grid-world-like Dict observation: image, direction and a Text mission), ``SpaceTuple-v0`` (nested Tuple/Dict
-observation) and ``SpaceGraph-v0`` / ``SpaceSequence-v0`` (unsupported observation spaces). Every episode lasts
-5 steps; the reward tells how close the action came to one that depends on the observation, so a policy can
-learn.
+``SpaceMultiDiscrete-v0``, ``SpaceMultiBinary-v0``, ``SpaceDiscreteStart-v0`` (Discrete actions -1..1),
+``SpaceComposite-v0`` (Dict actions holding a Box, a Tuple and a MultiDiscrete, keys unsorted),
+``SpaceGridDiscrete-v0`` (2x2 MultiDiscrete actions with starts), ``SpaceShapedTuple-v0`` (a 2x2 MultiBinary
+and a scalar Box), ``SpaceShapedObs-v0`` (observed: a 2x2 MultiDiscrete with starts and a 2x3 MultiBinary),
+``SpaceIntBox-v0`` (int32 Box actions), ``SpaceDict-v0`` (a grid-world-like Dict observation: image, direction
+and a Text mission), ``SpaceTuple-v0`` (nested Tuple/Dict observation) and ``SpaceGraph-v0`` /
+``SpaceSequence-v0`` (unsupported observation spaces). Every episode lasts 5 steps; the reward tells how close
+the action came to one that depends on the observation, so a policy can learn.
 """
 
 from __future__ import annotations

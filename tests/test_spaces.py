@@ -259,6 +259,17 @@ def test_spaces_round_trip_as_plain_data():
         assert space_from_dict(space_to_dict(space)) == space
 
 
+def test_a_space_description_nested_past_the_recursion_limit_is_a_one_line_error():
+    """A checkpoint's space description is read from a file: nesting cannot end the reader with a traceback."""
+    for wrap in (lambda d: {"type": "Tuple", "spaces": [d]}, lambda d: {"type": "Dict", "spaces": {"a": d}}):
+        d = {"type": "Discrete", "n": 2}
+        for _ in range(sys.getrecursionlimit() + 10):
+            d = wrap(d)
+        with pytest.raises(UserError) as e:
+            space_from_dict(d)
+        assert "nested deeper than" in str(e.value) and "\n" not in str(e.value)
+
+
 SPACE_ENVS = [
     "SpaceBox-v0",
     "SpaceBoxMatrix-v0",

@@ -329,6 +329,8 @@ def space_from_dict(d: dict) -> gymnasium.Space:
         if kind == "Tuple":
             return spaces.Tuple(tuple(space_from_dict(v) for v in d["spaces"]))
         raise ValueError(f"type {kind!r}")
+    except RecursionError:
+        raise UserError("malformed space description: nested deeper than Python's recursion limit") from None
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise UserError(f"malformed space description {d!r}: {e}") from None
 
