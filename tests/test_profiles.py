@@ -97,6 +97,7 @@ def test_settings_line_names_every_learning_setting():
         "advantages normalised (floor 0.3 x target RMS, at least 0.1)",
         "V-trace lambda 0.9",
         "entropy 0.03",
+        "reward clip 1, returns scaled to RMS <= 1",
         "agents/vector_rdn.toml",
     ):
         assert part in line

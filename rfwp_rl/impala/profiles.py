@@ -19,6 +19,10 @@ below (``VECTOR``, ``CONTROL``) and in :mod:`rfwp_rl.impala.config` (``ATARI``).
   - an entropy cost above Atari's, which keeps the policy from saturating on one action against
     unit-sized advantages; V-trace lambda below 1, which cuts the noise of later rewards in each
     advantage;
+  - rewards clipped to [-1, 1], then divided by the running RMS of the returns where that exceeds 1
+    (``normalize_returns``), so that a dense reward's values (CartPole's +1 per step) do not swamp the
+    policy's gradient in the shared layers; returns within [-1, 1] (every memory task) are left as
+    they are;
   - a trust-region step on every update (``max_kl``, :mod:`rfwp_rl.impala.trust_region`), which bounds
     how far one batch moves the policy; a learner group runs without it (each member would shrink
     the shared step by its own batch);
@@ -26,8 +30,7 @@ below (``VECTOR``, ``CONTROL``) and in :mod:`rfwp_rl.impala.config` (``ATARI``).
     for ``ff``).
 - ``control`` (vector observations, continuous ``Box`` actions, e.g. Pendulum;
   ``docs/profiles/control.md``): the vector profile with on-policy continuous-control practice:
-  rewards divided by the running RMS of the returns where that exceeds 1 instead of clipped
-  (``normalize_returns``), many small on-policy updates
+  rewards scaled by the returns' RMS but not clipped, many small on-policy updates
   (few envs, small batches; the unroll is 2 x the memory horizon where the env states one),
   advantages divided by their plain RMS (no floor), no entropy bonus (its gradient is a constant
   push on the Gaussian's log-std) and no trust region (not measured there).
@@ -56,7 +59,7 @@ VECTOR = {
     "advantage_min": 0.1,
     "normalize_value_loss": False,
     "reward_clip": 1.0,
-    "normalize_returns": False,
+    "normalize_returns": True,
     "vtrace_lambda": 0.9,
     "max_kl": 0.01,
     "recall_cost": 0.25,  # agents with a recall head (the vector presets): results/memory/cure/

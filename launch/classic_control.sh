@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Classic control with the defaults: each env of IDS with each core of CORES and each seed of SEEDS for STEPS env
+# steps (`rfwp-rl train` with nothing else but EXTRA), then the table of final returns (the mean return of the last
+# 100 training episodes, per seed, their mean and 95% Student t interval) in OUT/README.md between its markers,
+# and OUT/runs.csv (both written atomically). Resumable: re-running resumes unfinished runs from their newest
+# checkpoint, finished runs return at once.
+#
+#   bash launch/classic_control.sh                                   # runs/classic/defaults -> results/envs/classic_control
+#   EXTRA="--no-normalize-returns" RUNS=runs/classic/no_return_scaling TABLE=no_return_scaling \
+#     bash launch/classic_control.sh                                 # an ablation: its own table in the same README
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+STEPS=${STEPS:-500000}
+IDS=${IDS:-"CartPole-v1 Acrobot-v1"}
+CORES=${CORES:-"rdn lstm gru ff"}
+SEEDS=${SEEDS:-"1 2 3"}
+EXTRA=${EXTRA:-}
+RUNS=${RUNS:-runs/classic/defaults}
+OUT=${OUT:-results/envs/classic_control}
+TABLE=${TABLE:-defaults}
+mkdir -p "$RUNS" "$OUT"
+
+for seed in $SEEDS; do
+  for id in $IDS; do
+    for core in $CORES; do
+      dir="$RUNS/$(echo "$id" | tr -c 'A-Za-z0-9.+\n-' '-')/${core}_s$seed"
+      mkdir -p "$dir"
+      echo "$id $core seed $seed: $dir"
+      python3 -m rfwp_rl train --env "$id" --core "$core" --seed "$seed" --total-steps "$STEPS" --run-dir "$dir" \
+        $EXTRA >> "$dir.log" 2>&1 || echo "FAILED $id $core seed $seed (exit $?; log $dir.log)"
+    done
+  done
+done
+
+python3 - "$RUNS" "$OUT" "$TABLE" "$STEPS" "$EXTRA" $IDS <<'PY'
+import sys
+from pathlib import Path
+
+from rfwp_rl.checkpoint import atomic_write_text, csv_text
+from rfwp_rl.memory.results import mean_sd_ci
+from rfwp_rl.runlog import read_scalars
+
+runs, out, table, steps, extra, ids = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5], sys.argv[6:]
+rows = []
+for env_dir in sorted(p for p in runs.iterdir() if p.is_dir()):
+    for run in sorted(p for p in env_dir.iterdir() if p.is_dir()):
+        curve = read_scalars(run, "episode/return_mean100")
+        if curve and curve[-1][0] >= steps:
+            core, seed = run.name.rsplit("_s", 1)
+            rows.append({"env": env_dir.name, "core": core, "seed": int(seed), "steps": curve[-1][0], "return_100": round(curve[-1][1], 1)})
+atomic_write_text(out / f"{table}.csv", csv_text(rows, ["env", "core", "seed", "steps", "return_100"]))
+lines = [f"| env | core | seeds | return (last 100) per seed | mean [95% CI] |", "|---|---|---|---|---|"]
+for env in dict.fromkeys(r["env"] for r in rows):
+    for core in dict.fromkeys(r["core"] for r in rows if r["env"] == env):
+        vals = [r["return_100"] for r in rows if r["env"] == env and r["core"] == core]
+        mean, _, half = mean_sd_ci(vals)
+        ci = f"[{mean - half:.0f}, {mean + half:.0f}]" if half == half else ""
+        lines.append(f"| {env} | {core} | {len(vals)} | {', '.join(f'{v:.0f}' for v in vals)} | {mean:.0f} {ci} |")
+given = f' with EXTRA="{extra}"' if extra else ""
+head = f"`bash launch/classic_control.sh`{given}, {steps:,} env steps per run ({table}.csv):"
+readme = out / "README.md"
+text = readme.read_text() if readme.exists() else "# Classic control with the defaults\n"
+start, end = f"<!-- {table} -->", f"<!-- /{table} -->"
+block = f"{start}\n{head}\n\n" + "\n".join(lines) + f"\n{end}"
+if start in text and end in text:
+    text = text[: text.index(start)] + block + text[text.index(end) + len(end) :]
+else:
+    text = text.rstrip("\n") + "\n\n" + block + "\n"
+atomic_write_text(readme, text)
+print("\n".join(lines))
+PY
