@@ -206,6 +206,27 @@ def test_resume_continues_and_mismatches_are_one_line_errors(tmp_path, capsys):
     assert "does not match this run" in err and "full_action_space" in err and "\n" not in err
 
 
+def test_a_resume_keeps_the_runs_own_settings_where_the_command_line_gives_none(tmp_path, capsys):
+    assert train(tmp_path, "CartPole-v1", "lstm", 40, "--no-normalize-returns", "--entropy-cost", "0.02") == 0
+    capsys.readouterr()
+    assert train(tmp_path, "CartPole-v1", "lstm", 80) == 0  # the vector profile's defaults differ from both
+    out = capsys.readouterr().out
+    assert "the run's own settings where the command line gives none: entropy_cost 0.02 (the profile's: 0.03)" in out
+    assert "normalize_returns False (the profile's: True)" in out
+    config = read_checkpoint(list_checkpoints(tmp_path / "run")[0])["state"]["config"]
+    assert (config["normalize_returns"], config["entropy_cost"]) == (False, 0.02)
+    assert train(tmp_path, "CartPole-v1", "lstm", 120, "--normalize-returns") == 0  # the command line wins
+    config = read_checkpoint(list_checkpoints(tmp_path / "run")[0])["state"]["config"]
+    assert (config["normalize_returns"], config["entropy_cost"]) == (True, 0.02)
+    (tmp_path / "run" / "config.json").write_text('{"entropy_cost": "high"}')
+    assert train(tmp_path, "CartPole-v1", "lstm", 160) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("config.json: entropy_cost is 'high'; allowed: a float") and "\n" not in err
+    (tmp_path / "run" / "config.json").write_text("{not json")
+    assert train(tmp_path, "CartPole-v1", "lstm", 160) == 2
+    assert "not the run's config" in capsys.readouterr().err
+
+
 def test_cli_errors(tmp_path, capsys):
     assert train(tmp_path, "Pongg", "lstm", 10) == 2
     err = capsys.readouterr().err

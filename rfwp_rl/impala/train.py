@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
 import os
 import random
@@ -37,12 +38,12 @@ import torch
 
 from rfwp_rl import flags
 from rfwp_rl.agent import count_parameters
-from rfwp_rl.checkpoint import add_trust_argument
+from rfwp_rl.checkpoint import add_trust_argument, list_checkpoints
 from rfwp_rl.encoders import has_image_torso
 from rfwp_rl.errors import UserError, check_choice
 from rfwp_rl.impala import profiles
 from rfwp_rl.impala.actors import Actors, RolloutQueue, choose_actor_device, rollout_spec
-from rfwp_rl.impala.config import ACTOR_DEVICES, ENV_BACKENDS, OPTIMIZERS, ImpalaConfig, trainer_keys
+from rfwp_rl.impala.config import ACTOR_DEVICES, DEFAULTS, ENV_BACKENDS, OPTIMIZERS, ImpalaConfig, trainer_keys
 from rfwp_rl.impala.env_batches import EnvPoolBroken, reexec_argv, shutdown_env_pool
 from rfwp_rl.impala.learner import Learner, Learning
 from rfwp_rl.impala.multi_learner import LearnerGroup, check_group_args
@@ -281,21 +282,64 @@ def check_config(cfg: ImpalaConfig) -> None:
         raise UserError("--actor-device 'cuda': this torch build or machine has no CUDA device; use cpu or auto")
 
 
+def saved_settings(run_dir: Path) -> dict:
+    """The profile options a run that has a checkpoint was trained with (its ``config.json``), so that a resume
+    keeps them where the command line gives none, whatever the profile's defaults have become since; ``{}``
+    for a run without a checkpoint or without the file. A value of the wrong type is a one-line UserError."""
+    path = run_dir / "config.json"
+    if not list_checkpoints(run_dir) or not path.is_file():
+        return {}
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise UserError(f"{path}: not the run's config ({e}); give the run's settings on the command line") from None
+    if not isinstance(saved, dict):
+        raise UserError(f"{path}: not the run's config (a {type(saved).__name__}, not an object)")
+    kept = {}
+    for name in profiles.PROFILE_OPTIONS:
+        if name not in saved:
+            continue  # an option added since the run was saved: the profile's value
+        value, kind = saved[name], type(getattr(DEFAULTS, name))
+        ok = {
+            bool: isinstance(value, bool),
+            int: isinstance(value, int) and not isinstance(value, bool),
+            float: isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value),
+            str: isinstance(value, str),
+        }.get(kind, False)
+        if not ok:
+            raise UserError(f"{path}: {name} is {value!r}; allowed: a {kind.__name__}")
+        kept[name] = kind(value)
+    return kept
+
+
 def run(args: argparse.Namespace) -> int:
     run_spec = RunSpec.from_args(args, trainer_keys())
-    cfg = config_from_args(
-        args,
-        run_spec.kind,
-        run_spec.memory_horizon,
-        run_spec.max_episode_steps,
-        run_spec.trainer_settings,
-        continuous_actions=run_spec.action_space.get("type") == "Box",
-    )
     run_dir = (
         Path(args.run_dir)
         if args.run_dir
-        else Path("runs") / "impala" / _run_name(run_spec.env.rpartition(":")[2], run_spec.preset.core, cfg.seed)
+        else Path("runs") / "impala" / _run_name(run_spec.env.rpartition(":")[2], run_spec.preset.core, args.seed)
     )
+
+    def config(args: argparse.Namespace) -> ImpalaConfig:
+        return config_from_args(
+            args,
+            run_spec.kind,
+            run_spec.memory_horizon,
+            run_spec.max_episode_steps,
+            run_spec.trainer_settings,
+            continuous_actions=run_spec.action_space.get("type") == "Box",
+        )
+
+    unset = {k: v for k, v in saved_settings(run_dir).items() if getattr(args, k, None) is None}
+    cfg = config(argparse.Namespace(**{**vars(args), **unset}))
+    today = config(args) if unset else cfg
+    kept = [
+        f"{k} {getattr(cfg, k)} (the profile's: {getattr(today, k)})"
+        for k in unset
+        if getattr(cfg, k) != getattr(today, k)
+    ]
+    if kept:
+        print(f"resuming with the run's own settings where the command line gives none: {', '.join(kept)}", flush=True)
     return train(cfg, run_spec, run_dir, trust_checkpoint=args.trust_checkpoint)
 
 
