@@ -331,6 +331,8 @@ def run(args: argparse.Namespace) -> int:
         )
 
     unset = {k: v for k, v in saved_settings(run_dir).items() if getattr(args, k, None) is None}
+    if getattr(args, "group", None):
+        unset.pop("max_kl", None)  # a run that joins a group drops the trust region, as config_from_args says
     cfg = config(argparse.Namespace(**{**vars(args), **unset}))
     today = config(args) if unset else cfg
     kept = [
