@@ -43,7 +43,7 @@ import sys
 from pathlib import Path
 
 from rfwp_rl.checkpoint import atomic_write_text, csv_text
-from rfwp_rl.memory.results import mean_sd_ci
+from rfwp_rl.memory.results import mean_sd_ci, update_readme
 from rfwp_rl.runlog import read_scalars
 
 runs, out, table, steps, extra = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5]
@@ -87,14 +87,8 @@ for env in dict.fromkeys(r["env"] for r in rows):
         lines.append("| " + " | ".join(row) + " |")
 given = f' with EXTRA="{extra}"' if extra else ""
 head = f"`bash launch/classic_control.sh`{given}, {steps:,} env steps per run ({table}.csv):"
-readme = out / "README.md"
-text = readme.read_text() if readme.exists() else "# Classic control with the defaults\n"
-start, end = f"<!-- {table} -->", f"<!-- /{table} -->"
-block = f"{start}\n{head}\n\n" + "\n".join(lines) + f"\n{end}"
-if start in text and end in text:
-    text = text[: text.index(start)] + block + text[text.index(end) + len(end) :]
-else:
-    text = text.rstrip("\n") + "\n\n" + block + "\n"
-atomic_write_text(readme, text)
+update_readme(
+    out / "README.md", f"{head}\n\n" + "\n".join(lines), f"<!-- {table} -->", f"<!-- /{table} -->", "Classic control with the defaults"
+)
 print("\n".join(lines))
 PY

@@ -80,23 +80,30 @@ def unknown_key(
     return UserError(f"--set {setting.item!r}: unknown key {setting.key!r}; {hint}allowed: {', '.join(allowed)}")
 
 
+def typed_like(value: Any, current: Any) -> tuple[bool, Any]:
+    """Whether ``value`` has the type of ``current`` (an int may stand in for a float, a list for a tuple or
+    list; any value for a ``current`` of another type), and ``value`` in that type."""
+    if isinstance(current, bool):
+        return isinstance(value, bool), value
+    if isinstance(current, int):
+        return isinstance(value, int) and not isinstance(value, bool), value
+    if isinstance(current, float):
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return ok, float(value) if ok else value
+    if isinstance(current, str):
+        return isinstance(value, str), value
+    if isinstance(current, (tuple, list)):
+        ok = isinstance(value, list)
+        return ok, type(current)(value) if ok else value
+    return True, value
+
+
 def coerce(setting: Setting, current: Any) -> Any:
     """``setting.value`` in the type of the trainer setting's ``current`` value (ints may stand in for floats)."""
     value = setting.value
     if current is None or isinstance(current, str):
         return value if current is None else str(value)
-    if isinstance(current, bool):
-        ok = isinstance(value, bool)
-    elif isinstance(current, int):
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    elif isinstance(current, float):
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        value = float(value) if ok else value
-    elif isinstance(current, (tuple, list)):
-        ok = isinstance(value, list)
-        value = type(current)(value) if ok else value
-    else:
-        ok = True
+    ok, value = typed_like(value, current)
     if not ok:
         raise UserError(
             f"--set {setting.item!r}: {setting.key} takes a {type(current).__name__} (like {current!r}), got {value!r}"

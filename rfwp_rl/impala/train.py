@@ -30,8 +30,9 @@ import random
 import sys
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -51,7 +52,7 @@ from rfwp_rl.impala.net import parse_address, resolve_address
 from rfwp_rl.impala.rollout_server import NoLocalActors, RolloutServer, compat_info
 from rfwp_rl.impala.run_spec import DEFAULT_CORE, RunSpec, add_run_arguments
 from rfwp_rl.impala.wire import refused_connections, refused_model_updates, resolve_key, secure_moolib
-from rfwp_rl.overrides import apply_to_trainer
+from rfwp_rl.overrides import apply_to_trainer, typed_like
 from rfwp_rl.perf import PRECISIONS, Timers, choose_torch_threads, set_torch_threads
 from rfwp_rl.runlog import run_name
 from rfwp_rl.safety import GracefulStop, TrainingAborted
@@ -209,17 +210,20 @@ def config_from_args(
     max_episode_steps: int | None = None,
     settings: Iterable = (),
     continuous_actions: bool = False,
+    saved: Mapping[str, Any] | None = None,
 ) -> ImpalaConfig:
     """The run's config, checked (:func:`check_config`): the command line's values, the unset ones
-    from the profile of the env's ``kind`` (see :mod:`rfwp_rl.impala.profiles`), and on top the
-    ``--set`` trainer ``settings`` (:class:`rfwp_rl.overrides.Setting`, from :meth:`RunSpec.from_args`)."""
+    from ``saved`` (a resumed run's own, :func:`saved_settings`), the rest from the profile of the env's
+    ``kind`` (see :mod:`rfwp_rl.impala.profiles`), and on top the ``--set`` trainer ``settings``
+    (:class:`rfwp_rl.overrides.Setting`, from :meth:`RunSpec.from_args`)."""
     fields = {f.name for f in dataclasses.fields(ImpalaConfig)}
     given = {k: v for k, v in vars(args).items() if k in fields and k != "profile"}
     profile = profiles.profile_for(kind, getattr(args, "profile", "auto"), continuous_actions)
     for k in profiles.PROFILE_OPTIONS:
         given.setdefault(k, None)
     if given.get("group") and given["max_kl"] is None:
-        given["max_kl"] = 0.0  # the trust region needs one learner (check_config)
+        given["max_kl"] = 0.0  # the trust region needs one learner (check_config), also in a resumed run
+    given.update({k: v for k, v in (saved or {}).items() if given.get(k) is None})
     cfg = ImpalaConfig(**profiles.fill_unset(given, profile, memory_horizon, max_episode_steps), profile=profile)
     apply_to_trainer(cfg, settings)  # --set batch_size=... wins over flags and profile
     check_config(cfg)
@@ -299,16 +303,11 @@ def saved_settings(run_dir: Path) -> dict:
     for name in profiles.PROFILE_OPTIONS:
         if name not in saved:
             continue  # an option added since the run was saved: the profile's value
-        value, kind = saved[name], type(getattr(DEFAULTS, name))
-        ok = {
-            bool: isinstance(value, bool),
-            int: isinstance(value, int) and not isinstance(value, bool),
-            float: isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value),
-            str: isinstance(value, str),
-        }.get(kind, False)
-        if not ok:
-            raise UserError(f"{path}: {name} is {value!r}; allowed: a {kind.__name__}")
-        kept[name] = kind(value)
+        default = getattr(DEFAULTS, name)
+        ok, value = typed_like(saved[name], default)
+        if not ok or (isinstance(value, float) and not math.isfinite(value)):
+            raise UserError(f"{path}: {name} is {saved[name]!r}; allowed: a {type(default).__name__}")
+        kept[name] = value
     return kept
 
 
@@ -320,7 +319,7 @@ def run(args: argparse.Namespace) -> int:
         else Path("runs") / "impala" / _run_name(run_spec.env.rpartition(":")[2], run_spec.preset.core, args.seed)
     )
 
-    def config(args: argparse.Namespace) -> ImpalaConfig:
+    def config(saved: Mapping[str, Any]) -> ImpalaConfig:
         return config_from_args(
             args,
             run_spec.kind,
@@ -328,16 +327,15 @@ def run(args: argparse.Namespace) -> int:
             run_spec.max_episode_steps,
             run_spec.trainer_settings,
             continuous_actions=run_spec.action_space.get("type") == "Box",
+            saved=saved,
         )
 
-    unset = {k: v for k, v in saved_settings(run_dir).items() if getattr(args, k, None) is None}
-    if getattr(args, "group", None):
-        unset.pop("max_kl", None)  # a run that joins a group drops the trust region, as config_from_args says
-    cfg = config(argparse.Namespace(**{**vars(args), **unset}))
-    today = config(args) if unset else cfg
+    saved = saved_settings(run_dir)
+    cfg = config(saved)
+    today = config({}) if saved else cfg
     kept = [
         f"{k} {getattr(cfg, k)} (the profile's: {getattr(today, k)})"
-        for k in unset
+        for k in saved
         if getattr(cfg, k) != getattr(today, k)
     ]
     if kept:
