@@ -19,7 +19,7 @@ Kinds (field practice: Sample Factory, CleanRL, RLlib):
   summed (the joint distribution factorises).
 - ``MultiBinary(n)``: n independent Bernoullis from n logits.
 - ``Box`` of integers with finite bounds: as a ``MultiDiscrete`` of ``high - low + 1`` values per element
-  (at most ``MAX_INTEGER_VALUES``), starting at ``low``.
+  (at most ``rfwp_rl.envs.spaces.MAX_INTEGER_VALUES``), starting at ``low``.
 - ``Box`` (float): a diagonal
   Gaussian over the action *normalised* to [-1, 1] per bounded dimension,
   mean from the head and a learned, state-independent log-std (one per dimension). The env gets the
@@ -52,10 +52,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from gymnasium import spaces
 
-from rfwp_rl.envs.spaces import SUPPORTED_ACTIONS, action_leaves, torch_dtype
+from rfwp_rl.envs.spaces import action_leaves, action_space_problem, integer_values, torch_dtype
 from rfwp_rl.errors import UserError
-
-MAX_INTEGER_VALUES = 1024  # an integer Box element is a categorical over its values: a policy head of this width
 
 
 class ActionDistribution(nn.Module):
@@ -418,7 +416,17 @@ class Composite(ActionDistribution):
 
 def make_distribution(space: gymnasium.Space, log_std_init: float = 0.0) -> ActionDistribution:
     """The :class:`ActionDistribution` of a gymnasium action space; any other space is a one-line
-    :class:`UserError` naming it and the supported kinds."""
+    :class:`UserError` naming it and what is supported (:func:`rfwp_rl.envs.spaces.action_space_problem`)."""
+    problem = action_space_problem(space)
+    if problem is not None:
+        raise UserError(f"action space {space}: {problem}")
+    if isinstance(space, (spaces.Tuple, spaces.Dict)):
+        return Composite([_leaf_distribution(leaf, log_std_init) for _, leaf in action_leaves(space)])
+    return _leaf_distribution(space, log_std_init)
+
+
+def _leaf_distribution(space: gymnasium.Space, log_std_init: float) -> ActionDistribution:
+    """The distribution of one supported leaf space."""
     if isinstance(space, spaces.Discrete):
         return Categorical(int(space.n), int(space.start))
     if isinstance(space, spaces.MultiDiscrete):
@@ -426,20 +434,7 @@ def make_distribution(space: gymnasium.Space, log_std_init: float = 0.0) -> Acti
         return MultiCategorical(space.nvec.reshape(-1).tolist(), start.reshape(-1).tolist(), space.shape)
     if isinstance(space, spaces.MultiBinary):
         return Bernoulli(math.prod(space.shape), space.shape)
-    if isinstance(space, spaces.Box) and np.issubdtype(space.dtype, np.integer):
-        low, high = space.low.astype(np.int64).reshape(-1), space.high.astype(np.int64).reshape(-1)
-        values = high - low + 1
-        if not space.is_bounded() or int(values.max(initial=1)) > MAX_INTEGER_VALUES:
-            raise UserError(
-                f"action space {space}: an integer Box needs finite bounds with at most {MAX_INTEGER_VALUES} "
-                "values per element (each is a categorical over its values)"
-            )
-        return MultiCategorical(values.tolist(), low.tolist(), space.shape, torch_dtype(space.dtype))
-    if isinstance(space, spaces.Box) and np.issubdtype(space.dtype, np.floating):
-        return DiagGaussian(space.low, space.high, torch_dtype(space.dtype), log_std_init)
-    if isinstance(space, (spaces.Tuple, spaces.Dict)) and action_leaves(space):
-        try:
-            return Composite([make_distribution(leaf, log_std_init) for _, leaf in action_leaves(space)])
-        except UserError:
-            pass  # named below: the whole space, not only its part
-    raise UserError(f"action space {space} is not supported; supported: {SUPPORTED_ACTIONS}")
+    if np.issubdtype(space.dtype, np.integer):
+        low = space.low.astype(np.int64).reshape(-1)
+        return MultiCategorical(integer_values(space).tolist(), low.tolist(), space.shape, torch_dtype(space.dtype))
+    return DiagGaussian(space.low, space.high, torch_dtype(space.dtype), log_std_init)  # a float Box: all that is left

@@ -17,7 +17,7 @@ from rfwp_rl.agent import Agent
 from rfwp_rl.distributions import Bernoulli, Categorical, DiagGaussian, MultiCategorical, make_distribution
 from rfwp_rl.encoders import DictTorso, GridTorso, ResNetTorso, has_image_torso
 from rfwp_rl.envs import env_spec, make_env
-from rfwp_rl.envs.spaces import space_from_dict, space_to_dict, tensor_obs_space
+from rfwp_rl.envs.spaces import action_space_dict, space_from_dict, space_to_dict, tensor_obs_space
 from rfwp_rl.errors import UserError
 from rfwp_rl.impala import learner, vtrace
 from rfwp_rl.impala.actors import Actors, rollout_spec
@@ -383,6 +383,30 @@ def test_unsupported_action_space_is_one_line():
     with pytest.raises(UserError) as e:  # an integer Box of too many values for a categorical per element
         make_distribution(spaces.Box(0, 5000, (2,), np.int64))
     assert "at most 1024 values per element" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "space, supported",
+    [
+        (spaces.Box(0, 1023, (2,), np.int64), True),
+        (spaces.Box(0, 1024, (2,), np.int64), False),  # 1025 values per element
+        (spaces.Box(-1.0, 1.0, (2,), np.float32), True),
+        (spaces.Box(0, 1, (2,), np.bool_), False),
+        (spaces.Dict({"a": spaces.Discrete(3), "b": spaces.Tuple((spaces.MultiBinary(2), spaces.Text(4)))}), False),
+        (spaces.Tuple(()), False),
+        (spaces.Tuple((spaces.Discrete(2), spaces.MultiDiscrete([2, 3]))), True),
+    ],
+)
+def test_env_check_and_distribution_agree_on_which_action_spaces_are_supported(space, supported):
+    """The env's description at start and the policy head apply one rule: no space passes the first and fails
+    the second."""
+    if supported:
+        assert space_from_dict(action_space_dict(space, "e")) == space and make_distribution(space) is not None
+        return
+    for refuse in (lambda: action_space_dict(space, "e"), lambda: make_distribution(space)):
+        with pytest.raises(UserError) as e:
+            refuse()
+        assert "\n" not in str(e.value) and str(space) in str(e.value)
 
 
 def test_integer_box_actions_are_categoricals_over_their_values_from_low():

@@ -33,6 +33,7 @@ SUPPORTED_OBS = "Box, Discrete, MultiDiscrete, MultiBinary, Dict and Tuple of th
 SUPPORTED_ACTIONS = (
     "Discrete, MultiDiscrete, MultiBinary, Box (float; integers with finite bounds), Tuple and Dict of these"
 )
+MAX_INTEGER_VALUES = 1024  # an integer Box element is a categorical over its values: a policy head of this width
 OBS_KEY = "obs"
 PART_SEP = "/"
 
@@ -335,18 +336,36 @@ def space_from_dict(d: dict) -> gymnasium.Space:
         raise UserError(f"malformed space description {d!r}: {e}") from None
 
 
+def action_space_problem(space: gymnasium.Space) -> str | None:
+    """Why the agent cannot act in ``space``, or None where it can: the one rule of :func:`action_space_dict`
+    and :func:`rfwp_rl.distributions.make_distribution`."""
+    leaves = [leaf for _, leaf in action_leaves(space)]
+    if not leaves:
+        return f"it has no parts; supported: {SUPPORTED_ACTIONS}"
+    for leaf in leaves:
+        if isinstance(leaf, (spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)):
+            continue
+        if isinstance(leaf, spaces.Box) and leaf.dtype.kind == "f":
+            continue
+        if isinstance(leaf, spaces.Box) and leaf.dtype.kind in "iu":
+            if leaf.is_bounded() and integer_values(leaf).max(initial=1) <= MAX_INTEGER_VALUES:
+                continue
+            return (
+                f"an integer Box needs finite bounds with at most {MAX_INTEGER_VALUES} values per element "
+                "(each is a categorical over its values)"
+            )
+        return f"{leaf} is not supported; supported: {SUPPORTED_ACTIONS}"
+    return None
+
+
+def integer_values(space: spaces.Box) -> np.ndarray:
+    """``[n]`` how many values each element of a bounded integer Box takes (``high - low + 1``), flattened."""
+    return space.high.astype(np.int64).reshape(-1) - space.low.astype(np.int64).reshape(-1) + 1
+
+
 def action_space_dict(space: gymnasium.Space, env_id: str) -> dict:
     """:func:`space_to_dict` of an action space the agent supports, else a one-line UserError naming it."""
-    leaves = [leaf for _, leaf in action_leaves(space)]
-    supported = bool(leaves) and all(
-        isinstance(leaf, (spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary))
-        or (
-            isinstance(leaf, spaces.Box) and (leaf.dtype.kind == "f" or (leaf.dtype.kind in "iu" and leaf.is_bounded()))
-        )
-        for leaf in leaves
-    )
-    if not supported:
-        raise UserError(
-            f"environment {env_id!r} has action space {space}, which is not supported; supported: {SUPPORTED_ACTIONS}"
-        )
+    problem = action_space_problem(space)
+    if problem is not None:
+        raise UserError(f"environment {env_id!r} has action space {space}: {problem}")
     return space_to_dict(space)
