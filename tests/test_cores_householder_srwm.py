@@ -259,7 +259,6 @@ def test_state_shapes_and_defaults():
         "dropout": 0.0,
         "backend": "auto",
         "detach_state_every_step": False,
-        "output_norm": False,
     }
     assert specs["gated_delta"].defaults == {**base, "conv_size": 4, "output_gate": True}
     assert specs["delta_product"].defaults == {

@@ -5,7 +5,7 @@ Structure (the reference Atari agents' layout; RFWP paper App. C)::
     x [T, B, input_size] -> Linear(input_size -> hidden, bias)
     num_layers x [ h = h + FastWeightSublayer(LN(h))      # pre-LayerNorm residual
                    h = h + FeedForward(LN(h)) ]           # Linear+ReLU+drop+Linear+drop
-    -> y [T, B, hidden]                                   # LN(h) with output_norm, else h
+    -> y [T, B, hidden]                                   # no final LayerNorm
 
 A fast-weight sublayer computes its slow projections for the whole unroll with one matmul
 (``Linear(hidden -> needed, bias=False)``), splits them into H heads of size d = hidden/H,
@@ -63,7 +63,6 @@ def block_defaults(**options: Any) -> dict:
         **options,
         "backend": "auto",
         "detach_state_every_step": False,
-        "output_norm": False,
     }
 
 
@@ -293,7 +292,6 @@ class FastWeightCore(Core):
         dpfp_nu: int = 1,
         backend: str = "auto",
         detach_state_every_step: bool = False,
-        output_norm: bool = False,
         *,
         sublayer_cls: type[FastWeightSublayer] | None = None,
         sublayer_config: dict[str, Any] | None = None,
@@ -330,7 +328,6 @@ class FastWeightCore(Core):
             "dpfp_nu": dpfp_nu,
             "backend": backend,
             "detach_state_every_step": detach_state_every_step,
-            "output_norm": check_bool("output_norm", output_norm),
             **sublayer_config,
         }
 
@@ -342,9 +339,6 @@ class FastWeightCore(Core):
         )
         self.ff_layers = nn.ModuleList(FeedForward(hidden_size, ff_size, dropout) for _ in range(num_layers))
         self._n_state = [len(layer.state_shapes(1)) for layer in self.fast_layers]
-        # The reference agents read the last residual stream as it is; a final LayerNorm (pre-LN Transformers'
-        # last layer) bounds what the heads read where additive fast weights grow with every write.
-        self.output_norm = nn.LayerNorm(hidden_size) if output_norm else nn.Identity()
 
     def keep_config(self, keys: Any) -> None:
         """Record only ``keys`` in ``config`` (a core whose spec lacks some of the block stack's keys)."""
@@ -362,7 +356,7 @@ class FastWeightCore(Core):
             h = ff(h)  # pre-LN residual feed-forward sublayer
             new_state.extend(s)
             i += n
-        return self.output_norm(h), tuple(new_state)
+        return h, tuple(new_state)
 
 
 class LTCore(FastWeightCore):

@@ -289,7 +289,6 @@ class GatedDeltaCore(FastWeightCore):
         output_gate: bool = True,
         backend: str = "auto",
         detach_state_every_step: bool = False,
-        output_norm: bool = False,
     ) -> None:
         # q and k are L2-normalised: no feature map ("softmax" only fills the base's slot)
         super().__init__(
@@ -303,7 +302,6 @@ class GatedDeltaCore(FastWeightCore):
             1,
             backend,
             detach_state_every_step,
-            output_norm,
             sublayer_config={"conv_size": conv_size, "output_gate": output_gate},
         )
         self.keep_config(SPECS[self.kind].defaults)
@@ -329,7 +327,6 @@ class DeltaProductCore(FastWeightCore):
         output_gate: bool = True,
         backend: str = "auto",
         detach_state_every_step: bool = False,
-        output_norm: bool = False,
     ) -> None:
         super().__init__(
             input_size,
@@ -342,7 +339,6 @@ class DeltaProductCore(FastWeightCore):
             1,
             backend,
             detach_state_every_step,
-            output_norm,
             sublayer_config={
                 "num_householder": num_householder,
                 "allow_negative_eigenvalues": allow_negative_eigenvalues,

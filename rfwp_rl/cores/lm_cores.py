@@ -50,12 +50,23 @@ from torch import Tensor
 from rfwp_rl import ops
 from rfwp_rl.cores import feature_maps, register
 from rfwp_rl.cores.base import CoreSpec, State, check_positive_int, reset_steps, zero_entries
-from rfwp_rl.cores.fast_weight import FastWeightCore, FastWeightSublayer, block_defaults
+from rfwp_rl.cores.fast_weight import FastWeightCore, FastWeightSublayer
 from rfwp_rl.ops.common import delta_update, read  # RFWP Eq. 8, 10 and Eq. 7
 
 
 def _defaults(feature_map: str, **extra: Any) -> dict:
-    return block_defaults(feature_map=feature_map, dpfp_nu=1, **extra)
+    return {
+        "hidden_size": 128,
+        "num_layers": 2,
+        "num_heads": 4,
+        "ff_size": 512,
+        "dropout": 0.0,
+        "feature_map": feature_map,
+        "dpfp_nu": 1,
+        "backend": "auto",
+        "detach_state_every_step": False,
+        **extra,
+    }
 
 
 SPECS = {
@@ -217,7 +228,6 @@ class LMFastWeightCore(FastWeightCore):
         dpfp_nu: int = 1,
         backend: str = "auto",
         detach_state_every_step: bool = False,
-        output_norm: bool = False,
         **extra: Any,
     ) -> None:
         super().__init__(
@@ -231,7 +241,6 @@ class LMFastWeightCore(FastWeightCore):
             dpfp_nu=dpfp_nu,
             backend=backend,
             detach_state_every_step=detach_state_every_step,
-            output_norm=output_norm,
             sublayer_cls=sublayer,
             sublayer_config=extra,
         )

@@ -101,7 +101,6 @@ class SRWMCore(FastWeightCore):
         input_layer_norm: bool = True,
         backend: str = "auto",
         detach_state_every_step: bool = False,
-        output_norm: bool = False,
     ) -> None:
         super().__init__(
             input_size,
@@ -114,7 +113,6 @@ class SRWMCore(FastWeightCore):
             dpfp_nu,
             backend,
             detach_state_every_step,
-            output_norm,
             sublayer_config={"qk_init_scale": qk_init_scale, "input_layer_norm": input_layer_norm},
         )
         self.keep_config(SPEC.defaults)
