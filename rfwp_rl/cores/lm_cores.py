@@ -50,23 +50,12 @@ from torch import Tensor
 from rfwp_rl import ops
 from rfwp_rl.cores import feature_maps, register
 from rfwp_rl.cores.base import CoreSpec, State, check_positive_int, reset_steps, zero_entries
-from rfwp_rl.cores.fast_weight import FastWeightCore, FastWeightSublayer
+from rfwp_rl.cores.fast_weight import FastWeightCore, FastWeightSublayer, block_defaults
 from rfwp_rl.ops.common import delta_update, read  # RFWP Eq. 8, 10 and Eq. 7
 
 
 def _defaults(feature_map: str, **extra: Any) -> dict:
-    return {
-        "hidden_size": 128,
-        "num_layers": 2,
-        "num_heads": 4,
-        "ff_size": 512,
-        "dropout": 0.0,
-        "feature_map": feature_map,
-        "dpfp_nu": 1,
-        "backend": "auto",
-        "detach_state_every_step": False,
-        **extra,
-    }
+    return block_defaults(feature_map=feature_map, dpfp_nu=1, **extra)
 
 
 SPECS = {
