@@ -5,8 +5,8 @@ junction must turn the way the cue said: +1 if right, -1 if wrong. Solving it ne
 which makes it a small test bed for the recurrent and fast-weight cores.
 
 Three things make an environment usable by rfwp-rl:
-1. a ``gymnasium.Env`` with a ``Discrete`` action space and a Box (or Discrete) observation
-   space (non-flat observations are flattened to float32 vectors by ``make_env``);
+1. a ``gymnasium.Env`` whose spaces the agent supports (this one: ``Discrete`` actions, a ``Box``
+   observation; every supported space: the README's "Environments and spaces");
 2. ``gymnasium.register(...)`` of an id when this module is imported;
 3. the trainer imports the module before it calls ``make_env``:
 
