@@ -165,16 +165,17 @@ IMPLEMENTATION_KEYS = frozenset({"backend", "forget_bias", "recurrent_init"})
 
 def meta_differences(saved: dict, expected: dict, prefix: str = "") -> list[str]:
     """Human-readable differences between two (nested) meta dicts, e.g. ``core: 'lstm' != 'rdn'``
-    (keys in :data:`IMPLEMENTATION_KEYS` are not compared)."""
-    diffs = []
+    (keys in :data:`IMPLEMENTATION_KEYS` are not compared). A level's own values come before its nested
+    dicts' differences: a different ``core`` is named before the ``agent.*`` options that follow from it."""
+    values, nested = [], []
     for key in sorted((set(saved) | set(expected)) - IMPLEMENTATION_KEYS):
         name = f"{prefix}{key}"
         a, b = saved.get(key, "<missing>"), expected.get(key, "<missing>")
         if isinstance(a, dict) and isinstance(b, dict):
-            diffs.extend(meta_differences(a, b, prefix=f"{name}."))
+            nested.extend(meta_differences(a, b, prefix=f"{name}."))
         elif a != b:
-            diffs.append(f"{name}: checkpoint has {a!r}, this run has {b!r}")
-    return diffs
+            values.append(f"{name}: checkpoint has {a!r}, this run has {b!r}")
+    return values + nested
 
 
 class UnsafeCheckpoint(UserError):

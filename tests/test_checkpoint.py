@@ -16,6 +16,7 @@ from rfwp_rl.checkpoint import (
     atomic_write_csv,
     csv_text,
     list_checkpoints,
+    meta_differences,
     read_checkpoint,
     rng_state,
     set_rng_state,
@@ -23,6 +24,16 @@ from rfwp_rl.checkpoint import (
 from rfwp_rl.errors import UserError
 
 META = {"trainer": "test", "core": "rdn", "num_actions": 6, "core_config": {"hidden_size": 16}}
+
+
+def test_a_different_core_is_named_before_the_options_that_follow_from_it():
+    """A one-line refusal shows three differences: the run's own values (``core``) come first, then the nested
+    options (``agent.*`` would otherwise sort ahead of ``core``)."""
+    saved = {"core": "lstm", "agent": {"a": 1, "b": 1, "c": 1}, "core_config": {"hidden_size": 8}}
+    this = {"core": "ff", "agent": {"a": 2, "b": 2, "c": 2}, "core_config": {}}
+    diffs = meta_differences(saved, this)
+    assert diffs[0] == "core: checkpoint has 'lstm', this run has 'ff'" and len(diffs) == 5
+    assert diffs[1:4] == [f"agent.{k}: checkpoint has 1, this run has 2" for k in "abc"]
 
 
 def _state(value: float) -> dict:
