@@ -5,7 +5,7 @@
 #  2. `rfwp-rl bench impala` on Pong with the paper's LSTM and RDN agents, into one table ($OUT/gpu_bench.csv):
 #     48 envs with the learner on each of PONG_BENCH_DEVICES (default BENCH_DEVICES), 48 envs on cuda with eager
 #     acting (no CUDA graph; the cores EAGER_CORES, default lstm,rdn; empty: not benched), and
-#     BIG_ENVS envs (default 96) on cuda, 48 envs in ale-py's vector env (--env-backend ale), LSTM with 48 envs in
+#     BIG_ENVS envs (default 96; empty: not benched) on cuda, 48 envs in ale-py's vector env (--env-backend ale), LSTM with 48 envs in
 #     each number of env batches of BATCH_SWEEP (default "3 4") and env processes of PROCESS_SWEEP (default: two
 #     fewer than ENV_PROCESSES; empty: none), each with the
 #     env-stepping and learner bounds; and the small vector
@@ -42,8 +42,8 @@ BENCH_DEVICES=${BENCH_DEVICES:-cuda,cpu}
 PONG_BENCH_DEVICES=${PONG_BENCH_DEVICES:-$BENCH_DEVICES}
 EAGER_CORES=${EAGER_CORES-lstm,rdn}
 TRAIN_DEVICE=${TRAIN_DEVICE:-cuda}
-BIG_ENVS=${BIG_ENVS:-96}
-PONG_ENVS=${PONG_ENVS:-$BIG_ENVS}
+BIG_ENVS=${BIG_ENVS-96}
+PONG_ENVS=${PONG_ENVS:-${BIG_ENVS:-96}}
 BENCH_SECONDS=${BENCH_SECONDS:-10}
 TOPOLOGY_SECONDS=${TOPOLOGY_SECONDS:-5}
 TOPOLOGY_TIMEOUT=${TOPOLOGY_TIMEOUT:-120}
@@ -91,10 +91,11 @@ if [ -n "$EAGER_CORES" ]; then
   timeout -k 20 150 "$PY" -m rfwp_rl bench impala "${BENCH[@]}" --cores "$EAGER_CORES" --devices "${BENCH_DEVICES%%,*}" \
     --num-actors 48 --no-acting-graph --out "$OUT/bench_48_eager.csv" 2>&1 | tee -a "$OUT/bench.log"
 fi
-echo "== bench impala, Pong, $BIG_ENVS envs ($(elapsed) s)"
-timeout -k 20 150 "$PY" -m rfwp_rl bench impala "${BENCH[@]}" --cores lstm,rdn --devices "${BENCH_DEVICES%%,*}" \
-  --num-actors "$BIG_ENVS" \
-  --out "$OUT/bench_big.csv" 2>&1 | tee -a "$OUT/bench.log"
+if [ -n "$BIG_ENVS" ]; then
+  echo "== bench impala, Pong, $BIG_ENVS envs ($(elapsed) s)"
+  timeout -k 20 150 "$PY" -m rfwp_rl bench impala "${BENCH[@]}" --cores lstm,rdn --devices "${BENCH_DEVICES%%,*}" \
+    --num-actors "$BIG_ENVS" --out "$OUT/bench_big.csv" 2>&1 | tee -a "$OUT/bench.log"
+fi
 
 echo "== bench impala, Pong, 48 envs, ale backend ($(elapsed) s)"  # ale-py's vector env: C++ threads, no worker processes
 timeout -k 20 150 "$PY" -m rfwp_rl bench impala "${PONG[@]}" --env-backend ale --cores lstm,rdn \
