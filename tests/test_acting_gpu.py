@@ -15,9 +15,7 @@ from rfwp_rl.bench import impala as bench_impala
 from rfwp_rl.envs.spaces import obs_keys, pick_obs
 from rfwp_rl.impala.acting_graph import _replay_differs, capture_acting
 from rfwp_rl.impala.actors import rollout_spec
-from rfwp_rl.impala.learner import Learner, Learning
 from rfwp_rl.impala.loss import host_floats
-from rfwp_rl.impala.train import config_from_args
 
 pytestmark = [
     pytest.mark.gpu,
@@ -96,30 +94,3 @@ def test_the_symbols_recall_on_the_gpu_equals_the_cpus():
         on.see(symbols.to(device))
         losses.append(symbol_recall_sum(on, core_out.to(device), lag.to(device), symbols.to(device)))
     torch.testing.assert_close(losses[1].cpu(), losses[0])
-
-
-def test_the_acting_stream_reads_the_old_parameters_until_an_update_is_loaded_and_the_new_after():
-    spec = bench_impala._run_spec("lstm", argparse.Namespace(env="CartPole-v1", overrides=[]))
-    ns = argparse.Namespace(env="CartPole-v1", total_steps=1000, device="cuda")
-    cfg = config_from_args(ns, spec.kind, spec.memory_horizon, spec.max_episode_steps, spec.trainer_settings)
-    device = torch.device("cuda")
-    learner = Learner(spec.build_agent(device), cfg)
-    learning = Learning(learner, group=None, thread=True, acting_device=device, acting_stream=True)
-    try:
-        stream = learning.acting_stream
-        assert stream is not None and stream != torch.cuda.current_stream(device)
-        acting = next(learning.acting_agent.parameters())
-        old = acting.detach().clone()
-        with torch.cuda.stream(stream):  # an acting step still running when the update is loaded
-            torch.cuda._sleep(200_000_000)
-            before = acting.detach().clone()
-        with torch.no_grad():
-            next(learner.agent.parameters()).add_(1.0)
-        learner.publish()
-        with torch.cuda.stream(stream):
-            after = acting.detach().clone()
-        torch.cuda.synchronize()
-        assert torch.equal(before, old)
-        assert torch.equal(after, old + 1.0)
-    finally:
-        learning.close()

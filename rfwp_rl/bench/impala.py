@@ -60,7 +60,6 @@ COLUMNS = (
     "actor_device",
     "learner_thread",
     "acting_graph",
-    "acting_stream",
     "precision",
     "params",
     "share_env_wait",
@@ -103,7 +102,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     flags.add_shared(parser, "torch_threads", 0, "0: the trainer's choice")
     flags.add_field(parser, ImpalaConfig, "actor_device")
     flags.add_field(parser, ImpalaConfig, "acting_graph")
-    flags.add_field(parser, ImpalaConfig, "acting_stream")
     flags.add_set_argument(parser, "agent or trainer setting, as for rfwp-rl train", "max_kl=0")
     parser.add_argument(
         "--topologies",
@@ -143,7 +141,6 @@ def _config(args: argparse.Namespace, run, device: str):
         device=device,
         actor_device=args.actor_device,
         acting_graph=args.acting_graph,
-        acting_stream=args.acting_stream,
         checkpoint_every=math.inf,
         log_every=math.inf,
     )
@@ -244,7 +241,6 @@ def side_by_side(run, cfg, pool, seconds: float, warmup: float) -> dict[str, flo
         "actor_device": str(trainer.actor_device),
         "learner_thread": trainer.learning.thread is not None,
         "acting_graph": trainer.actors.graph is not None,
-        "acting_stream": trainer.learning.acting_stream is not None,
         "share_env_wait": shares.get("env", 0.0),
         "share_copy": shares.get("copy", 0.0),
         "share_inference": shares.get("inference", 0.0),

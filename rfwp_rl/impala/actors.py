@@ -78,13 +78,6 @@ class Rollout:
 
         return Rollout({k: move(v) for k, v in self.data.items()}, tuple(move(s) for s in self.state))
 
-    def record_stream(self, stream: torch.cuda.Stream) -> None:
-        """Mark this rollout's CUDA tensors as used on ``stream`` (made on another), so that the
-        allocator does not reuse their memory before ``stream`` is done with them."""
-        for t in (*self.data.values(), *self.state):
-            if t.is_cuda:
-                t.record_stream(stream)
-
 
 class ActorBatch:
     """One batch of environments: its last action, core state and the rollout being filled."""
@@ -112,8 +105,6 @@ class Actors:
     ``torch.inference_mode`` (and bf16 autocast with ``precision="bf16"``); what a rollout keeps
     is copied out of inference mode, so the learner can backpropagate through it.
 
-    ``stream``: a CUDA stream the acting steps run on (the rollouts returned are ready on the caller's stream).
-
     ``acting_graph``: on a CUDA device, one acting step is a CUDA graph replay where it captures and replays
     equal to the eager step (:mod:`rfwp_rl.impala.acting_graph`; ``graph_note`` says which and why).
 
@@ -137,7 +128,6 @@ class Actors:
         precision: str = "fp32",
         timers: Timers | None = None,
         acting_graph: bool = False,
-        stream: torch.cuda.Stream | None = None,
     ):
         self.envs = EnvBatches(
             pool, num_batches, num_envs // num_batches, max_env_failures, env_failures, should_stop, env_timeout
@@ -157,9 +147,6 @@ class Actors:
         if acting_graph and self.device.type == "cuda":
             layout = rollout_spec(agent.obs_space, agent.action_dist)
             self.graph, self.graph_note = capture_acting(agent, layout, num_envs // num_batches, self.device, precision)
-        self.stream = stream
-        if stream is not None:  # what was made here (the batches' first state and action) before acting on it
-            stream.wait_stream(torch.cuda.current_stream(self.device))
 
     @property
     def env_failures(self) -> int:
@@ -178,18 +165,6 @@ class Actors:
         self.envs.should_stop = value
 
     def step(self) -> tuple[list[Rollout], list[tuple[float, int]]]:
-        if self.stream is None:
-            return self._step()
-        caller = torch.cuda.current_stream(self.device)
-        with torch.cuda.stream(self.stream):
-            rollouts, episodes = self._step()
-        if rollouts:  # made on the acting stream, read on the caller's
-            caller.wait_stream(self.stream)
-            for rollout in rollouts:
-                rollout.record_stream(caller)
-        return rollouts, episodes
-
-    def _step(self) -> tuple[list[Rollout], list[tuple[float, int]]]:
         batch = self.batches[self.next_batch]
         self.next_batch = (self.next_batch + 1) % len(self.batches)
         if self.envs.futures[batch.index] is None:

@@ -182,11 +182,6 @@ class ImpalaConfig:
         "printed",
         choices=ACTOR_DEVICES,
     )
-    acting_stream: bool = setting(
-        True,
-        "actors on a GPU beside a learner thread: acting runs on a CUDA stream of its own, of high priority, so an "
-        "acting step does not queue behind the learner's kernels",
-    )
     acting_graph: bool = setting(
         True,
         "actors on a GPU: one acting step is a CUDA graph replay, captured at start and checked against the "

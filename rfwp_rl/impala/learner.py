@@ -350,12 +350,7 @@ class Learning:
     ``acting_lock``)."""
 
     def __init__(
-        self,
-        learner: Learner,
-        group: Any = None,
-        thread: bool = False,
-        acting_device: torch.device | None = None,
-        acting_stream: bool = False,
+        self, learner: Learner, group: Any = None, thread: bool = False, acting_device: torch.device | None = None
     ):
         self.learner, self.group = learner, group
         self.thread = LearnerThread(self._learn) if thread else None
@@ -364,9 +359,6 @@ class Learning:
         self.acting_device = acting_device
         self.acting_agent = copy.deepcopy(learner.agent).to(acting_device) if own_copy else learner.agent
         self.acting_lock = threading.Lock()
-        # on one GPU both threads' kernels would share the default stream: acting would wait behind learning
-        use_stream = acting_stream and thread and acting_device.type == "cuda"
-        self.acting_stream = torch.cuda.Stream(acting_device, priority=-1) if use_stream else None
         if own_copy:
             learner.followers.append(self)
 
@@ -375,13 +367,7 @@ class Learning:
         # is taken: the actors go on acting meanwhile and only wait for the copy into their model.
         state = {k: v.detach().to(self.acting_device, copy=True) for k, v in learner.agent.state_dict().items()}
         with self.acting_lock:
-            if self.acting_stream is None:
-                self.acting_agent.load_state_dict(state)
-                return
-            here = torch.cuda.current_stream(self.acting_device)
-            here.wait_stream(self.acting_stream)  # no acting step still reads the old parameters
             self.acting_agent.load_state_dict(state)
-            self.acting_stream.wait_stream(here)  # the next acting step reads the new ones
 
     def submit(self, batch: Any) -> None:
         """Learn on ``batch`` (with a thread: waits while the previous batch is learned)."""

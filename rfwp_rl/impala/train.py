@@ -199,7 +199,6 @@ def _add_learner_arguments(g: argparse._ArgumentGroup) -> None:
         "learner_thread",
         "actor_device",
         "acting_graph",
-        "acting_stream",
         "torch_threads",
     )
 
@@ -474,9 +473,7 @@ class ImpalaTrainer(Trainer):
         self.actor_device_note = f"actors on {self.actor_device} ({why})"
         # by default, with a GPU learner acting goes on while it learns (the GPU works while the CPU steps envs)
         thread = self.device.type == "cuda" if cfg.learner_thread is None else cfg.learner_thread
-        self.learning = Learning(
-            learner, self.group, thread=thread, acting_device=self.actor_device, acting_stream=cfg.acting_stream
-        )
+        self.learning = Learning(learner, self.group, thread=thread, acting_device=self.actor_device)
         self.actor_device_note += ", learning in its own thread" if thread else ""
         if self.pool is None:
             self.actors = NoLocalActors(self.counts["env_failures"])
@@ -494,7 +491,6 @@ class ImpalaTrainer(Trainer):
                 precision=cfg.precision,
                 timers=self.timers,
                 acting_graph=cfg.acting_graph,
-                stream=self.learning.acting_stream,
             )
             if self.actor_device.type == "cuda":
                 self.actor_device_note += f", CUDA graph: {self.actors.graph_note}"
