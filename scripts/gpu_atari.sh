@@ -6,8 +6,8 @@
 #     48 envs with the learner on each of PONG_BENCH_DEVICES (default BENCH_DEVICES), 48 envs on cuda with eager
 #     acting (no CUDA graph; the cores EAGER_CORES, default lstm,rdn; empty: not benched), and
 #     BIG_ENVS envs (default 96; empty: not benched) on cuda, 48 envs in ale-py's vector env (--env-backend ale), LSTM with 48 envs in
-#     each number of env batches of BATCH_SWEEP (default "3 4") and env processes of PROCESS_SWEEP (default: two
-#     fewer than ENV_PROCESSES; empty: none), each with the
+#     each number of env batches of BATCH_SWEEP (default none) and env processes of PROCESS_SWEEP (default: three
+#     quarters of ENV_PROCESSES, so that each env batch has as many envs in every process; empty: none), each with the
 #     env-stepping and learner bounds; and the small vector
 #     agent on both devices, and on the first one with the learner in the acting thread (--no-learner-thread; its
 #     rows in the same table: the same columns, its env in the `env` column, `learner_thread` False);
@@ -48,8 +48,8 @@ BENCH_SECONDS=${BENCH_SECONDS:-10}
 TOPOLOGY_SECONDS=${TOPOLOGY_SECONDS:-5}
 TOPOLOGY_TIMEOUT=${TOPOLOGY_TIMEOUT:-120}
 EVAL_SECONDS=${EVAL_SECONDS:-150}
-BATCH_SWEEP=${BATCH_SWEEP-3 4}
-PROCESS_SWEEP=${PROCESS_SWEEP-$(( ENV_PROCESSES > 4 ? ENV_PROCESSES - 2 : ENV_PROCESSES ))}
+BATCH_SWEEP=${BATCH_SWEEP-}
+PROCESS_SWEEP=${PROCESS_SWEEP-$(( ENV_PROCESSES * 3 / 4 ))}
 mkdir -p "$OUT" "$RUN"
 export PYTHONUNBUFFERED=1 RFWP_CACHE=${RFWP_CACHE:-/tmp/rfwp_cache}
 if [ -n "${WHEELS:-}" ]; then
