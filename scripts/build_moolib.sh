@@ -46,6 +46,9 @@ PYEXE="$("$PY" -c 'import sys; print(sys.executable)')" || die "cannot run '$PY'
 for tool in cmake patch tar; do
   command -v "$tool" >/dev/null || die "'$tool' not found (Debian: apt-get install -y $tool)"
 done
+CMAKE_VERSION="$(cmake --version | sed -n '1s/[^0-9]*\([0-9][0-9.]*\).*/\1/p')"
+[ "$(printf '3.18\n%s\n' "$CMAKE_VERSION" | sort -V | head -n1)" = 3.18 ] \
+  || die "cmake $CMAKE_VERSION is too old; allowed: 3.18 or newer (FindPython's Development.Module)"
 command -v c++ >/dev/null || command -v g++ >/dev/null || die "no C++ compiler (Debian: apt-get install -y g++)"
 
 # -- what we build for ----------------------------------------------------------------------
