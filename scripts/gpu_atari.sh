@@ -5,7 +5,8 @@
 #  2. `rfwp-rl bench impala` on Pong with the paper's LSTM and RDN agents, into one table ($OUT/gpu_bench.csv):
 #     48 envs with the learner on each of PONG_BENCH_DEVICES (default BENCH_DEVICES), 48 envs on cuda with eager
 #     acting (no CUDA graph; the cores EAGER_CORES, default lstm,rdn; empty: not benched), and
-#     BIG_ENVS envs (default 96; empty: not benched) on cuda, 48 envs in ale-py's vector env (--env-backend ale), LSTM with 48 envs in
+#     each number of envs of BIG_ENVS (default 96; empty: none) on cuda, 48 envs in ale-py's vector env
+#     (--env-backend ale; the cores ALE_CORES, default lstm,rdn; empty: not benched), LSTM with 48 envs in
 #     each number of env batches of BATCH_SWEEP (default none) and env processes of PROCESS_SWEEP (default: three
 #     quarters of ENV_PROCESSES, so that each env batch has as many envs in every process; empty: none), each with the
 #     env-stepping and learner bounds; and the small vector
@@ -15,14 +16,15 @@
 #     one learner fed by 2 remote actor processes, and a group of two learners, TOPOLOGY_SECONDS (default 5)
 #     timed after 2 s of warm-up each (-> $OUT/topology.csv; about 60 s of the budget, at most TOPOLOGY_TIMEOUT,
 #     default 120; the Pong run gets what is left);
-#  4. the Pong run with the paper's settings and PONG_ENVS envs (default BIG_ENVS) for PONG_SECONDS (default: the
+#  4. the Pong run with the paper's settings and PONG_ENVS envs (default 96) for PONG_SECONDS (default: the
 #     time that is left; 0: no training), resumed from RESUME_DIR's checkpoint if there is one (default
 #     results/atari/pong_run); its newest checkpoint, and its config and TensorBoard events (pong_tb.tgz) are
 #     copied to $OUT, to be committed back to RESUME_DIR (results/atari/README.md says how); then 30 greedy and
 #     30 sampled games of the newest checkpoint on the training device (EVAL_SECONDS, default 150; -> the end of
 #     $OUT/pong.log).
 # Environment: OUT (default /tmp/gpu_atari), WHEELS (a folder of wheels to install first, e.g. gymnasium and
-# ale-py where the machine lacks them), MOOLIB_SOURCES (a folder with moolib's pinned sdist and pybind11 wheel,
+# ale-py where the machine lacks them: pip download --no-deps --only-binary=:all: --python-version 3.12 --platform
+# manylinux_2_28_x86_64 -d .whl gymnasium==1.2.2 ale-py==0.12.1 farama-notifications), MOOLIB_SOURCES (a folder with moolib's pinned sdist and pybind11 wheel,
 # as scripts/build_moolib.sh caches them: moolib is then built first where it is missing), ENV_PROCESSES (default:
 # all cores), PONG_CORE (default lstm),
 # BENCH_DEVICES (default cuda,cpu), TRAIN_DEVICE (default cuda), BENCH_SECONDS (default 10).
@@ -43,7 +45,8 @@ PONG_BENCH_DEVICES=${PONG_BENCH_DEVICES:-$BENCH_DEVICES}
 EAGER_CORES=${EAGER_CORES-lstm,rdn}
 TRAIN_DEVICE=${TRAIN_DEVICE:-cuda}
 BIG_ENVS=${BIG_ENVS-96}
-PONG_ENVS=${PONG_ENVS:-${BIG_ENVS:-96}}
+PONG_ENVS=${PONG_ENVS:-96}
+ALE_CORES=${ALE_CORES-lstm,rdn}
 BENCH_SECONDS=${BENCH_SECONDS:-10}
 TOPOLOGY_SECONDS=${TOPOLOGY_SECONDS:-5}
 TOPOLOGY_TIMEOUT=${TOPOLOGY_TIMEOUT:-120}
@@ -91,15 +94,17 @@ if [ -n "$EAGER_CORES" ]; then
   timeout -k 20 150 "$PY" -m rfwp_rl bench impala "${BENCH[@]}" --cores "$EAGER_CORES" --devices "${BENCH_DEVICES%%,*}" \
     --num-actors 48 --no-acting-graph --out "$OUT/bench_48_eager.csv" 2>&1 | tee -a "$OUT/bench.log"
 fi
-if [ -n "$BIG_ENVS" ]; then
-  echo "== bench impala, Pong, $BIG_ENVS envs ($(elapsed) s)"
+for n in $BIG_ENVS; do  # larger acting batches: the acting step's fixed cost spread over more envs
+  echo "== bench impala, Pong, $n envs ($(elapsed) s)"
   timeout -k 20 150 "$PY" -m rfwp_rl bench impala "${BENCH[@]}" --cores lstm,rdn --devices "${BENCH_DEVICES%%,*}" \
-    --num-actors "$BIG_ENVS" --out "$OUT/bench_big.csv" 2>&1 | tee -a "$OUT/bench.log"
-fi
+    --num-actors "$n" --out "$OUT/bench_big_$n.csv" 2>&1 | tee -a "$OUT/bench.log"
+done
 
-echo "== bench impala, Pong, 48 envs, ale backend ($(elapsed) s)"  # ale-py's vector env: C++ threads, no worker processes
-timeout -k 20 150 "$PY" -m rfwp_rl bench impala "${PONG[@]}" --env-backend ale --cores lstm,rdn \
-  --devices "${BENCH_DEVICES%%,*}" --num-actors 48 --out "$OUT/bench_ale.csv" 2>&1 | tee -a "$OUT/bench.log"
+if [ -n "$ALE_CORES" ]; then
+  echo "== bench impala, Pong, 48 envs, ale backend ($(elapsed) s)"  # ale-py's vector env: C++ threads, no workers
+  timeout -k 20 150 "$PY" -m rfwp_rl bench impala "${PONG[@]}" --env-backend ale --cores "$ALE_CORES" \
+    --devices "${BENCH_DEVICES%%,*}" --num-actors 48 --out "$OUT/bench_ale.csv" 2>&1 | tee -a "$OUT/bench.log"
+fi
 
 # what might close the gap to the bounds: more env batches (a batch steps while another is acted on), fewer env
 # processes than cores (the main and learner threads need cores too); LSTM on the first device, one row each
@@ -120,7 +125,7 @@ timeout -k 20 60 "$PY" -m rfwp_rl bench impala --env rfwp/DelayedRecall-easy-v0 
   --env-backend process --num-actors 32 --num-env-processes 4 --batch-size 8 --unroll-length 20 --seconds "$BENCH_SECONDS" \
   --warmup-seconds 5 --set learner_thread=false --out "$OUT/bench_vector_sync.csv" 2>&1 | tee -a "$OUT/bench.log"
 # one table (the device hands back 8 files at most)
-parts=("$OUT"/bench_48.csv "$OUT"/bench_48_eager.csv "$OUT"/bench_big.csv "$OUT"/bench_ale.csv "$OUT"/bench_batches_*.csv
+parts=("$OUT"/bench_48.csv "$OUT"/bench_48_eager.csv "$OUT"/bench_big_*.csv "$OUT"/bench_ale.csv "$OUT"/bench_batches_*.csv
   "$OUT"/bench_processes_*.csv "$OUT"/bench_vector.csv "$OUT"/bench_vector_sync.csv)
 { head -1 "$OUT/bench_48.csv"; for f in "${parts[@]}"; do tail -n +2 "$f"; done; } > "$OUT/gpu_bench.csv" 2>/dev/null
 rm -f "${parts[@]}"
