@@ -24,8 +24,9 @@
 #     $OUT/pong.log).
 # Environment: OUT (default /tmp/gpu_atari), WHEELS (a folder of wheels to install first, e.g. gymnasium and
 # ale-py where the machine lacks them: pip download --no-deps --only-binary=:all: --python-version 3.12 --platform
-# manylinux_2_28_x86_64 -d .whl gymnasium==1.2.2 ale-py==0.12.1 farama-notifications), MOOLIB_SOURCES (a folder with moolib's pinned sdist and pybind11 wheel,
-# as scripts/build_moolib.sh caches them: moolib is then built first where it is missing), ENV_PROCESSES (default:
+# manylinux_2_28_x86_64 -d .whl gymnasium==1.2.2 ale-py==0.12.1 farama-notifications), MOOLIB_SOURCES (a folder
+# with moolib's pinned sdist and pybind11 wheel, as scripts/build_moolib.sh caches them in ~/.cache/rfwp_rl/sources:
+# moolib is then built first where it is missing), ENV_PROCESSES (default:
 # all cores), PONG_CORE (default lstm),
 # BENCH_DEVICES (default cuda,cpu), TRAIN_DEVICE (default cuda), BENCH_SECONDS (default 10).
 # The device hands back 8 files at most: device.txt, checks.log, gpu_bench.csv, topology.csv, bench.log (every
