@@ -150,6 +150,9 @@ def test_bench_impala_writes_both_bounds_per_agent_and_device(tmp_path):
         assert float(rows[0][key]) > 0
     bound = min(float(rows[0]["env_bound_sps"]), float(rows[0]["learner_bound_sps"]))
     assert float(rows[0]["ratio"]) == pytest.approx(float(rows[0]["env_sps"]) / bound, rel=1e-3)
+    waiting = float(rows[0]["share_env_wait"])
+    assert float(rows[0]["main_bound_sps"]) == pytest.approx(float(rows[0]["env_sps"]) / (1 - waiting), rel=1e-3)
+    assert float(rows[0]["main_bound_sps"]) >= float(rows[0]["env_sps"])
 
 
 def test_no_acting_graph_off_a_gpu():

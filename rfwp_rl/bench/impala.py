@@ -17,7 +17,9 @@ For each core (``--cores``; the Atari presets ``agents/atari_<core>.toml`` on At
   (its envs' observations, as the learner receives them), again and again, in env steps per second;
 
 and ``ratio = env_sps / min(env_bound_sps, learner_bound_sps)``: the share of the smaller bound the loop
-reaches. Writes a table and ``--out`` (CSV, atomic).
+reaches; and ``main_bound_sps = env_sps / (1 - share_env_wait)``: the speed the main thread's own work per env
+step allows (what the loop would reach if env results were always ready when it asks for them), which says
+whether the gap to the bounds is the main thread's work or its waiting. Writes a table and ``--out`` (CSV, atomic).
 
 ``--topologies local,remote,group`` times instead one learner, one learner fed by remote actors, and a group
 of two learners, each as ``rfwp-rl`` processes on loopback (:mod:`rfwp_rl.bench.topology`).
@@ -57,6 +59,7 @@ COLUMNS = (
     "env_bound_sps",
     "learner_bound_sps",
     "ratio",
+    "main_bound_sps",
     "actor_device",
     "learner_thread",
     "acting_graph",
@@ -264,6 +267,12 @@ def _run_spec(core: str, args: argparse.Namespace):
     return RunSpec.from_args(ns, trainer_keys())
 
 
+def main_bound(env_sps: float, share_env_wait: float) -> float:
+    """Env steps/s if the main thread never waited for env results: its own work per env step, as measured."""
+    busy = 1.0 - share_env_wait
+    return env_sps / busy if busy > 0 else math.inf
+
+
 def format_table(rows: list[dict]) -> str:
     head = [
         "agent",
@@ -273,6 +282,7 @@ def format_table(rows: list[dict]) -> str:
         "env bound",
         "learner bound",
         "ratio",
+        "main bound",
         "env wait",
         "copy",
         "inference",
@@ -291,6 +301,7 @@ def format_table(rows: list[dict]) -> str:
                 f"{r['env_bound_sps']:,.0f}",
                 f"{r['learner_bound_sps']:,.0f}",
                 f"{r['ratio']:.2f}",
+                f"{r['main_bound_sps']:,.0f}",
                 *(
                     f"{100 * r[k]:.0f}%"
                     for k in ("share_env_wait", "share_copy", "share_inference", "share_learning", "share_other")
@@ -354,6 +365,7 @@ def run(args: argparse.Namespace) -> int:
                     "env_backend": cfg.env_backend,
                 }
                 row["ratio"] = row["env_sps"] / min(row["env_bound_sps"], row["learner_bound_sps"])
+                row["main_bound_sps"] = main_bound(row["env_sps"], row["share_env_wait"])
                 rows.append(row)
                 print(
                     f"  {core} on {device} (actors on {row['actor_device']}): {row['env_sps']:,.0f} env steps/s, "
