@@ -7,9 +7,9 @@ For each core (``--cores``; the Atari presets ``agents/atari_<core>.toml`` on At
   (:meth:`rfwp_rl.impala.train.ImpalaTrainer.iterate` and its bookkeeping, with the trainer's own choices
   of threads, actor device and learner thread, all printed), env steps trained per second over
   ``--seconds`` after ``--warmup-seconds``; with the shares of the main thread's wall time spent waiting
-  for env results, copying them to the actors' device, in inference, in learning (with a learner thread:
-  waiting to hand it a batch) and elsewhere, and the env worker processes' CPU time per wall second
-  (``env_cpu``, in cores);
+  for env results, copying them to the actors' device, in inference, handing the actions to the env workers,
+  in learning (with a learner thread: waiting to hand it a batch) and elsewhere, and the env worker processes'
+  CPU time per wall second (``env_cpu``, in cores);
 - **the env bound** (``env_bound_sps``): the same pool stepped with random actions and no agent, batches
   alternating as the actors step them (measured once, before the agents);
 - **the learner bound** (``learner_bound_sps``): the run's learner alone, full updates (loss, backward,
@@ -68,6 +68,7 @@ COLUMNS = (
     "share_env_wait",
     "share_copy",
     "share_inference",
+    "share_send",
     "share_learning",
     "share_other",
     "env_cpu",
@@ -247,6 +248,7 @@ def side_by_side(run, cfg, pool, seconds: float, warmup: float) -> dict[str, flo
         "share_env_wait": shares.get("env", 0.0),
         "share_copy": shares.get("copy", 0.0),
         "share_inference": shares.get("inference", 0.0),
+        "share_send": shares.get("send", 0.0),
         "share_learning": shares.get("learning", 0.0),
         "share_other": max(0.0, 1.0 - sum(shares.values())),
         "env_cpu": (cpu1 - cpu0) / wall if cpu0 is not None else float("nan"),
@@ -286,6 +288,7 @@ def format_table(rows: list[dict]) -> str:
         "env wait",
         "copy",
         "inference",
+        "send",
         "learning",
         "other",
         "env CPU",
@@ -304,7 +307,14 @@ def format_table(rows: list[dict]) -> str:
                 f"{r['main_bound_sps']:,.0f}",
                 *(
                     f"{100 * r[k]:.0f}%"
-                    for k in ("share_env_wait", "share_copy", "share_inference", "share_learning", "share_other")
+                    for k in (
+                        "share_env_wait",
+                        "share_copy",
+                        "share_inference",
+                        "share_send",
+                        "share_learning",
+                        "share_other",
+                    )
                 ),
                 f"{r['env_cpu']:.2f}",
             ]

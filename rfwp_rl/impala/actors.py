@@ -110,7 +110,8 @@ class Actors:
 
     Env faults (``max_env_failures``, ``env_timeout``, ``env_failures``): see
     :class:`rfwp_rl.impala.env_batches.EnvBatches`. ``timers`` collects the seconds spent waiting
-    for env results (``env``), copying them to the actors' device (``copy``) and in inference (``inference``).
+    for env results (``env``), copying them to the actors' device (``copy``), in inference (``inference``) and
+    handing the actions to the env workers (``send``).
     """
 
     def __init__(
@@ -168,7 +169,8 @@ class Actors:
         batch = self.batches[self.next_batch]
         self.next_batch = (self.next_batch + 1) % len(self.batches)
         if self.envs.futures[batch.index] is None:
-            self.envs.send(batch.index, self.env_action(batch.action))
+            with self.timers("send"):
+                self.envs.send(batch.index, self.env_action(batch.action))
         with self.timers("env"):
             env_out = self.envs.receive(batch.index)
         if env_out is None:  # stop requested while waiting
@@ -198,7 +200,8 @@ class Actors:
             action = out["action"][0]
             env_action = self.env_action(action)
         batch.action = action
-        self.envs.send(batch.index, env_action)  # workers step while we go on
+        with self.timers("send"):
+            self.envs.send(batch.index, env_action)  # workers step while we go on
         self.env_steps += batch.batch_size
 
         batch.steps.append(
