@@ -51,6 +51,16 @@ from rfwp_rl.runlog import RunLogger
 from rfwp_rl.texttable import format_columns
 
 OUT = "results/bench/impala.csv"
+# the main thread's wall-time shares: column -> the loop's timer (rfwp_rl.impala.actors.Actors, the trainer's loop)
+SHARE_TIMERS = {
+    "share_env_wait": "env",
+    "share_copy": "copy",
+    "share_inference": "inference",
+    "share_send": "send",
+    "share_learning": "learning",
+}
+SHARES = (*SHARE_TIMERS, "share_other")
+
 COLUMNS = (
     "agent",
     "device",
@@ -65,12 +75,7 @@ COLUMNS = (
     "acting_graph",
     "precision",
     "params",
-    "share_env_wait",
-    "share_copy",
-    "share_inference",
-    "share_send",
-    "share_learning",
-    "share_other",
+    *SHARES,
     "env_cpu",
     "updates",
     "env",
@@ -245,11 +250,7 @@ def side_by_side(run, cfg, pool, seconds: float, warmup: float) -> dict[str, flo
         "actor_device": str(trainer.actor_device),
         "learner_thread": trainer.learning.thread is not None,
         "acting_graph": trainer.actors.graph is not None,
-        "share_env_wait": shares.get("env", 0.0),
-        "share_copy": shares.get("copy", 0.0),
-        "share_inference": shares.get("inference", 0.0),
-        "share_send": shares.get("send", 0.0),
-        "share_learning": shares.get("learning", 0.0),
+        **{column: shares.get(timer, 0.0) for column, timer in SHARE_TIMERS.items()},
         "share_other": max(0.0, 1.0 - sum(shares.values())),
         "env_cpu": (cpu1 - cpu0) / wall if cpu0 is not None else float("nan"),
         "torch_threads": trainer.threads,
@@ -305,17 +306,7 @@ def format_table(rows: list[dict]) -> str:
                 f"{r['learner_bound_sps']:,.0f}",
                 f"{r['ratio']:.2f}",
                 f"{r['main_bound_sps']:,.0f}",
-                *(
-                    f"{100 * r[k]:.0f}%"
-                    for k in (
-                        "share_env_wait",
-                        "share_copy",
-                        "share_inference",
-                        "share_send",
-                        "share_learning",
-                        "share_other",
-                    )
-                ),
+                *(f"{100 * r[k]:.0f}%" for k in SHARES),
                 f"{r['env_cpu']:.2f}",
             ]
         )
