@@ -154,7 +154,8 @@ def test_bench_impala_writes_both_bounds_per_agent_and_device(tmp_path):
     assert float(rows[0]["main_bound_sps"]) == pytest.approx(float(rows[0]["env_sps"]) / (1 - waiting), rel=1e-3)
     assert float(rows[0]["main_bound_sps"]) >= float(rows[0]["env_sps"])
     shares = [float(rows[0][f"share_{k}"]) for k in ("env_wait", "copy", "inference", "send", "learning", "other")]
-    assert float(rows[0]["share_send"]) > 0 and sum(shares) == pytest.approx(1.0, abs=1e-6)
+    # the CSV keeps 6 significant digits of each share: their sum is 1 to within their rounding
+    assert float(rows[0]["share_send"]) > 0 and sum(shares) == pytest.approx(1.0, abs=1e-5)
 
 
 def test_no_acting_graph_off_a_gpu():
