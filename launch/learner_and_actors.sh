@@ -35,14 +35,7 @@ DEVICE=${DEVICE:-$(python -c "import torch; print('cuda' if torch.cuda.is_availa
 EXTRA=${EXTRA:-}                        # agent options for learner AND actors, e.g. "--set core_config.hidden_size=64"
 RUN_LOGS=${RUN_LOGS:-runs/logs/learner_and_actors_${GAME}_${CORE}_s${SEED}}
 mkdir -p "$RUN_LOGS"
-KEY_FILE=${KEY_FILE:-${RFWP_AUTH_KEY_FILE:-$HOME/.config/rfwp_rl/auth.key}}  # the key every peer proves
-if [[ ! -f "$KEY_FILE" ]]; then  # made here, so that no log ever shows it
-  (umask 077 && mkdir -p "$(dirname "$KEY_FILE")" && python -c "import secrets; print(secrets.token_hex(32))" > "$KEY_FILE")
-fi
-copy_key() {  # copy_key HOST: the same key file on HOST (mode 600), over ssh
-  # shellcheck disable=SC2029
-  ssh "$1" "umask 077 && mkdir -p '$(dirname "$KEY_FILE")' && cat > '$KEY_FILE'" < "$KEY_FILE"
-}
+source launch/auth_key.sh  # KEY_FILE (made if missing) and copy_key HOST
 
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }

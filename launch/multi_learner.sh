@@ -35,14 +35,7 @@ DEVICE=${DEVICE:-$(python -c "import torch; print('cuda' if torch.cuda.is_availa
 EXTRA=${EXTRA:-}                        # options for every learner, e.g. "--set core_config.hidden_size=64"
 RUN_LOGS=${RUN_LOGS:-runs/logs/multi_learner_${GROUP}}
 mkdir -p "$RUN_LOGS"
-KEY_FILE=${KEY_FILE:-${RFWP_AUTH_KEY_FILE:-$HOME/.config/rfwp_rl/auth.key}}  # the key every peer proves
-if [[ ! -f "$KEY_FILE" ]]; then  # made here, so that no log ever shows it
-  (umask 077 && mkdir -p "$(dirname "$KEY_FILE")" && python -c "import secrets; print(secrets.token_hex(32))" > "$KEY_FILE")
-fi
-copy_key() {  # copy_key HOST: the same key file on HOST (mode 600), over ssh
-  # shellcheck disable=SC2029
-  ssh "$1" "umask 077 && mkdir -p '$(dirname "$KEY_FILE")' && cat > '$KEY_FILE'" < "$KEY_FILE"
-}
+source launch/auth_key.sh  # KEY_FILE (made if missing) and copy_key HOST
 
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
@@ -58,7 +51,12 @@ fi
 rfwp-rl broker --address "$address" --auth-key-file "$KEY_FILE" > "$RUN_LOGS/broker.log" 2>&1 &
 broker=$!
 pids+=("$broker")
-sleep 2
+for _ in $(seq 1 600); do  # the learners join once the broker listens (it says so; at most 60 s)
+  grep -q "broker listening on" "$RUN_LOGS/broker.log" && break
+  kill -0 "$broker" 2>/dev/null || { echo "the broker stopped: $RUN_LOGS/broker.log" >&2; cat "$RUN_LOGS/broker.log" >&2; exit 1; }
+  sleep 0.1
+done
+grep -q "broker listening on" "$RUN_LOGS/broker.log" || { echo "the broker is not listening after 60 s: $RUN_LOGS/broker.log" >&2; exit 1; }
 
 learner_args="--env $GAME --core $CORE --total-steps $STEPS --num-actors $ACTORS --batch-size 32 --unroll-length 50"
 learner_args+=" --auth-key-file $KEY_FILE --device $DEVICE --broker $connect --group $GROUP --snapshot-steps 50000000,200000000 $EXTRA"
