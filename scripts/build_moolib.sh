@@ -171,6 +171,28 @@ USE_CUDA = $USE_CUDA
 EOF
 
   LOG="$BUILD/build.log"
+  # A CUDA torch's CMake config needs the CUDA toolkit (found from nvcc) and its NVRTC. Where nvcc is a wrapper
+  # outside the toolkit, use /usr/local/cuda; where the toolkit has no NVRTC, the one torch itself loads (its
+  # pip package), linked under the name CMake looks for.
+  if [ "$TORCH_CUDA" = 1 ]; then
+    NVCC="$(command -v nvcc || true)"
+    CUDA_ROOT="${CUDA_PATH:-}"
+    if [ -z "$CUDA_ROOT" ] && [ -n "$NVCC" ]; then CUDA_ROOT="$(cd "$(dirname "$NVCC")/.." && pwd)"; fi
+    if [ ! -f "$CUDA_ROOT/include/cuda_runtime.h" ] && [ -f /usr/local/cuda/include/cuda_runtime.h ]; then
+      CUDA_ROOT=/usr/local/cuda
+      export CUDA_PATH="$CUDA_ROOT"
+      say "CUDA toolkit: $CUDA_ROOT (nvcc $NVCC is outside it)"
+    fi
+    if ! ls "$CUDA_ROOT"/lib64/libnvrtc.so "$CUDA_ROOT"/lib/libnvrtc.so >/dev/null 2>&1; then
+      NVRTC="$("$PYEXE" -c 'import glob, os, torch
+root = os.path.join(os.path.dirname(os.path.dirname(torch.__file__)), "nvidia")
+print(min(glob.glob(os.path.join(root, "**", "libnvrtc.so.[0-9]*"), recursive=True), default=""))')"
+      [ -n "$NVRTC" ] || die "the CUDA toolkit at $CUDA_ROOT has no NVRTC, and torch's pip packages none either"
+      mkdir -p "$BUILD/nvrtc" && ln -sf "$NVRTC" "$BUILD/nvrtc/libnvrtc.so"
+      export CMAKE_LIBRARY_PATH="$BUILD/nvrtc${CMAKE_LIBRARY_PATH:+:$CMAKE_LIBRARY_PATH}"
+      say "NVRTC: $NVRTC (the toolkit at $CUDA_ROOT has none)"
+    fi
+  fi
   say "building moolib $MOOLIB_VERSION for $PYTAG, torch $TORCH_VERSION, USE_CUDA=$USE_CUDA with $JOBS jobs (several minutes; log: $LOG)"
   START=$(date +%s)
   # CMake runs `python -c "import torch"`: put this interpreter first on PATH.
