@@ -183,7 +183,7 @@ EOF
       export CUDA_PATH="$CUDA_ROOT"
       say "CUDA toolkit: $CUDA_ROOT (nvcc $NVCC is outside it)"
     fi
-    if ! ls "$CUDA_ROOT"/lib64/libnvrtc.so "$CUDA_ROOT"/lib/libnvrtc.so >/dev/null 2>&1; then
+    if [ ! -e "$CUDA_ROOT/lib64/libnvrtc.so" ] && [ ! -e "$CUDA_ROOT/lib/libnvrtc.so" ]; then
       NVRTC="$("$PYEXE" -c 'import glob, os, torch
 root = os.path.join(os.path.dirname(os.path.dirname(torch.__file__)), "nvidia")
 print(min(glob.glob(os.path.join(root, "**", "libnvrtc.so.[0-9]*"), recursive=True), default=""))')"
