@@ -1,9 +1,9 @@
 # Sourced by the launchers of several processes (learner_and_actors.sh, multi_learner.sh): KEY_FILE, the key
-# every peer proves (default: the one every rfwp-rl command reads, rfwp_rl.impala.wire.default_key_file),
+# every peer proves (default: the one every rfwp-rl command reads, asked of rfwp_rl.impala.wire.default_key_file),
 # made with `rfwp-rl keygen` if missing (mode 600, the key never printed), and copy_key HOST, which puts the
 # same file on HOST over ssh.
 
-KEY_FILE=${KEY_FILE:-${RFWP_AUTH_KEY_FILE:-${XDG_CONFIG_HOME:-$HOME/.config}/rfwp_rl/auth.key}}
+KEY_FILE=${KEY_FILE:-$(python3 -c "from rfwp_rl.impala.wire import default_key_file; print(default_key_file())")}
 if [[ ! -e "$KEY_FILE" ]]; then
   rfwp-rl keygen --auth-key-file "$KEY_FILE" >&2
 fi

@@ -51,12 +51,12 @@ fi
 rfwp-rl broker --address "$address" --auth-key-file "$KEY_FILE" > "$RUN_LOGS/broker.log" 2>&1 &
 broker=$!
 pids+=("$broker")
-for _ in $(seq 1 600); do  # the learners join once the broker listens (it says so; at most 60 s)
-  grep -q "broker listening on" "$RUN_LOGS/broker.log" && break
+waited=0  # tenths of a second: the learners join once the broker listens (it says so; at most 60 s)
+until grep -q "broker listening on" "$RUN_LOGS/broker.log"; do
   kill -0 "$broker" 2>/dev/null || { echo "the broker stopped: $RUN_LOGS/broker.log" >&2; cat "$RUN_LOGS/broker.log" >&2; exit 1; }
+  (( waited++ < 600 )) || { echo "the broker is not listening after 60 s: $RUN_LOGS/broker.log" >&2; exit 1; }
   sleep 0.1
 done
-grep -q "broker listening on" "$RUN_LOGS/broker.log" || { echo "the broker is not listening after 60 s: $RUN_LOGS/broker.log" >&2; exit 1; }
 
 learner_args="--env $GAME --core $CORE --total-steps $STEPS --num-actors $ACTORS --batch-size 32 --unroll-length 50"
 learner_args+=" --auth-key-file $KEY_FILE --device $DEVICE --broker $connect --group $GROUP --snapshot-steps 50000000,200000000 $EXTRA"
