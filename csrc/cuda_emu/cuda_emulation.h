@@ -9,7 +9,8 @@
 //     __syncthreads() waits until every thread still in the block has arrived (a thread that
 //     returns from the kernel drops out of the barrier, as an exited CUDA thread does). Built
 //     with ThreadSanitizer (or -DRFWP_EMU_THREADS) they are real std::threads meeting at a
-//     std::barrier instead, so that the sanitizer sees the accesses of concurrent threads;
+//     mutex-and-condition-variable barrier instead, so that the sanitizer sees the accesses of
+//     concurrent threads;
 //   - threadIdx, blockIdx, blockDim, gridDim are thread_local;
 //   - dynamic shared memory (RFWP_DYNAMIC_SHARED in common.cuh) is a per-block arena filled
 //     with 0xFF bytes (NaN for floating point) before every block, so reading shared memory
@@ -42,7 +43,7 @@
 
 #include <algorithm>
 #include <atomic>
-#include <barrier>
+#include <condition_variable>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -159,7 +160,36 @@ class Barrier {
   std::vector<Fiber*> waiters_;
 };
 #else
-using Barrier = std::barrier<>;
+// A block's threads are std::threads, and a barrier sleeps at once: std::barrier spins first, which with
+// a block's threads far outnumbering the cores costs more than the kernel's work.
+class Barrier {
+ public:
+  explicit Barrier(std::ptrdiff_t expected) : expected_(expected) {}
+  void arrive_and_wait() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    const unsigned long long phase = phase_;
+    if (++arrived_ == expected_) {
+      release();
+      return;
+    }
+    released_.wait(lock, [&] { return phase_ != phase; });
+  }
+  void arrive_and_drop() {   // an exited thread: the barrier no longer waits for it
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (--expected_ == arrived_ && arrived_ > 0) release();
+  }
+
+ private:
+  void release() {   // with mutex_ held
+    arrived_ = 0;
+    ++phase_;
+    released_.notify_all();
+  }
+  std::mutex mutex_;
+  std::condition_variable released_;
+  std::ptrdiff_t expected_, arrived_ = 0;
+  unsigned long long phase_ = 0;
+};
 #endif
 
 inline Barrier* block_barrier = nullptr;
