@@ -11,7 +11,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from rfwp_rl.runlog import RunLogger, format_duration, run_name
+from rfwp_rl.runlog import RunLogger, format_duration, read_all_scalars, run_name
 from rfwp_rl.safety import NonFiniteGuard, TrainingAborted
 
 
@@ -46,6 +46,76 @@ def test_the_scalars_of_one_call_come_back_each_under_its_tag(tmp_path):
     assert _steps(tmp_path, "episode/length") == [(3, 7.0)]
     (s3, nan), (s4, inf) = _steps(tmp_path, "loss/total")
     assert (s3, s4) == (3, 4) and math.isnan(nan) and inf == math.inf
+
+
+def _accumulated(run_dir):
+    """TensorBoard's own reading of every scalar (the reference :func:`read_all_scalars` must equal), NaN as a
+    string so that lists compare."""
+    acc = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {tag: _comparable({e.step: e.value for e in acc.Scalars(tag)}.items()) for tag in acc.Tags()["scalars"]}
+
+
+def _comparable(points):
+    return sorted((step, "nan" if math.isnan(value) else value) for step, value in points)
+
+
+def _read(run_dir):
+    return {tag: _comparable(points) for tag, points in read_all_scalars(run_dir).items()}
+
+
+def _session(run_dir, start, steps, offset):
+    log = RunLogger(run_dir, {"core": "rdn"}, total=100, start=start, stream=io.StringIO())
+    for step in steps:
+        scalars = {"loss": offset + step, "episode/return": float("nan") if step % 7 == 3 else -float(step)}
+        if step % 2:
+            scalars["odd"] = float(step)
+        log.log(step, scalars)
+    log.close()
+
+
+def test_read_all_scalars_equals_tensorboard_over_resumed_sessions(tmp_path):
+    # sessions: from 0; crashed past its checkpoint at 12 and resumed; resumed further back (from 4); resumed
+    # from its step-0 checkpoint (a purge from 1); a step logged twice in one session keeps the later value
+    _session(tmp_path, 0, range(0, 20), 0.0)
+    _session(tmp_path, 12, range(13, 30), 100.0)
+    _session(tmp_path, 4, [5, 6, 6, 9], 200.0)
+    reference = _accumulated(tmp_path)
+    assert _read(tmp_path) == reference
+    assert [s for s, _ in reference["loss"]] == [0, 1, 2, 3, 4, 5, 6, 9]
+    assert reference["loss"][-3:] == [(5, 205.0), (6, 206.0), (9, 209.0)]
+    _session(tmp_path, 0, [0, 3], 300.0)
+    assert _read(tmp_path) == _accumulated(tmp_path)
+    assert _read(tmp_path)["loss"] == [(0, 300.0), (3, 303.0)]  # step 0 logged again: the later value
+
+
+def test_read_all_scalars_stops_at_a_torn_tail_as_tensorboard_does(tmp_path):
+    _session(tmp_path, 0, range(0, 10), 0.0)
+    (path,) = (tmp_path / "tb").glob("events.out.tfevents.*")
+    data = path.read_bytes()
+    for cut in (3, 11, 40):  # inside the last record's CRC, inside it, into the one before
+        path.write_bytes(data[:-cut])
+        read = _read(tmp_path)
+        assert read == _accumulated(tmp_path) and read["loss"][0] == (0, 0.0) and len(read["loss"]) < 10
+    path.write_bytes(b"\xff" * 12 + b"not an event file")  # an absurd length: nothing read, no error
+    assert read_all_scalars(tmp_path) == {}
+
+
+def test_read_all_scalars_without_a_file_version_purges_out_of_order_steps_by_tag(tmp_path):
+    # files of other writers may lack the version event: TensorBoard then drops a tag's points from the step
+    # of a summary that goes back in time
+    from tensorboard.compat.proto.event_pb2 import Event
+    from tensorboard.compat.proto.summary_pb2 import Summary
+    from tensorboard.summary.writer.record_writer import RecordWriter
+
+    (tmp_path / "tb").mkdir()
+    with open(tmp_path / "tb" / "events.out.tfevents.1.host", "wb") as f:
+        writer = RecordWriter(f)
+        for step, tag, value in [(0, "a", 1.0), (1, "a", 2.0), (2, "b", 3.0), (3, "a", 4.0), (1, "a", 5.0)]:
+            event = Event(step=step, summary=Summary(value=[Summary.Value(tag=tag, simple_value=value)]))
+            writer.write(event.SerializeToString())
+        writer.flush()
+    assert _read(tmp_path) == _accumulated(tmp_path) == {"a": [(0, 1.0), (1, 5.0)], "b": [(2, 3.0)]}
 
 
 def test_config_and_hparams_written(tmp_path):
