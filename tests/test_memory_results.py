@@ -167,6 +167,21 @@ def test_one_runs_record_is_the_one_the_tables_keep(tmp_path):
         results.write_record(runs / "missing", runs, out / "records")
 
 
+def test_a_run_whose_record_holds_its_newest_checkpoint_is_taken_from_the_record(tmp_path):
+    runs, out = tmp_path / "runs", tmp_path / "out"
+    run_dir = fake_run(runs, "lstm", 1, [0.25, 0.5, 1.0])
+    (run_dir / "ckpt_000000003000.pt").write_bytes(b"")  # only its name is read
+    path = results.write_record(run_dir, runs, out / "records")
+    path.write_text(json.dumps({**json.loads(path.read_text()), "final_return": 0.75}))  # tells the sources apart
+    (run,) = results.collect(runs, records_root=out / "records")
+    assert (run.final_return, run.path) == (0.75, path)
+    (run_dir / "ckpt_000000004000.pt").write_bytes(b"")  # trained on past its record: its events are read
+    (run,) = results.collect(runs, records_root=out / "records")
+    assert (run.final_return, run.path) == (1.0, run_dir)
+    (run,) = results.collect(runs)  # no records: the events
+    assert run.path == run_dir
+
+
 def test_versus_best_follows_the_intervals():
     rows = [
         {"core": "a", "iqm": 0.9, "ci95_low": 0.8, "ci95_high": 1.0},

@@ -51,7 +51,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from rfwp_rl import stats
-from rfwp_rl.checkpoint import atomic_write_csv, atomic_write_figure, atomic_write_text
+from rfwp_rl.checkpoint import atomic_write_csv, atomic_write_figure, atomic_write_text, list_checkpoints
 from rfwp_rl.errors import UserError, check_choice
 from rfwp_rl.memory import comparison, suite
 from rfwp_rl.runlog import read_all_scalars
@@ -295,19 +295,32 @@ def _glob(root: Path, name: str) -> list[Path]:
 def collect(runs_root: Path, bench: Benchmark = MEMORY_SUITE, records_root: Path | None = None) -> list[Run]:
     """Every run on an env of ``bench`` under ``runs_root`` (any depth, through links to directories), and
     every record under ``records_root`` whose run directory is not under ``runs_root`` (or has fewer
-    steps), sorted by env, core order and seed."""
+    steps), sorted by env, core order and seed. A run directory whose record holds its newest checkpoint's
+    step is taken from the record: the same numbers, without reading its events again."""
     if not runs_root.is_dir():
         raise UserError(f"--runs {str(runs_root)!r} is not a directory")
-    runs = {
-        p.parent.relative_to(runs_root): r for p in _glob(runs_root, "config.json") if (r := read_run(p.parent, bench))
-    }
+    kept: dict[Path, Run] = {}
     if records_root is not None and records_root.is_dir():
         for p in _glob(records_root, "*.json"):
-            key = p.relative_to(records_root).with_suffix("")
-            kept = read_record(p, bench)
-            if kept is not None and (key not in runs or runs[key].steps < kept.steps):
-                runs[key] = kept
+            if (record := read_record(p, bench)) is not None:
+                kept[p.relative_to(records_root).with_suffix("")] = record
+    runs = {}
+    for p in _glob(runs_root, "config.json"):
+        key = p.parent.relative_to(runs_root)
+        if key in kept and kept[key].steps >= _newest_checkpoint_step(p.parent):
+            continue
+        if (r := read_run(p.parent, bench)) is not None:
+            runs[key] = r
+    for key, record in kept.items():
+        if key not in runs or runs[key].steps < record.steps:
+            runs[key] = record
     return sorted(runs.values(), key=lambda r: (bench.envs.index(r.env), core_rank(r.core), r.seed))
+
+
+def _newest_checkpoint_step(run_dir: Path) -> int:
+    """The step of the newest ``ckpt_<step>.pt`` in ``run_dir`` (a run without one: past any record)."""
+    newest = list_checkpoints(run_dir)
+    return int(newest[0].stem.removeprefix("ckpt_")) if newest else 2**63
 
 
 def with_benchmark(runs: list[Run], bench: Benchmark) -> list[Run]:
