@@ -71,15 +71,16 @@ def _file_version(text: str) -> float:
         return -1.0
 
 
-def read_all_scalars(run_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
-    """``{tag: [(step, value)]}`` of every scalar of a run's ``tb/`` events, by step (a resumed
-    run that logged a step twice keeps the later value). The same as TensorBoard's ``EventAccumulator``
-    (its default ``purge_orphaned_data``) at a fraction of its time: event files in name order; a session
-    start at step s (a writer opened with ``purge_step=s``) drops every point logged at s or later; in files
-    without a format version, a summary at a step below the latest drops its own tags' points from there on."""
+def scalar_events(run_dir: str | Path) -> dict[str, list[tuple[int, float, float]]]:
+    """``{tag: [(step, wall_time, value)]}`` of every scalar point of a run's ``tb/`` events, in the order
+    written (a step may hold several points: one per episode that ended in it). The same points as
+    TensorBoard's ``EventAccumulator`` (its default ``purge_orphaned_data``) at a fraction of its time: event
+    files in name order; a session start at step s (a writer opened with ``purge_step=s``) drops every point
+    logged at s or later; in files without a format version, a summary at a step below the latest drops its
+    own tags' points from there on."""
     from tensorboard.compat.proto.event_pb2 import SessionLog
 
-    series: dict[str, list[tuple[int, float]]] = {}
+    series: dict[str, list[tuple[int, float, float]]] = {}
     file_version, latest = -1.0, -1
 
     def drop_from(step: int, tags: Iterable[str]) -> None:
@@ -99,8 +100,17 @@ def read_all_scalars(run_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
                 latest = event.step
             for value in event.summary.value:
                 if value.HasField("simple_value"):
-                    series.setdefault(value.tag, []).append((event.step, value.simple_value))
-    return {tag: sorted(dict(points).items()) for tag, points in series.items()}
+                    series.setdefault(value.tag, []).append((event.step, event.wall_time, value.simple_value))
+    return series
+
+
+def read_all_scalars(run_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
+    """``{tag: [(step, value)]}`` of every scalar of a run's ``tb/`` events (:func:`scalar_events`), by step (a
+    resumed run that logged a step twice keeps the later value)."""
+    return {
+        tag: sorted({step: value for step, _, value in points}.items())
+        for tag, points in scalar_events(run_dir).items()
+    }
 
 
 def read_scalars(run_dir: str | Path, tag: str) -> list[tuple[int, float]]:

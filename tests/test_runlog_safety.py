@@ -11,7 +11,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from rfwp_rl.runlog import RunLogger, format_duration, read_all_scalars, run_name
+from rfwp_rl.runlog import RunLogger, format_duration, read_all_scalars, run_name, scalar_events
 from rfwp_rl.safety import NonFiniteGuard, TrainingAborted
 
 
@@ -82,6 +82,10 @@ def test_read_all_scalars_equals_tensorboard_over_resumed_sessions(tmp_path):
     _session(tmp_path, 4, [5, 6, 6, 9], 200.0)
     reference = _accumulated(tmp_path)
     assert _read(tmp_path) == reference
+    acc = EventAccumulator(str(tmp_path / "tb"), size_guidance={"scalars": 0})
+    acc.Reload()
+    every_point = {tag: [(e.step, e.wall_time, e.value) for e in acc.Scalars(tag)] for tag in ["loss", "odd"]}
+    assert {tag: scalar_events(tmp_path)[tag] for tag in every_point} == every_point  # both points of step 6
     assert [s for s, _ in reference["loss"]] == [0, 1, 2, 3, 4, 5, 6, 9]
     assert reference["loss"][-3:] == [(5, 205.0), (6, 206.0), (9, 209.0)]
     _session(tmp_path, 0, [0, 3], 300.0)

@@ -14,35 +14,27 @@ import argparse
 import bisect
 from pathlib import Path
 
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
 from rfwp_rl.checkpoint import atomic_write_csv
+from rfwp_rl.runlog import scalar_events
 
 MINUTES = "perf/train_minutes"
 
 
-def _accumulator(run_dir: Path) -> EventAccumulator:
-    ea = EventAccumulator(str(Path(run_dir) / "tb"), size_guidance={"scalars": 0})
-    ea.Reload()
-    return ea
-
-
-def episode_returns(run_dir: Path, ea: EventAccumulator | None = None) -> list[tuple[int, float]]:
+def episode_returns(run_dir: Path, events: dict | None = None) -> list[tuple[int, float]]:
     """``[(step, return)]`` of every episode, in the order they ended (several may share a step)."""
-    ea = ea or _accumulator(run_dir)
-    events = ea.Scalars("episode/return") if "episode/return" in ea.Tags().get("scalars", []) else []
-    return [(e.step, e.value) for e in sorted(events, key=lambda e: (e.step, e.wall_time))]
+    points = (events if events is not None else scalar_events(run_dir)).get("episode/return", [])
+    return [(step, value) for step, _, value in sorted(points, key=lambda p: (p[0], p[1]))]
 
 
 def curve(run_dir: Path, window: int = 100) -> list[tuple[int, float, float]]:
     """``(step, wall seconds, mean return of the last ``window`` episodes)`` at each progress report that
     has ``window`` episodes behind it."""
-    ea = _accumulator(run_dir)  # the event files read once, for both tags
-    episodes = episode_returns(run_dir, ea)
+    events = scalar_events(run_dir)  # the event files read once, for both tags
+    episodes = episode_returns(run_dir, events)
     ends = [s for s, _ in episodes]
-    minutes = ea.Scalars(MINUTES) if MINUTES in ea.Tags().get("scalars", []) else []
     rows = []
-    for step, value in sorted({e.step: e.value for e in minutes}.items()):  # a step logged twice: the later
+    minutes = {step: value for step, _, value in events.get(MINUTES, [])}  # a step logged twice: the later
+    for step, value in sorted(minutes.items()):
         n = bisect.bisect_right(ends, step)
         if n >= window:
             last = [r for _, r in episodes[n - window : n]]
