@@ -10,14 +10,21 @@
   on which tests ran before it (a tolerance that passes once passes on every machine and order).
 - ``ext``: the built fused-kernel extension, for the kernel and op tests.
 - ``emu``: the CUDA kernels run on the host (``csrc/cuda_emu``), for the emulated-CUDA tests.
+- The toolchain builds the selected kernel tests need (the emulation, nvcc, ThreadSanitizer, the CUDA
+  binding's syntax check) start in a background thread once the tests are collected, so that on a cold
+  cache they run beside the tests before them; a test that needs one waits for it on the build's lock
+  (or builds it, and reports its errors, if the thread failed).
 - Network peers started by the tests share an auth key in a temporary file (``RFWP_AUTH_KEY_FILE``).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import random
+import shutil
+import threading
 import zlib
 
 import numpy as np
@@ -45,6 +52,43 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "moolib" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    builds = _builds_ahead(session.items)
+    if builds:
+        threading.Thread(target=_build_ahead, args=(builds,), name="rfwp-build-ahead", daemon=True).start()
+
+
+def _builds_ahead(items: list[pytest.Item]) -> list:
+    """The cached builds the selected tests will ask for, in the order they do."""
+    from rfwp_rl.kernels import _build
+
+    names = {
+        getattr(item, "originalname", item.name)
+        for item in items
+        if item.path.name.startswith("test_kernels_cuda_emulated")
+    }
+    if not names:
+        return []
+    builds = []
+    if shutil.which("nvcc") and any(name.startswith("test_nvcc_") for name in names):
+        builds += [functools.partial(_build.nvcc_compile, cu, arch) for arch in (80, 90) for cu in _build.EMU_CU_FILES]
+    if "test_cuda_torch_binding_compiles" in names and (include := _build.cuda_runtime_include()) is not None:
+        builds.append(functools.partial(_build.cuda_binding_syntax_check, include))
+    if shutil.which("g++"):
+        uses_emu = any("emu" in item.fixturenames for item in items if item.path.name.startswith("test_kernels_cuda"))
+        builds += [_build.emulated_cuda_library] if uses_emu else []
+        builds += [_build.race_check_binary] if "test_no_data_race_between_threads_of_a_block" in names else []
+    return builds
+
+
+def _build_ahead(builds: list) -> None:
+    for build in builds:
+        try:
+            build()
+        except Exception:  # the test that needs it builds it again and reports what went wrong
+            pass
 
 
 @pytest.fixture(autouse=True)

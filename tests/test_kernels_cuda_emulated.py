@@ -88,14 +88,9 @@ def test_nvcc_resource_usage_within_launch_bounds_and_tabled(arch, tmp_path):
 
 @pytest.mark.slow
 def test_cuda_torch_binding_compiles():
-    nvcc = shutil.which("nvcc")
-    if nvcc is None:
-        pytest.skip("nvcc is not on PATH (no CUDA toolkit headers)")
-    include = Path(nvcc).resolve().parent.parent / "include"
-    if not (include / "cuda_runtime.h").exists():
-        include = Path("/usr/local/cuda/include")
-    if not (include / "cuda_runtime.h").exists():
-        pytest.skip("CUDA runtime headers not found next to nvcc")
+    include = _build.cuda_runtime_include()
+    if include is None:
+        pytest.skip("no CUDA runtime headers (nvcc is not on PATH, or its toolkit has none)")
     ok, output = _build.cuda_binding_syntax_check(include)
     assert ok, output[-3000:]
 

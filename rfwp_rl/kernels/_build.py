@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import threading
 import time
 from pathlib import Path
 from types import ModuleType
@@ -266,7 +267,9 @@ def emulated_cuda_library() -> Path:
 
 
 def _cached_command(kind: str, cmd: list[str], key_extra: str = "") -> tuple[bool, str, Path]:
-    """Run ``cmd`` once per (sources, command) hash; later calls reuse the recorded outcome.
+    """Run ``cmd`` once per (sources, command) hash; later calls reuse the recorded outcome. A second caller
+    of the same command (another process, or a thread: the test suite builds ahead in one) waits for the
+    first and takes its outcome.
 
     Returns (ok, output, directory). The command may write into ``{out}`` (replaced by the
     cache directory).
@@ -277,14 +280,24 @@ def _cached_command(kind: str, cmd: list[str], key_extra: str = "") -> tuple[boo
     if ok_marker.exists():
         return True, ok_marker.read_text(encoding="utf-8"), out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
-    cmd = [c.replace("{out}", str(out_dir)) for c in cmd]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    output = " ".join(cmd) + "\n" + proc.stdout + proc.stderr
-    if proc.returncode == 0:
-        ok_marker.write_text(output, encoding="utf-8")
-    else:
-        (out_dir / "build.log").write_text(output, encoding="utf-8")
+    with _file_lock(cache_root() / f".{kind}_{key}.lock"):
+        if ok_marker.exists():
+            return True, ok_marker.read_text(encoding="utf-8"), out_dir
+        cmd = [c.replace("{out}", str(out_dir)) for c in cmd]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        output = " ".join(cmd) + "\n" + proc.stdout + proc.stderr
+        if proc.returncode == 0:
+            ok_marker.write_text(output, encoding="utf-8")
+        else:
+            (out_dir / "build.log").write_text(output, encoding="utf-8")
     return proc.returncode == 0, output, out_dir
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """Replace ``path`` whole, so that a compiler reading it meanwhile sees the old file or the new one."""
+    tmp = path.with_name(f".tmp-{os.getpid()}-{threading.get_ident()}-{path.name}")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def _tool_version(tool: str) -> str:
@@ -332,6 +345,18 @@ def race_check_binary() -> Path:
     return out_dir / "race_check"
 
 
+def cuda_runtime_include() -> Path | None:
+    """The CUDA runtime headers' folder of the toolkit whose nvcc is on PATH (beside it, else
+    /usr/local/cuda/include, where nvcc is a wrapper outside the toolkit), or None."""
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        return None
+    for include in (Path(nvcc).resolve().parent.parent / "include", Path("/usr/local/cuda/include")):
+        if (include / "cuda_runtime.h").exists():
+            return include
+    return None
+
+
 def cuda_binding_syntax_check(cuda_include: Path) -> tuple[bool, str]:
     """Compile the torch side of the CUDA build (bindings.cpp with RFWP_WITH_CUDA and
     cuda/torch_cuda.cpp) syntax-only against torch's headers and the CUDA runtime headers."""
@@ -341,16 +366,14 @@ def cuda_binding_syntax_check(cuda_include: Path) -> tuple[bool, str]:
     # CPU wheels ship c10/cuda headers but not this generated one (it defines one macro)
     stub = cache_root() / "cuda_header_stub"
     (stub / "c10" / "cuda" / "impl").mkdir(parents=True, exist_ok=True)
-    (stub / "c10" / "cuda" / "impl" / "cuda_cmake_macros.h").write_text(
-        "#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n", encoding="utf-8"
+    _write_atomically(
+        stub / "c10" / "cuda" / "impl" / "cuda_cmake_macros.h", "#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n"
     )
     incs = [f"-I{p}" for p in cpp_extension.include_paths()] + [f"-I{cuda_include}", f"-I{CSRC}", f"-I{stub}"]
     py_inc = sysconfig.get_paths()["include"]
     # one translation unit, so torch's headers are parsed once
     unit = stub / "cuda_binding_check.cpp"
-    unit.write_text(
-        f'#include "{CSRC / "bindings.cpp"}"\n#include "{CSRC / "cuda" / "torch_cuda.cpp"}"\n', encoding="utf-8"
-    )
+    _write_atomically(unit, f'#include "{CSRC / "bindings.cpp"}"\n#include "{CSRC / "cuda" / "torch_cuda.cpp"}"\n')
     cmd = [
         cxx,
         "-std=c++20",
