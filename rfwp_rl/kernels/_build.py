@@ -22,13 +22,13 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-import threading
 import time
 from pathlib import Path
 from types import ModuleType
 
 import torch
 
+from rfwp_rl.checkpoint import atomic_write_text
 from rfwp_rl.kernels.cuda_limits import CU_FILES, nvcc_resource_command
 from rfwp_rl.resources import data_dir
 
@@ -293,13 +293,6 @@ def _cached_command(kind: str, cmd: list[str], key_extra: str = "") -> tuple[boo
     return proc.returncode == 0, output, out_dir
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    """Replace ``path`` whole, so that a compiler reading it meanwhile sees the old file or the new one."""
-    tmp = path.with_name(f".tmp-{os.getpid()}-{threading.get_ident()}-{path.name}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def _tool_version(tool: str) -> str:
     try:
         return subprocess.run([tool, "--version"], capture_output=True, text=True).stdout
@@ -366,14 +359,14 @@ def cuda_binding_syntax_check(cuda_include: Path) -> tuple[bool, str]:
     # CPU wheels ship c10/cuda headers but not this generated one (it defines one macro)
     stub = cache_root() / "cuda_header_stub"
     (stub / "c10" / "cuda" / "impl").mkdir(parents=True, exist_ok=True)
-    _write_atomically(
+    atomic_write_text(
         stub / "c10" / "cuda" / "impl" / "cuda_cmake_macros.h", "#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n"
     )
     incs = [f"-I{p}" for p in cpp_extension.include_paths()] + [f"-I{cuda_include}", f"-I{CSRC}", f"-I{stub}"]
     py_inc = sysconfig.get_paths()["include"]
     # one translation unit, so torch's headers are parsed once
     unit = stub / "cuda_binding_check.cpp"
-    _write_atomically(unit, f'#include "{CSRC / "bindings.cpp"}"\n#include "{CSRC / "cuda" / "torch_cuda.cpp"}"\n')
+    atomic_write_text(unit, f'#include "{CSRC / "bindings.cpp"}"\n#include "{CSRC / "cuda" / "torch_cuda.cpp"}"\n')
     cmd = [
         cxx,
         "-std=c++20",
