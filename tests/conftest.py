@@ -55,7 +55,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    builds = _builds_ahead(session.items)
+    builds = [] if session.config.option.collectonly else _builds_ahead(session.items)
     if builds:
         threading.Thread(target=_build_ahead, args=(builds,), name="rfwp-build-ahead", daemon=True).start()
 
