@@ -261,6 +261,12 @@ def list_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
     return [p for _, p in sorted(found, reverse=True)]
 
 
+def newest_checkpoint_step(run_dir: str | os.PathLike) -> int | None:
+    """The step in the name of the newest ``ckpt_<step>.pt`` of a run directory, or None if it has none."""
+    newest = list_checkpoints(run_dir)
+    return int(_CKPT_RE.match(newest[0].name).group(1)) if newest else None
+
+
 class NonFiniteState(TrainingAborted):
     """A state to be checkpointed holds NaN/inf values (it is not written)."""
 

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from rfwp_rl import cores as cores_mod
 from rfwp_rl import flags
-from rfwp_rl.checkpoint import atomic_write_csv, atomic_write_text, list_checkpoints
+from rfwp_rl.checkpoint import atomic_write_csv, atomic_write_text, newest_checkpoint_step
 from rfwp_rl.errors import UserError, check_choice
 from rfwp_rl.memory import suite
 from rfwp_rl.memory.results import RECORDS, Run, core_rank, read_record, read_run, record_text
@@ -67,8 +67,8 @@ class Job:
         """It has a record of the budget, or its newest checkpoint (named by its step) has reached it."""
         if self.kept() is not None:
             return True
-        files = list_checkpoints(self.run_dir)
-        return bool(files) and int(files[0].stem.split("_")[1]) >= self.steps
+        newest = newest_checkpoint_step(self.run_dir)
+        return newest is not None and newest >= self.steps
 
     def kept(self) -> Run | None:
         """Its record, if it has one of the budget."""

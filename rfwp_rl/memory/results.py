@@ -51,7 +51,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from rfwp_rl import stats
-from rfwp_rl.checkpoint import atomic_write_csv, atomic_write_figure, atomic_write_text, list_checkpoints
+from rfwp_rl.checkpoint import atomic_write_csv, atomic_write_figure, atomic_write_text, newest_checkpoint_step
 from rfwp_rl.errors import UserError, check_choice
 from rfwp_rl.memory import comparison, suite
 from rfwp_rl.runlog import read_all_scalars
@@ -307,7 +307,8 @@ def collect(runs_root: Path, bench: Benchmark = MEMORY_SUITE, records_root: Path
     runs = {}
     for p in _glob(runs_root, "config.json"):
         key = p.parent.relative_to(runs_root)
-        if key in kept and kept[key].steps >= _newest_checkpoint_step(p.parent):
+        newest = newest_checkpoint_step(p.parent)
+        if key in kept and newest is not None and kept[key].steps >= newest:
             continue
         if (r := read_run(p.parent, bench)) is not None:
             runs[key] = r
@@ -315,12 +316,6 @@ def collect(runs_root: Path, bench: Benchmark = MEMORY_SUITE, records_root: Path
         if key not in runs or runs[key].steps < record.steps:
             runs[key] = record
     return sorted(runs.values(), key=lambda r: (bench.envs.index(r.env), core_rank(r.core), r.seed))
-
-
-def _newest_checkpoint_step(run_dir: Path) -> int:
-    """The step of the newest ``ckpt_<step>.pt`` in ``run_dir`` (a run without one: past any record)."""
-    newest = list_checkpoints(run_dir)
-    return int(newest[0].stem.removeprefix("ckpt_")) if newest else 2**63
 
 
 def with_benchmark(runs: list[Run], bench: Benchmark) -> list[Run]:
