@@ -14,7 +14,8 @@
   binding's syntax check) start in a background thread once the tests are collected, so that on a cold
   cache they run beside the tests before them; a test that needs one waits for it on the build's lock
   (or builds it, and reports its errors, if the thread failed).
-- Network peers started by the tests share an auth key in a temporary file (``RFWP_AUTH_KEY_FILE``).
+- Network peers started by the tests share an auth key in a temporary file (``RFWP_AUTH_KEY_FILE``), removed
+  when the session ends.
 """
 
 from __future__ import annotations
@@ -36,9 +37,12 @@ HAS_MOOLIB = importlib.util.find_spec("moolib") is not None
 # Learners, actors and brokers started by the tests share one auth key, made by the first of them
 # in a per-session temporary file, never in the user's ~/.config.
 if "RFWP_AUTH_KEY" not in os.environ and "RFWP_AUTH_KEY_FILE" not in os.environ:
+    import atexit
     import tempfile
 
-    os.environ["RFWP_AUTH_KEY_FILE"] = os.path.join(tempfile.mkdtemp(prefix="rfwp-auth-"), "auth.key")
+    _auth_dir = tempfile.mkdtemp(prefix="rfwp-auth-")
+    atexit.register(shutil.rmtree, _auth_dir, ignore_errors=True)  # the key never outlives the session
+    os.environ["RFWP_AUTH_KEY_FILE"] = os.path.join(_auth_dir, "auth.key")
 
 
 def pytest_configure(config: pytest.Config) -> None:
