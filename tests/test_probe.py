@@ -4,15 +4,18 @@ index within the episode."""
 import csv
 import math
 
+import gymnasium
 import numpy as np
 import pytest
 import torch
 
 from rfwp_rl import cli
 from rfwp_rl.agent import Agent
+from rfwp_rl.distributions import make_distribution
 from rfwp_rl.impala import memory_span
 from rfwp_rl.impala.memory_span import MemorySpan, ridge_r2
 from rfwp_rl.impala.probe import StepStats
+from rfwp_rl.impala.saliency import Saliency
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -118,6 +121,15 @@ def test_probe_a_trained_run_counts_every_played_step(tmp_path, capsys):
     assert [r["lag"] for r in span] == ["0", "1", "2", "3"]
     assert list(span[0]) == ["lag", "pairs_fit", "pairs_scored", "r2_output", "r2_state", "r2_present"]
     assert float(span[0]["r2_present"]) > 0.99 and int(span[3]["pairs_fit"]) < int(span[0]["pairs_fit"])
+    # --saliency: one row per lag; an LSTM's decisions draw on the present and on the steps before it
+    assert cli.main(["probe", str(run), "--episodes", "4", "--saliency", "2", "--out", str(out)]) == 0
+    assert "what the decisions draw on" in capsys.readouterr().out
+    uses = list(csv.DictReader((tmp_path / "probe_saliency.csv").open()))
+    assert list(uses[0]) == ["lag", "steps", "policy_share", "value_share"] and len(uses) == 3
+    assert 0.0 < float(uses[0]["policy_share"]) < 1.0 and 0.0 < float(uses[1]["value_share"]) < 1.0
+    rows = list(csv.DictReader(out.open()))
+    assert list(rows[0])[-2:] == ["policy_past_share", "value_past_share"]
+    assert all(0.0 < float(r["policy_past_share"]) < 1.0 for r in rows[1:])
 
 
 def test_probe_refuses_bad_counts(tmp_path, capsys):
@@ -129,6 +141,8 @@ def test_probe_refuses_bad_counts(tmp_path, capsys):
     assert "--span -2 is invalid; allowed: an integer >= 0" in capsys.readouterr().err
     assert cli.main(["probe", str(tmp_path), "--span", "4", "--episodes", "1"]) == 2
     assert "--span needs --episodes 2 or more" in capsys.readouterr().err
+    assert cli.main(["probe", str(tmp_path), "--saliency", "-1"]) == 2
+    assert "--saliency -1 is invalid; allowed: an integer >= 0" in capsys.readouterr().err
 
 
 def _feed(span: MemorySpan, episodes: int, length: int, width: int = 6, seed: int = 0) -> None:
@@ -170,3 +184,64 @@ def test_ridge_r2_on_exact_independent_and_too_few_pairs():
     wide = rng.standard_normal((120, 200))  # more input numbers than pairs, none of them informative
     assert -0.2 < ridge_r2(wide[:60], noise[:60], wide[60:], noise[60:120]) < 0.1  # the penalty grows, no overfit
     assert math.isnan(ridge_r2(x[:200, :0], y[:200], x[200:, :0], y[200:]))  # a core without state
+
+
+class Lagged(torch.nn.Module):
+    """A hand-made agent: its policy's logits at step t are the features of step t - 1 (constant at an
+    episode's first step), its value the sum of the features of steps t and t - 2 (of t alone where there
+    is no t - 2), so the policy draws everything from one step back and the value half from the present, half
+    from two steps back (the gradient of a sum is a vector of ones for each step it reads)."""
+
+    def __init__(self):
+        super().__init__()
+        self.torso = torch.nn.Linear(3, 3)
+        self.action_dist = make_distribution(gymnasium.spaces.Discrete(3))
+
+    def forward(self, x, reward, done, state, prev_action=None, greedy=False):
+        T, B = reward.shape
+        f = self.torso(x.reshape(T * B, -1)).view(T, B, -1)
+        zeros = torch.zeros_like(f[:1])
+        logits = torch.cat([zeros, f[:-1]]) if T > 1 else zeros
+        value = f.sum(-1) + (torch.cat([zeros, zeros, f[:-2]]).sum(-1) if T > 2 else 0.0)
+        return {"policy_params": logits, "baseline": value, "action": logits.argmax(-1)}, state
+
+
+def _play_lagged(uses, episodes: int, length: int, seed: int = 0) -> None:
+    """Feed ``uses`` episodes of random observations of a Lagged agent on 2 envs, the actions drawn at random."""
+    rng = np.random.default_rng(seed)
+    for _ in range(episodes):
+        for t in range(length):
+            inputs = {
+                "x": torch.from_numpy(rng.standard_normal((1, 2, 3)).astype(np.float32)),
+                "reward": torch.zeros(1, 2),
+                "done": torch.full((1, 2), t == 0),
+                "prev_action": torch.zeros(1, 2, dtype=torch.long),
+            }
+            out = {"action": torch.from_numpy(rng.integers(0, 3, (1, 2)))}
+            uses([0, 1], [t, t], inputs, out, (torch.full((2, 1), float(t)),))
+
+
+def test_saliency_finds_the_lags_each_output_reads():
+    torch.manual_seed(0)
+    uses = Saliency(Lagged(), max_lag=3, bin_steps=2)
+    _play_lagged(uses, episodes=3, length=6)
+    rows = {r["lag"]: r for r in uses.table()}
+    # every step's window: 1 + min(t, 3) steps; the policy of step 0 reads no feature (left out)
+    assert [rows[k]["steps"] for k in range(4)] == [2 * 3 * 5, 2 * 3 * 5, 2 * 3 * 4, 2 * 3 * 3]
+    assert rows[0]["policy_share"] == pytest.approx(0.0) and rows[1]["policy_share"] == pytest.approx(1.0)
+    assert rows[2]["policy_share"] == pytest.approx(0.0) and rows[3]["policy_share"] == pytest.approx(0.0)
+    # the value: steps 0 and 1 read the present only; from step 2 on half the present and half lag 2
+    assert rows[0]["value_share"] == pytest.approx((2 * 1.0 + 4 * 0.5) / 6)
+    assert rows[2]["value_share"] == pytest.approx(0.5) and rows[1]["value_share"] == pytest.approx(0.0)
+    past = uses.past_share_by_bin()  # bins of 2 steps: (policy, value) drawn from lags above 0
+    assert past[0] == (pytest.approx(1.0), pytest.approx(0.0))  # step 0's policy is left out
+    assert past[1] == past[2] == (pytest.approx(1.0), pytest.approx(0.5))
+
+
+def test_saliency_scores_long_episodes_at_evenly_spaced_steps(monkeypatch):
+    from rfwp_rl.impala import saliency
+
+    monkeypatch.setattr(saliency, "MAX_TARGETS", 4)
+    uses = Saliency(Lagged(), max_lag=1, bin_steps=100)
+    _play_lagged(uses, episodes=2, length=10)
+    assert uses.table()[1]["steps"] == 2 * 2 * 3  # steps 0, 3, 6, 9 of each episode; step 0 has no lag 1

@@ -11,8 +11,11 @@ sensitive to its parameters late in an episode than early, or than another core'
 a fixed learning rate can throw off a solved task). With ``--span K``, also how far back the memory
 reaches: for lags 0..K, how much of what the agent saw that many steps back a linear read-out recovers
 from the core's output, from its state, and from the present observation alone
-(:mod:`rfwp_rl.impala.memory_span`). Writes the tables as CSV next to the run
-(``probe_<step>_<sample|greedy>.csv``, ``span_<step>_<sample|greedy>.csv``, atomically).
+(:mod:`rfwp_rl.impala.memory_span`). With ``--saliency K``, also what the decisions draw on: for lags 0..K,
+the share of the gradient of the log-probability of the action taken (and of the value) that falls on the
+features seen that many steps back, and by step of the episode the share drawn from memory
+(:mod:`rfwp_rl.impala.saliency`). Writes the tables as CSV next to the run (``probe_<step>_<sample|greedy>.csv``,
+``span_...``, ``saliency_...``, atomically).
 
 Examples::
 
@@ -20,6 +23,7 @@ Examples::
     rfwp-rl probe RUN --checkpoint best --episodes 40 --bin 20
     rfwp-rl probe RUN --shift 5e-4 --bin 40
     rfwp-rl probe RUN --span 30 --episodes 100
+    rfwp-rl probe RUN --saliency 20
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from rfwp_rl.errors import UserError
 from rfwp_rl.impala.evaluate import _check_envs, add_checkpoint_arguments, eval_env_options, load_agent, play, quotas
 from rfwp_rl.impala.memory_span import MemorySpan, state_width
 from rfwp_rl.impala.run_spec import parse_env_options
+from rfwp_rl.impala.saliency import Saliency
 from rfwp_rl.impala.trust_region import kl_terms
 from rfwp_rl.texttable import format_columns
 
@@ -127,11 +132,14 @@ def probe(
     shift: float = 0.0,
     env: str | None = None,
     span: int = 0,
+    saliency: int = 0,
 ) -> dict:
     """Play ``episodes`` full episodes of the checkpoint at ``path`` and return
     ``{"rows": StepStats.table(), "lengths": [...], "returns": [...], "truncated": int, "step": int,
     "checkpoint": str, "env": str, "core": str, "state_shapes": [...]}``, with ``span`` > 0 also
-    ``"span": MemorySpan.table()`` over lags 0..``span`` and ``"state_width"``. ``env``: see
+    ``"span": MemorySpan.table()`` over lags 0..``span`` and ``"state_width"``, with ``saliency`` > 0 also
+    ``"saliency": Saliency.table()`` over lags 0..``saliency`` and the columns ``policy_past_share`` and
+    ``value_past_share`` in the rows (NaN in a bin with no scored step). ``env``: see
     :func:`rfwp_rl.impala.evaluate.load_agent` (names an env module or file the checkpoint's env needs)."""
     if episodes < 1 or bin_steps < 1 or num_envs < 1:
         raise UserError(f"--episodes {episodes} / --bin {bin_steps} / --num-actors {num_envs}: each must be >= 1")
@@ -139,6 +147,8 @@ def probe(
         raise UserError(f"--shift {shift}: must be >= 0 (a parameter step size such as the learning rate; 0: off)")
     if span < 0:
         raise UserError(f"--span {span} is invalid; allowed: an integer >= 0 (the longest lag; 0: off)")
+    if saliency < 0:
+        raise UserError(f"--saliency {saliency} is invalid; allowed: an integer >= 0 (the longest lag; 0: off)")
     if span and episodes < 2:
         raise UserError(
             f"--span needs --episodes 2 or more (read-outs are fitted on half the episodes), not {episodes}"
@@ -150,11 +160,13 @@ def probe(
     torch.manual_seed(seed)
     stats = StepStats(agent, bin_steps, shift=shift, num_envs=n, seed=seed)
     spans = MemorySpan(span, seed) if span else None
+    uses = Saliency(agent, saliency, bin_steps) if saliency else None
 
     def observe(*seen: object) -> None:
         stats(*seen)
-        if spans is not None:
-            spans(*seen)
+        for observer in (spans, uses):
+            if observer is not None:
+                observer(*seen)
 
     env_list = []
     try:
@@ -168,9 +180,16 @@ def probe(
         for e in env_list:
             e.close()
     extra = {"span": spans.table(), "state_width": state_width(agent.initial_state(1))} if spans is not None else {}
+    rows = stats.table()
+    if uses is not None:
+        extra["saliency"] = uses.table()
+        past = uses.past_share_by_bin()
+        for row in rows:
+            policy, value = past.get(row["first_step"] // bin_steps, (float("nan"), float("nan")))
+            row.update(policy_past_share=policy, value_past_share=value)
     return {
         **extra,
-        "rows": stats.table(),
+        "rows": rows,
         "lengths": [e.length for e in played],
         "returns": [e.score for e in played],
         "truncated": sum(e.truncated for e in played),
@@ -212,6 +231,16 @@ def format_span(record: dict) -> str:
     )
 
 
+def format_saliency(record: dict) -> str:
+    return format_columns(
+        ["lag", "steps scored", "policy share", "value share"],
+        [
+            [str(r["lag"]), str(r["steps"]), f"{r['policy_share']:.3f}", f"{r['value_share']:.3f}"]
+            for r in record["saliency"]
+        ],
+    )
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = "examples:" + __doc__.split("Examples::", 1)[1]
@@ -236,6 +265,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also how far back the memory reaches: for lags 0..K, the R² of a linear read-out of the features "
         "seen that many steps back, from the core output, from the core state and from the present features "
         "alone (fitted on the even episodes, scored on the odd ones; default 0: off)",
+    )
+    parser.add_argument(
+        "--saliency",
+        type=int,
+        default=0,
+        metavar="K",
+        help="also what the decisions draw on: for lags 0..K, the share of the gradient of the log-probability of "
+        "the action taken (and of the value) that falls on the features seen that many steps back, and by step "
+        "the share drawn from memory (lags above 0) (default 0: off)",
     )
     flags.add_shared(parser, "num_actors", 8)
     flags.add_shared(parser, "seed", 12345, "env i is seeded with SEED + i")
@@ -275,6 +313,7 @@ def run(args: argparse.Namespace) -> int:
         shift=args.shift,
         env=args.env,
         span=args.span,
+        saliency=args.saliency,
     )
     lengths, returns = np.array(record["lengths"]), np.array(record["returns"])
     mode = "greedy" if args.greedy else "sample"
@@ -299,4 +338,14 @@ def run(args: argparse.Namespace) -> int:
         span_out = out.with_name(f"span_{record['step']:012d}_{mode}.csv" if not args.out else f"{out.stem}_span.csv")
         atomic_write_csv(span_out, record["span"])
         print(f"wrote {span_out}")
+    if "saliency" in record:
+        print(
+            "\nwhat the decisions draw on: the share of the gradient of log pi(action taken) and of the value that "
+            "falls on the features seen `lag` steps back (lag 0: the present; the rest comes through memory)"
+        )
+        print(format_saliency(record))
+        name = f"saliency_{record['step']:012d}_{mode}.csv" if not args.out else f"{out.stem}_saliency.csv"
+        saliency_out = out.with_name(name)
+        atomic_write_csv(saliency_out, record["saliency"])
+        print(f"wrote {saliency_out}")
     return 0
