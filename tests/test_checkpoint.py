@@ -1,4 +1,4 @@
-"""Checkpoints: atomic writes, keep-previous, broken and mismatched files (issue 8)."""
+"""Checkpoints: atomic writes, keep-previous, broken and mismatched files."""
 
 import csv
 import os

@@ -1,4 +1,4 @@
-"""Fault tolerance of the three trainers (issue 8), end to end through the real CLI.
+"""Fault tolerance of the three trainers, end to end through the real CLI.
 
 - SIGKILL at random moments (several times), then SIGTERM, then a run to the end: every
   restart resumes from the last complete checkpoint; the final step is the target, the
