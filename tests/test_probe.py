@@ -36,6 +36,22 @@ def test_step_stats_bin_by_step_within_the_episode():
     assert (rows[0]["state0_norm"], rows[1]["state0_norm"]) == (pytest.approx(2.5), pytest.approx(1.0))
 
 
+def test_step_stats_of_a_gaussian_policy_whose_entropy_reads_a_parameter():
+    agent = Agent((3,), gymnasium.spaces.Box(-1.0, 1.0, (2,)), "ff")
+    stats = StepStats(agent, bin_steps=10, shift=1e-3, num_envs=2)
+    inputs = {
+        "x": torch.randn(1, 2, 3),
+        "reward": torch.zeros(1, 2),
+        "done": torch.ones(1, 2, dtype=torch.bool),
+        "prev_action": torch.zeros(1, 2, 2),
+    }
+    with torch.inference_mode():
+        out, state = agent(inputs["x"], inputs["reward"], inputs["done"], agent.initial_state(2))
+    stats([0, 1], [0, 1], inputs, out, state)  # outside inference mode, as play calls it
+    entropy = float(agent.action_dist.entropy(out["policy_params"][0]).detach()[0])
+    assert stats.table()[0]["entropy"] == pytest.approx(entropy)
+
+
 def test_shift_kl_is_the_kl_to_a_twin_moved_by_the_step_size():
     torch.manual_seed(0)
     n = 4000

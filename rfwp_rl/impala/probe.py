@@ -88,11 +88,12 @@ class StepStats:
         return kl_terms(log_r).cpu()
 
     def __call__(self, envs: list[int], steps: list[int], inputs: dict, out: dict, state: tuple) -> None:
-        entropy = self.agent.action_dist.entropy(out["policy_params"][0]).float().cpu()  # [n]
-        value = out["baseline"][0].float().cpu()  # [n]
-        norms = [s.float().flatten(1).norm(dim=1).cpu() for s in state]  # each [n]
-        shift = [self._shift_kl(envs, inputs, out)] if self.twin is not None else []
-        columns = torch.stack([entropy, value, *shift, *norms], dim=1).numpy()  # [n, 2 (+1) + states]
+        with torch.no_grad():  # a Gaussian's entropy reads its log-std parameter
+            entropy = self.agent.action_dist.entropy(out["policy_params"][0]).float().cpu()  # [n]
+            value = out["baseline"][0].float().cpu()  # [n]
+            norms = [s.float().flatten(1).norm(dim=1).cpu() for s in state]  # each [n]
+            shift = [self._shift_kl(envs, inputs, out)] if self.twin is not None else []
+            columns = torch.stack([entropy, value, *shift, *norms], dim=1).numpy()  # [n, 2 (+1) + states]
         for j, t in enumerate(steps):
             b = t // self.bin
             self.count[b] = self.count.get(b, 0) + 1
