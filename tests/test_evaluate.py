@@ -408,3 +408,23 @@ def test_a_checkpoint_from_before_the_grid_embedding_loads_with_scaled_cells(tmp
     atomic_torch_save(obj, tmp_path / "old" / file.name)
     agent, _, _, _ = load_agent(tmp_path / "old", env="space_envs:SpaceDict-v0")
     assert agent.torso.images["image"].embed is None and agent.torso.images["image"].divisor == 255.0
+
+
+def test_video_of_an_env_that_cannot_render_is_a_one_line_error(tmp_path):
+    run = tmp_path / "recall"
+    make_checkpoint(run, "rfwp/DelayedRecall-easy-v0", core_config={"hidden_size": 8})
+    with pytest.raises(UserError, match=r"^--video: rfwp/DelayedRecall-easy-v0 cannot render frames"):
+        evaluate(run, episodes=1, repeats=1, num_envs=1, video=tmp_path / "x.gif", quiet=True)
+    assert not (tmp_path / "x.gif").exists()
+
+
+def test_a_render_that_gives_no_rgb_frame_is_a_one_line_error(tmp_path):
+    from rfwp_rl.impala.evaluate import GifRecorder
+
+    with pytest.raises(UserError, match=r"render\(\) gave NoneType, not an RGB frame"):
+        GifRecorder(tmp_path / "x.gif", lambda: None).capture()
+    with pytest.raises(UserError, match=r"render\(\) gave an array of shape \(4, 4\)"):
+        GifRecorder(tmp_path / "x.gif", lambda: np.zeros((4, 4), np.uint8)).capture()
+    rgba = GifRecorder(tmp_path / "x.gif", lambda: np.full((4, 5, 4), 200, np.uint8))
+    rgba.capture()
+    assert rgba.save() == tmp_path / "x.gif" and (tmp_path / "x.gif").is_file()

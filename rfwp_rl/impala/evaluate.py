@@ -136,7 +136,11 @@ class GifRecorder:
         if len(self.frames) >= self.max_frames:
             self.cut = True
             return
-        img = Image.fromarray(np.ascontiguousarray(self.grab()))
+        frame = self.grab()
+        if not (isinstance(frame, np.ndarray) and frame.ndim == 3 and frame.shape[-1] in (3, 4)):
+            got = f"an array of shape {frame.shape}" if isinstance(frame, np.ndarray) else type(frame).__name__
+            raise UserError(f"--video: the env's render() gave {got}, not an RGB frame [H, W, 3]")
+        img = Image.fromarray(np.ascontiguousarray(frame[..., :3]).astype(np.uint8, copy=False))
         self.frames.append(img.quantize(colors=256))  # palette image: 1 byte/pixel in memory
 
     def save(self) -> Path | None:
@@ -150,6 +154,9 @@ class GifRecorder:
         )
         atomic_write_bytes(self.path, buf.getvalue())
         return self.path
+
+
+VIDEO_OPTIONS = {"render_mode": "rgb_array"}  # what --video asks of an env that is not Atari
 
 
 def _frame_grabber(env) -> Callable[[], np.ndarray]:
@@ -503,15 +510,15 @@ def evaluate(
     env_list = []
     try:
         for i in range(n):
-            opts = dict(
-                options,
-                **(
-                    {"render_mode": "rgb_array"}
-                    if video is not None and i == 0 and kind != "atari" and "render_mode" not in options
-                    else {}
-                ),
-            )
-            env_list.append(envs_mod.make_env(env_id, seed=seed + i, **opts))
+            renders = video is not None and i == 0 and kind != "atari" and "render_mode" not in options
+            try:
+                env_list.append(
+                    envs_mod.make_env(env_id, seed=seed + i, **options, **(VIDEO_OPTIONS if renders else {}))
+                )
+            except UserError as e:
+                if renders and "render_mode" in str(e):
+                    raise UserError(f"--video: {env_id} cannot render frames (it takes no render_mode); {e}") from e
+                raise
         _check_envs(env_list[0], env_id, meta, file)
         recorder = GifRecorder(video, _frame_grabber(env_list[0])) if video is not None else None
         t0 = time.monotonic()
