@@ -261,3 +261,24 @@ def test_saliency_scores_long_episodes_at_evenly_spaced_steps(monkeypatch):
     uses = Saliency(Lagged(), max_lag=1, bin_steps=100)
     _play_lagged(uses, episodes=2, length=10)
     assert uses.table()[1]["steps"] == 2 * 2 * 3  # steps 0, 3, 6, 9 of each episode; step 0 has no lag 1
+
+
+def test_saliency_of_a_value_with_a_torso_of_its_own():
+    torch.manual_seed(0)
+    agent = Agent((3,), 3, "lstm", {"hidden_size": 8}, {"separate_baseline": True})
+    uses = Saliency(agent, max_lag=2, bin_steps=2)
+    state = agent.initial_state(2)
+    for t in range(5):
+        inputs = {
+            "x": torch.randn(1, 2, 3),
+            "reward": torch.zeros(1, 2),
+            "done": torch.full((1, 2), t == 0),
+            "prev_action": torch.zeros(1, 2, dtype=torch.long),
+        }
+        with torch.inference_mode():
+            out, state = agent(inputs["x"], inputs["reward"], inputs["done"], state, prev_action=inputs["prev_action"])
+        uses([0, 1], [t, t], inputs, out, state)
+    rows = uses.table()
+    assert [r["steps"] for r in rows] == [10, 8, 6]
+    for kind in ("policy_share", "value_share"):
+        assert 0.0 < rows[0][kind] < 1.0 and 0.0 < rows[2][kind] < 1.0  # an LSTM reads the present and the past

@@ -4,7 +4,8 @@ For every scored step t of an episode and each lag k = 0..K: the norm of the gra
 action the agent took) with respect to the torso's features of step t - k (the observation as the agent
 encodes it), as a share of the sum of those norms over the lags (gradient saliency, Simonyan, Vedaldi &
 Zisserman 2014, *Deep Inside Convolutional Networks*, Sec. 3, taken over time steps instead of pixels); the
-same for the value estimate V(t).
+same for the value estimate V(t) (through the baseline's own torso where the agent has one,
+``separate_baseline``).
 
 - Lag 0 is the present observation: a memoryless agent (``ff``) puts all of its decision there.
 - A share at lag k > 0 is what the decision takes, through the core's memory, from what was seen k steps back;
@@ -116,26 +117,28 @@ class Saliency:
         before = [episode[t - width].state if t - width >= 0 else episode[t].state for t in ts]
         state = tuple(torch.from_numpy(np.stack(parts)).to(d) for parts in zip(*before))
 
-        captured: list[torch.Tensor] = []
+        # the torsos' outputs become leaves of the graph; the value reads its own torso where it has one
+        torsos = [self.agent.torso, getattr(self.agent, "baseline_torso", None) or self.agent.torso]
+        captured: dict[torch.nn.Module, torch.Tensor] = {}
 
         def leaf(module: torch.nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
-            captured.append(output.detach().requires_grad_(True))
-            return captured[-1]
+            captured[module] = output.detach().requires_grad_(True)
+            return captured[module]
 
-        hook = self.agent.torso.register_forward_hook(leaf)
+        hooks = [torso.register_forward_hook(leaf) for torso in set(torsos)]
         try:
             with torch.enable_grad():
                 out, _ = self.agent(x, reward, done, state, prev_action=prev, greedy=True)
                 log_prob = self.agent.action_dist.log_prob(out["policy_params"][-1:], action)
-                features = captured[0]
                 grads = [
-                    torch.autograd.grad(y.sum(), features, retain_graph=True, allow_unused=True)[0]
+                    torch.autograd.grad(y.sum(), captured[torso], retain_graph=True, allow_unused=True)[0]
                     if y.requires_grad
                     else None  # an output no feature reaches
-                    for y in (log_prob, out["baseline"][-1])
+                    for y, torso in zip((log_prob, out["baseline"][-1]), torsos)
                 ]
         finally:
-            hook.remove()
+            for hook in hooks:
+                hook.remove()
         result = np.full((2, width, len(ts)), np.nan)
         for kind, grad in enumerate(grads):
             if grad is None:
