@@ -46,12 +46,25 @@ _CKPT_RE = re.compile(r"^ckpt_(\d+)\.pt$")
 BEST_FILE = "best.pt"  # not a ckpt_<step>.pt name: pruning never sees it
 
 
+def _new_file_mode() -> int:
+    """The mode ``open()`` gives a new file: 0o666 less the process umask (which can only be read by setting it,
+    so it is read once, at import)."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+NEW_FILE_MODE = _new_file_mode()
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically (temp file in the same dir, fsync, rename)."""
+    """Write ``data`` to ``path`` atomically (temp file in the same dir, fsync, rename), with the permissions
+    of a file made by ``open()`` (a temp file is made private to its owner)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".tmp-{path.name}-", dir=path.parent)
     try:
+        os.chmod(tmp, NEW_FILE_MODE)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

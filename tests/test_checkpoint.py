@@ -215,6 +215,16 @@ def test_csv_text_columns_formats_and_quoting():
     assert csv_text([]) == ""
 
 
+def test_atomic_writes_give_the_permissions_open_gives(tmp_path):
+    import stat
+
+    with open(tmp_path / "plain.txt", "w") as f:
+        f.write("x")
+    atomic_write_csv(tmp_path / "atomic.csv", [{"a": 1}])
+    plain = stat.S_IMODE((tmp_path / "plain.txt").stat().st_mode)  # 0o644 under the usual umask
+    assert stat.S_IMODE((tmp_path / "atomic.csv").stat().st_mode) == plain  # not the temp file's 0o600
+
+
 def test_atomic_write_csv_reads_back(tmp_path):
     path = tmp_path / "sub" / "table.csv"
     atomic_write_csv(path, [{"a": 1.5, "b": "x"}, {"a": 2.0, "b": "y"}], float_format=".2f")
