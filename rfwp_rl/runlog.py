@@ -196,7 +196,7 @@ class RunLogger:
             return
         self._last_print = now
         avg = (step - self._s0) / max(now - self._t0, 1e-9)
-        eta = (self.total - step) / avg if avg > 0 else float("inf")
+        eta = max(self.total - step, 0) / avg if avg > 0 else float("inf")  # the last batch may pass the target
         pct = 100.0 * step / max(self.total, 1)
         parts = [
             f"{step:,}/{self.total:,} {self.unit} ({pct:.1f}%)",

@@ -144,6 +144,11 @@ def test_progress_line_has_counts_rate_and_eta(tmp_path):
     log.close()
     line = out.getvalue().strip()
     assert line.startswith("250/1,000 env steps (25.0%)") and "ETA" in line and "loss 0.5" in line
+    past = io.StringIO()  # the last batch may pass the target: nothing is left, not an unknown time
+    log = RunLogger(tmp_path / "past", {}, total=1000, unit="env steps", stream=past)
+    log.progress(1200, force=True)
+    log.close()
+    assert "(120.0%)" in past.getvalue() and "ETA 0m00s" in past.getvalue()
 
 
 def test_run_name_and_duration():
