@@ -19,6 +19,7 @@ CORE=${CORE:-rdn}
 RUNS=${RUNS:-runs/env_compat}
 THREADS=${THREADS:-1}
 OUT=${OUT:-results/envs}
+export IDS_GIVEN=${IDS:+1}  # the table's header says so when IDS picks the envs
 IDS=${IDS:-"CartPole-v1 Acrobot-v1 Pendulum-v1 MountainCarContinuous-v0 LunarLander-v3 FrozenLake-v1 Blackjack-v1
 popgym:popgym-RepeatPreviousEasy-v0 popgym:popgym-PositionOnlyPendulumEasy-v0 popgym:popgym-BattleshipEasy-v0
 popgym:popgym-MineSweeperEasy-v0 minigrid:MiniGrid-MemoryS7-v0 minigrid:MiniGrid-Empty-5x5-v0"}
@@ -90,14 +91,18 @@ for env_id in ids:
     if code != "0":
         log = runs / f"{name}.log"
         lines = [l for l in log.read_text().splitlines() if l.strip()] if log.is_file() else []
-        row["note"] = lines[-1][:200] if lines else code
+        errors = [l for l in lines if l.startswith("error:")]  # the cause, not the closing lines
+        row["note"] = (errors[-1] if errors else lines[-1] if lines else code)[:200]
     sps = read_scalars(runs / name, "perf/env_sps")
     ret = read_scalars(runs / name, "episode/return_mean100")
     if sps:
         row["env_sps"] = round(float(np.mean([v for _, v in sps[len(sps) // 2:]])))
     if ret:
         row["steps"], row["return_last100"] = ret[-1][0], round(ret[-1][1], 3)
-    row["random_return"] = round(random_return(env_id), 3)
+    try:
+        row["random_return"] = round(random_return(env_id), 3)
+    except Exception as e:  # an env that cannot reset here, e.g. for an optional dependency it lacks
+        row["note"] = row["note"] or f"{type(e).__name__}: {e}"[:200]
     rows.append(row)
 
 buf = io.StringIO()
@@ -110,7 +115,9 @@ head = "| env | observation | action | trains | env SPS | steps | return (last 1
 table = head + "".join(f"| {r['env']} | {r['observation']} | {r['action']} | {r['trains']} | {r['env_sps']} | "
                        f"{r['steps']} | {r['return_last100']} | {r['random_return']} | {r['note']} |\n" for r in rows)
 atomic_write_text(out / "README.md", "# Environment compatibility\n\n"
-                  f"Written by `STEPS={steps} bash launch/env_compat.sh`: every env trained with the defaults of "
+                  f"Written by `STEPS={steps} bash launch/env_compat.sh`"
+                  f"{' with `IDS` set to the envs below' if os.environ.get('IDS_GIVEN') else ''}: every env trained "
+                  "with the defaults of "
                   "`rfwp-rl train` (core rdn) for a fixed budget, one run at a time with one env process and one "
                   "torch thread; `return (last 100)` is the mean return of the last 100 training episodes (sampled "
                   "actions), `random` that of a uniformly random policy; `env SPS` is the mean env steps per second "
