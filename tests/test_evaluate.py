@@ -410,6 +410,7 @@ def test_a_checkpoint_from_before_the_grid_embedding_loads_with_scaled_cells(tmp
     assert agent.torso.images["image"].embed is None and agent.torso.images["image"].divisor == 255.0
 
 
+@pytest.mark.filterwarnings("ignore:.*render_mode:UserWarning")  # gymnasium's, before the env refuses it
 def test_video_of_an_env_that_cannot_render_is_a_one_line_error(tmp_path):
     run = tmp_path / "recall"
     make_checkpoint(run, "rfwp/DelayedRecall-easy-v0", core_config={"hidden_size": 8})
