@@ -163,7 +163,7 @@ def _frame_grabber(env) -> Callable[[], np.ndarray]:
     base = env.unwrapped
     if hasattr(base, "ale"):  # Atari: the emulator's RGB screen, independent of obs_type
         return base.ale.getScreenRGB
-    if getattr(env, "render_mode", None) == "rgb_array":
+    if getattr(env, "render_mode", None) == VIDEO_OPTIONS["render_mode"]:
         return env.render
     raise UserError(
         "--video needs an Atari env or one made with render_mode='rgb_array' (add --env-option render_mode=rgb_array)"
