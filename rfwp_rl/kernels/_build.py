@@ -286,10 +286,8 @@ def _cached_command(kind: str, cmd: list[str], key_extra: str = "") -> tuple[boo
         cmd = [c.replace("{out}", str(out_dir)) for c in cmd]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         output = " ".join(cmd) + "\n" + proc.stdout + proc.stderr
-        if proc.returncode == 0:
-            ok_marker.write_text(output, encoding="utf-8")
-        else:
-            (out_dir / "build.log").write_text(output, encoding="utf-8")
+        # whole files: the marker's existence is read outside the lock
+        atomic_write_text(ok_marker if proc.returncode == 0 else out_dir / "build.log", output)
     return proc.returncode == 0, output, out_dir
 
 
