@@ -92,7 +92,7 @@ def test_training_writes_best_and_eval_picks_it(tmp_path, capsys):
     capsys.readouterr()
     common = ["--episodes", "2", "--repeats", "1", "--no-tensorboard"]
     for which in ("best", "latest"):
-        assert cli.main(["eval", str(run), "--checkpoint", which, "--out-dir", str(tmp_path / which), *common]) == 0
+        assert cli.main(["eval", str(run), "--checkpoint", which, "--out", str(tmp_path / which), *common]) == 0
     (best_eval,), (latest_eval,) = (list((tmp_path / w).glob("eval_*_greedy.json")) for w in ("best", "latest"))
     record = json.loads(best_eval.read_text())
     assert (record["checkpoint"], record["steps"]) == (str(run / BEST_FILE), best["step"])

@@ -109,6 +109,16 @@ def test_shared_settings_have_one_name_in_every_command_and_no_aliases():
     assert {"train", "actor", "eval", "probe", "bench impala"} <= seen["num_actors"]
 
 
+def test_where_the_output_goes_is_out_in_every_command():
+    """A file (a CSV), a prefix or a folder, as the command writes one or several: always --out."""
+    for command, parser in _parsers().items():
+        for action in parser._actions:
+            for option in action.option_strings:
+                stem = option.lstrip("-").replace("_", "-")
+                if stem.startswith(("out", "output")) and option != "--out":
+                    raise AssertionError(f"{command}: {option} names where the output goes; the vocabulary has --out")
+
+
 @pytest.mark.parametrize("command", sorted(TRAINERS))
 def test_durations_are_seconds_and_budgets_name_their_unit(command):
     actions = _actions(_parser(COMMANDS[command][0]))

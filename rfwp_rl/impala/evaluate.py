@@ -686,7 +686,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--label", default=None, help="model name in the result files (default: the core name), e.g. rdn_large"
     )
-    g.add_argument("--out-dir", default=None, help="where to write eval_*.json/.csv (default: the run directory)")
+    g.add_argument("--out", default=None, help="the folder for eval_*.json/.csv (default: the run directory)")
     g.add_argument(
         "--video",
         default=None,
@@ -721,7 +721,7 @@ def run(args: argparse.Namespace) -> int:
         "rfwp-rl eval " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if sys.argv[1:2] == ["eval"] else ""
     )
     run_dir = Path(record["checkpoint"]).parent
-    out_dir = Path(args.out_dir) if args.out_dir else run_dir
+    out_dir = Path(args.out) if args.out else run_dir
     stem = eval_file_stem(record["steps"], record["mode"], record["noneg"], args.label or "")
     json_path, csv_path = write_eval(record, out_dir, stem)
     if not args.no_tensorboard:
