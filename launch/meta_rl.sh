@@ -29,7 +29,7 @@ mkdir -p runs/meta_rl/logs
 pids=()
 for AGENT in $AGENTS; do
   cmd=(nice -n "$NICE" python -m rfwp_rl meta-rl --preset "agents/meta_rl_${AGENT}.toml"
-       --total-steps "$STEPS" --seed "$SEED" --torch-threads "$THREADS" --eval-policy both "$@")
+       --total-steps "$STEPS" --seed "$SEED" --torch-threads "$THREADS" --eval-actions both "$@")
   log="runs/meta_rl/logs/${AGENT}_s${SEED}.log"
   echo "$(date '+%F %T') ${cmd[*]} >> $log"
   if [ "$PARALLEL" = 1 ]; then

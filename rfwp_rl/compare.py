@@ -34,6 +34,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
+from rfwp_rl import flags
 from rfwp_rl.checkpoint import atomic_write_figure, atomic_write_text, csv_text
 from rfwp_rl.errors import UserError, choices_hint
 from rfwp_rl.scores import (
@@ -471,12 +472,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     sel.add_argument("--models", nargs="+", default=[], help="columns to show (default: every model found)")
     sel.add_argument("--games", nargs="+", default=[], help="games to show (default: all)")
-    sel.add_argument(
-        "--mode",
-        choices=("greedy", "sample", "any"),
-        default="greedy",
-        help="which evals of runs to use (default: greedy, the paper's test protocol)",
-    )
+    # which evals of runs to use, by how their actions were chosen (greedy: the paper's test protocol)
+    flags.add_actions_argument(sel, "greedy", also={"any": "either"})
     sel.add_argument(
         "--metric",
         choices=METRICS,
@@ -529,7 +526,7 @@ def run(args: argparse.Namespace) -> int:
         similar=args.similar,
         paper_dir=args.paper_dir,
         steps_tolerance=args.steps_tolerance,
-        mode=args.mode,
+        mode=args.actions,
         metric=args.metric,
         run_steps=args.run_steps,
     )

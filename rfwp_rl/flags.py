@@ -210,6 +210,25 @@ def add_shared(
     return group.add_argument(flag_name(name), dest=name, default=default, help=text, **kwargs)
 
 
+# How a trained agent chooses its actions when it is played (eval, probe, the meta-RL tests) or whose plays
+# a command reads (compare): the policy's argmax, or drawn from the policy as the actors draw them.
+ACTIONS = ("greedy", "sample")
+ACTIONS_HELP = (
+    "how the agent's actions are chosen: greedy (the policy's argmax) or sample (drawn from it, as in training)"
+)
+
+
+def add_actions_argument(
+    group: argparse.ArgumentParser | argparse._ArgumentGroup, default: str, also: dict[str, str] | None = None
+) -> None:
+    """``--actions`` (dest ``actions``): one of :data:`ACTIONS`, or of ``also`` (choice: what it means)."""
+    also = also or {}
+    extra = "".join(f", or {name} ({meaning})" for name, meaning in also.items())
+    group.add_argument(
+        "--actions", choices=(*ACTIONS, *also), default=default, help=f"{ACTIONS_HELP}{extra} (default %(default)s)"
+    )
+
+
 # ---- the flags of every trainer that are not settings of its config
 
 

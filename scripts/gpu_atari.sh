@@ -156,9 +156,9 @@ if [ -n "${trained:-}" ] && [ -n "$newest" ]; then  # the device hands back 8 fi
 fi
 if [ -n "$newest" ] && [ "$EVAL_SECONDS" -gt 0 ]; then  # the saved agent on the device it was trained on
   echo "== eval of $(basename "$newest"), greedy and sampled ($(elapsed) s)" | tee -a "$OUT/pong.log"
-  for mode in "" --sample; do
+  for actions in greedy sample; do
     timeout -k 10 $(( EVAL_SECONDS / 2 )) "$PY" -m rfwp_rl eval "$newest" --env Pong --core "$PONG_CORE" --device "$TRAIN_DEVICE" \
-      --episodes 30 --repeats 1 --num-actors 30 $mode --out /tmp/rfwp_pong_eval --no-tensorboard 2>&1 | tee -a "$OUT/pong.log"
+      --episodes 30 --repeats 1 --num-actors 30 --actions "$actions" --out /tmp/rfwp_pong_eval --no-tensorboard 2>&1 | tee -a "$OUT/pong.log"
   done
 fi
 echo "== done ($(elapsed) s)"

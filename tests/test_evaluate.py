@@ -174,8 +174,11 @@ def test_cartpole_cli_5_by_30_outputs_and_tensorboard(tmp_path, capsys):
     acc.Reload()
     (ev,) = acc.Scalars("eval/greedy/mean")
     assert ev.step == 4321 and ev.value == pytest.approx(rec["mean"], rel=1e-6)
-    # --sample and --episodes/--repeats overrides write separate files
-    assert cli.main(["eval", str(run), "--sample", "--episodes", "3", "--repeats", "2", "--no-tensorboard"]) == 0
+    # --actions sample and --episodes/--repeats overrides write separate files
+    assert (
+        cli.main(["eval", str(run), "--actions", "sample", "--episodes", "3", "--repeats", "2", "--no-tensorboard"])
+        == 0
+    )
     rec = json.loads((run / "eval_000000004321_sample.json").read_text())
     assert np.array(rec["scores"]).shape == (2, 3) and rec["mode"] == "sample"
 

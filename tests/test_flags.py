@@ -119,6 +119,21 @@ def test_where_the_output_goes_is_out_in_every_command():
                     raise AssertionError(f"{command}: {option} names where the output goes; the vocabulary has --out")
 
 
+def test_how_actions_are_chosen_is_actions_in_every_command():
+    """Playing a saved agent (eval, probe), reading such plays (compare), the meta-RL trainer's tests."""
+    named = {}
+    for command, parser in _parsers().items():
+        for action in parser._actions:
+            assert not {"--greedy", "--sample", "--mode", "--eval-policy"} & set(action.option_strings), command
+            if action.dest in ("actions", "eval_actions"):
+                named[command] = action
+    assert set(named) == {"eval", "probe", "compare", "meta-rl"}, sorted(named)
+    for command, action in named.items():
+        assert set(flags.ACTIONS) <= set(action.choices), command
+    assert (named["eval"].default, named["probe"].default, named["compare"].default) == ("greedy", "sample", "greedy")
+    assert named["meta-rl"].option_strings == ["--eval-actions"] and named["meta-rl"].default == "sample"
+
+
 @pytest.mark.parametrize("command", sorted(TRAINERS))
 def test_durations_are_seconds_and_budgets_name_their_unit(command):
     actions = _actions(_parser(COMMANDS[command][0]))

@@ -268,7 +268,7 @@ def _run_args(run_dir, episodes):
         str(episodes * STEPS),
         "--eval-every",
         str(2 * STEPS),
-        "--eval-policy",
+        "--eval-actions",
         "both",
         "--seed",
         "3",

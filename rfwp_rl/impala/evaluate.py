@@ -4,7 +4,7 @@ Protocol (RFWP paper Sec. 4.4 and the captions of Tables 9-10): the agent plays 
 episodes, repeated 5 times; the score is the mean of the 5 per-repeat means +- their
 standard deviation (population std, numpy's default; the paper does not say which).
 Episodes are FULL games (a lost life does not end an episode; ``episodic_life`` is forced
-off), actions are the argmax of the policy ("argmax in test", DESIGN.md; ``--sample``
+off), actions are the argmax of the policy ("argmax in test", DESIGN.md; ``--actions sample``
 samples instead). ``--noneg`` is the variant the paper's code used for Battlezone and
 Up'n Down: episodes with a negative final score are dropped and play goes on until every
 repeat has 30 non-negative episodes.
@@ -644,7 +644,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("protocol (RFWP paper Sec. 4.4)")
     g.add_argument("--episodes", type=int, default=DEFAULT_EPISODES, help="episodes per repeat (default %(default)s)")
     g.add_argument("--repeats", type=int, default=DEFAULT_REPEATS, help="repeats (default %(default)s)")
-    g.add_argument("--sample", action="store_true", help="sample actions from the policy instead of argmax")
+    flags.add_actions_argument(g, "greedy")  # the paper's test protocol
     g.add_argument(
         "--noneg",
         action="store_true",
@@ -702,7 +702,7 @@ def run(args: argparse.Namespace) -> int:
         which=args.checkpoint,
         episodes=args.episodes,
         repeats=args.repeats,
-        greedy=not args.sample,
+        greedy=args.actions == "greedy",
         noneg=args.noneg,
         num_envs=args.num_actors,
         seed=args.seed,

@@ -1,7 +1,7 @@
 """``rfwp-rl probe``: what a trained agent's memory does over an episode.
 
 Plays full episodes with a saved IMPALA agent (sampled actions, as in training, unless
-``--greedy``) and reports, against the step index within the episode (in bins of ``--bin``
+``--actions greedy``) and reports, against the step index within the episode (in bins of ``--bin``
 steps): the policy's entropy, the value estimate and the norm of each core-state tensor per
 env (for a fast-weight core its fast weight matrices, for an LSTM h and c). A memory that
 grows through an episode, a value that drifts with time, a policy that loses its certainty
@@ -248,7 +248,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_checkpoint_arguments(parser)
     parser.add_argument("--episodes", type=int, default=20, help="full episodes to play (default %(default)s)")
     parser.add_argument("--bin", type=int, default=10, help="env steps per row of the table (default %(default)s)")
-    parser.add_argument("--greedy", action="store_true", help="take the policy's mode instead of sampling")
+    flags.add_actions_argument(parser, "sample")  # what the memory does while the agent acts as it learned to
     parser.add_argument(
         "--shift",
         type=float,
@@ -305,7 +305,7 @@ def run(args: argparse.Namespace) -> int:
         args.run,
         episodes=args.episodes,
         bin_steps=args.bin,
-        greedy=args.greedy,
+        greedy=args.actions == "greedy",
         num_envs=args.num_actors,
         seed=args.seed,
         which=args.checkpoint,
@@ -317,7 +317,7 @@ def run(args: argparse.Namespace) -> int:
         saliency=args.saliency,
     )
     lengths, returns = np.array(record["lengths"]), np.array(record["returns"])
-    mode = "greedy" if args.greedy else "sample"
+    mode = args.actions
     print(
         f"probe {record['checkpoint']} (step {record['step']:,}, core {record['core']}) on {record['env']}, "
         f"{len(lengths)} episodes ({mode}): return {returns.mean():.3f} ± {returns.std():.3f}, length median "

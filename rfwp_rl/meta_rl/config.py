@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from rfwp_rl.flags import ENV_STEPS, SECONDS, setting
+from rfwp_rl.flags import ACTIONS, ENV_STEPS, SECONDS, setting
 from rfwp_rl.meta_rl import graph_env
 
-EVAL_POLICIES = ("sample", "greedy", "both")
+EVAL_ACTIONS = (*ACTIONS, "both")
 TIME_LIMITS = ("terminate", "truncate")
 # The paper's optimizer step: one episode of every training graph's agent.
 PAPER_STEPS_PER_UPDATE = graph_env.NUM_TRAIN_GRAPHS * graph_env.EPISODE_STEPS
@@ -67,8 +67,11 @@ class MetaRLConfig:
         "one episode on every test graph at the first optimizer step past each multiple, at the start and at the end",
         unit=ENV_STEPS,
     )
-    eval_policy: str = setting(
-        "sample", "test actions: sampled from the policy (the paper), greedy argmax, or both", choices=EVAL_POLICIES
+    eval_actions: str = setting(
+        "sample",
+        "how the test episodes' actions are chosen: greedy (the policy's argmax), sample (drawn from it: the paper), "
+        "or both (each test twice)",
+        choices=EVAL_ACTIONS,
     )
     log_every: float = setting(10.0, "TensorBoard gets every optimizer step's scalars", unit=SECONDS)
     checkpoint_every: float = setting(300.0, unit=SECONDS)

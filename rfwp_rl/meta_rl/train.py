@@ -9,7 +9,7 @@ steps, ``batch x 30`` per episode.
 
 Every ``--eval-every`` env steps (and at the start and at the end) the agent plays one episode
 on each of the test graphs, which it is never trained on. By default the test actions are
-*sampled* from the policy, as in the paper's code (``--eval-policy greedy`` takes the argmax,
+*sampled* from the policy, as in the paper's code (``--eval-actions greedy`` takes the argmax,
 ``both`` logs both). "Total reward" is the sum of the 30 rewards of an episode averaged over
 agents; the training value logged at an evaluation is the mean over the episodes since the
 previous evaluation.
@@ -40,7 +40,7 @@ from rfwp_rl import cores, flags
 from rfwp_rl.checkpoint import add_trust_argument, atomic_write_csv
 from rfwp_rl.errors import UserError, check_choice
 from rfwp_rl.meta_rl import a2c, graph_env
-from rfwp_rl.meta_rl.config import EVAL_POLICIES, TIME_LIMITS, MetaRLConfig
+from rfwp_rl.meta_rl.config import EVAL_ACTIONS, TIME_LIMITS, MetaRLConfig
 from rfwp_rl.meta_rl.graph_env import GraphBatchEnv
 from rfwp_rl.meta_rl.model import MetaRLAgent, count_parameters
 from rfwp_rl.overrides import apply_settings
@@ -115,7 +115,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "time_limit",
     )
     g = parser.add_argument_group("evaluation, logging, run")
-    flags.add_fields(g, MetaRLConfig, "eval_every", "eval_policy", "log_every", "checkpoint_every")
+    flags.add_fields(g, MetaRLConfig, "eval_every", "eval_actions", "log_every", "checkpoint_every")
     flags.add_run_dir_argument(g, "runs/meta_rl/<name>_s<seed>")
     add_trust_argument(g)
     flags.add_fields(g, MetaRLConfig, "torch_threads", "device")
@@ -280,7 +280,7 @@ def check_config(cfg: MetaRLConfig) -> None:
     for name in ("log_every", "checkpoint_every", "grad_norm_clip"):
         if not getattr(cfg, name) >= 0:
             raise UserError(f"--{name.replace('_', '-')} {getattr(cfg, name):g} is invalid; allowed: a number >= 0")
-    check_choice("eval policy", cfg.eval_policy, EVAL_POLICIES)
+    check_choice("eval actions", cfg.eval_actions, EVAL_ACTIONS)
     check_choice("time limit", cfg.time_limit, TIME_LIMITS)
     try:
         torch.device(cfg.device)
@@ -411,7 +411,7 @@ class MetaRLTrainer(Trainer):
         print(
             f"core {self.core_name} {self.core_config} | {count_parameters(self.agent):,} trainable weights | "
             f"batch {self.batch} | {len(self.train_tables)} train / {self.num_test_graphs} test graphs | "
-            f"test policy {self.cfg.eval_policy}",
+            f"test actions {self.cfg.eval_actions}",
             flush=True,
         )
         self.t_start = time.monotonic()
@@ -510,7 +510,7 @@ class MetaRLTrainer(Trainer):
 
     def test(self) -> None:
         """One episode on every test graph (sampled and/or greedy): a row of ``metrics.csv``."""
-        policy = self.cfg.eval_policy
+        policy = self.cfg.eval_actions
         results = {
             mode: evaluate(self.agent, self.test_env, self.device, self.eval_gen, greedy=(mode == "greedy"))
             for mode in (("sample", "greedy") if policy == "both" else (policy,))
