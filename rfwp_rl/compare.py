@@ -443,12 +443,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="folder of the paper CSVs (default: the checkout's results/paper, "
         "else the copy installed with the package)",
     )
-    src.add_argument(
-        "--runs",
-        nargs="+",
-        default=[],
-        metavar="PATH",
-        help="eval_*.json / eval_*.csv files, run directories, or directories of runs",
+    flags.add_list_argument(
+        src, "--runs", [], "eval_*.json / eval_*.csv files, run directories, or directories of runs", metavar="PATH"
     )
     sel = parser.add_argument_group("selection")
     sel.add_argument("--model", default=None, help="model to rate, e.g. RDN, rdn, run:rdn, paper:lstm")
@@ -470,8 +466,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=0.1,
         help="relative distance from --steps / --run-steps accepted for runs (default %(default)s)",
     )
-    sel.add_argument("--models", nargs="+", default=[], help="columns to show (default: every model found)")
-    sel.add_argument("--games", nargs="+", default=[], help="games to show (default: all)")
+    flags.add_list_argument(sel, "--models", [], "columns to show", default_text="every model found")
+    flags.add_list_argument(sel, "--games", [], "games to show", default_text="all")
     # which evals of runs to use, by how their actions were chosen (greedy: the paper's test protocol)
     flags.add_actions_argument(sel, "greedy", also={"any": "either"})
     sel.add_argument(

@@ -154,6 +154,8 @@ def add_field(
     options: dict[str, Any] = dict(dest=name, default=value, help=help_of(cls, name, help, default))
     if plain is bool:
         options["action"] = argparse.BooleanOptionalAction if value is None or value else "store_true"
+    elif typing.get_origin(plain) is tuple:  # a list, written as every list flag is: words, commas or both
+        options.update(type=parse, nargs="+", action=_TupleItems)
     else:
         options["type"] = parse
         for key in ("choices", "metavar"):
@@ -208,6 +210,52 @@ def add_shared(
         else str,
     )
     return group.add_argument(flag_name(name), dest=name, default=default, help=text, **kwargs)
+
+
+class _Items(argparse.Action):
+    """A list flag's words, each already split at its commas, as one flat list."""
+
+    collect: type = list
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        setattr(namespace, self.dest, self.collect(item for word in values for item in word))
+
+
+class _TupleItems(_Items):
+    """:class:`_Items` for a config field that holds a tuple."""
+
+    collect = tuple
+
+
+def add_list_argument(
+    group: argparse.ArgumentParser | argparse._ArgumentGroup,
+    flag: str,
+    default: list,
+    help: str,
+    item: Callable[[str], Any] = str,
+    metavar: str | None = None,
+    default_text: str | None = None,
+    allow_empty: bool = False,
+) -> None:
+    """A flag that takes a list, written the one way every command reads lists: words, commas or both
+    (``--cores lstm rdn``, ``--cores lstm,rdn``); ``item`` parses each element. The value is a list;
+    ``default_text`` says what the default means where the list itself does not (e.g. None: all);
+    ``allow_empty``: the flag may be given with no words (an empty list)."""
+
+    def words(text: str) -> list:
+        return [item(part.strip()) for part in text.split(",") if part.strip()]
+
+    words.__name__ = getattr(item, "__name__", "item")  # argparse names it in "invalid <type> value"
+    shown = default_text if default_text is not None else ", ".join(map(str, default or ())) or "none"
+    group.add_argument(
+        flag,
+        nargs="*" if allow_empty else "+",
+        type=words,
+        action=_Items,
+        default=default,
+        metavar=metavar or flag.lstrip("-").upper().rstrip("S"),
+        help=f"{help} (a list: words or commas; default {shown})",
+    )
 
 
 # How a trained agent chooses its actions when it is played (eval, probe, the meta-RL tests) or whose plays

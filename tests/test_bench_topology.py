@@ -52,7 +52,7 @@ TINY = [
     "argv, message",
     [
         (["--topologies", "local,cloud"], "unknown topology 'cloud'; allowed: group, local, remote"),
-        (["--topologies", ","], "--topologies ',' names none; allowed: a list of local, remote, group"),
+        (["--topologies", ","], "--topologies names none; allowed: a list of local, remote, group"),
         (["--topologies", "remote", "--remote-actors", "0"], "--remote-actors 0 is invalid; allowed: an integer >= 1"),
         (
             ["--topologies", "local,remote", "--num-actors", "6", "--remote-actors", "4"],

@@ -134,6 +134,24 @@ def test_how_actions_are_chosen_is_actions_in_every_command():
     assert named["meta-rl"].option_strings == ["--eval-actions"] and named["meta-rl"].default == "sample"
 
 
+def test_every_list_flag_takes_words_commas_or_both():
+    lists = {}
+    for command, parser in _parsers().items():
+        for action in parser._actions:
+            if action.option_strings and action.nargs in ("+", "*"):
+                assert isinstance(action, flags._Items), (command, action.option_strings)
+                lists.setdefault(command, []).append(action.dest)
+    assert {"cores", "devices", "topologies"} <= set(lists["bench impala"])
+    assert {"tasks", "levels", "cores", "seeds"} <= set(lists["memory-probe"])
+    assert "snapshot_steps" in lists["train"]  # a config field holding a tuple
+    parser = argparse.ArgumentParser()
+    flags.add_list_argument(parser, "--seeds", [1], "seeds", item=flags.integer)
+    for words in (["1", "2", "3"], ["1,2,3"], ["1,2", "3"], ["1,", "2,3"]):
+        assert parser.parse_args(["--seeds", *words]).seeds == [1, 2, 3], words
+    assert parser.parse_args([]).seeds == [1]
+    assert "(a list: words or commas; default 1)" in parser.format_help()
+
+
 @pytest.mark.parametrize("command", sorted(TRAINERS))
 def test_durations_are_seconds_and_budgets_name_their_unit(command):
     actions = _actions(_parser(COMMANDS[command][0]))

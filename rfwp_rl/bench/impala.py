@@ -90,10 +90,8 @@ COLUMNS = (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--cores", default="lstm", help="comma-separated cores (default: %(default)s)")
-    parser.add_argument(
-        "--devices", default="cpu", help="comma-separated learner devices, each run end to end (default: %(default)s)"
-    )
+    flags.add_list_argument(parser, "--cores", ["lstm"], "cores")
+    flags.add_list_argument(parser, "--devices", ["cpu"], "learner devices, each run end to end")
     flags.add_field(parser, ImpalaConfig, "precision")
     flags.add_field(parser, ImpalaConfig, "env", default="Pong")
     flags.add_shared(parser, "num_actors", 48)
@@ -112,14 +110,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     flags.add_field(parser, ImpalaConfig, "actor_device")
     flags.add_field(parser, ImpalaConfig, "acting_graph")
     flags.add_set_argument(parser, "agent or trainer setting, as for rfwp-rl train", "max_kl=0")
-    parser.add_argument(
+    flags.add_list_argument(
+        parser,
         "--topologies",
-        default="",
-        metavar="LIST",
-        help=f"comma-separated, of {', '.join(topology.TOPOLOGIES)}: instead of the in-process loop, time "
+        None,
+        f"of {', '.join(topology.TOPOLOGIES)}: instead of the in-process loop, time "
         "one learner with all --num-actors envs (local), one learner fed by --remote-actors actor processes "
         "(remote) and a broker with two learners of half the envs each (group), as rfwp-rl processes on "
         "loopback, side by side",
+        default_text="none: the in-process loop",
     )
     parser.add_argument(
         "--remote-actors",
@@ -314,18 +313,17 @@ def format_table(rows: list[dict]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    cores = [c.strip() for c in args.cores.split(",") if c.strip()]
-    devices = [d.strip() for d in args.devices.split(",") if d.strip()]
+    cores, devices = args.cores, args.devices
     for c in cores:
         check_choice("core", c, sorted(cores_module.available()))
     for d in devices:
         if torch.device(d).type == "cuda" and not torch.cuda.is_available():
-            raise UserError(f"--devices {args.devices!r}: this torch build or machine has no CUDA device")
+            raise UserError(f"--devices {d}: this torch build or machine has no CUDA device")
     if not args.seconds > 0 or args.warmup_seconds < 0:
         raise UserError(f"--seconds {args.seconds:g} / --warmup-seconds {args.warmup_seconds:g}: need > 0 / >= 0")
-    if args.topologies:
+    if args.topologies is not None:
         topology.parse_topologies(args)  # bad names and splits: one line before anything starts
-    args.out = args.out or (topology.OUT if args.topologies else OUT)
+    args.out = args.out or (topology.OUT if args.topologies is not None else OUT)
     specs = {core: _run_spec(core, args) for core in cores}
     if args.topologies:
         return topology.run(args, cores, devices, {core: spec.env for core, spec in specs.items()})

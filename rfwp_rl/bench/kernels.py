@@ -61,17 +61,18 @@ DEFAULT_OUT = {"cpu": Path("results/bench/kernels_cpu.csv"), "cuda": Path("resul
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--sizes", default="atari,lm", help=f"comma list of {', '.join(SIZES)}")
-    parser.add_argument("--ops", default=",".join(FWD_FLOPS), help="comma list of ops")
+    flags.add_list_argument(parser, "--sizes", ["atari", "lm"], f"of {', '.join(SIZES)}")
+    flags.add_list_argument(parser, "--ops", list(FWD_FLOPS), "ops", default_text="all")
     n = torch.get_num_threads()
-    flags.add_shared(
+    flags.add_list_argument(
         parser,
-        "torch_threads",
-        "1" if n == 1 else f"1,{n}",
-        "a comma list of counts to measure, 1 and all threads by default. On a machine whose cores "
-        "are busy with other processes use 1: OpenMP threads then wait for each other and both the "
+        "--torch-threads",
+        [1] if n == 1 else [1, n],
+        f"{flags.SHARED['torch_threads']}: the counts to measure, 1 and all threads by default. On a machine whose "
+        "cores are busy with other processes use 1: OpenMP threads then wait for each other and both the "
         "reference and the kernels slow down erratically",
-        metavar="N[,N...]",
+        item=flags.integer,
+        metavar="N",
     )
     parser.add_argument("--repeats", type=int, default=7, help="timed runs per measurement (median)")
     parser.add_argument(
@@ -158,8 +159,7 @@ def measure(name: str, size: str, repeats: int, fused: Callable, device: str = "
     return row
 
 
-def _parse_list(text: str, allowed, what: str) -> list[str]:
-    items = [x.strip() for x in text.split(",") if x.strip()]
+def _parse_list(items: list[str], allowed, what: str) -> list[str]:
     if not items:
         raise UserError(f"empty {what} list; allowed: {', '.join(allowed)}")
     return [check_choice(what, x, allowed) for x in items]
@@ -168,12 +168,9 @@ def _parse_list(text: str, allowed, what: str) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     sizes = _parse_list(args.sizes, SIZES, "size")
     names = _parse_list(args.ops, tuple(FWD_FLOPS), "op")
-    try:
-        threads = [int(x) for x in args.torch_threads.split(",") if x.strip()]
-    except ValueError:
-        raise UserError(f"--torch-threads {args.torch_threads!r} is not a comma list of positive integers") from None
+    threads = args.torch_threads
     if not threads or min(threads) < 1:
-        raise UserError(f"--torch-threads {args.torch_threads!r} is not a comma list of positive integers")
+        raise UserError(f"--torch-threads {','.join(map(str, threads))} is invalid; allowed: a list of integers >= 1")
     if args.repeats < 1:
         raise UserError(f"--repeats {args.repeats} must be >= 1")
     device = check_choice("--device", args.device.split(":")[0], ("cpu", "cuda"))

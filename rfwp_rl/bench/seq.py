@@ -50,7 +50,7 @@ def default_cores() -> list[str]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--cores", help="comma-separated cores (default: every core but ff)")
+    flags.add_list_argument(parser, "--cores", None, "cores", default_text="every core but ff")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--vocab", type=int, default=1000)
@@ -141,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
     ):
         if getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} {getattr(args, name)} is invalid; allowed: >= 1")
-    cores = args.cores.split(",") if args.cores else default_cores()
+    cores = args.cores or default_cores()
     for c in cores:
         check_choice("core", c, default_cores() + ["ff"])
     torch.set_num_threads(args.torch_threads)

@@ -81,9 +81,9 @@ PROGRESS = re.compile(r"([\d,]+)/[\d,]+ env steps \(")
 
 def parse_topologies(args: argparse.Namespace) -> list[str]:
     """The ``--topologies`` named, checked against the envs and remote actors they need; one-line errors."""
-    names = list(dict.fromkeys(t.strip() for t in args.topologies.split(",") if t.strip()))
+    names = list(dict.fromkeys(args.topologies))
     if not names:
-        raise UserError(f"--topologies {args.topologies!r} names none; allowed: a list of {', '.join(TOPOLOGIES)}")
+        raise UserError(f"--topologies names none; allowed: a list of {', '.join(TOPOLOGIES)}")
     for name in names:
         check_choice("topology", name, TOPOLOGIES)
     n, b, k = args.num_actors, args.num_env_batches, args.remote_actors

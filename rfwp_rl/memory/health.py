@@ -233,12 +233,13 @@ def write_csv(path: Path, rows: list[dict], tasks: tuple[str, ...], steps: int) 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     flags.add_shared(parser, "total_steps", DEFAULT_STEPS, "of each run", unit=flags.ENV_STEPS)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[1], help="seeds (default %(default)s)")
-    parser.add_argument(
+    flags.add_list_argument(parser, "--seeds", [1], "seeds", item=flags.integer)
+    flags.add_list_argument(
+        parser,
         "--cores",
-        nargs="+",
-        default=None,
-        help="cores to check (default: every registered core with an agents/vector_<core>.toml)",
+        None,
+        "cores to check",
+        default_text="every registered core with an agents/vector_<core>.toml",
     )
     parser.add_argument(
         "--runs", default="runs/memory_health", help="folder of the run directories (default %(default)s)"

@@ -259,12 +259,12 @@ def markdown(rows: list[ProbeResult], rl: dict[tuple[str, str, str], list[float]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--tasks", nargs="+", default=list(TASKS[:2]), help="sequence tasks (default %(default)s)")
-    parser.add_argument("--levels", nargs="+", default=list(suite.LEVELS), help="levels (default %(default)s)")
-    parser.add_argument(
-        "--cores", nargs="+", default=None, help="cores (default: every core with an agents/vector_<core>.toml)"
+    flags.add_list_argument(parser, "--tasks", list(TASKS[:2]), "sequence tasks")
+    flags.add_list_argument(parser, "--levels", list(suite.LEVELS), "levels")
+    flags.add_list_argument(
+        parser, "--cores", None, "cores", default_text="every core with an agents/vector_<core>.toml"
     )
-    parser.add_argument("--seeds", type=int, nargs="+", default=[1], help="seeds (default %(default)s)")
+    flags.add_list_argument(parser, "--seeds", [1], "seeds", item=flags.integer)
     default = ProbeConfig()
     parser.add_argument(
         "--updates", type=flags.integer, default=default.updates, help="optimizer steps per probe (default %(default)s)"
@@ -274,11 +274,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     flags.add_shared(parser, "learning_rate", default.learning_rate, "Adam")
     flags.add_shared(parser, "grad_norm_clip", default.grad_norm_clip)
-    parser.add_argument(
+    flags.add_list_argument(
+        parser,
         "--rl",
-        nargs="*",
-        default=["results/memory/easy_suite/runs.csv"],
-        help="memory-results runs.csv tables to put beside the probe (default %(default)s)",
+        ["results/memory/easy_suite/runs.csv"],
+        "memory-results runs.csv tables to put beside the probe (none: no RL column)",
+        metavar="RUNS_CSV",
+        allow_empty=True,
     )
     parser.add_argument(
         "--out", default="results/memory/probe", help="where probe.csv and probe.md go (default %(default)s)"

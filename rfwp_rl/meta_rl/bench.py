@@ -36,10 +36,12 @@ CASES = {  # name -> (core, config, replay the acting steps for training)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
+    flags.add_list_argument(
+        parser,
         "--cases",
-        default="fwm (reference),fwm (fused),fwm (fused) no replay,lstm512",
-        help=f"comma-separated, from: {', '.join(CASES)}",
+        ["fwm (reference)", "fwm (fused)", "fwm (fused) no replay", "lstm512"],
+        f"of {', '.join(CASES)}",
+        metavar="CASE",
     )
     parser.add_argument(
         "--batch-size",
@@ -54,9 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="timed optimizer steps per case, after one warm-up (default %(default)s)",
     )
     flags.add_shared(parser, "torch_threads", 1)
-    parser.add_argument(
-        "--matmul-precision", default="highest", help="comma-separated torch float32 matmul precisions to time"
-    )
+    flags.add_list_argument(parser, "--matmul-precision", ["highest"], "torch float32 matmul precisions to time")
     parser.add_argument("--out", default="results/meta_rl/update_time.csv")
 
 
@@ -96,10 +96,10 @@ def time_updates(core: str, config: dict, batch: int, updates: int, replay: bool
 
 def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.torch_threads)
-    names = [c.strip() for c in args.cases.split(",") if c.strip()]
+    names = args.cases
     for n in names:
         check_choice("case", n, CASES)
-    precisions = [p.strip() for p in args.matmul_precision.split(",") if p.strip()]
+    precisions = args.matmul_precision
     for p in precisions:
         check_choice("matmul precision", p, ("highest", "high", "medium"))
     rows = []

@@ -18,6 +18,7 @@ import json
 import sys
 from pathlib import Path
 
+from rfwp_rl import flags
 from rfwp_rl.checkpoint import atomic_write_csv, atomic_write_figure
 from rfwp_rl.errors import UserError
 from rfwp_rl.runlog import read_scalars
@@ -147,9 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--xline-label")
     p.add_argument("--logy", action="store_true")
     p.add_argument("--curves", help="png of the runs' training curves (and a csv beside it)")
-    p.add_argument(
-        "--curve-tags", default="valid/seq_acc,valid/loss", help="comma-separated TensorBoard scalars for --curves"
-    )
+    flags.add_list_argument(p, "--curve-tags", ["valid/seq_acc", "valid/loss"], "TensorBoard scalars for --curves")
     args = p.parse_args(argv)
     try:
         rows = collect(args.root)
@@ -157,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.plot:
             plot(rows, args.plot, args.x, args.y, args.group, args.title, args.xline, args.xline_label, args.logy)
         if args.curves:
-            curves(rows, args.root, args.curves, [t.strip() for t in args.curve_tags.split(",") if t.strip()])
+            curves(rows, args.root, args.curves, args.curve_tags)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
