@@ -230,7 +230,7 @@ class _TupleItems(_Items):
 def add_list_argument(
     group: argparse.ArgumentParser | argparse._ArgumentGroup,
     flag: str,
-    default: list,
+    default: list | None,
     help: str,
     item: Callable[[str], Any] = str,
     metavar: str | None = None,
