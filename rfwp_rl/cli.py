@@ -7,12 +7,12 @@ pay for gymnasium or moolib. A :class:`rfwp_rl.errors.UserError` is printed as o
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import os
 import signal
 import sys
 
+from rfwp_rl import flags
 from rfwp_rl.errors import UserError
 
 # subcommand -> (module, one-line help)
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run one command; ``argv=None`` means this process is the ``rfwp-rl`` program itself."""
     own_process = argv is None
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(prog="rfwp-rl", description=__doc__.splitlines()[0])
+    parser = flags.CommandParser(prog="rfwp-rl", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     chosen = argv[0] if argv else None
     for name, (module_name, help_text) in COMMANDS.items():

@@ -45,6 +45,14 @@ SHARED: dict[str, str] = {
 }
 
 
+class CommandParser(argparse.ArgumentParser):
+    """The parser of every ``rfwp-rl`` command: a bad flag or value is one line on stderr naming it
+    (argparse's own message), exit status 2, not the command's whole usage before it."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} ({self.prog} --help lists what is allowed)\n")
+
+
 def setting(
     default: Any = dataclasses.MISSING,
     help: str = "",

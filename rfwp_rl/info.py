@@ -9,6 +9,7 @@ import argparse
 
 from rfwp_rl import __version__, cores, kernels
 from rfwp_rl.agent import atari_param_counts
+from rfwp_rl.errors import UserError
 from rfwp_rl.ops import selftest
 
 
@@ -30,6 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import torch
+
+    if args.num_actions < 1:
+        raise UserError(f"--num-actions {args.num_actions} is invalid; allowed: an integer >= 1")
 
     print(
         f"rfwp_rl {__version__} | torch {torch.__version__} | "

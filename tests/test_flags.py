@@ -9,7 +9,7 @@ import importlib
 
 import pytest
 
-from rfwp_rl import flags
+from rfwp_rl import cli, flags
 from rfwp_rl.bench import BENCHMARKS
 from rfwp_rl.cli import COMMANDS
 from rfwp_rl.impala import profiles
@@ -150,6 +150,24 @@ def test_every_list_flag_takes_words_commas_or_both():
         assert parser.parse_args(["--seeds", *words]).seeds == [1, 2, 3], words
     assert parser.parse_args([]).seeds == [1]
     assert "(a list: words or commas; default 1)" in parser.format_help()
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["train", "--env", "CartPole-v1", "--snapshot-steps", "a"], "rfwp-rl train: error: argument --snapshot-steps"),
+        (["eval", "RUN", "--actions", "best"], "rfwp-rl eval: error: argument --actions: invalid choice: 'best'"),
+        (["bench", "memory-health", "--seeds", "x"], "rfwp-rl bench memory-health: error: argument --seeds"),
+        (["bench", "impala", "--cores"], "rfwp-rl bench impala: error: argument --cores: expected at least one"),
+        (["no-such-command"], "rfwp-rl: error: argument COMMAND: invalid choice: 'no-such-command'"),
+    ],
+)
+def test_a_bad_flag_or_value_is_one_line_not_the_usage(capsys, argv, message):
+    with pytest.raises(SystemExit) as stop:
+        cli.main(argv)
+    err = capsys.readouterr().err.splitlines()
+    assert stop.value.code == 2 and len(err) == 1 and err[0].startswith(message), err
+    assert err[0].endswith("--help lists what is allowed)")
 
 
 @pytest.mark.parametrize("command", sorted(TRAINERS))

@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import importlib
 
+from rfwp_rl import flags
+
 BENCHMARKS = {  # name -> (module, what it measures)
     "kernels": ("rfwp_rl.bench.kernels", "fused step kernels vs the PyTorch reference, forward and forward+backward"),
     "impala": (
@@ -40,6 +42,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int | None:
     module_name, description = BENCHMARKS[args.which]
     module = importlib.import_module(module_name)
-    parser = argparse.ArgumentParser(prog=f"rfwp-rl bench {args.which}", description=description)
+    parser = flags.CommandParser(prog=f"rfwp-rl bench {args.which}", description=description)
     module.add_arguments(parser)
     return module.run(parser.parse_args(args.options))

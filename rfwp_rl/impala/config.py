@@ -32,7 +32,7 @@ def step_list(text: str) -> tuple[int, ...]:
         return tuple(int(float(x)) for x in text.split(",") if x.strip())
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"expected comma-separated step counts, e.g. 50000000,200000000; got {text!r}"
+            f"expected step counts, e.g. 50000000 200000000 or 5e7,2e8; got {text!r}"
         ) from None
 
 
