@@ -428,7 +428,12 @@ def lock_run_dir(run_dir: str | os.PathLike):
     import fcntl
 
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise UserError(f"run directory {run_dir} is a file, not a directory; pass another --run-dir") from None
+    except OSError as e:
+        raise UserError(f"run directory {run_dir} cannot be made ({e.strerror or e}); pass another --run-dir") from None
     f = os.fdopen(open_no_follow(run_dir / ".lock", os.O_RDWR | os.O_CREAT, "lock file"), "r+")
     try:
         fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -5,7 +5,8 @@ Keys: ``core`` (the core's name), ``core_config.<option>`` (an option of the cor
 settings by their flag's name with ``_`` for ``-`` (``batch_size``, ``entropy_cost``, ``learning_rate`` ...:
 the fields of the trainer's config dataclass, :mod:`rfwp_rl.flags`). Values are TOML
 (``64``, ``1e-3``, ``true``, ``'softmax'``, ``[32, 32]``); a bare word that is not TOML is a
-string. An unknown key is the same one-line error for every trainer.
+string. An unknown key is the same one-line error for every trainer. The files that hold such
+settings (agent presets, env configs) are read by :func:`read_toml_file`.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import copy
 import dataclasses
 import typing
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 try:
@@ -42,6 +44,24 @@ class Setting:
     @property
     def option(self) -> str:
         return self.key.partition(".")[2] if "." in self.key else self.key
+
+
+def read_toml_file(path: str | Path, what: str) -> dict:
+    """The tables of the TOML file ``path``; a one-line UserError naming ``what`` (e.g. ``preset``) and the
+    file where it is missing, not a file, unreadable, not UTF-8 text or not valid TOML."""
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"{what} {str(path)!r} does not exist")
+    if not path.is_file():
+        raise UserError(f"{what} {str(path)!r} is not a file")
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise UserError(f"{what} {str(path)!r} cannot be read ({e.strerror or e})") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{what} {str(path)!r} is not a TOML text file (not UTF-8)") from None
+    except tomllib.TOMLDecodeError as e:
+        raise UserError(f"{what} {str(path)!r} is not valid TOML: {e}") from None
 
 
 def parse_value(text: str) -> Any:

@@ -23,14 +23,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
-
 from rfwp_rl import cores
 from rfwp_rl.errors import UserError, check_choice
-from rfwp_rl.overrides import apply_settings, parse_value  # noqa: F401  (parse_value: env options use it too)
+from rfwp_rl.overrides import apply_settings, parse_value, read_toml_file  # noqa: F401  (parse_value: env options use it too)
 from rfwp_rl.resources import data_dir
 
 # the repository's agents/ in a checkout, else the copy shipped in the wheel
@@ -71,9 +66,7 @@ def preset_path(name_or_path: str | Path) -> Path:
     """The file of a preset given by name (``atari_rdn``) or path (``my/agent.toml``)."""
     p = Path(name_or_path)
     if p.suffix == ".toml" or p.parent != Path("."):
-        if not p.is_file():
-            raise UserError(f"preset file {str(p)!r} does not exist")
-        return p
+        return p  # read_toml_file says what is wrong with it, if anything
     candidate = AGENTS_DIR / f"{p.name}.toml"
     if candidate.is_file():
         return candidate
@@ -107,11 +100,7 @@ def parse_preset(data: dict, source: str) -> Preset:
 def load_preset(name_or_path: str | Path) -> Preset:
     """Read a preset by name (from ``agents/``) or by file path; one-line errors."""
     path = preset_path(name_or_path)
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as e:
-        raise UserError(f"preset {path} is not valid TOML: {e}") from None
-    return parse_preset(data, str(path))
+    return parse_preset(read_toml_file(path, "preset file"), str(path))
 
 
 def apply_overrides(preset: Preset, overrides: Iterable[str]) -> Preset:

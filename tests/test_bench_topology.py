@@ -65,6 +65,7 @@ TINY = [
             "allowed: a multiple of 2 x 2 = 4",
         ),
         (["--topologies", "local", "--num-actors", "5"], "--num-actors 5 is invalid; allowed: a multiple of"),
+        (["--env", "CartPole-v1", "--num-actors", "0"], "--num-actors 0 is invalid"),  # before any env starts
     ],
 )
 def test_bad_topology_arguments_are_one_line_errors(capsys, argv, message):

@@ -192,6 +192,16 @@ def test_rng_state_round_trip():
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == a
 
 
+def test_a_run_dir_that_is_a_file_or_cannot_be_made_is_a_one_line_error(tmp_path):
+    from rfwp_rl.checkpoint import lock_run_dir
+
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(UserError, match="is a file, not a directory; pass another --run-dir"):
+        lock_run_dir(tmp_path / "file")
+    with pytest.raises(UserError, match="cannot be made"):
+        lock_run_dir(tmp_path / "file" / "run")
+
+
 def test_run_dir_lock_refuses_a_second_trainer(tmp_path):
     from rfwp_rl.checkpoint import lock_run_dir
 

@@ -246,6 +246,11 @@ def test_atari_toml_equals_code_defaults(tmp_path):
         load_env_config(bad)
     with pytest.raises(UserError, match="does not exist"):
         load_env_config(tmp_path / "missing.toml")
+    with pytest.raises(UserError, match="is not a file"):
+        load_env_config(tmp_path)
+    bad.write_bytes(b"\x80\xcf\x00 not text")
+    with pytest.raises(UserError, match="is not a TOML text file"):
+        load_env_config(bad)
 
 
 # -- other gymnasium ids ---------------------------------------------------------------------

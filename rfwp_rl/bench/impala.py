@@ -328,6 +328,7 @@ def run(args: argparse.Namespace) -> int:
     if args.topologies:
         return topology.run(args, cores, devices, {core: spec.env for core, spec in specs.items()})
     first = next(iter(specs.values()))
+    _config(args, first, devices[0])  # the run's settings checked (one-line errors) before any env starts
     # one pool, made before anything touches CUDA (its workers are forked); moolib allows one per process
     pool = first.make_env_pool(args.env_backend, 0, args.num_actors, args.num_env_batches, args.num_env_processes)
     print(

@@ -21,7 +21,6 @@ Ids: see :mod:`rfwp_rl.envs.registry`. Atari settings: :data:`ATARI_DEFAULTS`
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -201,17 +200,10 @@ def load_env_config(path: str | Path, section: str = "atari") -> dict[str, Any]:
 
     Atari tables are validated (unknown keys or bad values: one-line UserError).
     """
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # pragma: no cover
-        import tomli as tomllib
+    from rfwp_rl.overrides import read_toml_file
+
     path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError as e:
-        raise UserError(f"env config {str(path)!r} does not exist") from e
-    except tomllib.TOMLDecodeError as e:
-        raise UserError(f"env config {str(path)!r} is not valid TOML: {e}") from e
+    data = read_toml_file(path, "env config")
     if section not in data or not isinstance(data[section], dict):
         raise UserError(f"env config {str(path)!r} has no [{section}] table; tables: {', '.join(data) or 'none'}")
     table = dict(data[section])
