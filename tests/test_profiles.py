@@ -80,12 +80,23 @@ def test_the_command_line_wins_over_the_profile():
         (("--learning-rate", "0"), "--learning-rate 0 is invalid; allowed: a number > 0"),
         (("--unroll-length", "0"), "--unroll-length 0 is invalid"),
         (("--advantage-min", "-0.1"), "--advantage-min -0.1 is invalid; allowed: a number >= 0"),
+        (("--discount", "2"), "--discount 2 is invalid; allowed: a number in [0, 1]"),
+        (("--entropy-cost", "nan"), "--entropy-cost nan is invalid; allowed: a number >= 0"),
+        (("--checkpoint-every", "-1"), "--checkpoint-every -1 is invalid; allowed: seconds >= 0"),
+        (("--clip-rho", "0"), "--clip-rho 0 is invalid; allowed: a number > 0"),
+        (("--rmsprop-momentum", "1"), "--rmsprop-momentum 1 is invalid; allowed: a number in [0, 1)"),
     ],
 )
 def test_bad_values_are_one_line_errors(argv, message):
     with pytest.raises(UserError) as e:
         train.config_from_args(parse(*argv), "vector")
     assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_every_number_setting_of_the_defaults_is_in_its_range():
+    for profile in ("atari", "vector", "control"):
+        train.check_config(train.config_from_args(parse(), profile))
+    assert {"discount", "entropy_cost", "learning_rate", "checkpoint_every"} <= set(train.NUMBER_RANGES)
 
 
 def test_settings_line_names_every_learning_setting():

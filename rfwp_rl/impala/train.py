@@ -30,7 +30,7 @@ import random
 import sys
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -230,6 +230,47 @@ def config_from_args(
     return cfg
 
 
+def _at_least(x: float) -> Callable[[float], bool]:
+    return lambda v: v >= x
+
+
+def _above(x: float) -> Callable[[float], bool]:
+    return lambda v: v > x
+
+
+def _at_most(x: float) -> Callable[[float], bool]:
+    return lambda v: v <= x
+
+
+def _finite(v: float) -> bool:
+    return v < math.inf
+
+
+# setting -> (lower test, upper test, what is allowed): NaN fails every test
+NUMBER_RANGES: dict[str, tuple[Callable[[float], bool], Callable[[float], bool], str]] = {
+    "learning_rate": (_above(0), _finite, "a number > 0"),
+    "adam_eps": (_above(0), _finite, "a number > 0"),
+    "rmsprop_eps": (_above(0), _finite, "a number > 0"),
+    "rmsprop_alpha": (_at_least(0), _at_most(1), "a number in [0, 1]"),
+    "rmsprop_momentum": (_at_least(0), lambda v: v < 1, "a number in [0, 1)"),
+    "entropy_cost": (_at_least(0), _finite, "a number >= 0"),
+    "baseline_cost": (_at_least(0), _finite, "a number >= 0"),
+    "recall_cost": (_at_least(0), _finite, "a number >= 0 (0: off)"),
+    "bound_cost": (_at_least(0), _finite, "a number >= 0 (0: off)"),
+    "discount": (_at_least(0), _at_most(1), "a number in [0, 1]"),
+    "reward_clip": (_at_least(0), _finite, "a number >= 0 (0: no clipping)"),
+    "clip_rho": (_above(0), _at_most(math.inf), "a number > 0 (inf: no clipping)"),
+    "clip_c": (_above(0), _at_most(math.inf), "a number > 0 (inf: no clipping)"),
+    "vtrace_lambda": (_at_least(0), _at_most(1), "a number in [0, 1]"),
+    "advantage_floor": (_at_least(0), _finite, "a number >= 0"),
+    "advantage_min": (_at_least(0), _finite, "a number >= 0 (0: no minimum)"),
+    "max_kl": (_at_least(0), _finite, "a number >= 0 (0: off)"),
+    "grad_norm_clip": (_at_least(0), _finite, "a number >= 0 (0: no clipping)"),
+    "checkpoint_every": (_at_least(0), _at_most(math.inf), "seconds >= 0 (inf: only at the end)"),
+    "log_every": (_at_least(0), _at_most(math.inf), "seconds >= 0"),
+}
+
+
 def check_config(cfg: ImpalaConfig) -> None:
     """One-line :class:`UserError` for settings that cannot work."""
     for name in ("total_steps", "num_actors", "num_env_batches", "num_env_processes", "batch_size", "unroll_length"):
@@ -245,16 +286,10 @@ def check_config(cfg: ImpalaConfig) -> None:
     check_choice("actor device", cfg.actor_device, ACTOR_DEVICES)
     check_choice("precision", cfg.precision, PRECISIONS)
     check_choice("optimizer", cfg.optimizer, OPTIMIZERS)
-    if not 0.0 <= cfg.advantage_floor < float("inf"):
-        raise UserError(f"--advantage-floor {cfg.advantage_floor:g} is invalid; allowed: a number >= 0")
-    if not 0.0 <= cfg.advantage_min < float("inf"):
-        raise UserError(f"--advantage-min {cfg.advantage_min:g} is invalid; allowed: a number >= 0 (0: no minimum)")
-    if not 0.0 <= cfg.bound_cost < float("inf"):
-        raise UserError(f"--bound-cost {cfg.bound_cost:g} is invalid; allowed: a number >= 0 (0: off)")
-    if not 0.0 <= cfg.recall_cost < float("inf"):
-        raise UserError(f"--recall-cost {cfg.recall_cost:g} is invalid; allowed: a number >= 0 (0: off)")
-    if not 0.0 <= cfg.max_kl < float("inf"):
-        raise UserError(f"--max-kl {cfg.max_kl:g} is invalid; allowed: a number >= 0 (0: off)")
+    for name, (low, high, allowed) in NUMBER_RANGES.items():
+        value = getattr(cfg, name)
+        if not low(value) or not high(value):
+            raise UserError(f"--{name.replace('_', '-')} {value:g} is invalid; allowed: {allowed}")
     if cfg.group and cfg.max_kl > 0:
         raise UserError(
             f"--max-kl {cfg.max_kl:g} needs one learner: each learner of a group would shrink the "
@@ -267,13 +302,6 @@ def check_config(cfg: ImpalaConfig) -> None:
             f"--epochs {cfg.epochs} needs one learner: a group averages one gradient per batch "
             "and member; with --group use --epochs 1"
         )
-    if not 0.0 <= cfg.vtrace_lambda <= 1.0:
-        raise UserError(f"--vtrace-lambda {cfg.vtrace_lambda:g} is invalid; allowed: a number in [0, 1]")
-    if not 0.0 <= cfg.grad_norm_clip < float("inf"):
-        raise UserError(f"--grad-norm-clip {cfg.grad_norm_clip:g} is invalid; allowed: a number >= 0 (0: no clipping)")
-    for name in ("learning_rate", "adam_eps"):
-        if not getattr(cfg, name) > 0:
-            raise UserError(f"--{name.replace('_', '-')} {getattr(cfg, name):g} is invalid; allowed: a number > 0")
     if not cfg.env_timeout > 0:
         raise UserError(f"--env-timeout {cfg.env_timeout:g} is invalid; allowed: seconds > 0 (inf: never time out)")
     try:
