@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import math
 import types
 import typing
 from collections.abc import Callable
@@ -43,6 +44,39 @@ SHARED: dict[str, str] = {
     "log_every": "{unit} between console progress lines",
     "eval_every": "{unit} between evaluations",
 }
+
+
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """The numbers a setting allows: ``low`` < or <= value < or <= ``high`` (``closed``: which ends are
+    allowed), NaN never; ``note`` adds what a value means (e.g. ``0: off``)."""
+
+    low: float = 0.0
+    high: float = math.inf
+    closed: str = "[)"
+    note: str = ""
+
+    def allows(self, value: float) -> bool:
+        above = value >= self.low if self.closed[0] == "[" else value > self.low
+        below = value <= self.high if self.closed[1] == "]" else value < self.high
+        return above and below
+
+    def text(self) -> str:
+        if self.high == math.inf:
+            what = f"a number {'>=' if self.closed[0] == '[' else '>'} {self.low:g}"
+        else:
+            what = f"a number in {self.closed[0]}{self.low:g}, {self.high:g}{self.closed[1]}"
+        return f"{what} ({self.note})" if self.note else what
+
+
+def check_ranges(cfg: Any, ranges: dict[str, Range]) -> None:
+    """A one-line error (``rfwp_rl.errors.UserError``) for the first setting of ``cfg`` outside its range."""
+    from rfwp_rl.errors import UserError
+
+    for name, allowed in ranges.items():
+        value = getattr(cfg, name)
+        if not allowed.allows(value):
+            raise UserError(f"{flag_name(name)} {value:g} is invalid; allowed: {allowed.text()}")
 
 
 class CommandParser(argparse.ArgumentParser):

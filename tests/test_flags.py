@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
+import math
 
 import pytest
 
@@ -202,3 +203,12 @@ def test_counts_may_be_written_in_exponent_notation():
     assert flags.integer("5e7") == 50_000_000 and flags.integer("1_000") == 1000
     with pytest.raises(argparse.ArgumentTypeError):
         flags.integer("2.5")
+
+
+def test_a_range_names_what_it_allows_and_refuses_nan():
+    assert flags.Range().allows(0.0) and not flags.Range(closed="()").allows(0.0)
+    assert flags.Range(0, 1, "[]").allows(1.0) and not flags.Range(0, 1, "[)").allows(1.0)
+    assert not any(r.allows(math.nan) for r in (flags.Range(), flags.Range(0, 1, "[]"), flags.Range(0, math.inf, "(]")))
+    assert flags.Range(0, math.inf, "(]").allows(math.inf) and not flags.Range().allows(math.inf)
+    assert flags.Range(0, 1, "[)").text() == "a number in [0, 1)"
+    assert flags.Range(note="0: off").text() == "a number >= 0 (0: off)"

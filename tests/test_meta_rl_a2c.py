@@ -351,6 +351,8 @@ def test_two_trainers_never_share_a_run_directory(tmp_path, capsys):
         (["--core", "lstm", "--preset", str(AGENTS_DIR / "meta_rl_fwm.toml")], "contradicts preset"),
         (["--total-steps", "0"], "--total-steps 0 is invalid"),
         (["--preset", "agents/nope.toml"], "does not exist"),
+        (["--discount", "2"], "--discount 2 is invalid; allowed: a number in [0, 1]"),
+        (["--learning-rate", "nan"], "--learning-rate nan is invalid; allowed: a number > 0"),
     ],
 )
 def test_cli_errors_are_one_line(tmp_path, capsys, args, message):

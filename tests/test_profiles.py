@@ -82,7 +82,7 @@ def test_the_command_line_wins_over_the_profile():
         (("--advantage-min", "-0.1"), "--advantage-min -0.1 is invalid; allowed: a number >= 0"),
         (("--discount", "2"), "--discount 2 is invalid; allowed: a number in [0, 1]"),
         (("--entropy-cost", "nan"), "--entropy-cost nan is invalid; allowed: a number >= 0"),
-        (("--checkpoint-every", "-1"), "--checkpoint-every -1 is invalid; allowed: seconds >= 0"),
+        (("--checkpoint-every", "-1"), "--checkpoint-every -1 is invalid; allowed: a number >= 0 (seconds"),
         (("--clip-rho", "0"), "--clip-rho 0 is invalid; allowed: a number > 0"),
         (("--rmsprop-momentum", "1"), "--rmsprop-momentum 1 is invalid; allowed: a number in [0, 1)"),
     ],

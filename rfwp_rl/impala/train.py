@@ -30,7 +30,7 @@ import random
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -230,44 +230,28 @@ def config_from_args(
     return cfg
 
 
-def _at_least(x: float) -> Callable[[float], bool]:
-    return lambda v: v >= x
-
-
-def _above(x: float) -> Callable[[float], bool]:
-    return lambda v: v > x
-
-
-def _at_most(x: float) -> Callable[[float], bool]:
-    return lambda v: v <= x
-
-
-def _finite(v: float) -> bool:
-    return v < math.inf
-
-
-# setting -> (lower test, upper test, what is allowed): NaN fails every test
-NUMBER_RANGES: dict[str, tuple[Callable[[float], bool], Callable[[float], bool], str]] = {
-    "learning_rate": (_above(0), _finite, "a number > 0"),
-    "adam_eps": (_above(0), _finite, "a number > 0"),
-    "rmsprop_eps": (_above(0), _finite, "a number > 0"),
-    "rmsprop_alpha": (_at_least(0), _at_most(1), "a number in [0, 1]"),
-    "rmsprop_momentum": (_at_least(0), lambda v: v < 1, "a number in [0, 1)"),
-    "entropy_cost": (_at_least(0), _finite, "a number >= 0"),
-    "baseline_cost": (_at_least(0), _finite, "a number >= 0"),
-    "recall_cost": (_at_least(0), _finite, "a number >= 0 (0: off)"),
-    "bound_cost": (_at_least(0), _finite, "a number >= 0 (0: off)"),
-    "discount": (_at_least(0), _at_most(1), "a number in [0, 1]"),
-    "reward_clip": (_at_least(0), _finite, "a number >= 0 (0: no clipping)"),
-    "clip_rho": (_above(0), _at_most(math.inf), "a number > 0 (inf: no clipping)"),
-    "clip_c": (_above(0), _at_most(math.inf), "a number > 0 (inf: no clipping)"),
-    "vtrace_lambda": (_at_least(0), _at_most(1), "a number in [0, 1]"),
-    "advantage_floor": (_at_least(0), _finite, "a number >= 0"),
-    "advantage_min": (_at_least(0), _finite, "a number >= 0 (0: no minimum)"),
-    "max_kl": (_at_least(0), _finite, "a number >= 0 (0: off)"),
-    "grad_norm_clip": (_at_least(0), _finite, "a number >= 0 (0: no clipping)"),
-    "checkpoint_every": (_at_least(0), _at_most(math.inf), "seconds >= 0 (inf: only at the end)"),
-    "log_every": (_at_least(0), _at_most(math.inf), "seconds >= 0"),
+# the number settings' ranges (flags.check_ranges); NaN is in none
+NUMBER_RANGES: dict[str, flags.Range] = {
+    "learning_rate": flags.Range(closed="()"),
+    "adam_eps": flags.Range(closed="()"),
+    "rmsprop_eps": flags.Range(closed="()"),
+    "rmsprop_alpha": flags.Range(0, 1, "[]"),
+    "rmsprop_momentum": flags.Range(0, 1, "[)"),
+    "entropy_cost": flags.Range(),
+    "baseline_cost": flags.Range(),
+    "recall_cost": flags.Range(note="0: off"),
+    "bound_cost": flags.Range(note="0: off"),
+    "discount": flags.Range(0, 1, "[]"),
+    "reward_clip": flags.Range(note="0: no clipping"),
+    "clip_rho": flags.Range(0, math.inf, "(]", "inf: no clipping"),
+    "clip_c": flags.Range(0, math.inf, "(]", "inf: no clipping"),
+    "vtrace_lambda": flags.Range(0, 1, "[]"),
+    "advantage_floor": flags.Range(),
+    "advantage_min": flags.Range(note="0: no minimum"),
+    "max_kl": flags.Range(note="0: off"),
+    "grad_norm_clip": flags.Range(note="0: no clipping"),
+    "checkpoint_every": flags.Range(0, math.inf, "[]", "seconds; inf: only at the end"),
+    "log_every": flags.Range(0, math.inf, "[]", "seconds"),
 }
 
 
@@ -286,10 +270,7 @@ def check_config(cfg: ImpalaConfig) -> None:
     check_choice("actor device", cfg.actor_device, ACTOR_DEVICES)
     check_choice("precision", cfg.precision, PRECISIONS)
     check_choice("optimizer", cfg.optimizer, OPTIMIZERS)
-    for name, (low, high, allowed) in NUMBER_RANGES.items():
-        value = getattr(cfg, name)
-        if not low(value) or not high(value):
-            raise UserError(f"--{name.replace('_', '-')} {value:g} is invalid; allowed: {allowed}")
+    flags.check_ranges(cfg, NUMBER_RANGES)
     if cfg.group and cfg.max_kl > 0:
         raise UserError(
             f"--max-kl {cfg.max_kl:g} needs one learner: each learner of a group would shrink the "

@@ -271,15 +271,27 @@ def _interval_means(acc: dict[str, list[float]]) -> dict[str, float]:
     return {k: (float(np.mean(v)) if v else float("nan")) for k, v in acc.items()}
 
 
+# the number settings' ranges (flags.check_ranges); NaN is in none
+NUMBER_RANGES: dict[str, flags.Range] = {
+    "learning_rate": flags.Range(closed="()"),
+    "adam_eps": flags.Range(closed="()"),
+    "discount": flags.Range(0, 1, "[]"),
+    "baseline_cost": flags.Range(),
+    "entropy_cost": flags.Range(),
+    "grad_norm_clip": flags.Range(note="0: no clipping"),
+    "reward_sum_scale": flags.Range(note="0: none, as the paper's code"),
+    "log_every": flags.Range(0, math.inf, "[]", "seconds"),
+    "checkpoint_every": flags.Range(0, math.inf, "[]", "seconds; inf: only at the end"),
+}
+
+
 def check_config(cfg: MetaRLConfig) -> None:
     for name in ("total_steps", "eval_every", "train_graphs", "test_graphs", "episode_steps", "timeout_steps"):
         if getattr(cfg, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} {getattr(cfg, name)} is invalid; allowed: >= 1")
     if cfg.batch_size is not None and cfg.batch_size < 1:
         raise UserError(f"--batch-size {cfg.batch_size} is invalid; allowed: >= 1")
-    for name in ("log_every", "checkpoint_every", "grad_norm_clip"):
-        if not getattr(cfg, name) >= 0:
-            raise UserError(f"--{name.replace('_', '-')} {getattr(cfg, name):g} is invalid; allowed: a number >= 0")
+    flags.check_ranges(cfg, NUMBER_RANGES)
     check_choice("eval actions", cfg.eval_actions, EVAL_ACTIONS)
     check_choice("time limit", cfg.time_limit, TIME_LIMITS)
     try:
