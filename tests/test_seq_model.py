@@ -326,6 +326,8 @@ def test_cli_refuses_carried_context_for_the_transformer(tmp_path):
         (["--task", "assoc", "--core", "dleta"], "did you mean 'delta'"),
         (["--task", "code_exec", "--data-sizes", "10,1"], "--data-sizes"),
         (["--task", "lm", "--eval-mode", "slide"], "unknown --eval-mode 'slide'"),
+        (["--task", "assoc", "--learning-rate", "nan"], "--learning-rate nan is invalid; allowed: a number > 0"),
+        (["--task", "assoc", "--warmup", "-1"], "--warmup -1 is invalid; allowed: a number >= 0"),
     ],
 )
 def test_cli_bad_input_is_one_line_user_error(argv, match, tmp_path):

@@ -21,6 +21,7 @@ import argparse
 import copy
 import dataclasses
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -168,15 +169,21 @@ def apply_sets(cfg: SeqConfig, overrides: list[str]) -> dict[str, Any]:
     return preset.core_config
 
 
+# the number settings' ranges (flags.check_ranges); NaN is in none
+NUMBER_RANGES: dict[str, flags.Range] = {
+    "learning_rate": flags.Range(closed="()"),
+    "warmup": flags.Range(note="optimizer steps"),
+    "grad_norm_clip": flags.Range(note="0: no clipping"),
+    "checkpoint_every": flags.Range(0, math.inf, "[]", "seconds; inf: only at the end"),
+    "log_every": flags.Range(0, math.inf, "[]", "seconds"),
+}
+
+
 def check_config(cfg: SeqConfig) -> None:
     for name in ("total_steps", "batch_size", "eval_every", "eval_batch_size", "emb_size"):
         if getattr(cfg, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} {getattr(cfg, name)} is invalid; allowed: an integer >= 1")
-    if not cfg.learning_rate > 0:
-        raise UserError(f"--learning-rate {cfg.learning_rate} is invalid; allowed: a positive number")
-    for name in ("warmup", "grad_norm_clip", "checkpoint_every", "log_every"):
-        if not getattr(cfg, name) >= 0:
-            raise UserError(f"--{name.replace('_', '-')} {getattr(cfg, name)} is invalid; allowed: a number >= 0")
+    flags.check_ranges(cfg, NUMBER_RANGES)
     check_choice("model", cfg.model, MODELS)
     check_choice("positions", cfg.positions, POSITIONS)
     if cfg.model == "seq":
