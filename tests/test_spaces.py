@@ -530,3 +530,56 @@ def test_train_dict_obs_and_box_actions_through_moolib(tmp_path):
         # the env comes from a Python module: eval imports it only when --env names it
         record = evaluate(run, env=f"space_envs:{env_id}", episodes=2, repeats=1, num_envs=2, quiet=True)
         assert len(record["scores"][0]) == 2
+
+
+class _WrongShape:
+    """An env whose observations break its declared space: ``returns`` for every observation."""
+
+    def __init__(self, space: spaces.Space, returns):
+        import gymnasium
+
+        class Env(gymnasium.Env):
+            observation_space = space
+            action_space = spaces.Discrete(2)
+
+            def reset(self, seed=None, options=None):
+                return returns, {}
+
+            def step(self, action):
+                return returns, 0.0, False, False, {}
+
+        self.env = Env()
+
+
+@pytest.mark.parametrize(
+    "space, returns, message",
+    [
+        (spaces.Box(0, 1, (3,)), np.zeros(2, np.float32), "returned an observation of shape (2,); its "),
+        (spaces.Box(0, 1, (3,)), "text", "returned an observation of a value that is no array"),
+        (
+            spaces.Dict({"a": spaces.Box(0, 1, (2,)), "b": spaces.Discrete(3)}),
+            {"a": np.zeros(2)},
+            "returned an observation without its part 'b'",
+        ),
+        (
+            spaces.Dict({"a": spaces.Box(0, 1, (2,)), "b": spaces.Discrete(3)}),
+            {"a": np.zeros(5), "b": 1},
+            "returned part 'a' of an observation of shape (5,); its observation_space says shape (2,)",
+        ),
+    ],
+)
+def test_an_observation_outside_the_declared_space_is_named_in_one_line(space, returns, message):
+    from rfwp_rl.envs.spaces import to_tensor_obs
+
+    env = to_tensor_obs(_WrongShape(space, returns).env, "mine:Odd-v0")
+    with pytest.raises(ValueError) as e:
+        env.reset()
+    assert str(e.value).startswith("mine:Odd-v0 ") and message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_flat_float_box_observation_is_checked_and_passed_as_float32():
+    from rfwp_rl.envs.spaces import to_tensor_obs
+
+    env = to_tensor_obs(_WrongShape(spaces.Box(0, 1, (3,)), [0.5, 0.25, 1.0]).env, "mine:Ok-v0")
+    obs, _ = env.reset()
+    assert obs.dtype == np.float32 and obs.tolist() == [0.5, 0.25, 1.0]

@@ -113,11 +113,14 @@ def skipped_parts(space: gymnasium.Space) -> list[str]:
     return [k for k, s in _flat_parts(space, "").items() if is_text(s)]
 
 
-class TensorObservation(gymnasium.ObservationWrapper):
-    """Observations of ``env`` in the form of :func:`tensor_obs_space` (arrays, or a flat dict of arrays)."""
+class TensorObservation(gymnasium.ObservationWrapper, gymnasium.utils.RecordConstructorArgs):
+    """Observations of ``env`` in the form of :func:`tensor_obs_space` (arrays, or a flat dict of arrays).
+    Recorded in the env's spec, so that ``gymnasium.make(env.spec)`` makes the same env again."""
 
     def __init__(self, env: gymnasium.Env, env_id: str):
+        gymnasium.utils.RecordConstructorArgs.__init__(self, env_id=env_id)
         super().__init__(env)
+        self._env_id = env_id
         self._source = env.observation_space
         self.observation_space = tensor_obs_space(self._source, env_id)
         if is_structured(self._source):
@@ -128,20 +131,39 @@ class TensorObservation(gymnasium.ObservationWrapper):
 
     def observation(self, observation: Any) -> Any:
         if not is_structured(self._source):
-            return self._leaf_value(observation, self.observation_space, self._starts[""])
+            return self._leaf_value(observation, self.observation_space, self._starts[""], "")
         out = {}
         for key, space in self.observation_space.spaces.items():
             value = observation
-            for part in key.split(PART_SEP):
-                value = value[int(part)] if isinstance(value, tuple) else value[part]
-            out[key] = self._leaf_value(value, space, self._starts[key])
+            try:
+                for part in key.split(PART_SEP):
+                    value = value[int(part)] if isinstance(value, tuple) else value[part]
+            except (KeyError, IndexError, TypeError):
+                raise ValueError(
+                    f"{self._env_id} returned an observation without its part {key!r} "
+                    f"(its observation_space: {self._source})"
+                ) from None
+            out[key] = self._leaf_value(value, space, self._starts[key], key)
         return out
 
-    @staticmethod
-    def _leaf_value(value: Any, space: gymnasium.Space, start: Any) -> np.ndarray:
-        if isinstance(space, (spaces.Discrete, spaces.MultiDiscrete)):
-            return (np.asarray(value, np.int64) - start).reshape(space.shape)
-        return np.asarray(value, space.dtype).reshape(space.shape)
+    def _leaf_value(self, value: Any, space: gymnasium.Space, start: Any, key: str) -> np.ndarray:
+        """``value`` as an array of the space's dtype and shape; a ValueError naming the env, the part and
+        both shapes where it does not fit (the env broke its own observation_space)."""
+        try:
+            if isinstance(space, (spaces.Discrete, spaces.MultiDiscrete)):
+                array = np.asarray(value, np.int64) - start
+            else:
+                array = np.asarray(value, space.dtype)
+        except (TypeError, ValueError) as e:
+            array, error = None, str(e)
+        if array is None or array.size != int(np.prod(space.shape)):
+            got = f"shape {np.shape(value)}" if array is not None else f"a value that is no array ({error})"
+            where = f"part {key!r} of an observation" if key else "an observation"
+            raise ValueError(
+                f"{self._env_id} returned {where} of {got}; its observation_space says shape {space.shape} "
+                f"({self._source if not key else space})"
+            )
+        return array.reshape(space.shape)
 
 
 def _start(space: gymnasium.Space) -> Any:
@@ -153,10 +175,8 @@ def _start(space: gymnasium.Space) -> Any:
 
 
 def to_tensor_obs(env: gymnasium.Env, env_id: str) -> gymnasium.Env:
-    """``env`` with observations in tensor form; a flat float32 Box (most gymnasium envs) is left as it is."""
-    space = env.observation_space
-    if isinstance(space, spaces.Box) and len(space.shape) == 1 and space.dtype == np.float32:
-        return env
+    """``env`` with observations in tensor form, each checked against the env's declared space (a
+    flat float32 Box too: an env that returns another shape stops in one line, not in the model)."""
     return TensorObservation(env, env_id)
 
 
