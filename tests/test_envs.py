@@ -388,3 +388,31 @@ def test_pool_env_adapter_episodic_life_counts_full_games():
                 break
             assert out["episode_return"] == pytest.approx(total)  # still the running game
     assert dones == 5 and out["episode_return"] == pytest.approx(total)
+
+
+@pytest.mark.filterwarnings("ignore:.*WARN:")  # gymnasium's env checker names the same bad reward
+@pytest.mark.parametrize("reward", [None, float("nan"), float("inf"), "1", np.float64(0.5), np.array(2.0)])
+def test_an_env_reward_that_is_no_finite_number_stops_in_one_line(reward):
+    import gymnasium
+
+    class Env(gymnasium.Env):
+        observation_space = gymnasium.spaces.Box(0, 1, (2,))
+        action_space = gymnasium.spaces.Discrete(2)
+
+        def reset(self, seed=None, options=None):
+            return np.zeros(2, np.float32), {}
+
+        def step(self, action):
+            return np.zeros(2, np.float32), reward, False, False, {}
+
+    gymnasium.register("rfwp-test/BadReward-v0", entry_point=Env)
+    try:
+        env = make_env("rfwp-test/BadReward-v0", seed=0)
+        env.reset()
+        if isinstance(reward, (np.floating, np.ndarray)):  # numpy numbers are numbers
+            assert env.step(0)[1] == float(reward) and isinstance(env.step(0)[1], float)
+            return
+        with pytest.raises(ValueError, match=r"^rfwp-test/BadReward-v0 returned the reward .*; allowed: a finite"):
+            env.step(0)
+    finally:
+        del gymnasium.registry["rfwp-test/BadReward-v0"]

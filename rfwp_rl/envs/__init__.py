@@ -80,6 +80,25 @@ class SeedFirstReset(gymnasium.Wrapper, gymnasium.utils.RecordConstructorArgs):
         return self.env.reset(seed=seed, options=options)
 
 
+class FiniteReward(gymnasium.RewardWrapper, gymnasium.utils.RecordConstructorArgs):
+    """Rewards as floats, each a finite number: an env that returns None, NaN or inf stops in one line
+    naming it (the value would otherwise reach the agent's input and its return statistics)."""
+
+    def __init__(self, env: gymnasium.Env, env_id: str) -> None:
+        gymnasium.utils.RecordConstructorArgs.__init__(self, env_id=env_id)
+        super().__init__(env)
+        self._env_id = env_id
+
+    def reward(self, reward: Any) -> float:
+        try:
+            value = float("nan") if isinstance(reward, (str, bytes)) else float(reward)
+        except (TypeError, ValueError):
+            value = float("nan")
+        if not np.isfinite(value):
+            raise ValueError(f"{self._env_id} returned the reward {reward!r}; allowed: a finite number")
+        return value
+
+
 def make_env(env_id: str, seed: int | None = None, **overrides: Any) -> gymnasium.Env:
     """Create an environment in the form the trainers consume (see the module docstring).
 
@@ -101,6 +120,7 @@ def make_env(env_id: str, seed: int | None = None, **overrides: Any) -> gymnasiu
         except UserError:
             env.close()
             raise
+        env = FiniteReward(env, env_id)
         env = gymnasium.wrappers.RecordEpisodeStatistics(env)
         env = SeedFirstReset(env, seed)
     return env
