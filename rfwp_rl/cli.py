@@ -53,14 +53,17 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = flags.CommandParser(prog="rfwp-rl", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    chosen = argv[0] if argv else None
+    chosen, command_parser = argv[0] if argv else None, parser
     for name, (module_name, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         if name == chosen:
             module = importlib.import_module(module_name)
             module.add_arguments(p)
             p.set_defaults(_module=module)
-    args = parser.parse_args(argv)
+            command_parser = p
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # named by the command's own parser, so that its --help is the one pointed to
+        command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.command is None:
         parser.print_help()
         return 2

@@ -161,6 +161,7 @@ def test_every_list_flag_takes_words_commas_or_both():
         (["bench", "memory-health", "--seeds", "x"], "rfwp-rl bench memory-health: error: argument --seeds"),
         (["bench", "impala", "--cores"], "rfwp-rl bench impala: error: argument --cores: expected at least one"),
         (["no-such-command"], "rfwp-rl: error: argument COMMAND: invalid choice: 'no-such-command'"),
+        (["train", "--env", "CartPole-v1", "--bogus"], "rfwp-rl train: error: unrecognized arguments: --bogus"),
     ],
 )
 def test_a_bad_flag_or_value_is_one_line_not_the_usage(capsys, argv, message):
