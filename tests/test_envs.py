@@ -308,6 +308,8 @@ def test_unknown_env_id_suggests_close_matches():
 def test_bad_gymnasium_kwarg_is_a_user_error():
     with pytest.raises(UserError, match="bad option for environment 'CartPole-v1'"):
         make_env("CartPole-v1", no_such_option=3)
+    with pytest.raises(UserError, match=r"bad option for environment 'CartPole-v1' \(max_episode_steps\): .*positive"):
+        make_env("CartPole-v1", max_episode_steps=-5)  # a value gymnasium refuses with a ValueError
 
 
 # -- user environments -----------------------------------------------------------------------

@@ -133,6 +133,10 @@ def _gym_make(env_id: str, gym_id: str, kwargs: dict[str, Any]) -> gymnasium.Env
         raise UserError(f"environment {env_id!r} is registered but its module cannot be imported: {e}") from e
     except TypeError as e:
         raise UserError(f"bad option for environment {env_id!r}: {e}") from e
+    except ValueError as e:
+        if not kwargs:  # the env's own code failed: its traceback is what its author needs
+            raise
+        raise UserError(f"bad option for environment {env_id!r} ({', '.join(kwargs)}): {e}") from e
     except gymnasium.error.Error as e:
         raise UserError(f"cannot make environment {env_id!r}: {e}") from e
 
