@@ -36,7 +36,7 @@ import torch.nn as nn
 from gymnasium import spaces
 
 from rfwp_rl import cores
-from rfwp_rl.cores.base import MAX_REPEATS, build_bounded, check_non_negative_int, check_size
+from rfwp_rl.cores.base import MAX_REPEATS, build_bounded, check_non_negative_int, check_positive_int, check_size
 from rfwp_rl.distributions import ActionDistribution, make_distribution
 from rfwp_rl.encoders import (  # noqa: F401 - the torsos, also importable from here
     ACTIVATIONS,
@@ -49,7 +49,7 @@ from rfwp_rl.encoders import (  # noqa: F401 - the torsos, also importable from 
     embedded_grids,
     make_torso,
 )
-from rfwp_rl.errors import check_choice
+from rfwp_rl.errors import UserError, check_choice
 from rfwp_rl.presets import load_preset
 from rfwp_rl.recall import RecallHead
 
@@ -110,7 +110,9 @@ class AgentConfig:
             check_choice("agent option", key, sorted(fields))
         for key in ("resnet_channels", "mlp_sizes", "grid_channels"):
             if key in d:
-                d[key] = tuple(int(v) for v in d[key])
+                if isinstance(d[key], (str, bytes)) or not isinstance(d[key], (list, tuple)):
+                    raise UserError(f"agent {key} {d[key]!r} is invalid; allowed: a list of integers >= 1")
+                d[key] = tuple(check_positive_int(f"agent {key}: a width", v) for v in d[key])
         cfg = cls(**d)
         check_choice("agent torso", cfg.torso, TORSOS)
         check_choice("agent mlp_activation", cfg.mlp_activation, sorted(ACTIVATIONS))

@@ -282,6 +282,16 @@ def test_sizes_past_the_bounds_are_refused_before_any_memory_is_taken():
         AgentConfig.from_dict({"mlp_sizes": [MAX_SIZE + 1]})
     with pytest.raises(UserError, match="agent recall_lags"):
         AgentConfig.from_dict({"recall_lags": MAX_SIZE + 1})
+    for widths, message in (
+        ([64, "a"], "agent mlp_sizes: a width 'a' is invalid; allowed: an integer >= 1"),
+        ([-4], "agent mlp_sizes: a width -4 is invalid"),
+        ([64.5], "agent mlp_sizes: a width 64.5 is invalid"),
+        (64, "agent mlp_sizes 64 is invalid; allowed: a list of integers >= 1"),
+        ("64", "agent mlp_sizes '64' is invalid"),
+    ):
+        with pytest.raises(UserError) as e:
+            AgentConfig.from_dict({"mlp_sizes": widths})
+        assert str(e.value) == message or str(e.value).startswith(message), (widths, str(e.value))
     with pytest.raises(UserError, match="agent would have [\\d,]+ parameters"):
         build_agent(resolve_preset("lstm", None, ["agent.mlp_sizes=[1000000, 1000]"]), (9,), 4)
     assert cores.make("rdn", 8, hidden_size=16, num_heads=2) is not None  # ordinary sizes build
