@@ -26,6 +26,7 @@ GRU (312 units, sized to the LSTM's count) 1,624,001 + 313A, FWM 1,683,122 + 257
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -113,11 +114,29 @@ class AgentConfig:
                 if isinstance(d[key], (str, bytes)) or not isinstance(d[key], (list, tuple)):
                     raise UserError(f"agent {key} {d[key]!r} is invalid; allowed: a list of integers >= 1")
                 d[key] = tuple(check_positive_int(f"agent {key}: a width", v) for v in d[key])
+        defaults = cls()
+        for key, value in d.items():
+            default = getattr(defaults, key)
+            if isinstance(default, bool) and not isinstance(value, bool):
+                raise UserError(f"agent {key} {value!r} is invalid; allowed: true or false")
+            if type(default) is int and (isinstance(value, bool) or not isinstance(value, int)):
+                raise UserError(f"agent {key} {value!r} is invalid; allowed: an integer")
+            if isinstance(default, float) and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise UserError(f"agent {key} {value!r} is invalid; allowed: a number")
+            if isinstance(default, float) and not math.isfinite(value):
+                raise UserError(f"agent {key} {value!r} is invalid; allowed: a finite number")
+            if isinstance(default, str) and not isinstance(value, str):
+                raise UserError(f"agent {key} {value!r} is invalid; allowed: a name")
+            if isinstance(default, dict) and not (
+                isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
+            ):
+                raise UserError(f"agent {key} {value!r} is invalid; allowed: a table of part = encoder name")
         cfg = cls(**d)
         check_choice("agent torso", cfg.torso, TORSOS)
         check_choice("agent mlp_activation", cfg.mlp_activation, sorted(ACTIVATIONS))
         for key, value in dict(cfg.encoders).items():
             check_choice(f"agent encoder of part {key!r}", value, PART_ENCODERS)
+        check_positive_int("agent torso_output", cfg.torso_output)
         check_non_negative_int("agent recall_lags", cfg.recall_lags, "no recall head")
         check_non_negative_int("agent grid_embedding", cfg.grid_embedding, "uint8 grid cells scaled by 1/255")
         for key in ("resnet_channels", "mlp_sizes", "grid_channels"):

@@ -1,5 +1,7 @@
 """Agent networks and presets: parameter counts of the paper's Atari agents, shapes, resets."""
 
+import re
+
 import pytest
 import torch
 
@@ -292,6 +294,16 @@ def test_sizes_past_the_bounds_are_refused_before_any_memory_is_taken():
         with pytest.raises(UserError) as e:
             AgentConfig.from_dict({"mlp_sizes": widths})
         assert str(e.value) == message or str(e.value).startswith(message), (widths, str(e.value))
+    for option, message in (
+        ({"separate_baseline": "yes"}, "agent separate_baseline 'yes' is invalid; allowed: true or false"),
+        ({"torso_output": 1.5}, "agent torso_output 1.5 is invalid; allowed: an integer"),
+        ({"torso_output": 0}, "agent torso_output 0 is invalid; allowed: an integer >= 1"),
+        ({"log_std_init": float("nan")}, "agent log_std_init nan is invalid; allowed: a finite number"),
+        ({"encoders": 1}, "agent encoders 1 is invalid; allowed: a table of part = encoder name"),
+        ({"mlp_activation": 3}, "agent mlp_activation 3 is invalid; allowed: a name"),
+    ):
+        with pytest.raises(UserError, match=f"^{re.escape(message)}$"):
+            AgentConfig.from_dict(option)
     with pytest.raises(UserError, match="agent would have [\\d,]+ parameters"):
         build_agent(resolve_preset("lstm", None, ["agent.mlp_sizes=[1000000, 1000]"]), (9,), 4)
     assert cores.make("rdn", 8, hidden_size=16, num_heads=2) is not None  # ordinary sizes build
