@@ -116,6 +116,8 @@ class AgentConfig:
                 d[key] = tuple(check_positive_int(f"agent {key}: a width", v) for v in d[key])
         defaults = cls()
         for key, value in d.items():
+            if key in ("torso_output", "recall_lags", "grid_embedding"):
+                continue  # checked below, with what their 0 means
             default = getattr(defaults, key)
             if isinstance(default, bool) and not isinstance(value, bool):
                 raise UserError(f"agent {key} {value!r} is invalid; allowed: true or false")

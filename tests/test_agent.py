@@ -296,7 +296,7 @@ def test_sizes_past_the_bounds_are_refused_before_any_memory_is_taken():
         assert str(e.value) == message or str(e.value).startswith(message), (widths, str(e.value))
     for option, message in (
         ({"separate_baseline": "yes"}, "agent separate_baseline 'yes' is invalid; allowed: true or false"),
-        ({"torso_output": 1.5}, "agent torso_output 1.5 is invalid; allowed: an integer"),
+        ({"torso_output": 1.5}, "agent torso_output 1.5 is invalid; allowed: an integer >= 1"),
         ({"torso_output": 0}, "agent torso_output 0 is invalid; allowed: an integer >= 1"),
         ({"log_std_init": float("nan")}, "agent log_std_init nan is invalid; allowed: a finite number"),
         ({"encoders": 1}, "agent encoders 1 is invalid; allowed: a table of part = encoder name"),
