@@ -259,10 +259,9 @@ def check_config(cfg: ImpalaConfig) -> None:
     """One-line :class:`UserError` for settings that cannot work."""
     for name in ("total_steps", "num_actors", "num_env_batches", "num_env_processes", "batch_size", "unroll_length"):
         if getattr(cfg, name) < (0 if name == "num_actors" and cfg.listen else 1):
-            raise UserError(
-                f"--{name.replace('_', '-')} {getattr(cfg, name)} is invalid; allowed: an integer >= 1 "
-                "(>= 0 with --listen)"
-            )
+            listening = " (>= 0 with --listen: remote actors only)" if name == "num_actors" else ""
+            value = getattr(cfg, name)
+            raise UserError(f"--{name.replace('_', '-')} {value} is invalid; allowed: an integer >= 1{listening}")
     if cfg.listen:
         parse_address(cfg.listen, "--listen")
     check_group_args(cfg.broker, cfg.group)
