@@ -8,7 +8,9 @@
 Contract of every env ``make_env`` returns (gymnasium API):
 * observations: Atari ``uint8 [frame_stack, 84, 84]`` (kind ``'atari'``); other ids (kind
   ``'vector'``) in the tensor form of :mod:`rfwp_rl.envs.spaces` (a float32 vector, an image, a
-  one-hot-able integer, or a flat dict of these);
+  one-hot-able integer, or a flat dict of these), each checked against the env's declared space;
+* rewards: finite floats (an env that returns another observation or a reward that is None, NaN or
+  inf raises a ValueError naming it, which the env workers count as that env's failure);
 * actions: the env's own action space (the agent picks its distribution from it:
   :mod:`rfwp_rl.distributions`);
 * ``info["episode"] = {"r": return, "l": length, "t": seconds}`` on the step where a full
