@@ -34,10 +34,11 @@ def test_best_file_survives_pruning_and_keeps_its_score(tmp_path):
     assert read_checkpoint(best)["step"] == 60 and len(list(tmp_path.glob("*.pt"))) == 3
 
 
-def test_trainer_keeps_the_best_only_with_a_full_window_and_a_strictly_better_mean():
+@pytest.mark.parametrize("none_yet", [None, -math.inf])  # a new run's counter; a checkpoint's of before
+def test_trainer_keeps_the_best_only_with_a_full_window_and_a_strictly_better_mean(none_yet):
     saved = []
     trainer = SimpleNamespace(
-        returns=[0.0] * (BEST_WINDOW - 1), counts={"best_return": -math.inf}, save_best=saved.append
+        returns=[0.0] * (BEST_WINDOW - 1), counts={"best_return": none_yet}, save_best=saved.append
     )
     ImpalaTrainer.keep_best(trainer, 0.5)  # 99 episodes: too few
     trainer.returns.append(0.0)

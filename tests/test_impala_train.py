@@ -5,6 +5,7 @@ import sys
 import pytest
 import torch
 
+from procs import finite  # tests/procs.py
 from rfwp_rl import cli
 from rfwp_rl.agent import Agent
 from rfwp_rl.checkpoint import list_checkpoints, read_checkpoint
@@ -162,6 +163,8 @@ def test_tiny_cartpole_run_every_core(tmp_path, core):
     ckpt = read_checkpoint(list_checkpoints(tmp_path / "run")[0])
     assert ckpt["step"] == 60 and ckpt["meta"]["core"] == core and ckpt["meta"]["num_actions"] == 2
     assert ckpt["state"]["counters"]["updates"] == 6
+    # fewer episodes than the best window: no best yet, and nothing infinite in the learner's state
+    assert ckpt["state"]["counters"]["best_return"] is None and finite(ckpt["state"])
     assert list((tmp_path / "run" / "tb").glob("events.out.tfevents.*"))
 
 

@@ -403,7 +403,7 @@ class ImpalaTrainer(Trainer):
             "episodes": 0,
             "train_seconds": 0.0,
             "env_failures": 0,
-            "best_return": -math.inf,
+            "best_return": None,  # none yet: no window of episodes has filled (no infinity in a checkpoint)
         }
         self.returns: deque[float] = deque(maxlen=BEST_WINDOW)
         self.timers = Timers()
@@ -694,7 +694,8 @@ class ImpalaTrainer(Trainer):
     def keep_best(self, mean_return: float) -> None:
         """``best.pt`` when the mean return of the last :data:`BEST_WINDOW` episodes beats every
         earlier one (of this run, resumes included; only once the window is full)."""
-        if len(self.returns) == BEST_WINDOW and mean_return > self.counts["best_return"]:
+        best = self.counts["best_return"]
+        if len(self.returns) == BEST_WINDOW and (best is None or mean_return > best):
             self.counts["best_return"] = mean_return
             self.save_best(mean_return)
 
