@@ -23,7 +23,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
-from rfwp_rl.errors import UserError, choices_hint
+from rfwp_rl.errors import UserError, choices_hint, read_text_file
 
 PRESET_SECTIONS = ("core_config", "agent")
 
@@ -49,17 +49,9 @@ class Setting:
 def read_toml_file(path: str | Path, what: str) -> dict:
     """The tables of the TOML file ``path``; a one-line UserError naming ``what`` (e.g. ``preset``) and the
     file where it is missing, not a file, unreadable, not UTF-8 text or not valid TOML."""
-    path = Path(path)
-    if not path.exists():
-        raise UserError(f"{what} {str(path)!r} does not exist")
-    if not path.is_file():
-        raise UserError(f"{what} {str(path)!r} is not a file")
+    text = read_text_file(path, what)
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise UserError(f"{what} {str(path)!r} cannot be read ({e.strerror or e})") from None
-    except UnicodeDecodeError:
-        raise UserError(f"{what} {str(path)!r} is not a TOML text file (not UTF-8)") from None
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise UserError(f"{what} {str(path)!r} is not valid TOML: {e}") from None
 

@@ -31,7 +31,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from rfwp_rl.checkpoint import atomic_write_text, csv_text
-from rfwp_rl.errors import UserError, check_choice
+from rfwp_rl.errors import UserError, check_choice, read_text_file
 from rfwp_rl.resources import data_dir
 
 PAPER_TABLES = ("table3", "table8", "table9", "table10")
@@ -186,7 +186,7 @@ def _number(value: str, where: str) -> float:
 def read_score_csv(path: str | Path, source: str | None = None) -> list[Score]:
     """Rows of a score CSV (header with at least game, model, steps, mean, std)."""
     path = Path(path)
-    text = path.read_text(encoding="utf-8")
+    text = read_text_file(path, "score table")
     reader = csv.DictReader(io.StringIO(text))
     missing = [c for c in CSV_COLUMNS if c not in (reader.fieldnames or [])]
     if missing:
@@ -249,8 +249,8 @@ def read_eval_json(path: str | Path) -> Score:
     """The summary of one ``rfwp-rl eval`` JSON file as a :class:`Score`."""
     path = Path(path)
     try:
-        d = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
+        d = json.loads(read_text_file(path, "eval JSON"))
+    except (json.JSONDecodeError, RecursionError) as e:
         raise UserError(f"{path}: cannot read eval JSON ({e})") from None
     if not isinstance(d, dict) or d.get("format") != EVAL_FORMAT:
         raise UserError(f"{path}: not an rfwp-rl eval file (expected format {EVAL_FORMAT!r})")

@@ -175,6 +175,13 @@ def test_one_line_errors(tmp_path):
         compare(paper="table9", model="rdn")
     with pytest.raises(UserError, match="no eval results"):
         compare(runs=[tmp_path])
+    binary = tmp_path / "eval_000000001000_greedy.json"
+    binary.write_bytes(b"\x80\xbd not text")
+    with pytest.raises(UserError, match=r"^eval JSON '.*eval_000000001000_greedy.json' is not a text file"):
+        compare(runs=[binary], model="rdn", baseline="lt")
+    binary.rename(tmp_path / "eval_000000001000_greedy.csv")
+    with pytest.raises(UserError, match=r"^score table '.*' is not a text file"):
+        compare(runs=[tmp_path], model="rdn", baseline="lt")
     assert (
         cli.main(["compare", "--paper", "table9", "--model", "rdn", "--baseline", "xyz", "--out", str(tmp_path / "x")])
         == 2

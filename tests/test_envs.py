@@ -249,7 +249,7 @@ def test_atari_toml_equals_code_defaults(tmp_path):
     with pytest.raises(UserError, match="is not a file"):
         load_env_config(tmp_path)
     bad.write_bytes(b"\x80\xcf\x00 not text")
-    with pytest.raises(UserError, match="is not a TOML text file"):
+    with pytest.raises(UserError, match="is not a text file"):
         load_env_config(bad)
 
 

@@ -61,10 +61,17 @@ def tokenize_line(line: str, level: str) -> list[str]:
 
 
 def read_tokens(path: str | os.PathLike, level: str) -> list[str]:
+    """The tokens of a corpus file, read line by line (a corpus may be large); a one-line UserError where
+    the file is not UTF-8 text."""
     tokens: list[str] = []
+    lines = 0
     with open(path, encoding="utf-8") as f:
-        for line in f:
-            tokens += tokenize_line(line, level)
+        try:
+            for line in f:
+                tokens += tokenize_line(line, level)
+                lines += 1
+        except UnicodeDecodeError as e:
+            raise UserError(f"corpus file {str(path)!r} is not UTF-8 text ({e.reason} after line {lines})") from None
     return tokens
 
 
