@@ -57,12 +57,27 @@ def _new_file_mode() -> int:
 NEW_FILE_MODE = _new_file_mode()
 
 
+def _write_problem(path: Path, error: OSError) -> str:
+    """What stops a write to ``path``, in words: a file where a folder must be, or the system's reason."""
+    for parent in (path.parent, *path.parent.parents):
+        if parent.exists():
+            if not parent.is_dir():
+                return f"{parent} is a file, not a folder"
+            break
+    if path.is_dir():
+        return "it is a folder"
+    return error.strerror or str(error)
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Write ``data`` to ``path`` atomically (temp file in the same dir, fsync, rename), with the permissions
     of a file made by ``open()`` (a temp file is made private to its owner)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".tmp-{path.name}-", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".tmp-{path.name}-", dir=path.parent)
+    except OSError as e:
+        raise UserError(f"cannot write {path}: {_write_problem(path, e)}") from None
     try:
         os.chmod(tmp, NEW_FILE_MODE)
         with os.fdopen(fd, "wb") as f:
@@ -70,9 +85,11 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(e, OSError):  # a folder in the way, a full disk: one line, and no file half-written
+            raise UserError(f"cannot write {path}: {_write_problem(path, e)}") from None
         raise
     try:  # make the rename itself durable
         dir_fd = os.open(path.parent, os.O_RDONLY)

@@ -2,6 +2,7 @@
 
 import csv
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -233,6 +234,17 @@ def test_atomic_writes_give_the_permissions_open_gives(tmp_path):
     atomic_write_csv(tmp_path / "atomic.csv", [{"a": 1}])
     plain = stat.S_IMODE((tmp_path / "plain.txt").stat().st_mode)  # 0o644 under the usual umask
     assert stat.S_IMODE((tmp_path / "atomic.csv").stat().st_mode) == plain  # not the temp file's 0o600
+
+
+def test_an_atomic_write_that_cannot_happen_is_one_line_and_leaves_nothing(tmp_path):
+    (tmp_path / "file").write_text("x")
+    blocked = f"cannot write {tmp_path}/file/a/b.csv: {tmp_path}/file is a file, not a folder"
+    with pytest.raises(UserError, match=f"^{re.escape(blocked)}$"):
+        atomic_write_csv(tmp_path / "file" / "a" / "b.csv", [{"a": 1}])
+    (tmp_path / "folder").mkdir()
+    with pytest.raises(UserError, match=f"^{re.escape(f'cannot write {tmp_path}/folder: it is a folder')}$"):
+        atomic_write_csv(tmp_path / "folder", [{"a": 1}])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "folder"] and not any((tmp_path / "folder").iterdir())
 
 
 def test_atomic_write_csv_reads_back(tmp_path):
