@@ -70,3 +70,18 @@ def test_bad_input_is_one_line():
         probe.make_task("CueGrid", "easy")
     assert cli.main(["memory-probe", "--tasks", "Nope"]) == 2
     assert cli.main(["memory-probe", "--updates", "0", "--cores", "ff"]) == 2
+
+
+def test_an_rl_table_that_is_not_a_runs_csv_is_one_line(tmp_path):
+    assert probe.read_rl([tmp_path / "missing.csv"]) == {}  # skipped, as the default table on a fresh clone
+    cases = [
+        (b"\x91\x80", "is not a text file"),
+        (b"task,level\nx,y\n", "is not a memory-results runs.csv: no core, normalized"),
+        (b"task,level,core,normalized\nA,easy,lstm,abc\n", "runs.csv:2: normalized 'abc' is no number"),
+    ]
+    for content, message in cases:
+        (tmp_path / "runs.csv").write_bytes(content)
+        with pytest.raises(UserError, match=message):
+            probe.read_rl([tmp_path / "runs.csv"])
+    (tmp_path / "runs.csv").write_text("task,level,core,normalized\nA,easy,lstm,0.5\nA,easy,lstm,1\n")
+    assert probe.read_rl([tmp_path / "runs.csv"]) == {("A", "easy", "lstm"): [0.5, 1.0]}

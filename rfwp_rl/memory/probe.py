@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import math
 import time
 from collections import defaultdict
@@ -37,7 +38,7 @@ from rfwp_rl import cores as cores_mod
 from rfwp_rl import flags
 from rfwp_rl.agent import build_agent, count_parameters
 from rfwp_rl.checkpoint import atomic_write_csv, atomic_write_text
-from rfwp_rl.errors import UserError, check_choice
+from rfwp_rl.errors import UserError, check_choice, read_text_file
 from rfwp_rl.memory import suite
 from rfwp_rl.memory.base import SequenceTask
 from rfwp_rl.memory.health import agent_cores
@@ -225,9 +226,16 @@ def read_rl(paths: list[Path]) -> dict[tuple[str, str, str], list[float]]:
         if not path.is_file():
             print(f"no RL table at {path}: skipped")
             continue
-        with path.open(newline="") as f:
-            for row in csv.DictReader(f):
+        reader = csv.DictReader(io.StringIO(read_text_file(path, "RL table (--rl)"), newline=""))
+        missing = [c for c in ("task", "level", "core", "normalized") if c not in (reader.fieldnames or [])]
+        if missing:
+            raise UserError(f"RL table (--rl) {str(path)!r} is not a memory-results runs.csv: no {', '.join(missing)}")
+        for line, row in enumerate(reader, start=2):
+            try:
                 out[(row["task"], row["level"], row["core"])].append(float(row["normalized"]))
+            except (TypeError, ValueError):
+                value = row["normalized"]
+                raise UserError(f"RL table (--rl) {path}:{line}: normalized {value!r} is no number") from None
     return out
 
 
