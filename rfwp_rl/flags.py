@@ -23,6 +23,8 @@ import typing
 from collections.abc import Callable
 from typing import Any
 
+from rfwp_rl.errors import UserError
+
 SECONDS = "seconds"
 ENV_STEPS = "env steps"
 OPTIMIZER_STEPS = "optimizer steps"
@@ -69,10 +71,26 @@ class Range:
         return f"{what} ({self.note})" if self.note else what
 
 
-def check_ranges(cfg: Any, ranges: dict[str, Range]) -> None:
-    """A one-line error (``rfwp_rl.errors.UserError``) for the first setting of ``cfg`` outside its range."""
-    from rfwp_rl.errors import UserError
+# The ranges of the number settings several trainers share (as SHARED holds their help); NaN is in none.
+SHARED_RANGES: dict[str, Range] = {
+    "learning_rate": Range(closed="()"),
+    "adam_eps": Range(closed="()"),
+    "entropy_cost": Range(),
+    "baseline_cost": Range(),
+    "discount": Range(0, 1, "[]"),
+    "grad_norm_clip": Range(note="0: no clipping"),
+    "checkpoint_every": Range(0, math.inf, "[]", "seconds; inf: only at the end"),
+    "log_every": Range(0, math.inf, "[]", "seconds"),
+}
 
+
+def shared_ranges(*names: str) -> dict[str, Range]:
+    """The :data:`SHARED_RANGES` of ``names``, for a trainer's table of ranges."""
+    return {name: SHARED_RANGES[name] for name in names}
+
+
+def check_ranges(cfg: Any, ranges: dict[str, Range]) -> None:
+    """A one-line :class:`UserError` for the first setting of ``cfg`` outside its range."""
     for name, allowed in ranges.items():
         value = getattr(cfg, name)
         if not allowed.allows(value):

@@ -232,16 +232,14 @@ def config_from_args(
 
 # the number settings' ranges (flags.check_ranges); NaN is in none
 NUMBER_RANGES: dict[str, flags.Range] = {
-    "learning_rate": flags.Range(closed="()"),
-    "adam_eps": flags.Range(closed="()"),
+    **flags.shared_ranges("learning_rate", "adam_eps"),
     "rmsprop_eps": flags.Range(closed="()"),
     "rmsprop_alpha": flags.Range(0, 1, "[]"),
     "rmsprop_momentum": flags.Range(0, 1, "[)"),
-    "entropy_cost": flags.Range(),
-    "baseline_cost": flags.Range(),
+    **flags.shared_ranges("entropy_cost", "baseline_cost"),
     "recall_cost": flags.Range(note="0: off"),
     "bound_cost": flags.Range(note="0: off"),
-    "discount": flags.Range(0, 1, "[]"),
+    **flags.shared_ranges("discount"),
     "reward_clip": flags.Range(note="0: no clipping"),
     "clip_rho": flags.Range(0, math.inf, "(]", "inf: no clipping"),
     "clip_c": flags.Range(0, math.inf, "(]", "inf: no clipping"),
@@ -249,9 +247,7 @@ NUMBER_RANGES: dict[str, flags.Range] = {
     "advantage_floor": flags.Range(),
     "advantage_min": flags.Range(note="0: no minimum"),
     "max_kl": flags.Range(note="0: off"),
-    "grad_norm_clip": flags.Range(note="0: no clipping"),
-    "checkpoint_every": flags.Range(0, math.inf, "[]", "seconds; inf: only at the end"),
-    "log_every": flags.Range(0, math.inf, "[]", "seconds"),
+    **flags.shared_ranges("grad_norm_clip", "checkpoint_every", "log_every"),
 }
 
 

@@ -273,15 +273,9 @@ def _interval_means(acc: dict[str, list[float]]) -> dict[str, float]:
 
 # the number settings' ranges (flags.check_ranges); NaN is in none
 NUMBER_RANGES: dict[str, flags.Range] = {
-    "learning_rate": flags.Range(closed="()"),
-    "adam_eps": flags.Range(closed="()"),
-    "discount": flags.Range(0, 1, "[]"),
-    "baseline_cost": flags.Range(),
-    "entropy_cost": flags.Range(),
-    "grad_norm_clip": flags.Range(note="0: no clipping"),
+    **flags.shared_ranges("learning_rate", "adam_eps", "discount", "baseline_cost", "entropy_cost", "grad_norm_clip"),
     "reward_sum_scale": flags.Range(note="0: none, as the paper's code"),
-    "log_every": flags.Range(0, math.inf, "[]", "seconds"),
-    "checkpoint_every": flags.Range(0, math.inf, "[]", "seconds; inf: only at the end"),
+    **flags.shared_ranges("log_every", "checkpoint_every"),
 }
 
 

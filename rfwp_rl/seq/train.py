@@ -21,7 +21,6 @@ import argparse
 import copy
 import dataclasses
 import json
-import math
 import time
 from pathlib import Path
 from typing import Any
@@ -171,11 +170,9 @@ def apply_sets(cfg: SeqConfig, overrides: list[str]) -> dict[str, Any]:
 
 # the number settings' ranges (flags.check_ranges); NaN is in none
 NUMBER_RANGES: dict[str, flags.Range] = {
-    "learning_rate": flags.Range(closed="()"),
+    **flags.shared_ranges("learning_rate"),
     "warmup": flags.Range(note="optimizer steps"),
-    "grad_norm_clip": flags.Range(note="0: no clipping"),
-    "checkpoint_every": flags.Range(0, math.inf, "[]", "seconds; inf: only at the end"),
-    "log_every": flags.Range(0, math.inf, "[]", "seconds"),
+    **flags.shared_ranges("grad_norm_clip", "checkpoint_every", "log_every"),
 }
 
 
