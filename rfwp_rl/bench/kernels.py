@@ -159,15 +159,15 @@ def measure(name: str, size: str, repeats: int, fused: Callable, device: str = "
     return row
 
 
-def _parse_list(items: list[str], allowed, what: str) -> list[str]:
+def _check_list(items: list[str], allowed, what: str) -> list[str]:
     if not items:
         raise UserError(f"empty {what} list; allowed: {', '.join(allowed)}")
     return [check_choice(what, x, allowed) for x in items]
 
 
 def run(args: argparse.Namespace) -> int:
-    sizes = _parse_list(args.sizes, SIZES, "size")
-    names = _parse_list(args.ops, tuple(FWD_FLOPS), "op")
+    sizes = _check_list(args.sizes, SIZES, "size")
+    names = _check_list(args.ops, tuple(FWD_FLOPS), "op")
     threads = args.torch_threads
     if not threads or min(threads) < 1:
         raise UserError(f"--torch-threads {','.join(map(str, threads))} is invalid; allowed: a list of integers >= 1")
