@@ -57,6 +57,8 @@ from rfwp_rl.recall import RecallHead
 #: what the agent did before an option existed, where that is not the option's default: a saved meta without
 #: the option reads as this (:meth:`rfwp_rl.impala.run_spec.RunSpec.upgrade_meta`)
 BEFORE_OPTION = {"grid_embedding": 0, "recall_symbols": False}
+#: the largest |log_std_init|: the Gaussian's std, its log-probs and entropy stay finite float32 numbers
+MAX_LOG_STD_INIT = 20.0
 
 
 @dataclasses.dataclass
@@ -135,6 +137,11 @@ class AgentConfig:
                 raise UserError(f"agent {key} {value!r} is invalid; allowed: a table of part = encoder name")
         cfg = cls(**d)
         check_choice("agent torso", cfg.torso, TORSOS)
+        if abs(cfg.log_std_init) > MAX_LOG_STD_INIT:
+            raise UserError(
+                f"agent log_std_init {cfg.log_std_init!r} is invalid; allowed: a number within "
+                f"[-{MAX_LOG_STD_INIT:g}, {MAX_LOG_STD_INIT:g}]"
+            )
         check_choice("agent mlp_activation", cfg.mlp_activation, sorted(ACTIVATIONS))
         for key, value in dict(cfg.encoders).items():
             check_choice(f"agent encoder of part {key!r}", value, PART_ENCODERS)

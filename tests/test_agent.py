@@ -299,6 +299,8 @@ def test_sizes_past_the_bounds_are_refused_before_any_memory_is_taken():
         ({"torso_output": 1.5}, "agent torso_output 1.5 is invalid; allowed: an integer >= 1"),
         ({"torso_output": 0}, "agent torso_output 0 is invalid; allowed: an integer >= 1"),
         ({"log_std_init": float("nan")}, "agent log_std_init nan is invalid; allowed: a finite number"),
+        ({"log_std_init": 1e12}, "agent log_std_init 1000000000000.0 is invalid; allowed: a number within [-20, 20]"),
+        ({"log_std_init": -21}, "agent log_std_init -21 is invalid; allowed: a number within [-20, 20]"),
         ({"encoders": 1}, "agent encoders 1 is invalid; allowed: a table of part = encoder name"),
         ({"mlp_activation": 3}, "agent mlp_activation 3 is invalid; allowed: a name"),
     ):
@@ -306,4 +308,5 @@ def test_sizes_past_the_bounds_are_refused_before_any_memory_is_taken():
             AgentConfig.from_dict(option)
     with pytest.raises(UserError, match="agent would have [\\d,]+ parameters"):
         build_agent(resolve_preset("lstm", None, ["agent.mlp_sizes=[1000000, 1000]"]), (9,), 4)
+    assert AgentConfig.from_dict({"log_std_init": -20}).log_std_init == -20  # the bound itself is allowed
     assert cores.make("rdn", 8, hidden_size=16, num_heads=2) is not None  # ordinary sizes build
