@@ -596,7 +596,7 @@ class _Progress:
         self.last = now
         scores = [e.score for e in eps]
         print(
-            f"  {done_count}/{need} episodes | mean score {np.mean(scores):.1f} | "
+            f"  {done_count}/{need} episodes | mean score {np.mean(scores):.2f} | "
             f"{sum(e.length for e in eps) / max(now - self.t0, 1e-9):,.0f} steps/s",
             flush=True,
         )
@@ -726,7 +726,7 @@ def run(args: argparse.Namespace) -> int:
     json_path, csv_path = write_eval(record, out_dir, stem)
     if not args.no_tensorboard:
         log_tensorboard(run_dir, record)
-    means = ", ".join(f"{m:.1f}" for m in record["repeat_means"])
+    means = ", ".join(f"{m:.2f}" for m in record["repeat_means"])  # as many decimals as the mean
     extra = f"; {record['dropped_negative']} negative episodes dropped" if record["noneg"] else ""
     trunc = f"; {record['truncated']} episodes hit the time limit" if record["truncated"] else ""
     print(
