@@ -285,7 +285,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     flags.add_list_argument(
         parser,
         "--rl",
-        ["results/memory/easy_suite/runs.csv"],
+        ["results/memory/comparison/runs.csv", "results/memory/hard/runs.csv"],
         "memory-results runs.csv tables to put beside the probe (none: no RL column)",
         metavar="RUNS_CSV",
         allow_empty=True,
