@@ -34,6 +34,9 @@ def test_vector_profile_matches_the_unroll_to_the_memory_horizon():
     assert profiles.vector_unroll_length(None, None) == 2 * profiles.UNKNOWN_HORIZON
     assert profiles.vector_unroll_length(3, 10) == profiles.MIN_UNROLL
     assert profiles.vector_unroll_length(None, 500) == profiles.MAX_UNROLL
+    # a stated horizon is spanned past MAX_UNROLL (an unroll shorter than the span cannot learn it)
+    assert profiles.vector_unroll_length(129, 130) == 258
+    assert profiles.vector_unroll_length(10**6, None) == profiles.MAX_STATED_UNROLL
 
 
 def test_vector_batches_hold_about_320_env_steps_whatever_the_unroll():

@@ -7,9 +7,10 @@ below (``VECTOR``, ``CONTROL``) and in :mod:`rfwp_rl.impala.config` (``ATARI``).
 - ``vector`` (vector observations, discrete actions: the ``rfwp/`` memory tasks, CartPole, a user's
   env), for recurrent agents that must learn to remember; ``docs/profiles/vector.md``:
 
-  - the unroll is twice the env's memory horizon (else its episode limit), within ``MIN_UNROLL`` to
-    ``MAX_UNROLL``: gradients stop at unroll boundaries, and a span of h steps placed uniformly fits
-    in an unroll of U steps with probability (U - h) / U, at least one half for U = 2h;
+  - the unroll is twice the memory horizon the env states (up to ``MAX_STATED_UNROLL``), else twice
+    its episode limit (up to ``MAX_UNROLL``), at least ``MIN_UNROLL``: gradients stop at unroll
+    boundaries, and a span of h steps placed uniformly fits in an unroll of U steps with probability
+    (U - h) / U, at least one half for U = 2h and none for U < h; an episode limit is no stated span;
   - a batch holds about ``VECTOR_STEPS_PER_UPDATE`` env steps whatever the unroll, so that a long
     unroll does not cost updates;
   - Adam; advantages divided by their RMS, not centred, so that a sparse +-1 is not drowned by the
@@ -80,6 +81,7 @@ CONTROL = dict(
 )  # no trust region, no recall task and no advantage minimum: none measured on continuous control
 CONTROL_UNROLL = 16  # without a stated memory horizon
 MIN_UNROLL, MAX_UNROLL = 20, 128
+MAX_STATED_UNROLL = 1024  # a memory horizon the env states is spanned past MAX_UNROLL (docs/profiles/vector.md)
 # A long unroll must not cost updates: the vector profile holds the env steps per update near
 # 16 x 20 whatever the unroll, with at least MIN_BATCH unrolls per batch (docs/profiles/vector.md).
 VECTOR_STEPS_PER_UPDATE, MIN_BATCH = 320, 4
@@ -87,10 +89,11 @@ UNKNOWN_HORIZON = 50  # steps assumed when the env states neither a memory horiz
 
 
 def vector_unroll_length(memory_horizon: int | None, max_episode_steps: int | None) -> int:
-    """Twice the steps a memory must span (the env's ``memory_horizon``, else its episode limit),
-    within [MIN_UNROLL, MAX_UNROLL]."""
-    horizon = memory_horizon or max_episode_steps or UNKNOWN_HORIZON
-    return max(MIN_UNROLL, min(MAX_UNROLL, 2 * int(horizon)))
+    """Twice the steps a memory must span: the env's ``memory_horizon``, within [MIN_UNROLL,
+    MAX_STATED_UNROLL], else its episode limit (or ``UNKNOWN_HORIZON``), within [MIN_UNROLL, MAX_UNROLL]."""
+    if memory_horizon:
+        return max(MIN_UNROLL, min(MAX_STATED_UNROLL, 2 * int(memory_horizon)))
+    return max(MIN_UNROLL, min(MAX_UNROLL, 2 * int(max_episode_steps or UNKNOWN_HORIZON)))
 
 
 def vector_batch_size(unroll_length: int) -> int:

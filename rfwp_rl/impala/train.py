@@ -159,7 +159,8 @@ def _add_learner_arguments(g: argparse._ArgumentGroup) -> None:
         "batch_size": f"atari {profiles.ATARI['batch_size']}; vector: about {profiles.VECTOR_STEPS_PER_UPDATE} env "
         f"steps / unroll, {profiles.MIN_BATCH} to {profiles.VECTOR['batch_size']}; control "
         f"{profiles.CONTROL['batch_size']}",
-        "unroll_length": f"atari {profiles.ATARI['unroll_length']}; vector: 2 x the env's memory horizon, "
+        "unroll_length": f"atari {profiles.ATARI['unroll_length']}; vector: 2 x the memory horizon the env "
+        f"states, {profiles.MIN_UNROLL} to {profiles.MAX_STATED_UNROLL}, else 2 x its episode limit, "
         f"{profiles.MIN_UNROLL} to {profiles.MAX_UNROLL}; control: the same where the env states a "
         f"memory horizon, else {profiles.CONTROL_UNROLL}",
         "optimizer": _by_profile("optimizer", control=False),
