@@ -13,6 +13,11 @@ Three things make an environment usable by rfwp-rl:
     rfwp-rl train --env env_specs/example_env.py:rfwp_examples/TMaze-v0 --core lstm
     # or, for a module on the Python path:  --env mypackage.mymodule:TMaze-v0
 
+Optionally, an int attribute ``memory_horizon`` on the env (the most steps a memory must span, cue to
+use) sets the vector profile's unroll to twice it; without it the unroll is twice the episode limit, at
+most 128 steps (``docs/profiles/vector.md``). This maze leaves it out: a walker that bumps into the
+wall keeps the cue longer than the corridor, up to the 50-step limit.
+
 Check it without training:  python env_specs/example_env.py
 """
 
