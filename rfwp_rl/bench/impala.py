@@ -321,12 +321,12 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"--devices {d}: this torch build or machine has no CUDA device")
     if not args.seconds > 0 or args.warmup_seconds < 0:
         raise UserError(f"--seconds {args.seconds:g} / --warmup-seconds {args.warmup_seconds:g}: need > 0 / >= 0")
-    if args.topologies is not None:
-        topology.parse_topologies(args)  # bad names and splits: one line before anything starts
-    args.out = args.out or (topology.OUT if args.topologies is not None else OUT)
+    # bad topology names and splits: one line before anything starts
+    topologies = topology.parse_topologies(args) if args.topologies is not None else None
+    args.out = args.out or (topology.OUT if topologies is not None else OUT)
     specs = {core: _run_spec(core, args) for core in cores}
-    if args.topologies:
-        return topology.run(args, cores, devices, {core: spec.env for core, spec in specs.items()})
+    if topologies is not None:
+        return topology.run(args, topologies, cores, devices, {core: spec.env for core, spec in specs.items()})
     first = next(iter(specs.values()))
     _config(args, first, devices[0])  # the run's settings checked (one-line errors) before any env starts
     # one pool, made before anything touches CUDA (its workers are forked); moolib allows one per process

@@ -308,10 +308,9 @@ class Topology:
         )
 
 
-def run(args: argparse.Namespace, cores: list[str], devices: list[str], envs: dict[str, str]) -> int:
-    """Each topology of ``--topologies`` for each core and device; a table and ``--out``. ``envs``: each core's
-    env id, as resolved."""
-    names = parse_topologies(args)
+def run(args: argparse.Namespace, names: list[str], cores: list[str], devices: list[str], envs: dict[str, str]) -> int:
+    """Each topology of ``names`` (``--topologies``, as :func:`parse_topologies` returns them) for each core and
+    device; a table and ``--out``. ``envs``: each core's env id, as resolved."""
     if importlib.util.find_spec("moolib") is None and set(names) - {"local"}:
         skipped = [t for t in names if t != "local"]
         print(f"moolib is not installed: {' and '.join(skipped)} need it (bash scripts/setup.sh); skipping them")
