@@ -58,7 +58,8 @@ def test_runs_summary_table_and_curves(tmp_path):
     (out).mkdir()
     (out / "README.md").write_text(
         "# intro kept\n\n<!-- memory-table -->\nold\n<!-- /memory-table -->\n\nmiddle kept\n"
-        "<!-- memory-aggregate -->\nold\n<!-- /memory-aggregate -->\ntail kept\n"
+        "<!-- memory-aggregate -->\nold\n<!-- /memory-aggregate -->\n"
+        "<!-- memory-aggregate-levels -->\nold\n<!-- /memory-aggregate-levels -->\ntail kept\n"
     )
 
     summary, agg = results.write_results(runs, out, reps=2000)
@@ -115,6 +116,16 @@ def test_runs_summary_table_and_curves(tmp_path):
     assert (agg[0]["ci95_low"], agg[0]["ci95_high"]) == pytest.approx((again.low, again.high))
     assert "| lstm | 0.62 [" in readme and "| rdn | 0.60 [0.60, 0.60] | 1 | 1 of 2 | 1 | one seed |" in readme
     assert list(csv.DictReader((out / "aggregate.csv").open()))[0]["iqm"] == "0.6250"
+    # each level pooled on its own: lstm's medium run alone, rdn has none; bold: the best, or overlapping it
+    by_level = list(csv.DictReader((out / "aggregate_levels.csv").open()))
+    assert [(r["level"], r["core"], r["iqm"]) for r in by_level] == [
+        ("easy", "lstm", "0.6250"),
+        ("easy", "rdn", "0.6000"),
+        ("medium", "lstm", "1.0000"),
+    ]
+    assert "| core | easy (2 tasks) | medium (1 task) |" in readme
+    assert "| rdn | 0.60 [0.60, 0.60] | - |" in readme and "| lstm | **0.62 [" in readme
+    assert "**1.00 [1.00, 1.00]** |" in readme
     assert (out / "performance_profile.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out / "summary.csv").read_text().splitlines()[0].startswith("env,task,level,core,seeds")
@@ -128,6 +139,7 @@ def test_records_keep_the_tables_when_the_run_directories_are_gone(tmp_path):
     (going / "config.json").write_text(json.dumps({**config, "total_steps": 9000}))  # not finished: no record
     results.write_results(runs, out, reps=50)
     table = (out / "runs.csv").read_text()
+    assert not (out / "aggregate_levels.csv").exists()  # one level: the aggregate is the level's
     records = sorted(p.relative_to(out / "records") for p in (out / "records").rglob("*.json"))
     assert records == [Path("rfwp-DelayedRecall-easy-v0/lstm_s1.json"), Path("rfwp-DelayedRecall-easy-v0/lstm_s2.json")]
     for run_dir in gone:

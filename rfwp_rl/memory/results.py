@@ -20,13 +20,16 @@ memory tasks and MiniGrid-MemoryS7 (:mod:`rfwp_rl.memory.comparison`), its IQM o
 - ``aggregate.csv``: one row per core: the interquartile mean (IQM) of the normalised final
   returns of all its runs on the tasks of one level (``--aggregate-level``; ``all``: every task), with the 95%
   stratified-bootstrap interval (:mod:`rfwp_rl.stats`), and the numbers of runs and tasks;
+- ``aggregate_levels.csv`` (when runs span two levels or more): the same per core and level, each level's
+  tasks pooled on their own;
 - ``performance_profile.png``: per core, the fraction of those runs whose normalised return
   exceeds tau, over tau, with the 95% stratified-bootstrap band;
 - ``curves.png``: per env, the normalised return over env steps, mean over seeds with the 95%
   interval as a band, one line per core;
 - the tables between the markers ``<!-- memory-table -->`` and ``<!-- /memory-table -->``, and
-  ``<!-- memory-aggregate -->`` and ``<!-- /memory-aggregate -->``, of ``README.md`` (the file is
-  created if missing; the text around the markers is kept);
+  ``<!-- memory-aggregate -->`` and ``<!-- /memory-aggregate -->``, and (runs on two levels or more) the
+  per-level IQMs between ``<!-- memory-aggregate-levels -->`` and ``<!-- /memory-aggregate-levels -->``, of
+  ``README.md`` (the file is created if missing; the text around the markers is kept);
 - ``records/``: one small JSON file per finished run (its row's raw numbers and its curve), at the run
   directory's path under ``--runs`` (``records/<env>/<core>_s<seed>.json``). They are committed with the
   tables, so a table outlives its run directories: the tables are made from the run directories and from
@@ -77,6 +80,7 @@ CURVE_TAG = "episode/return_mean100"
 MINUTES_TAG = "perf/train_minutes"
 TABLE_BEGIN, TABLE_END = "<!-- memory-table -->", "<!-- /memory-table -->"
 AGGREGATE_BEGIN, AGGREGATE_END = "<!-- memory-aggregate -->", "<!-- /memory-aggregate -->"
+LEVELS_BEGIN, LEVELS_END = "<!-- memory-aggregate-levels -->", "<!-- /memory-aggregate-levels -->"
 RECORDS = "records"  # the folder of an output folder that keeps its finished runs' records
 HELD_LEVEL = 0.9  # "reached the optimum": normalised return of the runs' held columns
 PROFILE_TAUS = tuple(i / 100 for i in range(101))  # normalised return thresholds of the profile
@@ -480,6 +484,37 @@ def aggregate_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def level_aggregates(runs: list[Run], reps: int = stats.INTERVAL_REPS) -> list[dict]:
+    """:func:`aggregate` at each level of the runs' benchmark that has runs, in its order (the rows of
+    every level one after the other); none when the runs are all of one level."""
+    if not runs:
+        return []
+    levels = [lv for lv in runs[0].bench.levels if any(r.level == lv for r in runs)]
+    return [row for lv in levels for row in aggregate(runs, lv, reps=reps)] if len(levels) > 1 else []
+
+
+def levels_table(rows: list[dict]) -> str:
+    """The per-level aggregate rows (:func:`level_aggregates`) as one markdown table, a column per level
+    (``IQM [low, high]``, its number of tasks in the heading); bold where the core is the level's best or
+    its interval overlaps the best's (:func:`versus_best`)."""
+    levels = list(dict.fromkeys(r["level"] for r in rows))
+    cells: dict[str, dict[str, str]] = {}
+    tasks = {}
+    for level in levels:
+        at = [r for r in rows if r["level"] == level]
+        tasks[level] = max(r["tasks"] for r in at)
+        verdict = versus_best(at)
+        for r in at:
+            cell = f"{r['iqm']:.2f} [{r['ci95_low']:.2f}, {r['ci95_high']:.2f}]"
+            bold = verdict[r["core"]] in ("best", "no difference")
+            cells.setdefault(r["core"], {})[level] = f"**{cell}**" if bold else cell
+    heads = [f"{level} ({tasks[level]} task{'s' if tasks[level] > 1 else ''})" for level in levels]
+    lines = ["| core | " + " | ".join(heads) + " |", "|---" * (len(levels) + 1) + "|"]
+    for core in sorted(cells, key=core_rank):
+        lines.append(f"| {core} | " + " | ".join(cells[core].get(level, "-") for level in levels) + " |")
+    return "\n".join(lines)
+
+
 def plot_profiles(
     runs: list[Run], path: Path, level: str = "easy", reps: int = stats.PROFILE_REPS, seed: int = 0
 ) -> None:
@@ -630,14 +665,19 @@ def write_tables(runs: list[Run], out: Path, level: str = "all", reps: int = sta
     run_rows = [run_row(r) for r in runs]
     summary = summarize(runs)
     agg = aggregate(runs, level, reps=reps)
+    by_level = level_aggregates(runs, reps)
     atomic_write_csv(out / "runs.csv", run_rows, float_format=".4f")
     atomic_write_csv(out / "summary.csv", summary, float_format=".4f")
     atomic_write_csv(out / "aggregate.csv", agg, float_format=".4f")
+    if by_level:
+        atomic_write_csv(out / "aggregate_levels.csv", by_level, float_format=".4f")
     plot_curves(runs, out / "curves.png")
     if agg:
         plot_profiles(runs, out / "performance_profile.png", level)
     update_readme(out / "README.md", markdown_table(summary, bench), title=bench.title)
     update_readme(out / "README.md", aggregate_table(agg), AGGREGATE_BEGIN, AGGREGATE_END, bench.title)
+    if by_level:
+        update_readme(out / "README.md", levels_table(by_level), LEVELS_BEGIN, LEVELS_END, bench.title)
     return summary, agg
 
 
@@ -707,7 +747,8 @@ def run(args: argparse.Namespace) -> int:
     print()
     print(aggregate_table(agg))
     print(
-        f"wrote {out}/runs.csv, summary.csv, aggregate.csv, curves.png, performance_profile.png, the "
+        f"wrote {out}/runs.csv, summary.csv, aggregate.csv (aggregate_levels.csv where the runs span levels), "
+        "curves.png, performance_profile.png, the "
         f"tables in README.md and the finished runs' {RECORDS}/"
     )
     return 0
