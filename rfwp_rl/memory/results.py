@@ -462,6 +462,11 @@ def versus_best(rows: list[dict]) -> dict[str, str]:
     return {r["core"]: verdict(r) for r in rows}
 
 
+def iqm_cell(row: dict) -> str:
+    """An aggregate row's ``IQM [low, high]``, as every table here writes it."""
+    return f"{row['iqm']:.2f} [{row['ci95_low']:.2f}, {row['ci95_high']:.2f}]"
+
+
 def aggregate_table(rows: list[dict]) -> str:
     """The aggregate rows as a markdown table: ``IQM [low, high]``, runs, tasks (of how many), and
     how each core compares with the best (:func:`versus_best`)."""
@@ -477,10 +482,7 @@ def aggregate_table(rows: list[dict]) -> str:
     for r in rows:
         tasks = f"{r['tasks']}" if r["tasks"] == most_tasks else f"{r['tasks']} of {most_tasks}"
         seeds = f"{r['seeds_min']}" if r["seeds_min"] == r["seeds_max"] else f"{r['seeds_min']}-{r['seeds_max']}"
-        lines.append(
-            f"| {r['core']} | {r['iqm']:.2f} [{r['ci95_low']:.2f}, {r['ci95_high']:.2f}] | {r['runs']} | "
-            f"{tasks} | {seeds} | {verdict[r['core']]} |"
-        )
+        lines.append(f"| {r['core']} | {iqm_cell(r)} | {r['runs']} | {tasks} | {seeds} | {verdict[r['core']]} |")
     return "\n".join(lines)
 
 
@@ -505,7 +507,7 @@ def levels_table(rows: list[dict]) -> str:
         tasks[level] = max(r["tasks"] for r in at)
         verdict = versus_best(at)
         for r in at:
-            cell = f"{r['iqm']:.2f} [{r['ci95_low']:.2f}, {r['ci95_high']:.2f}]"
+            cell = iqm_cell(r)
             bold = verdict[r["core"]] in ("best", "no difference")
             cells.setdefault(r["core"], {})[level] = f"**{cell}**" if bold else cell
     heads = [f"{level} ({tasks[level]} task{'s' if tasks[level] > 1 else ''})" for level in levels]
