@@ -128,9 +128,14 @@ def learner(tmp_path_factory):
     learner = Learner(tmp_path_factory.mktemp("preauth"))
     learner.wait_for(r"^[\d,]+/[\d,]+ ")  # training
     yield learner
-    if learner.proc.poll() is None:
-        learner.proc.kill()
-        learner.proc.wait(timeout=60)
+    # the end is checked here, after every test of the module on this worker: a test that ended the learner
+    # could run before others that need it (xdist's worksteal reorders a module's tests)
+    try:
+        learner_ends_with_finite_parameters(learner)
+    finally:
+        if learner.proc.poll() is None:
+            learner.proc.kill()
+            learner.proc.wait(timeout=60)
 
 
 def test_huge_declared_length_is_refused_unread(learner):
@@ -234,7 +239,8 @@ def test_idle_connections_are_bounded_and_time_out(learner):
     learner.still_training()
 
 
-def test_learner_ends_with_finite_parameters(learner):
+def learner_ends_with_finite_parameters(learner: Learner) -> None:
+    """Still training, then SIGTERM: exit 0 and a checkpoint at or past the last step, all finite."""
     learner.still_training()
     steps = learner.steps()
     learner.proc.send_signal(signal.SIGTERM)  # checkpoint, exit 0
