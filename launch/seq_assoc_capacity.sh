@@ -30,7 +30,7 @@ for S in $KEYS; do
   for CORE in $CORES; do
     nice -n 10 rfwp-rl seq --task assoc --model memory --setting "$SETTING" --num-keys "$S" \
       --core "$CORE" --hidden-size "$D_KEY" --emb-size 64 --feature-map "$FEATURE_MAP" \
-      --batch-size 32 --learning-rate 1e-3 --total-steps "$STEPS" --eval-every 100 \
+      --batch-size 32 --learning-rate 1e-3 --updates "$STEPS" --eval-every-updates 100 \
       --target 0.001 --patience 10 --seed "$SEED" --torch-threads 1 \
       --run-dir "$ROOT/${CORE}_S${S}" "$@"
   done

@@ -38,7 +38,7 @@ for CORE in $CORES; do
   esac
   nice -n 10 rfwp-rl seq --task code_exec --num-vars 3 --num-statements "$STATEMENTS" \
     --data-sizes "$TRAIN,500,500" --dropout "$DROPOUT" --core "$CORE" --emb-size 64 --hidden-size 64 --num-layers 2 \
-    "${SIZE[@]}" --batch-size 32 --learning-rate 1e-3 --total-steps "$STEPS" --eval-every 250 \
+    "${SIZE[@]}" --batch-size 32 --learning-rate 1e-3 --updates "$STEPS" --eval-every-updates 250 \
     --target 1.0 --seed "$SEED" --torch-threads 1 \
     --run-dir "$ROOT/$CORE" "$@"
 done

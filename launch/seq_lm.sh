@@ -41,10 +41,10 @@ for CORE in $CORES; do
   esac
   RUN_CONTEXT=$CONTEXT
   if [ "$CORE" = transformer ]; then RUN_CONTEXT=independent; fi
-  nice -n 10 rfwp-rl seq --task lm --data builtin --level word --min-count 3 --core "$CORE" \
+  nice -n 10 rfwp-rl seq --task lm --data builtin --tokens word --min-count 3 --core "$CORE" \
     --emb-size 128 --num-layers 2 "${SIZE[@]}" --dropout 0.1 --seg-len 128 \
-    --context "$RUN_CONTEXT" --batch-size 16 --learning-rate 1e-3 --warmup 200 --total-steps "$STEPS" \
-    --eval-every 100 --seed "$SEED" --torch-threads 1 \
+    --context "$RUN_CONTEXT" --batch-size 16 --learning-rate 1e-3 --warmup-updates 200 --updates "$STEPS" \
+    --eval-every-updates 100 --seed "$SEED" --torch-threads 1 \
     --run-dir "$ROOT/$CORE" "$@"
 done
 

@@ -8,8 +8,9 @@ fields. Settings that several commands share (:data:`SHARED`) have one name and 
 a field adds only what is its command's own (what 0 means, which unit its budget counts). Sample
 Factory's ``cfg/cfg.py`` is the model: the shared flags defined once, each command adding its own.
 
-Units: durations are seconds; budgets and intervals count env steps, or optimizer steps where the
-command has no env (``seq``); the help of each says which.
+Units: durations are seconds; ``--total-steps`` and the intervals of the RL trainers count env steps;
+a budget or interval in optimizer steps is named for them (``--updates``, ``--eval-every-updates``), so
+that one flag never takes two units.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ OPTIMIZER_STEPS = "optimizer steps"
 SHARED: dict[str, str] = {
     "seed": "random seed",
     "total_steps": "training budget in {unit}",
+    "updates": "training budget in optimizer steps",
     "learning_rate": "learning rate",
     "adam_eps": "Adam's epsilon",
     "grad_norm_clip": "clip the gradients' global norm to this before each optimizer step (0: no clipping)",

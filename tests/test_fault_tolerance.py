@@ -100,7 +100,7 @@ SEQ = [
     "4",
     "--torch-threads",
     "1",
-    "--eval-every",
+    "--eval-every-updates",
     "100000",
     "--eval-batch-size",
     "8",
@@ -115,7 +115,7 @@ TRAINERS = {
         "model",
     ),
     "seq": (
-        lambda d, n, c=0.3: SEQ + ["--run-dir", str(d), "--total-steps", str(n), "--checkpoint-every", str(c)],
+        lambda d, n, c=0.3: SEQ + ["--run-dir", str(d), "--updates", str(n), "--checkpoint-every", str(c)],
         "train/loss",
         "model",
     ),

@@ -7,6 +7,7 @@ import argparse
 import dataclasses
 import importlib
 import math
+import re
 
 import pytest
 
@@ -103,8 +104,10 @@ def test_shared_settings_have_one_name_in_every_command_and_no_aliases():
         "bench kernels",
         "bench meta_rl",
     } <= seen["torch_threads"]
-    for name in ("learning_rate", "grad_norm_clip", "checkpoint_every", "log_every", "total_steps", "seed"):
+    for name in ("learning_rate", "grad_norm_clip", "checkpoint_every", "log_every", "seed"):
         assert {"train", "meta-rl", "seq"} <= seen[name], name
+    assert {"train", "meta-rl", "bench memory-health"} <= seen["total_steps"]
+    assert {"seq", "memory-probe"} <= seen["updates"]
     for name in ("entropy_cost", "baseline_cost", "discount"):
         assert {"train", "meta-rl"} <= seen[name], name
     assert {"train", "actor", "eval", "probe", "bench impala"} <= seen["num_actors"]
@@ -177,8 +180,21 @@ def test_durations_are_seconds_and_budgets_name_their_unit(command):
     actions = _actions(_parser(COMMANDS[command][0]))
     for name in ("checkpoint_every", "log_every"):
         assert actions[name].help.startswith("seconds "), (command, name)
+    budget = "updates" if command == "seq" else "total_steps"
     unit = flags.OPTIMIZER_STEPS if command == "seq" else flags.ENV_STEPS
-    assert actions["total_steps"].help.startswith(f"training budget in {unit}")
+    assert actions[budget].help.startswith(f"training budget in {unit}")
+
+
+def test_a_flag_counts_in_one_unit_in_every_command():
+    """``--total-steps 1e6`` is a million env steps wherever it is given, never a million updates."""
+    units: dict[str, set[str]] = {}
+    for parser in _parsers().values():
+        for option, action in _actions(parser).items():
+            named = re.findall(r"\b(env steps|optimizer steps|seconds)\b", action.help or "")
+            if named:
+                units.setdefault(option, set()).add(named[0])
+    assert {option: found for option, found in units.items() if len(found) > 1} == {}
+    assert units["total_steps"] == {flags.ENV_STEPS} and units["updates"] == {flags.OPTIMIZER_STEPS}
 
 
 def test_the_loss_settings_are_the_trainers():

@@ -44,7 +44,7 @@ TRAINERS = {
         "--total-steps",
         "120",
     ],  # one episode of 4 agents x 30 steps
-    "seq": ["seq", "--task", "assoc", "--num-keys", "4", "--core", "lt", "--total-steps", "1"],
+    "seq": ["seq", "--task", "assoc", "--num-keys", "4", "--core", "lt", "--updates", "1"],
 }
 
 

@@ -172,26 +172,44 @@ ASSOC = [
 
 def test_cli_learns_assoc_and_writes_results(tmp_path, capsys):
     run_dir = tmp_path / "run"
-    assert train.run(parse(ASSOC + ["--total-steps", "300", "--eval-every", "100", "--run-dir", str(run_dir)])) == 0
+    assert train.run(parse(ASSOC + ["--updates", "300", "--eval-every-updates", "100", "--run-dir", str(run_dir)])) == 0
     res = json.loads((run_dir / "results.json").read_text())
     assert res["settings"]["task"] == "assoc" and res["settings"]["num_keys"] == 4
-    assert res["training"]["total_steps"] == 300 and res["train_seconds"] > 0
+    assert res["training"]["updates"] == 300 and res["train_seconds"] > 0
     assert res["valid"]["seq_acc"] > 0.9 and res["test"]["seq_acc"] > 0.9  # chance: 0.25
     assert (run_dir / "tb").is_dir() and (run_dir / "best.pt").is_file()
 
 
 def test_cli_resume_equals_an_uninterrupted_run(tmp_path, capsys):
-    common = ASSOC + ["--eval-every", "3", "--checkpoint-every", "1000"]  # checkpoints: the final ones
-    train.run(parse(common + ["--total-steps", "6", "--run-dir", str(tmp_path / "a")]))
-    train.run(parse(common + ["--total-steps", "3", "--run-dir", str(tmp_path / "b")]))
-    train.run(parse(common + ["--total-steps", "6", "--run-dir", str(tmp_path / "b")]))
+    common = ASSOC + ["--eval-every-updates", "3", "--checkpoint-every", "1000"]  # checkpoints: the final ones
+    train.run(parse(common + ["--updates", "6", "--run-dir", str(tmp_path / "a")]))
+    train.run(parse(common + ["--updates", "3", "--run-dir", str(tmp_path / "b")]))
+    train.run(parse(common + ["--updates", "6", "--run-dir", str(tmp_path / "b")]))
     assert "resuming" in capsys.readouterr().out
     a = torch.load(tmp_path / "a" / "ckpt_000000000006.pt", weights_only=False)["state"]["model"]
     b = torch.load(tmp_path / "b" / "ckpt_000000000006.pt", weights_only=False)["state"]["model"]
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=0, atol=0)
     with pytest.raises(UserError, match="does not match this run"):
-        train.run(parse(common + ["--total-steps", "6", "--learning-rate", "1e-3", "--run-dir", str(tmp_path / "b")]))
+        train.run(parse(common + ["--updates", "6", "--learning-rate", "1e-3", "--run-dir", str(tmp_path / "b")]))
+
+
+def test_a_checkpoint_with_the_settings_earlier_names_resumes(tmp_path, capsys):
+    """``warmup`` (now ``warmup_updates``) in a checkpoint written before the rename is the same setting."""
+    common = ASSOC + ["--eval-every-updates", "3", "--checkpoint-every", "1000", "--run-dir", str(tmp_path)]
+    assert train.run(parse(common + ["--updates", "3"])) == 0
+    path = tmp_path / "ckpt_000000000003.pt"
+    saved = torch.load(path, weights_only=False)
+    assert saved["meta"].pop("warmup_updates") == 0
+    saved["meta"]["warmup"] = 0
+    torch.save(saved, path)
+    assert train.run(parse(common + ["--updates", "6"])) == 0
+    assert "resuming" in capsys.readouterr().out and (tmp_path / "ckpt_000000000006.pt").is_file()
+    saved["meta"]["warmup"] = 5  # a different value under the earlier name is a different run
+    torch.save(saved, path)
+    (tmp_path / "ckpt_000000000006.pt").unlink()
+    with pytest.raises(UserError, match="warmup_updates"):
+        train.run(parse(common + ["--updates", "6"]))
 
 
 def test_cli_language_model_with_carried_context(tmp_path):
@@ -221,9 +239,9 @@ def test_cli_language_model_with_carried_context(tmp_path):
         "16",
         "--batch-size",
         "4",
-        "--total-steps",
+        "--updates",
         "20",
-        "--eval-every",
+        "--eval-every-updates",
         "10",
         "--context",
         "carried",
@@ -280,9 +298,9 @@ def test_context_blocks_cli_reads_a_run_and_refuses_bad_blocks(tmp_path, capsys)
         "16",
         "--batch-size",
         "4",
-        "--total-steps",
+        "--updates",
         "4",
-        "--eval-every",
+        "--eval-every-updates",
         "4",
         "--context",
         "carried",
@@ -327,12 +345,12 @@ def test_cli_refuses_carried_context_for_the_transformer(tmp_path):
         (["--task", "code_exec", "--data-sizes", "10,1"], "--data-sizes"),
         (["--task", "lm", "--eval-mode", "slide"], "unknown --eval-mode 'slide'"),
         (["--task", "assoc", "--learning-rate", "nan"], "--learning-rate nan is invalid; allowed: a number > 0"),
-        (["--task", "assoc", "--warmup", "-1"], "--warmup -1 is invalid; allowed: a number >= 0"),
+        (["--task", "assoc", "--warmup-updates", "-1"], "--warmup-updates -1 is invalid; allowed: a number >= 0"),
     ],
 )
 def test_cli_bad_input_is_one_line_user_error(argv, match, tmp_path):
     with pytest.raises(UserError, match=match):
-        train.run(parse(argv + ["--run-dir", str(tmp_path / "r"), "--total-steps", "1"]))
+        train.run(parse(argv + ["--run-dir", str(tmp_path / "r"), "--updates", "1"]))
 
 
 # ------------------------------------------------------------------------- the Sec. 6.1 memory
@@ -382,9 +400,9 @@ def test_cli_memory_model(tmp_path):
         "8",
         "--learning-rate",
         "1e-2",
-        "--total-steps",
+        "--updates",
         "200",
-        "--eval-every",
+        "--eval-every-updates",
         "50",
         "--target",
         "0.01",
@@ -411,7 +429,7 @@ def test_results_collects_runs_into_csv_and_plot(tmp_path):
             json.dumps(
                 {
                     "settings": {"task": "assoc", "core": core, "num_keys": S, "core_config": {"d_key": 8}},
-                    "training": {"total_steps": 10},
+                    "training": {"updates": 10} if core == "delta" else {"total_steps": 10},  # the earlier name
                     "best_step": 10,
                     "valid": {"loss": loss},
                     "test": {"loss": loss, "seq_acc": 1.0},
@@ -438,6 +456,9 @@ def test_results_collects_runs_into_csv_and_plot(tmp_path):
     )
     lines = out.read_text().splitlines()
     assert len(lines) == 4 and "test_loss" in lines[0] and "train_seconds" in lines[0]
+    header = lines[0].split(",")
+    assert "updates" in header and "total_steps" not in header
+    assert all(line.split(",")[header.index("updates")] == "10" for line in lines[1:])
     assert (tmp_path / "p.png").stat().st_size > 1000
     assert results.main([str(tmp_path / "empty"), str(out)]) == 2
 
@@ -466,9 +487,9 @@ def test_results_record_set_sizes_and_draw_training_curves(tmp_path):
         "32",
         "--emb-size",
         "16",
-        "--total-steps",
+        "--updates",
         "4",
-        "--eval-every",
+        "--eval-every-updates",
         "2",
         "--torch-threads",
         "1",
@@ -516,7 +537,7 @@ def test_bench_seq_writes_a_row_per_core(tmp_path):
             "8",
             "--num-heads",
             "2",
-            "--seq-len",
+            "--seg-len",
             "6",
             "--batch-size",
             "2",

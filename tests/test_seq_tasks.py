@@ -279,7 +279,7 @@ def write_corpus(d, train="a b c\nb c\n", valid="a d\n", test="c\n"):
     return d
 
 
-def test_corpus_word_and_char_levels(tmp_path):
+def test_corpus_of_words_and_of_chars(tmp_path):
     c = lm.load_corpus(write_corpus(tmp_path), "word")
     assert c.vocab[:3] == ["<eos>", "b", "c"]  # most frequent first
     assert [c.vocab[i] for i in c.train] == "a b c <eos> b c <eos>".split()

@@ -32,7 +32,7 @@ COLUMNS = (
     "tokens_per_s",
     "ms_per_step",
     "batch_size",
-    "seq_len",
+    "seg_len",
     "vocab",
     "hidden_size",
     "num_layers",
@@ -52,7 +52,9 @@ def default_cores() -> list[str]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     flags.add_list_argument(parser, "--cores", None, "cores", default_text="every core but ff")
     parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--seq-len", type=int, default=64)
+    parser.add_argument(
+        "--seg-len", type=flags.integer, default=64, help="tokens per sequence of the timed batch (default %(default)s)"
+    )
     parser.add_argument("--vocab", type=int, default=1000)
     parser.add_argument("--hidden-size", type=int, default=128)
     parser.add_argument("--num-layers", type=int, default=2)
@@ -85,7 +87,7 @@ class CoreBench:
         self.model = SeqModel(core, (args.vocab,), args.vocab, args.hidden_size, self.config)
         self.opt = torch.optim.Adam(self.model.parameters(), lr=1e-4)
         g = torch.Generator().manual_seed(0)
-        self.x = torch.randint(0, args.vocab, (args.seq_len + 1, args.batch_size), generator=g)
+        self.x = torch.randint(0, args.vocab, (args.seg_len + 1, args.batch_size), generator=g)
         self.times: list[float] = []
         self.step()  # warm-up
 
@@ -111,10 +113,10 @@ class CoreBench:
             "core": self.core,
             "backend": backend,
             "params": sum(p.numel() for p in self.model.parameters()),
-            "tokens_per_s": round(args.batch_size * args.seq_len / sec),
+            "tokens_per_s": round(args.batch_size * args.seg_len / sec),
             "ms_per_step": round(1000 * sec, 1),
             "batch_size": args.batch_size,
-            "seq_len": args.seq_len,
+            "seg_len": args.seg_len,
             "vocab": args.vocab,
             "hidden_size": args.hidden_size,
             "num_layers": self.config.get("num_layers", "-"),
@@ -130,7 +132,7 @@ class CoreBench:
 def run(args: argparse.Namespace) -> int:
     for name in (
         "batch_size",
-        "seq_len",
+        "seg_len",
         "vocab",
         "hidden_size",
         "num_layers",
@@ -146,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
         check_choice("core", c, default_cores() + ["ff"])
     torch.set_num_threads(args.torch_threads)
     print(
-        f"seq training throughput: batch {args.batch_size} x {args.seq_len} tokens, vocab "
+        f"seq training throughput: batch {args.batch_size} x {args.seg_len} tokens, vocab "
         f"{args.vocab}, hidden {args.hidden_size}, {args.num_layers} layers, "
         f"{args.torch_threads} thread(s)",
         flush=True,

@@ -274,9 +274,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     flags.add_list_argument(parser, "--seeds", [1], "seeds", item=flags.integer)
     default = ProbeConfig()
-    parser.add_argument(
-        "--updates", type=flags.integer, default=default.updates, help="optimizer steps per probe (default %(default)s)"
-    )
+    flags.add_shared(parser, "updates", default.updates, "of each probe")
     parser.add_argument(
         "--batch-size", type=flags.integer, default=default.batch_size, help="episodes per update (default %(default)s)"
     )

@@ -1,13 +1,13 @@
 """Settings of ``rfwp-rl seq``: every field is a flag and (but ``task``, ``model`` and ``core``) a
 ``--set`` key (:mod:`rfwp_rl.flags`). Sequence tasks have no env: the budget and the intervals
-count optimizer steps, durations are seconds."""
+count optimizer steps (updates), durations are seconds."""
 
 from __future__ import annotations
 
 import dataclasses
 
 from rfwp_rl import flags
-from rfwp_rl.flags import OPTIMIZER_STEPS, SECONDS
+from rfwp_rl.flags import SECONDS
 from rfwp_rl.seq.tasks import TASKS
 
 MODELS = ("seq", "memory")
@@ -39,14 +39,14 @@ class SeqConfig:
     feature_map: str | None = flags.setting(None, "elu_sum, softmax, dpfp or l2 (default: the core's)")
     positions: str = flags.setting("auto", "sinusoidal positions (auto: only for the transformer)", choices=POSITIONS)
     # training
-    total_steps: int = flags.setting(2000, unit=OPTIMIZER_STEPS)
+    updates: int = flags.setting(2000)
     batch_size: int = flags.setting(32, "sequences per optimizer step")
-    learning_rate: float = flags.setting(3e-4, "Adam's, constant after --warmup")
-    warmup: int = flags.setting(0, "linear learning-rate warm-up", unit=OPTIMIZER_STEPS)
+    learning_rate: float = flags.setting(3e-4, "Adam's, constant after --warmup-updates")
+    warmup_updates: int = flags.setting(0, "optimizer steps of linear learning-rate warm-up")
     grad_norm_clip: float = flags.setting(1.0)
     seed: int = flags.setting(1, "of the model and the data")
-    eval_every: int = flags.setting(
-        500, "on the validation set (best.pt: the best weights so far)", unit=OPTIMIZER_STEPS
+    eval_every_updates: int = flags.setting(
+        500, "optimizer steps between evaluations on the validation set (best.pt: the best weights so far)"
     )
     eval_batch_size: int = flags.setting(64, "sequences per validation batch")
     target: float | None = flags.setting(
@@ -63,7 +63,7 @@ class SeqConfig:
         "corpus directory with train/valid/test files (wiki.*.tokens or *.txt), or "
         "'builtin' (Python stdlib docstrings)",
     )
-    level: str = flags.setting("word", "word or char")
+    tokens: str = flags.setting("word", "what one token is: a word or a char(acter)")
     min_count: int = flags.setting(1, "rarer training tokens -> <unk>")
     seg_len: int = flags.setting(128, "training segment length and evaluation window, in tokens")
     context: str = flags.setting(
@@ -87,3 +87,18 @@ class SeqConfig:
 
 # --set keys: the settings but those that choose what is trained (core: --set core=NAME, the agent key)
 NOT_SET_KEYS = ("task", "model", "core")
+
+
+# Settings renamed so that no flag takes two units or meanings (``--total-steps`` counts env steps in
+# the RL trainers, a level is a task's difficulty): their earlier names, as checkpoints and config.json keep them.
+EARLIER_NAMES = {
+    "total_steps": "updates",
+    "warmup": "warmup_updates",
+    "eval_every": "eval_every_updates",
+    "level": "tokens",
+}
+
+
+def upgrade_settings(saved: dict) -> dict:
+    """A saved settings dict (a checkpoint's meta, a run's config.json) with today's names."""
+    return {EARLIER_NAMES.get(key, key): value for key, value in saved.items()}

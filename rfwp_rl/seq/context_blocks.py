@@ -18,6 +18,7 @@ import torch
 
 from rfwp_rl.checkpoint import atomic_write_csv
 from rfwp_rl.errors import UserError
+from rfwp_rl.seq.config import upgrade_settings
 from rfwp_rl.seq.model import SeqModel
 from rfwp_rl.seq.tasks.lm import SPLITS, carried_blocks, load_corpus
 
@@ -31,10 +32,10 @@ def load_run(run_dir: Path, min_count: int) -> tuple[SeqModel, dict, object]:
         raise UserError(
             f"{run_dir} has no config.json and best.pt; allowed: the run directory of an `rfwp-rl seq --task lm` run"
         )
-    cfg = json.loads(cfg_path.read_text())
+    cfg = upgrade_settings(json.loads(cfg_path.read_text()))
     if cfg.get("task") != "lm":
         raise UserError(f"{run_dir} is a {cfg.get('task')!r} run; allowed: a --task lm run")
-    corpus = load_corpus(cfg["corpus"], cfg["level"], min_count)
+    corpus = load_corpus(cfg["corpus"], cfg["tokens"], min_count)
     if corpus.vocab_size != cfg["vocab_size"]:
         raise UserError(
             f"--min-count {min_count} gives a vocabulary of {corpus.vocab_size:,}, the "

@@ -22,6 +22,7 @@ from rfwp_rl import flags
 from rfwp_rl.checkpoint import atomic_write_csv, atomic_write_figure
 from rfwp_rl.errors import UserError
 from rfwp_rl.runlog import read_scalars
+from rfwp_rl.seq.config import upgrade_settings
 
 SETTING_KEYS = (
     "task",
@@ -31,7 +32,7 @@ SETTING_KEYS = (
     "num_vars",
     "num_statements",
     "depth",
-    "level",
+    "tokens",
     "context",
     "seg_len",
     "emb_size",
@@ -44,12 +45,12 @@ CORE_KEYS = ("hidden_size", "num_layers", "num_heads", "ff_size", "feature_map")
 
 def flatten(res: dict, run_dir: str) -> dict:
     """One results.json as a flat row."""
-    s, cc = res["settings"], res["settings"].get("core_config", {})
+    s, cc = upgrade_settings(res["settings"]), res["settings"].get("core_config", {})
     row = {k: s.get(k, "") for k in SETTING_KEYS}
     if isinstance(row["data_sizes"], list):
         row["data_sizes"] = "/".join(map(str, row["data_sizes"]))
     row.update({k: cc.get(k, "") for k in CORE_KEYS})
-    row.update({k: v for k, v in res.get("training", {}).items()})
+    row.update(upgrade_settings(res.get("training", {})))
     row["best_step"] = res.get("best_step")
     row["steps_done"] = res.get("steps_done", "")
     row["early_stop"] = res.get("early_stop") or ""

@@ -3,7 +3,7 @@ algorithmic task (RFWP paper Sec. 4.1-4.3; Secretly-FWP Sec. 6.1), with any core
 
     rfwp-rl seq --task lm                                  # built-in corpus, Delta Net
     rfwp-rl seq --task lm --data ~/wikitext-103 --context carried --core delta_rnn
-    rfwp-rl seq --task code_exec --num-vars 3 --core rdn --total-steps 20000
+    rfwp-rl seq --task code_exec --num-vars 3 --core rdn --updates 20000
     rfwp-rl seq --task listops --depth 10 --core lstm --learning-rate 3e-3 --grad-norm-clip 0.1
     rfwp-rl seq --task assoc --setting 1 --num-keys 64 --core lt --num-layers 1
 
@@ -36,14 +36,14 @@ from rfwp_rl.runlog import format_duration, run_name
 from rfwp_rl.safety import GracefulStop, NonFiniteGuard
 from rfwp_rl.scaffold import Trainer, run_trainer
 from rfwp_rl.seq import tasks as T
-from rfwp_rl.seq.config import CORE_FLAGS, MODELS, NOT_SET_KEYS, POSITIONS, SeqConfig
+from rfwp_rl.seq.config import CORE_FLAGS, MODELS, NOT_SET_KEYS, POSITIONS, SeqConfig, upgrade_settings
 from rfwp_rl.seq.data import builtin_corpus_dir
 from rfwp_rl.seq.memory import AssocMemory
 from rfwp_rl.seq.model import SeqModel, core_defaults, core_names
-from rfwp_rl.seq.tasks.lm import CONTEXTS, EVAL_MODES, LEVELS, LMTask, load_corpus
+from rfwp_rl.seq.tasks.lm import CONTEXTS, EVAL_MODES, TOKENS, LMTask, load_corpus
 
 # the training settings recorded in config.json and results.json (the model's come from the model)
-TRAINING = ("total_steps", "batch_size", "learning_rate", "warmup", "grad_norm_clip", "seed")
+TRAINING = ("updates", "batch_size", "learning_rate", "warmup_updates", "grad_norm_clip", "seed")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -73,13 +73,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     flags.add_fields(
         g,
         SeqConfig,
-        "total_steps",
+        "updates",
         "batch_size",
         "learning_rate",
-        "warmup",
+        "warmup_updates",
         "grad_norm_clip",
         "seed",
-        "eval_every",
+        "eval_every_updates",
         "eval_batch_size",
         "target",
         "patience",
@@ -90,7 +90,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_trust_argument(g)
     flags.add_fields(g, SeqConfig, "torch_threads", "device")
     g = parser.add_argument_group("lm task")
-    flags.add_fields(g, SeqConfig, "data", "level", "min_count", "seg_len", "context", "eval_mode", "eval_max_tokens")
+    flags.add_fields(g, SeqConfig, "data", "tokens", "min_count", "seg_len", "context", "eval_mode", "eval_max_tokens")
     g = parser.add_argument_group("algorithmic tasks")
     flags.add_fields(
         g, SeqConfig, "num_vars", "num_statements", "depth", "max_args", "num_keys", "setting", "data_sizes"
@@ -125,7 +125,7 @@ def make_task(cfg: SeqConfig):
     check_choice("task", cfg.task, T.TASKS)
     if cfg.task == "lm":
         data = builtin_corpus_dir() if cfg.data == "builtin" else cfg.data
-        return LMTask(load_corpus(data, cfg.level, cfg.min_count), cfg.seg_len, cfg.context)
+        return LMTask(load_corpus(data, cfg.tokens, cfg.min_count), cfg.seg_len, cfg.context)
     try:
         sizes = tuple(int(s) for s in cfg.data_sizes.split(","))
         assert len(sizes) == 3 and min(sizes) >= 1
@@ -171,13 +171,13 @@ def apply_sets(cfg: SeqConfig, overrides: list[str]) -> dict[str, Any]:
 # the number settings' ranges (flags.check_ranges); NaN is in none
 NUMBER_RANGES: dict[str, flags.Range] = {
     **flags.shared_ranges("learning_rate"),
-    "warmup": flags.Range(note="optimizer steps"),
+    "warmup_updates": flags.Range(),
     **flags.shared_ranges("grad_norm_clip", "checkpoint_every", "log_every"),
 }
 
 
 def check_config(cfg: SeqConfig) -> None:
-    for name in ("total_steps", "batch_size", "eval_every", "eval_batch_size", "emb_size"):
+    for name in ("updates", "batch_size", "eval_every_updates", "eval_batch_size", "emb_size"):
         if getattr(cfg, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} {getattr(cfg, name)} is invalid; allowed: an integer >= 1")
     flags.check_ranges(cfg, NUMBER_RANGES)
@@ -186,7 +186,7 @@ def check_config(cfg: SeqConfig) -> None:
     if cfg.model == "seq":
         check_choice("core", cfg.core, core_names())
     if cfg.task == "lm":
-        check_choice("--level", cfg.level, LEVELS)
+        check_choice("--tokens", cfg.tokens, TOKENS)
         check_choice("--context", cfg.context, CONTEXTS)
         check_choice("--eval-mode", cfg.eval_mode, EVAL_MODES)
 
@@ -238,10 +238,10 @@ def better(lower: bool, new: float, old: float | None) -> bool:
 
 
 def early_stop_reason(cfg: SeqConfig, main: str, lower: bool, step: int, value: float, best_step: int) -> str | None:
-    """Why training stops before ``--total-steps`` (``--target`` reached, ``--patience`` out)."""
+    """Why training stops before ``--updates`` (``--target`` reached, ``--patience`` out)."""
     if cfg.target is not None and (value <= cfg.target if lower else value >= cfg.target):
         return f"target {main} {cfg.target} reached"
-    if cfg.patience and step - best_step >= cfg.patience * cfg.eval_every:
+    if cfg.patience and step - best_step >= cfg.patience * cfg.eval_every_updates:
         return f"no improvement in {cfg.patience} validations"
     return None
 
@@ -268,7 +268,7 @@ class SeqTrainer(Trainer):
     def __init__(self, cfg: SeqConfig, extra: dict[str, Any], run_dir: Path | None = None):
         """``run_dir``: None for ``runs/seq/<task>_<core>_s<seed>``."""
         self.cfg = cfg
-        self.total, self.log_every = cfg.total_steps, cfg.log_every
+        self.total, self.log_every = cfg.updates, cfg.log_every
         if cfg.torch_threads > 0:
             torch.set_num_threads(cfg.torch_threads)
         torch.manual_seed(cfg.seed)
@@ -279,7 +279,7 @@ class SeqTrainer(Trainer):
         self.config = {**self.settings, **{k: getattr(cfg, k) for k in TRAINING}}
         self.run_dir = Path(run_dir or Path("runs") / "seq" / run_name(task.name, cfg.core, f"s{cfg.seed}"))
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.learning_rate)
-        self.meta = {"trainer": "seq", **{k: v for k, v in self.config.items() if k != "total_steps"}}
+        self.meta = {"trainer": "seq", **{k: v for k, v in self.config.items() if k != "updates"}}
         self.main, self.lower = main_metric(task, cfg)
         self.metrics = (f"valid/{self.main}",)
         self.guard = NonFiniteGuard()
@@ -292,6 +292,9 @@ class SeqTrainer(Trainer):
             None,
         )
         self.t0 = self.last_save = time.monotonic()
+
+    def upgrade_meta(self, saved: dict) -> dict:
+        return upgrade_settings(saved)
 
     @staticmethod
     def _make_model(cfg: SeqConfig, task, extra: dict[str, Any]) -> torch.nn.Module:
@@ -359,10 +362,10 @@ class SeqTrainer(Trainer):
 
     # ---- the loop
     def train(self, stop: GracefulStop) -> None:
-        """Until ``--total-steps``, an early stop (``--target``, ``--patience``) or a stop request."""
+        """Until ``--updates``, an early stop (``--target``, ``--patience``) or a stop request."""
         cfg = self.cfg
         self.model.train()
-        while self.steps_done < cfg.total_steps and not self.early and not stop.requested:
+        while self.steps_done < cfg.updates and not self.early and not stop.requested:
             loss, grad_norm = self.update()
             self.steps_done += 1
             step = self.steps_done
@@ -376,9 +379,9 @@ class SeqTrainer(Trainer):
             self.logger.log(step, scalars)
             extra = {"epoch": f"{self.task.epochs(step, cfg.batch_size):.2f}"} if hasattr(self.task, "epochs") else {}
             self.logger.progress(step, loss=loss, **extra)
-            if step % cfg.eval_every == 0 or step == cfg.total_steps:
+            if step % cfg.eval_every_updates == 0 or step == cfg.updates:
                 self.validate()
-            if time.monotonic() - self.last_save >= cfg.checkpoint_every or step == cfg.total_steps or self.early:
+            if time.monotonic() - self.last_save >= cfg.checkpoint_every or step == cfg.updates or self.early:
                 self.save()
                 self.last_save = time.monotonic()
         if self.early:
@@ -395,7 +398,7 @@ class SeqTrainer(Trainer):
             state = None
         x, y = x.to(cfg.device), y.to(cfg.device)
         for group in self.optimizer.param_groups:
-            group["lr"] = cfg.learning_rate * lr_factor(self.steps_done, cfg.warmup)
+            group["lr"] = cfg.learning_rate * lr_factor(self.steps_done, cfg.warmup_updates)
         logits, new_state = model(x, state)
         loss = model.loss(logits, y)
         self.optimizer.zero_grad(set_to_none=True)
@@ -433,7 +436,7 @@ class SeqTrainer(Trainer):
     def finish(self, code: int, saved: Path | None) -> int:
         if code != 0:
             return code
-        if self.steps_done < self.cfg.total_steps and not self.early:
+        if self.steps_done < self.cfg.updates and not self.early:
             print(f"stopped at step {self.steps_done:,}; run the same command again to resume", flush=True)
             return 0
         cfg = self.cfg

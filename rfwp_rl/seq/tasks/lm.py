@@ -37,7 +37,7 @@ from torch import Tensor
 from rfwp_rl.errors import UserError, check_choice
 
 EOS, UNK = "<eos>", "<unk>"
-LEVELS = ("word", "char")
+TOKENS = ("word", "char")  # what one token is
 SPLITS = ("train", "valid", "test")
 
 
@@ -54,25 +54,25 @@ def find_split_file(data_dir: str | os.PathLike, split: str) -> Path:
     raise UserError(f"no {split} file in {data_dir}; allowed names: wiki.{split}.tokens, {split}.tokens, {split}.txt")
 
 
-def tokenize_line(line: str, level: str) -> list[str]:
+def tokenize_line(line: str, tokens: str) -> list[str]:
     """One line's tokens, ``<eos>`` included."""
     line = line.rstrip("\n")
-    return (line.split() if level == "word" else list(line)) + [EOS]
+    return (line.split() if tokens == "word" else list(line)) + [EOS]
 
 
-def read_tokens(path: str | os.PathLike, level: str) -> list[str]:
+def read_tokens(path: str | os.PathLike, tokens: str) -> list[str]:
     """The tokens of a corpus file, read line by line (a corpus may be large); a one-line UserError where
     the file is not UTF-8 text."""
-    tokens: list[str] = []
+    out: list[str] = []
     lines = 0
     with open(path, encoding="utf-8") as f:
         try:
             for line in f:
-                tokens += tokenize_line(line, level)
+                out += tokenize_line(line, tokens)
                 lines += 1
         except UnicodeDecodeError as e:
             raise UserError(f"corpus file {str(path)!r} is not UTF-8 text ({e.reason} after line {lines})") from None
-    return tokens
+    return out
 
 
 @dataclass
@@ -83,7 +83,7 @@ class Corpus:
     train: np.ndarray
     valid: np.ndarray
     test: np.ndarray
-    level: str
+    tokens: str
     source: str
 
     @property
@@ -111,18 +111,18 @@ def encode(tokens: list[str], index: dict[str, int]) -> np.ndarray:
     return np.array([index.get(t, unk) for t in tokens], dtype=np.int64)
 
 
-def load_corpus(data_dir: str | os.PathLike, level: str = "word", min_count: int = 1) -> Corpus:
+def load_corpus(data_dir: str | os.PathLike, tokens: str = "word", min_count: int = 1) -> Corpus:
     """Read and encode a corpus directory (see the module docstring)."""
-    check_choice("level", level, LEVELS)
+    check_choice("tokens", tokens, TOKENS)
     if min_count < 1:
         raise UserError(f"min_count {min_count} is invalid; allowed: an integer >= 1")
-    raw = {s: read_tokens(find_split_file(data_dir, s), level) for s in SPLITS}
+    raw = {s: read_tokens(find_split_file(data_dir, s), tokens) for s in SPLITS}
     if len(raw["train"]) < 2:
         raise UserError(f"the train file of {data_dir} has fewer than 2 tokens")
     vocab = build_vocab(raw["train"], min_count)
     index = {t: i for i, t in enumerate(vocab)}
     enc = {s: encode(raw[s], index) for s in SPLITS}
-    return Corpus(vocab, enc["train"], enc["valid"], enc["test"], level, str(data_dir))
+    return Corpus(vocab, enc["train"], enc["valid"], enc["test"], tokens, str(data_dir))
 
 
 # ----------------------------------------------------------------------------- training
@@ -286,7 +286,7 @@ class LMTask:
         return {
             "task": "lm",
             "corpus": self.corpus.source,
-            "level": self.corpus.level,
+            "tokens": self.corpus.tokens,
             "vocab_size": self.corpus.vocab_size,
             "train_tokens": len(self.corpus.train),
             "seg_len": self.seg_len,
