@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The environment compatibility table: each env below trained with the defaults of `rfwp-rl train`
-# (core rdn, the vector profile) for a fixed budget of STEPS env steps, then results/envs/compat.csv
+# (core CORE, default rdn; the vector profile) for a fixed budget of STEPS env steps, then results/envs/compat.csv
 # and the table in results/envs/README.md (both written atomically): the env's spaces as the agent
 # sees them, whether it trained (exit 0), env steps per second, the mean return of the last 100
 # episodes, and the mean return of a uniformly random policy over 100 episodes for comparison.
@@ -19,7 +19,7 @@ CORE=${CORE:-rdn}
 RUNS=${RUNS:-runs/env_compat}
 THREADS=${THREADS:-1}
 OUT=${OUT:-results/envs}
-export IDS_GIVEN=${IDS:+1}  # the table's header says so when IDS picks the envs
+export CORE IDS_GIVEN=${IDS:+1}  # the table's header says so when IDS picks the envs
 IDS=${IDS:-"CartPole-v1 Acrobot-v1 Pendulum-v1 MountainCarContinuous-v0 LunarLander-v3 FrozenLake-v1 Blackjack-v1
 popgym:popgym-RepeatPreviousEasy-v0 popgym:popgym-PositionOnlyPendulumEasy-v0 popgym:popgym-BattleshipEasy-v0
 popgym:popgym-MineSweeperEasy-v0 minigrid:MiniGrid-MemoryS7-v0 minigrid:MiniGrid-Empty-5x5-v0"}
@@ -115,10 +115,11 @@ head = "| env | observation | action | trains | env SPS | steps | return (last 1
 table = head + "".join(f"| {r['env']} | {r['observation']} | {r['action']} | {r['trains']} | {r['env_sps']} | "
                        f"{r['steps']} | {r['return_last100']} | {r['random_return']} | {r['note']} |\n" for r in rows)
 atomic_write_text(out / "README.md", "# Environment compatibility\n\n"
-                  f"Written by `STEPS={steps} bash launch/env_compat.sh`"
+                  f"Written by `{'' if os.environ['CORE'] == 'rdn' else 'CORE=' + os.environ['CORE'] + ' '}"
+                  f"STEPS={steps} bash launch/env_compat.sh`"
                   f"{' with `IDS` set to the envs below' if os.environ.get('IDS_GIVEN') else ''}: every env trained "
                   "with the defaults of "
-                  "`rfwp-rl train` (core rdn) for a fixed budget, one run at a time with one env process and one "
+                  f"`rfwp-rl train` (core {os.environ['CORE']}) for a fixed budget, one run at a time with one env process and one "
                   "torch thread; `return (last 100)` is the mean return of the last 100 training episodes (sampled "
                   "actions), `random` that of a uniformly random policy; `env SPS` is the mean env steps per second "
                   f"of a run's second half, on {os.cpu_count()} CPU cores with a 1-minute load average of "
