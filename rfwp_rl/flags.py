@@ -34,7 +34,7 @@ OPTIMIZER_STEPS = "optimizer steps"
 SHARED: dict[str, str] = {
     "seed": "random seed",
     "total_steps": "training budget in {unit}",
-    "updates": "training budget in optimizer steps",
+    "updates": f"training budget in {OPTIMIZER_STEPS}",
     "learning_rate": "learning rate",
     "adam_eps": "Adam's epsilon",
     "grad_norm_clip": "clip the gradients' global norm to this before each optimizer step (0: no clipping)",

@@ -263,7 +263,7 @@ class SeqTrainer(Trainer):
     """Sequence-task training in the :mod:`rfwp_rl.scaffold`; at the end the best weights are
     evaluated on the full validation and test sets (``results.json``)."""
 
-    unit = "optimizer steps"
+    unit = flags.OPTIMIZER_STEPS
 
     def __init__(self, cfg: SeqConfig, extra: dict[str, Any], run_dir: Path | None = None):
         """``run_dir``: None for ``runs/seq/<task>_<core>_s<seed>``."""

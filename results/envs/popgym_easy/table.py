@@ -21,9 +21,9 @@ def main() -> None:
     print("| env | random | " + " | ".join(f"`{c}`: end (best)" for c in cores) + " |")
     print("|---" * (len(cores) + 2) + "|")
     for env in envs:
+        name = "".join(ch if ch.isalnum() or ch in ".+-" else "-" for ch in env)  # env_compat.sh's run name
         cells = []
         for core in cores:
-            name = "".join(ch if ch.isalnum() or ch in ".+-" else "-" for ch in env)
             curve = read_scalars(runs / core / name, "episode/return_mean100")
             cells.append(f"{curve[-1][1]:.2f} ({max(v for _, v in curve):.2f})" if curve else "-")
         random = compat[cores[0]][env]["random_return"]
